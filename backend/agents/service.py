@@ -1,0 +1,53 @@
+"""Agent registration and heartbeats."""
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backend.agents.models import Agent
+from backend.agents.schemas import AgentRegister
+from backend.core.db import utcnow
+from backend.core.errors import NotFound
+from backend.resource_groups import service as groups
+
+
+def register(session: Session, *, data: AgentRegister) -> Agent:
+    """Register (or re-register) the agent called `data.name` as online.
+
+    Raises:
+        NotFound: the resource group does not exist (an admin creates groups).
+    """
+    group = groups.get_by_name(session, name=data.resource_group)
+    agent = session.scalar(select(Agent).where(Agent.name == data.name))
+    if agent is None:
+        agent = Agent(name=data.name, host=data.host, resource_group_id=group.id,
+                      workers=data.workers)
+        session.add(agent)
+    agent.host, agent.resource_group_id, agent.workers = data.host, group.id, data.workers
+    agent.hardware, agent.online, agent.last_heartbeat_at = data.hardware, True, utcnow()
+    session.commit()
+    return agent
+
+
+def get(session: Session, *, agent_id: int) -> Agent:
+    agent = session.get(Agent, agent_id)
+    if agent is None:
+        raise NotFound(f"agent {agent_id} is not registered", field="agent_id")
+    return agent
+
+
+def heartbeat(session: Session, *, agent: Agent) -> Agent:
+    agent.last_heartbeat_at, agent.online = utcnow(), True
+    session.commit()
+    return agent
+
+
+def deregister(session: Session, *, agent: Agent) -> None:
+    """An agent that stops cleanly goes offline at once."""
+    agent.online = False
+    session.commit()
+
+
+def list_all(session: Session) -> Sequence[Agent]:
+    return session.scalars(select(Agent).order_by(Agent.name)).all()

@@ -1,0 +1,63 @@
+"""The `polytrain` command: run the API, an agent, migrations."""
+
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="polytrain: one PyTorch training task across mixed hardware.",
+                  no_args_is_help=True)
+db_app = typer.Typer(help="Database migrations (Alembic).", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+@app.command()
+def api(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+) -> None:
+    """Serve the REST API, the portal and the scheduler (run `polytrain db upgrade` first)."""
+    import uvicorn
+
+    uvicorn.run("backend.main:create_app", factory=True, host=host, port=port,
+                log_level="warning")
+
+
+@app.command()
+def agent(
+    resource_group: Annotated[str, typer.Option(help="the resource group this agent serves")],
+    workers: Annotated[int, typer.Option(min=1, help="worker processes this host runs")] = 1,
+    name: Annotated[str | None, typer.Option(help="agent name (default host-group-pid)")] = None,
+) -> None:
+    """Serve one resource group's queue on this host."""
+    import httpx
+
+    from worker.agent.main import run_agent
+    from worker.config import AgentSettings
+
+    try:
+        run_agent(AgentSettings(), resource_group=resource_group,  # type: ignore[call-arg]
+                  workers=workers, name=name)
+    except httpx.HTTPStatusError as exc:
+        message = exc.response.json().get("error", {}).get("message", exc.response.text)
+        typer.echo(f"agent refused: {message}", err=True)
+        raise typer.Exit(2) from exc
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: str = "head") -> None:
+    """Apply migrations up to `revision`."""
+    from backend.core.migrate import upgrade
+
+    upgrade(revision=revision)
+
+
+@db_app.command("downgrade")
+def db_downgrade(revision: str = "base") -> None:
+    """Revert migrations down to `revision`."""
+    from backend.core.migrate import downgrade
+
+    downgrade(revision=revision)
+
+
+if __name__ == "__main__":
+    app()

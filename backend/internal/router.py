@@ -1,0 +1,111 @@
+"""The internal API used by agents, authenticated with the agent token."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+
+from backend.agents import service as agents
+from backend.agents.schemas import AgentRead, AgentRegister
+from backend.core.deps import AgentAuth, SessionDep, SettingsDep
+from backend.internal import service
+from backend.internal.schemas import (
+    Claim,
+    Finished,
+    LogBatch,
+    MetricBatch,
+    Progress,
+    Rendezvous,
+    RendezvousRead,
+    TaskState,
+)
+from backend.projects import service as projects
+from backend.tasks import service as tasks
+from backend.tasks.schemas import CheckpointRead
+
+router = APIRouter(prefix="/internal/v1", tags=["internal (agents)"], dependencies=[AgentAuth])
+
+
+@router.post("/agents/register", response_model=AgentRead)
+def register_agent(data: AgentRegister, session: SessionDep):
+    return agents.register(session, data=data)
+
+
+@router.post("/agents/{agent_id}/heartbeat", response_model=AgentRead)
+def heartbeat(agent_id: int, session: SessionDep):
+    return agents.heartbeat(session, agent=agents.get(session, agent_id=agent_id))
+
+
+@router.post("/agents/{agent_id}/deregister", status_code=204)
+def deregister(agent_id: int, session: SessionDep) -> None:
+    agents.deregister(session, agent=agents.get(session, agent_id=agent_id))
+
+
+@router.post("/sub-tasks/{sub_task_id}/claim", status_code=204)
+def claim(sub_task_id: int, data: Claim, session: SessionDep) -> None:
+    service.claim(session, sub=service.get_sub_task(session, sub_task_id=sub_task_id), data=data)
+
+
+@router.post("/sub-tasks/{sub_task_id}/finished", response_model=TaskState)
+def finished(sub_task_id: int, data: Finished, session: SessionDep) -> TaskState:
+    sub = service.get_sub_task(session, sub_task_id=sub_task_id)
+    return TaskState(status=service.finish(session, sub=sub, data=data).status.value)
+
+
+@router.get("/tasks/{task_id}/state", response_model=TaskState)
+def task_state(task_id: int, session: SessionDep) -> TaskState:
+    return TaskState(status=tasks.get(session, task_id=task_id).status.value)
+
+
+@router.get("/tasks/{task_id}/code")
+def task_code(task_id: int, session: SessionDep) -> Response:
+    task = tasks.get(session, task_id=task_id)
+    version = projects.get_version(session, version_id=task.code_version_id)
+    return Response(projects.read_source(version), media_type="text/x-python")
+
+
+@router.put("/tasks/{task_id}/rendezvous", status_code=204)
+def set_rendezvous(task_id: int, data: Rendezvous, session: SessionDep) -> None:
+    task = tasks.get(session, task_id=task_id)
+    task.master_addr, task.master_port = data.master_addr, data.master_port
+    session.commit()
+
+
+@router.get("/tasks/{task_id}/rendezvous", response_model=RendezvousRead)
+def get_rendezvous(task_id: int, session: SessionDep) -> RendezvousRead:
+    task = tasks.get(session, task_id=task_id)
+    return RendezvousRead(master_addr=task.master_addr, master_port=task.master_port,
+                          status=task.status.value)
+
+
+@router.post("/tasks/{task_id}/logs")
+def add_logs(task_id: int, batch: LogBatch, session: SessionDep) -> dict:
+    tasks.get(session, task_id=task_id)
+    return {"stored": service.add_logs(session, task_id=task_id, batch=batch)}
+
+
+@router.post("/tasks/{task_id}/metrics", status_code=204)
+def add_metrics(task_id: int, batch: MetricBatch, session: SessionDep) -> None:
+    tasks.get(session, task_id=task_id)
+    service.add_metrics(session, task_id=task_id, batch=batch)
+
+
+@router.post("/tasks/{task_id}/progress", status_code=204)
+def progress(task_id: int, data: Progress, session: SessionDep) -> None:
+    service.set_progress(session, task=tasks.get(session, task_id=task_id), data=data)
+
+
+@router.post("/tasks/{task_id}/checkpoints", response_model=CheckpointRead)
+async def upload_checkpoint(
+    task_id: int, request: Request, session: SessionDep, settings: SettingsDep,
+    name: str, epoch: Annotated[int, Query(ge=0)], step: Annotated[int, Query(ge=0)],
+):
+    """Store a checkpoint file sent as the raw request body."""
+    body = await request.body()
+
+    def store():  # database and disk work stay off the event loop
+        task = tasks.get(session, task_id=task_id)
+        return service.save_checkpoint(session, task=task, directory=settings.checkpoint_dir,
+                                       name=name, epoch=epoch, step=step, body=body)
+
+    return await run_in_threadpool(store)

@@ -1,0 +1,56 @@
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+
+class Claim(BaseModel):
+    agent_id: int
+    host: str
+
+
+class Rendezvous(BaseModel):
+    master_addr: str = Field(min_length=1, max_length=200)
+    master_port: int = Field(ge=1, le=65535)
+
+
+class RendezvousRead(BaseModel):
+    master_addr: str | None
+    master_port: int | None
+    status: str
+
+
+class LogIn(BaseModel):
+    node: str = Field(max_length=64)
+    seq: int = Field(ge=0)
+    time: datetime
+    text: str
+
+
+class LogBatch(BaseModel):
+    lines: list[LogIn] = Field(max_length=10_000)
+
+
+class MetricIn(BaseModel):
+    name: str = Field(max_length=100)
+    value: float
+    step: int = 0
+    epoch: int = 0
+    rank: int | None = None
+
+
+class MetricBatch(BaseModel):
+    metrics: list[MetricIn] = Field(max_length=10_000)
+
+
+class Progress(BaseModel):
+    progress: float = Field(ge=0.0, le=1.0)
+    epoch: int = Field(ge=0)
+
+
+class Finished(BaseModel):
+    succeeded: bool
+    detail: str = ""
+
+
+class TaskState(BaseModel):
+    status: str

@@ -1,0 +1,113 @@
+"""What agents report through the internal API: claims, rendezvous, logs, metrics, results."""
+
+from pathlib import Path
+
+from sqlalchemy import select, tuple_, update
+from sqlalchemy.orm import Session
+
+from backend.core.errors import Conflict, NotFound
+from backend.internal.schemas import Claim, Finished, LogBatch, MetricBatch, Progress
+from backend.tasks import lifecycle
+from backend.tasks.models import (
+    Allocation,
+    Checkpoint,
+    LogLine,
+    Metric,
+    NodeRole,
+    SubTask,
+    SubTaskStatus,
+    Task,
+    TaskStatus,
+)
+
+
+def get_sub_task(session: Session, *, sub_task_id: int) -> SubTask:
+    sub = session.get(SubTask, sub_task_id)
+    if sub is None:
+        raise NotFound(f"sub-task {sub_task_id} does not exist")
+    return sub
+
+
+def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
+    """An agent takes a sub-task. A redelivered message finds it taken: Conflict.
+
+    The first claim moves the task from SCHEDULED to RUNNING.
+    """
+    task = session.get_one(Task, sub.task_id)
+    if sub.status is not SubTaskStatus.PENDING or task.status.terminal:
+        raise Conflict(f"sub-task {sub.id} is {sub.status.value}; task is {task.status.value}")
+    sub.status, sub.agent_id = SubTaskStatus.RUNNING, data.agent_id
+    roles = [NodeRole.COMPUTE] + ([NodeRole.PARAMETER_SERVER, NodeRole.TASK_MANAGER]
+                                   if sub.hosts_parameter_server else [])
+    session.execute(
+        update(Allocation).where(Allocation.task_id == task.id,
+                                 Allocation.resource_group_id == sub.resource_group_id,
+                                 Allocation.role.in_(roles)).values(host=data.host)
+    )
+    if task.status is TaskStatus.SCHEDULED:
+        lifecycle.transition(session, task, TaskStatus.RUNNING,
+                             f"agent on {data.host} started group {sub.group_index}")
+    session.commit()
+    return sub
+
+
+def add_logs(session: Session, *, task_id: int, batch: LogBatch) -> int:
+    """Store log lines; a line already stored (same node and seq) is skipped."""
+    keys = [(line.node, line.seq) for line in batch.lines]
+    if not keys:
+        return 0
+    existing = set(session.execute(
+        select(LogLine.node, LogLine.seq).where(
+            LogLine.task_id == task_id, tuple_(LogLine.node, LogLine.seq).in_(keys))
+    ).tuples())
+    new = [LogLine(task_id=task_id, **line.model_dump()) for line in batch.lines
+           if (line.node, line.seq) not in existing]
+    session.add_all(new)
+    session.commit()
+    return len(new)
+
+
+def add_metrics(session: Session, *, task_id: int, batch: MetricBatch) -> None:
+    session.add_all(Metric(task_id=task_id, **m.model_dump()) for m in batch.metrics)
+    session.commit()
+
+
+def set_progress(session: Session, *, task: Task, data: Progress) -> None:
+    task.progress, task.epoch = data.progress, data.epoch
+    session.commit()
+
+
+def save_checkpoint(
+    session: Session, *, task: Task, directory: Path, name: str, epoch: int, step: int, body: bytes
+) -> Checkpoint:
+    """Store an uploaded checkpoint file under `directory/task-<id>/`."""
+    folder = directory / f"task-{task.id}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / Path(name).name
+    path.write_bytes(body)
+    checkpoint = Checkpoint(task_id=task.id, epoch=epoch, step=step, path=str(path.resolve()),
+                            size_bytes=len(body))
+    session.add(checkpoint)
+    session.commit()
+    return checkpoint
+
+
+def finish(session: Session, *, sub: SubTask, data: Finished) -> Task:
+    """Record a group's outcome; the task fails with the first failed group and
+    succeeds when every group has succeeded."""
+    task = session.get_one(Task, sub.task_id, with_for_update=True)
+    sub.status = SubTaskStatus.SUCCEEDED if data.succeeded else SubTaskStatus.FAILED
+    sub.detail = data.detail[-4000:]
+    if not task.status.terminal:
+        if not data.succeeded:
+            lifecycle.transition(session, task, TaskStatus.FAILED,
+                                 f"group {sub.group_index} failed: {data.detail[-1000:]}")
+        elif _all_succeeded(session, task.id):
+            lifecycle.transition(session, task, TaskStatus.SUCCEEDED, "all groups finished")
+    session.commit()
+    return task
+
+
+def _all_succeeded(session: Session, task_id: int) -> bool:
+    statuses = session.scalars(select(SubTask.status).where(SubTask.task_id == task_id)).all()
+    return all(s is SubTaskStatus.SUCCEEDED for s in statuses)

@@ -1,0 +1,45 @@
+"""The scheduler's background thread inside the API process."""
+
+import logging
+import threading
+
+from backend.core.config import Settings
+from backend.core.db import get_sessionmaker
+from backend.scheduler.dispatch import CeleryDispatcher, Dispatcher
+from backend.scheduler.service import schedule_once
+
+log = logging.getLogger(__name__)
+
+
+class SchedulerLoop:
+    """Runs `schedule_once` every `scheduler_interval_s` seconds until stopped."""
+
+    def __init__(self, settings: Settings, dispatcher: Dispatcher | None = None) -> None:
+        self.settings = settings
+        self.dispatcher = dispatcher or CeleryDispatcher()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Run a pass now (after a submission or a release)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with get_sessionmaker()() as session:
+                    schedule_once(session, self.dispatcher,
+                                  heartbeat_timeout_s=self.settings.heartbeat_timeout_s)
+            except Exception:  # keep scheduling through a transient database error
+                log.exception("scheduler pass failed")
+            self._wake.wait(self.settings.scheduler_interval_s)
+            self._wake.clear()

@@ -1,0 +1,51 @@
+"""The JSON payload of one first-level dispatch message (one per resource group).
+
+The backend builds it; the agent validates it again before acting on it.
+"""
+
+from pydantic import BaseModel, Field
+
+RUN_SUBTASK = "polytrain.run_sub_task"
+
+
+def queue_name(group: str) -> str:
+    """The Celery queue served by the agents of resource group `group`."""
+    return f"rg.{group}"
+
+
+class GroupPlan(BaseModel):
+    name: str
+    device_type: str
+    workers: int = Field(ge=1)
+
+
+class SubTaskPayload(BaseModel):
+    """What an agent needs to run its group's share of a task.
+
+    Ranks: 0 is the parameter server; compute ranks start at 1 and each group
+    holds a contiguous block, in the order of `groups`.
+    """
+
+    task_id: int
+    sub_task_id: int
+    group_index: int = Field(ge=0)
+    hosts_parameter_server: bool
+    epochs: int = Field(ge=1)
+    global_batch_size: int = Field(ge=1)
+    seed: int = 0
+    split_policy: str = "even"
+    groups: list[GroupPlan] = Field(min_length=1)
+
+    @property
+    def group(self) -> GroupPlan:
+        return self.groups[self.group_index]
+
+    @property
+    def world_size(self) -> int:
+        return 1 + sum(g.workers for g in self.groups)
+
+    @property
+    def ranks(self) -> list[int]:
+        """The global ranks of this group's compute workers."""
+        first = 1 + sum(g.workers for g in self.groups[: self.group_index])
+        return list(range(first, first + self.group.workers))

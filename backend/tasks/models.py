@@ -1,0 +1,162 @@
+"""Tasks, their lifecycle events, allocations (nodes), logs, metrics and checkpoints."""
+
+import enum
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Enum, Float, ForeignKey, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from backend.core.db import Base, utcnow
+
+
+class TaskStatus(enum.StrEnum):
+    QUEUED = "QUEUED"
+    SCHEDULED = "SCHEDULED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    RESTARTING = "RESTARTING"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+
+
+class NodeRole(enum.StrEnum):
+    TASK_MANAGER = "task_manager"
+    PARAMETER_SERVER = "parameter_server"
+    COMPUTE = "compute"
+
+
+class SubTaskStatus(enum.StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+def _enum(cls: type[enum.Enum]) -> Enum:
+    return Enum(cls, native_enum=False, length=16, validate_strings=True)
+
+
+class Task(Base):
+    """One distributed training run of one code version.
+
+    `spec` holds the validated training settings (epochs, global batch size,
+    split policy, the groups with their workers). `master_addr`/`master_port`
+    are the torch.distributed rendezvous published by the agent that hosts
+    the parameter server.
+    """
+
+    __tablename__ = "task"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("project.id", ondelete="CASCADE"), index=True)
+    code_version_id: Mapped[int] = mapped_column(ForeignKey("code_version.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    status: Mapped[TaskStatus] = mapped_column(_enum(TaskStatus), default=TaskStatus.QUEUED, index=True)
+    status_reason: Mapped[str] = mapped_column(Text, default="")
+    priority: Mapped[int] = mapped_column(default=0)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    epoch: Mapped[int] = mapped_column(default=0)
+    master_addr: Mapped[str | None] = mapped_column(String(200), default=None)
+    master_port: Mapped[int | None] = mapped_column(default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class TaskEvent(Base):
+    """A recorded lifecycle transition (or alarm) of a task."""
+
+    __tablename__ = "task_event"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"), index=True)
+    from_status: Mapped[TaskStatus | None] = mapped_column(_enum(TaskStatus), default=None)
+    to_status: Mapped[TaskStatus] = mapped_column(_enum(TaskStatus))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SubTask(Base):
+    """A task's share on one resource group: first-level dispatch sends one per group."""
+
+    __tablename__ = "sub_task"
+    __table_args__ = (UniqueConstraint("task_id", "resource_group_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"), index=True)
+    resource_group_id: Mapped[int] = mapped_column(ForeignKey("resource_group.id"))
+    group_index: Mapped[int]
+    workers: Mapped[int]
+    hosts_parameter_server: Mapped[bool] = mapped_column(default=False)
+    status: Mapped[SubTaskStatus] = mapped_column(_enum(SubTaskStatus), default=SubTaskStatus.PENDING)
+    agent_id: Mapped[int | None] = mapped_column(ForeignKey("agent.id", ondelete="SET NULL"))
+    detail: Mapped[str] = mapped_column(Text, default="")
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Allocation(Base):
+    """A node of a running task: task manager, parameter server or compute worker.
+
+    Held while `released_at` is null; every terminal transition releases all.
+    """
+
+    __tablename__ = "allocation"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"), index=True)
+    role: Mapped[NodeRole] = mapped_column(_enum(NodeRole))
+    resource_group_id: Mapped[int] = mapped_column(ForeignKey("resource_group.id"), index=True)
+    rank: Mapped[int | None] = mapped_column(default=None)
+    host: Mapped[str | None] = mapped_column(String(200), default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    released_at: Mapped[datetime | None] = mapped_column(default=None, index=True)
+
+
+class LogLine(Base):
+    """One line of a node's output. `id` is the stream cursor; `seq` counts per node."""
+
+    __tablename__ = "log_line"
+    __table_args__ = (UniqueConstraint("task_id", "node", "seq"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"), index=True)
+    node: Mapped[str] = mapped_column(String(64))
+    seq: Mapped[int]
+    time: Mapped[datetime] = mapped_column(default=utcnow)
+    text: Mapped[str] = mapped_column(Text)
+
+
+class Metric(Base):
+    """A scalar reported by a task: per epoch (loss, accuracy) or per worker (samples/s)."""
+
+    __tablename__ = "metric"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int]
+    epoch: Mapped[int]
+    name: Mapped[str] = mapped_column(String(100))
+    value: Mapped[float] = mapped_column(Float)
+    rank: Mapped[int | None] = mapped_column(default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoint"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"), index=True)
+    epoch: Mapped[int]
+    step: Mapped[int]
+    path: Mapped[str] = mapped_column(String(500))
+    size_bytes: Mapped[int]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

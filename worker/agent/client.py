@@ -1,0 +1,83 @@
+"""HTTP client of the backend's internal API, with retries for transient failures."""
+
+import time
+from typing import Any
+
+import httpx
+
+
+class Conflict(Exception):
+    """The backend refused a state change (e.g. a sub-task already claimed)."""
+
+
+class InternalApi:
+    """Typed calls of `/internal/v1`; every call carries the agent token."""
+
+    def __init__(self, base_url: str, token: str, *, retries: int = 5) -> None:
+        self._http = httpx.Client(base_url=base_url.rstrip("/") + "/internal/v1", timeout=30.0,
+                                  headers={"Authorization": f"Bearer {token}"})
+        self._retries = retries
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        delay = 0.5
+        for attempt in range(self._retries + 1):
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.TransportError:
+                if attempt == self._retries:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if response.status_code == 409:
+                raise Conflict(response.json()["error"]["message"])
+            if response.status_code >= 500 and attempt < self._retries:
+                time.sleep(delay)
+                continue
+            response.raise_for_status()
+            return response
+        raise AssertionError("unreachable")
+
+    def register(self, **agent: Any) -> int:
+        return int(self._call("POST", "/agents/register", json=agent).json()["id"])
+
+    def heartbeat(self, agent_id: int) -> None:
+        self._call("POST", f"/agents/{agent_id}/heartbeat")
+
+    def deregister(self, agent_id: int) -> None:
+        self._call("POST", f"/agents/{agent_id}/deregister")
+
+    def claim(self, sub_task_id: int, *, agent_id: int, host: str) -> None:
+        self._call("POST", f"/sub-tasks/{sub_task_id}/claim",
+                   json={"agent_id": agent_id, "host": host})
+
+    def finished(self, sub_task_id: int, *, succeeded: bool, detail: str) -> None:
+        self._call("POST", f"/sub-tasks/{sub_task_id}/finished",
+                   json={"succeeded": succeeded, "detail": detail})
+
+    def task_status(self, task_id: int) -> str:
+        return str(self._call("GET", f"/tasks/{task_id}/state").json()["status"])
+
+    def code(self, task_id: int) -> bytes:
+        return self._call("GET", f"/tasks/{task_id}/code").content
+
+    def set_rendezvous(self, task_id: int, addr: str, port: int) -> None:
+        self._call("PUT", f"/tasks/{task_id}/rendezvous",
+                   json={"master_addr": addr, "master_port": port})
+
+    def rendezvous(self, task_id: int) -> dict[str, Any]:
+        return dict(self._call("GET", f"/tasks/{task_id}/rendezvous").json())
+
+    def logs(self, task_id: int, lines: list[dict[str, Any]]) -> None:
+        self._call("POST", f"/tasks/{task_id}/logs", json={"lines": lines})
+
+    def metrics(self, task_id: int, metrics: list[dict[str, Any]]) -> None:
+        self._call("POST", f"/tasks/{task_id}/metrics", json={"metrics": metrics})
+
+    def progress(self, task_id: int, progress: float, epoch: int) -> None:
+        self._call("POST", f"/tasks/{task_id}/progress",
+                   json={"progress": progress, "epoch": epoch})
+
+    def checkpoint(self, task_id: int, *, name: str, epoch: int, step: int, body: bytes) -> None:
+        self._call("POST", f"/tasks/{task_id}/checkpoints", content=body,
+                   params={"name": name, "epoch": epoch, "step": step})

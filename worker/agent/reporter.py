@@ -1,0 +1,80 @@
+"""Turns the processes' output into logs, metrics, progress and checkpoints at the backend."""
+
+import queue
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from worker.agent.client import InternalApi
+from worker.engine.report import parse_event
+
+
+class Reporter:
+    """Buffers a group's output and sends it in batches (at most every `interval_s`).
+
+    Each node's log lines are numbered from 0 (`seq`), so a batch sent twice
+    after a retry is stored once.
+    """
+
+    def __init__(self, api: InternalApi, task_id: int, *, group: str,
+                 interval_s: float = 0.5) -> None:
+        self.api, self.task_id, self.group, self.interval_s = api, task_id, group, interval_s
+        self._seq: dict[str, int] = {}
+        self._lines: list[dict[str, Any]] = []
+        self._metrics: list[dict[str, Any]] = []
+        self._progress: tuple[float, int] | None = None
+        self._last_flush = 0.0
+
+    def agent_line(self, text: str) -> None:
+        self._line(f"agent-{self.group}", text)
+
+    def _line(self, node: str, text: str) -> None:
+        seq = self._seq.get(node, 0)
+        self._seq[node] = seq + 1
+        self._lines.append({"node": node, "seq": seq, "time": datetime.now(UTC).replace(tzinfo=None).isoformat(), "text": text})
+
+    def pump(self, lines: "queue.Queue[tuple[str, str]]") -> None:
+        """Take every waiting output line; flush if the interval has passed."""
+        while True:
+            try:
+                node, text = lines.get_nowait()
+            except queue.Empty:
+                break
+            event = parse_event(text)
+            if event is None:
+                self._line(node, text)
+            else:
+                self._handle(event)
+        if time.monotonic() - self._last_flush >= self.interval_s:
+            self.flush()
+
+    def _handle(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "metric":
+            self._metrics.append({k: event.get(k) for k in ("name", "value", "step", "epoch",
+                                                            "rank")})
+        elif kind == "progress":
+            done = event["epoch"] * event["steps_per_epoch"] + event["step"]
+            total = max(1, event["epochs"] * event["steps_per_epoch"])
+            self._progress = (min(1.0, done / total), int(event["epoch"]))
+        elif kind == "checkpoint":
+            self._upload(event)
+
+    def _upload(self, event: dict[str, Any]) -> None:
+        path = Path(event["path"])
+        self.api.checkpoint(self.task_id, name=path.name, epoch=int(event["epoch"]),
+                            step=int(event["step"]), body=path.read_bytes())
+
+    def flush(self) -> None:
+        """Send everything buffered now."""
+        self._last_flush = time.monotonic()
+        if self._lines:
+            self.api.logs(self.task_id, self._lines)
+            self._lines = []
+        if self._metrics:
+            self.api.metrics(self.task_id, self._metrics)
+            self._metrics = []
+        if self._progress is not None:
+            self.api.progress(self.task_id, *self._progress)
+            self._progress = None

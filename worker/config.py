@@ -1,0 +1,41 @@
+"""Settings of an agent, read from the environment (and `.env`) by pydantic-settings.
+
+Agents hold no database credentials: they talk to the backend's internal API
+with the agent token, and to the broker for their group's queue.
+"""
+
+import socket
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_address() -> str:
+    """The address other hosts reach this one at (the outgoing interface), else loopback."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent for UDP connect
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="POLYTRAIN_", env_file=".env", extra="ignore")
+
+    api_url: str = "http://127.0.0.1:8000"
+    broker_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("BROKER_URL", "POLYTRAIN_BROKER_URL")
+    )
+    data_dir: str = "var"
+    agent_token: SecretStr
+    advertise_addr: str = Field(default_factory=default_address)
+    heartbeat_interval_s: float = 3.0
+    rendezvous_timeout_s: float = 120.0
+    dist_timeout_s: float = 120.0
+
+    def resolved_broker_url(self) -> str:
+        """The broker, defaulting (like the API) to the SQLAlchemy transport over SQLite."""
+        from pathlib import Path
+
+        return self.broker_url or f"sqla+sqlite:///{Path(self.data_dir).resolve() / 'broker.db'}"

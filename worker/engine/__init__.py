@@ -1,0 +1,19 @@
+"""polytrain training engine: the processes of one distributed task.
+
+One task runs ``1 + sum(workers)`` processes. Rank 0 is the parameter server
+(global model and optimizer); ranks 1.. are compute workers, each resource
+group on a contiguous block of ranks. Gradients are summed by allreduce inside
+each group, then reduced by the group leaders to the parameter server, which
+steps the optimizer and broadcasts parameters back the same way: a
+hierarchical allreduce (intra-group ring, inter-group parameter server after
+Li et al., "Scaling Distributed Machine Learning with the Parameter Server",
+OSDI 2014).
+
+Entry points: ``python -m worker.engine.launch --spec spec.json`` for one rank,
+:func:`worker.engine.local.launch_local` for a whole world on one host, and
+:func:`worker.engine.report.parse_event` to read the event lines a rank prints.
+"""
+
+from worker.engine.spec import GroupPlan, RunSpec
+
+__all__ = ["GroupPlan", "RunSpec"]

@@ -1,0 +1,101 @@
+"""Loading and checking a user's training-code module (contract in ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import Tensor
+
+REQUIRED = ("build_model", "build_datasets", "build_optimizer", "loss_fn")
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+
+
+class ContractError(ValueError):
+    """The training code cannot be found or does not define what the contract requires."""
+
+
+@dataclass(frozen=True)
+class TrainingCode:
+    """The user's functions; ``metrics`` is None when the module does not define it."""
+
+    module: ModuleType
+    build_model: Callable[[], torch.nn.Module]
+    build_datasets: Callable[[], tuple[Any, Any]]
+    build_optimizer: Callable[[Any], torch.optim.Optimizer]
+    loss_fn: Callable[[Tensor, Tensor], Tensor]
+    metrics: Callable[[Tensor, Tensor], dict[str, float]] | None
+
+
+def resolve_code_path(code: str) -> Path:
+    """Path of the module named by ``code``: ``example:<name>`` or an absolute ``.py`` path.
+
+    Raises ContractError if the reference is malformed or the file does not exist.
+    """
+    if code.startswith("example:"):
+        name = code.removeprefix("example:")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ContractError(f"bad example name {name!r}")
+        path = EXAMPLES_DIR / f"{name}.py"
+    else:
+        path = Path(code)
+        if not path.is_absolute() or path.suffix != ".py":
+            raise ContractError(f"code must be 'example:<name>' or an absolute .py path: {code!r}")
+    if not path.is_file():
+        raise ContractError(f"training code not found: {path}")
+    return path
+
+
+def load_training_code(code: str) -> TrainingCode:
+    """Import the user's module from its file and check it defines the contract's functions.
+
+    Exceptions raised by the module's own top-level code propagate unchanged.
+    Raises ContractError naming every missing or non-callable function.
+    """
+    path = resolve_code_path(code)
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    name = f"polytrain_user_{path.stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ContractError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look classes up here
+    spec.loader.exec_module(module)
+    missing = [f for f in REQUIRED if not callable(getattr(module, f, None))]
+    if missing:
+        raise ContractError(f"{path} does not define callable {', '.join(missing)}")
+    metrics = getattr(module, "metrics", None)
+    if metrics is not None and not callable(metrics):
+        raise ContractError(f"{path}: 'metrics' is defined but not callable")
+    return TrainingCode(module, *(getattr(module, f) for f in REQUIRED), metrics)
+
+
+def default_metrics(output: Tensor, target: Tensor) -> dict[str, float]:
+    """Accuracy where the output is a classification, else ``{}``.
+
+    Class scores ``[N, C]`` (C >= 2) with integer class indices ``[N]``: argmax
+    accuracy. One logit ``[N]`` or ``[N, 1]`` with 0/1 targets of the same
+    length: accuracy of ``logit > 0``. Returns ``{"accuracy": fraction in [0, 1]}``.
+    """
+    n = output.shape[0] if output.ndim else 0
+    if n == 0 or target.ndim == 0 or target.shape[0] != n:
+        return {}
+    if output.ndim == 2 and output.shape[1] >= 2:
+        if target.ndim != 1 or target.is_floating_point() or target.is_complex():
+            return {}
+        return {"accuracy": (output.argmax(dim=1) == target).float().mean().item()}
+    if output.numel() == n and target.numel() == n:
+        flat_target = target.reshape(n)
+        if not bool(((flat_target == 0) | (flat_target == 1)).all()):
+            return {}
+        predicted = (output.reshape(n) > 0).to(flat_target.dtype)
+        return {"accuracy": (predicted == flat_target).float().mean().item()}
+    return {}

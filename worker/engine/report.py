@@ -1,0 +1,71 @@
+"""Events a rank reports on its stdout, one line each: ``@@polytrain {json}``.
+
+Every other stdout or stderr line is a log line. The agent reads a rank's
+output and forwards events to the backend with :func:`parse_event`. Event shapes::
+
+    {"type": "metric", "name": str, "value": float | null, "step": int, "epoch": int, "rank": int}
+    {"type": "checkpoint", "path": str, "step": int, "epoch": int}
+    {"type": "progress", "epoch": int, "step": int, "steps_per_epoch": int, "epochs": int}
+    {"type": "done"}
+
+``epoch`` is 0-based; ``step`` counts optimizer steps completed since the start
+of training (global, not per epoch). A metric value that is not finite is null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+PREFIX = "@@polytrain "
+
+
+def emit(event: dict[str, Any]) -> None:
+    """Print one event line to stdout and flush it."""
+    print(PREFIX + json.dumps(event, separators=(",", ":"), allow_nan=False), flush=True)
+
+
+def log(message: str) -> None:
+    """Print one log line to stdout and flush it."""
+    print(message, flush=True)
+
+
+def metric(name: str, value: float, *, step: int, epoch: int, rank: int) -> None:
+    """Report one scalar metric; non-finite values are sent as null."""
+    finite = value if math.isfinite(value) else None
+    emit({"type": "metric", "name": name, "value": finite, "step": step, "epoch": epoch,
+          "rank": rank})
+
+
+def checkpoint(path: str, *, step: int, epoch: int) -> None:
+    """Report that a checkpoint file was written (by the parameter server)."""
+    emit({"type": "checkpoint", "path": path, "step": step, "epoch": epoch})
+
+
+def progress(*, epoch: int, step: int, steps_per_epoch: int, epochs: int) -> None:
+    """Report training progress; ``step`` is global, so done fraction = step / (spe * epochs)."""
+    emit({"type": "progress", "epoch": epoch, "step": step, "steps_per_epoch": steps_per_epoch,
+          "epochs": epochs})
+
+
+def done() -> None:
+    """Report that training finished (parameter server, after the final checkpoint)."""
+    emit({"type": "done"})
+
+
+def parse_event(line: str) -> dict[str, Any] | None:
+    """The event carried by one output line, or None for a log line.
+
+    A line that starts with the prefix but is not a JSON object with a string
+    ``type`` is treated as a log line (None), never an error.
+    """
+    if not line.startswith(PREFIX):
+        return None
+    try:
+        event = json.loads(line[len(PREFIX):])
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        return None
+    return event
