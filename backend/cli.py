@@ -59,5 +59,27 @@ def db_downgrade(revision: str = "base") -> None:
     downgrade(revision=revision)
 
 
+@app.command()
+def demo(
+    port: Annotated[int, typer.Option(envvar="POLYTRAIN_PORT")] = 8000,
+    epochs: Annotated[int, typer.Option(min=1)] = 5,
+    global_batch_size: Annotated[int, typer.Option(min=3)] = 64,
+    timeout_s: Annotated[float, typer.Option(help="give up after this many seconds")] = 600,
+) -> None:
+    """Train the bundled MNIST example across two CPU groups; print one JSON line."""
+    from backend.demo import run_demo
+
+    raise typer.Exit(run_demo(port=port, epochs=epochs, global_batch_size=global_batch_size,
+                              timeout_s=timeout_s))
+
+
+@app.command()
+def up(port: Annotated[int, typer.Option(envvar="POLYTRAIN_PORT")] = 8000) -> None:
+    """Start the portal (API, scheduler, two agents) on loopback and keep it running."""
+    from backend.demo import run_up
+
+    run_up(port=port)
+
+
 if __name__ == "__main__":
     app()

@@ -15,6 +15,7 @@ from worker.agent.runner import SubTaskRunner
 from worker.config import AgentSettings
 
 log = logging.getLogger(__name__)
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def detect_hardware() -> dict[str, Any]:
@@ -34,12 +35,15 @@ def detect_hardware() -> dict[str, Any]:
 
 def make_celery(settings: AgentSettings, runner: SubTaskRunner) -> Celery:
     """The consumer app: late acks and prefetch 1, so a message is only taken when it can run."""
-    app = Celery("polytrain-agent", broker=settings.resolved_broker_url())
+    broker = settings.resolved_broker_url()
+    app = Celery("polytrain-agent", broker=broker)
+    if broker.startswith(("redis", "rediss")):
+        # A message is redelivered only if unacked for longer than the longest run (7 days).
+        app.conf.broker_transport_options = {"visibility_timeout": 7 * 24 * 3600}
     app.conf.update(
         task_serializer="json", accept_content=["json"], task_acks_late=True,
         worker_prefetch_multiplier=1, task_reject_on_worker_lost=True,
         broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
-        broker_transport_options={"visibility_timeout": 7 * 24 * 3600},
     )
 
     @app.task(name=RUN_SUBTASK, ignore_result=True)

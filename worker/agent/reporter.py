@@ -51,11 +51,14 @@ class Reporter:
 
     def _handle(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
-        if kind == "metric":
-            self._metrics.append({k: event.get(k) for k in ("name", "value", "step", "epoch",
-                                                            "rank")})
+        if kind == "metric" and event.get("value") is not None:
+            # Rank 0 (the parameter server) reports the task's global metrics: no rank.
+            rank = event.get("rank") or None
+            self._metrics.append({"name": event["name"], "value": event["value"],
+                                  "step": event.get("step", 0), "epoch": event.get("epoch", 0),
+                                  "rank": rank})
         elif kind == "progress":
-            done = event["epoch"] * event["steps_per_epoch"] + event["step"]
+            done = event["step"]
             total = max(1, event["epochs"] * event["steps_per_epoch"])
             self._progress = (min(1.0, done / total), int(event["epoch"]))
         elif kind == "checkpoint":

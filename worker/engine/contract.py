@@ -75,7 +75,14 @@ def load_training_code(code: str) -> TrainingCode:
     metrics = getattr(module, "metrics", None)
     if metrics is not None and not callable(metrics):
         raise ContractError(f"{path}: 'metrics' is defined but not callable")
-    return TrainingCode(module, *(getattr(module, f) for f in REQUIRED), metrics)
+    return TrainingCode(
+        module=module,
+        build_model=module.build_model,
+        build_datasets=module.build_datasets,
+        build_optimizer=module.build_optimizer,
+        loss_fn=module.loss_fn,
+        metrics=metrics,
+    )
 
 
 def default_metrics(output: Tensor, target: Tensor) -> dict[str, float]:
@@ -91,11 +98,11 @@ def default_metrics(output: Tensor, target: Tensor) -> dict[str, float]:
     if output.ndim == 2 and output.shape[1] >= 2:
         if target.ndim != 1 or target.is_floating_point() or target.is_complex():
             return {}
-        return {"accuracy": (output.argmax(dim=1) == target).float().mean().item()}
+        return {"accuracy": (output.argmax(dim=1) == target).double().mean().item()}
     if output.numel() == n and target.numel() == n:
         flat_target = target.reshape(n)
         if not bool(((flat_target == 0) | (flat_target == 1)).all()):
             return {}
         predicted = (output.reshape(n) > 0).to(flat_target.dtype)
-        return {"accuracy": (predicted == flat_target).float().mean().item()}
+        return {"accuracy": (predicted == flat_target).double().mean().item()}
     return {}

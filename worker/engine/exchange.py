@@ -27,8 +27,7 @@ def params_of(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 def grads_to_vector(params: Iterable[torch.nn.Parameter]) -> Tensor:
     """Concatenate gradients into one 1-D tensor; a parameter without gradient gives zeros."""
     parts = [
-        (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
-        for p in params
+        (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1) for p in params
     ]
     return torch.cat(parts)
 

@@ -34,8 +34,16 @@ def log(message: str) -> None:
 def metric(name: str, value: float, *, step: int, epoch: int, rank: int) -> None:
     """Report one scalar metric; non-finite values are sent as null."""
     finite = value if math.isfinite(value) else None
-    emit({"type": "metric", "name": name, "value": finite, "step": step, "epoch": epoch,
-          "rank": rank})
+    emit(
+        {
+            "type": "metric",
+            "name": name,
+            "value": finite,
+            "step": step,
+            "epoch": epoch,
+            "rank": rank,
+        }
+    )
 
 
 def checkpoint(path: str, *, step: int, epoch: int) -> None:
@@ -45,8 +53,15 @@ def checkpoint(path: str, *, step: int, epoch: int) -> None:
 
 def progress(*, epoch: int, step: int, steps_per_epoch: int, epochs: int) -> None:
     """Report training progress; ``step`` is global, so done fraction = step / (spe * epochs)."""
-    emit({"type": "progress", "epoch": epoch, "step": step, "steps_per_epoch": steps_per_epoch,
-          "epochs": epochs})
+    emit(
+        {
+            "type": "progress",
+            "epoch": epoch,
+            "step": step,
+            "steps_per_epoch": steps_per_epoch,
+            "epochs": epochs,
+        }
+    )
 
 
 def done() -> None:
@@ -63,7 +78,7 @@ def parse_event(line: str) -> dict[str, Any] | None:
     if not line.startswith(PREFIX):
         return None
     try:
-        event = json.loads(line[len(PREFIX):])
+        event = json.loads(line[len(PREFIX) :])
     except ValueError:
         return None
     if not isinstance(event, dict) or not isinstance(event.get("type"), str):

@@ -42,9 +42,7 @@ def steps_per_epoch(n_items: int, global_batch_size: int) -> int:
     return math.ceil(n_items / global_batch_size)
 
 
-def global_batches(
-    n_items: int, global_batch_size: int, seed: int, epoch: int
-) -> Iterator[Tensor]:
+def global_batches(n_items: int, global_batch_size: int, seed: int, epoch: int) -> Iterator[Tensor]:
     """Yield the index tensors (int64, shape ``[<= global_batch_size]``) of each global batch.
 
     Indices come from ``torch.randperm(n_items)`` with a generator seeded by

@@ -1,0 +1,39 @@
+# polytrain: `make demo` trains MNIST across two resource groups; `make test` runs the suite.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo up test lint bench clean
+
+$(BIN)/python:
+	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (set PY=...)"; exit 1; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch is pinned to the CPU build (2.13.0) first, so nothing pulls a multi-GB CUDA build.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/polytrain demo
+
+up: install
+	$(BIN)/polytrain up
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: install
+	$(BIN)/ruff check backend worker examples tests
+	$(BIN)/mypy backend worker
+
+bench: install
+	@echo "benchmarks arrive with heterogeneity-aware training (issue 3)"
+
+clean:
+	rm -rf var .pytest_cache

@@ -1,0 +1,100 @@
+"""`polytrain demo` and `polytrain up`: the main job on the embedded default, on loopback."""
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from backend.stack import GroupSetup, LocalStack
+
+DEMO_GROUPS = [
+    GroupSetup("cpu-a", 2, description="CPU pool A (2 workers)"),
+    GroupSetup("cpu-b", 1, description="CPU pool B (1 worker)"),
+]
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+console = Console(stderr=True)
+
+
+def submit_mnist(client: httpx.Client, *, epochs: int, global_batch_size: int) -> dict[str, Any]:
+    """Create a project with the bundled MNIST example and submit it across both groups."""
+    project = client.post("/api/v1/projects", json={
+        "name": f"mnist-demo-{int(time.time())}",
+        "description": "MNIST digits across two CPU resource groups"}).raise_for_status().json()
+    version = client.post(f"/api/v1/projects/{project['id']}/code-versions",
+                          json={"example": "mnist_cnn"}).raise_for_status().json()
+    task = client.post("/api/v1/tasks", json={
+        "project_id": project["id"], "code_version_id": version["id"],
+        "name": "MNIST CNN across cpu-a and cpu-b", "epochs": epochs,
+        "global_batch_size": global_batch_size,
+        "resource_groups": [{"name": g.name, "workers": g.workers} for g in DEMO_GROUPS],
+    })
+    return dict(task.raise_for_status().json())
+
+
+def follow(client: httpx.Client, task_id: int, timeout_s: float) -> dict[str, Any]:
+    """Show a progress bar until the task ends; returns the final task."""
+    columns = (TextColumn("[bold]{task.fields[status]:<10}"), BarColumn(),
+               TextColumn("{task.percentage:>3.0f}%  epoch {task.fields[epoch]}"),
+               TimeElapsedColumn())
+    deadline = time.monotonic() + timeout_s
+    with Progress(*columns, console=console) as bar:
+        row = bar.add_task("train", total=1.0, status="QUEUED", epoch=0)
+        while True:
+            task = client.get(f"/api/v1/tasks/{task_id}").raise_for_status().json()
+            bar.update(row, completed=task["progress"], status=task["status"],
+                       epoch=task["epoch"])
+            if task["status"] in TERMINAL or time.monotonic() > deadline:
+                return dict(task)
+            time.sleep(0.5)
+
+
+def result_line(client: httpx.Client, task: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    metrics = client.get(f"/api/v1/tasks/{task['id']}/metrics").json()
+    epoch_metrics = [m for m in metrics if m["rank"] is None]
+    accuracy = [m["value"] for m in epoch_metrics if m["name"] == "val_accuracy"]
+    epochs = {m["epoch"] for m in epoch_metrics if m["name"] == "val_accuracy"}
+    return {
+        "task_id": task["id"], "status": task["status"],
+        "val_accuracy": round(accuracy[-1], 4) if accuracy else None,
+        "epochs": len(epochs), "wall_s": round(wall_s, 1),
+        "workers": {g["name"]: g["workers"] for g in task["spec"]["groups"]},
+        "global_batch_size": task["spec"]["global_batch_size"],
+        "checkpoints": len(client.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()),
+    }
+
+
+def run_demo(*, port: int, epochs: int, global_batch_size: int, timeout_s: float) -> int:
+    """Start the stack, train MNIST across two groups, print one JSON line, stop everything."""
+    data_dir = Path("var/demo").resolve()
+    shutil.rmtree(data_dir, ignore_errors=True)
+    stack = LocalStack(data_dir=data_dir, port=port, groups=DEMO_GROUPS)
+    console.print(f"starting the API and two agents on {stack.url} ...")
+    with stack, httpx.Client(base_url=stack.url, timeout=30) as client:
+        task = submit_mnist(client, epochs=epochs, global_batch_size=global_batch_size)
+        console.print(f"portal: {stack.url}/tasks/{task['id']}  (REST: {stack.url}/docs)")
+        started = time.monotonic()
+        task = follow(client, task["id"], timeout_s)
+        line = result_line(client, task, time.monotonic() - started)
+        if task["status"] != "SUCCEEDED":
+            console.print(f"[red]task {task['status']}: {task['status_reason']}")
+    print(json.dumps(line), flush=True)
+    return 0 if line["status"] == "SUCCEEDED" else 1
+
+
+def run_up(*, port: int) -> None:
+    """Start the same portal (API and two agents) and keep it running until Ctrl-C."""
+    stack = LocalStack(data_dir=Path("var/up").resolve(), port=port, groups=DEMO_GROUPS)
+    with stack:
+        console.print(f"polytrain portal: {stack.url}   agent token in POLYTRAIN_AGENT_TOKEN "
+                      f"of this process; Ctrl-C stops everything")
+        try:
+            while True:
+                time.sleep(1)
+                stack._check_alive()
+        except KeyboardInterrupt:
+            console.print("stopping ...")

@@ -1,0 +1,71 @@
+"""Jinja2 environment of the portal: template directory, filters and the render helper."""
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.templating import Jinja2Templates
+
+TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "frontend" / "templates"
+FLASH_COOKIE = "polytrain_flash"
+
+templates = Jinja2Templates(directory=TEMPLATE_DIR)
+
+
+def format_time(value: datetime | None) -> str:
+    """A naive UTC timestamp as `YYYY-MM-DD HH:MM:SS`, or an em dash when missing."""
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "—"
+
+
+def format_bytes(size: int | float | None) -> str:
+    """A byte count in the largest unit that keeps it at least 1 (B, KiB, MiB, GiB)."""
+    value = float(size or 0)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def percent(fraction: float | None) -> str:
+    """A 0..1 fraction as a whole percentage, e.g. `42%`."""
+    return f"{(fraction or 0.0) * 100:.0f}%"
+
+
+templates.env.filters.update(time=format_time, bytes=format_bytes, percent=percent)
+
+
+def render(
+    request: Request, name: str, context: dict[str, Any], *, status_code: int = 200
+) -> HTMLResponse:
+    """Render `name` with `context`; shows and clears a pending flash message."""
+    flash = read_flash(request)
+    response = templates.TemplateResponse(
+        request, name, {"flash": flash, **context}, status_code=status_code
+    )
+    if flash:
+        response.delete_cookie(FLASH_COOKIE, path="/")
+    return response
+
+
+def redirect(url: str, *, flash: str | None = None, kind: str = "info") -> RedirectResponse:
+    """A 303 redirect (POST → GET), carrying an optional one-shot flash message."""
+    response = RedirectResponse(url, status_code=303)
+    if flash:
+        response.set_cookie(FLASH_COOKIE, quote(f"{kind}:{flash}"), path="/",
+                            httponly=True, samesite="lax", max_age=60)
+    return response
+
+
+def read_flash(request: Request) -> dict[str, str] | None:
+    """The pending flash message as `{"kind", "message"}`, if the last redirect left one."""
+    raw = request.cookies.get(FLASH_COOKIE)
+    if not raw:
+        return None
+    kind, _, message = unquote(raw).partition(":")
+    if kind not in ("info", "error") or not message:
+        return None
+    return {"kind": kind, "message": message}

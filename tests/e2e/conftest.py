@@ -1,0 +1,86 @@
+"""A live stack for end-to-end tests: API, broker, two agents, real torch.distributed."""
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backend.stack import GroupSetup, LocalStack
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    data_dir = tmp_path_factory.mktemp("stack")
+    groups = [GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1)]
+    with LocalStack(data_dir=data_dir, port=free_port(), groups=groups) as running:
+        yield running
+
+
+@pytest.fixture
+def api(stack: LocalStack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        yield client
+
+
+def wait_for(api: httpx.Client, task_id: int, statuses: set[str], timeout_s: float = 180
+             ) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        task = api.get(f"/api/v1/tasks/{task_id}").json()
+        if task["status"] in statuses:
+            return dict(task)
+        time.sleep(0.3)
+    logs = api.get(f"/api/v1/tasks/{task_id}/logs").json()
+    tail = "\n".join(f"{line['node']}: {line['text']}" for line in logs[-30:])
+    raise AssertionError(f"task {task_id} is {task['status']} after {timeout_s} s:\n{tail}")
+
+
+def training_processes(data_dir: Path, task_id: int) -> list[int]:
+    """PIDs of live processes started for `task_id` under this stack's data dir."""
+    marker = str(data_dir / "agent" / f"task-{task_id}")
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (proc / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def submit(api: httpx.Client, version: dict, **overrides: object) -> dict:
+    spec = {"project_id": version["project_id"], "code_version_id": version["id"],
+            "resource_groups": [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
+            "epochs": 2, "global_batch_size": 16}
+    spec.update(overrides)
+    response = api.post("/api/v1/tasks", json=spec)
+    assert response.status_code == 201, response.text
+    return dict(response.json())
+
+
+def new_version(api: httpx.Client, *, example: str | None = None,
+                source: bytes | None = None) -> dict:
+    project = api.post("/api/v1/projects", json={"name": f"p{time.monotonic_ns()}"}).json()
+    if example:
+        response = api.post(f"/api/v1/projects/{project['id']}/code-versions",
+                            json={"example": example})
+    else:
+        response = api.post(f"/api/v1/projects/{project['id']}/code-versions/upload",
+                            files={"file": ("train.py", source or b"", "text/x-python")})
+    assert response.status_code == 201, response.text
+    return dict(response.json())

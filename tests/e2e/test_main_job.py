@@ -1,0 +1,98 @@
+"""The main job end to end: REST → scheduler → Celery → agents → torch.distributed → REST."""
+
+import io
+import time
+
+import httpx
+import torch
+
+from backend.stack import LocalStack
+from tests.e2e.conftest import new_version, submit, training_processes, wait_for
+
+FAILING_MODEL = b'''
+import torch
+
+def build_model():
+    raise RuntimeError("model definition is broken: bad layer size")
+
+def build_datasets():
+    x = torch.randn(32, 4)
+    return [(x[i], x[i].sum()) for i in range(32)], [(x[i], x[i].sum()) for i in range(8)]
+
+def build_optimizer(params):
+    return torch.optim.SGD(params, lr=0.1)
+
+def loss_fn(output, target):
+    return torch.nn.functional.mse_loss(output.squeeze(-1), target)
+'''
+
+
+def assert_released(api: httpx.Client, stack: LocalStack, task_id: int) -> None:
+    allocations = api.get(f"/api/v1/tasks/{task_id}/allocations").json()
+    assert allocations and all(a["released_at"] for a in allocations)
+    deadline = time.monotonic() + 15
+    while training_processes(stack.data_dir, task_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert training_processes(stack.data_dir, task_id) == []
+    groups = api.get("/api/v1/resource-groups").json()
+    assert all(g["allocated_workers"] == 0 for g in groups)
+
+
+def test_task_spans_two_groups_and_succeeds(api: httpx.Client, stack: LocalStack) -> None:
+    version = new_version(api, example="tiny_regression")
+    task = submit(api, version)
+    done = wait_for(api, task["id"], {"SUCCEEDED", "FAILED", "CANCELLED"})
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    events = api.get(f"/api/v1/tasks/{task['id']}/events").json()
+    assert [e["to_status"] for e in events] == ["QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED"]
+
+    allocations = api.get(f"/api/v1/tasks/{task['id']}/allocations").json()
+    compute = sorted((a["resource_group"], a["rank"]) for a in allocations
+                     if a["role"] == "compute")
+    assert compute == [("cpu-a", 1), ("cpu-a", 2), ("cpu-b", 3)]
+    assert {a["role"] for a in allocations} == {"task_manager", "parameter_server", "compute"}
+
+    nodes = {line["node"] for line in api.get(f"/api/v1/tasks/{task['id']}/logs").json()}
+    assert {"ps", "rank-1", "rank-2", "rank-3"} <= nodes
+
+    metrics = api.get(f"/api/v1/tasks/{task['id']}/metrics").json()
+    val_loss = [m for m in metrics if m["name"] == "val_loss" and m["rank"] is None]
+    assert [m["epoch"] for m in val_loss] == [0, 1] or [m["epoch"] for m in val_loss] == [1, 2]
+    throughput_ranks = {m["rank"] for m in metrics if m["name"] == "samples_per_s"
+                        and m["rank"] is not None}
+    assert throughput_ranks == {1, 2, 3}
+    assert_released(api, stack, task["id"])
+
+
+def test_checkpoint_downloads_and_loads(api: httpx.Client, stack: LocalStack) -> None:
+    version = new_version(api, example="tiny_regression")
+    task = submit(api, version, epochs=1)
+    assert wait_for(api, task["id"], {"SUCCEEDED", "FAILED"})["status"] == "SUCCEEDED"
+    checkpoints = api.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()
+    assert checkpoints
+    blob = api.get(f"/api/v1/tasks/{task['id']}/checkpoints/{checkpoints[-1]['id']}/download")
+    assert blob.status_code == 200
+    state = torch.load(io.BytesIO(blob.content), weights_only=False)
+    assert "model" in state and "optimizer" in state
+
+
+def test_user_error_fails_task_with_traceback(api: httpx.Client, stack: LocalStack) -> None:
+    version = new_version(api, source=FAILING_MODEL)
+    task = submit(api, version)
+    done = wait_for(api, task["id"], {"SUCCEEDED", "FAILED", "CANCELLED"})
+    assert done["status"] == "FAILED"
+    text = "\n".join(line["text"] for line in api.get(f"/api/v1/tasks/{task['id']}/logs").json())
+    assert "Traceback" in text and "model definition is broken" in text
+    assert_released(api, stack, task["id"])
+
+
+def test_cancel_running_task_stops_processes(api: httpx.Client, stack: LocalStack) -> None:
+    version = new_version(api, example="tiny_regression")
+    task = submit(api, version, epochs=10_000)
+    wait_for(api, task["id"], {"RUNNING"})
+    deadline = time.monotonic() + 60
+    while not api.get(f"/api/v1/tasks/{task['id']}/metrics").json():
+        assert time.monotonic() < deadline, "no metric arrived"
+        time.sleep(0.3)
+    assert api.post(f"/api/v1/tasks/{task['id']}/cancel").json()["status"] == "CANCELLED"
+    assert_released(api, stack, task["id"])

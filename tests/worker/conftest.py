@@ -1,0 +1,35 @@
+"""Fixtures for the training-engine tests: run specs for small local worlds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from worker.engine.spec import RunSpec
+
+TWO_GROUPS = [
+    {"name": "a", "device_type": "cpu", "workers": 2},
+    {"name": "b", "device_type": "cpu", "workers": 1},
+]
+
+
+@pytest.fixture
+def make_spec(tmp_path: Path) -> Callable[..., RunSpec]:
+    """Build a RunSpec checkpointing under tmp_path; by default two groups of 2 + 1 workers."""
+
+    def build(**overrides: Any) -> RunSpec:
+        fields: dict[str, Any] = {
+            "task_id": 1,
+            "code": "example:tiny_regression",
+            "epochs": 2,
+            "global_batch_size": 7,
+            "seed": 5,
+            "groups": TWO_GROUPS,
+            "checkpoint_dir": str(tmp_path / "checkpoints"),
+        }
+        return RunSpec.model_validate({**fields, **overrides})
+
+    return build

@@ -1,0 +1,99 @@
+"""Entry point of one rank: ``python -m worker.engine.launch --spec /path/spec.json``.
+
+Reads its place from ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``
+and ``LOCAL_RANK``; rank 0 runs the parameter server, the others train.
+Exit code 0 on success; on any error the full traceback goes to stderr and the
+process exits 1 at once (without waiting for peers, which notice the broken
+connection or time out).
+
+Other environment variables: ``POLYTRAIN_DIST_TIMEOUT_S`` (seconds, default
+120) bounds rendezvous and every collective; ``POLYTRAIN_NUM_THREADS``
+(default 1) sets torch's intra-op threads; ``POLYTRAIN_DUMP_PARAMS=/dir``
+is a debugging hook that makes each rank save its final parameter vector to
+``/dir/rank-{rank}.pt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from worker.engine import distributed, report
+from worker.engine.contract import load_training_code
+from worker.engine.distributed import ClusterEnv
+from worker.engine.ps import run_parameter_server
+from worker.engine.spec import RunSpec
+from worker.engine.trainer import run_worker
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
+    """Take part in the task as rank ``env.rank``; returns this rank's final parameters [P].
+
+    The global generators are reset to ``spec.seed`` before ``build_model`` and
+    before ``build_datasets`` (so every rank builds the same model and data),
+    then to ``spec.seed * 1000 + rank`` for training (dropout differs by worker).
+    """
+    topo = distributed.init(env, spec, timeout_s)
+    # Loaded after joining, so a rank that fails here breaks its peers' connections at once.
+    code = load_training_code(spec.code)
+    report.log(
+        f"rank {env.rank}/{env.world_size} up: group {topo.group_index}, "
+        f"device {topo.device}, leader {topo.am_i_leader}"
+    )
+    seed_everything(spec.seed)
+    model = code.build_model()
+    if topo.is_ps:
+        final = run_parameter_server(spec, code, topo, model)
+    else:
+        seed_everything(spec.seed)
+        datasets = code.build_datasets()
+        seed_everything(spec.seed * 1000 + env.rank)
+        final = run_worker(spec, code, topo, model, datasets)
+    distributed.destroy()
+    return final
+
+
+def dump_params(final: torch.Tensor, rank: int) -> None:
+    """Save ``final`` to ``$POLYTRAIN_DUMP_PARAMS/rank-{rank}.pt`` when that variable is set."""
+    directory = os.environ.get("POLYTRAIN_DUMP_PARAMS")
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        torch.save(final, Path(directory) / f"rank-{rank}.pt")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``--spec``, run this rank, return the exit code (0); exits 1 on any error."""
+    parser = argparse.ArgumentParser(description="Run one rank of a polytrain task.")
+    parser.add_argument("--spec", required=True, help="path of the RunSpec JSON file")
+    args = parser.parse_args(argv)
+    try:
+        torch.set_num_threads(int(os.environ.get("POLYTRAIN_NUM_THREADS", "1")))
+        spec = RunSpec.model_validate_json(Path(args.spec).read_text())
+        env = ClusterEnv.from_env()
+        timeout_s = float(os.environ.get("POLYTRAIN_DIST_TIMEOUT_S", "120"))
+        dump_params(run(spec, env, timeout_s), env.rank)
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip interpreter teardown: joining gloo threads blocked on dead peers can hang.
+        os._exit(1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
