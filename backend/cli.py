@@ -8,6 +8,8 @@ app = typer.Typer(help="polytrain: one PyTorch training task across mixed hardwa
                   no_args_is_help=True)
 db_app = typer.Typer(help="Database migrations (Alembic).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+groups_app = typer.Typer(help="Resource groups (admin).", no_args_is_help=True)
+app.add_typer(groups_app, name="groups")
 
 
 @app.command()
@@ -62,7 +64,7 @@ def db_downgrade(revision: str = "base") -> None:
 @app.command()
 def demo(
     port: Annotated[int, typer.Option(envvar="POLYTRAIN_PORT")] = 8000,
-    epochs: Annotated[int, typer.Option(min=1)] = 5,
+    epochs: Annotated[int, typer.Option(min=1)] = 6,
     global_batch_size: Annotated[int, typer.Option(min=3)] = 64,
     timeout_s: Annotated[float, typer.Option(help="give up after this many seconds")] = 600,
 ) -> None:
@@ -79,6 +81,24 @@ def up(port: Annotated[int, typer.Option(envvar="POLYTRAIN_PORT")] = 8000) -> No
     from backend.demo import run_up
 
     run_up(port=port)
+
+
+@groups_app.command("ensure")
+def groups_ensure(
+    name: str,
+    device_type: Annotated[str, typer.Option(help="cpu, cuda or npu")] = "cpu",
+    capacity: Annotated[int, typer.Option(min=1, help="most workers at once")] = 1,
+    api_url: Annotated[str, typer.Option(envvar="POLYTRAIN_API_URL")] = "http://127.0.0.1:8000",
+) -> None:
+    """Create resource group NAME through the REST API unless it exists."""
+    import httpx
+
+    response = httpx.post(f"{api_url}/api/v1/resource-groups", timeout=30, json={
+        "name": name, "device_type": device_type, "capacity": capacity})
+    if response.status_code not in (201, 409):
+        typer.echo(f"refused: {response.json()['error']['message']}", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"resource group {name}: {'created' if response.status_code == 201 else 'exists'}")
 
 
 if __name__ == "__main__":

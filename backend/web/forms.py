@@ -137,7 +137,6 @@ def submit_task(
         return None, _to_group_fields(service_errors(exc), names)
 
 
-
 def add_example_version(
     session: Session, project: Project, example: str
 ) -> tuple[CodeVersion | None, FieldErrors]:
@@ -158,7 +157,10 @@ def add_uploaded_version(
     content = upload.file.read(settings.max_upload_bytes + 1)
     try:
         version = projects.add_uploaded_version(
-            session, settings=settings, project=project, filename=upload.filename,
+            session,
+            settings=settings,
+            project=project,
+            filename=upload.filename,
             content=content,
         )
     except ServiceError as exc:

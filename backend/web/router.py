@@ -79,7 +79,9 @@ def project_detail(request: Request, project_id: int, session: SessionDep) -> Re
 @router.post("/projects/{project_id}/code-versions", response_class=HTMLResponse)
 @html_errors
 def add_example_version(
-    request: Request, project_id: int, session: SessionDep,
+    request: Request,
+    project_id: int,
+    session: SessionDep,
     example: Annotated[str, Form()] = "",
 ) -> Response:
     """Add a bundled example as the project's next code version."""
@@ -88,14 +90,19 @@ def add_example_version(
     if version is None:
         context = views.project_page(session, project, errors=errors, example=example)
         return render(request, "project.html", context, status_code=422)
-    return redirect(f"/projects/{project.id}",
-                    flash=f"Code version v{version.version} added ({version.filename}).")
+    return redirect(
+        f"/projects/{project.id}",
+        flash=f"Code version v{version.version} added ({version.filename}).",
+    )
 
 
 @router.post("/projects/{project_id}/code-versions/upload", response_class=HTMLResponse)
 @html_errors
 def upload_version(
-    request: Request, project_id: int, session: SessionDep, settings: SettingsDep,
+    request: Request,
+    project_id: int,
+    session: SessionDep,
+    settings: SettingsDep,
     file: Annotated[UploadFile | None, File()] = None,
 ) -> Response:
     """Upload a `.py` training module as the project's next code version."""
@@ -104,14 +111,18 @@ def upload_version(
     if version is None:
         context = views.project_page(session, project, errors=errors)
         return render(request, "project.html", context, status_code=422)
-    return redirect(f"/projects/{project.id}",
-                    flash=f"Code version v{version.version} added ({version.filename}).")
+    return redirect(
+        f"/projects/{project.id}",
+        flash=f"Code version v{version.version} added ({version.filename}).",
+    )
 
 
 @router.post("/projects/{project_id}/tasks", response_class=HTMLResponse)
 @html_errors
 def submit_task(
-    request: Request, project_id: int, session: SessionDep,
+    request: Request,
+    project_id: int,
+    session: SessionDep,
     form: Annotated[TaskForm, Form()],
 ) -> Response:
     """Queue a task from the submission form and open its page; refusals show inline (422)."""

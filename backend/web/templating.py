@@ -55,8 +55,14 @@ def redirect(url: str, *, flash: str | None = None, kind: str = "info") -> Redir
     """A 303 redirect (POST → GET), carrying an optional one-shot flash message."""
     response = RedirectResponse(url, status_code=303)
     if flash:
-        response.set_cookie(FLASH_COOKIE, quote(f"{kind}:{flash}"), path="/",
-                            httponly=True, samesite="lax", max_age=60)
+        response.set_cookie(
+            FLASH_COOKIE,
+            quote(f"{kind}:{flash}"),
+            path="/",
+            httponly=True,
+            samesite="lax",
+            max_age=60,
+        )
     return response
 
 

@@ -23,31 +23,47 @@ PROJECT_NAME_LIMIT = 500
 def tasks_page(session: Session) -> dict[str, Any]:
     """The newest tasks with the name of each one's project."""
     names = {p.id: p.name for p in projects.list_all(session, limit=PROJECT_NAME_LIMIT)}
-    return {"tasks": tasks.list_tasks(session, limit=TASK_LIST_LIMIT),
-            "project_names": names, "task_limit": TASK_LIST_LIMIT}
+    return {
+        "tasks": tasks.list_tasks(session, limit=TASK_LIST_LIMIT),
+        "project_names": names,
+        "task_limit": TASK_LIST_LIMIT,
+    }
 
 
 def projects_page(
     session: Session, form: ProjectForm | None = None, errors: FieldErrors | None = None
 ) -> dict[str, Any]:
     """Every project, and the create-project form as entered."""
-    return {"projects": projects.list_all(session, limit=PROJECT_NAME_LIMIT),
-            "form": form or ProjectForm(), "errors": errors or {}}
+    return {
+        "projects": projects.list_all(session, limit=PROJECT_NAME_LIMIT),
+        "form": form or ProjectForm(),
+        "errors": errors or {},
+    }
 
 
 def group_rows(session: Session, form: TaskForm) -> list[dict[str, Any]]:
     """One submission-form row per resource group: its capacity, free and online workers."""
     return [
-        {"name": g.name, "device_type": g.device_type, "capacity": g.capacity,
-         "free": max(0, g.capacity - g.allocated_workers), "online_workers": g.online_workers,
-         "agents_online": g.agents_online, "workers": form.workers_of(g.name)}
+        {
+            "name": g.name,
+            "device_type": g.device_type,
+            "capacity": g.capacity,
+            "free": max(0, g.capacity - g.allocated_workers),
+            "online_workers": g.online_workers,
+            "agents_online": g.agents_online,
+            "workers": form.workers_of(g.name),
+        }
         for g in groups.list_all(session)
     ]
 
 
 def project_page(
-    session: Session, project: Project, *, form: TaskForm | None = None,
-    errors: FieldErrors | None = None, example: str = "",
+    session: Session,
+    project: Project,
+    *,
+    form: TaskForm | None = None,
+    errors: FieldErrors | None = None,
+    example: str = "",
 ) -> dict[str, Any]:
     """A project's code versions and tasks, and the task submission form as entered."""
     form = form or TaskForm()
@@ -55,9 +71,14 @@ def project_page(
     if not form.code_version_id and versions:
         form = form.model_copy(update={"code_version_id": str(versions[0].id)})
     return {
-        "project": project, "versions": versions, "examples": list_examples(),
-        "example": example, "tasks": tasks.list_tasks(session, project_id=project.id),
-        "groups": group_rows(session, form), "form": form, "errors": errors or {},
+        "project": project,
+        "versions": versions,
+        "examples": list_examples(),
+        "example": example,
+        "tasks": tasks.list_tasks(session, project_id=project.id),
+        "groups": group_rows(session, form),
+        "form": form,
+        "errors": errors or {},
         "split_policies": SPLIT_POLICIES,
     }
 
@@ -68,8 +89,10 @@ def spec_summary(spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "groups": [f"{g['name']} × {g['workers']}" for g in plans],
         "workers": sum(g["workers"] for g in plans),
-        "epochs": spec.get("epochs"), "global_batch_size": spec.get("global_batch_size"),
-        "split_policy": spec.get("split_policy", "even"), "seed": spec.get("seed", 0),
+        "epochs": spec.get("epochs"),
+        "global_batch_size": spec.get("global_batch_size"),
+        "split_policy": spec.get("split_policy", "even"),
+        "seed": spec.get("seed", 0),
     }
 
 
@@ -82,14 +105,16 @@ def log_nodes(spec: dict[str, Any]) -> list[str]:
 def task_page(session: Session, task: Task) -> dict[str, Any]:
     """A task with its project, code version, timeline, sub-tasks, nodes and checkpoints."""
     return {
-        "task": task, "terminal": task.status.terminal,
+        "task": task,
+        "terminal": task.status.terminal,
         "project": projects.get(session, project_id=task.project_id),
         "version": projects.get_version(session, version_id=task.code_version_id),
         "events": tasks.events(session, task_id=task.id),
         "sub_tasks": tasks.sub_tasks(session, task_id=task.id),
         "allocations": tasks.allocations(session, task_id=task.id),
         "checkpoints": tasks.checkpoints(session, task_id=task.id),
-        "spec": spec_summary(task.spec), "nodes": log_nodes(task.spec),
+        "spec": spec_summary(task.spec),
+        "nodes": log_nodes(task.spec),
     }
 
 
@@ -109,9 +134,13 @@ def hardware_summary(hardware: dict[str, Any]) -> str:
 
 def _agent_row(agent: Agent, group_names: dict[int, str]) -> dict[str, Any]:
     return {
-        "name": agent.name, "host": agent.host, "workers": agent.workers,
-        "group": group_names.get(agent.resource_group_id, "?"), "online": agent.online,
-        "hardware": hardware_summary(agent.hardware or {}), "hardware_raw": agent.hardware,
+        "name": agent.name,
+        "host": agent.host,
+        "workers": agent.workers,
+        "group": group_names.get(agent.resource_group_id, "?"),
+        "online": agent.online,
+        "hardware": hardware_summary(agent.hardware or {}),
+        "hardware_raw": agent.hardware,
         "heartbeat_age_s": max(0.0, (utcnow() - agent.last_heartbeat_at).total_seconds()),
     }
 
@@ -120,5 +149,7 @@ def resource_groups_page(session: Session) -> dict[str, Any]:
     """Every resource group with its live use, and every registered agent."""
     group_list = groups.list_all(session)
     names = {g.id: g.name for g in group_list}
-    return {"groups": group_list,
-            "agents": [_agent_row(a, names) for a in agents.list_all(session)]}
+    return {
+        "groups": group_list,
+        "agents": [_agent_row(a, names) for a in agents.list_all(session)],
+    }

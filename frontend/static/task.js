@@ -213,8 +213,7 @@
     { suggestedMin: 0, suggestedMax: 1, title: { display: true, text: "accuracy" } });
   connect();
 
-  let lastStatus = $("task-status").dataset.status;
-  refreshTables().then(refreshMetrics).catch(console.warn);
+  let lastStatus = null; // the first poll fills every table, then only on a status change
   P.poll(async () => {
     const task = await P.getJSON(api);
     renderTask(task);

@@ -1,0 +1,41 @@
+"""The resource-groups page: groups with their use, agents with their heartbeat."""
+
+from fastapi.testclient import TestClient
+
+from tests.conftest import agent_headers, make_group
+from tests.web.dom import parse
+
+
+def test_lists_groups_and_agents(client: TestClient) -> None:
+    make_group(client, "cpu-a", capacity=4)
+    make_group(client, "gpu-a100", capacity=8, device_type="cuda")
+    registered = client.post(
+        "/internal/v1/agents/register",
+        headers=agent_headers(),
+        json={
+            "name": "host1-cpu-a",
+            "host": "host1",
+            "resource_group": "cpu-a",
+            "workers": 3,
+            "hardware": {"cpu_cores": 16, "memory_bytes": 32 * 2**30, "cuda_devices": []},
+        },
+    )
+    assert registered.status_code == 200, registered.text
+
+    page = parse(client.get("/resource-groups").text)
+    row = page.find("tr", data_group="cpu-a")
+    cells = [td.text() for td in row.find_all("td")]
+    assert cells[:6] == ["cpu-a", "cpu", "4", "1", "3", "0"]
+    assert page.find("tr", data_group="gpu-a100").find_all("td")[1].text() == "cuda"
+    agent = page.by_id("agent-table").find_all("tr")[1]
+    agent_cells = [td.text() for td in agent.find_all("td")]
+    assert agent_cells[:4] == ["host1-cpu-a", "host1", "cpu-a", "3"]
+    assert agent_cells[4].startswith("16 cores · 32.0 GiB")
+    assert agent_cells[5] == "online"
+    assert float(agent_cells[6]) < 60
+
+
+def test_empty_page_says_how_to_start(client: TestClient) -> None:
+    page = parse(client.get("/resource-groups").text)
+    assert "No resource groups yet." in page.text()
+    assert "polytrain agent --resource-group NAME" in page.text()
