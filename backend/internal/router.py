@@ -12,6 +12,7 @@ from backend.internal import service
 from backend.internal.schemas import (
     Claim,
     Finished,
+    Heartbeat,
     LogBatch,
     MetricBatch,
     Progress,
@@ -32,8 +33,12 @@ def register_agent(data: AgentRegister, session: SessionDep):
 
 
 @router.post("/agents/{agent_id}/heartbeat", response_model=AgentRead)
-def heartbeat(agent_id: int, session: SessionDep):
-    return agents.heartbeat(session, agent=agents.get(session, agent_id=agent_id))
+def heartbeat(agent_id: int, session: SessionDep, data: Heartbeat | None = None):
+    """The agent is alive, and so are the listed ranks' processes."""
+    agent = agents.get(session, agent_id=agent_id)
+    if data:
+        service.node_heartbeats(session, running=data.running)
+    return agents.heartbeat(session, agent=agent)
 
 
 @router.post("/agents/{agent_id}/deregister", status_code=204)

@@ -54,3 +54,14 @@ class Finished(BaseModel):
 
 class TaskState(BaseModel):
     status: str
+
+
+class RunningRanks(BaseModel):
+    task_id: int
+    ranks: list[int] = Field(max_length=4096)
+
+
+class Heartbeat(BaseModel):
+    """An agent's heartbeat, with the ranks whose processes are alive on it."""
+
+    running: list[RunningRanks] = Field(default_factory=list, max_length=1024)

@@ -5,8 +5,16 @@ from pathlib import Path
 from sqlalchemy import select, tuple_, update
 from sqlalchemy.orm import Session
 
+from backend.core.db import utcnow
 from backend.core.errors import Conflict, NotFound
-from backend.internal.schemas import Claim, Finished, LogBatch, MetricBatch, Progress
+from backend.internal.schemas import (
+    Claim,
+    Finished,
+    LogBatch,
+    MetricBatch,
+    Progress,
+    RunningRanks,
+)
 from backend.tasks import lifecycle
 from backend.tasks.models import (
     Allocation,
@@ -100,8 +108,9 @@ def finish(session: Session, *, sub: SubTask, data: Finished) -> Task:
     sub.detail = data.detail[-4000:]
     if not task.status.terminal:
         if not data.succeeded:
+            summary = (data.detail.splitlines() or ["no detail"])[0][:1000]
             lifecycle.transition(session, task, TaskStatus.FAILED,
-                                 f"group {sub.group_index} failed: {data.detail[-1000:]}")
+                                 f"group {sub.group_index} failed: {summary}")
         elif _all_succeeded(session, task.id):
             lifecycle.transition(session, task, TaskStatus.SUCCEEDED, "all groups finished")
     session.commit()
@@ -111,3 +120,15 @@ def finish(session: Session, *, sub: SubTask, data: Finished) -> Task:
 def _all_succeeded(session: Session, task_id: int) -> bool:
     statuses = session.scalars(select(SubTask.status).where(SubTask.task_id == task_id)).all()
     return all(s is SubTaskStatus.SUCCEEDED for s in statuses)
+
+
+def node_heartbeats(session: Session, *, running: list[RunningRanks]) -> None:
+    """Stamp the held allocations of ranks whose processes an agent saw alive."""
+    now = utcnow()
+    for entry in running:
+        session.execute(
+            update(Allocation).where(Allocation.task_id == entry.task_id,
+                                     Allocation.rank.in_(entry.ranks),
+                                     Allocation.released_at.is_(None))
+            .values(last_heartbeat_at=now)
+        )

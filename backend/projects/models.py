@@ -28,7 +28,9 @@ class CodeVersion(Base):
     __table_args__ = (UniqueConstraint("project_id", "version"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    project_id: Mapped[int] = mapped_column(ForeignKey("project.id", ondelete="CASCADE"), index=True)
+    project_id: Mapped[int] = mapped_column(
+        ForeignKey("project.id", ondelete="CASCADE"), index=True
+    )
     version: Mapped[int]
     source: Mapped[str] = mapped_column(String(200))
     filename: Mapped[str] = mapped_column(String(200))

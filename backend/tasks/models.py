@@ -56,10 +56,14 @@ class Task(Base):
     __tablename__ = "task"
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    project_id: Mapped[int] = mapped_column(ForeignKey("project.id", ondelete="CASCADE"), index=True)
+    project_id: Mapped[int] = mapped_column(
+        ForeignKey("project.id", ondelete="CASCADE"), index=True
+    )
     code_version_id: Mapped[int] = mapped_column(ForeignKey("code_version.id"))
     name: Mapped[str] = mapped_column(String(200))
-    status: Mapped[TaskStatus] = mapped_column(_enum(TaskStatus), default=TaskStatus.QUEUED, index=True)
+    status: Mapped[TaskStatus] = mapped_column(
+        _enum(TaskStatus), default=TaskStatus.QUEUED, index=True
+    )
     status_reason: Mapped[str] = mapped_column(Text, default="")
     priority: Mapped[int] = mapped_column(default=0)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -97,7 +101,9 @@ class SubTask(Base):
     group_index: Mapped[int]
     workers: Mapped[int]
     hosts_parameter_server: Mapped[bool] = mapped_column(default=False)
-    status: Mapped[SubTaskStatus] = mapped_column(_enum(SubTaskStatus), default=SubTaskStatus.PENDING)
+    status: Mapped[SubTaskStatus] = mapped_column(
+        _enum(SubTaskStatus), default=SubTaskStatus.PENDING
+    )
     agent_id: Mapped[int | None] = mapped_column(ForeignKey("agent.id", ondelete="SET NULL"))
     detail: Mapped[str] = mapped_column(Text, default="")
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
@@ -117,6 +123,7 @@ class Allocation(Base):
     resource_group_id: Mapped[int] = mapped_column(ForeignKey("resource_group.id"), index=True)
     rank: Mapped[int | None] = mapped_column(default=None)
     host: Mapped[str | None] = mapped_column(String(200), default=None)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     released_at: Mapped[datetime | None] = mapped_column(default=None, index=True)
 

@@ -81,6 +81,7 @@ class AllocationRead(BaseModel):
     resource_group: str
     rank: int | None
     host: str | None
+    last_heartbeat_at: datetime | None
     created_at: datetime
     released_at: datetime | None
 

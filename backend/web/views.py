@@ -1,5 +1,6 @@
 """What each portal page shows, gathered through the domain services (no queries here)."""
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -102,6 +103,11 @@ def log_nodes(spec: dict[str, Any]) -> list[str]:
     return ["ps", *(f"rank-{rank}" for rank in range(1, workers + 1))]
 
 
+def epochs_done(task: Task) -> int:
+    """Whole epochs finished, from the task's 0..1 progress."""
+    return math.floor(task.progress * task.spec.get("epochs", 0) + 1e-9)
+
+
 def task_page(session: Session, task: Task) -> dict[str, Any]:
     """A task with its project, code version, timeline, sub-tasks, nodes and checkpoints."""
     return {
@@ -115,6 +121,7 @@ def task_page(session: Session, task: Task) -> dict[str, Any]:
         "checkpoints": tasks.checkpoints(session, task_id=task.id),
         "spec": spec_summary(task.spec),
         "nodes": log_nodes(task.spec),
+        "epochs_done": epochs_done(task),
     }
 
 

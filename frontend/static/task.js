@@ -16,10 +16,16 @@
     P.setBadge($("task-status"), task.status);
     $("task-reason").textContent = task.status_reason;
     P.setProgress($("task-progress"), task.progress);
-    $("task-epoch").textContent = `epoch ${task.epoch} of ${root.dataset.epochs}`;
+    $("task-epoch").textContent = epochsDone(task.progress);
     $("task-started").textContent = P.fmtTime(task.started_at);
     $("task-finished").textContent = P.fmtTime(task.finished_at);
     if (P.TERMINAL.has(task.status) && $("cancel-form")) $("cancel-form").remove();
+  }
+
+  /** Whole epochs done, from the 0..1 progress: "2 of 5 epochs done". */
+  function epochsDone(progress) {
+    const epochs = Number(root.dataset.epochs);
+    return `${Math.floor(progress * epochs + 1e-9)} of ${epochs} epochs done`;
   }
 
   async function refreshTables() {
@@ -160,10 +166,17 @@
     if (following) view.scrollTop = view.scrollHeight;
   }
 
+  /** Offer every node seen in the logs (e.g. agents) in the filter, not only ps and ranks. */
+  function offerNode(node) {
+    if ([...nodeSelect.options].some((option) => option.value === node)) return;
+    nodeSelect.add(new Option(node, node));
+  }
+
   function onLog(event) {
     const line = JSON.parse(event.data);
     if (line.id <= lastId) return;
     lastId = line.id;
+    offerNode(line.node);
     if (!pending.length) requestAnimationFrame(flushLines);
     pending.push(line);
   }
@@ -217,9 +230,10 @@
   P.poll(async () => {
     const task = await P.getJSON(api);
     renderTask(task);
-    if (task.status !== lastStatus) await refreshTables();
+    const tables = task.status !== lastStatus ? refreshTables() : Promise.resolve();
     lastStatus = task.status;
-    await Promise.all([refreshMetrics(), refreshCheckpoints()]);
+    // Throughput rows name each rank's group, known from the allocations table.
+    await Promise.all([tables.then(refreshMetrics), refreshCheckpoints()]);
     return !P.TERMINAL.has(task.status);
   }, 3000);
 })();

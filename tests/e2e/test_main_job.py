@@ -27,6 +27,17 @@ def loss_fn(output, target):
 '''
 
 
+FAILING_STEP = FAILING_MODEL.replace(
+    b'    raise RuntimeError("model definition is broken: bad layer size")',
+    b"    return torch.nn.Linear(4, 1)",
+).replace(b"def loss_fn(output, target):", b"""CALLS = [0]
+
+def loss_fn(output, target):
+    CALLS[0] += 1
+    if CALLS[0] == 5:
+        raise ValueError("loss exploded at call 5")""")
+
+
 def assert_released(api: httpx.Client, stack: LocalStack, task_id: int) -> None:
     allocations = api.get(f"/api/v1/tasks/{task_id}/allocations").json()
     assert allocations and all(a["released_at"] for a in allocations)
@@ -94,5 +105,31 @@ def test_cancel_running_task_stops_processes(api: httpx.Client, stack: LocalStac
     while not api.get(f"/api/v1/tasks/{task['id']}/metrics").json():
         assert time.monotonic() < deadline, "no metric arrived"
         time.sleep(0.3)
+    deadline = time.monotonic() + 20
+    while not all(a["last_heartbeat_at"] for a in _nodes(api, task["id"])):
+        assert time.monotonic() < deadline, "ranks never reported alive by their agents"
+        time.sleep(0.5)
     assert api.post(f"/api/v1/tasks/{task['id']}/cancel").json()["status"] == "CANCELLED"
     assert_released(api, stack, task["id"])
+
+
+def _nodes(api: httpx.Client, task_id: int) -> list[dict]:
+    allocations = api.get(f"/api/v1/tasks/{task_id}/allocations").json()
+    return [a for a in allocations if a["rank"] is not None]
+
+
+def test_error_in_a_training_step_fails_task(api: httpx.Client, stack: LocalStack) -> None:
+    version = new_version(api, source=FAILING_STEP)
+    task = submit(api, version, epochs=3)
+    done = wait_for(api, task["id"], {"SUCCEEDED", "FAILED", "CANCELLED"})
+    assert done["status"] == "FAILED"
+    assert "exited with code 1: ValueError: loss exploded at call 5" in done["status_reason"]
+    text = "\n".join(line["text"] for line in api.get(f"/api/v1/tasks/{task['id']}/logs").json())
+    assert "Traceback" in text and "loss exploded at call 5" in text
+    assert_released(api, stack, task["id"])
+
+
+def test_agents_registered_with_hardware(api: httpx.Client) -> None:
+    agents = api.get("/api/v1/agents").json()
+    assert {a["name"] for a in agents if a["online"]} >= {"agent-cpu-a", "agent-cpu-b"}
+    assert all(a["hardware"]["cpu_cores"] >= 1 for a in agents)

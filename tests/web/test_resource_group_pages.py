@@ -1,5 +1,7 @@
 """The resource-groups page: groups with their use, agents with their heartbeat."""
 
+import json
+
 from fastapi.testclient import TestClient
 
 from tests.conftest import agent_headers, make_group
@@ -31,6 +33,7 @@ def test_lists_groups_and_agents(client: TestClient) -> None:
     agent_cells = [td.text() for td in agent.find_all("td")]
     assert agent_cells[:4] == ["host1-cpu-a", "host1", "cpu-a", "3"]
     assert agent_cells[4].startswith("16 cores · 32.0 GiB")
+    assert json.loads(agent.find_all("td")[4].attrs["title"])["cpu_cores"] == 16
     assert agent_cells[5] == "online"
     assert float(agent_cells[6]) < 60
 

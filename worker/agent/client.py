@@ -41,8 +41,8 @@ class InternalApi:
     def register(self, **agent: Any) -> int:
         return int(self._call("POST", "/agents/register", json=agent).json()["id"])
 
-    def heartbeat(self, agent_id: int) -> None:
-        self._call("POST", f"/agents/{agent_id}/heartbeat")
+    def heartbeat(self, agent_id: int, running: list[dict[str, Any]] | None = None) -> None:
+        self._call("POST", f"/agents/{agent_id}/heartbeat", json={"running": running or []})
 
     def deregister(self, agent_id: int) -> None:
         self._call("POST", f"/agents/{agent_id}/deregister")

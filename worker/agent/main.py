@@ -11,6 +11,7 @@ from celery import Celery
 
 from backend.scheduler.payload import RUN_SUBTASK, queue_name
 from worker.agent.client import InternalApi
+from worker.agent.processes import RunningRegistry
 from worker.agent.runner import SubTaskRunner
 from worker.config import AgentSettings
 
@@ -53,10 +54,11 @@ def make_celery(settings: AgentSettings, runner: SubTaskRunner) -> Celery:
     return app
 
 
-def _heartbeats(api: InternalApi, agent_id: int, interval_s: float, stop: threading.Event) -> None:
+def _heartbeats(api: InternalApi, agent_id: int, interval_s: float, stop: threading.Event,
+                registry: RunningRegistry) -> None:
     while not stop.wait(interval_s):
         try:
-            api.heartbeat(agent_id)
+            api.heartbeat(agent_id, registry.snapshot())
         except Exception:  # keep beating through a backend restart
             log.warning("heartbeat failed", exc_info=True)
 
@@ -69,10 +71,10 @@ def run_agent(settings: AgentSettings, *, resource_group: str, workers: int,
     agent_id = api.register(name=name, host=settings.advertise_addr,
                             resource_group=resource_group, workers=workers,
                             hardware=detect_hardware())
-    stop = threading.Event()
+    stop, registry = threading.Event(), RunningRegistry()
     threading.Thread(target=_heartbeats, daemon=True,
-                     args=(api, agent_id, settings.heartbeat_interval_s, stop)).start()
-    app = make_celery(settings, SubTaskRunner(settings, api, agent_id))
+                     args=(api, agent_id, settings.heartbeat_interval_s, stop, registry)).start()
+    app = make_celery(settings, SubTaskRunner(settings, api, agent_id, registry))
     try:
         app.worker_main([
             "worker", "-Q", queue_name(resource_group), "-n", f"{name}@%h",

@@ -14,6 +14,16 @@ def node_name(rank: int) -> str:
     return "ps" if rank == 0 else f"rank-{rank}"
 
 
+PEER_ERRORS = ("DistBackendError", "Connection closed by peer", "Connection reset by peer")
+
+
+def error_summary(tail: list[str]) -> str:
+    """The last `SomeError: message` line of a traceback, else the last line."""
+    lines = [line.strip() for line in tail if line.strip()]
+    errors = [line for line in lines if line.split(":", 1)[0].endswith(("Error", "Exception"))]
+    return (errors or lines or ["(no output)"])[-1][:500]
+
+
 @dataclass
 class RankProcess:
     rank: int
@@ -47,9 +57,18 @@ class ProcessSet:
             proc.tail = (proc.tail + [line])[-40:]
             self.lines.put((proc.node, line))
 
+    def alive_ranks(self) -> list[int]:
+        return [p.rank for p in self.procs if p.popen.poll() is None]
+
     def failed(self) -> RankProcess | None:
-        """The first process that exited with a non-zero code, if any."""
-        return next((p for p in self.procs if p.popen.poll() not in (None, 0)), None)
+        """A process that exited with a non-zero code, if any: the root cause first.
+
+        When one rank crashes the others fail with collective-communication
+        errors; a rank whose output shows no such error is the one to blame.
+        """
+        failed = [p for p in self.procs if p.popen.poll() not in (None, 0)]
+        own = [p for p in failed if not any(m in "\n".join(p.tail) for m in PEER_ERRORS)]
+        return (own or failed or [None])[0]
 
     def all_succeeded(self) -> bool:
         return all(p.popen.poll() == 0 for p in self.procs)
@@ -75,3 +94,25 @@ class ProcessSet:
                 os.killpg(proc.popen.pid, sig)
             except ProcessLookupError:
                 pass
+
+
+class RunningRegistry:
+    """The process sets of every sub-task this agent runs, for its heartbeats."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sets: dict[int, ProcessSet] = {}
+
+    def add(self, task_id: int, procs: ProcessSet) -> None:
+        with self._lock:
+            self._sets[task_id] = procs
+
+    def remove(self, task_id: int) -> None:
+        with self._lock:
+            self._sets.pop(task_id, None)
+
+    def snapshot(self) -> list[dict[str, object]]:
+        """`[{"task_id", "ranks"}]` of the ranks alive now."""
+        with self._lock:
+            sets = list(self._sets.items())
+        return [{"task_id": t, "ranks": p.alive_ranks()} for t, p in sets if p.alive_ranks()]

@@ -17,8 +17,9 @@ class Reporter:
     after a retry is stored once.
     """
 
-    def __init__(self, api: InternalApi, task_id: int, *, group: str,
-                 interval_s: float = 0.5) -> None:
+    def __init__(
+        self, api: InternalApi, task_id: int, *, group: str, interval_s: float = 0.5
+    ) -> None:
         self.api, self.task_id, self.group, self.interval_s = api, task_id, group, interval_s
         self._seq: dict[str, int] = {}
         self._lines: list[dict[str, Any]] = []
@@ -32,7 +33,14 @@ class Reporter:
     def _line(self, node: str, text: str) -> None:
         seq = self._seq.get(node, 0)
         self._seq[node] = seq + 1
-        self._lines.append({"node": node, "seq": seq, "time": datetime.now(UTC).replace(tzinfo=None).isoformat(), "text": text})
+        self._lines.append(
+            {
+                "node": node,
+                "seq": seq,
+                "time": datetime.now(UTC).replace(tzinfo=None).isoformat(),
+                "text": text,
+            }
+        )
 
     def pump(self, lines: "queue.Queue[tuple[str, str]]") -> None:
         """Take every waiting output line; flush if the interval has passed."""
@@ -54,9 +62,15 @@ class Reporter:
         if kind == "metric" and event.get("value") is not None:
             # Rank 0 (the parameter server) reports the task's global metrics: no rank.
             rank = event.get("rank") or None
-            self._metrics.append({"name": event["name"], "value": event["value"],
-                                  "step": event.get("step", 0), "epoch": event.get("epoch", 0),
-                                  "rank": rank})
+            self._metrics.append(
+                {
+                    "name": event["name"],
+                    "value": event["value"],
+                    "step": event.get("step", 0),
+                    "epoch": event.get("epoch", 0),
+                    "rank": rank,
+                }
+            )
         elif kind == "progress":
             done = event["step"]
             total = max(1, event["epochs"] * event["steps_per_epoch"])
@@ -66,8 +80,13 @@ class Reporter:
 
     def _upload(self, event: dict[str, Any]) -> None:
         path = Path(event["path"])
-        self.api.checkpoint(self.task_id, name=path.name, epoch=int(event["epoch"]),
-                            step=int(event["step"]), body=path.read_bytes())
+        self.api.checkpoint(
+            self.task_id,
+            name=path.name,
+            epoch=int(event["epoch"]),
+            step=int(event["step"]),
+            body=path.read_bytes(),
+        )
 
     def flush(self) -> None:
         """Send everything buffered now."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from backend.scheduler.payload import SubTaskPayload
 from worker.agent.client import Conflict, InternalApi
-from worker.agent.processes import ProcessSet
+from worker.agent.processes import ProcessSet, RunningRegistry, error_summary
 from worker.agent.reporter import Reporter
 from worker.config import AgentSettings
 from worker.engine.local import rank_env, start_rank_process
@@ -32,8 +32,10 @@ class SubTaskRunner:
     publishes it through the backend; the other groups' agents wait for it.
     """
 
-    def __init__(self, settings: AgentSettings, api: InternalApi, agent_id: int) -> None:
+    def __init__(self, settings: AgentSettings, api: InternalApi, agent_id: int,
+                 registry: RunningRegistry | None = None) -> None:
         self.settings, self.api, self.agent_id = settings, api, agent_id
+        self.registry = registry or RunningRegistry()
 
     def run(self, raw: dict[str, Any]) -> str:
         payload = SubTaskPayload.model_validate(raw)
@@ -45,6 +47,7 @@ class SubTaskRunner:
             return "ignored"
         procs = ProcessSet()
         reporter = Reporter(self.api, payload.task_id, group=payload.group.name)
+        self.registry.add(payload.task_id, procs)
         try:
             succeeded, detail = self._run_claimed(payload, procs, reporter)
         except Exception:
@@ -52,6 +55,7 @@ class SubTaskRunner:
             reporter.agent_line(f"agent error: {detail}")
         finally:
             procs.kill_all()
+            self.registry.remove(payload.task_id)
             procs.drain_readers()
             reporter.pump(procs.lines)
             reporter.flush()
@@ -80,8 +84,8 @@ class SubTaskRunner:
             reporter.pump(procs.lines)
             failed = procs.failed()
             if failed is not None:
-                return False, (f"{failed.node} exited with code {failed.popen.returncode}:\n"
-                               + "\n".join(failed.tail[-20:]))
+                return False, (f"{failed.node} exited with code {failed.popen.returncode}: "
+                               f"{error_summary(failed.tail)}\n" + "\n".join(failed.tail[-20:]))
             if procs.all_succeeded():
                 return True, "all processes exited cleanly"
             if time.monotonic() - last_status_check > 1.0:
