@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,18 @@ def result_line(client: httpx.Client, task: dict[str, Any], wall_s: float) -> di
     }
 
 
+def _exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so the stack's processes are stopped on the way out."""
+
+    def handler(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run_demo(*, port: int, epochs: int, global_batch_size: int, timeout_s: float) -> int:
     """Start the stack, train MNIST across two groups, print one JSON line, stop everything."""
+    _exit_on_sigterm()
     data_dir = Path("var/demo").resolve()
     shutil.rmtree(data_dir, ignore_errors=True)
     stack = LocalStack(data_dir=data_dir, port=port, groups=DEMO_GROUPS)
@@ -88,6 +99,7 @@ def run_demo(*, port: int, epochs: int, global_batch_size: int, timeout_s: float
 
 def run_up(*, port: int) -> None:
     """Start the same portal (API and two agents) and keep it running until Ctrl-C."""
+    _exit_on_sigterm()
     stack = LocalStack(data_dir=Path("var/up").resolve(), port=port, groups=DEMO_GROUPS)
     with stack:
         console.print(f"polytrain portal: {stack.url}   agent token in POLYTRAIN_AGENT_TOKEN "
