@@ -32,8 +32,9 @@ lint: install
 	$(BIN)/ruff check backend worker examples tests
 	$(BIN)/mypy backend worker
 
+# Benchmarks (docs/benchmarks.md): one JSON line each, about 10 minutes.
 bench: install
-	@echo "benchmarks arrive with heterogeneity-aware training (issue 3)"
+	$(BIN)/python -m bench.run_all
 
 clean:
 	rm -rf var .pytest_cache

@@ -1,8 +1,12 @@
-"""The `polytrain` command: run the API, an agent, migrations."""
+"""The `polytrain` command: run the API, an agent, migrations; and, as a client of the API,
+log in, list projects, submit tasks, follow their status and logs, cancel them."""
 
+import os
 from typing import Annotated
 
 import typer
+
+from backend.client.commands import register as register_client_commands
 
 app = typer.Typer(help="polytrain: one PyTorch training task across mixed hardware.",
                   no_args_is_help=True)
@@ -10,6 +14,9 @@ db_app = typer.Typer(help="Database migrations (Alembic).", no_args_is_help=True
 app.add_typer(db_app, name="db")
 groups_app = typer.Typer(help="Resource groups (admin).", no_args_is_help=True)
 app.add_typer(groups_app, name="groups")
+users_app = typer.Typer(help="Accounts, on the API's own host (database access).",
+                        no_args_is_help=True)
+app.add_typer(users_app, name="users")
 
 
 @app.command()
@@ -83,23 +90,67 @@ def up(port: Annotated[int, typer.Option(envvar="POLYTRAIN_PORT")] = 8000) -> No
     run_up(port=port)
 
 
+@users_app.command("create-admin")
+def create_admin(
+    email: str,
+    password: Annotated[str | None, typer.Option(
+        envvar="POLYTRAIN_ADMIN_PASSWORD", help="default: asked for (not echoed)")] = None,
+) -> None:
+    """Create the admin EMAIL (or make that account an admin) in the database."""
+    from backend.auth.service import ensure_admin
+    from backend.core.db import get_sessionmaker
+
+    password = password or typer.prompt("Password", hide_input=True, confirmation_prompt=True)
+    if len(password) < 8:
+        typer.echo("the password needs at least 8 characters", err=True)
+        raise typer.Exit(2)
+    with get_sessionmaker()() as session:
+        user, created = ensure_admin(session, email=email, password=password)
+    typer.echo(f"admin {user.email}: {'created' if created else 'exists (made admin)'}")
+
+
+def _admin_headers(api_url: str, token: str | None) -> dict[str, str]:
+    """A token from --token / POLYTRAIN_TOKEN / `polytrain login`, else a login with
+    POLYTRAIN_ADMIN_EMAIL and POLYTRAIN_ADMIN_PASSWORD (as docker-compose's init job does)."""
+    from backend.client.api import Api
+
+    token = Api.resolve(url=api_url, token=token).token
+    email, password = (os.environ.get("POLYTRAIN_ADMIN_EMAIL"),
+                       os.environ.get("POLYTRAIN_ADMIN_PASSWORD"))
+    if not token and email and password:
+        token = Api(api_url, None).post("/auth/login", json={
+            "email": email, "password": password, "token_name": "groups ensure",
+            "expires_in_days": 1})["token"]
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 @groups_app.command("ensure")
 def groups_ensure(
     name: str,
     device_type: Annotated[str, typer.Option(help="cpu, cuda or npu")] = "cpu",
     capacity: Annotated[int, typer.Option(min=1, help="most workers at once")] = 1,
     api_url: Annotated[str, typer.Option(envvar="POLYTRAIN_API_URL")] = "http://127.0.0.1:8000",
+    token: Annotated[str | None, typer.Option(help="an admin's API token")] = None,
 ) -> None:
-    """Create resource group NAME through the REST API unless it exists."""
+    """Create resource group NAME through the REST API unless it exists (as an admin)."""
     import httpx
 
-    response = httpx.post(f"{api_url}/api/v1/resource-groups", timeout=30, json={
+    from backend.client.api import ClientError
+
+    try:
+        headers = _admin_headers(api_url, token)
+    except ClientError as exc:
+        typer.echo(f"refused: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    response = httpx.post(f"{api_url}/api/v1/resource-groups", timeout=30, headers=headers, json={
         "name": name, "device_type": device_type, "capacity": capacity})
     if response.status_code not in (201, 409):
         typer.echo(f"refused: {response.json()['error']['message']}", err=True)
         raise typer.Exit(2)
     typer.echo(f"resource group {name}: {'created' if response.status_code == 201 else 'exists'}")
 
+
+register_client_commands(app)
 
 if __name__ == "__main__":
     app()

@@ -1,6 +1,7 @@
 """`polytrain demo` and `polytrain up`: the main job on the embedded default, on loopback."""
 
 import json
+import os
 import shutil
 import signal
 import time
@@ -85,7 +86,7 @@ def run_demo(*, port: int, epochs: int, global_batch_size: int, timeout_s: float
     shutil.rmtree(data_dir, ignore_errors=True)
     stack = LocalStack(data_dir=data_dir, port=port, groups=DEMO_GROUPS)
     console.print(f"starting the API and two agents on {stack.url} ...")
-    with stack, httpx.Client(base_url=stack.url, timeout=30) as client:
+    with stack, httpx.Client(base_url=stack.url, timeout=30, headers=stack.headers) as client:
         task = submit_mnist(client, epochs=epochs, global_batch_size=global_batch_size)
         console.print(f"portal: {stack.url}/tasks/{task['id']}  (REST: {stack.url}/docs)")
         started = time.monotonic()
@@ -101,9 +102,12 @@ def run_up(*, port: int) -> None:
     """Start the same portal (API and two agents) and keep it running until Ctrl-C."""
     _exit_on_sigterm()
     stack = LocalStack(data_dir=Path("var/up").resolve(), port=port, groups=DEMO_GROUPS)
+    # A first admin of your choosing survives restarts; else one with a fresh password.
+    stack.admin_email = os.environ.get("POLYTRAIN_ADMIN_EMAIL") or stack.admin_email
+    stack.admin_password = os.environ.get("POLYTRAIN_ADMIN_PASSWORD") or stack.admin_password
     with stack:
-        console.print(f"polytrain portal: {stack.url}   agent token in POLYTRAIN_AGENT_TOKEN "
-                      f"of this process; Ctrl-C stops everything")
+        console.print(f"polytrain portal: {stack.url}   log in as {stack.admin_email} with "
+                      f"password {stack.admin_password}; Ctrl-C stops everything")
         try:
             while True:
                 time.sleep(1)

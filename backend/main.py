@@ -1,15 +1,26 @@
-"""The polytrain API service: REST under /api/v1, the internal agent API, the web portal."""
+"""The polytrain API service: REST under /api/v1, the internal agent API, the web portal,
+Prometheus metrics at /metrics."""
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.staticfiles import StaticFiles
 
 from backend.agents.router import router as agents_router
-from backend.core.config import get_settings
-from backend.core.errors import install_error_handlers
+from backend.auth import service as users
+from backend.auth.router import auth_router, users_router
+from backend.auth.security import same
+from backend.core.config import Settings, get_settings
+from backend.core.db import get_sessionmaker
+from backend.core.deps import SettingsDep, bearer_scheme
+from backend.core.errors import ERROR_RESPONSES, Unauthorized, install_error_handlers
+from backend.core.prometheus import CONTENT_TYPE, render_metrics
 from backend.internal.router import router as internal_router
 from backend.projects.router import router as projects_router
 from backend.resource_groups.router import router as groups_router
@@ -17,14 +28,43 @@ from backend.scheduler.loop import SchedulerLoop
 from backend.tasks.router import router as tasks_router
 
 STATIC_DIR = Path(__file__).resolve().parents[1] / "frontend" / "static"
+log = logging.getLogger(__name__)
 
 
 def api_router() -> APIRouter:
-    router = APIRouter(prefix="/api/v1")
-    for sub in (projects_router, tasks_router, groups_router, agents_router):
+    """Every public REST route under /api/v1, each documented with the shared error shape."""
+    router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
+    for sub in (auth_router, users_router, projects_router, tasks_router, groups_router,
+                agents_router):
         router.include_router(sub)
-    router.add_api_route("/health", lambda: {"status": "ok"}, methods=["GET"], tags=["health"])
+    router.add_api_route("/health", lambda: {"status": "ok"}, methods=["GET"], tags=["health"],
+                         summary="Liveness (no login needed)")
     return router
+
+
+def metrics_endpoint(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> Response:
+    """Prometheus metrics; asks for `Authorization: Bearer <metrics token>` when one is set."""
+    expected = settings.metrics_token
+    if expected is not None and not same(credentials.credentials if credentials else "",
+                                         expected.get_secret_value()):
+        raise Unauthorized("send 'Authorization: Bearer <POLYTRAIN_METRICS_TOKEN>'")
+    return Response(render_metrics(), media_type=CONTENT_TYPE)
+
+
+
+
+def bootstrap_admin(settings: Settings) -> None:
+    """Create the first admin from POLYTRAIN_ADMIN_EMAIL / POLYTRAIN_ADMIN_PASSWORD if set."""
+    if not (settings.admin_email and settings.admin_password):
+        return
+    with get_sessionmaker()() as session:
+        user, created = users.ensure_admin(session, email=settings.admin_email,
+                                           password=settings.admin_password.get_secret_value())
+    if created:
+        log.warning("created the first admin %s from the settings", user.email)
 
 
 def create_app(*, run_scheduler: bool = True) -> FastAPI:
@@ -33,6 +73,7 @@ def create_app(*, run_scheduler: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(bootstrap_admin, settings)
         loop = SchedulerLoop(settings) if run_scheduler else None
         if loop:
             loop.start()
@@ -42,12 +83,17 @@ def create_app(*, run_scheduler: bool = True) -> FastAPI:
             loop.stop()
 
     app = FastAPI(title="polytrain", version="0.1.0", lifespan=lifespan,
-                  description="Train one PyTorch model across resource groups of mixed hardware.")
+                  description="Train one PyTorch model across resource groups of mixed hardware. "
+                  "Authenticate with a personal API token: `POST /api/v1/auth/login`, then "
+                  "`Authorization: Bearer <token>`. Lists take `offset` and `limit` and give "
+                  "the total in `X-Total-Count`. Every error has the shape "
+                  '`{"error": {"code", "message", "field"}}`.')
     install_error_handlers(app)
     app.include_router(api_router())
     app.include_router(internal_router)
-    from backend.web.router import router as web_router
+    app.add_api_route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False)
+    from backend.web.router import install_web
 
-    app.include_router(web_router)
+    install_web(app)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app

@@ -34,8 +34,14 @@ class LocalStack:
     host: str = "127.0.0.1"
     groups: list[GroupSetup] = field(default_factory=list)
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    admin_email: str = "admin@polytrain.local"
+    admin_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+    admin_token: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
+    database_url: str | None = None
+    broker_url: str | None = None
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -48,8 +54,14 @@ class LocalStack:
             "POLYTRAIN_DATA_DIR": str(self.data_dir), "POLYTRAIN_AGENT_TOKEN": self.token,
             "POLYTRAIN_API_URL": self.url, "POLYTRAIN_ADVERTISE_ADDR": self.host,
             "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo"), "PYTHONUNBUFFERED": "1",
+            "POLYTRAIN_ADMIN_EMAIL": self.admin_email,
+            "POLYTRAIN_ADMIN_PASSWORD": self.admin_password,
         })
         env.update(self.extra_env)
+        if self.database_url:
+            env["DATABASE_URL"] = self.database_url
+        if self.broker_url:
+            env["BROKER_URL"] = self.broker_url
         return env
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
@@ -62,10 +74,12 @@ class LocalStack:
     def start(self, timeout_s: float = 60.0) -> None:
         """Migrate, start the API, create the groups, start their agents and wait for them."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.admin_password = self._remembered_password()
         subprocess.run([sys.executable, "-m", "backend.cli", "db", "upgrade"], env=self.env(),
                        check=True)
         self._spawn(["api", "--host", self.host, "--port", str(self.port)], "api")
         self._wait_http("/api/v1/health", timeout_s)
+        self.admin_token = self.login(self.admin_email, self.admin_password)
         for group in self.groups:
             self._ensure_group(group)
             self.start_agent(group)
@@ -73,11 +87,44 @@ class LocalStack:
 
     def start_agent(self, group: GroupSetup, name: str | None = None) -> subprocess.Popen[bytes]:
         name = name or f"agent-{group.name}"
-        return self._spawn(["agent", "--resource-group", group.name,
+        proc = self._spawn(["agent", "--resource-group", group.name,
                             "--workers", str(group.workers), "--name", name], name)
+        self._agents[name] = proc
+        return proc
+
+    def kill_agent(self, name: str) -> int:
+        """SIGKILL agent `name` (no clean deregistration), as a crashed host would; its pid."""
+        proc = self._agents.pop(name)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        self._procs.remove(proc)
+        return proc.pid
+
+    def _remembered_password(self) -> str:
+        """The first admin's password, kept in the data dir (mode 0600): the admin is created
+        once, so a stack restarted on the same data dir must log in with the same one."""
+        path = self.data_dir / "admin-password"
+        if path.is_file():
+            return path.read_text().strip()
+        path.touch(mode=0o600)
+        path.write_text(self.admin_password)
+        return self.admin_password
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Authorization of the stack's first admin (created from the settings at start)."""
+        return {"Authorization": f"Bearer {self.admin_token}"}
+
+    def login(self, email: str, password: str) -> str:
+        """A new API token for `email` (POST /api/v1/auth/login)."""
+        response = httpx.post(f"{self.url}/api/v1/auth/login", timeout=30, json={
+            "email": email, "password": password, "token_name": "local stack"})
+        if response.status_code != 201:
+            raise RuntimeError(f"login of {email} refused: {response.text}")
+        return str(response.json()["token"])
 
     def _ensure_group(self, group: GroupSetup) -> None:
-        response = httpx.post(f"{self.url}/api/v1/resource-groups", json={
+        response = httpx.post(f"{self.url}/api/v1/resource-groups", headers=self.headers, json={
             "name": group.name, "device_type": group.device_type,
             "capacity": group.workers, "description": group.description})
         if response.status_code not in (201, 409):
@@ -101,7 +148,7 @@ class LocalStack:
         wanted = {g.name for g in self.groups}
         while time.monotonic() < deadline:
             self._check_alive()
-            groups = httpx.get(f"{self.url}/api/v1/resource-groups").json()
+            groups = httpx.get(f"{self.url}/api/v1/resource-groups", headers=self.headers).json()
             if all(g["agents_online"] > 0 for g in groups if g["name"] in wanted):
                 return
             time.sleep(0.3)
@@ -111,22 +158,31 @@ class LocalStack:
     def _check_alive(self) -> None:
         for proc in self._procs:
             if proc.poll() is not None:
-                raise RuntimeError(f"{' '.join(map(str, proc.args))} exited with "
+                raise RuntimeError(f"{proc.args!r} exited with "
                                    f"{proc.returncode}; see the logs in {self.data_dir}")
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """Stop every process this stack started (agents first, then the API)."""
-        for proc in reversed(self._procs):
+        """Stop every process this stack started: the agents first (they deregister while
+        the API still answers), then the API."""
+        agents = set(self._agents.values())
+        self._terminate([p for p in reversed(self._procs) if p in agents], grace_s)
+        self._terminate([p for p in self._procs if p not in agents], grace_s)
+        self._procs.clear()
+        self._agents.clear()
+
+    @staticmethod
+    def _terminate(procs: list[subprocess.Popen[bytes]], grace_s: float) -> None:
+        """SIGTERM each process group, SIGKILL what is left after `grace_s` seconds."""
+        for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for proc in reversed(self._procs):
+        for proc in procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        self._procs.clear()
 
     def __enter__(self) -> "LocalStack":
         try:

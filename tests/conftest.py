@@ -1,7 +1,9 @@
 """Shared fixtures: a migrated database per test, an API client, a live stack of processes."""
 
+import functools
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from backend.core import config, db
 from backend.core.migrate import upgrade
+from tests import production
 
 TOKEN = "test-agent-token"
 
@@ -22,26 +25,68 @@ def _clear_caches() -> None:
     producer_app.cache_clear()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "stack: also run on PostgreSQL + Redis when configured")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """With the production stack configured, unreachable servers fail the run (no skip)."""
+    if production.enabled() and (problem := production.check_reachable()):
+        pytest.exit(f"production stack configured but not usable: {problem}", returncode=3)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if production.enabled():
+        production.drop_template()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run `stack`-marked tests on every configured backend (`db_backend`);
+    `stack(only="postgresql")` tests run on PostgreSQL alone (when configured)."""
+    marker = metafunc.definition.get_closest_marker("stack")
+    if "db_backend" in metafunc.fixturenames and marker:
+        only = marker.kwargs.get("only")
+        backends = [b for b in production.backends() if only in (None, b)]
+        metafunc.parametrize("db_backend", backends, indirect=True)
+
+
 @pytest.fixture
-def service_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Point the service at a fresh SQLite database and data dir under tmp_path, migrated."""
+def db_backend(request: pytest.FixtureRequest) -> str:
+    """`sqlite` (the embedded default) or `postgresql` (a `stack` test's second run)."""
+    return str(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture
+def service_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_backend: str
+                ) -> Iterator[Path]:
+    """Point the service at a fresh migrated database (SQLite under tmp_path, or a
+    PostgreSQL database of its own) and a data dir under tmp_path."""
     monkeypatch.setenv("POLYTRAIN_DATA_DIR", str(tmp_path / "var"))
     monkeypatch.setenv("POLYTRAIN_AGENT_TOKEN", TOKEN)
     for name in ("DATABASE_URL", "BROKER_URL", "POLYTRAIN_DATABASE_URL", "POLYTRAIN_BROKER_URL"):
         monkeypatch.delenv(name, raising=False)
+    url = production.fresh_database() if db_backend == "postgresql" else None
+    if url:
+        monkeypatch.setenv("DATABASE_URL", url)
     _clear_caches()
-    upgrade()
+    if not url:
+        upgrade()
     yield tmp_path / "var"
     db.get_engine().dispose()
     _clear_caches()
+    if url:
+        production.drop_database(url)
 
 
 @pytest.fixture
 def client(service_env: Path) -> Iterator[TestClient]:
-    """A client of the app without its scheduler thread."""
+    """A client of the app without its scheduler thread, logged in as an admin: REST with
+    the admin's API token, portal pages with the admin's session cookie
+    (`client.account.csrf` is the session's CSRF token for forms)."""
     from backend.main import create_app
 
     with TestClient(create_app(run_scheduler=False)) as test_client:
+        login_as(test_client, add_account(ADMIN_EMAIL, admin=True))
         yield test_client
 
 
@@ -49,6 +94,63 @@ def client(service_env: Path) -> Iterator[TestClient]:
 def session(service_env: Path) -> Iterator[db.Session]:
     with db.get_sessionmaker()() as s:
         yield s
+
+
+ADMIN_EMAIL = "admin@example.org"
+PASSWORD = "correct horse battery"
+
+
+@dataclass(frozen=True)
+class Account:
+    """A user made for a test, with an API token and a logged-in web session."""
+
+    id: int
+    email: str
+    token: str
+    cookie: str
+    csrf: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+@functools.cache
+def password_hash() -> str:
+    """The argon2 hash of PASSWORD, computed once per run (hashing is slow on purpose)."""
+    from backend.auth.security import hash_password
+
+    return hash_password(PASSWORD)
+
+
+def add_account(email: str, *, admin: bool = False) -> Account:
+    """Create a user (password PASSWORD) with an API token and a web session."""
+    from backend.auth import tokens
+    from backend.auth.models import User, UserRole
+
+    with db.get_sessionmaker()() as s:
+        user = User(email=email, password_hash=password_hash(),
+                    role=UserRole.ADMIN if admin else UserRole.MEMBER)
+        s.add(user)
+        s.commit()
+        _, token = tokens.issue(s, user=user, name="test", expires_in_days=None)
+        web, cookie = tokens.start_session(s, user=user)
+        return Account(user.id, email, token, cookie, web.csrf_token)
+
+
+def login_as(test_client: TestClient, account: Account) -> TestClient:
+    """Make `test_client` act as `account` on REST and on portal pages."""
+    from backend.core.deps import SESSION_COOKIE
+
+    test_client.headers["Authorization"] = f"Bearer {account.token}"
+    test_client.cookies.set(SESSION_COOKIE, account.cookie)
+    test_client.account = account  # type: ignore[attr-defined]
+    return test_client
+
+
+def with_csrf(test_client: TestClient, data: dict) -> dict:
+    """A portal form's data with the session's CSRF token added."""
+    return {**data, "csrf_token": test_client.account.csrf}  # type: ignore[attr-defined]
 
 
 def make_group(client: TestClient, name: str = "cpu-a", capacity: int = 2,

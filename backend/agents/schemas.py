@@ -1,7 +1,18 @@
-from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from backend.core.schemas import UtcDateTime
+
+
+class Hardware(BaseModel):
+    """What an agent detected on its host: CPU cores, memory (bytes), CUDA device names."""
+
+    model_config = ConfigDict(extra="allow")
+
+    cpu_cores: int = Field(ge=1, le=100_000)
+    memory_bytes: int = Field(ge=0)
+    cuda_devices: list[str] = Field(default_factory=list, max_length=1024)
 
 
 class AgentRegister(BaseModel):
@@ -9,7 +20,7 @@ class AgentRegister(BaseModel):
     host: str = Field(min_length=1, max_length=200)
     resource_group: str
     workers: int = Field(ge=1, le=1024)
-    hardware: dict[str, Any] = Field(default_factory=dict)
+    hardware: Hardware
 
 
 class AgentRead(BaseModel):
@@ -22,5 +33,5 @@ class AgentRead(BaseModel):
     workers: int
     hardware: dict[str, Any]
     online: bool
-    registered_at: datetime
-    last_heartbeat_at: datetime
+    registered_at: UtcDateTime
+    last_heartbeat_at: UtcDateTime

@@ -10,6 +10,7 @@ from backend.agents.schemas import AgentRegister
 from backend.core.db import utcnow
 from backend.core.errors import NotFound
 from backend.resource_groups import service as groups
+from backend.scheduler import monitor
 
 
 def register(session: Session, *, data: AgentRegister) -> Agent:
@@ -20,12 +21,16 @@ def register(session: Session, *, data: AgentRegister) -> Agent:
     """
     group = groups.get_by_name(session, name=data.resource_group)
     agent = session.scalar(select(Agent).where(Agent.name == data.name))
+    if agent is not None:
+        # A process registering under a known name is a restarted agent: whatever it ran is gone.
+        monitor.restart_tasks_of(session, agent=agent, reason=f"agent '{agent.name}' restarted")
     if agent is None:
         agent = Agent(name=data.name, host=data.host, resource_group_id=group.id,
                       workers=data.workers)
         session.add(agent)
     agent.host, agent.resource_group_id, agent.workers = data.host, group.id, data.workers
-    agent.hardware, agent.online, agent.last_heartbeat_at = data.hardware, True, utcnow()
+    agent.hardware = data.hardware.model_dump()
+    agent.online, agent.last_heartbeat_at = True, utcnow()
     session.commit()
     return agent
 
@@ -49,5 +54,12 @@ def deregister(session: Session, *, agent: Agent) -> None:
     session.commit()
 
 
-def list_all(session: Session) -> Sequence[Agent]:
-    return session.scalars(select(Agent).order_by(Agent.name)).all()
+def list_all(session: Session, *, group: str | None = None, online: bool | None = None
+             ) -> Sequence[Agent]:
+    """Registered agents by name, optionally of one group or only (not) online."""
+    query = select(Agent).order_by(Agent.name)
+    if group is not None:
+        query = query.where(Agent.resource_group_id == groups.get_by_name(session, name=group).id)
+    if online is not None:
+        query = query.where(Agent.online.is_(online))
+    return session.scalars(query).all()

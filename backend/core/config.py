@@ -14,6 +14,9 @@ class Settings(BaseSettings):
     Celery's SQLAlchemy transport over SQLite for the broker, both under
     `data_dir`. Production sets `DATABASE_URL=postgresql+psycopg://...` and
     `BROKER_URL=redis://...`. The agent token has no default: it is a secret.
+    When `admin_email` and `admin_password` are set, the service creates that
+    admin at start unless the account exists (the first admin; `polytrain users
+    create-admin` does the same from a shell).
     """
 
     model_config = SettingsConfigDict(env_prefix="POLYTRAIN_", env_file=".env", extra="ignore")
@@ -29,6 +32,11 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = 15.0
     scheduler_interval_s: float = 1.0
     max_upload_bytes: int = 1_000_000
+    admin_email: str | None = None
+    admin_password: SecretStr | None = None
+    metrics_token: SecretStr | None = Field(
+        default=None, description="if set, /metrics asks for 'Authorization: Bearer <it>'"
+    )
 
     def resolved_database_url(self) -> str:
         """The database URL, defaulting to SQLite under `data_dir`."""

@@ -1,21 +1,40 @@
-"""Typed FastAPI dependency aliases shared by the routers."""
+"""Typed FastAPI dependency aliases shared by the routers: database, settings, who is calling.
+
+REST callers authenticate with a personal API token (`Authorization: Bearer pt_...`)
+or, from the portal's own scripts, with the session cookie; a cookie-authenticated
+request that changes something must also carry the session's CSRF token in the
+`X-CSRF-Token` header. Portal pages use the session cookie and a `csrf_token`
+form field. Agents use the shared agent token on /internal/v1 only.
+"""
 
 from typing import Annotated
 
-from fastapi import Depends, Header
+from fastapi import Depends, Header, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from backend.auth import tokens
+from backend.auth.models import User, WebSession
+from backend.auth.security import same
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_session
-from backend.core.errors import ServiceError
+from backend.core.errors import Forbidden, Unauthorized
 
 SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
+SESSION_COOKIE = "polytrain_session"
+CSRF_HEADER = "X-CSRF-Token"
+CSRF_FIELD = "csrf_token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+LOGIN_HINT = ("log in: send 'Authorization: Bearer <token>' (a personal API token from "
+              "`polytrain login` or the portal's Account page)")
 
-class Unauthorized(ServiceError):
-    status = 401
-    code = "unauthorized"
+bearer_scheme = HTTPBearer(
+    auto_error=False, scheme_name="APIToken",
+    description="A personal API token (`pt_...`), from `POST /api/v1/auth/login`, "
+                "`polytrain login` or the portal's Account page.",
+)
 
 
 def require_agent_token(
@@ -27,8 +46,105 @@ def require_agent_token(
         Unauthorized: the header is missing or carries another token.
     """
     expected = settings.agent_token.get_secret_value()
-    if authorization != f"Bearer {expected}":
+    if not same(authorization or "", f"Bearer {expected}"):
         raise Unauthorized("missing or wrong agent token (Authorization: Bearer <token>)")
 
 
 AgentAuth = Depends(require_agent_token)
+
+
+def _web_session(request: Request, session: Session) -> tuple[WebSession, User] | None:
+    cookie = request.cookies.get(SESSION_COOKIE)
+    return tokens.resolve_session(session, cookie=cookie) if cookie else None
+
+
+def current_user(
+    request: Request, session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> User:
+    """The caller of a REST endpoint, by API token or by portal session cookie.
+
+    Raises:
+        Unauthorized: no credentials, or an unknown, revoked or expired token.
+        Forbidden: a cookie-authenticated change without the session's CSRF token.
+    """
+    if credentials is not None:
+        user = tokens.user_for_token(session, plain=credentials.credentials)
+    else:
+        resolved = _web_session(request, session)
+        if resolved is None:
+            raise Unauthorized(LOGIN_HINT)
+        web, user = resolved
+        sent = request.headers.get(CSRF_HEADER, "")
+        if request.method not in SAFE_METHODS and not same(sent, web.csrf_token):
+            raise Forbidden(f"missing or wrong CSRF token (send the {CSRF_HEADER} header)")
+    request.state.user = user
+    return user
+
+
+CurrentUser = Annotated[User, Depends(current_user)]
+UserAuth = Depends(current_user)
+
+
+def require_admin(user: CurrentUser) -> User:
+    """The caller, who must be an admin. Raises Forbidden."""
+    if not user.is_admin:
+        raise Forbidden("only admins may do this")
+    return user
+
+
+AdminUser = Annotated[User, Depends(require_admin)]
+
+
+def admin_for_writes(request: Request, user: CurrentUser) -> User:
+    """Any user may read; only an admin may change (for cluster resources). Raises Forbidden."""
+    if request.method not in SAFE_METHODS and not user.is_admin:
+        raise Forbidden("only admins manage resource groups and agents")
+    return user
+
+
+AdminWrites = Depends(admin_for_writes)
+
+
+class LoginRequired(Exception):
+    """A portal page was asked for without a live session: the user is sent to log in."""
+
+    def __init__(self, next_url: str) -> None:
+        super().__init__(next_url)
+        self.next_url = next_url
+
+
+def web_user(request: Request, session: SessionDep) -> User:
+    """The logged-in user of a portal page; keeps the session's CSRF token for the forms.
+
+    Raises:
+        LoginRequired: no live session (answered with a redirect to /login).
+    """
+    resolved = _web_session(request, session)
+    if resolved is None:
+        query = f"?{request.url.query}" if request.url.query else ""
+        raise LoginRequired(request.url.path + query)
+    web, user = resolved
+    request.state.user, request.state.csrf_token = user, web.csrf_token
+    return user
+
+
+WebUser = Annotated[User, Depends(web_user)]
+
+
+async def check_csrf(request: Request, user: WebUser) -> None:
+    """Refuse a portal form that changes something without the session's CSRF token.
+
+    Raises:
+        Forbidden: the `csrf_token` field (or `X-CSRF-Token` header) is missing or wrong.
+    """
+    if request.method in SAFE_METHODS:
+        return
+    form = await request.form()
+    sent = form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER) or ""
+    if not isinstance(sent, str) or not same(sent, request.state.csrf_token):
+        raise Forbidden("this form has expired or did not come from the portal (CSRF check); "
+                        "reload the page and try again")
+
+
+CsrfCheck = Depends(check_csrf)

@@ -5,6 +5,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
@@ -13,11 +15,27 @@ class ServiceError(Exception):
 
     status = 400
     code = "bad_request"
+    headers: dict[str, str] | None = None
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+
+
+class Unauthorized(ServiceError):
+    """No credentials, or wrong, expired or revoked ones (401)."""
+
+    status = 401
+    code = "unauthorized"
+    headers = {"WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(ServiceError):
+    """Authenticated, but not allowed to do this (403)."""
+
+    status = 403
+    code = "forbidden"
 
 
 class NotFound(ServiceError):
@@ -33,6 +51,16 @@ class Conflict(ServiceError):
 class Invalid(ServiceError):
     status = 422
     code = "invalid"
+
+
+class TooLarge(ServiceError):
+    status = 413
+    code = "too_large"
+
+
+class UnsupportedType(ServiceError):
+    status = 415
+    code = "unsupported_type"
 
 
 def error_body(code: str, message: str, field: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -53,7 +81,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def _service(_: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse(error_body(exc.code, exc.message, exc.field), status_code=exc.status)
+        return JSONResponse(error_body(exc.code, exc.message, exc.field), status_code=exc.status,
+                            headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -61,6 +90,13 @@ def install_error_handlers(app: FastAPI) -> None:
             error_body("http_error", str(exc.detail)), status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )
+
+    @app.exception_handler(OverflowError)
+    @app.exception_handler(DataError)
+    async def _out_of_range(_: Request, exc: Exception) -> JSONResponse:
+        # An id or number beyond what the database stores names nothing that exists.
+        return JSONResponse(error_body("invalid", "a number in the request is out of range"),
+                            status_code=422)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -72,3 +108,35 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             error_body("invalid", message, first["field"] or None, errors=errors), status_code=422
         )
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(examples=["invalid"], description="machine-readable kind of error")
+    message: str = Field(examples=["resource group 'gpu-x' does not exist"])
+    field: str | None = Field(default=None, examples=["resource_groups.1.name"],
+                              description="the faulty input, dotted (absent if none)")
+    errors: list[dict[str, Any]] | None = Field(
+        default=None, description="every invalid field (request validation only)")
+
+
+class ErrorResponse(BaseModel):
+    """The one shape of every error answer of the API."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"error": {
+        "code": "invalid", "message": "resource group 'gpu-x' does not exist",
+        "field": "resource_groups.1.name"}}]})
+
+    error: ErrorDetail
+
+
+def _described(text: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": text}
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: _described("not logged in, or an invalid, expired or revoked API token"),
+    403: _described("logged in, but not allowed (e.g. not an admin)"),
+    404: _described("no such resource, or not one the caller may see"),
+    409: _described("conflicts with the current state (e.g. the task has already ended)"),
+    422: _described("invalid input; `field` names it"),
+}

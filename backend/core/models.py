@@ -1,8 +1,10 @@
 """Every table, imported in one place for Alembic and the app."""
 
 from backend.agents.models import Agent
-from backend.projects.models import CodeVersion, Project
+from backend.auth.models import ApiToken, User, WebSession
+from backend.projects.models import CodeVersion, Project, ProjectMember
 from backend.resource_groups.models import ResourceGroup
+from backend.scheduler.models import TaskDependency
 from backend.tasks.models import (
     Allocation,
     Checkpoint,
@@ -14,6 +16,7 @@ from backend.tasks.models import (
 )
 
 __all__ = [
-    "Agent", "Allocation", "Checkpoint", "CodeVersion", "LogLine", "Metric",
-    "Project", "ResourceGroup", "SubTask", "Task", "TaskEvent",
+    "Agent", "Allocation", "ApiToken", "Checkpoint", "CodeVersion", "LogLine", "Metric",
+    "Project", "ProjectMember", "ResourceGroup", "SubTask", "Task", "TaskDependency",
+    "TaskEvent", "User", "WebSession",
 ]

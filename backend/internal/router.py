@@ -4,10 +4,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse
 
 from backend.agents import service as agents
 from backend.agents.schemas import AgentRead, AgentRegister
 from backend.core.deps import AgentAuth, SessionDep, SettingsDep
+from backend.core.errors import Conflict
 from backend.internal import service
 from backend.internal.schemas import (
     Claim,
@@ -59,7 +61,9 @@ def finished(sub_task_id: int, data: Finished, session: SessionDep) -> TaskState
 
 @router.get("/tasks/{task_id}/state", response_model=TaskState)
 def task_state(task_id: int, session: SessionDep) -> TaskState:
-    return TaskState(status=tasks.get(session, task_id=task_id).status.value)
+    """The task's status and attempt: agents stop processes of any other attempt."""
+    task = tasks.get(session, task_id=task_id)
+    return TaskState(status=task.status.value, attempt=task.attempt)
 
 
 @router.get("/tasks/{task_id}/code")
@@ -71,7 +75,10 @@ def task_code(task_id: int, session: SessionDep) -> Response:
 
 @router.put("/tasks/{task_id}/rendezvous", status_code=204)
 def set_rendezvous(task_id: int, data: Rendezvous, session: SessionDep) -> None:
+    """Publish the parameter server's address for the task's current attempt (409 if stale)."""
     task = tasks.get(session, task_id=task_id)
+    if data.attempt != task.attempt:
+        raise Conflict(f"task {task_id} is in attempt {task.attempt}, not {data.attempt}")
     task.master_addr, task.master_port = data.master_addr, data.master_port
     session.commit()
 
@@ -80,7 +87,7 @@ def set_rendezvous(task_id: int, data: Rendezvous, session: SessionDep) -> None:
 def get_rendezvous(task_id: int, session: SessionDep) -> RendezvousRead:
     task = tasks.get(session, task_id=task_id)
     return RendezvousRead(master_addr=task.master_addr, master_port=task.master_port,
-                          status=task.status.value)
+                          status=task.status.value, attempt=task.attempt)
 
 
 @router.post("/tasks/{task_id}/logs")
@@ -104,6 +111,7 @@ def progress(task_id: int, data: Progress, session: SessionDep) -> None:
 async def upload_checkpoint(
     task_id: int, request: Request, session: SessionDep, settings: SettingsDep,
     name: str, epoch: Annotated[int, Query(ge=0)], step: Annotated[int, Query(ge=0)],
+    attempt: Annotated[int, Query(ge=1)] = 1,
 ):
     """Store a checkpoint file sent as the raw request body."""
     body = await request.body()
@@ -111,6 +119,14 @@ async def upload_checkpoint(
     def store():  # database and disk work stay off the event loop
         task = tasks.get(session, task_id=task_id)
         return service.save_checkpoint(session, task=task, directory=settings.checkpoint_dir,
-                                       name=name, epoch=epoch, step=step, body=body)
+                                       name=name, epoch=epoch, step=step, body=body,
+                                       attempt=attempt)
 
     return await run_in_threadpool(store)
+
+
+@router.get("/tasks/{task_id}/checkpoints/{checkpoint_id}")
+def fetch_checkpoint(task_id: int, checkpoint_id: int, session: SessionDep) -> FileResponse:
+    """A checkpoint's file, for the parameter server of a restarted task to resume from."""
+    checkpoint = tasks.get_checkpoint(session, task_id=task_id, checkpoint_id=checkpoint_id)
+    return FileResponse(checkpoint.path, media_type="application/octet-stream")

@@ -1,4 +1,5 @@
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -6,20 +7,24 @@ from pydantic import BaseModel, Field
 class Claim(BaseModel):
     agent_id: int
     host: str
+    attempt: int = Field(default=1, ge=1)
 
 
 class Rendezvous(BaseModel):
     master_addr: str = Field(min_length=1, max_length=200)
     master_port: int = Field(ge=1, le=65535)
+    attempt: int = Field(default=1, ge=1)
 
 
 class RendezvousRead(BaseModel):
     master_addr: str | None
     master_port: int | None
     status: str
+    attempt: int = 1
 
 
 class LogIn(BaseModel):
+    attempt: int = Field(default=1, ge=1)
     node: str = Field(max_length=64)
     seq: int = Field(ge=0)
     time: datetime
@@ -48,12 +53,18 @@ class Progress(BaseModel):
 
 
 class Finished(BaseModel):
+    """A group's outcome. `cause` of a failure: `user` (the training code raised: final),
+    `infra` (a process killed by a signal, or the agent failed: restart), `peer` (only
+    errors from a peer that went away: wait for the root cause), `stopped` (by the agent)."""
+
     succeeded: bool
     detail: str = ""
+    cause: Literal["user", "infra", "peer", "stopped"] = "user"
 
 
 class TaskState(BaseModel):
     status: str
+    attempt: int = 1
 
 
 class RunningRanks(BaseModel):

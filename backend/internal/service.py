@@ -39,16 +39,19 @@ def get_sub_task(session: Session, *, sub_task_id: int) -> SubTask:
 def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
     """An agent takes a sub-task. A redelivered message finds it taken: Conflict.
 
+    A message of an earlier attempt (the task restarted since) is refused too.
     The first claim moves the task from SCHEDULED to RUNNING.
     """
-    task = session.get_one(Task, sub.task_id)
-    if sub.status is not SubTaskStatus.PENDING or task.status.terminal:
-        raise Conflict(f"sub-task {sub.id} is {sub.status.value}; task is {task.status.value}")
+    task = session.get_one(Task, sub.task_id, with_for_update=True)
+    if (sub.status is not SubTaskStatus.PENDING or task.status not in lifecycle.ACTIVE
+            or sub.attempt != task.attempt or data.attempt != sub.attempt):
+        raise Conflict(f"sub-task {sub.id} (attempt {sub.attempt}) is {sub.status.value}; "
+                       f"task is {task.status.value} in attempt {task.attempt}")
     sub.status, sub.agent_id = SubTaskStatus.RUNNING, data.agent_id
     roles = [NodeRole.COMPUTE] + ([NodeRole.PARAMETER_SERVER, NodeRole.TASK_MANAGER]
                                    if sub.hosts_parameter_server else [])
     session.execute(
-        update(Allocation).where(Allocation.task_id == task.id,
+        update(Allocation).where(Allocation.task_id == task.id, Allocation.attempt == sub.attempt,
                                  Allocation.resource_group_id == sub.resource_group_id,
                                  Allocation.role.in_(roles)).values(host=data.host)
     )
@@ -61,15 +64,16 @@ def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
 
 def add_logs(session: Session, *, task_id: int, batch: LogBatch) -> int:
     """Store log lines; a line already stored (same node and seq) is skipped."""
-    keys = [(line.node, line.seq) for line in batch.lines]
+    keys = {(line.attempt, line.node, line.seq) for line in batch.lines}
     if not keys:
         return 0
     existing = set(session.execute(
-        select(LogLine.node, LogLine.seq).where(
-            LogLine.task_id == task_id, tuple_(LogLine.node, LogLine.seq).in_(keys))
-    ).tuples())
+        select(LogLine.attempt, LogLine.node, LogLine.seq).where(
+            LogLine.task_id == task_id,
+            tuple_(LogLine.attempt, LogLine.node, LogLine.seq).in_(list(keys)))
+    ).all())
     new = [LogLine(task_id=task_id, **line.model_dump()) for line in batch.lines
-           if (line.node, line.seq) not in existing]
+           if (line.attempt, line.node, line.seq) not in existing]
     session.add_all(new)
     session.commit()
     return len(new)
@@ -86,40 +90,60 @@ def set_progress(session: Session, *, task: Task, data: Progress) -> None:
 
 
 def save_checkpoint(
-    session: Session, *, task: Task, directory: Path, name: str, epoch: int, step: int, body: bytes
+    session: Session, *, task: Task, directory: Path, name: str, epoch: int, step: int, body: bytes,
+    attempt: int = 1,
 ) -> Checkpoint:
-    """Store an uploaded checkpoint file under `directory/task-<id>/`."""
+    """Store an uploaded checkpoint file under `directory/task-<id>/` (`attempt-<n>/` after 1)."""
     folder = directory / f"task-{task.id}"
+    if attempt > 1:
+        folder = folder / f"attempt-{attempt}"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / Path(name).name
     path.write_bytes(body)
     checkpoint = Checkpoint(task_id=task.id, epoch=epoch, step=step, path=str(path.resolve()),
-                            size_bytes=len(body))
+                            size_bytes=len(body), attempt=attempt)
     session.add(checkpoint)
     session.commit()
     return checkpoint
 
 
 def finish(session: Session, *, sub: SubTask, data: Finished) -> Task:
-    """Record a group's outcome; the task fails with the first failed group and
-    succeeds when every group has succeeded."""
+    """Record a group's outcome and decide the task's fate.
+
+    Only the current attempt's reports count. The task succeeds when every
+    group has succeeded; fails at a `user` error (the training code raised);
+    restarts (or fails when no restart is left) at an `infra` failure, or once
+    every group has ended on `peer` errors alone.
+    """
     task = session.get_one(Task, sub.task_id, with_for_update=True)
-    sub.status = SubTaskStatus.SUCCEEDED if data.succeeded else SubTaskStatus.FAILED
-    sub.detail = data.detail[-4000:]
-    if not task.status.terminal:
-        if not data.succeeded:
-            summary = (data.detail.splitlines() or ["no detail"])[0][:1000]
-            lifecycle.transition(session, task, TaskStatus.FAILED,
-                                 f"group {sub.group_index} failed: {summary}")
-        elif _all_succeeded(session, task.id):
-            lifecycle.transition(session, task, TaskStatus.SUCCEEDED, "all groups finished")
+    if sub.status is not SubTaskStatus.ABORTED:
+        sub.status = SubTaskStatus.SUCCEEDED if data.succeeded else SubTaskStatus.FAILED
+        sub.detail = data.detail[-4000:]
+    if task.status in lifecycle.ACTIVE and sub.attempt == task.attempt:
+        _decide(session, task, sub, data)
     session.commit()
     return task
 
 
-def _all_succeeded(session: Session, task_id: int) -> bool:
-    statuses = session.scalars(select(SubTask.status).where(SubTask.task_id == task_id)).all()
-    return all(s is SubTaskStatus.SUCCEEDED for s in statuses)
+def _decide(session: Session, task: Task, sub: SubTask, data: Finished) -> None:
+    summary = (data.detail.splitlines() or ["no detail"])[0][:1000]
+    reason = f"group {sub.group_index} failed: {summary}"
+    if data.succeeded:
+        if _all(session, task, {SubTaskStatus.SUCCEEDED}):
+            lifecycle.transition(session, task, TaskStatus.SUCCEEDED, "all groups finished")
+    elif data.cause == "user":
+        lifecycle.transition(session, task, TaskStatus.FAILED, reason)
+    elif data.cause == "infra":
+        lifecycle.restart_or_fail(session, task, reason)
+    elif _all(session, task, {SubTaskStatus.SUCCEEDED, SubTaskStatus.FAILED}):
+        lifecycle.restart_or_fail(session, task, f"every group lost its peers; last: {reason}")
+
+
+def _all(session: Session, task: Task, statuses: set[SubTaskStatus]) -> bool:
+    """True if every sub-task of the task's current attempt has one of `statuses`."""
+    found = session.scalars(select(SubTask.status).where(
+        SubTask.task_id == task.id, SubTask.attempt == task.attempt)).all()
+    return all(s in statuses for s in found)
 
 
 def node_heartbeats(session: Session, *, running: list[RunningRanks]) -> None:

@@ -1,7 +1,12 @@
 """Static check of a training module against the training-code contract (ARCHITECTURE.md)."""
 
 import ast
-from pathlib import Path
+import base64
+import hashlib
+import io
+import tarfile
+import zipfile
+from pathlib import Path, PurePosixPath
 
 from backend.core.errors import Invalid
 
@@ -12,6 +17,9 @@ EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 def check_contract(source: bytes, *, filename: str) -> None:
     """Refuse a module that is not Python or lacks a required top-level function.
 
+    A required function may also be imported (`from .model import build_model`)
+    or assigned at the top level (`loss_fn = nn.functional.cross_entropy`).
+
     The module is parsed, never executed, here: it runs only on the agents.
 
     Raises:
@@ -21,7 +29,7 @@ def check_contract(source: bytes, *, filename: str) -> None:
         tree = ast.parse(source.decode("utf-8"), filename=filename)
     except (UnicodeDecodeError, SyntaxError) as exc:
         raise Invalid(f"{filename} is not valid Python: {exc}", field="file") from exc
-    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    defined = _top_level_names(tree)
     missing = [name for name in REQUIRED if name not in defined]
     if missing:
         raise Invalid(
@@ -29,6 +37,18 @@ def check_contract(source: bytes, *, filename: str) -> None:
             + ", ".join(f"def {m}(...)" for m in missing),
             field="file",
         )
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
 
 
 def example_path(name: str) -> Path:
@@ -42,3 +62,157 @@ def example_path(name: str) -> Path:
 
 def list_examples() -> list[str]:
     return sorted(p.stem for p in EXAMPLES_DIR.glob("*.py") if not p.stem.startswith("_"))
+
+
+ARCHIVE_SUFFIXES = (".zip", ".tar.gz", ".tgz")
+DEFAULT_ENTRYPOINTS = ("train.py", "main.py")
+MAX_ARCHIVE_MEMBERS = 500
+
+
+def _safe_name(name: str) -> str:
+    """A member path inside the archive, refused if it could land outside the folder."""
+    parts = PurePosixPath(name).parts
+    if name.startswith(("/", "\\")) or ".." in parts or not parts:
+        raise Invalid(f"archive member {name!r} has an unsafe path", field="file")
+    return str(PurePosixPath(*parts))
+
+
+def _zip_files(content: bytes, max_bytes: int) -> dict[str, bytes]:
+    with zipfile.ZipFile(io.BytesIO(content)) as archive:
+        members = [m for m in archive.infolist() if not m.is_dir()]
+        _check_sizes(len(members), sum(m.file_size for m in members), max_bytes)
+        return {_safe_name(m.filename): archive.read(m) for m in members}
+
+
+def _tar_files(content: bytes, max_bytes: int) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(content), mode="r:gz") as archive:
+        members = [m for m in archive.getmembers() if not m.isdir()]
+        if any(not m.isfile() for m in members):
+            raise Invalid("archives may hold only files and folders (no links)", field="file")
+        _check_sizes(len(members), sum(m.size for m in members), max_bytes)
+        return {_safe_name(m.name): archive.extractfile(m).read()  # type: ignore[union-attr]
+                for m in members}
+
+
+def _check_sizes(members: int, total: int, max_bytes: int) -> None:
+    if members > MAX_ARCHIVE_MEMBERS:
+        raise Invalid(f"archive holds {members} files; the limit is {MAX_ARCHIVE_MEMBERS}",
+                      field="file")
+    if total > max_bytes:
+        raise Invalid(f"archive unpacks to {total} bytes; the limit is {max_bytes}", field="file")
+
+
+def _strip_common_folder(files: dict[str, bytes]) -> dict[str, bytes]:
+    """`proj/train.py, proj/util.py` -> `train.py, util.py`: a zipped folder is its content."""
+    tops = {PurePosixPath(name).parts[0] for name in files}
+    if len(tops) == 1 and all(len(PurePosixPath(n).parts) > 1 for n in files):
+        return {str(PurePosixPath(*PurePosixPath(n).parts[1:])): b for n, b in files.items()}
+    return files
+
+
+def _entrypoint(files: dict[str, bytes], wanted: str | None) -> str:
+    if wanted:
+        name = _safe_name(wanted.strip())
+        if name not in files:
+            raise Invalid(f"the archive has no {name!r}", field="entrypoint")
+        if not name.endswith(".py"):
+            raise Invalid(f"the entrypoint {name!r} is not a .py module", field="entrypoint")
+        return name
+    for name in DEFAULT_ENTRYPOINTS:
+        if name in files:
+            return name
+    modules = sorted(n for n in files if n.endswith(".py"))
+    if len(modules) == 1:
+        return modules[0]
+    listed = ", ".join(modules[:10]) or "none"
+    raise Invalid("name the entrypoint module: the archive has no train.py or main.py and "
+                  f"its .py files are: {listed}", field="entrypoint")
+
+
+def read_archive(
+    content: bytes, *, filename: str, entrypoint: str | None, max_bytes: int
+) -> tuple[bytes, str]:
+    """Check an uploaded archive (.zip, .tar.gz) and its entrypoint against the contract.
+
+    Returns the files repacked as one zip (the stored form) and the entrypoint's
+    path inside it. The entrypoint defaults to `train.py`, `main.py` or the only
+    module. A single top-level folder is taken as the archive's root.
+
+    Raises:
+        Invalid: unreadable archive, unsafe paths or links, too many or too large
+            files, no entrypoint, or an entrypoint that breaks the contract.
+    """
+    try:
+        read = _zip_files if filename.lower().endswith(".zip") else _tar_files
+        files = _strip_common_folder(read(content, max_bytes))
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as exc:
+        raise Invalid(f"{filename} is not a readable archive: {exc}", field="file") from exc
+    entry = _entrypoint(files, entrypoint)
+    check_contract(files[entry], filename=f"{filename}:{entry}")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as packed:
+        for name in sorted(files):
+            packed.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), files[name])
+    return buffer.getvalue(), entry
+
+
+_LOADER = '''"""polytrain: the training code of {filename}, entrypoint {entrypoint}.
+
+Made by the platform from the uploaded archive: on import it unpacks the archive
+beside this file (once per host) and exposes the entrypoint's contract functions.
+"""
+
+import base64
+import importlib.util
+import io
+import os
+import shutil
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+_ARCHIVE = base64.b64decode("{archive}")
+_ENTRYPOINT = {entrypoint!r}
+
+
+def _unpack():
+    root = Path(__file__).resolve().parent / "archive-{digest}"
+    if not root.is_dir():
+        staging = Path(tempfile.mkdtemp(dir=root.parent))
+        zipfile.ZipFile(io.BytesIO(_ARCHIVE)).extractall(staging)
+        try:
+            os.rename(staging, root)
+        except OSError:  # another rank on this host unpacked it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return root
+
+
+def _load():
+    entry = _unpack() / _ENTRYPOINT
+    sys.path.insert(0, str(entry.parent))
+    spec = importlib.util.spec_from_file_location("polytrain_entry_{digest}", entry)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_module = _load()
+for _name in ("build_model", "build_datasets", "build_optimizer", "loss_fn", "metrics"):
+    if hasattr(_module, _name):
+        globals()[_name] = getattr(_module, _name)
+'''
+
+
+def loader_module(archive: bytes, *, entrypoint: str, filename: str) -> bytes:
+    """The one module agents receive for an archive version: it unpacks and imports it.
+
+    Agents and the training engine take one `.py` module; this keeps that true
+    for archives without changing them.
+    """
+    return _LOADER.format(
+        filename=filename.replace('"', "'"), entrypoint=entrypoint,
+        archive=base64.b64encode(archive).decode(),
+        digest=hashlib.sha256(archive).hexdigest()[:16],
+    ).encode()

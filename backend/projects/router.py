@@ -1,38 +1,67 @@
+"""REST for projects, their members and code versions; every route checks access."""
+
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, UploadFile, status
+from fastapi import APIRouter, Depends, Form, Query, Response, UploadFile, status
 
-from backend.core.deps import SessionDep, SettingsDep
+from backend.auth import access
+from backend.auth import service as users
+from backend.core.deps import CurrentUser, SessionDep, SettingsDep, UserAuth
+from backend.core.errors import ErrorResponse, NotFound
+from backend.core.pagination import TOTAL_HEADER, Page, paginated
 from backend.projects import service
 from backend.projects.models import Project
 from backend.projects.schemas import (
     CodeVersionCreate,
     CodeVersionRead,
+    MemberAdd,
+    MemberRead,
     ProjectCreate,
     ProjectRead,
+    ProjectUpdate,
 )
 
-router = APIRouter(prefix="/projects", tags=["projects"])
+router = APIRouter(prefix="/projects", tags=["projects"], dependencies=[UserAuth])
 
 
-def valid_project(project_id: int, session: SessionDep) -> Project:
-    return service.get(session, project_id=project_id)
+def valid_project(project_id: int, session: SessionDep, user: CurrentUser) -> Project:
+    """A project the caller may see (404 otherwise)."""
+    return access.readable_project(session, user=user, project_id=project_id)
+
+
+def writable_project(project_id: int, session: SessionDep, user: CurrentUser) -> Project:
+    """A project the caller may add code and tasks to (404; 409 when archived)."""
+    return access.writable_project(session, user=user, project_id=project_id)
+
+
+def managed_project(project_id: int, session: SessionDep, user: CurrentUser) -> Project:
+    """A project the caller owns, or any project for an admin (404; 403 for a member)."""
+    return access.managed_project(session, user=user, project_id=project_id)
 
 
 ProjectDep = Annotated[Project, Depends(valid_project)]
+WritableProjectDep = Annotated[Project, Depends(writable_project)]
+ManagedProjectDep = Annotated[Project, Depends(managed_project)]
 
 
 @router.get("", response_model=list[ProjectRead])
 def list_projects(
-    session: SessionDep, offset: Annotated[int, Query(ge=0)] = 0,
-    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    session: SessionDep, user: CurrentUser, response: Response,
+    offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    include_archived: Annotated[bool, Query(description="list archived projects too")] = True,
 ) -> list[Project]:
-    return service.list_all(session, offset=offset, limit=limit)
+    """The projects the caller owns or is a member of (every project for an admin)."""
+    ids = access.visible_project_ids(session, user=user)
+    response.headers[TOTAL_HEADER] = str(service.count(
+        session, project_ids=ids, include_archived=include_archived))
+    return service.list_all(session, offset=offset, limit=limit, project_ids=ids,
+                            include_archived=include_archived)
 
 
 @router.post("", response_model=ProjectRead, status_code=status.HTTP_201_CREATED)
-def create_project(data: ProjectCreate, session: SessionDep) -> Project:
-    return service.create(session, data=data)
+def create_project(data: ProjectCreate, session: SessionDep, user: CurrentUser) -> Project:
+    """A new project owned by the caller (names are unique per owner)."""
+    return service.create(session, data=data, owner_id=user.id)
 
 
 @router.get("/{project_id}", response_model=ProjectRead)
@@ -40,25 +69,80 @@ def get_project(project: ProjectDep) -> Project:
     return project
 
 
+@router.patch("/{project_id}", response_model=ProjectRead)
+def update_project(data: ProjectUpdate, project: ManagedProjectDep, session: SessionDep
+                   ) -> Project:
+    """Rename or re-describe a project (owner or admin)."""
+    return service.update(session, project=project, data=data)
+
+
+@router.post("/{project_id}/archive", response_model=ProjectRead)
+def archive_project(project: ManagedProjectDep, session: SessionDep) -> Project:
+    """Archive a project: it stays readable, but takes no new code versions or tasks."""
+    return service.set_archived(session, project=project, archived=True)
+
+
+@router.post("/{project_id}/unarchive", response_model=ProjectRead)
+def unarchive_project(project: ManagedProjectDep, session: SessionDep) -> Project:
+    return service.set_archived(session, project=project, archived=False)
+
+
+@router.get("/{project_id}/members", response_model=list[MemberRead])
+def list_members(project: ProjectDep, session: SessionDep, page: Page, response: Response
+                 ) -> list:
+    """The project's owner and members."""
+    return paginated(service.member_rows(session, project=project), page, response)
+
+
+@router.post("/{project_id}/members", response_model=list[MemberRead],
+             status_code=status.HTTP_201_CREATED)
+def add_member(data: MemberAdd, project: ManagedProjectDep, session: SessionDep) -> list:
+    """Share the project with the user who has this email (owner or admin)."""
+    user = users.get_by_email(session, email=data.email)
+    if user is None:
+        raise NotFound(f"no user has the email '{data.email}'", field="email")
+    service.add_member(session, project=project, user_id=user.id)
+    return service.member_rows(session, project=project)
+
+
+@router.delete("/{project_id}/members/{user_id}", status_code=status.HTTP_204_NO_CONTENT)
+def remove_member(user_id: int, project: ManagedProjectDep, session: SessionDep) -> Response:
+    """Stop sharing the project with a user (owner or admin)."""
+    service.remove_member(session, project=project, user_id=user_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
 @router.get("/{project_id}/code-versions", response_model=list[CodeVersionRead])
-def list_code_versions(project: ProjectDep, session: SessionDep) -> list:
-    return service.list_versions(session, project_id=project.id)
+def list_code_versions(project: ProjectDep, session: SessionDep, page: Page,
+                       response: Response) -> list:
+    """The project's code versions, newest first."""
+    return paginated(service.list_versions(session, project_id=project.id), page, response)
 
 
 @router.post("/{project_id}/code-versions", response_model=CodeVersionRead,
              status_code=status.HTTP_201_CREATED)
-def create_example_version(data: CodeVersionCreate, project: ProjectDep, session: SessionDep):
+def create_example_version(data: CodeVersionCreate, project: WritableProjectDep,
+                           session: SessionDep):
     """A new code version from a bundled example (`examples/NAME.py`)."""
     return service.add_example_version(session, project=project, example=data.example)
 
 
 @router.post("/{project_id}/code-versions/upload", response_model=CodeVersionRead,
-             status_code=status.HTTP_201_CREATED)
+             status_code=status.HTTP_201_CREATED,
+             responses={413: {"model": ErrorResponse,
+                              "description": "the file is over the upload limit"},
+                        415: {"model": ErrorResponse, "description":
+                              "neither a .py module nor a .zip/.tar.gz archive"}})
 def upload_version(
-    file: UploadFile, project: ProjectDep, session: SessionDep, settings: SettingsDep
+    file: UploadFile, project: WritableProjectDep, session: SessionDep, settings: SettingsDep,
+    entrypoint: Annotated[str | None, Form(max_length=300, examples=["train.py"], description=(
+        "for an archive: the module with the contract's functions (default train.py, main.py "
+        "or the only .py file)"))] = None,
 ):
-    """Upload a `.py` training module; it is checked against the contract first."""
+    """Upload a `.py` training module, or a `.zip`/`.tar.gz` archive with an entrypoint
+    module; each upload is a new immutable version, checked against the contract first."""
     content = file.file.read(settings.max_upload_bytes + 1)
     return service.add_uploaded_version(
-        session, settings=settings, project=project, filename=file.filename or "", content=content
+        session, settings=settings, project=project, filename=file.filename or "",
+        content=content, entrypoint=entrypoint or None,
     )

@@ -1,21 +1,50 @@
-from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from backend.core.schemas import UtcDateTime
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 _.-]*$"
+
 
 class ProjectCreate(BaseModel):
-    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.-]*$",
-                      examples=["mnist"])
-    description: str = Field(default="", max_length=5000)
+    name: str = Field(min_length=1, max_length=100, pattern=NAME_PATTERN, examples=["mnist"])
+    description: str = Field(default="", max_length=5000,
+                             examples=["MNIST digits across two CPU groups"])
+
+
+class ProjectUpdate(BaseModel):
+    """Changes to a project (owner or admin); omitted fields stay as they are."""
+
+    name: str | None = Field(default=None, min_length=1, max_length=100, pattern=NAME_PATTERN,
+                             examples=["mnist-v2"])
+    description: str | None = Field(default=None, max_length=5000)
 
 
 class ProjectRead(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
+    model_config = ConfigDict(from_attributes=True, json_schema_extra={"examples": [{
+        "id": 1, "name": "mnist", "description": "MNIST digits", "owner_id": 2,
+        "created_at": "2026-11-22T06:00:00", "archived_at": None}]})
 
     id: int
     name: str
     description: str
-    created_at: datetime
+    owner_id: int | None
+    created_at: UtcDateTime
+    archived_at: UtcDateTime | None = Field(description="set while the project is archived "
+                                         "(read-only)")
+
+
+class MemberAdd(BaseModel):
+    """Share a project with a user, by their email."""
+
+    email: str = Field(min_length=3, max_length=254, examples=["grace@example.org"])
+
+
+class MemberRead(BaseModel):
+    user_id: int
+    email: str
+    name: str
+    role: str = Field(description="`owner` or `member`", examples=["member"])
 
 
 class CodeVersionCreate(BaseModel):
@@ -33,4 +62,5 @@ class CodeVersionRead(BaseModel):
     source: str
     filename: str
     sha256: str
-    created_at: datetime
+    entrypoint: str | None = Field(default=None, description="the module inside an archive")
+    created_at: UtcDateTime

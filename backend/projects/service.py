@@ -5,21 +5,84 @@ import hashlib
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from backend.auth.models import User
 from backend.core.config import Settings
-from backend.core.errors import Conflict, Invalid, NotFound
-from backend.projects.code import check_contract, example_path
-from backend.projects.models import CodeVersion, Project
-from backend.projects.schemas import ProjectCreate
+from backend.core.db import utcnow
+from backend.core.errors import Conflict, NotFound, TooLarge, UnsupportedType
+from backend.projects.code import (
+    ARCHIVE_SUFFIXES,
+    check_contract,
+    example_path,
+    loader_module,
+    read_archive,
+)
+from backend.projects.models import CodeVersion, Project, ProjectMember
+from backend.projects.schemas import ProjectCreate, ProjectUpdate
 
 
-def create(session: Session, *, data: ProjectCreate) -> Project:
-    """Create a project. Raises Conflict if the name is taken."""
-    if session.scalar(select(Project).where(Project.name == data.name)):
-        raise Conflict(f"a project named '{data.name}' already exists", field="name")
-    project = Project(**data.model_dump())
+def _check_name_free(session: Session, *, name: str, owner_id: int | None,
+                     project_id: int | None = None) -> None:
+    query = select(Project.id).where(Project.name == name, Project.owner_id == owner_id)
+    found = session.scalar(query)
+    if found is not None and found != project_id:
+        raise Conflict(f"a project named '{name}' already exists", field="name")
+
+
+def create(session: Session, *, data: ProjectCreate, owner_id: int | None = None) -> Project:
+    """Create a project owned by `owner_id`. Raises Conflict if the owner has that name."""
+    _check_name_free(session, name=data.name, owner_id=owner_id)
+    project = Project(**data.model_dump(), owner_id=owner_id)
     session.add(project)
     session.commit()
     return project
+
+
+def update(session: Session, *, project: Project, data: ProjectUpdate) -> Project:
+    """Rename or re-describe a project. Raises Conflict if the owner has that name."""
+    changes = data.model_dump(exclude_unset=True, exclude_none=True)
+    if "name" in changes:
+        _check_name_free(session, name=changes["name"], owner_id=project.owner_id,
+                         project_id=project.id)
+    for key, value in changes.items():
+        setattr(project, key, value)
+    session.commit()
+    return project
+
+
+def set_archived(session: Session, *, project: Project, archived: bool) -> Project:
+    """Archive (read-only: no new code or tasks) or unarchive a project; idempotent."""
+    if archived and project.archived_at is None:
+        project.archived_at = utcnow()
+    elif not archived:
+        project.archived_at = None
+    session.commit()
+    return project
+
+
+def members(session: Session, *, project_id: int) -> list[ProjectMember]:
+    query = select(ProjectMember).where(ProjectMember.project_id == project_id)
+    return list(session.scalars(query.order_by(ProjectMember.id)))
+
+
+def add_member(session: Session, *, project: Project, user_id: int) -> ProjectMember:
+    """Share the project with a user. Raises Conflict if they own it or already are one."""
+    if user_id == project.owner_id or any(m.user_id == user_id
+                                          for m in members(session, project_id=project.id)):
+        raise Conflict("that user is already a member of this project", field="email")
+    member = ProjectMember(project_id=project.id, user_id=user_id)
+    session.add(member)
+    session.commit()
+    return member
+
+
+def remove_member(session: Session, *, project: Project, user_id: int) -> None:
+    """Stop sharing the project with a user. Raises NotFound if they are no member."""
+    member = next((m for m in members(session, project_id=project.id)
+                   if m.user_id == user_id), None)
+    if member is None:
+        raise NotFound(f"user {user_id} is not a member of this project", field="user_id")
+    session.delete(member)
+    session.commit()
 
 
 def get(session: Session, *, project_id: int) -> Project:
@@ -29,9 +92,28 @@ def get(session: Session, *, project_id: int) -> Project:
     return project
 
 
-def list_all(session: Session, *, offset: int = 0, limit: int = 100) -> list[Project]:
-    query = select(Project).order_by(Project.id.desc()).offset(offset).limit(limit)
-    return list(session.scalars(query))
+def _listing(project_ids: list[int] | None, include_archived: bool):  # type: ignore[no-untyped-def]
+    query = select(Project)
+    if project_ids is not None:
+        query = query.where(Project.id.in_(project_ids))
+    if not include_archived:
+        query = query.where(Project.archived_at.is_(None))
+    return query
+
+
+def list_all(
+    session: Session, *, offset: int = 0, limit: int = 100, project_ids: list[int] | None = None,
+    include_archived: bool = True,
+) -> list[Project]:
+    """Projects, newest first; only `project_ids` if given, archived ones unless excluded."""
+    query = _listing(project_ids, include_archived).order_by(Project.id.desc())
+    return list(session.scalars(query.offset(offset).limit(limit)))
+
+
+def count(session: Session, *, project_ids: list[int] | None = None,
+          include_archived: bool = True) -> int:
+    query = _listing(project_ids, include_archived).subquery()
+    return session.scalar(select(func.count()).select_from(query)) or 0
 
 
 def _next_version(session: Session, project_id: int) -> int:
@@ -41,8 +123,14 @@ def _next_version(session: Session, project_id: int) -> int:
     return (current or 0) + 1
 
 
-def add_example_version(session: Session, *, project: Project, example: str) -> CodeVersion:
-    """A new code version holding the bundled example `example`."""
+def add_example_version(
+    session: Session, *, project: Project, example: str, commit: bool = True
+) -> CodeVersion:
+    """A new code version holding the bundled example `example`.
+
+    With `commit=False` the version is only flushed: the caller commits it
+    together with what it is made for (a task), or rolls both back.
+    """
     source = example_path(example).read_bytes()
     version = CodeVersion(
         project_id=project.id, version=_next_version(session, project.id),
@@ -50,31 +138,49 @@ def add_example_version(session: Session, *, project: Project, example: str) -> 
         sha256=hashlib.sha256(source).hexdigest(),
     )
     session.add(version)
-    session.commit()
+    session.commit() if commit else session.flush()
     return version
 
 
+def _check_upload(settings: Settings, filename: str, content: bytes) -> bool:
+    """Whether the upload is an archive (else a module); refuses other kinds and sizes."""
+    is_archive = filename.lower().endswith(ARCHIVE_SUFFIXES)
+    if not filename.endswith(".py") and not is_archive:
+        raise UnsupportedType(
+            f"{filename!r} is neither a Python module (.py) nor an archive "
+            f"({', '.join(ARCHIVE_SUFFIXES)})", field="file")
+    if len(content) > settings.max_upload_bytes:
+        raise TooLarge(f"{filename!r} is over the limit of {settings.max_upload_bytes} bytes",
+                       field="file")
+    return is_archive
+
+
 def add_uploaded_version(
-    session: Session, *, settings: Settings, project: Project, filename: str, content: bytes
+    session: Session, *, settings: Settings, project: Project, filename: str, content: bytes,
+    entrypoint: str | None = None,
 ) -> CodeVersion:
-    """Store an uploaded `.py` module as a new immutable version.
+    """Store an uploaded `.py` module, or an archive with an entrypoint module, as a new
+    immutable version; the module (the entrypoint) is checked against the contract first.
 
     Raises:
-        Invalid: not a .py file, too large, not Python, or missing a contract function.
+        UnsupportedType: neither a .py file nor a .zip/.tar.gz archive (415).
+        TooLarge: over `settings.max_upload_bytes` (413).
+        Invalid: not Python, missing a contract function, or a bad archive or entrypoint (422).
     """
-    if not filename.endswith(".py"):
-        raise Invalid(f"{filename!r} is not a Python module (.py)", field="file")
-    if len(content) > settings.max_upload_bytes:
-        raise Invalid(f"file is {len(content)} bytes; the limit is "
-                      f"{settings.max_upload_bytes} bytes", field="file")
-    check_contract(content, filename=filename)
+    entry = None
+    if _check_upload(settings, filename, content):
+        content, entry = read_archive(content, filename=filename, entrypoint=entrypoint,
+                                      max_bytes=10 * settings.max_upload_bytes)
+    else:
+        check_contract(content, filename=filename)
     digest = hashlib.sha256(content).hexdigest()
     settings.code_dir.mkdir(parents=True, exist_ok=True)
-    path = settings.code_dir / f"{digest}.py"
+    path = settings.code_dir / f"{digest}{'.zip' if entry else '.py'}"
     path.write_bytes(content)
     version = CodeVersion(
-        project_id=project.id, version=_next_version(session, project.id), source="upload",
-        filename=filename, path=str(path.resolve()), sha256=digest,
+        project_id=project.id, version=_next_version(session, project.id),
+        source="archive" if entry else "upload", filename=filename, path=str(path.resolve()),
+        sha256=digest, entrypoint=entry,
     )
     session.add(version)
     session.commit()
@@ -99,4 +205,21 @@ def read_source(version: CodeVersion) -> bytes:
         return example_path(version.source.split(":", 1)[1]).read_bytes()
     assert version.path is not None
     with open(version.path, "rb") as fh:
-        return fh.read()
+        content = fh.read()
+    if version.source == "archive" and version.entrypoint:
+        return loader_module(content, entrypoint=version.entrypoint, filename=version.filename)
+    return content
+
+
+def member_rows(session: Session, *, project: Project) -> list[dict]:
+    """The owner and every member as `{user_id, email, name, role}`, the owner first."""
+    rows = []
+    if project.owner_id is not None:
+        owner = session.get_one(User, project.owner_id)
+        rows.append({"user_id": owner.id, "email": owner.email, "name": owner.name,
+                     "role": "owner"})
+    for member in members(session, project_id=project.id):
+        user = session.get_one(User, member.user_id)
+        rows.append({"user_id": user.id, "email": user.email, "name": user.name,
+                     "role": "member"})
+    return rows

@@ -1,27 +1,52 @@
 """Resource groups: pools of identical hardware."""
 
+import enum
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import String, Text
+from sqlalchemy import JSON, Enum, Index, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.core.db import Base, utcnow
 
 
+class GroupState(enum.StrEnum):
+    """`active` takes new tasks; `draining` finishes its running tasks and takes no new
+    ones; `disabled` runs nothing (only reachable once nothing runs on it)."""
+
+    ACTIVE = "active"
+    DRAINING = "draining"
+    DISABLED = "disabled"
+
+
 class ResourceGroup(Base):
     """A pool of identical hardware (same device type and model).
 
-    `capacity` is the most compute workers the group runs at once.
+    `capacity` is the most compute workers the group runs at once; what it can
+    run now also depends on the agents online. `labels` are free key/value
+    tags a request can select on. A deleted group keeps its row (`deleted_at`)
+    so that finished tasks still name it; its name can be reused.
     """
 
     __tablename__ = "resource_group"
+    __table_args__ = (
+        Index("uq_resource_group_live_name", "name", unique=True,
+              postgresql_where=text("deleted_at IS NULL"),
+              sqlite_where=text("deleted_at IS NULL")),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(64))
     device_type: Mapped[str] = mapped_column(String(16))
     description: Mapped[str] = mapped_column(Text, default="")
     capacity: Mapped[int]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    state: Mapped[GroupState] = mapped_column(
+        Enum(GroupState, native_enum=False, length=16, validate_strings=True),
+        default=GroupState.ACTIVE, server_default="ACTIVE",
+    )
+    deleted_at: Mapped[datetime | None] = mapped_column(default=None)
 
     @property
     def queue(self) -> str:

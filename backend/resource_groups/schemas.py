@@ -1,23 +1,41 @@
-from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from backend.core.schemas import UtcDateTime
+from backend.resource_groups.models import GroupState
+
 DeviceType = Literal["cpu", "cuda", "npu"]
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+LABEL_KEY = r"^[a-zA-Z0-9][a-zA-Z0-9_.\-/]{0,62}$"
+Labels = dict[str, str]
+
+
+def _labels_field() -> Labels:
+    return Field(default_factory=dict, max_length=32, examples=[{"zone": "a", "model": "xeon"}])
 
 
 class ResourceGroupCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     name: str = Field(pattern=NAME_PATTERN, examples=["cpu-a"])
     device_type: DeviceType = Field(examples=["cpu"])
     description: str = Field(default="", max_length=2000)
     capacity: int = Field(ge=1, le=4096, description="most compute workers at once")
+    labels: Labels = _labels_field()
 
 
 class ResourceGroupUpdate(BaseModel):
+    """Fields to change; `state` drains (`draining`), disables or re-activates the group."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"state": "draining"}, {"capacity": 4, "labels": {"zone": "a"}}]})
+
     device_type: DeviceType | None = None
     description: str | None = Field(default=None, max_length=2000)
     capacity: int | None = Field(default=None, ge=1, le=4096)
+    labels: Labels | None = Field(default=None, max_length=32)
+    state: GroupState | None = None
 
 
 class ResourceGroupRead(BaseModel):
@@ -28,7 +46,11 @@ class ResourceGroupRead(BaseModel):
     device_type: str
     description: str
     capacity: int
-    created_at: datetime
+    labels: Labels
+    state: GroupState
+    created_at: UtcDateTime
     agents_online: int = 0
     online_workers: int = 0
     allocated_workers: int = 0
+    free_workers: int = Field(default=0, description="workers a new task can get now")
+    running_tasks: int = 0

@@ -8,26 +8,43 @@ from celery import Celery
 from backend.core.config import get_settings
 from backend.scheduler.payload import RUN_SUBTASK, SubTaskPayload, queue_name
 
+# Redis redelivers a message not acknowledged within this time; no run lasts this long.
+VISIBILITY_TIMEOUT_S = 7 * 24 * 3600
+
 
 class Dispatcher(Protocol):
     def send(self, payload: SubTaskPayload) -> None: ...
 
 
+def broker_options(broker_url: str) -> dict:
+    """Transport options shared by the API (producer) and the agents (consumers)."""
+    if broker_url.startswith(("redis", "rediss")):
+        return {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+    return {}
+
+
 @lru_cache
 def producer_app() -> Celery:
     """A Celery app used only to publish (the agents define the consumer side)."""
-    app = Celery("polytrain-api", broker=get_settings().resolved_broker_url())
+    broker = get_settings().resolved_broker_url()
+    app = Celery("polytrain-api", broker=broker)
     app.conf.update(task_serializer="json", accept_content=["json"],
-                    broker_connection_retry_on_startup=True)
+                    broker_connection_retry_on_startup=True,
+                    broker_transport_options=broker_options(broker))
     return app
 
 
 class CeleryDispatcher:
-    """Publishes sub-task messages; the message id is `task-<id>-group-<index>`."""
+    """Publishes sub-task messages; the Celery task id is the sub-task's database id.
+
+    Raises whatever kombu raises when the broker stays unreachable (after a few
+    quick retries): the sub-task then stays undispatched and is sent again.
+    """
 
     def send(self, payload: SubTaskPayload) -> None:
         producer_app().send_task(
             RUN_SUBTASK, args=[payload.model_dump(mode="json")],
-            queue=queue_name(payload.group.name),
-            task_id=f"task-{payload.task_id}-group-{payload.group_index}",
+            queue=queue_name(payload.group.name), task_id=str(payload.sub_task_id),
+            retry=True, retry_policy={"max_retries": 2, "interval_start": 0.2,
+                                      "interval_step": 0.5, "interval_max": 1.0},
         )

@@ -7,6 +7,7 @@ from backend.core.config import Settings
 from backend.core.db import get_sessionmaker
 from backend.scheduler.dispatch import CeleryDispatcher, Dispatcher
 from backend.scheduler.service import schedule_once
+from backend.tasks import lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +23,8 @@ class SchedulerLoop:
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
     def start(self) -> None:
+        """Start passes; a submission or a release in this process wakes the loop at once."""
+        lifecycle.add_waker(self.wake)
         self._thread.start()
 
     def wake(self) -> None:
@@ -29,6 +32,7 @@ class SchedulerLoop:
         self._wake.set()
 
     def stop(self) -> None:
+        lifecycle.remove_waker(self.wake)
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=10)
@@ -38,7 +42,8 @@ class SchedulerLoop:
             try:
                 with get_sessionmaker()() as session:
                     schedule_once(session, self.dispatcher,
-                                  heartbeat_timeout_s=self.settings.heartbeat_timeout_s)
+                                  heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
+                                  interval_s=self.settings.scheduler_interval_s)
             except Exception:  # keep scheduling through a transient database error
                 log.exception("scheduler pass failed")
             self._wake.wait(self.settings.scheduler_interval_s)

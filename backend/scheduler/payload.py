@@ -3,6 +3,8 @@
 The backend builds it; the agent validates it again before acting on it.
 """
 
+from typing import Any, Literal
+
 from pydantic import BaseModel, Field
 
 RUN_SUBTASK = "polytrain.run_sub_task"
@@ -17,24 +19,33 @@ class GroupPlan(BaseModel):
     name: str
     device_type: str
     workers: int = Field(ge=1)
+    speed_factor: float = Field(default=1.0, gt=0.0, le=1.0)
 
 
 class SubTaskPayload(BaseModel):
     """What an agent needs to run its group's share of a task.
 
     Ranks: 0 is the parameter server; compute ranks start at 1 and each group
-    holds a contiguous block, in the order of `groups`.
+    holds a contiguous block, in the order of `groups`. `attempt` is the
+    task's run (1 = first); a later attempt's parameter server resumes from
+    checkpoint `resume_checkpoint_id`, fetched from the backend.
     """
 
     task_id: int
     sub_task_id: int
+    attempt: int = Field(default=1, ge=1)
+    resume_checkpoint_id: int | None = None
     group_index: int = Field(ge=0)
     hosts_parameter_server: bool
     epochs: int = Field(ge=1)
     global_batch_size: int = Field(ge=1)
     seed: int = 0
-    split_policy: str = "even"
+    split_policy: Literal["even", "weighted"] = "even"
     groups: list[GroupPlan] = Field(min_length=1)
+    engine: dict[str, Any] = Field(
+        default_factory=dict,
+        description="training-engine options (sync strategy, exchange, preprocessing, ...), "
+        "validated by worker.engine.spec.RunSpec on the agent")
 
     @property
     def group(self) -> GroupPlan:

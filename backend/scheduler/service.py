@@ -1,124 +1,178 @@
-"""The scheduler: gang allocation of queued tasks and first-level dispatch.
+"""The scheduler: a priority queue, gang allocation, placement, first-level dispatch.
 
-A task gets all of its nodes at once or none (gang allocation): the task
-manager and the parameter server on its first group, and every compute
-worker it asked for in each group. Rank 0 is the parameter server.
+A decision takes the head of the queue (priority high first, then age; tasks
+waiting on dependencies are not in it) through an index scan of at most
+`WINDOW` tasks, never the whole queue. A task gets all of its nodes at once
+or none (gang allocation): the task manager and the parameter server on its
+first group, and every compute worker in each group. A decision holds the
+allocation lock from reading free capacity to commit, so several schedulers
+(threads or API processes) never book the same workers. Rank 0 is the
+parameter server.
 """
 
 import logging
-from datetime import timedelta
+from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, text
 from sqlalchemy.orm import Session
 
-from backend.agents.models import Agent
 from backend.core.db import utcnow
 from backend.resource_groups import service as groups
-from backend.resource_groups.models import ResourceGroup
+from backend.resource_groups.service import GroupFree
+from backend.scheduler import monitor, placement
 from backend.scheduler.dispatch import Dispatcher
 from backend.scheduler.payload import GroupPlan, SubTaskPayload
 from backend.tasks import lifecycle
-from backend.tasks.models import Allocation, NodeRole, SubTask, SubTaskStatus, Task, TaskStatus
+from backend.tasks.models import (
+    Allocation,
+    NodeRole,
+    SubTask,
+    SubTaskStatus,
+    Task,
+    TaskStatus,
+)
 
 log = logging.getLogger(__name__)
+WINDOW = 32  # queued tasks a decision looks at, at most
+MAX_PER_PASS = 64  # tasks one pass schedules, at most
+QUEUE_FILTER = text("task.status = 'QUEUED' AND NOT task.waiting")  # matches ix_task_queue
 
 
-def mark_stale_agents(session: Session, *, timeout_s: float) -> int:
-    """Mark agents whose last heartbeat is older than `timeout_s` seconds offline."""
-    cutoff = utcnow() - timedelta(seconds=timeout_s)
-    result = session.execute(
-        update(Agent).where(Agent.online.is_(True), Agent.last_heartbeat_at < cutoff)
-        .values(online=False)
-    )
+@dataclass(frozen=True)
+class Queued:
+    """What a decision reads of a queued task (not the whole row)."""
+
+    id: int
+    spec: dict[str, Any]
+    attempt: int
+
+    @property
+    def previous(self) -> placement.Plan | None:
+        """Where the last attempt ran (for a restart), else None."""
+        return list(self.spec.get("groups") or []) if self.attempt > 1 else None
+
+
+def queue_head(session: Session, *, limit: int = WINDOW) -> list[Queued]:
+    """The first `limit` runnable queued tasks: priority high first, then oldest."""
+    rows = session.execute(
+        select(Task.id, Task.spec, Task.attempt).where(QUEUE_FILTER)
+        .order_by(Task.priority.desc(), Task.id).limit(limit))
+    return [Queued(*row) for row in rows]
+
+
+def schedule_next(session: Session) -> Task | None:
+    """One scheduling decision: allocate the first queued task that fits now, if any.
+
+    Returns the scheduled task (committed, not yet dispatched) or None.
+    """
+    groups.lock_allocation(session)
+    free = groups.free_capacity(session)
+    if any(g.free for g in free.values()):
+        for queued in queue_head(session):
+            chosen = placement.plan(placement.request_of(queued.spec), free, queued.previous)
+            if chosen is not None and (task := allocate(session, queued.id, chosen, free)):
+                return task
+    session.rollback()
+    return None
+
+
+def allocate(session: Session, task_id: int, chosen: placement.Plan,
+             free: dict[str, GroupFree]) -> Task | None:
+    """Book `chosen` for the task and commit; None if the task is no longer queued.
+
+    The caller holds the allocation lock since it read `free`.
+    """
+    task = session.scalar(
+        select(Task).where(Task.id == task_id, QUEUE_FILTER)
+        .with_for_update(skip_locked=True).execution_options(populate_existing=True))
+    if task is None:
+        return None
+    _book(session, task, chosen, free)
+    total = sum(p["workers"] for p in chosen)
+    detail = ", ".join(f"{p['name']}×{p['workers']}" for p in chosen)
+    lifecycle.transition(session, task, TaskStatus.SCHEDULED,
+                         f"attempt {task.attempt}: allocated parameter server and {total} "
+                         f"workers: {detail}")
     session.commit()
-    return result.rowcount or 0  # type: ignore[attr-defined]
+    return task
 
 
-def free_workers(session: Session, group: ResourceGroup) -> int:
-    """Workers the group can start now: online agents' slots, capped by capacity, less held."""
-    online = sum(a.workers for a in groups.online_agents(session, group_id=group.id))
-    return min(group.capacity, online) - groups.allocated_workers(session, group_id=group.id)
+def _book(session: Session, task: Task, chosen: placement.Plan,
+          fresh: dict[str, GroupFree]) -> None:
+    """Insert the nodes (rank 0 = parameter server on the first group) and sub-tasks."""
+    first, now = fresh[chosen[0]["name"]].id, utcnow()
+    task.spec = {**task.spec, "groups": chosen}
+    base = {"task_id": task.id, "attempt": task.attempt, "created_at": now,
+            "host": None, "last_heartbeat_at": None, "released_at": None}
+    nodes = [{**base, "role": NodeRole.TASK_MANAGER, "resource_group_id": first, "rank": None},
+             {**base, "role": NodeRole.PARAMETER_SERVER, "resource_group_id": first, "rank": 0}]
+    subs, rank = [], 1
+    for index, item in enumerate(chosen):
+        group_id = fresh[item["name"]].id
+        nodes += [{**base, "role": NodeRole.COMPUTE, "resource_group_id": group_id,
+                   "rank": rank + i} for i in range(item["workers"])]
+        rank += item["workers"]
+        subs.append({"task_id": task.id, "resource_group_id": group_id, "group_index": index,
+                     "workers": item["workers"], "hosts_parameter_server": index == 0,
+                     "attempt": task.attempt, "status": SubTaskStatus.PENDING, "detail": "",
+                     "agent_id": None, "updated_at": now, "dispatched_at": None})
+    # Core executemany of one cached statement (psycopg sends the rows in one pipeline).
+    connection = session.connection()
+    connection.execute(insert(Allocation), nodes)
+    connection.execute(insert(SubTask), subs)
 
 
-def _fits(session: Session, task: Task) -> list[ResourceGroup] | None:
-    found = []
-    for plan in task.spec["groups"]:
-        group = session.scalar(select(ResourceGroup).where(ResourceGroup.name == plan["name"]))
-        if group is None or free_workers(session, group) < plan["workers"]:
-            return None
-        found.append(group)
-    return found
+ENGINE_OPTIONS = ("sync_strategy", "sync_period", "quorum", "max_staleness",
+                  "exchange_fraction", "checkpoint_every", "rebalance_every", "preprocess")
 
 
-def _allocate(session: Session, task: Task, placed: list[ResourceGroup]) -> list[SubTask]:
-    first = placed[0].id
-    session.add(Allocation(task_id=task.id, role=NodeRole.TASK_MANAGER, resource_group_id=first))
-    session.add(Allocation(task_id=task.id, role=NodeRole.PARAMETER_SERVER,
-                           resource_group_id=first, rank=0))
-    rank, subs = 1, []
-    for index, (group, plan) in enumerate(zip(placed, task.spec["groups"], strict=True)):
-        for _ in range(plan["workers"]):
-            session.add(Allocation(task_id=task.id, role=NodeRole.COMPUTE,
-                                   resource_group_id=group.id, rank=rank))
-            rank += 1
-        sub = SubTask(task_id=task.id, resource_group_id=group.id, group_index=index,
-                      workers=plan["workers"], hosts_parameter_server=index == 0)
-        session.add(sub)
-        subs.append(sub)
-    return subs
+def _speed_factor(spec: dict[str, Any], group: dict[str, Any]) -> float:
+    """A placed group's emulated speed factor: from the request item naming it, else from a
+    device-type item of its device type, else 1.0 (e.g. after a move to another group)."""
+    if "speed_factor" in group:
+        return float(group["speed_factor"])
+    items = spec.get("request") or []
+    for item in items:
+        if item.get("name") == group["name"]:
+            return float(item.get("speed_factor", 1.0))
+    for item in items:
+        if not item.get("name") and item.get("device_type") == group["device_type"]:
+            return float(item.get("speed_factor", 1.0))
+    return 1.0
 
 
-def payload_for(task: Task, sub: SubTask) -> SubTaskPayload:
-    spec = task.spec
+def engine_options(spec: dict[str, Any]) -> dict[str, Any]:
+    """The engine options of a task's spec; a quorum above the placed groups means all groups."""
+    options = {k: spec[k] for k in ENGINE_OPTIONS if spec.get(k) is not None}
+    if "quorum" in options:
+        options["quorum"] = min(int(options["quorum"]), len(spec["groups"]))
+    return options
+
+
+def payload_for(task: Task, sub: SubTask, *, resume_checkpoint_id: int | None = None
+                ) -> SubTaskPayload:
+    spec: dict[str, Any] = task.spec
+    groups = [GroupPlan(**{**g, "speed_factor": _speed_factor(spec, g)}) for g in spec["groups"]]
     return SubTaskPayload(
         task_id=task.id, sub_task_id=sub.id, group_index=sub.group_index,
         hosts_parameter_server=sub.hosts_parameter_server, epochs=spec["epochs"],
         global_batch_size=spec["global_batch_size"], seed=spec["seed"],
-        split_policy=spec["split_policy"], groups=[GroupPlan(**g) for g in spec["groups"]],
+        split_policy=spec["split_policy"], groups=groups, engine=engine_options(spec),
+        attempt=sub.attempt, resume_checkpoint_id=resume_checkpoint_id,
     )
 
 
-def try_schedule(session: Session, task: Task, dispatcher: Dispatcher) -> bool:
-    """Allocate and dispatch `task` if every group has room now; False if it waits."""
-    placed = _fits(session, task)
-    if placed is None:
-        return False
-    subs = _allocate(session, task, placed)
-    session.flush()
-    total = sum(s.workers for s in subs)
-    names = ", ".join(f"{g.name}×{s.workers}" for g, s in zip(placed, subs, strict=True))
-    lifecycle.transition(session, task, TaskStatus.SCHEDULED,
-                         f"allocated parameter server and {total} workers: {names}")
-    session.commit()
-    for sub in subs:
-        dispatcher.send(payload_for(task, sub))
-    return True
+def schedule_once(session: Session, dispatcher: Dispatcher, *, heartbeat_timeout_s: float,
+                  interval_s: float = 1.0) -> int:
+    """One scheduler pass: detect failures, schedule what fits, publish messages.
 
-
-def fail_orphaned(session: Session) -> None:
-    """Fail running tasks whose agent went offline (restart comes with fault tolerance)."""
-    rows = session.execute(
-        select(Task, Agent).join(SubTask, SubTask.task_id == Task.id)
-        .join(Agent, Agent.id == SubTask.agent_id)
-        .where(Task.status.in_([TaskStatus.SCHEDULED, TaskStatus.RUNNING]),
-               SubTask.status == SubTaskStatus.RUNNING, Agent.online.is_(False))
-    ).all()
-    for task, agent in rows:
-        if not task.status.terminal:
-            lifecycle.transition(session, task, TaskStatus.FAILED,
-                                 f"agent '{agent.name}' stopped sending heartbeats")
-    session.commit()
-
-
-def schedule_once(session: Session, dispatcher: Dispatcher, *, heartbeat_timeout_s: float) -> int:
-    """One scheduler pass; returns how many tasks were dispatched.
-
-    Queued tasks are taken by priority (high first), then age.
+    Returns how many tasks were scheduled.
     """
-    mark_stale_agents(session, timeout_s=heartbeat_timeout_s)
-    fail_orphaned(session)
-    queued = session.scalars(
-        select(Task).where(Task.status == TaskStatus.QUEUED)
-        .order_by(Task.priority.desc(), Task.id).limit(100)
-    ).all()
-    return sum(try_schedule(session, task, dispatcher) for task in queued)
+    monitor.check(session, timeout_s=heartbeat_timeout_s, interval_s=interval_s)
+    scheduled = 0
+    while scheduled < MAX_PER_PASS and schedule_next(session) is not None:
+        scheduled += 1
+    monitor.dispatch_pending(session, dispatcher, payload_for,
+                             redispatch_after_s=max(30.0, 2 * heartbeat_timeout_s))
+    return scheduled

@@ -4,7 +4,7 @@ import enum
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Enum, Float, ForeignKey, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Enum, Float, ForeignKey, Index, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.core.db import Base, utcnow
@@ -38,6 +38,14 @@ class SubTaskStatus(enum.StrEnum):
     RUNNING = "RUNNING"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
+    ABORTED = "ABORTED"
+
+
+class EventKind(enum.StrEnum):
+    """A task event is a status change, or an alarm (a failure detected by the monitor)."""
+
+    STATUS = "status"
+    ALARM = "alarm"
 
 
 def _enum(cls: type[enum.Enum]) -> Enum:
@@ -50,10 +58,18 @@ class Task(Base):
     `spec` holds the validated training settings (epochs, global batch size,
     split policy, the groups with their workers). `master_addr`/`master_port`
     are the torch.distributed rendezvous published by the agent that hosts
-    the parameter server.
+    the parameter server. `attempt` counts runs (1 = first); a restart after
+    a failure starts the next one, up to `max_restarts` restarts. `waiting` is
+    true while a task of `depends_on` has not succeeded yet.
     """
 
     __tablename__ = "task"
+    # The scheduler's queue: an index scan by priority then age, never the whole table.
+    __table_args__ = (
+        Index("ix_task_queue", text("priority DESC"), "id",
+              postgresql_where=text("status = 'QUEUED' AND NOT waiting"),
+              sqlite_where=text("status = 'QUEUED' AND NOT waiting")),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     project_id: Mapped[int] = mapped_column(
@@ -74,6 +90,9 @@ class Task(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    attempt: Mapped[int] = mapped_column(default=1, server_default="1")
+    max_restarts: Mapped[int] = mapped_column(default=2, server_default="2")
+    waiting: Mapped[bool] = mapped_column(default=False, server_default=text("false"))
 
 
 class TaskEvent(Base):
@@ -87,13 +106,17 @@ class TaskEvent(Base):
     to_status: Mapped[TaskStatus] = mapped_column(_enum(TaskStatus))
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    kind: Mapped[EventKind] = mapped_column(_enum(EventKind), default=EventKind.STATUS,
+                                            server_default="STATUS")
 
 
 class SubTask(Base):
-    """A task's share on one resource group: first-level dispatch sends one per group."""
+    """A task's share on one resource group in one attempt: first-level dispatch sends one
+    Celery message per sub-task, whose Celery id is the sub-task's id. `dispatched_at` is
+    null until the message is published (it is published again if lost)."""
 
     __tablename__ = "sub_task"
-    __table_args__ = (UniqueConstraint("task_id", "resource_group_id"),)
+    __table_args__ = (UniqueConstraint("task_id", "attempt", "group_index"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"), index=True)
@@ -107,6 +130,8 @@ class SubTask(Base):
     agent_id: Mapped[int | None] = mapped_column(ForeignKey("agent.id", ondelete="SET NULL"))
     detail: Mapped[str] = mapped_column(Text, default="")
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    attempt: Mapped[int] = mapped_column(default=1, server_default="1")
+    dispatched_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Allocation(Base):
@@ -116,6 +141,12 @@ class Allocation(Base):
     """
 
     __tablename__ = "allocation"
+    # Capacity accounting counts held nodes only, however long the history grows.
+    __table_args__ = (
+        Index("ix_allocation_held", "resource_group_id",
+              postgresql_where=text("released_at IS NULL"),
+              sqlite_where=text("released_at IS NULL")),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"), index=True)
@@ -126,13 +157,15 @@ class Allocation(Base):
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     released_at: Mapped[datetime | None] = mapped_column(default=None, index=True)
+    attempt: Mapped[int] = mapped_column(default=1, server_default="1")
 
 
 class LogLine(Base):
-    """One line of a node's output. `id` is the stream cursor; `seq` counts per node."""
+    """One line of a node's output. `id` is the stream cursor; `seq` counts per node and
+    attempt from 0, without gaps (a restarted task's nodes start a new sequence)."""
 
     __tablename__ = "log_line"
-    __table_args__ = (UniqueConstraint("task_id", "node", "seq"),)
+    __table_args__ = (UniqueConstraint("task_id", "attempt", "node", "seq"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"), index=True)
@@ -140,6 +173,7 @@ class LogLine(Base):
     seq: Mapped[int]
     time: Mapped[datetime] = mapped_column(default=utcnow)
     text: Mapped[str] = mapped_column(Text)
+    attempt: Mapped[int] = mapped_column(default=1, server_default="1")
 
 
 class Metric(Base):
@@ -167,3 +201,4 @@ class Checkpoint(Base):
     path: Mapped[str] = mapped_column(String(500))
     size_bytes: Mapped[int]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    attempt: Mapped[int] = mapped_column(default=1, server_default="1")

@@ -1,14 +1,22 @@
+"""REST for tasks: submission, reads, cancel and retry, logs (also streamed), checkpoints.
+
+Every route checks that the caller may see the task's project.
+"""
+
+import asyncio
 import json
-import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, status
+from fastapi import APIRouter, Depends, Header, Query, Response, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, StreamingResponse
 
+from backend.auth import access
 from backend.core.db import get_sessionmaker
-from backend.core.deps import SessionDep
+from backend.core.deps import CurrentUser, SessionDep, UserAuth
+from backend.core.pagination import TOTAL_HEADER, Page, PageParams, paginated
 from backend.tasks import service
 from backend.tasks.models import Task, TaskStatus
 from backend.tasks.schemas import (
@@ -20,36 +28,52 @@ from backend.tasks.schemas import (
     TaskCreate,
     TaskEventRead,
     TaskRead,
+    TaskUpdate,
+    ThroughputRead,
 )
 
-router = APIRouter(prefix="/tasks", tags=["tasks"])
+router = APIRouter(prefix="/tasks", tags=["tasks"], dependencies=[UserAuth])
+LOG_POLL_S = 0.5
 
 
-def valid_task(task_id: int, session: SessionDep) -> Task:
-    return service.get(session, task_id=task_id)
+def valid_task(task_id: int, session: SessionDep, user: CurrentUser) -> Task:
+    """A task of a project the caller may see (404 otherwise)."""
+    return access.readable_task(session, user=user, task_id=task_id)
 
 
 TaskDep = Annotated[Task, Depends(valid_task)]
 
 
 @router.post("", response_model=TaskRead, status_code=status.HTTP_201_CREATED)
-def submit_task(data: TaskCreate, session: SessionDep) -> Task:
+def submit_task(data: TaskCreate, session: SessionDep, user: CurrentUser) -> Task:
     """Queue a training task across one or more resource groups."""
+    access.check_submission(session, user=user, data=data)
     return service.submit(session, data=data)
 
 
 @router.get("", response_model=list[TaskRead])
 def list_tasks(
-    session: SessionDep, project_id: int | None = None, status: TaskStatus | None = None,
-    offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    session: SessionDep, user: CurrentUser, response: Response, project_id: int | None = None,
+    status: TaskStatus | None = None, offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> list[Task]:
+    """Tasks of the projects the caller may see, newest first."""
+    ids = access.visible_project_ids(session, user=user)
+    response.headers[TOTAL_HEADER] = str(service.count_tasks(
+        session, project_id=project_id, status=status, project_ids=ids))
     return list(service.list_tasks(session, project_id=project_id, status=status,
-                                   offset=offset, limit=limit))
+                                   offset=offset, limit=limit, project_ids=ids))
 
 
 @router.get("/{task_id}", response_model=TaskRead)
 def get_task(task: TaskDep) -> Task:
     return task
+
+
+@router.patch("/{task_id}", response_model=TaskRead)
+def update_task(data: TaskUpdate, task: TaskDep, session: SessionDep) -> Task:
+    """Change a queued task's priority or `depends_on` (a cycle is refused)."""
+    return service.update(session, task=task, data=data)
 
 
 @router.post("/{task_id}/cancel", response_model=TaskRead)
@@ -58,24 +82,48 @@ def cancel_task(task: TaskDep, session: SessionDep) -> Task:
     return service.cancel(session, task=task)
 
 
+@router.post("/{task_id}/retry", response_model=TaskRead, status_code=status.HTTP_201_CREATED)
+def retry_task(task: TaskDep, session: SessionDep, user: CurrentUser) -> Task:
+    """Submit a copy of an ended task (same code version and spec) as a new task.
+    409 if the task has not ended or its project is archived."""
+    access.writable_project(session, user=user, project_id=task.project_id)
+    return service.retry(session, task=task)
+
+
 @router.get("/{task_id}/events", response_model=list[TaskEventRead])
-def task_events(task: TaskDep, session: SessionDep) -> list:
-    return list(service.events(session, task_id=task.id))
+def task_events(task: TaskDep, session: SessionDep, page: Page, response: Response) -> list:
+    """Every lifecycle transition (and alarm) of the task, oldest first, with its reason."""
+    return paginated(list(service.events(session, task_id=task.id)), page, response)
 
 
 @router.get("/{task_id}/allocations", response_model=list[AllocationRead])
-def task_allocations(task: TaskDep, session: SessionDep) -> list[AllocationRead]:
-    return service.allocations(session, task_id=task.id)
+def task_allocations(task: TaskDep, session: SessionDep, page: Page, response: Response
+                     ) -> list[AllocationRead]:
+    """The task's nodes: role, resource group, rank and host."""
+    return paginated(service.allocations(session, task_id=task.id), page, response)
 
 
 @router.get("/{task_id}/sub-tasks", response_model=list[SubTaskRead])
-def task_sub_tasks(task: TaskDep, session: SessionDep) -> list[SubTaskRead]:
-    return service.sub_tasks(session, task_id=task.id)
+def task_sub_tasks(task: TaskDep, session: SessionDep, page: Page, response: Response
+                   ) -> list[SubTaskRead]:
+    return paginated(service.sub_tasks(session, task_id=task.id), page, response)
 
 
 @router.get("/{task_id}/metrics", response_model=list[MetricRead])
-def task_metrics(task: TaskDep, session: SessionDep, name: str | None = None) -> list:
-    return list(service.metrics(session, task_id=task.id, name=name))
+def task_metrics(
+    task: TaskDep, session: SessionDep, response: Response, name: str | None = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+) -> list:
+    """Reported scalars: per epoch (rank null) and per worker (samples_per_s), oldest first."""
+    return paginated(list(service.metrics(session, task_id=task.id, name=name)),
+                     PageParams(offset=offset, limit=limit), response)
+
+
+@router.get("/{task_id}/throughput", response_model=ThroughputRead)
+def task_throughput(task: TaskDep, session: SessionDep) -> ThroughputRead:
+    """Measured samples/s and batch share per worker (latest), summed per resource group."""
+    return service.throughput(session, task=task)
 
 
 @router.get("/{task_id}/logs", response_model=list[LogLineRead])
@@ -87,37 +135,54 @@ def task_logs(
     return list(service.logs(session, task_id=task.id, after_id=after_id, node=node, limit=limit))
 
 
-def _log_stream(task_id: int, after_id: int, node: str | None) -> Iterator[str]:
-    """Server-sent events: one `log` event per line, `end` once the task is over."""
+def _poll_logs(task_id: int, cursor: int, node: str | None) -> tuple[list[str], TaskStatus]:
+    """One database poll of the stream: the new lines as JSON, and the task's status."""
+    with get_sessionmaker()() as session:
+        lines = service.logs(session, task_id=task_id, after_id=cursor, node=node)
+        task_status = service.get(session, task_id=task_id).status
+        return [LogLineRead.model_validate(line).model_dump_json() for line in lines], task_status
+
+
+async def _log_stream(task_id: int, after_id: int, node: str | None) -> AsyncIterator[str]:
+    """Server-sent events: one `log` event per line (its id the cursor), `end` once the task
+    is over. Each poll runs in the threadpool; the wait between polls holds no thread."""
     cursor = after_id
     while True:
-        with get_sessionmaker()() as session:
-            lines = service.logs(session, task_id=task_id, after_id=cursor, node=node)
-            task_status = service.get(session, task_id=task_id).status
-        for line in lines:
-            cursor = line.id
-            data = LogLineRead.model_validate(line).model_dump_json()
-            yield f"id: {line.id}\nevent: log\ndata: {data}\n\n"
+        lines, task_status = await run_in_threadpool(_poll_logs, task_id, cursor, node)
+        for data in lines:
+            cursor = json.loads(data)["id"]
+            yield f"id: {cursor}\nevent: log\ndata: {data}\n\n"
         if not lines and task_status.terminal:
             yield f"event: end\ndata: {json.dumps({'status': task_status.value})}\n\n"
             return
         if not lines:
             yield ": keep-alive\n\n"
-            time.sleep(0.5)
+            await asyncio.sleep(LOG_POLL_S)
 
 
-@router.get("/{task_id}/logs/stream")
+@router.get("/{task_id}/logs/stream", response_class=StreamingResponse, responses={200: {
+    "content": {"text/event-stream": {"example": 'id: 42\nevent: log\ndata: {"id": 42, '
+                                      '"node": "rank-1", "seq": 7, "time": "...", '
+                                      '"text": "epoch 1 ..."}\n\n'}},
+    "description": "server-sent events: `log` (one per line) and `end` (task over)"}})
 def stream_logs(
-    task: TaskDep, after_id: Annotated[int, Query(ge=0)] = 0, node: str | None = None
+    task: TaskDep, session: SessionDep, after_id: Annotated[int, Query(ge=0)] = 0,
+    node: str | None = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> StreamingResponse:
-    """Follow the task's logs as server-sent events until it ends."""
-    return StreamingResponse(_log_stream(task.id, after_id, node), media_type="text/event-stream",
+    """Follow the task's logs as server-sent events until it ends. A reconnecting client
+    resumes after its `Last-Event-ID` header (or the `after_id` cursor)."""
+    resume = last_event_id or ""
+    cursor = max(after_id, int(resume) if resume.isdigit() else 0)
+    session.close()  # the stream polls with sessions of its own
+    return StreamingResponse(_log_stream(task.id, cursor, node), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 @router.get("/{task_id}/checkpoints", response_model=list[CheckpointRead])
-def task_checkpoints(task: TaskDep, session: SessionDep) -> list:
-    return list(service.checkpoints(session, task_id=task.id))
+def task_checkpoints(task: TaskDep, session: SessionDep, page: Page, response: Response
+                     ) -> list:
+    return paginated(list(service.checkpoints(session, task_id=task.id)), page, response)
 
 
 @router.get("/{task_id}/checkpoints/{checkpoint_id}/download")

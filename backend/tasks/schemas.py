@@ -1,16 +1,39 @@
-from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from backend.tasks.models import NodeRole, SubTaskStatus, TaskStatus
+from backend.core.schemas import UtcDateTime
+from backend.tasks.models import EventKind, NodeRole, SubTaskStatus, TaskStatus
+from worker.engine.spec import PreprocessStep
 
 
 class GroupRequest(BaseModel):
-    """Workers asked of one resource group."""
+    """Workers asked of one named resource group, or of a device type with a placement policy.
 
-    name: str = Field(min_length=1, max_length=64, examples=["cpu-a"])
+    `{"name": "cpu-a", "workers": 2}` names the group. `{"device_type": "cpu",
+    "workers": 3, "placement": "uniform"}` lets the scheduler choose groups of
+    that device type (and `labels`) when it allocates: `uniform` spreads the
+    workers over every such group, `resource_state` fills the largest free group first.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, min_length=1, max_length=64, examples=["cpu-a"])
+    device_type: Literal["cpu", "cuda", "npu"] | None = None
     workers: int = Field(ge=1, le=1024, examples=[2])
+    placement: Literal["uniform", "resource_state"] | None = None
+    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    speed_factor: float = Field(
+        default=1.0, gt=0.0, le=1.0,
+        description="emulation only: the group computes this fraction as fast (1 = real speed)")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "GroupRequest":
+        if (self.name is None) == (self.device_type is None):
+            raise ValueError("give either a group name or a device_type")
+        if self.name is not None and (self.placement or self.labels):
+            raise ValueError("placement and labels go with device_type, not a group name")
+        return self
 
 
 class TaskCreate(BaseModel):
@@ -23,9 +46,34 @@ class TaskCreate(BaseModel):
     epochs: int = Field(default=5, ge=1, le=10_000)
     global_batch_size: int = Field(default=64, ge=1, le=1_000_000,
                                    description="samples per optimizer step across all workers")
-    split_policy: Literal["even"] = "even"
+    split_policy: Literal["even", "weighted"] = Field(
+        default="even", description="`weighted`: shares of data and batch follow measured "
+        "samples/s, re-balanced online")
+    sync_strategy: Literal["sync", "periodic", "quorum"] = Field(
+        default="sync", description="cross-group sync at the parameter server: every step, "
+        "model averaging every `sync_period` steps, or once `quorum` groups reported")
+    sync_period: int = Field(default=1, ge=1, le=10_000)
+    quorum: int | None = Field(default=None, ge=1, le=16,
+                               description="groups a quorum update waits for (default M - 1)")
+    max_staleness: int = Field(default=2, ge=0, le=1000,
+                               description="quorum: oldest gradient version an update may use")
+    exchange_fraction: float = Field(
+        default=0.0, ge=0.0, le=1.0,
+        description="fraction of each worker's shard passed to its ring neighbour per epoch")
+    checkpoint_every: int | None = Field(default=None, ge=1, le=10_000_000,
+                                         description="also checkpoint every N steps")
+    rebalance_every: int = Field(default=10, ge=0, le=10_000_000,
+                                 description="steps between load-balance checks (0: epoch ends)")
+    preprocess: list[PreprocessStep] = Field(
+        default_factory=list, max_length=16,
+        description="run once before sharding: resize, normalize, augment, tokenize")
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    priority: int = Field(default=0, ge=-100, le=100)
+    priority: int = Field(default=0, ge=-100, le=100,
+                          description="higher runs first; equal priorities run oldest first")
+    depends_on: list[int] = Field(default_factory=list, max_length=64,
+                                  description="tasks that must succeed before this one starts")
+    max_restarts: int = Field(default=2, ge=0, le=20,
+                              description="restarts after an agent or process failure")
 
     model_config = ConfigDict(json_schema_extra={"examples": [{
         "project_id": 1, "code_version_id": 1, "name": "mnist across two groups",
@@ -35,14 +83,59 @@ class TaskCreate(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "TaskCreate":
-        names = [g.name for g in self.resource_groups]
+        names = [g.name for g in self.resource_groups if g.name]
         if len(set(names)) != len(names):
             raise ValueError("resource_groups lists a group twice")
-        workers = sum(g.workers for g in self.resource_groups)
-        if self.global_batch_size < workers:
-            raise ValueError(f"global_batch_size ({self.global_batch_size}) is smaller than the "
-                             f"number of workers ({workers})")
         return self
+
+    @field_validator("global_batch_size")
+    @classmethod
+    def _batch_covers_workers(cls, value: int, info: ValidationInfo) -> int:
+        groups = info.data.get("resource_groups") or []
+        workers = sum(g.workers for g in groups)
+        if value < workers:
+            raise ValueError(f"global_batch_size ({value}) is smaller than the number of "
+                             f"workers ({workers})")
+        return value
+
+    @field_validator("quorum")
+    @classmethod
+    def _quorum_fits(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is None:
+            return value
+        if info.data.get("sync_strategy") != "quorum":
+            raise ValueError("quorum applies to sync_strategy 'quorum' only")
+        groups = info.data.get("resource_groups") or []
+        # A device-type request may be placed on several groups, at most one per worker.
+        most = sum(1 if g.name else g.workers for g in groups)
+        if groups and value > most:
+            raise ValueError(f"quorum ({value}) is larger than the number of groups ({most})")
+        return value
+
+    @field_validator("sync_period")
+    @classmethod
+    def _period_needs_periodic(cls, value: int, info: ValidationInfo) -> int:
+        if value != 1 and info.data.get("sync_strategy") != "periodic":
+            raise ValueError("sync_period applies to sync_strategy 'periodic' only")
+        return value
+
+    def engine_options(self) -> dict[str, Any]:
+        """The training-engine settings stored in the task's spec (see worker.engine.spec)."""
+        keys = ("split_policy", "sync_strategy", "sync_period", "quorum", "max_staleness",
+                "exchange_fraction", "checkpoint_every", "rebalance_every")
+        options = {key: getattr(self, key) for key in keys}
+        options["preprocess"] = [step.model_dump() for step in self.preprocess]
+        return options
+
+
+class TaskUpdate(BaseModel):
+    """What may change while a task is queued: its priority and its dependencies."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"priority": 10}, {"depends_on": [3, 4]}]})
+
+    priority: int | None = Field(default=None, ge=-100, le=100)
+    depends_on: list[int] | None = Field(default=None, max_length=64)
 
 
 class TaskRead(BaseModel):
@@ -58,19 +151,25 @@ class TaskRead(BaseModel):
     spec: dict
     progress: float
     epoch: int
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+    attempt: int = 1
+    max_restarts: int = 2
+    waiting: bool = False
+    master_addr: str | None = Field(default=None, description="parameter server host")
+    master_port: int | None = None
+    created_at: UtcDateTime
+    started_at: UtcDateTime | None
+    finished_at: UtcDateTime | None
 
 
 class TaskEventRead(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: int
+    kind: EventKind = EventKind.STATUS
     from_status: TaskStatus | None
     to_status: TaskStatus
     reason: str
-    created_at: datetime
+    created_at: UtcDateTime
 
 
 class AllocationRead(BaseModel):
@@ -81,9 +180,10 @@ class AllocationRead(BaseModel):
     resource_group: str
     rank: int | None
     host: str | None
-    last_heartbeat_at: datetime | None
-    created_at: datetime
-    released_at: datetime | None
+    last_heartbeat_at: UtcDateTime | None
+    created_at: UtcDateTime
+    released_at: UtcDateTime | None
+    attempt: int = 1
 
 
 class SubTaskRead(BaseModel):
@@ -95,15 +195,17 @@ class SubTaskRead(BaseModel):
     hosts_parameter_server: bool
     status: SubTaskStatus
     detail: str
+    attempt: int = 1
 
 
 class LogLineRead(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: int
+    attempt: int = 1
     node: str
     seq: int
-    time: datetime
+    time: UtcDateTime
     text: str
 
 
@@ -117,6 +219,35 @@ class MetricRead(BaseModel):
     rank: int | None
 
 
+class WorkerThroughput(BaseModel):
+    """One compute worker's latest measurements (None until reported)."""
+
+    rank: int
+    group: str
+    samples_per_s: float | None = Field(description="re-measured from real step times, per epoch")
+    profiled_samples_per_s: float | None = Field(description="measured before training")
+    batch_share: float | None = Field(description="fraction of the global batch")
+
+
+class GroupThroughput(BaseModel):
+    """A resource group's sums over its workers."""
+
+    name: str
+    device_type: str
+    workers: int
+    samples_per_s: float | None
+    profiled_samples_per_s: float | None
+    batch_share: float | None
+
+
+class ThroughputRead(BaseModel):
+    """Measured throughput (samples/s) per worker and per group, and the task's own."""
+
+    samples_per_s: float | None = Field(description="task-level, last epoch")
+    workers: list[WorkerThroughput]
+    groups: list[GroupThroughput]
+
+
 class CheckpointRead(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
@@ -124,4 +255,4 @@ class CheckpointRead(BaseModel):
     epoch: int
     step: int
     size_bytes: int
-    created_at: datetime
+    created_at: UtcDateTime

@@ -2,12 +2,13 @@
 
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.core.errors import Invalid, NotFound
+from backend.core.errors import Conflict, Invalid, NotFound
 from backend.projects import service as projects
 from backend.resource_groups.models import ResourceGroup
+from backend.scheduler import dependencies, requests
 from backend.tasks import lifecycle
 from backend.tasks.models import (
     Allocation,
@@ -15,29 +16,26 @@ from backend.tasks.models import (
     LogLine,
     Metric,
     SubTask,
+    SubTaskStatus,
     Task,
     TaskEvent,
     TaskStatus,
 )
-from backend.tasks.schemas import AllocationRead, SubTaskRead, TaskCreate
+from backend.tasks.schemas import (
+    AllocationRead,
+    GroupRequest,
+    GroupThroughput,
+    SubTaskRead,
+    TaskCreate,
+    TaskUpdate,
+    ThroughputRead,
+    WorkerThroughput,
+)
 
 
 def _resolve_groups(session: Session, data: TaskCreate) -> list[dict]:
-    """Check every requested group exists and has room; return the spec's group plans."""
-    plans = []
-    for index, request in enumerate(data.resource_groups):
-        field = f"resource_groups.{index}"
-        group = session.scalar(select(ResourceGroup).where(ResourceGroup.name == request.name))
-        if group is None:
-            raise Invalid(f"resource group '{request.name}' does not exist", field=f"{field}.name")
-        if request.workers > group.capacity:
-            raise Invalid(
-                f"resource group '{group.name}' has {group.capacity} worker(s); "
-                f"{request.workers} requested", field=f"{field}.workers",
-            )
-        plans.append({"name": group.name, "device_type": group.device_type,
-                      "workers": request.workers})
-    return plans
+    """Check the request (groups exist, are active, have room); return the spec's group plans."""
+    return requests.resolve(session, data.resource_groups)[1]
 
 
 def submit(session: Session, *, data: TaskCreate) -> Task:
@@ -46,22 +44,29 @@ def submit(session: Session, *, data: TaskCreate) -> Task:
     Raises:
         NotFound: the project or code version does not exist.
         Invalid: the code version belongs to another project, a group is unknown,
-            or asks for more workers than the group has.
+            or asks for more workers than the group has, no group has the device
+            type, a dependency is missing, another user's, or already failed.
     """
     project = projects.get(session, project_id=data.project_id)
     version = projects.get_version(session, version_id=data.code_version_id)
     if version.project_id != project.id:
         raise Invalid(f"code version {version.id} belongs to another project",
                       field="code_version_id")
+    request, groups = requests.resolve(session, data.resource_groups)
+    for item, asked in zip(request, data.resource_groups, strict=True):
+        if asked.speed_factor != 1.0:
+            item["speed_factor"] = asked.speed_factor  # emulation; see worker.engine.emulation
     spec = {
         "epochs": data.epochs, "global_batch_size": data.global_batch_size,
-        "split_policy": data.split_policy, "seed": data.seed,
-        "groups": _resolve_groups(session, data),
+        "seed": data.seed, "groups": groups, "request": request, **data.engine_options(),
     }
+    deps = dependencies.check(session, project_id=project.id, depends_on=data.depends_on)
     task = Task(project_id=project.id, code_version_id=version.id, spec=spec,
-                name=data.name or f"{project.name} v{version.version}", priority=data.priority)
+                name=data.name or f"{project.name} v{version.version}", priority=data.priority,
+                max_restarts=data.max_restarts)
     session.add(task)
     session.flush()
+    dependencies.record(session, task=task, deps=deps)
     lifecycle.record_creation(session, task)
     session.commit()
     return task
@@ -74,16 +79,79 @@ def get(session: Session, *, task_id: int) -> Task:
     return task
 
 
-def list_tasks(
-    session: Session, *, project_id: int | None = None, status: TaskStatus | None = None,
-    offset: int = 0, limit: int = 50,
-) -> Sequence[Task]:
-    query = select(Task).order_by(Task.id.desc()).offset(offset).limit(limit)
+def _task_filter(query, project_id, status, project_ids):  # type: ignore[no-untyped-def]
     if project_id is not None:
         query = query.where(Task.project_id == project_id)
     if status is not None:
         query = query.where(Task.status == status)
-    return session.scalars(query).all()
+    if project_ids is not None:
+        query = query.where(Task.project_id.in_(project_ids))
+    return query
+
+
+def list_tasks(
+    session: Session, *, project_id: int | None = None, status: TaskStatus | None = None,
+    offset: int = 0, limit: int = 50, project_ids: list[int] | None = None,
+) -> Sequence[Task]:
+    """Tasks, newest first; of one project, one status, or only `project_ids` if given."""
+    query = _task_filter(select(Task), project_id, status, project_ids)
+    return session.scalars(query.order_by(Task.id.desc()).offset(offset).limit(limit)).all()
+
+
+def count_tasks(
+    session: Session, *, project_id: int | None = None, status: TaskStatus | None = None,
+    project_ids: list[int] | None = None,
+) -> int:
+    query = _task_filter(select(func.count(Task.id)), project_id, status, project_ids)
+    return session.scalar(query) or 0
+
+
+def retry(session: Session, *, task: Task) -> Task:
+    """Queue a new task with the same code version, request and settings as the ended
+    `task` (not its dependencies); placement is decided afresh.
+
+    Raises:
+        Conflict: `task` has not ended.
+        Invalid: a group it named is gone, draining, disabled or now too small.
+    """
+    if not task.status.terminal:
+        raise Conflict(f"task {task.id} is {task.status.value}; only an ended task is retried",
+                       field="status")
+    items = task.spec.get("request") or task.spec["groups"]
+    asked = [GroupRequest.model_validate({k: v for k, v in item.items() if k in
+                                          GroupRequest.model_fields and v is not None
+                                          and not (k == "device_type" and "name" in item)})
+             for item in items]
+    request, groups = requests.resolve(session, asked)
+    copy = Task(project_id=task.project_id, code_version_id=task.code_version_id,
+                name=f"{task.name} (retry of {task.id})"[-200:],
+                spec={**task.spec, "request": request, "groups": groups},
+                priority=task.priority, max_restarts=task.max_restarts)
+    session.add(copy)
+    session.flush()
+    lifecycle.record_creation(session, copy)
+    session.commit()
+    return copy
+
+
+def update(session: Session, *, task: Task, data: TaskUpdate) -> Task:
+    """Change a queued task's priority or dependencies.
+
+    Raises:
+        Conflict: the task is no longer queued.
+        Invalid: a dependency is missing, another user's, failed, or makes a cycle.
+    """
+    if task.status is not TaskStatus.QUEUED:
+        raise Conflict(f"task {task.id} is {task.status.value}; only a queued task changes",
+                       field="status")
+    if data.priority is not None:
+        task.priority = data.priority
+    if data.depends_on is not None:
+        deps = dependencies.check(session, project_id=task.project_id,
+                                  depends_on=data.depends_on, task_id=task.id)
+        dependencies.record(session, task=task, deps=deps)
+    session.commit()
+    return task
 
 
 def cancel(session: Session, *, task: Task, reason: str = "cancelled by user") -> Task:
@@ -140,6 +208,39 @@ def metrics(session: Session, *, task_id: int, name: str | None = None) -> Seque
     return session.scalars(query.order_by(Metric.id)).all()
 
 
+THROUGHPUT_METRICS = ("samples_per_s", "profiled_samples_per_s", "batch_share")
+
+
+def _group_sum(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def throughput(session: Session, *, task: Task) -> ThroughputRead:
+    """Latest per-worker throughput metrics, their per-group sums and the task's samples/s.
+
+    Ranks map to groups as the engine lays them out: compute ranks from 1, each
+    group a contiguous block in the order of the spec's groups.
+    """
+    rows = session.scalars(select(Metric).where(
+        Metric.task_id == task.id, Metric.name.in_(THROUGHPUT_METRICS)).order_by(Metric.id))
+    latest: dict[tuple[str, int | None], float] = {(m.name, m.rank): m.value for m in rows}
+    workers, groups, rank = [], [], 1
+    for group in task.spec.get("groups") or []:
+        members = [WorkerThroughput(
+            rank=r, group=group["name"],
+            **{name: latest.get((name, r)) for name in THROUGHPUT_METRICS})
+            for r in range(rank, rank + int(group["workers"]))]
+        rank += len(members)
+        workers.extend(members)
+        groups.append(GroupThroughput(
+            name=group["name"], device_type=group["device_type"], workers=len(members),
+            **{name: _group_sum([getattr(w, name) for w in members])
+               for name in THROUGHPUT_METRICS}))
+    return ThroughputRead(samples_per_s=latest.get(("samples_per_s", None)),
+                          workers=workers, groups=groups)
+
+
 def checkpoints(session: Session, *, task_id: int) -> Sequence[Checkpoint]:
     query = select(Checkpoint).where(Checkpoint.task_id == task_id).order_by(Checkpoint.id)
     return session.scalars(query).all()
@@ -159,3 +260,15 @@ def summary(session: Session, *, task: Task) -> dict:
         if metric.rank is None:
             latest[metric.name] = metric.value
     return latest
+
+
+def busy_workers_by_agent(session: Session) -> dict[int, int]:
+    """Workers each agent runs now (its running sub-tasks' workers), by agent id."""
+    rows = session.execute(
+        select(SubTask.agent_id, func.sum(SubTask.workers))
+        .join(Task, Task.id == SubTask.task_id)
+        .where(SubTask.agent_id.is_not(None), SubTask.status == SubTaskStatus.RUNNING,
+               Task.status == TaskStatus.RUNNING)
+        .group_by(SubTask.agent_id)
+    )
+    return {int(agent_id or 0): int(total or 0) for agent_id, total in rows}

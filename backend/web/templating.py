@@ -35,16 +35,35 @@ def percent(fraction: float | None) -> str:
     return f"{(fraction or 0.0) * 100:.0f}%"
 
 
-templates.env.filters.update(time=format_time, bytes=format_bytes, percent=percent)
+def format_duration(seconds: float | None) -> str:
+    """Seconds as `45 s`, `12 min 5 s` or `3 h 20 min`; an em dash when unknown."""
+    if seconds is None:
+        return "—"
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+templates.env.filters.update(time=format_time, bytes=format_bytes, percent=percent,
+                             duration=format_duration)
 
 
 def render(
     request: Request, name: str, context: dict[str, Any], *, status_code: int = 200
 ) -> HTMLResponse:
-    """Render `name` with `context`; shows and clears a pending flash message."""
+    """Render `name` with `context`; shows and clears a pending flash message.
+
+    Every page also gets the logged-in `user` and the session's `csrf_token`,
+    which each form that changes something sends back.
+    """
     flash = read_flash(request)
+    base = {"flash": flash, "user": getattr(request.state, "user", None),
+            "csrf_token": getattr(request.state, "csrf_token", "")}
     response = templates.TemplateResponse(
-        request, name, {"flash": flash, **context}, status_code=status_code
+        request, name, {**base, **context}, status_code=status_code
     )
     if flash:
         response.delete_cookie(FLASH_COOKIE, path="/")

@@ -7,6 +7,9 @@ window.Polytrain = (function () {
   /** GET `url` and parse the JSON body; throws on a non-2xx answer. */
   async function getJSON(url) {
     const response = await fetch(url, { headers: { Accept: "application/json" }, cache: "no-store" });
+    if (response.status === 401) {  // the session ended: log in again, then come back here
+      window.location.assign(`/login?next=${encodeURIComponent(location.pathname + location.search)}`);
+    }
     if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
     return response.json();
   }

@@ -39,7 +39,7 @@ def test_upload_not_python_is_refused(client: TestClient) -> None:
     assert response.status_code == 422 and "not valid Python" in response.json()["error"]["message"]
     response = client.post(f"/api/v1/projects/{project['id']}/code-versions/upload",
                            files={"file": ("data.csv", GOOD, "text/csv")})
-    assert response.status_code == 422 and "(.py)" in response.json()["error"]["message"]
+    assert response.status_code == 415 and "(.py)" in response.json()["error"]["message"]
 
 
 def test_duplicate_project_name_conflicts(client: TestClient) -> None:

@@ -1,16 +1,26 @@
-"""docker-compose.yml (no Docker engine here): its services and settings agree with the code."""
+"""docker-compose.yml (no Docker engine here): its services and settings agree with the code.
+
+Each service's environment is fed to the settings class that reads it, so a
+misspelt variable, a wrong driver or an unreachable address fails here.
+"""
 
 import re
 import shlex
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import pytest
 import yaml
 
 from backend.core.config import Settings
+from backend.scheduler.dispatch import VISIBILITY_TIMEOUT_S
 from worker.config import AgentSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+AGENTS = {name: s for name, s in SERVICES.items() if name.startswith("agent-")}
+PLACEHOLDER = re.compile(r"\$\{(\w+)(?::?[-?][^}]*)?\}")
 
 
 def _env_names(settings_cls: type) -> set[str]:
@@ -23,35 +33,81 @@ def _env_names(settings_cls: type) -> set[str]:
     return names
 
 
+def _environment(service: str) -> dict[str, str]:
+    """The service's variables with `${VAR:?...}` / `${VAR:-default}` given test values."""
+    def value(match: re.Match[str]) -> str:
+        default = re.search(r":-([^}]*)", match.group(0))
+        return default.group(1) if default else f"test-{match.group(1).lower()}"
+    return {k: PLACEHOLDER.sub(value, str(v)) for k, v in SERVICES[service]["environment"].items()}
+
+
+def _settings(cls: type, service: str, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    for name in _env_names(cls):
+        monkeypatch.delenv(name, raising=False)
+    for key, val in _environment(service).items():
+        monkeypatch.setenv(key, val)
+    return cls(_env_file=None)
+
+
+def _groups() -> dict[str, dict[str, str]]:
+    """Groups init-groups creates: name -> {device_type, capacity}."""
+    found = re.findall(r"groups ensure (\S+) --device-type (\S+) --capacity (\d+)",
+                       SERVICES["init-groups"]["command"])
+    return {name: {"device_type": device, "capacity": capacity} for name, device, capacity in found}
+
+
 def test_services_of_the_production_stack() -> None:
-    services = COMPOSE["services"]
-    assert {"postgres", "redis", "api", "agent-cpu-a", "agent-cpu-b"} <= set(services)
-    api_env = services["api"]["environment"]
-    assert api_env["DATABASE_URL"].startswith("postgresql+psycopg://")
-    assert api_env["BROKER_URL"].startswith("redis://redis:")
-    assert "db upgrade" in services["api"]["command"]
+    assert {"postgres", "redis", "api", "init-groups"} <= set(SERVICES)
+    assert set(AGENTS) == {f"agent-{g}" for g in _groups()}  # one agent per example group
+    assert "db upgrade" in SERVICES["api"]["command"]
+    for dependency in ("postgres", "redis"):
+        assert SERVICES["api"]["depends_on"][dependency] == {"condition": "service_healthy"}
+        assert "healthcheck" in SERVICES[dependency]
 
 
 def test_every_variable_is_read_by_a_settings_class() -> None:
     known = _env_names(Settings) | _env_names(AgentSettings) | {"GLOO_SOCKET_IFNAME"}
-    for name, service in COMPOSE["services"].items():
+    for name, service in SERVICES.items():
         if name in ("postgres", "redis"):
             continue
         unknown = set(service["environment"]) - known
         assert not unknown, f"{name} sets variables no settings class reads: {unknown}"
 
 
-def test_agents_serve_groups_that_are_created() -> None:
-    services = COMPOSE["services"]
-    created = set(re.findall(r"groups ensure (\S+)", services["init-groups"]["command"]))
-    for name, service in services.items():
-        if name.startswith("agent-"):
-            args = shlex.split(service["command"])
-            group = args[args.index("--resource-group") + 1]
-            assert group in created
-            assert service["environment"]["POLYTRAIN_API_URL"] == "http://api:8000"
+def test_api_settings_point_at_the_compose_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = _settings(Settings, "api", monkeypatch)
+    database = urlsplit(settings.resolved_database_url())
+    pg = SERVICES["postgres"]["environment"]
+    assert database.scheme == "postgresql+psycopg" and database.hostname == "postgres"
+    assert (database.username, database.password, database.path) == (
+        pg["POSTGRES_USER"], pg["POSTGRES_PASSWORD"], f"/{pg['POSTGRES_DB']}")
+    broker = urlsplit(settings.resolved_broker_url())
+    assert (broker.scheme, broker.hostname, broker.port) == ("redis", "redis", 6379)
+    assert settings.heartbeat_timeout_s == 15.0 and settings.admin_password is not None
+    assert str(settings.data_dir) == SERVICES["api"]["volumes"][0].split(":")[1]
+
+
+@pytest.mark.parametrize("service", sorted(AGENTS))
+def test_agent_settings_agree_with_the_api(service: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    agent = _settings(AgentSettings, service, monkeypatch)
+    api_env = _environment("api")
+    assert agent.resolved_broker_url() == api_env["BROKER_URL"]
+    assert agent.agent_token.get_secret_value() == api_env["POLYTRAIN_AGENT_TOKEN"]
+    assert agent.api_url == "http://api:8000"
+    assert agent.advertise_addr == service  # reachable by the other containers by name
+    assert agent.heartbeat_interval_s * 3 < float(api_env["POLYTRAIN_HEARTBEAT_TIMEOUT_S"])
+    assert "POLYTRAIN_ADMIN_PASSWORD" not in _environment(service)  # agents hold no admin secret
+    args = shlex.split(AGENTS[service]["command"])
+    group = _groups()[args[args.index("--resource-group") + 1]]
+    assert int(args[args.index("--workers") + 1]) <= int(group["capacity"])
+    assert group["device_type"] in ("cpu", "cuda", "npu")
 
 
 def test_api_port_published() -> None:
-    assert "8000:8000" in COMPOSE["services"]["api"]["ports"]
-    assert "--port 8000" in COMPOSE["services"]["api"]["command"]
+    assert "8000:8000" in SERVICES["api"]["ports"]
+    assert "--port 8000" in SERVICES["api"]["command"]
+
+
+def test_redis_keeps_nothing_and_messages_outlast_runs() -> None:
+    assert '--save ""' in SERVICES["redis"]["command"]
+    assert VISIBILITY_TIMEOUT_S >= 24 * 3600

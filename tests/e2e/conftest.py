@@ -1,5 +1,6 @@
 """A live stack for end-to-end tests: API, broker, two agents, real torch.distributed."""
 
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
 
 @pytest.fixture
 def api(stack: LocalStack) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
+    with httpx.Client(base_url=stack.url, timeout=30, headers=stack.headers) as client:
         yield client
 
 
@@ -56,9 +57,11 @@ def training_processes(data_dir: Path, task_id: int) -> list[int]:
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             state = (proc / "stat").read_text().split()[2]
+            cwd = os.readlink(proc / "cwd")  # a warm-started rank runs in the task's folder
         except OSError:
             continue
-        if marker in cmdline and state != "Z":
+        mine = marker + "/" in cmdline or cwd == marker or cwd.startswith(marker + "/")
+        if mine and state != "Z":
             found.append(int(proc.name))
     return found
 

@@ -2,7 +2,7 @@
 
 from fastapi.testclient import TestClient
 
-from tests.conftest import make_project
+from tests.conftest import make_project, with_csrf
 from tests.web.dom import Node, parse
 
 TRAINING_MODULE = b"""
@@ -25,7 +25,9 @@ def _field_of(page: Node, input_id: str) -> Node:
 def test_missing_name_is_shown_next_to_the_field_and_description_is_kept(
     client: TestClient,
 ) -> None:
-    response = client.post("/projects", data={"name": "", "description": "digits, small CNN"})
+    response = client.post(
+        "/projects", data=with_csrf(client, {"name": "", "description": "digits, small CNN"})
+    )
     assert response.status_code == 422
     page = parse(response.text)
     error = _field_of(page, "project-name").find(data_field="name")
@@ -36,10 +38,15 @@ def test_missing_name_is_shown_next_to_the_field_and_description_is_kept(
 
 def test_duplicate_name_is_refused_inline_with_values_kept(client: TestClient) -> None:
     assert (
-        client.post("/projects", data={"name": "mnist"}, follow_redirects=False).status_code == 303
+        client.post(
+            "/projects", data=with_csrf(client, {"name": "mnist"}), follow_redirects=False
+        ).status_code
+        == 303
     )
-    response = client.post("/projects", data={"name": "mnist", "description": "second try"})
-    assert response.status_code == 422
+    response = client.post(
+        "/projects", data=with_csrf(client, {"name": "mnist", "description": "second try"})
+    )
+    assert response.status_code == 409
     page = parse(response.text)
     error = _field_of(page, "project-name").find(data_field="name")
     assert "a project named 'mnist' already exists" in error.text()
@@ -50,7 +57,9 @@ def test_duplicate_name_is_refused_inline_with_values_kept(client: TestClient) -
 
 def test_created_project_opens_with_a_flash_and_is_listed(client: TestClient) -> None:
     response = client.post(
-        "/projects", data={"name": "mnist", "description": "<b>bold</b>"}, follow_redirects=False
+        "/projects",
+        data=with_csrf(client, {"name": "mnist", "description": "<b>bold</b>"}),
+        follow_redirects=False,
     )
     assert response.status_code == 303
     project_page = client.get(response.headers["location"])
@@ -67,11 +76,15 @@ def test_created_project_opens_with_a_flash_and_is_listed(client: TestClient) ->
 
 def test_add_example_version_and_refuse_unknown_example(client: TestClient) -> None:
     project_id = client.post("/api/v1/projects", json={"name": "mnist"}).json()["id"]
-    added = client.post(f"/projects/{project_id}/code-versions", data={"example": "mnist_cnn"})
+    added = client.post(
+        f"/projects/{project_id}/code-versions", data=with_csrf(client, {"example": "mnist_cnn"})
+    )
     assert added.status_code == 200
     versions = parse(added.text).by_id("code-versions")
     assert "v1" in versions.text() and "mnist_cnn.py" in versions.text()
-    refused = client.post(f"/projects/{project_id}/code-versions", data={"example": "nope"})
+    refused = client.post(
+        f"/projects/{project_id}/code-versions", data=with_csrf(client, {"example": "nope"})
+    )
     assert refused.status_code == 422
     error = _field_of(parse(refused.text), "example").find(data_field="example")
     assert "no bundled example 'nope'" in error.text()
@@ -80,12 +93,17 @@ def test_add_example_version_and_refuse_unknown_example(client: TestClient) -> N
 def test_upload_checks_the_module_and_reports_inline(client: TestClient) -> None:
     project_id = client.post("/api/v1/projects", json={"name": "mnist"}).json()["id"]
     url = f"/projects/{project_id}/code-versions/upload"
-    refused = client.post(url, files={"file": ("train.py", b"def build_model(): ...\n")})
+    refused = client.post(
+        url, data=with_csrf(client, {}), files={"file": ("train.py", b"def build_model(): ...\n")}
+    )
     assert refused.status_code == 422
     error = _field_of(parse(refused.text), "file").find(data_field="file")
     assert "missing def build_datasets(...)" in error.text()
     accepted = client.post(
-        url, files={"file": ("train.py", TRAINING_MODULE)}, follow_redirects=False
+        url,
+        data=with_csrf(client, {}),
+        files={"file": ("train.py", TRAINING_MODULE)},
+        follow_redirects=False,
     )
     assert accepted.status_code == 303
     versions = client.get(f"/api/v1/projects/{project_id}/code-versions").json()

@@ -2,7 +2,8 @@
 
 from fastapi.testclient import TestClient
 
-from tests.conftest import make_group, make_project
+from backend.tasks.models import Task
+from tests.conftest import make_group, make_project, with_csrf
 from tests.web.dom import Node, parse
 
 
@@ -29,7 +30,9 @@ def _row_of(page: Node, group: str) -> Node:
 def _submit(client: TestClient, workers: dict[str, str], **fields: str):
     project, version = make_project(client)
     url = f"/projects/{project['id']}/tasks"
-    return client.post(url, data=_form(version, workers, **fields), follow_redirects=False)
+    return client.post(
+        url, data=with_csrf(client, _form(version, workers, **fields)), follow_redirects=False
+    )
 
 
 def test_too_many_workers_is_shown_next_to_that_groups_field(client: TestClient) -> None:
@@ -100,12 +103,12 @@ def test_cancel_then_cancel_again_shows_the_conflict(client: TestClient) -> None
     make_group(client, "cpu-a", capacity=2)
     location = _submit(client, {"cpu-a": "1"}).headers["location"]
     assert parse(client.get(location).text).find_all("form", id="cancel-form")
-    cancelled = client.post(f"{location}/cancel")
+    cancelled = client.post(f"{location}/cancel", data=with_csrf(client, {}))
     page = parse(cancelled.text)
     assert page.by_id("task-status").text() == "CANCELLED"
     assert "cancelled" in page.find(class_="flash flash-info").text()
     assert not page.find_all("form", id="cancel-form")
-    again = parse(client.post(f"{location}/cancel").text)
+    again = parse(client.post(f"{location}/cancel", data=with_csrf(client, {})).text)
     assert "it cannot become CANCELLED" in again.find(class_="flash flash-error").text()
 
 
@@ -119,10 +122,42 @@ def test_task_list_shows_status_and_progress(client: TestClient) -> None:
     assert row.find(class_="progress-label").text() == "0%"
     assert row.find("a", href=location)
     nav = [a.attrs["href"] for a in page.find("nav").find_all("a")]
-    assert nav == ["/", "/projects", "/resource-groups", "/docs"]
+    assert nav == ["/", "/projects", "/resource-groups", "/admin/users", "/docs"]
 
 
 def test_unknown_task_is_an_html_404(client: TestClient) -> None:
     response = client.get("/tasks/999")
     assert response.status_code == 404
     assert "task 999 does not exist" in response.text
+
+
+def test_task_page_shows_shares_timing_and_the_settings_form(client: TestClient) -> None:
+    make_group(client, "cpu-a", capacity=2)
+    make_group(client, "cpu-b", capacity=1)
+    location = _submit(client, {"cpu-a": "2", "cpu-b": "1"}).headers["location"]
+    page = parse(client.get(location).text)
+    assert page.find("canvas", id="throughput-chart")
+    shares = {r.attrs["data-group"]: [td.text() for td in r.find_all("td")]
+              for r in page.by_id("group-throughput").find_all("tr")
+              if "data-group" in r.attrs}
+    assert shares == {"cpu-a": ["cpu-a", "2", "—", "67%"], "cpu-b": ["cpu-b", "1", "—", "33%"]}
+    assert "hidden" in page.by_id("retry-form").attrs  # a queued task is not retried
+    assert page.by_id("task-timing").text() == ""  # not started: no time left to estimate
+    project_page = parse(client.get("/projects/1").text)
+    for name in ("epochs", "global_batch_size", "split_policy", "priority"):
+        assert project_page.by_id(f"task-{name}")
+    options = [o.attrs["value"] for o in project_page.by_id("task-code-version").find_all("option")]
+    assert "example:mnist_cnn" in options
+
+
+def test_eta_comes_from_progress_and_running_time() -> None:
+    from datetime import timedelta
+
+    from backend.core.db import utcnow
+    from backend.tasks.models import TaskStatus
+    from backend.web.views import timing
+
+    task = Task(spec={}, progress=0.25, status=TaskStatus.RUNNING,
+                started_at=utcnow() - timedelta(seconds=60))
+    estimate = timing(task)
+    assert 59 < estimate["elapsed_s"] < 62 and 179 < estimate["eta_s"] < 184

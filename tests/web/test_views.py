@@ -1,7 +1,8 @@
 """Display helpers of the portal's views."""
 
 from backend.tasks.models import Task
-from backend.web.views import epochs_done, hardware_summary, log_nodes, spec_summary
+from backend.web.cluster_views import hardware_summary
+from backend.web.views import epochs_done, log_nodes, spec_summary
 
 SPEC = {
     "epochs": 4,

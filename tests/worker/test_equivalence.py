@@ -1,7 +1,11 @@
-"""A distributed run over two resource groups equals one process on the same global batches.
+"""Exact gradient averaging: a distributed run equals one process on the same global batches.
 
-Real gloo processes on CPU: a parameter server and two groups (2 + 1 workers),
-an odd global batch (7) so per-worker shares are uneven.
+Real gloo processes on CPU: a parameter server and two groups (2 + 1
+workers). Per-worker batches are unequal (an odd global batch; a weighted
+split with one emulated slow group; shares that the online controller
+changes mid-epoch), and every step must still be the single-process step on
+that step's global batch, to 1e-5. The parameter server records the global
+batches it served (``POLYTRAIN_DUMP_BATCHES``) for the reference.
 """
 
 from __future__ import annotations
@@ -12,63 +16,62 @@ from pathlib import Path
 
 import torch
 
+from tests.worker.reference import dumped_batches, finite, reference_run, run_with_dump
 from worker.engine.contract import load_training_code
-from worker.engine.launch import seed_everything
-from worker.engine.local import LocalRun, launch_local
-from worker.engine.sharding import global_batches
+from worker.engine.local import LocalRun
 from worker.engine.spec import RunSpec
-from worker.engine.trainer import collate
 
-TIMEOUT_S = 50.0
-
-
-def reference_run(spec: RunSpec) -> tuple[torch.Tensor, list[float]]:
-    """Single-process training: final parameters [P] and the mean training loss of each epoch."""
-    code = load_training_code(spec.code)
-    seed_everything(spec.seed)
-    model = code.build_model()
-    seed_everything(spec.seed)
-    train_set, _ = code.build_datasets()
-    optimizer = code.build_optimizer(model.parameters())
-    epoch_losses = []
-    for epoch in range(spec.epochs):
-        loss_sum = 0.0
-        for batch in global_batches(len(train_set), spec.global_batch_size, spec.seed, epoch):
-            inputs, target = collate(train_set, batch)
-            loss = code.loss_fn(model(inputs), target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.item() * len(batch)
-        epoch_losses.append(loss_sum / len(train_set))
-    return torch.nn.utils.parameters_to_vector(model.parameters()).detach(), epoch_losses
+SLOW_B = [
+    {"name": "a", "device_type": "cpu", "workers": 2},
+    {"name": "b", "device_type": "cpu", "workers": 1, "speed_factor": 0.25},
+]
 
 
-def finite(values: list[float | None]) -> list[float]:
-    """The metric values, asserting none was reported as non-finite (null)."""
-    assert all(v is not None for v in values), values
-    return [v for v in values if v is not None]
+def assert_matches_reference(run_spec: RunSpec, dump: Path) -> tuple[LocalRun, list[float]]:
+    """Run, then check every rank against the reference on the dumped global batches."""
+    run, finals = run_with_dump(run_spec, dump)
+    for rank in range(1, run_spec.world_size):
+        assert torch.equal(finals[rank], finals[0]), f"rank {rank} differs from the PS"
+    batches = dumped_batches(dump)
+    spe = math.ceil(160 / run_spec.global_batch_size)
+    assert len(batches) == spe * run_spec.epochs
+    full = [b for i, b in enumerate(batches) if (i + 1) % spe]
+    assert all(len(b) == run_spec.global_batch_size for b in full), "global batch changed"
+    for epoch in range(run_spec.epochs):
+        seen = torch.cat(batches[epoch * spe : (epoch + 1) * spe])
+        assert torch.equal(seen.sort().values, torch.arange(160)), "not every sample once"
+    expected, epoch_losses = reference_run(run_spec, batches)
+    torch.testing.assert_close(finals[0], expected, atol=1e-5, rtol=0)
+    return run, epoch_losses
 
 
-def run_with_dump(spec: RunSpec, dump_dir: Path) -> tuple[LocalRun, dict[int, torch.Tensor]]:
-    run = launch_local(
-        spec, env_extra={"POLYTRAIN_DUMP_PARAMS": str(dump_dir)}, timeout_s=TIMEOUT_S
-    )
-    assert run.ok, "\n".join(run.text(r) for r in run.output)
-    return run, {r: torch.load(dump_dir / f"rank-{r}.pt") for r in range(spec.world_size)}
-
-
-def test_every_worker_holds_the_single_process_parameters(
+def test_uneven_even_split_with_exchange_equals_one_process(
     make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:
-    spec = make_spec()
-    run, finals = run_with_dump(spec, tmp_path / "params")
-    for rank in range(1, spec.world_size):
-        assert torch.equal(finals[rank], finals[0]), f"rank {rank} differs from the PS"
-    expected, epoch_losses = reference_run(spec)
-    torch.testing.assert_close(finals[0], expected, atol=1e-5, rtol=0)
+    spec = make_spec(exchange_fraction=0.25)  # 7 samples over 3 workers: 3 + 2 + 2
+    run, epoch_losses = assert_matches_reference(spec, tmp_path / "params")
     for got, want in zip(finite(run.metrics("train_loss")), epoch_losses, strict=True):
         assert math.isclose(got, want, rel_tol=1e-5)
+
+
+def test_weighted_split_with_mid_epoch_rebalancing_equals_one_process(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    spec = make_spec(
+        split_policy="weighted", groups=SLOW_B, global_batch_size=12, rebalance_every=3
+    )
+    run, _ = assert_matches_reference(spec, tmp_path / "params")
+    shares = [finite(run.metrics("batch_share", rank=r))[0] for r in (1, 2, 3)]
+    assert shares[2] < shares[0] and shares[2] < shares[1], shares
+    assert math.isclose(sum(shares), 1.0)
+
+
+def test_periodic_sync_in_one_group_is_exact_inside_the_group(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    solo = [{"name": "solo", "device_type": "cpu", "workers": 3}]
+    spec = make_spec(groups=solo, sync_strategy="periodic", sync_period=4, global_batch_size=8)
+    assert_matches_reference(spec, tmp_path / "params")
 
 
 def test_reports_checkpoints_and_done(make_spec: Callable[..., RunSpec], tmp_path: Path) -> None:
@@ -80,24 +83,13 @@ def test_reports_checkpoints_and_done(make_spec: Callable[..., RunSpec], tmp_pat
     assert [p.name for p in paths] == ["epoch-0.pt", "final.pt"]
     state = torch.load(paths[-1], weights_only=True)
     assert state["epoch"] == 0 and state["step"] == math.ceil(160 / 7)
-    for name in ("train_loss", "val_loss", "samples_per_s"):
+    for name in ("train_loss", "val_loss", "samples_per_s", "epoch_time_s"):
         assert len(run.metrics(name)) == 1, name
-    assert all(len(run.metrics("samples_per_s", rank=r)) == 1 for r in (1, 2, 3))
+    for rank in (1, 2, 3):
+        assert len(run.metrics("samples_per_s", rank=rank)) == 1
+        assert len(run.metrics("profiled_samples_per_s", rank=rank)) == 1
+        assert len(run.metrics("batch_share", rank=rank)) == 2  # at the start, after the epoch
     assert "val_accuracy" not in {e.get("name") for e in run.events}
-
-
-def test_resume_continues_to_the_same_parameters(
-    make_spec: Callable[..., RunSpec], tmp_path: Path
-) -> None:
-    first = make_spec(epochs=1, groups=[{"name": "solo", "device_type": "cpu", "workers": 2}])
-    run_with_dump(first, tmp_path / "first")
-    resumed = first.model_copy(
-        update={"epochs": 2, "resume_from": str(Path(first.checkpoint_dir) / "epoch-0.pt")}
-    )
-    run, finals = run_with_dump(resumed, tmp_path / "resumed")
-    expected, _ = reference_run(resumed)
-    torch.testing.assert_close(finals[0], expected, atol=1e-5, rtol=0)
-    assert [e["epoch"] for e in run.events if e["type"] == "checkpoint"] == [1, 1]
 
 
 USER_METRICS = """

@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from worker.engine.sharding import (
+    apportion,
     contiguous_shard,
     even_shares,
     global_batches,
     steps_per_epoch,
+    weighted_shares,
     worker_slice,
 )
 
@@ -81,3 +83,26 @@ def test_epoch_slices_of_all_workers_partition_the_training_set() -> None:
 def test_contiguous_shards_partition_the_range() -> None:
     shards = [contiguous_shard(10, 3, i) for i in range(3)]
     assert [list(s) for s in shards] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+
+
+@pytest.mark.parametrize(
+    "total,weights",
+    [(128, [3.0, 1.0]), (7, [1.0, 1.0, 1.0]), (10, [0.5, 0.3, 0.2]), (5, [1e-9, 1.0]), (0, [1.0])],
+)
+def test_apportion_sums_exactly_and_is_proportional(total: int, weights: list[float]) -> None:
+    counts = apportion(total, weights)
+    assert sum(counts) == total
+    exact = [total * w / sum(weights) for w in weights]
+    assert all(abs(c - x) < 1 for c, x in zip(counts, exact, strict=True))
+
+
+def test_apportion_rejects_bad_weights() -> None:
+    for weights in ([], [-1.0, 2.0], [float("nan")], [0.0, 0.0]):
+        with pytest.raises(ValueError):
+            apportion(4, weights)
+
+
+def test_weighted_shares_keep_every_worker_measurable() -> None:
+    assert weighted_shares(128, [3.0, 1.0]) == [96, 32]
+    assert weighted_shares(4, [1000.0, 1.0, 1.0]) == [2, 1, 1]
+    assert sum(weighted_shares(9, [5.0, 0.0, 0.0])) == 9

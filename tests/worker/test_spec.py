@@ -65,3 +65,36 @@ def test_rank_env_places_a_process() -> None:
     assert rank_env(spec(), 0, "h", 1)["LOCAL_RANK"] == "0"
     with pytest.raises(ValueError):
         rank_env(spec(), 6, "h", 1)
+
+
+def test_heterogeneity_options_default_to_even_synchronous_training() -> None:
+    s = spec()
+    assert (s.split_policy, s.sync_strategy, s.exchange_fraction) == ("even", "sync", 0.0)
+    assert s.speed_factor_of(1) == 1.0 and s.quorum_size == 1 and s.preprocess == []
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"groups": [{**GROUPS[0], "speed_factor": 0.0}]},
+        {"groups": [{**GROUPS[0], "speed_factor": 1.5}]},
+        {"exchange_fraction": 1.2},
+        {"exchange_fraction": -0.1},
+        {"quorum": 3},
+        {"global_batch_size": 4},
+        {"split_policy": "fastest"},
+        {"sync_strategy": "gossip"},
+        {"preprocess": [{"op": "resize", "size": [28, 28]}, {"op": "tokenize"}]},
+        {"preprocess": [{"op": "rotate"}]},
+    ],
+)
+def test_spec_refuses_out_of_range_heterogeneity_options(overrides: dict) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        spec(**overrides)
+
+
+def test_preprocess_steps_parse_by_op() -> None:
+    steps = [{"op": "tokenize", "vocab_size": 100}, {"op": "normalize", "mean": [0.5]}]
+    s = spec(preprocess=steps)
+    assert [type(step).__name__ for step in s.preprocess] == ["Tokenize", "Normalize"]
+    assert RunSpec.model_validate_json(s.model_dump_json()) == s

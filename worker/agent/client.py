@@ -47,23 +47,33 @@ class InternalApi:
     def deregister(self, agent_id: int) -> None:
         self._call("POST", f"/agents/{agent_id}/deregister")
 
-    def claim(self, sub_task_id: int, *, agent_id: int, host: str) -> None:
+    def claim(self, sub_task_id: int, *, agent_id: int, host: str, attempt: int = 1) -> None:
         self._call("POST", f"/sub-tasks/{sub_task_id}/claim",
-                   json={"agent_id": agent_id, "host": host})
+                   json={"agent_id": agent_id, "host": host, "attempt": attempt})
 
-    def finished(self, sub_task_id: int, *, succeeded: bool, detail: str) -> None:
+    def finished(self, sub_task_id: int, *, succeeded: bool, detail: str,
+                 cause: str = "user") -> None:
         self._call("POST", f"/sub-tasks/{sub_task_id}/finished",
-                   json={"succeeded": succeeded, "detail": detail})
+                   json={"succeeded": succeeded, "detail": detail, "cause": cause})
 
     def task_status(self, task_id: int) -> str:
-        return str(self._call("GET", f"/tasks/{task_id}/state").json()["status"])
+        return self.task_state(task_id)[0]
+
+    def task_state(self, task_id: int) -> tuple[str, int]:
+        """The task's status and current attempt."""
+        state = self._call("GET", f"/tasks/{task_id}/state").json()
+        return str(state["status"]), int(state.get("attempt", 1))
+
+    def fetch_checkpoint(self, task_id: int, checkpoint_id: int) -> bytes:
+        """A stored checkpoint's bytes (to resume from)."""
+        return self._call("GET", f"/tasks/{task_id}/checkpoints/{checkpoint_id}").content
 
     def code(self, task_id: int) -> bytes:
         return self._call("GET", f"/tasks/{task_id}/code").content
 
-    def set_rendezvous(self, task_id: int, addr: str, port: int) -> None:
+    def set_rendezvous(self, task_id: int, addr: str, port: int, *, attempt: int = 1) -> None:
         self._call("PUT", f"/tasks/{task_id}/rendezvous",
-                   json={"master_addr": addr, "master_port": port})
+                   json={"master_addr": addr, "master_port": port, "attempt": attempt})
 
     def rendezvous(self, task_id: int) -> dict[str, Any]:
         return dict(self._call("GET", f"/tasks/{task_id}/rendezvous").json())
@@ -78,6 +88,7 @@ class InternalApi:
         self._call("POST", f"/tasks/{task_id}/progress",
                    json={"progress": progress, "epoch": epoch})
 
-    def checkpoint(self, task_id: int, *, name: str, epoch: int, step: int, body: bytes) -> None:
+    def checkpoint(self, task_id: int, *, name: str, epoch: int, step: int, body: bytes,
+                   attempt: int = 1) -> None:
         self._call("POST", f"/tasks/{task_id}/checkpoints", content=body,
-                   params={"name": name, "epoch": epoch, "step": step})
+                   params={"name": name, "epoch": epoch, "step": step, "attempt": attempt})

@@ -5,13 +5,16 @@ import os
 import platform
 import socket
 import threading
+import time
 from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
+from pydantic import ValidationError
 
-from backend.scheduler.payload import RUN_SUBTASK, queue_name
+from backend.scheduler.dispatch import broker_options
+from backend.scheduler.payload import RUN_SUBTASK, SubTaskPayload, queue_name
 from worker.agent.client import InternalApi
-from worker.agent.processes import RunningRegistry
+from worker.agent.processes import RunningRegistry, WarmPool
 from worker.agent.runner import SubTaskRunner
 from worker.config import AgentSettings
 
@@ -35,23 +38,44 @@ def detect_hardware() -> dict[str, Any]:
 
 
 def make_celery(settings: AgentSettings, runner: SubTaskRunner) -> Celery:
-    """The consumer app: late acks and prefetch 1, so a message is only taken when it can run."""
+    """The consumer app: late acks and prefetch 1, so a message is only taken when it can run.
+
+    On Redis a message is redelivered only if unacknowledged for longer than
+    the longest run (the visibility timeout, 7 days); a redelivered message
+    for a sub-task already taken is ignored (the claim refuses it).
+    """
     broker = settings.resolved_broker_url()
     app = Celery("polytrain-agent", broker=broker)
-    if broker.startswith(("redis", "rediss")):
-        # A message is redelivered only if unacked for longer than the longest run (7 days).
-        app.conf.broker_transport_options = {"visibility_timeout": 7 * 24 * 3600}
     app.conf.update(
         task_serializer="json", accept_content=["json"], task_acks_late=True,
         worker_prefetch_multiplier=1, task_reject_on_worker_lost=True,
         broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
+        broker_transport_options=broker_options(broker), broker_connection_max_retries=None,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
     )
 
-    @app.task(name=RUN_SUBTASK, ignore_result=True)
-    def run_sub_task(payload: dict[str, Any]) -> str:
-        return runner.run(payload)
+    @app.task(name=RUN_SUBTASK, ignore_result=True, bind=True)
+    def run_sub_task(self: Task, payload: dict[str, Any]) -> str:
+        return run_validated(runner, self.request.id, payload)
 
     return app
+
+
+def run_validated(runner: SubTaskRunner, message_id: str | None, raw: Any) -> str:
+    """Validate a message (JSON payload, Celery id = sub-task id) and run it; "invalid" if not.
+
+    An invalid message is logged and dropped (acknowledged): retrying cannot fix it.
+    """
+    try:
+        payload = SubTaskPayload.model_validate(raw)
+    except ValidationError as exc:
+        log.error("dropping invalid sub-task message %s: %s", message_id, exc)
+        return "invalid"
+    if message_id is not None and message_id != str(payload.sub_task_id):
+        log.error("dropping message %s: it carries sub-task %s", message_id,
+                  payload.sub_task_id)
+        return "invalid"
+    return runner.run(payload.model_dump(mode="json"))
 
 
 def _heartbeats(api: InternalApi, agent_id: int, interval_s: float, stop: threading.Event,
@@ -74,13 +98,39 @@ def run_agent(settings: AgentSettings, *, resource_group: str, workers: int,
     stop, registry = threading.Event(), RunningRegistry()
     threading.Thread(target=_heartbeats, daemon=True,
                      args=(api, agent_id, settings.heartbeat_interval_s, stop, registry)).start()
-    app = make_celery(settings, SubTaskRunner(settings, api, agent_id, registry))
-    try:
-        app.worker_main([
-            "worker", "-Q", queue_name(resource_group), "-n", f"{name}@%h",
+    pool = WarmPool(workers + 1)  # one rank per worker, and the parameter server
+    runner = SubTaskRunner(settings, api, agent_id, registry, pool)
+    argv = ["worker", "-Q", queue_name(resource_group), "-n", f"{name}@%h",
             "--pool", "threads", "--concurrency", str(workers), "--prefetch-multiplier", "1",
-            "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO",
-        ])
+            "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"]
+    try:
+        while not _consume(make_celery(settings, runner), argv):
+            # The consumer gave up (e.g. a broker restart hit a kombu error): start it again;
+            # running sub-tasks finished first (warm shutdown), heartbeats never stopped.
+            log.warning("the broker consumer stopped; starting it again in 2 s")
+            time.sleep(2)
     finally:
         stop.set()
-        api.deregister(agent_id)
+        pool.close()
+        _deregister(settings, agent_id)
+
+
+def _deregister(settings: AgentSettings, agent_id: int) -> None:
+    """Go offline at once if the API answers; else the heartbeat timeout does it."""
+    try:
+        InternalApi(settings.api_url, settings.agent_token.get_secret_value(),
+                    retries=1).deregister(agent_id)
+    except Exception:  # the API may be gone already
+        log.warning("could not deregister; the API will time the agent out")
+
+
+def _consume(app: Celery, argv: list[str]) -> bool:
+    """Serve the queue until the Celery worker stops; True if a signal asked it to stop."""
+    from celery.worker import state
+
+    state.should_stop = state.should_terminate = None
+    try:
+        app.worker_main(argv)
+    except SystemExit:
+        pass
+    return state.should_stop is not None or state.should_terminate is not None

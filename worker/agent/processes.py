@@ -1,12 +1,114 @@
 """Second-level dispatch: the worker processes of one group on this host."""
 
+import ctypes
+import json
 import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from worker.engine.local import REPO_ROOT
+
+PR_SET_PDEATHSIG = 1
+Cause = Literal["user", "infra", "peer"]
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """In the child before exec: SIGKILL this process when the agent that started it dies.
+
+    The kernel sends the signal when the starting thread exits; the agent
+    starts ranks from its long-lived Celery pool threads. Linux only; elsewhere
+    the torch.distributed timeout ends orphans.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the agent died before prctl took effect
+        os._exit(1)
+
+
+def _popen(args: list[str], env: Mapping[str, str], **extra: object) -> subprocess.Popen[str]:
+    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO_ROOT), full_env.get("PYTHONPATH", "")) if p)
+    parent = os.getpid()
+    return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
+        [sys.executable, *args], env=full_env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
+        preexec_fn=lambda: _die_with_parent(parent), **extra,
+    )
+
+
+def start_rank(spec_path: str | os.PathLike[str], env: Mapping[str, str]
+               ) -> subprocess.Popen[str]:
+    """Start `python -m worker.engine.launch --spec spec_path` as one rank of a task.
+
+    Like `worker.engine.local.start_rank_process` (own session, merged text
+    output), and the rank dies with the agent (parent-death signal), so a
+    killed agent leaves no orphan training processes.
+    """
+    return _popen(["-m", "worker.engine.launch", "--spec", str(spec_path)], env,
+                  cwd=str(Path(spec_path).parent))
+
+
+class WarmPool:
+    """Up to `size` warm interpreters (`worker.agent.warm`), refilled in the background.
+
+    `start` hands a rank to a ready one (milliseconds) or, if none is ready,
+    starts a cold process. Interpreters are forked by one long-lived thread,
+    since the parent-death signal fires when the forking thread ends.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._ready: queue.Queue[subprocess.Popen[str]] = queue.Queue()
+        self._wanted = threading.Semaphore(size)
+        self._stop = threading.Event()
+        threading.Thread(target=self._refill, name="warm-pool", daemon=True).start()
+
+    def _refill(self) -> None:
+        while not self._stop.is_set():
+            self._wanted.acquire()
+            if self._stop.is_set():
+                return
+            proc = _popen(["-m", "worker.agent.warm"], {}, stdin=subprocess.PIPE)
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() == "@@warm ready":
+                self._ready.put(proc)
+            else:  # it failed to import: no retry loop, ranks start cold
+                proc.kill()
+
+    def start(self, spec_path: str | os.PathLike[str], env: Mapping[str, str]
+              ) -> subprocess.Popen[str]:
+        """A running rank of `spec_path` with `env`, warm if one is ready."""
+        while True:
+            try:
+                proc = self._ready.get_nowait()
+            except queue.Empty:
+                return start_rank(spec_path, env)
+            self._wanted.release()
+            if proc.poll() is None and proc.stdin is not None:
+                order = {"argv": ["--spec", str(spec_path)], "env": dict(env),
+                         "cwd": str(Path(spec_path).parent)}
+                proc.stdin.write(json.dumps(order) + "\n")
+                proc.stdin.close()
+                return proc
+
+    def close(self) -> None:
+        """Stop refilling and end the idle interpreters."""
+        self._stop.set()
+        self._wanted.release()
+        while not self._ready.empty():
+            self._ready.get_nowait().kill()
 
 
 def node_name(rank: int) -> str:
@@ -14,7 +116,8 @@ def node_name(rank: int) -> str:
     return "ps" if rank == 0 else f"rank-{rank}"
 
 
-PEER_ERRORS = ("DistBackendError", "Connection closed by peer", "Connection reset by peer")
+PEER_ERRORS = ("DistBackendError", "Connection closed by peer", "Connection reset by peer",
+               "Broken pipe", "Connection refused", "DistNetworkError", "DistStoreError")
 
 
 def error_summary(tail: list[str]) -> str:
@@ -68,7 +171,17 @@ class ProcessSet:
         """
         failed = [p for p in self.procs if p.popen.poll() not in (None, 0)]
         own = [p for p in failed if not any(m in "\n".join(p.tail) for m in PEER_ERRORS)]
-        return (own or failed or [None])[0]
+        candidates = own or failed
+        return candidates[0] if candidates else None
+
+    def cause(self, proc: "RankProcess") -> Cause:
+        """Why `proc` (from `failed`) failed: `infra` if killed by a signal (OOM killer,
+        a crashed host process), `peer` if it only saw a peer go away, else `user`."""
+        if proc.popen.returncode is not None and proc.popen.returncode < 0:
+            return "infra"
+        if any(m in "\n".join(proc.tail) for m in PEER_ERRORS):
+            return "peer"
+        return "user"
 
     def all_succeeded(self) -> bool:
         return all(p.popen.poll() == 0 for p in self.procs)
@@ -107,9 +220,21 @@ class RunningRegistry:
         with self._lock:
             self._sets[task_id] = procs
 
-    def remove(self, task_id: int) -> None:
+    def remove(self, task_id: int, procs: ProcessSet | None = None) -> None:
+        """Forget the task's process set (only `procs`, if given: not a newer attempt's)."""
         with self._lock:
-            self._sets.pop(task_id, None)
+            if procs is None or self._sets.get(task_id) is procs:
+                self._sets.pop(task_id, None)
+
+    def wait_gone(self, task_id: int, *, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` seconds until no process set of the task is registered."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if task_id not in self._sets:
+                    return True
+            time.sleep(0.1)
+        return False
 
     def snapshot(self) -> list[dict[str, object]]:
         """`[{"task_id", "ranks"}]` of the ranks alive now."""

@@ -13,18 +13,22 @@ from worker.engine.report import parse_event
 class Reporter:
     """Buffers a group's output and sends it in batches (at most every `interval_s`).
 
-    Each node's log lines are numbered from 0 (`seq`), so a batch sent twice
-    after a retry is stored once.
+    Each node's log lines are numbered from 0 (`seq`) in each attempt, so a
+    batch sent twice after a retry is stored once, and a restarted task's
+    nodes start a new gap-free sequence.
     """
 
     def __init__(
-        self, api: InternalApi, task_id: int, *, group: str, interval_s: float = 0.5
+        self, api: InternalApi, task_id: int, *, group: str, interval_s: float = 0.5,
+        attempt: int = 1,
     ) -> None:
         self.api, self.task_id, self.group, self.interval_s = api, task_id, group, interval_s
+        self.attempt = attempt
         self._seq: dict[str, int] = {}
         self._lines: list[dict[str, Any]] = []
         self._metrics: list[dict[str, Any]] = []
         self._progress: tuple[float, int] | None = None
+        self._progressed = False
         self._last_flush = 0.0
 
     def agent_line(self, text: str) -> None:
@@ -35,6 +39,7 @@ class Reporter:
         self._seq[node] = seq + 1
         self._lines.append(
             {
+                "attempt": self.attempt,
                 "node": node,
                 "seq": seq,
                 "time": datetime.now(UTC).replace(tzinfo=None).isoformat(),
@@ -74,6 +79,8 @@ class Reporter:
         elif kind == "progress":
             done = event["step"]
             total = max(1, event["epochs"] * event["steps_per_epoch"])
+            if not self._progressed:  # the first step is news: send it at once
+                self._last_flush, self._progressed = 0.0, True
             self._progress = (min(1.0, done / total), int(event["epoch"]))
         elif kind == "checkpoint":
             self._upload(event)
@@ -86,6 +93,7 @@ class Reporter:
             epoch=int(event["epoch"]),
             step=int(event["step"]),
             body=path.read_bytes(),
+            attempt=self.attempt,
         )
 
     def flush(self) -> None:

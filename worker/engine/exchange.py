@@ -5,18 +5,27 @@ leaders reduce (sum) to the parameter server over the leaders group.
 Parameters come down: the parameter server broadcasts to the leaders, each
 leader broadcasts inside its group. This is hierarchical allreduce with a
 parameter server at the top (Li et al., OSDI 2014). Vectors are flat 1-D
-tensors so each hop is one collective.
+tensors so each hop is one collective (in-group allreduces go in buckets).
+
+Exact averaging with unequal per-worker batches: every worker sends the *sum*
+of its per-sample gradients (batch-mean gradient times its sample count) with
+the count appended, so every sum along the way (in-group allreduce, leaders'
+reduce, quorum aggregation) stays a sum of per-sample gradients, and the
+parameter server divides once by the global count.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from worker.engine.distributed import Topology
+
+BUCKET_BYTES = 16 * 2**20
 
 
 def params_of(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -57,6 +66,28 @@ def load_vector_(vector: Tensor, params: Iterable[torch.nn.Parameter]) -> None:
         offset += n
 
 
+def allreduce_sum(
+    vector: Tensor, group: dist.ProcessGroup | None, bucket_bytes: int = BUCKET_BYTES
+) -> Tensor:
+    """Sum the 1-D ``vector`` in place over ``group``, in buckets of at most ``bucket_bytes``.
+
+    Buckets are issued asynchronously and awaited together, so transfers of
+    one bucket overlap the reduction of the previous. A group of one rank is
+    a no-op. Returns ``vector``.
+    """
+    if group is None or dist.get_world_size(group) == 1:
+        return vector
+    per_bucket = max(1, bucket_bytes // vector.element_size())
+    sum_op = dist.ReduceOp.SUM
+    works = [
+        dist.all_reduce(vector[i : i + per_bucket], op=sum_op, group=group, async_op=True)
+        for i in range(0, vector.numel(), per_bucket)
+    ]
+    for work in works:
+        work.wait()
+    return vector
+
+
 def push_up(topo: Topology, vector: Tensor) -> None:
     """Worker side of the upward sum: allreduce in the group, leader reduces to rank 0.
 
@@ -64,7 +95,12 @@ def push_up(topo: Topology, vector: Tensor) -> None:
     """
     if topo.group is None:
         raise RuntimeError("push_up is for compute workers")
-    dist.all_reduce(vector, op=dist.ReduceOp.SUM, group=topo.group)
+    allreduce_sum(vector, topo.group)
+    leader_reduce(topo, vector)
+
+
+def leader_reduce(topo: Topology, vector: Tensor) -> None:
+    """Group leaders sum ``vector`` (1-D) into the parameter server; other workers do nothing."""
     if topo.am_i_leader:
         dist.reduce(vector.cpu(), dst=0, op=dist.ReduceOp.SUM, group=topo.leaders)
 
@@ -91,28 +127,9 @@ def broadcast_down(topo: Topology, vector: Tensor) -> Tensor:
         on_cpu = received.cpu()
         dist.broadcast(on_cpu, src=0, group=topo.leaders)
         received = on_cpu.to(topo.device)
-    dist.broadcast(received, src=topo.leader_rank, group=topo.group)
+    if len(topo.group_ranks) > 1:
+        dist.broadcast(received, src=topo.leader_rank, group=topo.group)
     return received
-
-
-def agree_dataset_sizes(topo: Topology, sizes: tuple[int, int] | None) -> tuple[int, int]:
-    """Every rank learns ``(n_train, n_val)``; workers pass theirs, the parameter server None.
-
-    One MAX allreduce over the world of ``[n, -n]`` pairs yields the largest and
-    smallest value at once. Raises RuntimeError on every rank if workers disagree
-    (``build_datasets`` must be deterministic).
-    """
-    floor = -(2**62)
-    mine = [floor] * 4 if sizes is None else [sizes[0], -sizes[0], sizes[1], -sizes[1]]
-    t = torch.tensor(mine, dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    n_train, neg_min_train, n_val, neg_min_val = (int(v) for v in t)
-    if n_train != -neg_min_train or n_val != -neg_min_val:
-        raise RuntimeError(
-            "workers built datasets of different sizes: train "
-            f"{-neg_min_train}..{n_train}, validation {-neg_min_val}..{n_val}"
-        )
-    return n_train, n_val
 
 
 def sum_over_world(totals: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
@@ -132,20 +149,40 @@ def sum_over_world(totals: dict[str, tuple[float, float]]) -> dict[str, tuple[fl
     return {name: (float(flat[2 * i]), float(flat[2 * i + 1])) for i, name in enumerate(names)}
 
 
-def sync_start(
-    topo: Topology, params: list[torch.nn.Parameter], epoch: int = 0, step: int = 0
-) -> tuple[int, int]:
-    """Give every worker the parameter server's parameters and starting point.
-
-    On rank 0, ``params`` are the source and ``epoch``/``step`` the first epoch
-    to run and the optimizer steps already done (non-zero after a resume);
-    elsewhere ``params`` are overwritten and the arguments ignored.
-    Returns ``(epoch, step)`` as sent by rank 0.
-    """
-    meta = broadcast_down(topo, torch.tensor([epoch, step], dtype=torch.int64))
+def sync_params(topo: Topology, params: list[torch.nn.Parameter]) -> None:
+    """Give every worker the parameter server's parameters (overwritten in place elsewhere)."""
     with torch.no_grad():
         vector = torch.nn.utils.parameters_to_vector(params).detach()
     received = broadcast_down(topo, vector.cpu() if topo.is_ps else vector)
     if not topo.is_ps:
         load_vector_(received, params)
-    return int(meta[0]), int(meta[1])
+
+
+def gather_work(
+    topo: Topology, compute_s: float, samples: float
+) -> tuple[list[float], list[float]]:
+    """Every worker's ``(compute seconds, samples)`` on every rank, as two lists over workers.
+
+    One float64 allreduce over the world of a ``[2, W]`` tensor in which each
+    worker fills its own column (the parameter server contributes zeros).
+    """
+    table = torch.zeros(2, topo.n_workers, dtype=torch.float64)
+    if not topo.is_ps:
+        table[0, topo.worker_index] = compute_s
+        table[1, topo.worker_index] = samples
+    dist.all_reduce(table, op=dist.ReduceOp.SUM)
+    return table[0].tolist(), table[1].tolist()
+
+
+def broadcast_ints(values: list[int] | None, n: int) -> list[int]:
+    """``n`` integers from the parameter server (``values`` there, None elsewhere) to every rank."""
+    t = torch.tensor(values if values is not None else [0] * n, dtype=torch.int64)
+    dist.broadcast(t, src=0)
+    return [int(v) for v in t]
+
+
+def broadcast_object(obj: Any) -> Any:
+    """A picklable object from rank 0 to every rank of the world (``obj`` ignored elsewhere)."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

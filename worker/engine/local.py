@@ -14,7 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,9 @@ class LocalRun:
     ``output[rank]`` holds the rank's stdout and stderr lines (merged, without
     newlines); ``returncodes[rank]`` is its exit code (negative: killed by that
     signal); ``pids[rank]`` its process id, which is also its session id.
-    ``timed_out`` is True when the run was killed at ``timeout_s``; ``events``
-    are the parsed event lines of every rank, each with ``_rank`` (the emitter) added.
+    ``timed_out`` is True when the run was killed at ``timeout_s``, ``stopped``
+    when it was killed because ``stop_when`` matched an event; ``events`` are
+    the parsed event lines of every rank, each with ``_rank`` (the emitter) added.
     """
 
     pids: dict[int, int]
@@ -42,11 +43,16 @@ class LocalRun:
     wall_s: float
     timed_out: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)
+    stopped: bool = False
 
     @property
     def ok(self) -> bool:
         """True when every rank exited 0."""
-        return not self.timed_out and all(code == 0 for code in self.returncodes.values())
+        return (
+            not self.timed_out
+            and not self.stopped
+            and all(code == 0 for code in self.returncodes.values())
+        )
 
     def text(self, rank: int) -> str:
         """All output of ``rank`` as one string."""
@@ -125,21 +131,42 @@ def kill_tree(proc: subprocess.Popen[str], grace_s: float = 3.0) -> None:
             continue
 
 
-def _pump(proc: subprocess.Popen[str], sink: list[str]) -> None:
+StopWhen = Callable[[dict[str, Any]], bool]
+
+
+def _pump(
+    proc: subprocess.Popen[str], sink: list[str], stop_when: StopWhen | None, stop: threading.Event
+) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
         sink.append(line.rstrip("\n"))
+        if stop_when is not None and (event := parse_event(sink[-1])) is not None:
+            if stop_when(event):
+                stop.set()
+
+
+def _kill_all(procs: dict[int, subprocess.Popen[str]]) -> None:
+    for p in procs.values():
+        if p.poll() is None:
+            kill_tree(p, grace_s=0.5)
 
 
 def _supervise(
-    procs: dict[int, subprocess.Popen[str]], timeout_s: float, fail_grace_s: float
+    procs: dict[int, subprocess.Popen[str]],
+    timeout_s: float,
+    fail_grace_s: float,
+    stop: threading.Event,
 ) -> bool:
     """Wait for every rank; after a failure give the others ``fail_grace_s`` seconds, then kill.
 
-    Returns True if the overall timeout was hit.
+    Kills every rank at once when ``stop`` is set. Returns True if the overall
+    timeout was hit.
     """
     deadline = time.monotonic() + timeout_s
     while any(p.poll() is None for p in procs.values()):
+        if stop.is_set():
+            _kill_all(procs)
+            return False
         if any((p.poll() or 0) != 0 for p in procs.values()):
             deadline = min(deadline, time.monotonic() + fail_grace_s)
         if time.monotonic() > deadline:
@@ -159,13 +186,16 @@ def launch_local(
     env_extra: Mapping[str, str] | None = None,
     timeout_s: float = 600.0,
     fail_grace_s: float = 10.0,
+    stop_when: StopWhen | None = None,
 ) -> LocalRun:
     """Run every rank of ``spec`` on 127.0.0.1 and wait for all of them.
 
     ``port`` defaults to a free one; ``env_extra`` is added to each rank's
     environment. When a rank fails, the others get ``fail_grace_s`` seconds to
     notice and exit before they are killed; at ``timeout_s`` seconds all are
-    killed. Never raises for a failed run: inspect the returned LocalRun.
+    killed. ``stop_when(event)`` returning True for any rank's event kills
+    every rank at once (an interruption, for resume tests). Never raises for a
+    failed run: inspect the returned LocalRun.
     """
     port = port or free_port()
     started = time.monotonic()
@@ -175,15 +205,18 @@ def launch_local(
         procs: dict[int, subprocess.Popen[str]] = {}
         output: dict[int, list[str]] = {}
         pumps = []
+        stop = threading.Event()
         for rank in range(spec.world_size):
             env = {**rank_env(spec, rank, "127.0.0.1", port), **(env_extra or {})}
             procs[rank] = start_rank_process(spec_path, env)
             output[rank] = []
             pumps.append(
-                threading.Thread(target=_pump, args=(procs[rank], output[rank]), daemon=True)
+                threading.Thread(
+                    target=_pump, args=(procs[rank], output[rank], stop_when, stop), daemon=True
+                )
             )
             pumps[-1].start()
-        timed_out = _supervise(procs, timeout_s, fail_grace_s)
+        timed_out = _supervise(procs, timeout_s, fail_grace_s, stop)
         for pump in pumps:
             pump.join(timeout=5.0)
     events = [
@@ -199,4 +232,5 @@ def launch_local(
         wall_s=time.monotonic() - started,
         timed_out=timed_out,
         events=events,
+        stopped=stop.is_set(),
     )

@@ -1,10 +1,10 @@
-"""Splitting data between compute workers.
+"""Sample counts and index helpers for splitting data between compute workers.
 
-Every optimizer step draws one global batch from a per-epoch seeded permutation
-of the training set; each compute worker takes its contiguous slice of that
-batch. Within an epoch workers therefore see disjoint samples, and one
-distributed step sees exactly the samples of one single-process step on the
-same global batch (synchronous data parallelism as in Goyal et al., 2017).
+Counts: :func:`even_shares` and :func:`apportion` (largest remainder, so
+shares always sum exactly to the global batch) with :func:`weighted_shares`
+for throughput-proportional splits. Index helpers: per-epoch seeded global
+batches (used by single-process references) and contiguous validation shards.
+The per-worker training shards themselves live in :mod:`worker.engine.split`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,46 @@ def even_shares(n_samples: int, n_workers: int) -> list[int]:
         raise ValueError(f"n_samples must be >= 0, got {n_samples}")
     base, extra = divmod(n_samples, n_workers)
     return [base + (1 if i < extra else 0) for i in range(n_workers)]
+
+
+def apportion(total: int, weights: list[float]) -> list[int]:
+    """Split ``total`` into integers proportional to ``weights`` that sum exactly to ``total``.
+
+    Largest-remainder method (Hamilton): floors first, then one more to the
+    largest fractional parts, ties to the lower index. Raises ValueError if
+    ``weights`` is empty, has a negative or non-finite value, or sums to 0
+    while ``total > 0``.
+    """
+    if not weights or any(not math.isfinite(w) or w < 0 for w in weights):
+        raise ValueError(f"weights must be finite and >= 0, got {weights}")
+    weight_sum = sum(weights)
+    if weight_sum <= 0:
+        if total > 0:
+            raise ValueError("weights sum to 0")
+        return [0] * len(weights)
+    exact = [total * w / weight_sum for w in weights]
+    counts = [math.floor(x) for x in exact]
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def weighted_shares(total: int, weights: list[float], minimum: int = 1) -> list[int]:
+    """Like :func:`apportion`, but every share is at least ``minimum`` (when ``total`` allows).
+
+    Shares below ``minimum`` are raised by taking from the largest share;
+    keeping every worker at >= 1 sample keeps its throughput measurable.
+    Raises ValueError as :func:`apportion`.
+    """
+    counts = apportion(total, weights)
+    if total < minimum * len(weights):
+        return counts
+    for i in range(len(counts)):
+        while counts[i] < minimum:
+            counts[counts.index(max(counts))] -= 1
+            counts[i] += 1
+    return counts
 
 
 def epoch_seed(seed: int, epoch: int) -> int:

@@ -1,18 +1,82 @@
-"""The run specification: the one JSON payload every process of a task receives."""
+"""The run specification: the one JSON payload every process of a task receives.
+
+Besides the rank layout it fixes how the task is spread over heterogeneous
+groups: the split policy (``even`` or ``weighted`` by measured throughput),
+the cross-group sync strategy, the neighbour data exchange, checkpoint
+frequency, the per-task preprocessing steps and, for emulation on one host,
+each group's ``speed_factor``.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
 
 class GroupPlan(BaseModel):
-    """One resource group's part in a task: its name, device type and number of workers."""
+    """One resource group's part in a task.
+
+    ``speed_factor`` (0 < f <= 1) is *emulation*: every compute section of the
+    group's workers is followed by a sleep so it takes ``1 / f`` times as long
+    (see :mod:`worker.engine.emulation`). 1.0 means the hardware's own speed.
+    """
 
     name: str = Field(min_length=1)
     device_type: Literal["cpu", "cuda", "npu"]
     workers: int = Field(ge=1)
+    speed_factor: float = Field(default=1.0, gt=0.0, le=1.0)
+
+
+class Resize(BaseModel):
+    """Resize images ``[N, C, H, W]`` (or ``[N, H, W]``) to ``size`` = (H, W), bilinear."""
+
+    op: Literal["resize"]
+    size: tuple[int, int] = Field(description="target (height, width) in pixels")
+
+    @model_validator(mode="after")
+    def _positive(self) -> Resize:
+        if min(self.size) < 1:
+            raise ValueError(f"resize size must be positive, got {self.size}")
+        return self
+
+
+class Normalize(BaseModel):
+    """Per-channel ``(x - mean) / std``; None computes it from the training images."""
+
+    op: Literal["normalize"]
+    mean: list[float] | None = None
+    std: list[float] | None = None
+
+    @model_validator(mode="after")
+    def _positive_std(self) -> Normalize:
+        if self.std is not None and min(self.std, default=1.0) <= 0:
+            raise ValueError("normalize std values must be > 0")
+        return self
+
+
+class Augment(BaseModel):
+    """Offline augmentation: append ``copies`` randomly shifted/flipped/noised training copies."""
+
+    op: Literal["augment"]
+    copies: int = Field(default=1, ge=1, le=10)
+    max_shift: int = Field(default=2, ge=0, le=16, description="pixels")
+    hflip: bool = False
+    noise_std: float = Field(default=0.0, ge=0.0, le=10.0)
+
+
+class Tokenize(BaseModel):
+    """Train a WordPiece or BPE tokenizer on the training texts; inputs become ids ``[N, L]``."""
+
+    op: Literal["tokenize"]
+    model: Literal["wordpiece", "bpe"] = "wordpiece"
+    vocab_size: int = Field(default=1000, ge=8, le=1_000_000)
+    max_length: int = Field(default=64, ge=1, le=100_000)
+
+
+PreprocessStep = Annotated[Resize | Normalize | Augment | Tokenize, Field(discriminator="op")]
+SplitPolicy = Literal["even", "weighted"]
+SyncStrategy = Literal["sync", "periodic", "quorum"]
 
 
 class RunSpec(BaseModel):
@@ -23,6 +87,16 @@ class RunSpec(BaseModel):
     ``example:<name>`` (module ``examples/<name>.py`` of this repository) or an
     absolute path to a ``.py`` file. ``checkpoint_dir`` is written by the
     parameter server only; ``resume_from`` is a checkpoint path it can read.
+
+    Heterogeneity: ``split_policy`` gives each worker an equal (``even``) or
+    throughput-proportional (``weighted``) share of data and global batch;
+    ``rebalance_every`` is the online controller's check interval in steps
+    (0: only at epoch ends). ``sync_strategy`` is ``sync`` (parameter server
+    every step), ``periodic`` (groups train locally, models averaged every
+    ``sync_period`` steps) or ``quorum`` (update once ``quorum`` of the groups
+    reported, late gradients at most ``max_staleness`` updates old).
+    ``exchange_fraction`` of each worker's shard moves to its ring neighbour
+    after every epoch. ``checkpoint_every`` adds a checkpoint every N steps.
     """
 
     task_id: int
@@ -31,15 +105,32 @@ class RunSpec(BaseModel):
     global_batch_size: int = Field(ge=1)
     seed: int = Field(default=0, ge=0)
     groups: list[GroupPlan] = Field(min_length=1)
-    split_policy: Literal["even"] = "even"
+    split_policy: SplitPolicy = "even"
+    rebalance_every: int = Field(default=10, ge=0)
+    profile_steps: int = Field(default=5, ge=1, le=100)
+    sync_strategy: SyncStrategy = "sync"
+    sync_period: int = Field(default=1, ge=1)
+    quorum: int | None = Field(default=None, ge=1)
+    max_staleness: int = Field(default=2, ge=0)
+    exchange_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    checkpoint_every: int | None = Field(default=None, ge=1)
+    preprocess: list[PreprocessStep] = Field(default_factory=list)
     checkpoint_dir: str
     resume_from: str | None = None
 
     @model_validator(mode="after")
-    def _unique_group_names(self) -> RunSpec:
+    def _consistent(self) -> RunSpec:
         names = [g.name for g in self.groups]
         if len(set(names)) != len(names):
             raise ValueError(f"group names must be unique, got {names}")
+        if self.global_batch_size < self.n_workers:
+            raise ValueError(
+                f"global_batch_size {self.global_batch_size} < {self.n_workers} workers"
+            )
+        if self.quorum is not None and self.quorum > len(self.groups):
+            raise ValueError(f"quorum {self.quorum} > {len(self.groups)} groups")
+        if any(step.op == "tokenize" for step in self.preprocess[1:]):
+            raise ValueError("tokenize must be the first preprocessing step")
         return self
 
     @property
@@ -51,6 +142,11 @@ class RunSpec(BaseModel):
     def n_workers(self) -> int:
         """Number of compute workers over all groups."""
         return sum(g.workers for g in self.groups)
+
+    @property
+    def quorum_size(self) -> int:
+        """Groups a quorum update waits for: ``quorum``, by default all groups but one (>= 1)."""
+        return self.quorum if self.quorum is not None else max(1, len(self.groups) - 1)
 
     def group_index(self, g: int | str) -> int:
         """Index in ``groups`` of group ``g`` (an index or a name); raises KeyError if unknown."""
@@ -84,3 +180,7 @@ class RunSpec(BaseModel):
     def leader_ranks(self) -> list[int]:
         """First rank of every group, in group order."""
         return [self.group_ranks(i)[0] for i in range(len(self.groups))]
+
+    def speed_factor_of(self, rank: int) -> float:
+        """Emulated speed factor of compute rank ``rank`` (its group's)."""
+        return self.groups[self.group_of(rank)].speed_factor

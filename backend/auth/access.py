@@ -1,0 +1,114 @@
+"""Who may see and change what. One place for the rules, used by REST and the portal.
+
+- An admin sees and changes everything.
+- A project's owner and its members see the project, its code versions, tasks,
+  logs, metrics and checkpoints, add code and submit and cancel tasks.
+- Only the owner (or an admin) edits, archives and shares the project.
+- Anyone else is told the project or task does not exist (404), so that ids of
+  other users' work reveal nothing.
+"""
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backend.auth.models import User
+from backend.core.errors import Conflict, Forbidden, NotFound
+from backend.projects.models import CodeVersion, Project, ProjectMember
+from backend.tasks.models import Task
+from backend.tasks.schemas import TaskCreate
+
+
+def is_member(session: Session, *, user: User, project: Project) -> bool:
+    """Whether `user` owns the project or is one of its members."""
+    if project.owner_id == user.id:
+        return True
+    query = select(ProjectMember.id).where(ProjectMember.project_id == project.id,
+                                           ProjectMember.user_id == user.id)
+    return session.scalar(query) is not None
+
+
+def can_read(session: Session, *, user: User, project: Project) -> bool:
+    return user.is_admin or is_member(session, user=user, project=project)
+
+
+def can_manage(user: User, project: Project) -> bool:
+    """Whether `user` may edit, archive and share the project."""
+    return user.is_admin or project.owner_id == user.id
+
+
+def visible_project_ids(session: Session, *, user: User) -> list[int] | None:
+    """Ids of the projects `user` may see; None means every project (an admin)."""
+    if user.is_admin:
+        return None
+    owned = select(Project.id).where(Project.owner_id == user.id)
+    shared = select(ProjectMember.project_id).where(ProjectMember.user_id == user.id)
+    return sorted(set(session.scalars(owned)) | set(session.scalars(shared)))
+
+
+def readable_project(session: Session, *, user: User, project_id: int) -> Project:
+    """The project, if `user` may see it. Raises NotFound otherwise."""
+    project = session.get(Project, project_id)
+    if project is None or not can_read(session, user=user, project=project):
+        raise NotFound(f"project {project_id} does not exist", field="project_id")
+    return project
+
+
+def writable_project(session: Session, *, user: User, project_id: int) -> Project:
+    """The project, if `user` may add code and tasks to it now.
+
+    Raises:
+        NotFound: no such project, or not visible to `user`.
+        Conflict: the project is archived.
+    """
+    project = readable_project(session, user=user, project_id=project_id)
+    if project.archived_at is not None:
+        raise Conflict(f"project '{project.name}' is archived; unarchive it first",
+                       field="project_id")
+    return project
+
+
+def managed_project(session: Session, *, user: User, project_id: int) -> Project:
+    """The project, if `user` may edit, archive or share it.
+
+    Raises:
+        NotFound: no such project, or not visible to `user`.
+        Forbidden: a member who is not the owner.
+    """
+    project = readable_project(session, user=user, project_id=project_id)
+    if not can_manage(user, project):
+        raise Forbidden("only the project's owner or an admin may change the project")
+    return project
+
+
+def readable_task(session: Session, *, user: User, task_id: int) -> Task:
+    """The task, if `user` may see its project. Raises NotFound otherwise."""
+    task = session.get(Task, task_id)
+    if task is None or not can_read(session, user=user,
+                                    project=session.get_one(Project, task.project_id)):
+        raise NotFound(f"task {task_id} does not exist", field="task_id")
+    return task
+
+
+def readable_version(session: Session, *, user: User, version_id: int) -> CodeVersion:
+    """The code version, if `user` may see its project. Raises NotFound otherwise."""
+    version = session.get(CodeVersion, version_id)
+    if version is None or not can_read(session, user=user,
+                                       project=session.get_one(Project, version.project_id)):
+        raise NotFound(f"code version {version_id} does not exist", field="code_version_id")
+    return version
+
+
+def check_submission(session: Session, *, user: User, data: TaskCreate) -> None:
+    """The caller may add tasks to the project and see its code version and dependencies.
+
+    Raises:
+        NotFound: the project, code version or a dependency is not visible to `user`.
+        Conflict: the project is archived.
+    """
+    writable_project(session, user=user, project_id=data.project_id)
+    readable_version(session, user=user, version_id=data.code_version_id)
+    for index, task_id in enumerate(getattr(data, "depends_on", None) or []):
+        try:
+            readable_task(session, user=user, task_id=task_id)
+        except NotFound as exc:
+            raise NotFound(exc.message, field=f"depends_on.{index}") from exc

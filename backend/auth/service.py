@@ -1,0 +1,111 @@
+"""Accounts: creation, password login, admin changes, the first admin."""
+
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from backend.auth import security
+from backend.auth.models import User, UserRole
+from backend.auth.schemas import UserCreate, UserUpdate
+from backend.core.db import utcnow
+from backend.core.errors import Conflict, Forbidden, NotFound, Unauthorized
+
+WRONG_CREDENTIALS = "wrong email or password"
+
+
+def get_by_email(session: Session, *, email: str) -> User | None:
+    return session.scalar(select(User).where(User.email == email.strip().lower()))
+
+
+def get(session: Session, *, user_id: int) -> User:
+    """The user `user_id`. Raises NotFound."""
+    user = session.get(User, user_id)
+    if user is None:
+        raise NotFound(f"user {user_id} does not exist", field="user_id")
+    return user
+
+
+def create(session: Session, *, data: UserCreate) -> User:
+    """Create an account. Raises Conflict if the email is taken."""
+    if get_by_email(session, email=data.email):
+        raise Conflict(f"a user with email '{data.email}' already exists", field="email")
+    user = User(email=data.email, name=data.name, role=data.role,
+                password_hash=security.hash_password(data.password))
+    session.add(user)
+    session.commit()
+    return user
+
+
+def authenticate(session: Session, *, email: str, password: str) -> User:
+    """The active user with this email and password; records the login time.
+
+    Raises:
+        Unauthorized: unknown email or wrong password (one message for both).
+        Forbidden: the account is disabled.
+    """
+    user = get_by_email(session, email=email)
+    if not security.verify_password(user.password_hash if user else None, password):
+        raise Unauthorized(WRONG_CREDENTIALS, field="password")
+    assert user is not None
+    if not user.is_active:
+        raise Forbidden("this account is disabled; ask an admin", field="email")
+    if security.needs_rehash(user.password_hash):
+        user.password_hash = security.hash_password(password)
+    user.last_login_at = utcnow()
+    session.commit()
+    return user
+
+
+def list_all(session: Session, *, offset: int = 0, limit: int = 100) -> Sequence[User]:
+    return session.scalars(select(User).order_by(User.id).offset(offset).limit(limit)).all()
+
+
+def count(session: Session) -> int:
+    return session.scalar(select(func.count(User.id))) or 0
+
+
+def update(session: Session, *, user: User, data: UserUpdate, acting: User) -> User:
+    """Apply an admin's changes. An admin cannot demote or disable themself (Conflict),
+    so the platform never loses its last way in."""
+    changes = data.model_dump(exclude_unset=True, exclude_none=True)
+    if user.id == acting.id and (changes.get("role") == UserRole.MEMBER
+                                 or changes.get("is_active") is False):
+        raise Conflict("you cannot demote or disable your own account", field="role")
+    if "password" in changes:
+        user.password_hash = security.hash_password(changes.pop("password"))
+    for key, value in changes.items():
+        setattr(user, key, value)
+    session.commit()
+    return user
+
+
+def change_password(session: Session, *, user: User, current: str, new: str) -> None:
+    """Set a new password after checking the current one. Raises Unauthorized."""
+    if not security.verify_password(user.password_hash, current):
+        raise Unauthorized("the current password is wrong", field="current_password")
+    user.password_hash = security.hash_password(new)
+    session.commit()
+
+
+def ensure_admin(session: Session, *, email: str, password: str) -> tuple[User, bool]:
+    """The admin `email`, created with `password` unless it exists; (user, created).
+
+    An existing account with that email is made an active admin; its password is
+    left alone (the settings only seed the first login).
+    """
+    user = get_by_email(session, email=email)
+    if user is None:
+        try:
+            user = create(session, data=UserCreate(email=email, password=password,
+                                                   name="admin", role=UserRole.ADMIN))
+        except (Conflict, IntegrityError):  # another API process created it just now
+            session.rollback()
+            user = get_by_email(session, email=email)
+            assert user is not None
+            return user, False
+        return user, True
+    user.role, user.is_active = UserRole.ADMIN, True
+    session.commit()
+    return user, False

@@ -1,0 +1,120 @@
+"""Placement: turn a task's request into named groups with workers, at allocation time.
+
+A request item names a group (`{"name", "workers"}`) or asks for a device type
+(`{"device_type", "workers", "placement", "labels"}`). The two placement
+policies of the source design (heterogeneous parallel computing patent family,
+first-level dispatch to resource groups):
+
+- `uniform`: spread the workers as evenly as possible over every eligible
+  group (active, that device type, the labels) with free workers;
+- `resource_state`: largest free group first, so a task spans as few groups
+  as the current free capacity allows.
+
+On a restart (`previous` given) a named group that cannot take its workers now
+is replaced by a compatible one: active, same device type, enough free workers.
+"""
+
+from typing import Any
+
+from backend.resource_groups.service import GroupFree
+
+Plan = list[dict[str, Any]]
+
+
+def request_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The task's request items (tasks from before the request form: their groups)."""
+    return list(spec.get("request") or spec["groups"])
+
+
+def plan(request: list[dict[str, Any]], free: dict[str, GroupFree],
+         previous: Plan | None = None) -> Plan | None:
+    """Named groups with workers for `request` given `free`, or None if it does not fit now.
+
+    Every group appears once; named items are placed first, then device items
+    over the groups left.
+    """
+    remaining = {name: g.free for name, g in free.items()}
+    placed: dict[str, int] = {}
+    named = [item for item in request if item.get("name")]
+    for position, item in enumerate(named + [i for i in request if not i.get("name")]):
+        shares = (_named(item, position, free, remaining, placed, previous)
+                  if item.get("name") else _by_device(item, free, remaining, placed))
+        if shares is None:
+            return None
+        for name, workers in shares.items():
+            placed[name] = workers
+            remaining[name] -= workers
+    return [{"name": n, "device_type": free[n].device_type, "workers": w}
+            for n, w in placed.items()]
+
+
+def _named(item: dict[str, Any], position: int, free: dict[str, GroupFree],
+           remaining: dict[str, int], placed: dict[str, int], previous: Plan | None
+           ) -> dict[str, int] | None:
+    workers = int(item["workers"])
+    name = str(item["name"])
+    if previous is not None and position < len(previous):
+        name = str(previous[position]["name"])  # where the last attempt ran (named come first)
+    if name in free and name not in placed and remaining[name] >= workers:
+        return {name: workers}
+    if previous is None or name not in free:
+        return None
+    wanted = free[name]
+    compatible = [g for g in free.values() if g.device_type == wanted.device_type
+                  and g.name not in placed and remaining[g.name] >= workers]
+    if not compatible:
+        return None
+    best = max(compatible, key=lambda g: (remaining[g.name], g.name == item["name"], g.name))
+    return {best.name: workers}
+
+
+def eligible(item: dict[str, Any], free: dict[str, GroupFree], remaining: dict[str, int],
+             placed: dict[str, int]) -> list[GroupFree]:
+    """Groups a device item may use: its device type and labels, not yet used, free room."""
+    labels = item.get("labels") or {}
+    return sorted((g for g in free.values()
+                   if g.device_type == item["device_type"] and g.matches(labels)
+                   and g.name not in placed and remaining[g.name] > 0), key=lambda g: g.name)
+
+
+def _by_device(item: dict[str, Any], free: dict[str, GroupFree], remaining: dict[str, int],
+               placed: dict[str, int]) -> dict[str, int] | None:
+    groups = eligible(item, free, remaining, placed)
+    workers = int(item["workers"])
+    room = {g.name: remaining[g.name] for g in groups}
+    if sum(room.values()) < workers:
+        return None
+    if item.get("placement", "resource_state") == "uniform":
+        return uniform(workers, room)
+    return largest_first(workers, room)
+
+
+def uniform(workers: int, room: dict[str, int]) -> dict[str, int]:
+    """Spread `workers` evenly over the groups of `room` (name -> free workers).
+
+    Water-filling: one worker per group per round, groups with the most room
+    first, skipping full groups; with fewer workers than groups the roomiest
+    groups get one each. Assumes sum(room) >= workers.
+    """
+    shares = dict.fromkeys(room, 0)
+    order = sorted(room, key=lambda n: (-room[n], n))
+    left = workers
+    while left:
+        for name in order:
+            if left and shares[name] < room[name]:
+                shares[name] += 1
+                left -= 1
+    return {n: w for n, w in shares.items() if w}
+
+
+def largest_first(workers: int, room: dict[str, int]) -> dict[str, int]:
+    """Fill the group with the most free workers first, then the next (resource state)."""
+    shares: dict[str, int] = {}
+    left = workers
+    for name in sorted(room, key=lambda n: (-room[n], n)):
+        if left == 0:
+            break
+        take = min(left, room[name])
+        shares[name] = take
+        left -= take
+    return shares

@@ -1,0 +1,116 @@
+"""Forms of accounts: log in, change password, personal API tokens, users (admins)."""
+
+from pydantic import BaseModel, ValidationError
+from sqlalchemy.orm import Session
+
+from backend.auth import service as users
+from backend.auth import tokens
+from backend.auth.models import ApiToken, User, UserRole
+from backend.auth.schemas import PasswordChange, TokenCreate, UserCreate, UserUpdate
+from backend.core.errors import ServiceError
+from backend.web.forms import FieldErrors, service_errors, validation_errors
+
+
+class LoginForm(BaseModel):
+    email: str = ""
+    password: str = ""
+    next: str = "/"
+    csrf_token: str = ""
+
+
+class PasswordForm(BaseModel):
+    current_password: str = ""
+    new_password: str = ""
+    confirm_password: str = ""
+
+
+class TokenForm(BaseModel):
+    name: str = ""
+    expires_in_days: str = "90"
+
+
+class UserForm(BaseModel):
+    """The create-user form (admins)."""
+
+    email: str = ""
+    name: str = ""
+    password: str = ""
+    role: str = UserRole.MEMBER.value
+
+
+class UserEditForm(BaseModel):
+    """One row of the users table (admins): role, active, optional new password."""
+
+    role: str = ""
+    is_active: str = ""
+    password: str = ""
+
+
+def login(session: Session, form: LoginForm) -> tuple[User | None, FieldErrors, int]:
+    """The user for these credentials, or the errors and the HTTP status to show them with."""
+    if not form.email.strip() or not form.password:
+        missing = {k: "required" for k in ("email", "password") if not getattr(form, k).strip()}
+        return None, missing, 422
+    try:
+        return users.authenticate(session, email=form.email, password=form.password), {}, 200
+    except ServiceError as exc:
+        return None, service_errors(exc), exc.status
+
+
+def change_password(session: Session, user: User, form: PasswordForm
+                    ) -> tuple[FieldErrors, int]:
+    """Set the new password, or return why not and the HTTP status to say it with."""
+    if form.new_password != form.confirm_password:
+        return {"confirm_password": "the two new passwords differ"}, 422
+    try:
+        data = PasswordChange(current_password=form.current_password,
+                              new_password=form.new_password)
+        users.change_password(session, user=user, current=data.current_password,
+                              new=data.new_password)
+    except ValidationError as exc:
+        return validation_errors(exc), 422
+    except ServiceError as exc:
+        return service_errors(exc), exc.status
+    return {}, 200
+
+
+def create_token(session: Session, user: User, form: TokenForm
+                 ) -> tuple[tuple[ApiToken, str] | None, FieldErrors]:
+    """A new token and its secret (to show once), or the errors."""
+    try:
+        days = form.expires_in_days.strip()
+        data = TokenCreate(name=form.name.strip(), expires_in_days=int(days) if days else None)
+    except ValueError as exc:  # int() or pydantic's ValidationError (a ValueError)
+        if isinstance(exc, ValidationError):
+            return None, validation_errors(exc)
+        return None, {"expires_in_days": "enter a whole number of days, or leave it empty"}
+    return tokens.issue(session, user=user, name=data.name,
+                        expires_in_days=data.expires_in_days), {}
+
+
+def create_user(session: Session, form: UserForm) -> tuple[User | None, FieldErrors]:
+    try:
+        data = UserCreate(email=form.email.strip(), name=form.name.strip(),
+                          password=form.password, role=form.role)  # type: ignore[arg-type]
+        return users.create(session, data=data), {}
+    except ValidationError as exc:
+        return None, validation_errors(exc)
+    except ServiceError as exc:
+        session.rollback()
+        return None, service_errors(exc)
+
+
+def update_user(session: Session, target: User, acting: User, form: UserEditForm
+                ) -> FieldErrors:
+    """Apply an admin's row edit; an empty password leaves the password alone."""
+    try:
+        data = UserUpdate(role=form.role or None,  # type: ignore[arg-type]
+                          is_active=form.is_active == "true" if form.is_active else None,
+                          password=form.password or None)
+        users.update(session, user=target, data=data, acting=acting)
+    except ValidationError as exc:
+        return validation_errors(exc)
+    except ServiceError as exc:
+        session.rollback()
+        return service_errors(exc)
+    return {}

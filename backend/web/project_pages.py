@@ -1,0 +1,150 @@
+"""Portal pages of projects: list and create, one project with its code, members and the
+task submission form; edit, archive and share (owner or admin)."""
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi.responses import Response
+
+from backend.auth import access
+from backend.auth import service as users
+from backend.auth.models import User
+from backend.core.deps import CsrfCheck, SessionDep, SettingsDep, WebUser
+from backend.core.errors import ServiceError
+from backend.projects import service as projects
+from backend.projects.models import Project
+from backend.web import forms, views
+from backend.web.forms import ProjectForm, service_errors
+from backend.web.task_form import TaskForm, submit_task
+from backend.web.templating import redirect, render
+
+router = APIRouter(include_in_schema=False)
+
+
+def wake_scheduler(request: Request) -> None:
+    scheduler = getattr(request.app.state, "scheduler", None)
+    if scheduler is not None:
+        scheduler.wake()
+
+
+def _project_page(request: Request, session: SessionDep, user: User, project: Project, *,
+                  status_code: int = 200, **context: Any) -> Response:
+    page = views.project_page(session, user, project, **context)
+    return render(request, "project.html", page, status_code=status_code)
+
+
+@router.get("/projects")
+def project_list(request: Request, session: SessionDep, user: WebUser,
+                 archived: bool = False) -> Response:
+    """The user's projects and the create-project form."""
+    return render(request, "projects.html", views.projects_page(session, user,
+                                                                show_archived=archived))
+
+
+@router.post("/projects", dependencies=[CsrfCheck])
+def create_project(request: Request, session: SessionDep, user: WebUser,
+                   form: Annotated[ProjectForm, Form()]) -> Response:
+    """Create a project owned by the user and open it; a refused one shows the form again."""
+    project, errors = forms.create_project(session, form, owner_id=user.id)
+    if project is None:
+        status = 409 if "already exists" in errors.get("name", "") else 422
+        context = views.projects_page(session, user, form, errors)
+        return render(request, "projects.html", context, status_code=status)
+    return redirect(f"/projects/{project.id}", flash=f"Project '{project.name}' created.")
+
+
+@router.get("/projects/{project_id}")
+def project_detail(request: Request, project_id: int, session: SessionDep, user: WebUser
+                   ) -> Response:
+    """A project's code versions, members and tasks, and the task submission form."""
+    project = access.readable_project(session, user=user, project_id=project_id)
+    return _project_page(request, session, user, project)
+
+
+@router.post("/projects/{project_id}/edit", dependencies=[CsrfCheck])
+def edit_project(request: Request, project_id: int, session: SessionDep, user: WebUser,
+                 form: Annotated[ProjectForm, Form()]) -> Response:
+    project = access.managed_project(session, user=user, project_id=project_id)
+    errors = forms.update_project(session, project, form)
+    if errors:
+        return _project_page(request, session, user, project, edit_form=form,
+                             edit_errors=errors, status_code=422)
+    return redirect(f"/projects/{project.id}", flash="Project updated.")
+
+
+@router.post("/projects/{project_id}/archive", dependencies=[CsrfCheck])
+def archive_project(project_id: int, session: SessionDep, user: WebUser,
+                    archived: Annotated[str, Form()] = "true") -> Response:
+    """Archive (read-only) or unarchive the project."""
+    project = access.managed_project(session, user=user, project_id=project_id)
+    projects.set_archived(session, project=project, archived=archived == "true")
+    word = "archived" if archived == "true" else "unarchived"
+    return redirect(f"/projects/{project.id}", flash=f"Project '{project.name}' {word}.")
+
+
+@router.post("/projects/{project_id}/members", dependencies=[CsrfCheck])
+def add_member(request: Request, project_id: int, session: SessionDep, user: WebUser,
+               email: Annotated[str, Form()] = "") -> Response:
+    """Share the project with the user who has this email."""
+    project = access.managed_project(session, user=user, project_id=project_id)
+    member = users.get_by_email(session, email=email)
+    try:
+        if member is None:
+            raise ServiceError(f"no user has the email '{email.strip()}'", field="email")
+        projects.add_member(session, project=project, user_id=member.id)
+    except ServiceError as exc:
+        session.rollback()
+        return _project_page(request, session, user, project,
+                             member_errors=service_errors(exc), status_code=422)
+    return redirect(f"/projects/{project.id}", flash=f"{member.email} is now a member.")
+
+
+@router.post("/projects/{project_id}/members/{user_id}/remove", dependencies=[CsrfCheck])
+def remove_member(project_id: int, user_id: int, session: SessionDep, user: WebUser
+                  ) -> Response:
+    project = access.managed_project(session, user=user, project_id=project_id)
+    projects.remove_member(session, project=project, user_id=user_id)
+    return redirect(f"/projects/{project.id}", flash="Member removed.")
+
+
+@router.post("/projects/{project_id}/code-versions", dependencies=[CsrfCheck])
+def add_example_version(request: Request, project_id: int, session: SessionDep, user: WebUser,
+                        example: Annotated[str, Form()] = "") -> Response:
+    """Add a bundled example as the project's next code version."""
+    project = access.writable_project(session, user=user, project_id=project_id)
+    version, errors = forms.add_example_version(session, project, example)
+    if version is None:
+        return _project_page(request, session, user, project, errors=errors, example=example,
+                             status_code=422)
+    return redirect(f"/projects/{project.id}",
+                    flash=f"Code version v{version.version} added ({version.filename}).")
+
+
+@router.post("/projects/{project_id}/code-versions/upload", dependencies=[CsrfCheck])
+def upload_version(
+    request: Request, project_id: int, session: SessionDep, settings: SettingsDep, user: WebUser,
+    file: Annotated[UploadFile | None, File()] = None,
+    entrypoint: Annotated[str, Form()] = "",
+) -> Response:
+    """Upload a `.py` module or an archive as the project's next code version."""
+    project = access.writable_project(session, user=user, project_id=project_id)
+    version, errors, status = forms.add_uploaded_version(session, settings, project, file,
+                                                         entrypoint)
+    if version is None:
+        return _project_page(request, session, user, project, errors=errors,
+                             entrypoint=entrypoint, status_code=status)
+    return redirect(f"/projects/{project.id}",
+                    flash=f"Code version v{version.version} added ({version.filename}).")
+
+
+@router.post("/projects/{project_id}/tasks", dependencies=[CsrfCheck])
+def submit(request: Request, project_id: int, session: SessionDep, user: WebUser,
+           form: Annotated[TaskForm, Form()]) -> Response:
+    """Queue a task from the submission form and open its page; refusals show inline."""
+    project = access.writable_project(session, user=user, project_id=project_id)
+    task, errors = submit_task(session, project, form)
+    if task is None:
+        return _project_page(request, session, user, project, form=form, errors=errors,
+                             status_code=422)
+    wake_scheduler(request)
+    return redirect(f"/tasks/{task.id}", flash=f"Task {task.id} submitted.")

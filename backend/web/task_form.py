@@ -1,0 +1,224 @@
+"""The task submission form, built from `TaskCreate` so that every field it has is offered.
+
+Fields with choices become selects, numbers become number inputs with the
+schema's bounds, and a nested settings model (one level) becomes a group of
+inputs named `parent.child`. Resource groups, the code version (or a bundled
+example) and dependencies have their own widgets.
+"""
+
+import re
+import types
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union, get_args, get_origin
+
+from annotated_types import Ge, Gt, Le, Lt
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.fields import FieldInfo
+from sqlalchemy.orm import Session
+
+from backend.core.errors import ServiceError
+from backend.projects import service as projects
+from backend.projects.models import Project
+from backend.tasks import service as tasks
+from backend.tasks.models import Task
+from backend.tasks.schemas import TaskCreate
+from backend.web.forms import FieldErrors, service_errors, validation_errors
+
+EXAMPLE_PREFIX = "example:"
+OWN_WIDGETS = {"project_id", "code_version_id", "name", "resource_groups", "depends_on"}
+# Shown at once; every other setting sits under "More settings".
+BASIC = {"epochs", "global_batch_size", "split_policy", "sync_strategy", "priority"}
+_GROUP_FIELD = re.compile(r"^resource_groups\.(\d+)(\..*)?$")
+
+
+@dataclass(frozen=True)
+class FormField:
+    """One input of the form: `kind` is `select`, `number` or `text`."""
+
+    name: str
+    label: str
+    kind: str
+    default: str
+    options: tuple[str, ...] = ()
+    attrs: dict[str, str] = field(default_factory=dict)
+    hint: str = ""
+
+    @property
+    def basic(self) -> bool:
+        return self.name in BASIC
+
+
+def _plain(annotation: Any) -> Any:
+    """`X | None` -> X."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return args[0] if len(args) == 1 else annotation
+    return annotation
+
+
+def _bounds(info: FieldInfo) -> dict[str, str]:
+    attrs = {}
+    for meta in info.metadata:
+        if isinstance(meta, Ge | Gt):
+            attrs["min"] = str(meta.ge if isinstance(meta, Ge) else meta.gt)
+        if isinstance(meta, Le | Lt):
+            attrs["max"] = str(meta.le if isinstance(meta, Le) else meta.lt)
+    return attrs
+
+
+def _default(info: FieldInfo) -> str:
+    value = None if info.is_required() else info.get_default(call_default_factory=True)
+    return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _widget(kind: Any, info: FieldInfo) -> tuple[str, tuple[str, ...], dict[str, str]] | None:
+    """(input kind, select options, input attributes) for a field's type; None: no widget."""
+    if get_origin(kind) is Literal:
+        return "select", tuple(map(str, get_args(kind))), {}
+    if kind is bool:
+        return "select", ("true", "false"), {}
+    if kind in (int, float):
+        return "number", (), {"step": "1" if kind is int else "any", **_bounds(info)}
+    return ("text", (), {}) if kind is str else None
+
+
+def _field(name: str, info: FieldInfo) -> FormField | None:
+    widget = _widget(_plain(info.annotation), info)
+    if widget is None:
+        return None
+    label = info.title or name.rsplit(".", 1)[-1].replace("_", " ").capitalize()
+    return FormField(name=name, label=label, kind=widget[0], default=_default(info),
+                     options=widget[1], attrs=widget[2],
+                     hint=(info.description or "").replace("`", ""))
+
+
+def task_fields() -> list[FormField]:
+    """The settings inputs of the form, in the schema's order (nested models flattened)."""
+    found: list[FormField] = []
+    for name, info in TaskCreate.model_fields.items():
+        if name in OWN_WIDGETS:
+            continue
+        kind = _plain(info.annotation)
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            found.extend(f for sub, sub_info in kind.model_fields.items()
+                         if (f := _field(f"{name}.{sub}", sub_info)))
+        elif (form_field := _field(name, info)) is not None:
+            found.append(form_field)
+    return found
+
+
+def has_dependencies() -> bool:
+    return "depends_on" in TaskCreate.model_fields
+
+
+class TaskForm(BaseModel):
+    """The submission form as entered: `group[i]` asks for `workers[i]` workers; the
+    settings inputs arrive as extra fields named as in `task_fields()`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = ""
+    code_version_id: str = ""
+    group: list[str] = []
+    workers: list[str] = []
+    depends_on: list[str] = []
+
+    def value(self, form_field: FormField) -> str:
+        """What was entered in `form_field` (its default on a new form)."""
+        return str((self.model_extra or {}).get(form_field.name, form_field.default))
+
+    def workers_of(self, group_name: str) -> str:
+        """What was entered for `group_name` ("0" when the group was not in the form)."""
+        return dict(zip(self.group, self.workers, strict=False)).get(group_name, "0")
+
+
+def _group_requests(form: TaskForm) -> tuple[list[dict], FieldErrors]:
+    """The groups asked for (workers > 0, blank = 0) and errors of unreadable entries."""
+    requests, errors = [], {}
+    for name, raw in zip(form.group, form.workers, strict=False):
+        try:
+            workers = int(raw.strip() or "0")
+        except ValueError:
+            errors[f"group.{name}"] = "enter a whole number of workers (0 = not used)"
+            continue
+        if workers != 0:
+            requests.append({"name": name, "workers": workers})
+    return requests, errors
+
+
+def _to_form_fields(errors: FieldErrors, names: list[str]) -> FieldErrors:
+    """Re-key `resource_groups.I...` errors to `group.NAME` and `depends_on.I` to `depends_on`."""
+    keyed: FieldErrors = {}
+    for key, message in errors.items():
+        match = _GROUP_FIELD.match(key)
+        if match and int(match.group(1)) < len(names):
+            key = f"group.{names[int(match.group(1))]}"
+        elif key.startswith("depends_on."):
+            key = "depends_on"
+        keyed.setdefault(key, message)
+    return keyed
+
+
+def _settings(form: TaskForm) -> dict[str, Any]:
+    payload: dict[str, Any] = {}
+    for form_field in task_fields():
+        raw = form.value(form_field).strip()
+        if raw == "":
+            continue
+        parent, _, child = form_field.name.partition(".")
+        if child:
+            payload.setdefault(parent, {})[child] = raw
+        else:
+            payload[parent] = raw
+    return payload
+
+
+def _payload(project_id: int, version_id: int | str, form: TaskForm, requests: list[dict]
+             ) -> dict[str, Any]:
+    payload = {**_settings(form), "project_id": project_id, "code_version_id": version_id,
+               "name": form.name, "resource_groups": requests}
+    if has_dependencies():
+        payload["depends_on"] = [v for v in form.depends_on if v.strip()]
+    return payload
+
+
+def _task_create(project_id: int, form: TaskForm) -> tuple[TaskCreate | None, FieldErrors]:
+    requests, errors = _group_requests(form)
+    if not requests and not errors:
+        errors["resource_groups"] = "give at least one resource group some workers"
+    if not form.code_version_id:
+        errors["code_version_id"] = "choose a code version or a bundled example"
+    version_id = 0 if form.code_version_id.startswith(EXAMPLE_PREFIX) else form.code_version_id
+    try:
+        data = TaskCreate.model_validate(_payload(project_id, version_id, form, requests))
+    except ValidationError as exc:
+        found = _to_form_fields(validation_errors(exc), [r["name"] for r in requests])
+        return None, {**found, **errors}
+    return (None, errors) if errors else (data, {})
+
+
+def submit_task(
+    session: Session, project: Project, form: TaskForm
+) -> tuple[Task | None, FieldErrors]:
+    """Validate the form and queue the task; on refusal return the errors.
+
+    A bundled example becomes a new code version in the same transaction as the
+    task: if the task is refused, neither is stored.
+    """
+    data, errors = _task_create(project.id, form)
+    if data is None:
+        return None, errors
+    try:
+        if form.code_version_id.startswith(EXAMPLE_PREFIX):
+            example = form.code_version_id.removeprefix(EXAMPLE_PREFIX)
+            version = projects.add_example_version(session, project=project, example=example,
+                                                   commit=False)
+            data = data.model_copy(update={"code_version_id": version.id})
+        return tasks.submit(session, data=data), {}
+    except ServiceError as exc:
+        session.rollback()
+        names = [g.name or "" for g in data.resource_groups]
+        errors = service_errors(exc)
+        if "example" in errors:
+            errors = {"code_version_id": errors["example"]}
+        return None, _to_form_fields(errors, names)

@@ -1,0 +1,57 @@
+"""Portal pages of tasks: the list, one task (live logs and charts), cancel and retry."""
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from backend.auth import access
+from backend.core.deps import CsrfCheck, SessionDep, WebUser
+from backend.core.errors import ServiceError
+from backend.tasks import service as tasks
+from backend.web import views
+from backend.web.project_pages import wake_scheduler
+from backend.web.templating import redirect, render
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/")
+def task_list(request: Request, session: SessionDep, user: WebUser) -> Response:
+    """The tasks the user may see, newest first; status and progress refresh in the page."""
+    return render(request, "tasks.html", views.tasks_page(session, user))
+
+
+@router.get("/tasks/{task_id}")
+def task_detail(request: Request, task_id: int, session: SessionDep, user: WebUser
+                ) -> Response:
+    """A task: status, timeline, nodes, metrics charts, live logs, checkpoints."""
+    task = access.readable_task(session, user=user, task_id=task_id)
+    return render(request, "task.html", views.task_page(session, user, task))
+
+
+@router.post("/tasks/{task_id}/cancel", dependencies=[CsrfCheck])
+def cancel_task(request: Request, task_id: int, session: SessionDep, user: WebUser
+                ) -> Response:
+    """Cancel the task and return to its page; a task that has ended says so in a flash."""
+    task = access.readable_task(session, user=user, task_id=task_id)
+    try:
+        tasks.cancel(session, task=task)
+    except ServiceError as exc:
+        session.rollback()
+        return redirect(f"/tasks/{task_id}", flash=exc.message, kind="error")
+    wake_scheduler(request)
+    return redirect(f"/tasks/{task_id}", flash=f"Task {task_id} cancelled.")
+
+
+@router.post("/tasks/{task_id}/retry", dependencies=[CsrfCheck])
+def retry_task(request: Request, task_id: int, session: SessionDep, user: WebUser
+               ) -> Response:
+    """Submit a copy of the ended task and open the new one."""
+    task = access.readable_task(session, user=user, task_id=task_id)
+    try:
+        access.writable_project(session, user=user, project_id=task.project_id)
+        copy = tasks.retry(session, task=task)
+    except ServiceError as exc:
+        session.rollback()
+        return redirect(f"/tasks/{task_id}", flash=exc.message, kind="error")
+    wake_scheduler(request)
+    return redirect(f"/tasks/{copy.id}", flash=f"Task {copy.id} submitted: a retry of {task_id}.")

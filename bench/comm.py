@@ -1,0 +1,199 @@
+"""Benchmarks ``allreduce_vs_tcp`` and ``ps_round_vs_bound``: the engine's communication
+against raw loopback TCP measured in the same run.
+
+- raw TCP: one process streams ``size`` bytes to another over a loopback
+  socket (``sendall`` / ``recv_into``); bandwidth = bytes / seconds.
+- ``allreduce_vs_tcp``: two processes sum a float32 vector with the engine's
+  in-group allreduce (:func:`worker.engine.exchange.allreduce_sum`, gloo,
+  bucketed); bus bandwidth = 2 (n - 1) / n * bytes / seconds, for buckets of
+  4, 16 and 64 MB; value = the smallest ratio over those sizes. Target >= 0.5.
+- ``ps_round_vs_bound``: a parameter server and G one-worker groups run
+  the engine's round (:func:`push_up` / :func:`gather_at_ps`, then
+  :func:`broadcast_down`) on a 16 MB vector; value = round seconds / (G *
+  bytes / TCP bandwidth). Target <= 1.5.
+
+Every figure is the best of 7 repetitions after a warm-up (each collective
+after a barrier), the usual way to measure what a link can do on a host that
+other work shares; both sides of each ratio are measured the same way.
+
+    python -m bench.comm [--groups 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from bench.common import emit
+from worker.engine import distributed
+from worker.engine.distributed import ClusterEnv
+from worker.engine.exchange import allreduce_sum, broadcast_down, gather_at_ps, push_up
+from worker.engine.local import free_port
+from worker.engine.spec import RunSpec
+
+MB = 2**20
+SIZES = (4 * MB, 16 * MB, 64 * MB)
+REPS = 7
+
+
+def _receive(conn: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        got += conn.recv_into(view[got:])
+
+
+def _peer(port: int, nbytes: int, reps: int) -> None:
+    with socket.create_server(("127.0.0.1", port)) as server:
+        conn, _ = server.accept()
+        view = memoryview(bytearray(nbytes))
+        for _ in range(reps + 1):
+            _receive(conn, view)
+            conn.sendall(b"k")
+        conn.close()
+
+
+def _connect(port: int) -> socket.socket:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port))
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def tcp_bandwidth(nbytes: int, reps: int = REPS) -> float:
+    """Loopback TCP bytes/s from one process to another (best of ``reps`` after a warm-up)."""
+    port = free_port()
+    child = mp.get_context("spawn").Process(target=_peer, args=(port, nbytes, reps))
+    child.start()
+    conn, times = _connect(port), []
+    payload = memoryview(bytearray(nbytes))
+    for _ in range(reps + 1):
+        started = time.perf_counter()
+        conn.sendall(payload)
+        conn.recv(1)
+        times.append(time.perf_counter() - started)
+    conn.close()
+    child.join()
+    return nbytes / min(times[1:])
+
+
+def _timed(fn: Any, reps: int = REPS) -> float:
+    """Best seconds of ``reps`` calls of ``fn`` (each after a barrier), after a warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def _allreduce_rank(rank: int, port: int, out: Any) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=120),
+    )
+    group = dist.new_group([0, 1])
+    for nbytes in SIZES:
+        vector = torch.ones(nbytes // 4)
+        seconds = _timed(lambda v=vector: allreduce_sum(v, group))
+        if rank == 0:
+            out[nbytes] = seconds
+    dist.destroy_process_group()
+
+
+def allreduce_seconds() -> dict[int, float]:
+    """Best seconds of the engine's 2-process allreduce per vector size in bytes."""
+    out = mp.Manager().dict()
+    mp.spawn(_allreduce_rank, args=(free_port(), out), nprocs=2)
+    return dict(out)
+
+
+def _round_rank(rank: int, port: int, groups: int, nbytes: int, out: Any) -> None:
+    torch.set_num_threads(1)
+    spec = RunSpec(
+        task_id=0,
+        code="example:tiny_regression",
+        epochs=1,
+        global_batch_size=groups,
+        groups=[{"name": f"g{i}", "device_type": "cpu", "workers": 1} for i in range(groups)],
+        checkpoint_dir="/tmp/unused",
+    )
+    env = ClusterEnv(rank=rank, world_size=groups + 1, master_addr="127.0.0.1", master_port=port)
+    topo = distributed.init(env, spec, timeout_s=120)
+    vector = torch.ones(nbytes // 4)
+
+    def one_round() -> None:
+        if topo.is_ps:
+            broadcast_down(topo, gather_at_ps(topo, vector.numel(), vector.dtype))
+        else:
+            push_up(topo, vector)
+            broadcast_down(topo, vector)
+
+    seconds = _timed(one_round)
+    if topo.is_ps:
+        out["round"] = seconds
+    distributed.destroy()
+
+
+def ps_round_seconds(groups: int, nbytes: int) -> float:
+    """Best seconds of one parameter-server round with ``groups`` one-worker groups."""
+    out = mp.Manager().dict()
+    mp.spawn(_round_rank, args=(free_port(), groups, nbytes, out), nprocs=groups + 1)
+    return float(out["round"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=2)
+    args = parser.parse_args()
+    tcp = {n: tcp_bandwidth(n) for n in SIZES}
+    allreduce = allreduce_seconds()
+    busbw = {n: n / allreduce[n] for n in SIZES}  # 2 (n - 1) / n = 1 for n = 2 ranks
+    ratios = {n: busbw[n] / tcp[n] for n in SIZES}
+    emit(
+        "allreduce_vs_tcp",
+        min(ratios.values()),
+        ">= 0.5",
+        bucket_mb=[n // MB for n in SIZES],
+        busbw_gb_s=[round(busbw[n] / 1e9, 3) for n in SIZES],
+        tcp_gb_s=[round(tcp[n] / 1e9, 3) for n in SIZES],
+        ratio=[round(ratios[n], 3) for n in SIZES],
+        processes=2,
+    )
+    nbytes = 16 * MB
+    rounds = {g: ps_round_seconds(g, nbytes) for g in sorted({1, args.groups})}
+    bound = {g: g * nbytes / tcp[nbytes] for g in rounds}
+    emit(
+        "ps_round_vs_bound",
+        rounds[args.groups] / bound[args.groups],
+        "<= 1.5",
+        groups=args.groups,
+        vector_mb=nbytes // MB,
+        round_s=round(rounds[args.groups], 5),
+        bound_s=round(bound[args.groups], 5),
+        tcp_gb_s=round(tcp[nbytes] / 1e9, 3),
+        processes=args.groups + 1,
+        by_groups={
+            g: {"round_s": round(r, 5), "ratio": round(r / bound[g], 3)} for g, r in rounds.items()
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Run every benchmark, one after the other, and print their JSON lines.
+
+    python -m bench.run_all [--out var/bench-results.jsonl]
+
+Each benchmark runs as its own process (never more busy processes than the
+machine has cores, see each script); the lines are also written to ``--out``
+with the host's load average before and after, which explains much of the
+spread between runs on a shared machine. Exit code 1 if a benchmark failed
+to run (a missed target is a result, not a failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCHMARKS = (
+    "bench.weighted_vs_even",
+    "bench.hetero_efficiency",
+    "bench.comm",
+    "bench.accuracy_parity",
+    # scheduling and the production stack (issue 4)
+    "bench.schedule_decision",
+    "bench.submit_to_first_step",
+    "bench.api_p99",
+)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(module: str) -> tuple[list[dict], bool]:
+    """Run ``python -m module``; its JSON lines and whether it exited 0."""
+    before = os.getloadavg()[0]
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", module], cwd=ROOT, text=True, capture_output=True, check=False
+    )
+    extra = {
+        "seconds": round(time.monotonic() - started, 1),
+        "load_avg": [round(before, 2), round(os.getloadavg()[0], 2)],
+    }
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:], file=sys.stderr)
+    return [{**line, **extra} for line in lines], proc.returncode == 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="run every benchmark")
+    parser.add_argument("--out", default=str(ROOT / "var" / "bench-results.jsonl"))
+    args = parser.parse_args()
+    results, ok = [], True
+    for module in BENCHMARKS:
+        lines, succeeded = run(module)
+        ok = ok and succeeded
+        for line in lines:
+            print(json.dumps(line), flush=True)
+        results += lines
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(line) + "\n" for line in results))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Benchmark `submit_to_first_step_s`: from `POST /api/v1/tasks` to the task's first optimizer step.
+
+A whole stack on loopback (API with its scheduler, one agent per group, real
+torch.distributed ranks), once on the production stack (PostgreSQL + a Redis
+broker of its own, target <= 2 s) and once on the embedded default (SQLite
+and the SQLAlchemy transport, target <= 5 s). The first step is seen through
+the REST API: the task's `progress` turns positive (the parameter server
+reports it after its first step). Each run is cancelled after its first step;
+one warm-up run precedes the timed ones, which are `--pause` seconds apart so
+the agents' warm interpreters are ready again (submissions closer together
+than an agent can refill its pool start cold). Prints one JSON line per stack.
+
+    python -m bench.submit_to_first_step [--runs 5] [--only redis|embedded]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx  # noqa: E402
+import psycopg  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+
+from backend.stack import GroupSetup, LocalStack  # noqa: E402
+
+PG_SERVER = (
+    os.environ.get("POLYTRAIN_BENCH_DATABASE_URL")
+    or os.environ.get("POLYTRAIN_TEST_DATABASE_URL")
+    or "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+TARGETS = {"redis": 2.0, "embedded": 5.0}
+GROUPS = [GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _admin(sql: str) -> None:
+    dsn = make_url(PG_SERVER).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def first_step_s(api: httpx.Client, version: dict) -> float:
+    """Seconds from submission to progress > 0; the task is then cancelled and released."""
+    started = time.perf_counter()
+    task = (
+        api.post(
+            "/api/v1/tasks",
+            json={
+                "project_id": version["project_id"],
+                "code_version_id": version["id"],
+                "resource_groups": [{"name": g.name, "workers": g.workers} for g in GROUPS],
+                "epochs": 200,
+                "global_batch_size": 16,
+            },
+        )
+        .raise_for_status()
+        .json()
+    )
+    while True:
+        state = api.get(f"/api/v1/tasks/{task['id']}").json()
+        if state["progress"] > 0:
+            elapsed = time.perf_counter() - started
+            break
+        if state["status"] in ("FAILED", "CANCELLED") or time.perf_counter() - started > 120:
+            raise RuntimeError(f"task {task['id']} {state['status']}: {state['status_reason']}")
+        time.sleep(0.01)
+    api.post(f"/api/v1/tasks/{task['id']}/cancel")
+    while any(g["allocated_workers"] for g in api.get("/api/v1/resource-groups").json()):
+        time.sleep(0.1)
+    return elapsed
+
+
+def measure(stack: LocalStack, runs: int, pause_s: float) -> list[float]:
+    with httpx.Client(base_url=stack.url, timeout=30, headers=stack.headers) as api:
+        project = api.post("/api/v1/projects", json={"name": "bench"}).raise_for_status().json()
+        version = (
+            api.post(
+                f"/api/v1/projects/{project['id']}/code-versions",
+                json={"example": "tiny_regression"},
+            )
+            .raise_for_status()
+            .json()
+        )
+        timings = []
+        for _ in range(runs + 1):  # the first is a warm-up
+            time.sleep(pause_s)
+            timings.append(first_step_s(api, version))
+        return timings[1:]
+
+
+def run_stack(kind: str, runs: int, workdir: Path, pause_s: float) -> dict:
+    redis_proc, database = None, None
+    stack = LocalStack(data_dir=workdir / kind, port=free_port(), groups=GROUPS)
+    if kind == "redis":
+        port = free_port()
+        redis_proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        name = f"pt_bench_first_{os.getpid()}"
+        _admin(f'CREATE DATABASE "{name}"')
+        database = make_url(PG_SERVER).set(database=name).render_as_string(hide_password=False)
+        stack.broker_url, stack.database_url = f"redis://127.0.0.1:{port}/0", database
+    try:
+        with stack:
+            timings = measure(stack, runs, pause_s)
+    finally:
+        if redis_proc:
+            redis_proc.terminate()
+        if database:
+            _admin(f'DROP DATABASE IF EXISTS "{make_url(database).database}" WITH (FORCE)')
+    median = statistics.median(timings)
+    return {
+        "benchmark": "submit_to_first_step_s",
+        "value": round(median, 3),
+        "target": TARGETS[kind],
+        "unit": "s",
+        "stat": "median",
+        "broker": "redis" if kind == "redis" else "sqlalchemy+sqlite",
+        "database": "postgresql" if kind == "redis" else "sqlite",
+        "runs_s": [round(t, 3) for t in timings],
+        "max_s": round(max(timings), 3),
+        "pause_s": pause_s,
+        "workers": {g.name: g.workers for g in GROUPS},
+        "example": "tiny_regression",
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--only", choices=sorted(TARGETS))
+    parser.add_argument(
+        "--pause", type=float, default=10.0, help="seconds between submissions (warm pools refill)"
+    )
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="polytrain-bench-"))
+    try:
+        for kind in [args.only] if args.only else ["redis", "embedded"]:
+            line = run_stack(kind, args.runs, workdir, args.pause)
+            print(json.dumps(line), flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0  # a missed target is a result, not a failure to run
+
+
+if __name__ == "__main__":
+    sys.exit(main())

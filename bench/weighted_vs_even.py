@@ -1,0 +1,78 @@
+"""Benchmark ``weighted_vs_even_speedup``: epoch time with an even split over epoch time
+with a weighted split, two groups of one worker each, the second at 1/3 speed.
+
+The slow group is emulated (``speed_factor`` 1/3: every compute section is
+stretched to three times its length by sleeping, see
+worker.engine.emulation). With an even split every step waits for the slow
+worker's half batch (3 x B/2 = 1.5 B units of time); with shares proportional
+to throughput the fast worker takes 3/4 of the batch and both finish at
+0.75 B, so the ideal ratio is 2.0. Both splits run the same synchronous task
+(bench/workloads/hetero_cnn.py, global batch 512, 8 steps per epoch),
+alternating, ``--rounds`` times each; the value is the ratio of the median
+epoch times (``epoch_time_s`` reported by the parameter server, which
+excludes validation) after the first epoch of each run, which warms up
+kernels for new batch shapes and lets the balancer settle (left out for both
+splits). Target >= 1.85. Processes: the parameter server
+(mostly waiting) and two workers.
+
+    python -m bench.weighted_vs_even [--rounds 2] [--epochs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from typing import Any
+
+from bench.common import emit, ps_metric, run_task, workload
+
+SLOW = 1 / 3
+
+
+def spec_fields(split_policy: str, epochs: int) -> dict[str, Any]:
+    """The task: two one-worker groups, the second emulated at 1/3 speed."""
+    return {
+        "code": workload("hetero_cnn"),
+        "epochs": epochs,
+        "global_batch_size": 512,
+        "split_policy": split_policy,
+        "rebalance_every": 4,
+        "groups": [
+            {"name": "fast", "device_type": "cpu", "workers": 1},
+            {"name": "slow", "device_type": "cpu", "workers": 1, "speed_factor": SLOW},
+        ],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="weighted vs even split, one group at 1/3 speed")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3)
+    args = parser.parse_args()
+    times: dict[str, list[float]] = {"even": [], "weighted": []}
+    shares: list[float] = []
+    for _ in range(args.rounds):
+        for policy in ("even", "weighted"):
+            run = run_task(spec_fields(policy, args.epochs))
+            times[policy] += ps_metric(run, "epoch_time_s")[1:]  # epoch 0 warms up
+            if policy == "weighted":
+                shares = [v for v in run.metrics("batch_share", rank=2) if v is not None]
+    even, weighted = statistics.median(times["even"]), statistics.median(times["weighted"])
+    emit(
+        "weighted_vs_even_speedup",
+        even / weighted,
+        ">= 1.85 (ideal 2.0)",
+        even_epoch_s=round(even, 4),
+        weighted_epoch_s=round(weighted, 4),
+        even_epochs_s=[round(t, 3) for t in times["even"]],
+        weighted_epochs_s=[round(t, 3) for t in times["weighted"]],
+        slow_worker_share=[round(s, 4) for s in shares],
+        ideal_slow_share=0.25,
+        speed_factor=round(SLOW, 4),
+        global_batch=512,
+        processes=3,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+/* Task page: loss, accuracy and per-group throughput charts (Chart.js), the throughput and
+ * batch-share tables. `TaskCharts.refresh(rankGroups)` redraws them from the API. */
+"use strict";
+
+window.TaskCharts = (function () {
+  const P = window.Polytrain;
+  const root = document.getElementById("task-page");
+  if (!root) return { refresh: async () => {} };
+  const api = `/api/v1/tasks/${root.dataset.taskId}`;
+  const planned = JSON.parse(root.dataset.shares || "[]");
+  const $ = (id) => document.getElementById(id);
+  const COLORS = { train_loss: "#2563eb", val_loss: "#ea580c", val_accuracy: "#16a34a" };
+  const PALETTE = ["#7c3aed", "#0891b2", "#db2777", "#65a30d", "#d97706", "#4b5563"];
+  const charts = {};
+
+  function makeChart(canvasId, names, yOptions) {
+    if (typeof window.Chart === "undefined") return null;
+    return new window.Chart($(canvasId), {
+      type: "line",
+      data: { labels: [], datasets: names.map((name, i) => dataset(name, COLORS[name] || PALETTE[i % PALETTE.length])) },
+      options: {
+        animation: false, responsive: true, maintainAspectRatio: false,
+        interaction: { mode: "index", intersect: false },
+        plugins: { legend: { position: "bottom" } },
+        scales: { x: { title: { display: true, text: "epoch" } }, y: yOptions },
+      },
+    });
+  }
+
+  function dataset(label, color) {
+    return { label, data: [], borderColor: color, backgroundColor: color, spanGaps: true,
+      tension: 0.2, pointRadius: 3 };
+  }
+
+  /** Map(name -> Map(epoch -> value)) of the task-wide (rank-less) metrics. */
+  function perEpoch(metrics) {
+    const series = new Map();
+    metrics.filter((m) => m.rank === null && m.value !== null).forEach((m) => {
+      if (!series.has(m.name)) series.set(m.name, new Map());
+      series.get(m.name).set(m.epoch, m.value);
+    });
+    return series;
+  }
+
+  /** Map(group -> Map(epoch -> samples/s summed over the group's ranks)). */
+  function groupThroughput(metrics, rankGroups) {
+    const series = new Map();
+    metrics.filter((m) => m.rank !== null && m.name === "samples_per_s" && m.value !== null)
+      .forEach((m) => {
+        const group = rankGroups.get(m.rank) || `rank-${m.rank}`;
+        if (!series.has(group)) series.set(group, new Map());
+        const epochs = series.get(group);
+        epochs.set(m.epoch, (epochs.get(m.epoch) || 0) + m.value);
+      });
+    return series;
+  }
+
+  function updateChart(chart, series, addMissing) {
+    if (!chart) return;
+    if (addMissing) {
+      [...series.keys()].filter((name) => !chart.data.datasets.some((d) => d.label === name))
+        .forEach((name) => chart.data.datasets.push(
+          dataset(name, PALETTE[chart.data.datasets.length % PALETTE.length])));
+    }
+    const epochs = new Set();
+    chart.data.datasets.forEach((d) => (series.get(d.label) || new Map()).forEach((_, e) => epochs.add(e)));
+    const labels = [...epochs].sort((a, b) => a - b);
+    chart.data.labels = labels;
+    chart.data.datasets.forEach((d) => {
+      const values = series.get(d.label) || new Map();
+      d.data = labels.map((e) => (values.has(e) ? values.get(e) : null));
+    });
+    chart.update("none");
+    chart.canvas.dataset.points = String(labels.length);
+  }
+
+  const fmtRate = (v) => (v === null || v === undefined ? "—" : v.toFixed(1));
+  const fmtShare = (v) => (v === null || v === undefined ? "—" : `${(v * 100).toFixed(0)}%`);
+
+  /** Per worker and per group: measured samples/s and share of the global batch
+   * (`GET /tasks/{id}/throughput`); shares fall back to the plan until measured. */
+  function renderThroughput(throughput) {
+    P.fillTable($("throughput"), throughput.workers, (w) => [
+      `rank-${w.rank}`, w.group, [fmtRate(w.samples_per_s), "num"], [fmtShare(w.batch_share), "num"]],
+    "No throughput reported yet.");
+    const plannedShare = new Map(planned.map((g) => [g.name, g.share]));
+    const groups = throughput.groups.length ? throughput.groups
+      : planned.map((g) => ({ name: g.name, workers: g.workers, samples_per_s: null, batch_share: null }));
+    P.fillTable($("group-throughput"), groups, (g) => [
+      g.name, [String(g.workers), "num"], [fmtRate(g.samples_per_s), "num"],
+      [fmtShare(g.batch_share ?? plannedShare.get(g.name)), "num"]], "Not placed yet.");
+  }
+
+  charts.loss = makeChart("loss-chart", ["train_loss", "val_loss"], { title: { display: true, text: "loss" } });
+  charts.accuracy = makeChart("accuracy-chart", ["val_accuracy"],
+    { suggestedMin: 0, suggestedMax: 1, title: { display: true, text: "accuracy" } });
+  charts.throughput = makeChart("throughput-chart", [], { beginAtZero: true, title: { display: true, text: "samples/s" } });
+
+  async function refresh(rankGroups) {
+    const [metrics, throughput] = await Promise.all([
+      P.getJSON(`${api}/metrics`), P.getJSON(`${api}/throughput`)]);
+    const series = perEpoch(metrics);
+    updateChart(charts.loss, series, false);
+    updateChart(charts.accuracy, series, false);
+    updateChart(charts.throughput, groupThroughput(metrics, rankGroups), true);
+    renderThroughput(throughput);
+  }
+
+  return { refresh };
+})();

@@ -1,0 +1,104 @@
+/* Task page: the live log stream (server-sent events) with follow/pause and a node filter. */
+"use strict";
+
+(function () {
+  const view = document.getElementById("log-view");
+  if (!view) return;
+  const nodeSelect = document.getElementById("log-node");
+  const followButton = document.getElementById("log-follow");
+  const state = document.getElementById("log-state");
+  const MAX_LINES = 5000;
+  let source = null;
+  let lastId = 0;
+  let following = true;
+  let pending = [];
+
+  function setState(text) { state.textContent = text; }
+
+  function setFollowing(on) {
+    following = on;
+    followButton.setAttribute("aria-pressed", String(on));
+    followButton.textContent = on ? "Following" : "Paused";
+    if (on) view.scrollTop = view.scrollHeight;
+  }
+
+  function lineElement(line) {
+    const row = document.createElement("div");
+    row.className = "log-line";
+    row.dataset.node = line.node;
+    [["log-time", line.time.slice(11, 19)], ["log-node", line.node], ["log-text", line.text]]
+      .forEach(([className, text]) => {
+        const span = document.createElement("span");
+        span.className = className;
+        span.textContent = text;
+        row.appendChild(span);
+      });
+    return row;
+  }
+
+  function flush() {
+    const fragment = document.createDocumentFragment();
+    pending.forEach((line) => fragment.appendChild(lineElement(line)));
+    pending = [];
+    view.appendChild(fragment);
+    while (view.childElementCount > MAX_LINES) view.firstElementChild.remove();
+    if (following) view.scrollTop = view.scrollHeight;
+  }
+
+  /** Offer every node seen in the logs (e.g. agents) in the filter, not only ps and ranks. */
+  function offerNode(node) {
+    if ([...nodeSelect.options].some((option) => option.value === node)) return;
+    nodeSelect.add(new Option(node, node));
+  }
+
+  function onLog(event) {
+    const line = JSON.parse(event.data);
+    if (line.id <= lastId) return;
+    lastId = line.id;
+    offerNode(line.node);
+    if (!pending.length) requestAnimationFrame(flush);
+    pending.push(line);
+    setState(`live · ${view.childElementCount + pending.length} lines`);
+  }
+
+  /** Open the stream; the browser reconnects by itself, sending Last-Event-ID, which the
+   * server resumes after. Only a refused stream (readyState CLOSED) needs a new one. */
+  function connect() {
+    const params = new URLSearchParams();
+    if (lastId) params.set("after_id", String(lastId));
+    if (nodeSelect.value) params.set("node", nodeSelect.value);
+    const query = params.toString();
+    const stream = new EventSource(view.dataset.streamUrl + (query ? `?${query}` : ""));
+    source = stream;
+    stream.addEventListener("open", () => setState("live"));
+    stream.addEventListener("log", onLog);
+    stream.addEventListener("end", (event) => {
+      stream.close();
+      source = null;
+      setState(`task ended (${JSON.parse(event.data).status}); log complete`);
+    });
+    stream.addEventListener("error", () => {
+      if (source !== stream) return;
+      if (stream.readyState === EventSource.CONNECTING) { setState("reconnecting…"); return; }
+      stream.close();
+      source = null;
+      setState("disconnected; retrying…");
+      setTimeout(() => { if (source === null) connect(); }, 3000);
+    });
+  }
+
+  function restart() {
+    if (source) source.close();
+    source = null;
+    pending = [];
+    lastId = 0;
+    view.replaceChildren();
+    setState("connecting…");
+    connect();
+  }
+
+  followButton.addEventListener("click", () => setFollowing(!following));
+  view.addEventListener("wheel", (event) => { if (event.deltaY < 0 && following) setFollowing(false); });
+  nodeSelect.addEventListener("change", restart);
+  connect();
+})();

@@ -1,0 +1,148 @@
+"""The scheduler on a real database: queue order, gang allocation, placement policies."""
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backend.scheduler import placement
+from backend.scheduler.service import queue_head, schedule_next, schedule_once
+from backend.tasks.models import Allocation, SubTask, TaskStatus
+from tests.backend.scheduling import RecordingDispatcher, finish, group, held, submit, version
+
+pytestmark = pytest.mark.stack
+
+
+def test_queue_is_priority_then_age(session: Session) -> None:
+    group(session, "cpu-a", 1)
+    code = version(session)
+    low = submit(session, code, [{"name": "cpu-a", "workers": 1}])
+    high1 = submit(session, code, [{"name": "cpu-a", "workers": 1}], priority=5)
+    high2 = submit(session, code, [{"name": "cpu-a", "workers": 1}], priority=5)
+    order = []
+    for _ in range(3):
+        task = schedule_next(session)
+        assert task is not None
+        order.append(task.id)
+        assert schedule_next(session) is None  # the group is full
+        finish(session, task)
+    assert order == [high1.id, high2.id, low.id]
+
+
+def test_gang_allocation_holds_nothing_partial_and_backfills(session: Session) -> None:
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    code = version(session)
+    blocker = submit(session, code, [{"name": "cpu-b", "workers": 1}], priority=9)
+    assert schedule_next(session).id == blocker.id
+    big = submit(session, code, [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
+                 priority=5)
+    small = submit(session, code, [{"name": "cpu-a", "workers": 1}])
+    assert schedule_next(session).id == small.id  # big waits for cpu-b: no partial hold
+    assert session.scalars(select(Allocation).where(Allocation.task_id == big.id)).all() == []
+    assert (held(session, "cpu-a"), held(session, "cpu-b")) == (1, 1)
+    finish(session, blocker)
+    finish(session, small)
+    assert schedule_next(session).id == big.id
+    assert (held(session, "cpu-a"), held(session, "cpu-b")) == (2, 1)
+    roles = sorted(a.role.value for a in session.scalars(
+        select(Allocation).where(Allocation.task_id == big.id)))
+    assert roles == ["compute"] * 3 + ["parameter_server", "task_manager"]
+
+
+def test_capacity_follows_online_agents(session: Session) -> None:
+    group(session, "cpu-a", 4, online=1)
+    code = version(session)
+    submit(session, code, [{"name": "cpu-a", "workers": 2}])
+    assert schedule_next(session) is None
+
+
+def test_uniform_spreads_over_every_group_of_the_device_type(session: Session) -> None:
+    for name, capacity in (("cpu-a", 4), ("cpu-b", 4), ("cpu-c", 2)):
+        group(session, name, capacity)
+    group(session, "gpu-a", 4, device_type="cuda")
+    code = version(session)
+    task = submit(session, code, [{"device_type": "cpu", "workers": 5, "placement": "uniform"}])
+    assert task.spec["groups"] == []
+    schedule_next(session)
+    session.refresh(task)
+    assert {g["name"]: g["workers"] for g in task.spec["groups"]} == {
+        "cpu-a": 2, "cpu-b": 2, "cpu-c": 1}
+
+
+def test_resource_state_takes_largest_free_group_first(session: Session) -> None:
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 4)
+    group(session, "cpu-c", 3)
+    code = version(session)
+    task = submit(session, code, [{"device_type": "cpu", "workers": 5,
+                                   "placement": "resource_state"}])
+    schedule_next(session)
+    session.refresh(task)
+    assert [(g["name"], g["workers"]) for g in task.spec["groups"]] == [("cpu-b", 4), ("cpu-c", 1)]
+
+
+def test_labels_select_groups(session: Session) -> None:
+    group(session, "cpu-a", 4, labels={"zone": "a"})
+    group(session, "cpu-b", 4, labels={"zone": "b"})
+    code = version(session)
+    task = submit(session, code, [{"device_type": "cpu", "workers": 3, "labels": {"zone": "b"}}])
+    schedule_next(session)
+    session.refresh(task)
+    assert task.spec["groups"] == [{"name": "cpu-b", "device_type": "cpu", "workers": 3}]
+
+
+def test_policies_in_isolation() -> None:
+    assert placement.uniform(7, {"a": 2, "b": 5, "c": 5}) == {"a": 2, "b": 3, "c": 2}
+    assert placement.uniform(2, {"a": 1, "b": 5, "c": 3}) == {"b": 1, "c": 1}
+    assert placement.largest_first(6, {"a": 2, "b": 5, "c": 5}) == {"b": 5, "c": 1}
+
+
+def test_decision_reads_a_bounded_window_of_the_queue(session: Session) -> None:
+    group(session, "cpu-a", 1)
+    code = version(session)
+    for _ in range(40):
+        submit(session, code, [{"name": "cpu-a", "workers": 1}])
+    assert len(queue_head(session)) == 32
+
+
+def test_pass_dispatches_one_message_per_group_with_sub_task_id(session: Session) -> None:
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    code = version(session)
+    task = submit(session, code, [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}])
+    dispatcher = RecordingDispatcher()
+    assert schedule_once(session, dispatcher, heartbeat_timeout_s=15) == 1
+    subs = session.scalars(select(SubTask).where(SubTask.task_id == task.id)
+                           .order_by(SubTask.group_index)).all()
+    assert [p.sub_task_id for p in dispatcher.sent] == [s.id for s in subs]
+    assert [p.ranks for p in dispatcher.sent] == [[1, 2], [3]]
+    assert all(s.dispatched_at for s in subs)
+    assert schedule_once(session, dispatcher, heartbeat_timeout_s=15) == 0
+    assert len(dispatcher.sent) == 2  # published once
+
+
+def test_unpublished_message_is_sent_on_a_later_pass(session: Session) -> None:
+    group(session, "cpu-a", 1)
+    code = version(session)
+    task = submit(session, code, [{"name": "cpu-a", "workers": 1}])
+    schedule_once(session, RecordingDispatcher(fail=True), heartbeat_timeout_s=15)
+    session.refresh(task)
+    assert task.status is TaskStatus.SCHEDULED
+    dispatcher = RecordingDispatcher()
+    schedule_once(session, dispatcher, heartbeat_timeout_s=15)
+    assert [p.task_id for p in dispatcher.sent] == [task.id]
+
+
+def test_dependent_starts_only_after_its_dependency_succeeded(session: Session) -> None:
+    group(session, "cpu-a", 2)
+    code = version(session)
+    first = submit(session, code, [{"name": "cpu-a", "workers": 1}])
+    second = submit(session, code, [{"name": "cpu-a", "workers": 1}], priority=10,
+                    depends_on=[first.id])
+    assert second.waiting
+    assert schedule_next(session).id == first.id  # the dependent waits despite its priority
+    assert schedule_next(session) is None
+    finish(session, first)
+    session.refresh(second)
+    assert not second.waiting
+    assert schedule_next(session).id == second.id

@@ -1,0 +1,64 @@
+"""Real-browser tests: Debian's Chromium, driven headless by Playwright, against a live stack
+(API, scheduler, two agents, real training). Chromium missing is a failure, never a skip."""
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from backend.stack import GroupSetup, LocalStack
+from tests.e2e.conftest import free_port
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update"]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    groups = [GroupSetup("cpu-a", 2, description="CPU pool A"),
+              GroupSetup("cpu-b", 1, description="CPU pool B")]
+    with LocalStack(data_dir=tmp_path_factory.mktemp("browser"), port=free_port(),
+                    groups=groups) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (.ci/run does "
+                    f"`apt-get install -y chromium`)", pytrace=False)
+    assert shutil.which(CHROMIUM)
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    context.set_default_timeout(30_000)
+    opened = context.new_page()
+    yield opened
+    context.close()
+
+
+@pytest.fixture
+def api(stack: LocalStack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=stack.url, headers=stack.headers, timeout=30) as client:
+        yield client
+
+
+def log_in(page: Page, stack: LocalStack, email: str | None = None,
+           password: str | None = None) -> None:
+    """Log in through the login form and land on the task list."""
+    page.goto(f"{stack.url}/")
+    page.wait_for_url("**/login?next=*")
+    page.fill("#login-email", email or stack.admin_email)
+    page.fill("#login-password", password or stack.admin_password)
+    page.click("#login-form button[type=submit]")
+    page.wait_for_url(f"{stack.url}/")

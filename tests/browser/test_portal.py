@@ -1,0 +1,97 @@
+"""The whole flow in Chromium: log in, create a project, upload code, submit, watch logs
+arrive and a chart update, cancel; an admin drains a group; a bad password is refused."""
+
+import re
+from pathlib import Path
+
+import httpx
+from playwright.sync_api import Page, expect
+
+from backend.stack import LocalStack
+from tests.browser.conftest import log_in
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_regression.py"
+
+
+def _create_project_and_upload(page: Page, stack: LocalStack, tmp_path: Path) -> None:
+    page.click("nav >> text=Projects")
+    page.fill("#project-name", "browser-flow")
+    page.fill("#project-description", "made by Chromium")
+    page.click("#project-form button[type=submit]")
+    expect(page.locator(".flash-info")).to_contain_text("Project 'browser-flow' created.")
+    module = tmp_path / "regression.py"
+    module.write_bytes(EXAMPLE.read_bytes())
+    page.set_input_files("#file", str(module))
+    page.click("#upload-form button[type=submit]")
+    expect(page.locator(".flash-info")).to_contain_text("Code version v1 added (regression.py)")
+
+
+def _submit(page: Page) -> None:
+    page.select_option("#task-code-version", label="v1 · regression.py")
+    page.fill("#task-name", "runs until cancelled")
+    page.fill("#workers-cpu-a", "2")
+    page.fill("#workers-cpu-b", "1")
+    page.fill("#task-epochs", "5000")
+    page.fill("#task-global_batch_size", "16")
+    page.click("#task-form button[type=submit]")
+    expect(page.locator("#task-page")).to_be_visible()
+
+
+def _watch(page: Page, api: httpx.Client) -> None:
+    expect(page.locator("#task-status")).to_have_text("RUNNING", timeout=90_000)
+    expect(page.locator("#log-view .log-line").first).to_be_visible(timeout=60_000)
+    assert page.locator("#log-view .log-line").count() > 0
+    loss = page.locator("#loss-chart")
+    expect(loss).to_have_attribute("data-points", re.compile(r"[1-9]\d*"), timeout=60_000)
+    first = int(loss.get_attribute("data-points") or 0)
+    expect(loss).not_to_have_attribute("data-points", str(first), timeout=30_000)  # it grows
+    expect(page.locator("#throughput-chart")).to_have_attribute(
+        "data-points", re.compile(r"[1-9]\d*"))
+    expect(page.locator("#task-timing")).to_contain_text("left")
+    expect(page.locator("#allocations tbody tr")).to_have_count(5)
+    metrics = api.get("/metrics").text
+    rates = re.findall(r'polytrain_group_throughput_samples_per_second\{resource_group="cpu-a"\}'
+                       r" ([\d.e+]+)", metrics)
+    assert rates and float(rates[0]) > 0, metrics
+
+
+def test_log_in_create_upload_submit_watch_and_cancel(
+    page: Page, stack: LocalStack, api: httpx.Client, tmp_path: Path
+) -> None:
+    log_in(page, stack)
+    _create_project_and_upload(page, stack, tmp_path)
+    _submit(page)
+    _watch(page, api)
+    page.select_option("#log-node", "rank-3")
+    expect(page.locator("#log-view .log-line").first).to_be_visible(timeout=30_000)
+    nodes = set(page.locator("#log-view .log-line .log-node").all_inner_texts())
+    assert nodes == {"rank-3"}
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#cancel-form button")
+    expect(page.locator("#task-status")).to_have_text("CANCELLED")
+    expect(page.locator(".flash-info")).to_contain_text("cancelled")
+    expect(page.locator("#retry-form")).to_be_visible()
+    expect(page.locator("#log-state")).to_contain_text("log complete", timeout=30_000)
+
+
+def test_admin_drains_a_group(page: Page, stack: LocalStack, api: httpx.Client) -> None:
+    log_in(page, stack)
+    page.click("nav >> text=Cluster")
+    row = page.locator("tr[data-group='cpu-b']")
+    expect(row.locator("[data-state]")).to_have_text("active")
+    row.locator("button[data-action='draining']").click()
+    expect(page.locator(".flash-info")).to_contain_text("cpu-b' is now draining")
+    expect(page.locator("tr[data-group='cpu-b'] [data-state]")).to_have_text("draining")
+    assert api.get("/api/v1/resource-groups/cpu-b").json()["state"] == "draining"
+    page.locator("tr[data-group='cpu-b'] button[data-action='active']").click()
+    expect(page.locator("tr[data-group='cpu-b'] [data-state]")).to_have_text("active")
+    expect(page.locator("#agent-table tr[data-agent='agent-cpu-a']")).to_contain_text("online")
+
+
+def test_wrong_password_is_refused_in_the_form(page: Page, stack: LocalStack) -> None:
+    page.goto(f"{stack.url}/login")
+    page.fill("#login-email", stack.admin_email)
+    page.fill("#login-password", "not the password")
+    page.click("#login-form button[type=submit]")
+    expect(page.locator("[data-field='password']")).to_have_text("wrong email or password")
+    expect(page.locator("#login-email")).to_have_value(stack.admin_email)

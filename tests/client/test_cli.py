@@ -1,0 +1,114 @@
+"""The `polytrain` client commands against a real HTTP server: login, projects, submit from
+YAML, status, logs (also --follow over server-sent events), cancel, logout."""
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from typer.testing import CliRunner
+
+from backend.cli import app as cli
+from tests.conftest import ADMIN_EMAIL, PASSWORD, add_account, agent_headers, make_group
+
+GOOD = b"""
+def build_model(): ...
+def build_datasets(): ...
+def build_optimizer(params): ...
+def loss_fn(output, target): ...
+"""
+
+
+@pytest.fixture
+def server(service_env: Path) -> Iterator[str]:
+    """The API on a free loopback port, served by uvicorn in a thread."""
+    from backend.main import create_app
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = uvicorn.Config(create_app(run_scheduler=False), port=port, log_level="warning")
+    running = uvicorn.Server(config)
+    thread = threading.Thread(target=running.run, daemon=True)
+    thread.start()
+    while not running.started:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    running.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture
+def run(server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("POLYTRAIN_CONFIG", str(tmp_path / "credentials.json"))
+    monkeypatch.setenv("POLYTRAIN_API_URL", server)
+    monkeypatch.delenv("POLYTRAIN_TOKEN", raising=False)
+    runner = CliRunner()
+
+    def invoke(*args: str, input: str | None = None):  # type: ignore[no-untyped-def]
+        return runner.invoke(cli, list(args), input=input, catch_exceptions=False)
+
+    return invoke
+
+
+def test_login_submit_status_logs_cancel(run, server: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import httpx
+
+    add_account(ADMIN_EMAIL, admin=True)
+    login = run("login", "--email", ADMIN_EMAIL, input=f"{PASSWORD}\n")
+    assert login.exit_code == 0, login.output
+    assert f"as {ADMIN_EMAIL} (admin)" in login.output
+    assert (tmp_path / "credentials.json").stat().st_mode & 0o777 == 0o600
+    token = __import__("json").loads((tmp_path / "credentials.json").read_text())["token"]
+    with httpx.Client(base_url=server, headers={"Authorization": f"Bearer {token}"}) as api:
+        make_group(api, "cpu-a", capacity=2)  # type: ignore[arg-type]
+    (tmp_path / "train.py").write_bytes(GOOD)
+    (tmp_path / "task.yaml").write_text(
+        "project: digits\ncode: train.py\nname: from yaml\nepochs: 2\n"
+        "global_batch_size: 8\nresource_groups:\n  - {name: cpu-a, workers: 2}\n")
+    submitted = run("submit", str(tmp_path / "task.yaml"))
+    assert submitted.exit_code == 0, submitted.output
+    assert "task 1 submitted: from yaml (QUEUED)" in submitted.output
+    assert "digits" in run("projects").output
+    status = run("status", "1")
+    assert "QUEUED" in status.output and "cpu-a×2" in status.output
+
+    httpx.post(f"{server}/internal/v1/tasks/1/logs", headers=agent_headers(), json={"lines": [
+        {"node": "ps", "seq": 0, "time": "2026-01-01T00:00:00", "text": "hello from ps"}]})
+    assert "hello from ps" in run("logs", "1").output
+    cancelled = run("cancel", "1")
+    assert "task 1 CANCELLED" in cancelled.output
+    followed = run("logs", "1", "--follow")
+    assert "hello from ps" in followed.output and "task ended: CANCELLED" in followed.output
+    again = run("cancel", "1")
+    assert again.exit_code == 1 and "it cannot become CANCELLED" in again.output
+    assert run("logout").exit_code == 0
+    assert not (tmp_path / "credentials.json").exists()
+
+
+def test_refusals_are_clear(run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    add_account("ada@example.org")
+    wrong = run("login", "--email", "ada@example.org", input="nope\n")
+    assert wrong.exit_code == 1 and "wrong email or password" in wrong.output
+    monkeypatch.setenv("POLYTRAIN_TOKEN", "pt_revoked-or-made-up")
+    refused = run("status", "1")
+    assert refused.exit_code == 1 and "invalid API token" in refused.output
+    (tmp_path / "bad.yaml").write_text("name: no project\n")
+    bad = run("submit", str(tmp_path / "bad.yaml"))
+    assert bad.exit_code == 1 and "at least 'project'" in bad.output
+
+
+def test_first_admin_from_the_cli_then_groups_ensure(run, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+                                                     ) -> None:
+    created = run("users", "create-admin", "root@example.org", "--password", "long enough")
+    assert created.exit_code == 0 and "created" in created.output
+    anonymous = run("groups", "ensure", "cpu-b")
+    assert anonymous.exit_code == 2 and "log in" in anonymous.output
+    monkeypatch.setenv("POLYTRAIN_ADMIN_EMAIL", "root@example.org")
+    monkeypatch.setenv("POLYTRAIN_ADMIN_PASSWORD", "long enough")
+    first = run("groups", "ensure", "cpu-b", "--capacity", "1")
+    assert first.exit_code == 0 and "resource group cpu-b: created" in first.output
+    assert "resource group cpu-b: exists" in run("groups", "ensure", "cpu-b").output

@@ -1,0 +1,181 @@
+"""Fault tolerance end to end, on PostgreSQL + Redis when configured (else the embedded default).
+
+A chaos test kills an agent (SIGKILL) in the middle of training: the task
+alarms, restarts on healthy capacity of a compatible group, resumes from its
+last checkpoint, and ends with the accuracy of an undisturbed run; every
+node's log sequence has no gap and no duplicate. A killed worker process
+restarts the task at once. Every end releases everything.
+"""
+
+import os
+import signal
+import socket
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backend.stack import GroupSetup, LocalStack
+from tests import production
+from tests.e2e.conftest import free_port, new_version, submit, training_processes, wait_for
+
+GROUPS = [GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1), GroupSetup("cpu-c", 2)]
+TIMEOUT_S = 15.0
+ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+@pytest.fixture(scope="module")
+def ft_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """API and one agent per group: cpu-a, cpu-b, and cpu-c as spare capacity."""
+    on_production = production.enabled()
+    database = production.fresh_database(migrated=False) if on_production else None
+    stack = LocalStack(data_dir=tmp_path_factory.mktemp("ft"), port=free_port(), groups=GROUPS,
+                       database_url=database,
+                       broker_url=production.fresh_broker() if on_production else None)
+    with stack:
+        yield stack
+    if database:
+        production.drop_database(database)
+
+
+@pytest.fixture
+def ft_api(ft_stack: LocalStack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=ft_stack.url, timeout=30, headers=ft_stack.headers) as client:
+        yield client
+
+
+def epoch_metrics(api: httpx.Client, task_id: int, name: str) -> dict[int, float]:
+    metrics = api.get(f"/api/v1/tasks/{task_id}/metrics", params={"name": name}).json()
+    return {m["epoch"]: m["value"] for m in metrics if m["rank"] is None}
+
+
+def assert_logs_gap_free(api: httpx.Client, task_id: int) -> dict[tuple[int, str], int]:
+    """Per attempt and node, seq runs 0, 1, 2, ... in arrival order; returns line counts."""
+    seqs: dict[tuple[int, str], list[int]] = defaultdict(list)
+    after = 0
+    while batch := api.get(f"/api/v1/tasks/{task_id}/logs",
+                           params={"after_id": after, "limit": 10_000}).json():
+        for line in batch:
+            seqs[(line["attempt"], line["node"])].append(line["seq"])
+        after = batch[-1]["id"]
+    for key, found in seqs.items():
+        assert sorted(found) == list(range(len(found))), f"{key}: gap or duplicate"
+    return {key: len(found) for key, found in seqs.items()}
+
+
+def assert_released(api: httpx.Client, stack: LocalStack, task: dict) -> None:
+    """No allocation held, no process left, the parameter server's port closed."""
+    allocations = api.get(f"/api/v1/tasks/{task['id']}/allocations").json()
+    assert allocations and all(a["released_at"] for a in allocations)
+    deadline = time.monotonic() + 15
+    while training_processes(stack.data_dir, task["id"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert training_processes(stack.data_dir, task["id"]) == []
+    rendezvous = api.get(f"/api/v1/tasks/{task['id']}").json()
+    host, port = rendezvous.get("master_addr"), rendezvous.get("master_port")
+    if host and port:
+        with pytest.raises(OSError), socket.create_connection((host, port), timeout=2):
+            pass
+    assert all(g["allocated_workers"] == 0 for g in api.get("/api/v1/resource-groups").json())
+
+
+def wait_checkpoints(api: httpx.Client, task_id: int, count: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(api.get(f"/api/v1/tasks/{task_id}/checkpoints").json()) < count:
+        assert time.monotonic() < deadline, "no checkpoint arrived"
+        time.sleep(0.2)
+
+
+def _utc(stamp: str) -> datetime:
+    """A naive UTC time from the API's ISO 8601 (with or without an offset)."""
+    parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return parsed.astimezone(UTC).replace(tzinfo=None) if parsed.tzinfo else parsed
+
+
+MNIST = {"epochs": 4, "global_batch_size": 64, "seed": 7}
+
+
+def test_chaos_agent_killed_mid_training(ft_api: httpx.Client, ft_stack: LocalStack) -> None:
+    version = new_version(ft_api, example="mnist_cnn")
+    calm = submit(ft_api, version, **MNIST)
+    assert wait_for(ft_api, calm["id"], ENDED, 150)["status"] == "SUCCEEDED"
+    expected = epoch_metrics(ft_api, calm["id"], "val_accuracy")
+
+    task = submit(ft_api, version, **MNIST)
+    wait_checkpoints(ft_api, task["id"], 2)  # epochs 0 and 1 are saved
+    killed_at = datetime.now(UTC).replace(tzinfo=None)
+    ft_stack.kill_agent("agent-cpu-a")  # hosts the parameter server and ranks 1-2
+    time.sleep(3)
+    orphans = [p for p in training_processes(ft_stack.data_dir, task["id"])
+               if "attempt-" not in os.readlink(f"/proc/{p}/cwd") and _rank_of(p) in (0, 1, 2)]
+    assert orphans == [], "the killed agent's training processes outlived it"
+
+    done = wait_for(ft_api, task["id"], ENDED, 150)
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    assert done["attempt"] == 2
+    events = ft_api.get(f"/api/v1/tasks/{task['id']}/events").json()
+    alarm = next(e for e in events if e["kind"] == "alarm")
+    assert "agent-cpu-a" in alarm["reason"]
+    detected_s = (_utc(alarm["created_at"]) - killed_at).total_seconds()
+    assert detected_s <= TIMEOUT_S, f"detected after {detected_s:.1f} s"
+    statuses = [e["to_status"] for e in events if e["kind"] == "status"]
+    assert statuses[-5:] == ["RESTARTING", "QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED"]
+    assert [g["name"] for g in done["spec"]["groups"]] == ["cpu-c", "cpu-b"]  # migrated
+    resumed = [line["text"] for line in ft_api.get(
+        f"/api/v1/tasks/{task['id']}/logs", params={"limit": 10_000}).json()
+        if line["attempt"] == 2 and "resumed at epoch" in line["text"]]
+    assert resumed, "the second attempt did not resume from a checkpoint"
+
+    accuracy = epoch_metrics(ft_api, task["id"], "val_accuracy")
+    last = max(expected)
+    print(f"chaos: detected after {detected_s:.1f} s; val_accuracy undisturbed "
+          f"{expected[last]:.4f}, disturbed {accuracy[last]:.4f}")
+    assert abs(accuracy[last] - expected[last]) <= 0.005, (accuracy, expected)
+    counts = assert_logs_gap_free(ft_api, task["id"])
+    assert {node for attempt, node in counts if attempt == 2} >= {"ps", "rank-1", "rank-3"}
+    assert_released(ft_api, ft_stack, done)
+    assert_released(ft_api, ft_stack, calm)
+
+    ft_stack.start_agent(GROUPS[0])  # the group is served again for the next tests
+    ft_stack.wait_agents(60)
+
+
+def _rank_of(pid: int) -> int | None:
+    """The rank a process runs: started cold (RANK in its environment) or warm (pt-rank-N)."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if comm.startswith("pt-rank-") and comm[8:].isdigit():
+        return int(comm[8:])
+    found = [v for v in environ if v.startswith(b"RANK=")]
+    return int(found[0][5:]) if found else None
+
+
+def _rank_pid(stack: LocalStack, task_id: int, rank: int) -> int:
+    for pid in training_processes(stack.data_dir, task_id):
+        if _rank_of(pid) == rank:
+            return pid
+    raise AssertionError(f"no process of rank {rank}")
+
+
+@pytest.mark.parametrize("rank", [3, 0], ids=["worker", "parameter_server"])
+def test_killed_process_restarts_the_task(ft_api: httpx.Client, ft_stack: LocalStack,
+                                          rank: int) -> None:
+    version = new_version(ft_api, example="mnist_cnn")
+    task = submit(ft_api, version, epochs=3, global_batch_size=64)
+    wait_checkpoints(ft_api, task["id"], 1)
+    os.kill(_rank_pid(ft_stack, task["id"], rank), signal.SIGKILL)
+    done = wait_for(ft_api, task["id"], ENDED, 150)
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    assert done["attempt"] == 2
+    alarm = next(e for e in ft_api.get(f"/api/v1/tasks/{task['id']}/events").json()
+                 if e["kind"] == "alarm")
+    assert "exited with code -9" in alarm["reason"]
+    assert_logs_gap_free(ft_api, task["id"])
+    assert_released(ft_api, ft_stack, done)

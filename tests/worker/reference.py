@@ -1,0 +1,64 @@
+"""Single-process references for the distributed runs, and helpers to run and read them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.utils.data import default_collate
+
+from worker.engine.contract import load_training_code
+from worker.engine.launch import seed_everything
+from worker.engine.local import LocalRun, launch_local
+from worker.engine.spec import RunSpec
+
+TIMEOUT_S = 90.0
+
+
+def reference_run(spec: RunSpec, batches: list[torch.Tensor]) -> tuple[torch.Tensor, list[float]]:
+    """Train one process on ``batches`` (index tensors, in order) with the task's code.
+
+    Returns the final parameters [P] and the batch-size-weighted mean loss of
+    each ``steps_per_epoch`` run of batches.
+    """
+    code = load_training_code(spec.code)
+    seed_everything(spec.seed)
+    model = code.build_model()
+    seed_everything(spec.seed)
+    train_set, _ = code.build_datasets()
+    optimizer = code.build_optimizer(model.parameters())
+    losses, samples = [], []
+    for batch in batches:
+        inputs, target = default_collate([train_set[int(i)] for i in batch])
+        loss = code.loss_fn(model(inputs), target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item() * len(batch))
+        samples.append(len(batch))
+    spe = -(-len(train_set) // spec.global_batch_size)
+    epoch_losses = [
+        sum(losses[i : i + spe]) / sum(samples[i : i + spe]) for i in range(0, len(losses), spe)
+    ]
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach(), epoch_losses
+
+
+def run_with_dump(
+    spec: RunSpec, dump_dir: Path, **kwargs: object
+) -> tuple[LocalRun, dict[int, torch.Tensor]]:
+    """Run ``spec`` locally, saving each rank's final parameters (and the PS's batches)."""
+    env = {"POLYTRAIN_DUMP_PARAMS": str(dump_dir), "POLYTRAIN_DUMP_BATCHES": str(dump_dir)}
+    run = launch_local(spec, env_extra=env, timeout_s=TIMEOUT_S, **kwargs)  # type: ignore[arg-type]
+    assert run.ok, "\n".join(run.text(r) for r in run.output)
+    return run, {r: torch.load(dump_dir / f"rank-{r}.pt") for r in range(spec.world_size)}
+
+
+def dumped_batches(dump_dir: Path) -> list[torch.Tensor]:
+    """The global batches the parameter server recorded (``POLYTRAIN_DUMP_BATCHES``)."""
+    return torch.load(dump_dir / "batches.pt")
+
+
+def finite(values: list[float | None]) -> list[float]:
+    """The metric values, asserting none was reported as non-finite (null)."""
+    assert all(v is not None for v in values), values
+    return [v for v in values if v is not None]

@@ -1,0 +1,68 @@
+"""The load balancer: shares from throughput, an online controller that is damped and bounded."""
+
+from __future__ import annotations
+
+import random
+
+from worker.engine.balance import Balancer, imbalance, rates_of
+
+
+def measure(
+    shares: list[int],
+    speeds: list[float],
+    steps: int = 10,
+    noise: float = 0.0,
+    rng: random.Random | None = None,
+) -> tuple[list[float], list[float]]:
+    """Compute seconds and samples of a window of ``steps`` steps (time = share / speed)."""
+    rng = rng or random.Random(0)
+    pairs = zip(shares, speeds, strict=True)
+    seconds = [steps * b / s * (1 + rng.uniform(-noise, noise)) for b, s in pairs]
+    return seconds, [float(steps * b) for b in shares]
+
+
+def test_initial_shares_follow_throughput_or_are_even() -> None:
+    assert Balancer("weighted", 128).initial([300.0, 100.0]) == [96, 32]
+    assert Balancer("even", 128).initial([300.0, 100.0]) == [64, 64]
+
+
+def test_controller_converges_to_equal_step_times_and_keeps_the_batch() -> None:
+    balancer, shares, speeds = Balancer("weighted", 120), [60, 60], [300.0, 100.0]
+    history = [shares]
+    for _ in range(12):
+        proposal = balancer.propose(shares, *measure(shares, speeds))
+        shares = proposal or shares
+        assert sum(shares) == 120
+        history.append(shares)
+    assert shares in ([90, 30], [89, 31], [91, 29])
+    assert imbalance(shares, speeds) <= balancer.tolerance
+    assert [h[0] for h in history] == sorted(h[0] for h in history), "moves are monotone"
+
+
+def test_noise_inside_the_dead_band_changes_nothing() -> None:
+    balancer, shares, rng = Balancer("weighted", 128), [96, 32], random.Random(7)
+    for _ in range(200):
+        window = measure(shares, [300.0, 100.0], noise=0.02, rng=rng)
+        assert balancer.propose(shares, *window) is None
+
+
+def test_a_slowed_worker_gets_less_without_oscillating() -> None:
+    balancer, shares = Balancer("weighted", 64), [32, 32]
+    speeds = [100.0, 100.0]
+    assert balancer.propose(shares, *measure(shares, speeds)) is None
+    speeds = [100.0, 25.0]  # worker 1 slows down four times
+    trajectory = []
+    for _ in range(15):
+        shares = balancer.propose(shares, *measure(shares, speeds)) or shares
+        trajectory.append(shares[1])
+    assert trajectory[-1] < 32 and trajectory == sorted(trajectory, reverse=True)
+    assert len(set(trajectory[-5:])) == 1, "settled"
+
+
+def test_even_policy_never_moves() -> None:
+    assert Balancer("even", 10).propose([5, 5], [1.0, 100.0], [5.0, 5.0]) is None
+
+
+def test_rates_of_fills_unmeasured_workers() -> None:
+    assert rates_of([2.0, 0.0], [10.0, 0.0]) == [5.0, 5.0]
+    assert rates_of([0.0], [0.0]) == [1.0]

@@ -1,0 +1,85 @@
+"""Per-worker batch shares from measured throughput, and the online controller that keeps them.
+
+A worker's step time is roughly ``b_i / r_i`` (its batch share over its
+throughput in samples/s), and a synchronous step lasts as long as the slowest
+worker. Shares proportional to throughput, ``b_i = B r_i / sum(r)``, make all
+workers finish together; the step then takes ``B / sum(r)``, the ideal.
+
+The controller re-estimates ``r_i`` from real step times over a window and
+moves shares towards that target when the predicted step time exceeds the
+ideal by more than ``tolerance``. It moves only ``damping`` of the way, in
+whole samples, and never changes B, so noise inside the dead band causes no
+change and a real drift is followed in a few damped moves without
+oscillating. This is semi-dynamic load balancing from measured step times
+(Chen et al., "Semi-Dynamic Load Balancing: Efficient Distributed Learning in
+Non-Dedicated Environments", SoCC 2020; per-node batch sizes from measured
+speed as in the heterogeneous-computing patent family and HetPipe, Park et
+al., USENIX ATC 2020).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from worker.engine.sharding import even_shares, weighted_shares
+from worker.engine.spec import SplitPolicy
+
+
+def rates_of(compute_s: list[float], samples: list[float]) -> list[float]:
+    """Samples/s per worker; a worker with no measured time gets the mean of the others (or 1)."""
+    pairs = zip(samples, compute_s, strict=True)
+    rates = [n / t if t > 0 and n > 0 else math.nan for n, t in pairs]
+    known = [r for r in rates if not math.isnan(r)]
+    fallback = sum(known) / len(known) if known else 1.0
+    return [fallback if math.isnan(r) else r for r in rates]
+
+
+def imbalance(shares: list[int], rates: list[float]) -> float:
+    """Predicted step time ``max_i b_i / r_i`` over the ideal ``B / sum(r)``, minus 1 (>= 0)."""
+    ideal = sum(shares) / sum(rates)
+    slowest = max(b / r for b, r in zip(shares, rates, strict=True))
+    return max(0.0, slowest / ideal - 1.0)
+
+
+@dataclass
+class Balancer:
+    """Chooses per-worker batch shares (samples per step) that sum to ``batch``.
+
+    ``policy`` ``even`` keeps equal shares forever; ``weighted`` starts from the
+    profiled throughputs and follows measured step times. ``tolerance`` is the
+    dead band (fraction of the ideal step time), ``damping`` in (0, 1] the
+    fraction of the way moved per decision.
+    """
+
+    policy: SplitPolicy
+    batch: int
+    tolerance: float = 0.03
+    damping: float = 0.5
+
+    def initial(self, rates: list[float]) -> list[int]:
+        """Shares before the first step from profiled ``rates`` (samples/s per worker)."""
+        if self.policy == "even":
+            return even_shares(self.batch, len(rates))
+        return weighted_shares(self.batch, rates)
+
+    def propose(
+        self, shares: list[int], compute_s: list[float], samples: list[float]
+    ) -> list[int] | None:
+        """New shares from a window of measured work, or None to keep ``shares``.
+
+        ``compute_s[i]`` is worker i's compute seconds in the window and
+        ``samples[i]`` the samples it processed then.
+        """
+        if self.policy == "even" or len(shares) < 2:
+            return None
+        rates = rates_of(compute_s, samples)
+        if imbalance(shares, rates) <= self.tolerance:
+            return None
+        total = sum(rates)
+        target = [
+            b + self.damping * (self.batch * r / total - b)
+            for b, r in zip(shares, rates, strict=True)
+        ]
+        proposed = weighted_shares(self.batch, target)
+        return None if proposed == shares else proposed

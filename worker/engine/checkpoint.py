@@ -1,0 +1,71 @@
+"""Checkpoint files: everything needed to continue a task exactly where it stopped.
+
+A checkpoint is a ``torch.save`` dict written by the parameter server::
+
+    model             state_dict of the global model
+    optimizer         state_dict of the parameter server's optimizer (None with periodic sync)
+    group_optimizers  {group index: state_dict} of each group's local optimizer (periodic) or None
+    epoch, step       epoch being trained (0-based) and optimizer steps done since the start
+    epoch_complete    True at an epoch end: resume starts epoch + 1
+    split             :meth:`worker.engine.split.SplitState.state_dict` (shards, shares, position)
+    rng               {rank: torch RNG state (uint8 tensor)} of every compute worker
+
+Written every ``checkpoint_every`` steps (``step-{step}.pt``; with periodic sync
+at the first sync point after the mark), at every epoch end (``epoch-{e}.pt``)
+and at the end (``final.pt``). Quorum sync checkpoints at epoch ends only,
+because its groups are at different steps inside an epoch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from worker.engine import report
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` to ``path`` atomically (temp file + rename) and report it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, path)
+    report.checkpoint(str(path), step=int(state["step"]), epoch=int(state["epoch"]))
+
+
+def load_checkpoint(path: str) -> dict[str, Any]:
+    """Read a checkpoint; files from before split state existed count as epoch ends.
+
+    Raises FileNotFoundError, or pickle/KeyError errors for a file that is not a checkpoint.
+    """
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    state.setdefault("epoch_complete", "split" not in state)
+    for key in ("split", "rng", "group_optimizers", "optimizer"):
+        state.setdefault(key, None)
+    return state
+
+
+def gather_worker_states(
+    topo_is_ps: bool, rank: int, optimizer_state: dict[str, Any] | None
+) -> dict[int, dict[str, Any]] | None:
+    """Collect every compute worker's RNG state (and local optimizer state) at rank 0.
+
+    Call on every rank of the world; returns ``{rank: {"rng", "optimizer"}}``
+    on rank 0 and None elsewhere.
+    """
+    mine = None if topo_is_ps else {"rng": torch.get_rng_state(), "optimizer": optimizer_state}
+    gathered: list[Any] | None = [None] * dist.get_world_size() if topo_is_ps else None
+    dist.gather_object((rank, mine), gathered, dst=0)
+    if gathered is None:
+        return None
+    return {r: state for r, state in gathered if state is not None}
+
+
+def resume_package(state: dict[str, Any]) -> dict[str, Any]:
+    """What the workers need from a checkpoint (everything but the model and PS optimizer)."""
+    keep = ("epoch", "step", "epoch_complete", "split", "rng", "group_optimizers")
+    return {key: state[key] for key in keep}

@@ -1,0 +1,120 @@
+"""A compute worker's local work: one forward/backward, timed, and its throughput profile."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from worker.engine.contract import TrainingCode
+from worker.engine.data import TensorData
+from worker.engine.emulation import SpeedEmulator
+from worker.engine.exchange import grads_to_vector, params_of
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor in a (nested tuple/list/dict) batch to ``device``."""
+    if isinstance(batch, Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def local_gradient(
+    code: TrainingCode, model: torch.nn.Module, data: TensorData, indices: Tensor, device: Any
+) -> Tensor:
+    """Sum of per-sample gradients over ``indices`` plus ``[loss_sum, count]``, shape [P + 2].
+
+    ``loss_fn`` returns the batch mean, so gradient and loss are scaled by the
+    local count ``b``. With no samples the vector is all zeros.
+    """
+    params = params_of(model)
+    model.zero_grad(set_to_none=True)
+    count = len(indices)
+    loss_sum = 0.0
+    if count:
+        inputs, target = to_device(data.take(indices), device)
+        loss = code.loss_fn(model(inputs), target)
+        loss.backward()
+        loss_sum = loss.item() * count
+    grads = grads_to_vector(params) * count
+    tail = torch.tensor([loss_sum, float(count)], dtype=grads.dtype, device=grads.device)
+    return torch.cat([grads, tail])
+
+
+@dataclass
+class Work:
+    """Compute seconds (emulated, see :mod:`worker.engine.emulation`) and samples of a window."""
+
+    compute_s: float = 0.0
+    samples: int = 0
+    rates: list[float] = field(default_factory=list)
+
+    def add(self, seconds: float, samples: int) -> None:
+        """Account one compute section."""
+        self.compute_s += seconds
+        self.samples += samples
+        if seconds > 0 and samples > 0:
+            self.rates.append(samples / seconds)
+
+    @property
+    def robust_seconds(self) -> float:
+        """``samples`` over the median per-section rate: compute seconds without outliers.
+
+        One section slowed by another process on the host moves the mean rate
+        but not the median, so the load balancer does not chase it.
+        """
+        if not self.rates:
+            return self.compute_s
+        return self.samples / statistics.median(self.rates)
+
+    @property
+    def rate(self) -> float:
+        """Samples per second of compute time (0 when nothing was measured)."""
+        return self.samples / self.compute_s if self.compute_s > 0 else 0.0
+
+
+def profile_throughput(
+    code: TrainingCode,
+    model: torch.nn.Module,
+    data: TensorData,
+    batch_size: int,
+    emulator: SpeedEmulator,
+    *,
+    steps: int,
+    seed: int,
+) -> float:
+    """Measured samples/s of forward/backward on ``batch_size`` training samples.
+
+    One warm-up step, then ``steps`` timed steps on seeded random samples; the
+    rate uses the median step time, so one step disturbed by another process
+    does not skew it. The model's parameters, buffers (e.g. BatchNorm
+    statistics) and torch's random state are left as they were. Returns 0.0
+    for an empty batch.
+    """
+    if batch_size < 1 or len(data) == 0:
+        return 0.0
+    saved = copy.deepcopy(model.state_dict())
+    rng = torch.get_rng_state()
+    generator = torch.Generator().manual_seed(seed)
+    times = []
+    device = next(model.parameters()).device
+    for _ in range(steps + 1):
+        indices = torch.randint(0, len(data), (batch_size,), generator=generator)
+        _, seconds = emulator.run(
+            lambda idx=indices: local_gradient(code, model, data, idx, device),  # type: ignore[misc]
+            batch_size,
+        )
+        times.append(seconds)
+    model.zero_grad(set_to_none=True)
+    model.load_state_dict(saved)
+    torch.set_rng_state(rng)
+    median = statistics.median(times[1:])
+    return batch_size / median if median > 0 else 0.0

@@ -1,0 +1,140 @@
+"""State of one rank during training, and the control points every rank passes together.
+
+Both roles hold a :class:`Run`: the parameter server (global model and
+optimizer, the load balancer, checkpoints) and each compute worker (its local
+copy, the preprocessed data, its speed emulator and, with periodic sync, its
+group's optimizer). Control points are collectives over the whole world at
+steps every rank knows in advance: the load-balancing check every
+``rebalance_every`` steps and at epoch ends, and checkpoints every
+``checkpoint_every`` steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from worker.engine import report
+from worker.engine.balance import Balancer, imbalance, rates_of
+from worker.engine.checkpoint import gather_worker_states, save_checkpoint
+from worker.engine.compute import Work, local_gradient
+from worker.engine.contract import TrainingCode
+from worker.engine.data import TensorData
+from worker.engine.distributed import Topology
+from worker.engine.emulation import SpeedEmulator
+from worker.engine.exchange import broadcast_ints, gather_work, params_of
+from worker.engine.spec import RunSpec
+from worker.engine.split import SplitState
+
+
+@dataclass
+class Run:
+    """One rank's training state. ``step`` counts optimizer steps since the start of training."""
+
+    spec: RunSpec
+    code: TrainingCode
+    topo: Topology
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+    split: SplitState
+    balancer: Balancer
+    train: TensorData | None = None
+    emulator: SpeedEmulator | None = None
+    epoch: int = 0
+    step: int = 0
+    window: Work = field(default_factory=Work)
+    epoch_work: Work = field(default_factory=Work)
+    last_balance: int = 0
+    last_checkpoint: int = 0
+    last_progress: int = 0
+    loss_sum: float = 0.0
+    samples: int = 0
+    stats: dict[str, float] = field(default_factory=dict)
+    batches: list[Tensor] | None = None
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        """The model's parameters in flat-vector order."""
+        return params_of(self.model)
+
+    def compute(self) -> Tensor:
+        """This worker's gradient-sum vector ``[P + 2]`` for this step, timed and emulated."""
+        train, emulator = self.train, self.emulator
+        assert train is not None and emulator is not None
+        indices = self.split.take(self.topo.worker_index)
+        vector, seconds = emulator.run(
+            lambda: local_gradient(self.code, self.model, train, indices, self.topo.device),
+            len(indices),
+        )
+        self.window.add(seconds, len(indices))
+        self.epoch_work.add(seconds, len(indices))
+        return vector
+
+    def record_batch(self) -> None:
+        """Parameter server: keep this step's global batch when batches are being dumped."""
+        if self.batches is not None:
+            self.batches.append(self.split.global_batch())
+
+
+def _crossed(now: int, before: int, every: int | None) -> bool:
+    return bool(every) and now // every > before // every  # type: ignore[operator]
+
+
+def rebalance(run: Run, window: Work) -> None:
+    """Control point: every rank learns all workers' work, the PS decides, all adopt the shares."""
+    compute_s, samples = gather_work(run.topo, window.robust_seconds, window.samples)
+    proposal = None
+    if run.topo.is_ps:
+        proposal = run.balancer.propose(run.split.shares, compute_s, samples)
+        if proposal is not None:
+            rates = rates_of(compute_s, samples)
+            report.log(
+                f"rebalance at step {run.step}: shares {run.split.shares} -> {proposal} "
+                f"(predicted imbalance {imbalance(run.split.shares, rates):.1%})"
+            )
+    shares = broadcast_ints(proposal or run.split.shares, run.split.n_workers)
+    if shares != run.split.shares:
+        run.split.set_shares(shares)
+
+
+def control_point(run: Run) -> None:
+    """After a sync point inside an epoch: rebalance and checkpoint when their marks are crossed."""
+    spec = run.spec
+    if run.split.epoch_done:
+        return
+    balancing = spec.split_policy == "weighted"
+    if balancing and _crossed(run.step, run.last_balance, spec.rebalance_every):
+        rebalance(run, run.window)
+        run.window, run.last_balance = Work(), run.step
+    if _crossed(run.step, run.last_checkpoint, spec.checkpoint_every):
+        checkpoint(run, f"step-{run.step}.pt", epoch_complete=False)
+        run.last_checkpoint = run.step
+
+
+def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
+    """Control point: workers send RNG and local optimizer states; the PS writes ``name``."""
+    local_optimizer = None
+    if run.optimizer is not None and not run.topo.is_ps and run.topo.am_i_leader:
+        local_optimizer = run.optimizer.state_dict()
+    states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
+    if states is None:
+        return
+    periodic = run.spec.sync_strategy == "periodic"
+    leaders = run.spec.leader_ranks()
+    state: dict[str, Any] = {
+        "model": run.model.state_dict(),
+        "optimizer": None if periodic or run.optimizer is None else run.optimizer.state_dict(),
+        "group_optimizers": {g: states[r]["optimizer"] for g, r in enumerate(leaders)}
+        if periodic
+        else None,
+        "epoch": run.epoch,
+        "step": run.step,
+        "epoch_complete": epoch_complete,
+        "split": run.split.state_dict(),
+        "rng": {r: s["rng"] for r, s in states.items()},
+    }
+    save_checkpoint(Path(run.spec.checkpoint_dir) / name, state)

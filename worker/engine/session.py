@@ -1,0 +1,167 @@
+"""The training session every rank runs: start (resume or profile), epochs, epoch ends.
+
+Order of collectives, the same on every rank:
+
+1. parameters from the parameter server (:func:`sync_params`), then the resume
+   package from the checkpoint (None on a fresh start);
+2. fresh start: every worker profiles its throughput, the parameter server
+   picks the initial shares (:class:`worker.engine.balance.Balancer`) and
+   broadcasts them; on resume the split state comes from the checkpoint;
+3. per epoch: the strategy's steps, the final parameters, validation, the
+   epoch's measured work (re-measured throughput, epoch-level rebalance),
+   the neighbour exchange, the epoch-end checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from worker.engine import report, strategy_periodic, strategy_quorum, strategy_sync
+from worker.engine.balance import Balancer
+from worker.engine.compute import Work, profile_throughput
+from worker.engine.contract import TrainingCode
+from worker.engine.data import TensorData
+from worker.engine.distributed import Topology
+from worker.engine.emulation import SpeedEmulator
+from worker.engine.exchange import (
+    broadcast_ints,
+    broadcast_object,
+    gather_work,
+    sum_over_world,
+    sync_params,
+)
+from worker.engine.run import Run, checkpoint, rebalance
+from worker.engine.spec import RunSpec
+from worker.engine.split import SplitState
+
+EpochFn = Callable[[Run], None]
+STRATEGIES: dict[str, tuple[EpochFn, EpochFn]] = {
+    "sync": (strategy_sync.worker_epoch, strategy_sync.server_epoch),
+    "periodic": (strategy_periodic.worker_epoch, strategy_periodic.server_epoch),
+    "quorum": (strategy_quorum.worker_epoch, strategy_quorum.server_epoch),
+}
+
+
+def initial_shares(run: Run, train: TensorData) -> list[int]:
+    """Fresh start: workers profile their samples/s, the parameter server picks the shares."""
+    spec, topo = run.spec, run.topo
+    seconds, samples = 0.0, 0
+    if not topo.is_ps:
+        assert run.emulator is not None
+        share = spec.global_batch_size // topo.n_workers
+        rate = profile_throughput(
+            run.code,
+            run.model,
+            train,
+            share,
+            run.emulator,
+            steps=spec.profile_steps,
+            seed=spec.seed * 1000 + topo.rank,
+        )
+        report.metric("profiled_samples_per_s", rate, step=0, epoch=0, rank=topo.rank)
+        seconds, samples = (share / rate, share) if rate > 0 else (0.0, 0)
+    compute_s, counts = gather_work(topo, seconds, samples)
+    proposal = None
+    if topo.is_ps:
+        rates = [n / t if t > 0 else 0.0 for n, t in zip(counts, compute_s, strict=True)]
+        proposal = run.balancer.initial(rates if all(rates) else [1.0] * len(rates))
+        report.log(f"profiled samples/s {[round(r, 1) for r in rates]}; shares {proposal}")
+    return broadcast_ints(proposal, topo.n_workers)
+
+
+def restore(run: Run, package: dict[str, Any]) -> bool:
+    """Resume from a checkpoint package; returns True when the epoch continues mid-way."""
+    run.split = SplitState.from_state_dict(package["split"])
+    run.step = run.last_balance = run.last_checkpoint = run.last_progress = int(package["step"])
+    run.epoch = int(package["epoch"]) + (1 if package["epoch_complete"] else 0)
+    if not run.topo.is_ps:
+        rng = (package["rng"] or {}).get(run.topo.rank)
+        if rng is not None:
+            torch.set_rng_state(rng)
+        optimizers = package["group_optimizers"]
+        if optimizers and run.optimizer is not None:
+            run.optimizer.load_state_dict(optimizers[run.topo.group_index])
+    report.log(f"rank {run.topo.rank} resumed at epoch {run.epoch}, step {run.step}")
+    return not package["epoch_complete"]
+
+
+def start(
+    spec: RunSpec,
+    code: TrainingCode,
+    topo: Topology,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    train: TensorData,
+    package: dict[str, Any] | None,
+) -> tuple[Run, bool]:
+    """Steps 1-2 above. Returns the run and whether its first epoch is already under way."""
+    emulator = None if topo.is_ps else SpeedEmulator(spec.speed_factor_of(topo.rank), topo.device)
+    balancer = Balancer(spec.split_policy, spec.global_batch_size)
+    placeholder = SplitState(len(train), spec.global_batch_size, [], [], [])
+    run = Run(spec, code, topo, model, optimizer, placeholder, balancer, train, emulator)
+    sync_params(topo, run.params)
+    package = broadcast_object(package)
+    if package is not None and fits(package, run):
+        return run, restore(run, package)
+    if package is not None:
+        # Another layout (e.g. a restart on other groups): keep the model, redo the epoch.
+        run.epoch = int(package["epoch"]) + (1 if package["epoch_complete"] else 0)
+        run.step = run.last_progress = int(package["step"])
+        report.log(f"checkpoint split does not fit this layout; epoch {run.epoch} from its start")
+    run.split = SplitState.initial(len(train), initial_shares(run, train), spec.seed)
+    return run, False
+
+
+def fits(package: dict[str, Any], run: Run) -> bool:
+    """True when the checkpoint's split state matches this run's workers, batch and data."""
+    split = package["split"]
+    return (
+        split is not None
+        and len(split["shares"]) == run.topo.n_workers
+        and int(split["batch"]) == run.spec.global_batch_size
+        and int(split["n_items"]) == len(run.train or [])
+        and (
+            package["group_optimizers"] is None
+            or len(package["group_optimizers"]) == len(run.spec.groups)
+        )
+    )
+
+
+def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    """Step 3's collectives after the last step; returns validation sums and every worker's work."""
+    sync_params(run.topo, run.params)
+    val = sum_over_world(val_totals)
+    compute_s, samples = gather_work(run.topo, run.epoch_work.compute_s, run.epoch_work.samples)
+    if run.spec.split_policy == "weighted":
+        rebalance(run, run.epoch_work)
+        run.window, run.last_balance = Work(), run.step
+    sent = run.split.exchange(run.spec.exchange_fraction, run.spec.seed, run.epoch)
+    if run.topo.is_ps and any(sent):
+        report.log(f"epoch {run.epoch}: neighbour exchange sent {sent} samples")
+    return {"val": val, "compute_s": compute_s, "samples": samples}
+
+
+def train(
+    run: Run,
+    under_way: bool,
+    validate: Callable[[Run], dict[str, tuple[float, float]]],
+    report_epoch: Callable[[Run, dict[str, Any], float], None],
+) -> None:
+    """Run every remaining epoch; ``validate`` and ``report_epoch`` are the role's own parts."""
+    worker_epoch, server_epoch = STRATEGIES[run.spec.sync_strategy]
+    for epoch in range(run.epoch, run.spec.epochs):
+        run.epoch = epoch
+        if not under_way:
+            run.split.begin_epoch(run.spec.seed, epoch)
+        under_way = False
+        run.epoch_work, run.loss_sum, run.samples, run.stats = Work(), 0.0, 0, {}
+        started = time.perf_counter()
+        (server_epoch if run.topo.is_ps else worker_epoch)(run)
+        seconds = time.perf_counter() - started
+        results = end_epoch(run, validate(run))
+        report_epoch(run, results, seconds)
+        checkpoint(run, f"epoch-{epoch}.pt", epoch_complete=True)

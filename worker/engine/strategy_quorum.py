@@ -1,0 +1,145 @@
+"""Quorum sync: the parameter server updates once Z of the M groups have reported.
+
+Each group runs its own loop: exact in-group allreduce of per-sample
+gradient sums, then its leader sends the group's sum to the parameter server
+(point to point) and waits for fresh parameters. The parameter server
+receives reports in arrival order and starts an update once ``quorum`` (Z)
+of the groups still training this epoch have reported. Each report is a sum
+of per-sample gradients of step ``t`` of its group and is divided by the
+global count ``B_t`` of that step, so every sample weighs ``1 / B_t`` whichever
+update it lands in, and an epoch's updates add up to the synchronous ones
+apart from staleness (a partial update makes a proportionally smaller
+step). Only the groups
+that reported get new parameters; the others keep computing on the version
+they have. A late gradient computed on version ``v`` and applied at version
+``u`` has staleness ``u - v``; the parameter server also waits for any group
+whose next report would otherwise exceed ``max_staleness`` (S), so staleness
+never exceeds S (stale-synchronous bound after Ho et al., "More Effective
+Distributed ML via a Stale Synchronous Parallel Parameter Server", NIPS 2013).
+Z = M or S = 0 is synchronous training.
+
+Source: the Z-of-M trigger (start gradient aggregation once Z of M trigger
+nodes are done) of the heterogeneous-computing patent family.
+
+Trade-off: a slow or jittery group no longer holds every update back, so
+updates per second rise; but updates average fewer samples and may use
+gradients up to S versions old, which adds noise and can slow convergence
+per update; the result depends on arrival order, so runs are not
+reproducible bit for bit. Checkpoints are taken at epoch ends only.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from worker.engine import report
+from worker.engine.exchange import allreduce_sum, load_vector_, vector_to_grads
+from worker.engine.run import Run
+from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH
+
+
+def receive_params(run: Run) -> Tensor:
+    """Worker: the leader receives the parameters from rank 0, then broadcasts in its group."""
+    topo = run.topo
+    assert topo.group is not None and topo.leader_rank is not None
+    with torch.no_grad():
+        received = torch.nn.utils.parameters_to_vector(run.params).detach().cpu()
+    if topo.am_i_leader:
+        dist.recv(received, src=0)
+    on_device = received.to(topo.device)
+    if len(topo.group_ranks) > 1:
+        dist.broadcast(on_device, src=topo.leader_rank, group=topo.group)
+    return on_device
+
+
+def worker_epoch(run: Run) -> None:
+    """Compute rank: this group's steps of the epoch, at its own pace."""
+    while not run.split.epoch_done:
+        vector = allreduce_sum(run.compute(), run.topo.group)
+        if run.topo.am_i_leader:
+            dist.send(vector.cpu(), dst=0)
+        load_vector_(receive_params(run), run.params)
+        run.split.advance()
+        run.step += 1
+
+
+def collect(
+    run: Run, remaining: dict[int, int], seen: dict[int, int], version: int, numel: int
+) -> dict[int, Tensor]:
+    """Receive group reports until Z of the active groups are in and no one would be too stale.
+
+    Returns ``{group index: [grad_sum (P), loss_sum, count]}``.
+    """
+    leader_group = {r: g for g, r in enumerate(run.spec.leader_ranks())}
+    active = [g for g, left in remaining.items() if left > 0]
+    need = min(run.spec.quorum_size, len(active))
+    arrived: dict[int, Tensor] = {}
+
+    def must_wait() -> bool:
+        overdue = any(
+            version - seen[g] >= run.spec.max_staleness for g in active if g not in arrived
+        )
+        return len(arrived) < need or overdue
+
+    while must_wait():
+        buffer = torch.zeros(numel + 2)
+        src = dist.recv(buffer)
+        arrived[leader_group[src]] = buffer
+    return arrived
+
+
+def apply_reports(
+    run: Run, arrived: dict[int, Tensor], remaining: dict[int, int]
+) -> tuple[float, int]:
+    """One optimizer step from the reports ``{group: [grad_sum (P), loss_sum, count]}``.
+
+    Group g's report belongs to in-epoch step ``t = T - remaining[g]`` and is
+    divided by that step's global count. Returns the reports' ``(loss_sum, count)``.
+    """
+    assert run.optimizer is not None
+    spe = run.split.steps_per_epoch
+    grads = torch.zeros_like(next(iter(arrived.values()))[:-2])
+    for g, vector in arrived.items():
+        grads += vector[:-2] / sum(run.split.counts(spe - remaining[g]))
+    vector_to_grads(grads, run.params)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    loss_sum = sum(float(r[-2]) for r in arrived.values())
+    return loss_sum, int(round(sum(float(r[-1]) for r in arrived.values())))
+
+
+def server_epoch(run: Run) -> None:
+    """Parameter server: quorum updates until every group has done all steps of the epoch."""
+    assert run.optimizer is not None
+    params = run.params
+    numel = sum(p.numel() for p in params)
+    groups = range(len(run.spec.groups))
+    remaining = {g: run.split.steps_per_epoch - run.split.step for g in groups}
+    seen = {g: 0 for g in groups}
+    version, updates, max_stale = 0, 0, 0
+    every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
+    while any(remaining.values()):
+        arrived = collect(run, remaining, seen, version, numel)
+        loss_sum, count = apply_reports(run, arrived, remaining)
+        max_stale = max(max_stale, *(version - seen[g] for g in arrived))
+        version, updates = version + 1, updates + 1
+        with torch.no_grad():
+            fresh = torch.nn.utils.parameters_to_vector(params).detach()
+        for g in arrived:
+            dist.send(fresh, dst=run.spec.leader_ranks()[g])
+            seen[g], remaining[g] = version, remaining[g] - 1
+        run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
+        if updates % every == 0:
+            done = run.split.steps_per_epoch - max(remaining.values())
+            report.progress(
+                epoch=run.epoch,
+                step=run.step + done,
+                steps_per_epoch=run.split.steps_per_epoch,
+                epochs=run.spec.epochs,
+            )
+    while not run.split.epoch_done:
+        run.split.advance()
+        run.step += 1
+    run.stats.update(updates=updates, max_staleness=max_stale)
