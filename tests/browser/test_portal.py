@@ -1,5 +1,5 @@
 """The whole flow in Chromium: log in, create a project, upload code, submit, watch logs
-arrive and a chart update, cancel; an admin drains a group; a bad password is refused."""
+arrive and a chart update, cancel; an admin drains a group and an agent; a bad password is refused."""
 
 import re
 from pathlib import Path
@@ -74,7 +74,7 @@ def test_log_in_create_upload_submit_watch_and_cancel(
     expect(page.locator("#log-state")).to_contain_text("log complete", timeout=30_000)
 
 
-def test_admin_drains_a_group(page: Page, stack: LocalStack, api: httpx.Client) -> None:
+def test_admin_drains_a_group_and_an_agent(page: Page, stack: LocalStack, api: httpx.Client) -> None:
     log_in(page, stack)
     page.click("nav >> text=Cluster")
     row = page.locator("tr[data-group='cpu-b']")
@@ -84,8 +84,18 @@ def test_admin_drains_a_group(page: Page, stack: LocalStack, api: httpx.Client) 
     expect(page.locator("tr[data-group='cpu-b'] [data-state]")).to_have_text("draining")
     assert api.get("/api/v1/resource-groups/cpu-b").json()["state"] == "draining"
     page.locator("tr[data-group='cpu-b'] button[data-action='active']").click()
+    expect(page.locator(".flash-info")).to_contain_text("cpu-b' is now active")
     expect(page.locator("tr[data-group='cpu-b'] [data-state]")).to_have_text("active")
-    expect(page.locator("#agent-table tr[data-agent='agent-cpu-a']")).to_contain_text("online")
+    agent = page.locator("#agent-table tr[data-agent='agent-cpu-a']")
+    expect(agent).to_contain_text("online")
+    agent.locator("button[data-action='draining']").click()
+    expect(page.locator(".flash-info")).to_contain_text("agent-cpu-a' is now draining")
+    agent = page.locator("#agent-table tr[data-agent='agent-cpu-a']")
+    expect(agent.locator("[data-state]")).to_have_text("draining")
+    expect(page.locator("tr[data-group='cpu-a'] td").nth(7)).to_have_text("0")  # free workers
+    agent.locator("button[data-action='active']").click()
+    expect(page.locator("#agent-table tr[data-agent='agent-cpu-a'] [data-state]")).to_have_text(
+        "active")
 
 
 def test_wrong_password_is_refused_in_the_form(page: Page, stack: LocalStack) -> None:
