@@ -10,10 +10,10 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from backend.agents.models import Agent
+from backend.agents.models import Agent, AgentState
 from backend.core.db import utcnow
 from backend.scheduler.dispatch import Dispatcher
 from backend.scheduler.payload import SubTaskPayload
@@ -50,14 +50,16 @@ def _lost_sub_tasks(session: Session, *, pending_before: object) -> list[tuple[T
     lost = [(task, f"agent '{agent.name}' on {agent.host} stopped sending heartbeats")
             for task, agent in running]
     online = select(Agent.id).where(Agent.resource_group_id == SubTask.resource_group_id,
-                                    Agent.online.is_(True)).exists()
+                                    Agent.online.is_(True),
+                                    Agent.state == AgentState.ACTIVE).exists()
     unclaimed = session.scalars(
         select(Task).join(SubTask, SubTask.task_id == Task.id)
         .where(Task.status.in_(ACTIVE), SubTask.attempt == Task.attempt,
                SubTask.status == SubTaskStatus.PENDING, SubTask.dispatched_at < pending_before,
                ~online)
     ).all()
-    return lost + [(task, "no agent of its group is online to start it") for task in unclaimed]
+    return lost + [(task, "no active agent of its group is online to start it")
+                   for task in unclaimed]
 
 
 def restart_tasks_of(session: Session, *, agent: Agent, reason: str) -> int:
@@ -100,6 +102,20 @@ def last_checkpoint(session: Session, *, task_id: int) -> Checkpoint | None:
 PayloadFor = Callable[..., SubTaskPayload]
 
 
+def make_durable(session: Session) -> None:
+    """Wait until every transaction committed so far is on disk, then end the transaction.
+
+    Scheduling decisions commit on PostgreSQL without waiting for the WAL flush
+    (`service.schedule_next`); a transaction with a transaction id commits with
+    the flush, which covers all earlier WAL. Called before a message leaves
+    for the broker, so no agent ever acts on a decision a crash could undo;
+    one flush per pass instead of one per decision. SQLite commits are durable.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(select(func.pg_current_xact_id()))
+        session.commit()
+
+
 def dispatch_pending(session: Session, dispatcher: Dispatcher, payload_for: PayloadFor, *,
                      redispatch_after_s: float) -> int:
     """Publish each current-attempt sub-task never published, or unclaimed for too long.
@@ -115,6 +131,8 @@ def dispatch_pending(session: Session, dispatcher: Dispatcher, payload_for: Payl
                (SubTask.dispatched_at.is_(None)) | (SubTask.dispatched_at < stale))
         .order_by(SubTask.id)
     ).all()
+    if rows:
+        make_durable(session)
     sent = 0
     for task, sub in rows:
         resume = last_checkpoint(session, task_id=task.id) if task.attempt > 1 else None

@@ -10,11 +10,14 @@ allocation lock from reading free capacity to commit, so several schedulers
 parameter server.
 """
 
+import json
 import logging
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-from sqlalchemy import insert, select, text
+from sqlalchemy import Connection, Text, bindparam, cast, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from backend.core.db import utcnow
@@ -23,13 +26,14 @@ from backend.resource_groups.service import GroupFree
 from backend.scheduler import monitor, placement
 from backend.scheduler.dispatch import Dispatcher
 from backend.scheduler.payload import GroupPlan, SubTaskPayload
-from backend.tasks import lifecycle
 from backend.tasks.models import (
     Allocation,
+    EventKind,
     NodeRole,
     SubTask,
     SubTaskStatus,
     Task,
+    TaskEvent,
     TaskStatus,
 )
 
@@ -44,8 +48,12 @@ class Queued:
     """What a decision reads of a queued task (not the whole row)."""
 
     id: int
-    spec: dict[str, Any]
+    raw_spec: str  # decoded when the decision gets to this task (usually only the first)
     attempt: int
+
+    @cached_property
+    def spec(self) -> dict[str, Any]:
+        return json.loads(self.raw_spec)
 
     @property
     def previous(self) -> placement.Plan | None:
@@ -53,56 +61,91 @@ class Queued:
         return list(self.spec.get("groups") or []) if self.attempt > 1 else None
 
 
+_HEAD = (select(Task.id, cast(Task.spec, Text), Task.attempt).where(QUEUE_FILTER)
+         .order_by(Task.priority.desc(), Task.id).limit(bindparam("limit")))
+# PostgreSQL: the allocation lock, and an asynchronous commit for this transaction only
+# (a decision is made durable before anything outside the database acts on it: see
+# `monitor.dispatch_pending`). One statement, one round trip.
+_BEGIN_PG = select(func.set_config("synchronous_commit", "off", True),
+                   func.pg_advisory_xact_lock(groups.ALLOCATION_LOCK))
+# Book a task: a guarded UPDATE instead of SELECT ... FOR UPDATE then a flush. A task
+# another transaction holds (a cancellation under way) is skipped, as is one no longer queued.
+_CLAIM = (
+    update(Task)
+    .where(Task.id == bindparam("task_id"), Task.attempt == bindparam("task_attempt"),
+           QUEUE_FILTER,
+           Task.id.in_(select(Task.id).where(Task.id == bindparam("task_id"))
+                       .with_for_update(skip_locked=True)))
+    .values(status=TaskStatus.SCHEDULED, status_reason=bindparam("reason"),
+            spec=bindparam("new_spec", type_=Task.spec.type))
+    .returning(Task)
+    .execution_options(synchronize_session=False, populate_existing=True)
+)
+
+# `inline`: no RETURNING of generated keys, so they run inside a pipeline even for one row.
+_INSERT_NODES = insert(Allocation).inline()
+_INSERT_SUBS = insert(SubTask).inline()
+_INSERT_EVENT = insert(TaskEvent).inline()
+
+
 def queue_head(session: Session, *, limit: int = WINDOW) -> list[Queued]:
     """The first `limit` runnable queued tasks: priority high first, then oldest."""
-    rows = session.execute(
-        select(Task.id, Task.spec, Task.attempt).where(QUEUE_FILTER)
-        .order_by(Task.priority.desc(), Task.id).limit(limit))
+    rows = session.connection().execute(_HEAD, {"limit": limit})
     return [Queued(*row) for row in rows]
+
+
+def _begin_decision(session: Session) -> None:
+    """Take the allocation lock until the transaction ends (see `groups.lock_allocation`)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection().execute(_BEGIN_PG)
 
 
 def schedule_next(session: Session) -> Task | None:
     """One scheduling decision: allocate the first queued task that fits now, if any.
 
-    Returns the scheduled task (committed, not yet dispatched) or None.
+    Returns the scheduled task (committed, not yet dispatched) or None. On
+    PostgreSQL the commit does not wait for the WAL flush; `dispatch_pending`
+    makes decisions durable before it publishes them.
     """
-    groups.lock_allocation(session)
+    _begin_decision(session)
     free = groups.free_capacity(session)
     if any(g.free for g in free.values()):
         for queued in queue_head(session):
             chosen = placement.plan(placement.request_of(queued.spec), free, queued.previous)
-            if chosen is not None and (task := allocate(session, queued.id, chosen, free)):
+            if chosen is not None and (task := allocate(session, queued, chosen, free)):
                 return task
     session.rollback()
     return None
 
 
-def allocate(session: Session, task_id: int, chosen: placement.Plan,
+def allocate(session: Session, queued: Queued, chosen: placement.Plan,
              free: dict[str, GroupFree]) -> Task | None:
     """Book `chosen` for the task and commit; None if the task is no longer queued.
 
-    The caller holds the allocation lock since it read `free`.
+    The caller holds the allocation lock since it read `free` and `queued`. The
+    status change QUEUED -> SCHEDULED is the lifecycle's (an allowed transition
+    and its event), done as one guarded UPDATE.
     """
-    task = session.scalar(
-        select(Task).where(Task.id == task_id, QUEUE_FILTER)
-        .with_for_update(skip_locked=True).execution_options(populate_existing=True))
-    if task is None:
-        return None
-    _book(session, task, chosen, free)
     total = sum(p["workers"] for p in chosen)
     detail = ", ".join(f"{p['name']}×{p['workers']}" for p in chosen)
-    lifecycle.transition(session, task, TaskStatus.SCHEDULED,
-                         f"attempt {task.attempt}: allocated parameter server and {total} "
-                         f"workers: {detail}")
+    reason = (f"attempt {queued.attempt}: allocated parameter server and {total} "
+              f"workers: {detail}")
+    task = session.scalars(_CLAIM, {"task_id": queued.id, "task_attempt": queued.attempt,
+                                     "reason": reason,
+                                     "new_spec": {**queued.spec, "groups": chosen}}
+                           ).one_or_none()
+    if task is None:
+        return None
+    _book(session, task, chosen, free, reason)
     session.commit()
     return task
 
 
 def _book(session: Session, task: Task, chosen: placement.Plan,
-          fresh: dict[str, GroupFree]) -> None:
-    """Insert the nodes (rank 0 = parameter server on the first group) and sub-tasks."""
+          fresh: dict[str, GroupFree], reason: str) -> None:
+    """Insert the nodes (rank 0 = parameter server on the first group), the sub-tasks and
+    the SCHEDULED event."""
     first, now = fresh[chosen[0]["name"]].id, utcnow()
-    task.spec = {**task.spec, "groups": chosen}
     base = {"task_id": task.id, "attempt": task.attempt, "created_at": now,
             "host": None, "last_heartbeat_at": None, "released_at": None}
     nodes = [{**base, "role": NodeRole.TASK_MANAGER, "resource_group_id": first, "rank": None},
@@ -117,10 +160,23 @@ def _book(session: Session, task: Task, chosen: placement.Plan,
                      "workers": item["workers"], "hosts_parameter_server": index == 0,
                      "attempt": task.attempt, "status": SubTaskStatus.PENDING, "detail": "",
                      "agent_id": None, "updated_at": now, "dispatched_at": None})
-    # Core executemany of one cached statement (psycopg sends the rows in one pipeline).
+    event = [{"task_id": task.id, "from_status": TaskStatus.QUEUED,
+              "to_status": TaskStatus.SCHEDULED, "reason": reason, "created_at": now,
+              "kind": EventKind.STATUS}]
+    # Core executemany of cached statements; on PostgreSQL all three in one pipeline (one
+    # round trip; psycopg's executemany rides an open pipeline).
     connection = session.connection()
-    connection.execute(insert(Allocation), nodes)
-    connection.execute(insert(SubTask), subs)
+    with _pipeline(connection):
+        connection.execute(_INSERT_NODES, nodes)
+        connection.execute(_INSERT_SUBS, subs)
+        connection.execute(_INSERT_EVENT, event)
+
+
+def _pipeline(connection: Connection) -> AbstractContextManager[Any]:
+    """psycopg's pipeline mode on PostgreSQL (statements sent without waiting for each
+    result; for statements that return no rows), else nothing."""
+    driver = connection.connection.driver_connection
+    return driver.pipeline() if hasattr(driver, "pipeline") else nullcontext()
 
 
 ENGINE_OPTIONS = ("sync_strategy", "sync_period", "quorum", "max_staleness",
