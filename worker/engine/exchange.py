@@ -1,11 +1,13 @@
 """The hierarchical gradient/parameter exchange between workers and the parameter server.
 
-Gradients go up: allreduce (sum) inside each resource group, then the group
-leaders reduce (sum) to the parameter server over the leaders group.
-Parameters come down: the parameter server broadcasts to the leaders, each
+Gradients go up: allreduce (sum) inside each resource group, then every
+group leader sends its group's sum to the parameter server, which adds them.
+Parameters come down: the parameter server sends to every leader, each
 leader broadcasts inside its group. This is hierarchical allreduce with a
 parameter server at the top (Li et al., OSDI 2014). Vectors are flat 1-D
-tensors so each hop is one collective (in-group allreduces go in buckets).
+tensors; in-group allreduces go in buckets, and the parameter server talks to
+all leaders at once, point to point, in pieces that it adds as they arrive
+(a star: its link carries each group's bytes once each way).
 
 Exact averaging with unequal per-worker batches: every worker sends the *sum*
 of its per-sample gradients (batch-mean gradient times its sample count) with
@@ -26,6 +28,8 @@ from torch import Tensor
 from worker.engine.distributed import Topology
 
 BUCKET_BYTES = 16 * 2**20
+# Point-to-point messages between the parameter server and the group leaders.
+PIECE_BYTES = 4 * 2**20
 
 
 def params_of(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -100,15 +104,46 @@ def push_up(topo: Topology, vector: Tensor) -> None:
 
 
 def leader_reduce(topo: Topology, vector: Tensor) -> None:
-    """Group leaders sum ``vector`` (1-D) into the parameter server; other workers do nothing."""
+    """Group leaders send ``vector`` (1-D) to the parameter server, which sums the groups'
+    vectors (:func:`gather_at_ps`); other workers do nothing.
+
+    Point to point, in pieces of :data:`PIECE_BYTES`, all posted at once: the
+    server adds piece k while piece k + 1 is on the way.
+    """
     if topo.am_i_leader:
-        dist.reduce(vector.cpu(), dst=0, op=dist.ReduceOp.SUM, group=topo.leaders)
+        on_cpu = vector.cpu()
+        _wait(
+            [
+                dist.isend(on_cpu[a:b], dst=0, group=topo.leaders, tag=k)
+                for k, (a, b) in enumerate(pieces(on_cpu.numel(), on_cpu.element_size()))
+            ]
+        )
 
 
 def gather_at_ps(topo: Topology, numel: int, dtype: torch.dtype) -> Tensor:
-    """Parameter-server side of the upward sum: returns the sum over all workers, shape [numel]."""
-    total = torch.zeros(numel, dtype=dtype)
-    dist.reduce(total, dst=0, op=dist.ReduceOp.SUM, group=topo.leaders)
+    """Parameter-server side of the upward sum: returns the sum over all workers, shape [numel].
+
+    Receives every group leader's vector at once (point to point, in pieces)
+    and adds them in leader order, piece by piece as they arrive: the server's
+    link carries each group's bytes once, where a reduce collective would also
+    pass partial sums around a ring through the leaders. The order of the
+    additions is fixed, so the result does not depend on arrival order.
+    """
+    leaders = leader_ranks(topo)
+    total = torch.empty(numel, dtype=dtype)
+    spare = [_scratch(i, numel, dtype) for i in range(len(leaders) - 1)]
+    parts = pieces(numel, total.element_size())
+    received = [
+        [
+            dist.irecv(buffer[a:b], src=rank, group=topo.leaders, tag=k)
+            for k, (a, b) in enumerate(parts)
+        ]
+        for rank, buffer in zip(leaders, [total, *spare], strict=True)
+    ]
+    for k, (a, b) in enumerate(parts):
+        _wait([works[k] for works in received])
+        for buffer in spare:
+            total[a:b] += buffer[a:b]
     return total
 
 
@@ -116,20 +151,66 @@ def broadcast_down(topo: Topology, vector: Tensor) -> Tensor:
     """Send ``vector`` from the parameter server to every worker; returns the received tensor.
 
     On rank 0 ``vector`` is the payload (CPU); elsewhere it only gives shape and
-    dtype and is overwritten. The result lives on ``topo.device``.
+    dtype and is overwritten. The result lives on ``topo.device``. The server
+    sends to every leader at once (point to point, in pieces); each leader
+    then broadcasts inside its group.
     """
     if topo.is_ps:
-        dist.broadcast(vector, src=0, group=topo.leaders)
+        payload = vector.contiguous()
+        parts = pieces(payload.numel(), payload.element_size())
+        _wait(
+            [
+                dist.isend(payload[a:b], dst=rank, group=topo.leaders, tag=k)
+                for rank in leader_ranks(topo)
+                for k, (a, b) in enumerate(parts)
+            ]
+        )
         return vector
     assert topo.group is not None and topo.leader_rank is not None
     received = vector.to(topo.device)
     if topo.am_i_leader:
-        on_cpu = received.cpu()
-        dist.broadcast(on_cpu, src=0, group=topo.leaders)
+        on_cpu = torch.empty(vector.numel(), dtype=vector.dtype)
+        parts = pieces(on_cpu.numel(), on_cpu.element_size())
+        _wait(
+            [
+                dist.irecv(on_cpu[a:b], src=0, group=topo.leaders, tag=k)
+                for k, (a, b) in enumerate(parts)
+            ]
+        )
         received = on_cpu.to(topo.device)
     if len(topo.group_ranks) > 1:
         dist.broadcast(received, src=topo.leader_rank, group=topo.group)
     return received
+
+
+def leader_ranks(topo: Topology) -> list[int]:
+    """Global ranks of the group leaders, in group order (the leaders group minus rank 0)."""
+    return [r for r in dist.get_process_group_ranks(topo.leaders) if r != 0]
+
+
+def pieces(numel: int, element_size: int, piece_bytes: int | None = None) -> list[tuple[int, int]]:
+    """``[start, end)`` element ranges of at most ``piece_bytes`` (default :data:`PIECE_BYTES`)."""
+    per = max(1, (piece_bytes or PIECE_BYTES) // element_size)
+    return [(a, min(a + per, numel)) for a in range(0, numel, per)]
+
+
+def _wait(works: list[Any]) -> None:
+    """Wait for point-to-point works (each bounded by its process group's timeout)."""
+    for work in works:
+        work.wait()
+
+
+_SCRATCH: dict[tuple[int, int, torch.dtype], Tensor] = {}
+
+
+def _scratch(index: int, numel: int, dtype: torch.dtype) -> Tensor:
+    """A reusable receive buffer of the parameter server (kept: a round allocates nothing)."""
+    key = (index, numel, dtype)
+    if key not in _SCRATCH:
+        if len(_SCRATCH) >= 8:
+            _SCRATCH.clear()
+        _SCRATCH[key] = torch.empty(numel, dtype=dtype)
+    return _SCRATCH[key]
 
 
 def sum_over_world(totals: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
