@@ -3,13 +3,25 @@
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, ForeignKey, String, UniqueConstraint
+from sqlalchemy import JSON, Enum, ForeignKey, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.core.db import Base, utcnow
+from backend.resource_groups.models import GroupState
+
+# An agent's admin state means what a group's does: `draining` finishes what it runs and
+# takes nothing new, `disabled` runs nothing (reachable once it runs nothing).
+AgentState = GroupState
 
 
 class Agent(Base):
+    """One agent process serving one resource group's queue on one host.
+
+    `online` follows heartbeats; `state` is set by admins. Only an online,
+    active agent claims new sub-tasks and adds its workers to the group's
+    free capacity.
+    """
+
     __tablename__ = "agent"
     __table_args__ = (UniqueConstraint("name"),)
 
@@ -24,3 +36,8 @@ class Agent(Base):
     online: Mapped[bool] = mapped_column(default=True)
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    state: Mapped[AgentState] = mapped_column(
+        Enum(AgentState, native_enum=False, length=16, validate_strings=True, name="agentstate"),
+        default=AgentState.ACTIVE, server_default="ACTIVE",
+    )
+    description: Mapped[str] = mapped_column(Text, default="", server_default="")

@@ -1,7 +1,8 @@
 from fastapi import APIRouter, Response
 
 from backend.agents import service
-from backend.agents.schemas import AgentRead
+from backend.agents.models import Agent
+from backend.agents.schemas import AgentRead, AgentUpdate
 from backend.core.deps import AdminWrites, SessionDep
 from backend.core.pagination import Page, paginated
 
@@ -15,3 +16,16 @@ def list_agents(session: SessionDep, page: Page, response: Response,
     """Registered agents with the hardware they detected; filter by group or liveness."""
     return paginated(list(service.list_all(session, group=resource_group, online=online)),
                      page, response)
+
+
+@router.get("/{agent_id}", response_model=AgentRead)
+def get_agent(agent_id: int, session: SessionDep) -> Agent:
+    return service.get(session, agent_id=agent_id)
+
+
+@router.patch("/{agent_id}", response_model=AgentRead,
+              responses={409: {"description": "disabling an agent that still runs sub-tasks"}})
+def update_agent(agent_id: int, data: AgentUpdate, session: SessionDep) -> Agent:
+    """Drain (`{"state": "draining"}`: finish what it runs, claim nothing new), disable once
+    idle, re-activate, or describe an agent. Admins only."""
+    return service.update(session, agent=service.get(session, agent_id=agent_id), data=data)

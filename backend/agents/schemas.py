@@ -2,6 +2,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from backend.agents.models import AgentState
 from backend.core.schemas import UtcDateTime
 
 
@@ -35,3 +36,15 @@ class AgentRead(BaseModel):
     online: bool
     registered_at: UtcDateTime
     last_heartbeat_at: UtcDateTime
+    state: AgentState = Field(description="admin state: active, draining or disabled")
+    description: str = ""
+
+
+class AgentUpdate(BaseModel):
+    """Fields an admin changes; `state` drains (`draining`), disables or re-activates it."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"state": "draining"}, {"description": "rack 3, replace fan"}]})
+
+    state: AgentState | None = None
+    description: str | None = Field(default=None, max_length=2000)

@@ -2,15 +2,17 @@
 
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.agents.models import Agent
-from backend.agents.schemas import AgentRegister
+from backend.agents.models import Agent, AgentState
+from backend.agents.schemas import AgentRegister, AgentUpdate
 from backend.core.db import utcnow
-from backend.core.errors import NotFound
+from backend.core.errors import Conflict, NotFound
 from backend.resource_groups import service as groups
 from backend.scheduler import monitor
+from backend.tasks.lifecycle import ACTIVE
+from backend.tasks.models import SubTask, SubTaskStatus, Task
 
 
 def register(session: Session, *, data: AgentRegister) -> Agent:
@@ -63,3 +65,34 @@ def list_all(session: Session, *, group: str | None = None, online: bool | None 
     if online is not None:
         query = query.where(Agent.online.is_(online))
     return session.scalars(query).all()
+
+
+def running_sub_tasks(session: Session, *, agent: Agent) -> int:
+    """Sub-tasks of the tasks' current attempts that `agent` has claimed and still runs."""
+    return session.scalar(
+        select(func.count(SubTask.id)).join(Task, Task.id == SubTask.task_id)
+        .where(SubTask.agent_id == agent.id, SubTask.status == SubTaskStatus.RUNNING,
+               SubTask.attempt == Task.attempt, Task.status.in_(ACTIVE))
+    ) or 0
+
+
+def update(session: Session, *, agent: Agent, data: AgentUpdate) -> Agent:
+    """Change an agent's admin state or description.
+
+    `draining` lets the agent finish the sub-tasks it runs while it claims no
+    new ones and its workers leave the group's free capacity; `active` takes
+    it back. A restarted agent keeps the state an admin gave it.
+
+    Raises:
+        Conflict: disabling an agent that still runs sub-tasks (drain it first).
+    """
+    changes = data.model_dump(exclude_unset=True, exclude_none=True)
+    if changes.get("state") is AgentState.DISABLED:
+        running = running_sub_tasks(session, agent=agent)
+        if running:
+            raise Conflict(f"agent '{agent.name}' still runs {running} sub-task(s); set state "
+                           f"'draining' first and disable it once they end", field="state")
+    for key, value in changes.items():
+        setattr(agent, key, value)
+    session.commit()
+    return agent

@@ -5,6 +5,7 @@ from pathlib import Path
 from sqlalchemy import select, tuple_, update
 from sqlalchemy.orm import Session
 
+from backend.agents.models import Agent, AgentState
 from backend.core.db import utcnow
 from backend.core.errors import Conflict, NotFound
 from backend.internal.schemas import (
@@ -40,8 +41,17 @@ def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
     """An agent takes a sub-task. A redelivered message finds it taken: Conflict.
 
     A message of an earlier attempt (the task restarted since) is refused too.
-    The first claim moves the task from SCHEDULED to RUNNING.
+    The first claim moves the task from SCHEDULED to RUNNING. An agent an
+    admin drained or disabled is refused too, and the sub-task is published
+    again at the scheduler's next pass for an active agent to take.
     """
+    agent = session.get(Agent, data.agent_id)
+    if agent is not None and agent.state is not AgentState.ACTIVE:
+        if sub.status is SubTaskStatus.PENDING:
+            sub.dispatched_at = None
+            session.commit()
+        raise Conflict(f"agent '{agent.name}' is {agent.state.value}: it takes no new sub-tasks",
+                       field="agent_id")
     task = session.get_one(Task, sub.task_id, with_for_update=True)
     if (sub.status is not SubTaskStatus.PENDING or task.status not in lifecycle.ACTIVE
             or sub.attempt != task.attempt or data.attempt != sub.attempt):

@@ -1,8 +1,9 @@
 """Resource group management (admins) and capacity accounting (the scheduler).
 
-A group's free workers are `min(capacity, workers of its online agents)` less
-the compute workers held by allocations; draining, disabled and deleted
-groups offer none.
+A group's free workers are `min(capacity, workers of its online active agents)`
+less the compute workers held by allocations (an agent an admin drains or
+disables keeps the workers it runs and offers no new ones); draining, disabled
+and deleted groups offer none.
 """
 
 import re
@@ -13,7 +14,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.agents.models import Agent
+from backend.agents.models import Agent, AgentState
 from backend.core.db import utcnow
 from backend.core.errors import Conflict, Invalid, NotFound
 from backend.resource_groups.models import GroupState, ResourceGroup
@@ -23,7 +24,7 @@ from backend.resource_groups.schemas import (
     ResourceGroupRead,
     ResourceGroupUpdate,
 )
-from backend.tasks.models import Allocation, NodeRole, Task, TaskStatus
+from backend.tasks.models import Allocation, NodeRole, SubTask, Task, TaskStatus
 
 LIVE = ResourceGroup.deleted_at.is_(None)
 UNFINISHED = [TaskStatus.QUEUED, TaskStatus.SCHEDULED, TaskStatus.RUNNING, TaskStatus.RESTARTING]
@@ -41,12 +42,14 @@ class GroupFree:
     online: int
     held: int
     labels: dict[str, Any] = field(default_factory=dict)
+    held_inactive: int = 0  # of `held`, workers run by agents an admin drained or disabled
 
     @property
     def free(self) -> int:
         if self.state is not GroupState.ACTIVE:
             return 0
-        return max(0, min(self.capacity, self.online) - self.held)
+        return max(0, min(self.capacity - self.held,
+                          self.online - (self.held - self.held_inactive)))
 
     def matches(self, labels: dict[str, str]) -> bool:
         return all(self.labels.get(k) == v for k, v in labels.items())
@@ -154,6 +157,7 @@ def allocated_workers(session: Session, *, group_id: int) -> int:
 
 
 def online_agents(session: Session, *, group_id: int) -> list[Agent]:
+    """The group's online agents, whatever their admin state."""
     return list(
         session.scalars(
             select(Agent).where(Agent.resource_group_id == group_id, Agent.online.is_(True))
@@ -178,12 +182,24 @@ def lock_allocation(session: Session) -> None:
 
 
 _ONLINE = (select(func.coalesce(func.sum(Agent.workers), 0))
-           .where(Agent.resource_group_id == ResourceGroup.id, Agent.online.is_(True))
+           .where(Agent.resource_group_id == ResourceGroup.id, Agent.online.is_(True),
+                  Agent.state == AgentState.ACTIVE)
            .correlate(ResourceGroup).scalar_subquery())
 _HELD = (select(func.count(Allocation.id))
          .where(Allocation.resource_group_id == ResourceGroup.id,
                 Allocation.released_at.is_(None), Allocation.role == NodeRole.COMPUTE)
          .correlate(ResourceGroup).scalar_subquery())
+
+
+_HELD_INACTIVE = (
+    select(func.count(Allocation.id))
+    .join(SubTask, (SubTask.task_id == Allocation.task_id)
+          & (SubTask.attempt == Allocation.attempt)
+          & (SubTask.resource_group_id == Allocation.resource_group_id))
+    .join(Agent, Agent.id == SubTask.agent_id)
+    .where(Allocation.resource_group_id == ResourceGroup.id, Allocation.released_at.is_(None),
+           Allocation.role == NodeRole.COMPUTE, Agent.state != AgentState.ACTIVE)
+    .correlate(ResourceGroup).scalar_subquery())
 
 
 def free_capacity(session: Session, group_ids: Iterable[int] | None = None
@@ -195,12 +211,13 @@ def free_capacity(session: Session, group_ids: Iterable[int] | None = None
     """
     query = select(ResourceGroup.id, ResourceGroup.name, ResourceGroup.device_type,
                    ResourceGroup.state, ResourceGroup.capacity, ResourceGroup.labels,
-                   _ONLINE, _HELD).where(LIVE)
+                   _ONLINE, _HELD, _HELD_INACTIVE).where(LIVE)
     if group_ids is not None:
         query = query.where(ResourceGroup.id.in_(list(group_ids)))
     return {row.name: GroupFree(id=row.id, name=row.name, device_type=row.device_type,
                                 state=row.state, capacity=row.capacity, online=int(row[6]),
-                                held=int(row[7]), labels=dict(row.labels or {}))
+                                held=int(row[7]), labels=dict(row.labels or {}),
+                                held_inactive=int(row[8]))
             for row in session.execute(query)}
 
 

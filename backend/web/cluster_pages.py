@@ -1,5 +1,5 @@
 """The cluster page: resource groups and agents; admins create, edit, drain, disable and
-delete groups."""
+delete groups, and drain, disable and describe agents."""
 
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -8,6 +8,8 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
+from backend.agents import service as agents
+from backend.agents.schemas import AgentUpdate
 from backend.auth.models import User
 from backend.core.deps import CsrfCheck, SessionDep, WebUser
 from backend.core.errors import Forbidden, ServiceError
@@ -129,3 +131,30 @@ def delete_group(request: Request, name: str, session: SessionDep, user: WebUser
     if errors:
         return _refused(request, session, status, row_errors={name: errors})
     return redirect(PAGE, flash=f"Resource group '{name}' deleted.")
+
+
+def _update_agent(request: Request, session: SessionDep, user: User, agent_id: int,
+                  changes: dict[str, str], done: str) -> Response:
+    """Apply an admin's change to an agent; the page with the error next to it if refused."""
+    _admin(user)
+    agent = agents.get(session, agent_id=agent_id)
+    errors, status = _apply(session, lambda: agents.update(
+        session, agent=agent, data=AgentUpdate.model_validate(changes)))
+    if errors:
+        return _refused(request, session, status, agent_errors={agent.id: errors})
+    return redirect(PAGE, flash=f"Agent '{agent.name}' {done}.")
+
+
+@router.post(PAGE + "/agents/{agent_id}/state", dependencies=[CsrfCheck])
+def set_agent_state(request: Request, agent_id: int, session: SessionDep, user: WebUser,
+                    state: Annotated[str, Form()] = "") -> Response:
+    """Drain (finish what it runs, claim nothing new), disable, or re-activate an agent."""
+    return _update_agent(request, session, user, agent_id, {"state": state}, f"is now {state}")
+
+
+@router.post(PAGE + "/agents/{agent_id}/edit", dependencies=[CsrfCheck])
+def edit_agent(request: Request, agent_id: int, session: SessionDep, user: WebUser,
+               description: Annotated[str, Form()] = "") -> Response:
+    """Change an agent's description (a note for the other admins)."""
+    return _update_agent(request, session, user, agent_id, {"description": description},
+                         "updated")

@@ -38,7 +38,8 @@ def _agent_row(agent: Agent, group_names: dict[int, str], busy: dict[int, int]
         "busy": busy.get(agent.id, 0),
         "group": group_names.get(agent.resource_group_id, "?"),
         "online": agent.online,
-        "state": getattr(agent, "state", None),
+        "state": agent.state.value,
+        "description": agent.description,
         "hardware": hardware_summary(agent.hardware or {}),
         "hardware_raw": agent.hardware,
         "heartbeat_age_s": max(0.0, (utcnow() - agent.last_heartbeat_at).total_seconds()),
@@ -46,8 +47,8 @@ def _agent_row(agent: Agent, group_names: dict[int, str], busy: dict[int, int]
 
 
 def cluster_page(session: Session, *, form: dict | None = None,
-                 errors: FieldErrors | None = None, row_errors: dict | None = None
-                 ) -> dict[str, Any]:
+                 errors: FieldErrors | None = None, row_errors: dict | None = None,
+                 agent_errors: dict | None = None) -> dict[str, Any]:
     """Every resource group with its live use, every agent, and the admin forms' state."""
     group_list = groups.list_all(session)
     names = {g.id: g.name for g in group_list}
@@ -60,4 +61,5 @@ def cluster_page(session: Session, *, form: dict | None = None,
                          "labels": ""},
         "errors": errors or {},
         "row_errors": row_errors or {},
+        "agent_errors": agent_errors or {},
     }

@@ -154,7 +154,8 @@ def test_unclaimed_sub_task_of_a_group_without_agents_is_restarted(session: Sess
     _silence(session, "agent-cpu-a")
     assert monitor.check(session, timeout_s=15) == 1
     session.refresh(task)
-    assert task.status is S.QUEUED and "no agent of its group is online" in task.status_reason
+    assert task.status is S.QUEUED
+    assert "no active agent of its group is online" in task.status_reason
 
 
 def test_agent_within_timeout_stays_online(session: Session) -> None:

@@ -4,7 +4,14 @@ from fastapi.testclient import TestClient
 
 from backend.core.db import get_sessionmaker
 from backend.tasks import service as tasks
-from tests.conftest import add_account, login_as, make_group, make_project, with_csrf
+from tests.conftest import (
+    add_account,
+    agent_headers,
+    login_as,
+    make_group,
+    make_project,
+    with_csrf,
+)
 from tests.web.dom import parse
 
 
@@ -99,6 +106,29 @@ def test_admin_drains_edits_and_deletes_a_group(client: TestClient) -> None:
     client.post("/resource-groups/gpu-a/delete", data=with_csrf(client, {}))
     names = [g["name"] for g in client.get("/api/v1/resource-groups").json()]
     assert names == ["cpu-a"]
+
+
+def test_admin_drains_describes_and_disables_an_agent(client: TestClient) -> None:
+    make_group(client, "cpu-a", capacity=4)
+    agent = client.post("/internal/v1/agents/register", headers=agent_headers(), json={
+        "name": "host1-cpu-a", "host": "host1", "resource_group": "cpu-a", "workers": 2,
+        "hardware": {"cpu_cores": 4, "memory_bytes": 2**33, "cuda_devices": []}}).json()
+    url = f"/resource-groups/agents/{agent['id']}"
+    drained = parse(client.post(f"{url}/state", data=with_csrf(client, {"state": "draining"})
+                                ).text)
+    row = drained.find("tr", data_agent="host1-cpu-a")
+    assert row.find(data_state="draining") and row.find(data_action="disabled")
+    assert drained.find("tr", data_group="cpu-a").find_all("td")[7].text() == "0"  # free
+    client.post(f"{url}/edit", data=with_csrf(client, {"description": "rack 3, loud fan"}))
+    bad = client.post(f"{url}/state", data=with_csrf(client, {"state": "asleep"}))
+    assert bad.status_code == 422 and parse(bad.text).find(data_field="agent.host1-cpu-a")
+    client.post(f"{url}/state", data=with_csrf(client, {"state": "disabled"}))
+    read = client.get(f"/api/v1/agents/{agent['id']}").json()
+    assert (read["state"], read["description"]) == ("disabled", "rack 3, loud fan")
+    bob = _as(client, "bob@example.org")
+    refused = bob.post(f"{url}/state", data=with_csrf(bob, {"state": "active"}))
+    assert refused.status_code == 403
+    assert client.get(f"/api/v1/agents/{agent['id']}").json()["state"] == "disabled"
 
 
 def test_members_see_the_cluster_but_cannot_change_it(client: TestClient) -> None:

@@ -7,7 +7,15 @@ import httpx
 
 
 class Conflict(Exception):
-    """The backend refused a state change (e.g. a sub-task already claimed)."""
+    """The backend refused a state change (e.g. a sub-task already claimed).
+
+    `field` names what was refused: `agent_id` when the agent itself was drained or
+    disabled by an admin.
+    """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class InternalApi:
@@ -30,7 +38,8 @@ class InternalApi:
                 delay = min(delay * 2, 5.0)
                 continue
             if response.status_code == 409:
-                raise Conflict(response.json()["error"]["message"])
+                error = response.json()["error"]
+                raise Conflict(error["message"], error.get("field"))
             if response.status_code >= 500 and attempt < self._retries:
                 time.sleep(delay)
                 continue

@@ -56,6 +56,10 @@ class SubTaskRunner:
                            host=self.settings.advertise_addr, attempt=payload.attempt)
         except Conflict as exc:
             log.info("ignoring sub-task %s: %s", payload.sub_task_id, exc)
+            if exc.field == "agent_id":
+                # Drained or disabled by an admin: the backend publishes the sub-task again;
+                # stay off the queue for a while so an active agent of the group takes it.
+                time.sleep(self.settings.heartbeat_interval_s)
             return "ignored"
         # An earlier attempt's processes of this task on this host end first.
         self.registry.wait_gone(payload.task_id, timeout_s=30.0)
