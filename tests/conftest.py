@@ -2,6 +2,9 @@
 
 import functools
 import os
+import shutil
+import sqlite3
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +39,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _migrated_sqlite.cache_info().currsize:
+        shutil.rmtree(_migrated_sqlite().parent, ignore_errors=True)
     if production.enabled():
         production.drop_template()
 
@@ -56,6 +61,23 @@ def db_backend(request: pytest.FixtureRequest) -> str:
     return str(getattr(request, "param", "sqlite"))
 
 
+@functools.cache
+def _migrated_sqlite() -> Path:
+    """A SQLite database migrated to head once per run (Alembic's batch steps rebuild tables,
+    about a second each time); every test gets a copy."""
+    path = Path(tempfile.mkdtemp(prefix="polytrain-tpl-")) / "template.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+def _copy_migrated_sqlite(target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(_migrated_sqlite()) as source, sqlite3.connect(target) as copy:
+        source.backup(copy)
+    source.close()
+    copy.close()
+
+
 @pytest.fixture
 def service_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_backend: str
                 ) -> Iterator[Path]:
@@ -70,7 +92,7 @@ def service_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_backend: str
         monkeypatch.setenv("DATABASE_URL", url)
     _clear_caches()
     if not url:
-        upgrade()
+        _copy_migrated_sqlite(tmp_path / "var" / "polytrain.db")
     yield tmp_path / "var"
     db.get_engine().dispose()
     _clear_caches()

@@ -23,9 +23,9 @@ def get_agent(agent_id: int, session: SessionDep) -> Agent:
     return service.get(session, agent_id=agent_id)
 
 
-@router.patch("/{agent_id}", response_model=AgentRead,
-              responses={409: {"description": "disabling an agent that still runs sub-tasks"}})
+@router.patch("/{agent_id}", response_model=AgentRead)
 def update_agent(agent_id: int, data: AgentUpdate, session: SessionDep) -> Agent:
     """Drain (`{"state": "draining"}`: finish what it runs, claim nothing new), disable once
-    idle, re-activate, or describe an agent. Admins only."""
+    idle, re-activate, or describe an agent. Admins only; 409 when disabling an agent
+    that still runs sub-tasks."""
     return service.update(session, agent=service.get(session, agent_id=agent_id), data=data)

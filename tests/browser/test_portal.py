@@ -1,5 +1,6 @@
 """The whole flow in Chromium: log in, create a project, upload code, submit, watch logs
-arrive and a chart update, cancel; an admin drains a group and an agent; a bad password is refused."""
+arrive and a chart update, cancel; an admin drains a group and an agent; a bad password is
+refused."""
 
 import re
 from pathlib import Path
@@ -74,7 +75,8 @@ def test_log_in_create_upload_submit_watch_and_cancel(
     expect(page.locator("#log-state")).to_contain_text("log complete", timeout=30_000)
 
 
-def test_admin_drains_a_group_and_an_agent(page: Page, stack: LocalStack, api: httpx.Client) -> None:
+def test_admin_drains_a_group_and_an_agent(page: Page, stack: LocalStack, api: httpx.Client
+                                           ) -> None:
     log_in(page, stack)
     page.click("nav >> text=Cluster")
     row = page.locator("tr[data-group='cpu-b']")
