@@ -66,3 +66,13 @@ def test_even_policy_never_moves() -> None:
 def test_rates_of_fills_unmeasured_workers() -> None:
     assert rates_of([2.0, 0.0], [10.0, 0.0]) == [5.0, 5.0]
     assert rates_of([0.0], [0.0]) == [1.0]
+
+
+def test_once_moving_the_controller_goes_on_to_within_the_settle_band() -> None:
+    # 4 % over the ideal triggers a move; a plain dead band would stop just inside 3 %.
+    balancer, shares, speeds = Balancer("weighted", 256), [200, 56], [300.0, 100.0]
+    assert imbalance(shares, speeds) > balancer.tolerance
+    for _ in range(10):
+        shares = balancer.propose(shares, *measure(shares, speeds)) or shares
+    assert imbalance(shares, speeds) <= balancer.settle
+    assert balancer.propose(shares, *measure(shares, speeds)) is None

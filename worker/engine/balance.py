@@ -10,7 +10,11 @@ moves shares towards that target when the predicted step time exceeds the
 ideal by more than ``tolerance``. It moves only ``damping`` of the way, in
 whole samples, and never changes B, so noise inside the dead band causes no
 change and a real drift is followed in a few damped moves without
-oscillating. This is semi-dynamic load balancing from measured step times
+oscillating. Once it has started to move it goes on (hysteresis) until the
+predicted excess is within ``settle`` or whole samples allow no closer
+split, rather than stopping just inside the dead band: otherwise a split
+would stay up to ``tolerance`` slower than the ideal for good. This is
+semi-dynamic load balancing from measured step times
 (Chen et al., "Semi-Dynamic Load Balancing: Efficient Distributed Learning in
 Non-Dedicated Environments", SoCC 2020; per-node batch sizes from measured
 speed as in the heterogeneous-computing patent family and HetPipe, Park et
@@ -49,13 +53,16 @@ class Balancer:
     ``policy`` ``even`` keeps equal shares forever; ``weighted`` starts from the
     profiled throughputs and follows measured step times. ``tolerance`` is the
     dead band (fraction of the ideal step time), ``damping`` in (0, 1] the
-    fraction of the way moved per decision.
+    fraction of the way moved per decision; once moving, the controller goes on
+    until the predicted excess is at most ``settle``.
     """
 
     policy: SplitPolicy
     batch: int
     tolerance: float = 0.03
     damping: float = 0.5
+    settle: float = 0.01
+    moving: bool = False
 
     def initial(self, rates: list[float]) -> list[int]:
         """Shares before the first step from profiled ``rates`` (samples/s per worker)."""
@@ -74,7 +81,9 @@ class Balancer:
         if self.policy == "even" or len(shares) < 2:
             return None
         rates = rates_of(compute_s, samples)
-        if imbalance(shares, rates) <= self.tolerance:
+        excess = imbalance(shares, rates)
+        self.moving = excess > (self.settle if self.moving else self.tolerance)
+        if not self.moving:
             return None
         total = sum(rates)
         target = [
@@ -82,4 +91,7 @@ class Balancer:
             for b, r in zip(shares, rates, strict=True)
         ]
         proposed = weighted_shares(self.batch, target)
-        return None if proposed == shares else proposed
+        if proposed == shares:
+            self.moving = False  # whole samples allow no closer split
+            return None
+        return proposed
