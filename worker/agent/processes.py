@@ -81,11 +81,17 @@ class WarmPool:
             if self._stop.is_set():
                 return
             proc = _popen(["-m", "worker.agent.warm"], {}, stdin=subprocess.PIPE)
-            assert proc.stdout is not None
-            if proc.stdout.readline().strip() == "@@warm ready":
-                self._ready.put(proc)
-            else:  # it failed to import: no retry loop, ranks start cold
-                proc.kill()
+            # Interpreters warm up side by side (each mostly imports: a few seconds), so a
+            # pool emptied by one task is full again in about one interpreter's start.
+            threading.Thread(target=self._await_ready, args=(proc,), name="warm-wait",
+                             daemon=True).start()
+
+    def _await_ready(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() == "@@warm ready" and not self._stop.is_set():
+            self._ready.put(proc)
+        else:  # it failed to import (no retry loop: ranks start cold), or the pool closed
+            proc.kill()
 
     def start(self, spec_path: str | os.PathLike[str], env: Mapping[str, str]
               ) -> subprocess.Popen[str]:

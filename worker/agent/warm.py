@@ -19,13 +19,16 @@ PR_SET_NAME = 15
 
 
 def _warm_up() -> None:
-    """Import the engine and run one tiny forward/backward (torch's first-call costs)."""
+    """Import the engine and run one tiny forward/backward and optimizer step (torch's
+    first-call costs: the first optimizer imports torch._dynamo, about a second)."""
     import torch
 
     import worker.engine.launch  # noqa: F401  (the import is the point)
 
     layer = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
     layer(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
 
 
 def _name(title: str) -> None:
