@@ -181,25 +181,38 @@ def lock_allocation(session: Session) -> None:
         session.execute(select(func.pg_advisory_xact_lock(ALLOCATION_LOCK)))
 
 
-_ONLINE = (select(func.coalesce(func.sum(Agent.workers), 0))
-           .where(Agent.resource_group_id == ResourceGroup.id, Agent.online.is_(True),
-                  Agent.state == AgentState.ACTIVE)
-           .correlate(ResourceGroup).scalar_subquery())
-_HELD = (select(func.count(Allocation.id))
-         .where(Allocation.resource_group_id == ResourceGroup.id,
-                Allocation.released_at.is_(None), Allocation.role == NodeRole.COMPUTE)
-         .correlate(ResourceGroup).scalar_subquery())
-
-
+# Per-group totals, each computed once for all groups (one scan, not one per group).
+_ONLINE = (select(Agent.resource_group_id.label("group_id"),
+                  func.sum(Agent.workers).label("workers"))
+           .where(Agent.online.is_(True), Agent.state == AgentState.ACTIVE)
+           .group_by(Agent.resource_group_id).subquery("online"))
+_HELD = (select(Allocation.resource_group_id.label("group_id"),
+                func.count(Allocation.id).label("nodes"))
+         .where(Allocation.released_at.is_(None), Allocation.role == NodeRole.COMPUTE)
+         .group_by(Allocation.resource_group_id).subquery("held"))
+# Driven from the (few) agents an admin drained or disabled: nothing to join while all are
+# active.
 _HELD_INACTIVE = (
-    select(func.count(Allocation.id))
-    .join(SubTask, (SubTask.task_id == Allocation.task_id)
-          & (SubTask.attempt == Allocation.attempt)
-          & (SubTask.resource_group_id == Allocation.resource_group_id))
-    .join(Agent, Agent.id == SubTask.agent_id)
-    .where(Allocation.resource_group_id == ResourceGroup.id, Allocation.released_at.is_(None),
-           Allocation.role == NodeRole.COMPUTE, Agent.state != AgentState.ACTIVE)
-    .correlate(ResourceGroup).scalar_subquery())
+    select(SubTask.resource_group_id.label("group_id"),
+           func.count(Allocation.id).label("nodes"))
+    .select_from(Agent)
+    .join(SubTask, SubTask.agent_id == Agent.id)
+    .join(Allocation, (Allocation.task_id == SubTask.task_id)
+          & (Allocation.attempt == SubTask.attempt)
+          & (Allocation.resource_group_id == SubTask.resource_group_id))
+    .where(Agent.state != AgentState.ACTIVE, Allocation.released_at.is_(None),
+           Allocation.role == NodeRole.COMPUTE)
+    .group_by(SubTask.resource_group_id).subquery("held_inactive"))
+_FREE = (
+    select(ResourceGroup.id, ResourceGroup.name, ResourceGroup.device_type,
+           ResourceGroup.state, ResourceGroup.capacity, ResourceGroup.labels,
+           func.coalesce(_ONLINE.c.workers, 0), func.coalesce(_HELD.c.nodes, 0),
+           func.coalesce(_HELD_INACTIVE.c.nodes, 0))
+    .outerjoin(_ONLINE, _ONLINE.c.group_id == ResourceGroup.id)
+    .outerjoin(_HELD, _HELD.c.group_id == ResourceGroup.id)
+    .outerjoin(_HELD_INACTIVE, _HELD_INACTIVE.c.group_id == ResourceGroup.id)
+    .where(LIVE)
+)
 
 
 def free_capacity(session: Session, group_ids: Iterable[int] | None = None
@@ -209,9 +222,7 @@ def free_capacity(session: Session, group_ids: Iterable[int] | None = None
     Run after `lock` it sees every allocation committed before the lock was
     granted (PostgreSQL takes a new snapshot per statement).
     """
-    query = select(ResourceGroup.id, ResourceGroup.name, ResourceGroup.device_type,
-                   ResourceGroup.state, ResourceGroup.capacity, ResourceGroup.labels,
-                   _ONLINE, _HELD, _HELD_INACTIVE).where(LIVE)
+    query = _FREE
     if group_ids is not None:
         query = query.where(ResourceGroup.id.in_(list(group_ids)))
     return {row.name: GroupFree(id=row.id, name=row.name, device_type=row.device_type,
