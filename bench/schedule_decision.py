@@ -150,10 +150,11 @@ def measure(
     timings, cpu = [], []
     for _ in range(decisions):
         started, cpu_started = time.perf_counter(), time.process_time()
-        task = schedule_next(session)
+        task_id = schedule_next(session)
         timings.append((time.perf_counter() - started) * 1000)
         cpu.append((time.process_time() - cpu_started) * 1000)
-        if task is not None:
+        if task_id is not None:
+            task = session.get_one(Task, task_id)
             lifecycle.transition(session, task, TaskStatus.RUNNING, "bench")
             lifecycle.transition(session, task, TaskStatus.SUCCEEDED, "bench")
         session.execute(insert(Task), _rows(rng, 1, *ids))
@@ -173,7 +174,9 @@ def main() -> int:
         upgrade(url)
         engine = make_engine(url)
         rng = random.Random(42)
-        with Session(engine, expire_on_commit=False) as session:
+        # As the scheduler's pass: one connection, a transaction per decision.
+        with engine.connect() as connection, \
+                Session(connection, expire_on_commit=False) as session:
             ids = populate(session, rng, args.queued)
             analyze(session)
             measure(session, rng, 50, ids)  # warm-up: caches, prepared plans

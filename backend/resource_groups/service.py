@@ -6,8 +6,9 @@ disables keeps the workers it runs and offers no new ones); draining, disabled
 and deleted groups offer none.
 """
 
+import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,7 +204,7 @@ _HELD_INACTIVE = (
     .where(Agent.state != AgentState.ACTIVE, Allocation.released_at.is_(None),
            Allocation.role == NodeRole.COMPUTE)
     .group_by(SubTask.resource_group_id).subquery("held_inactive"))
-_FREE = (
+FREE = (
     select(ResourceGroup.id, ResourceGroup.name, ResourceGroup.device_type,
            ResourceGroup.state, ResourceGroup.capacity, ResourceGroup.labels,
            func.coalesce(_ONLINE.c.workers, 0), func.coalesce(_HELD.c.nodes, 0),
@@ -222,14 +223,25 @@ def free_capacity(session: Session, group_ids: Iterable[int] | None = None
     Run after `lock` it sees every allocation committed before the lock was
     granted (PostgreSQL takes a new snapshot per statement).
     """
-    query = _FREE
+    query = FREE
     if group_ids is not None:
         query = query.where(ResourceGroup.id.in_(list(group_ids)))
-    return {row.name: GroupFree(id=row.id, name=row.name, device_type=row.device_type,
-                                state=row.state, capacity=row.capacity, online=int(row[6]),
-                                held=int(row[7]), labels=dict(row.labels or {}),
-                                held_inactive=int(row[8]))
-            for row in session.execute(query)}
+    return free_from_rows(session.execute(query))
+
+
+def free_from_rows(rows: Iterable[Sequence[Any]]) -> dict[str, GroupFree]:
+    """`GroupFree` by name from rows of `FREE`, typed by SQLAlchemy or as the driver returns
+    them (the state's stored name, labels as JSON text or decoded)."""
+    free = {}
+    for (id_, name, device_type, state, capacity, labels, online, held, held_inactive) in rows:
+        if isinstance(labels, str):
+            labels = json.loads(labels)
+        free[name] = GroupFree(
+            id=id_, name=name, device_type=device_type,
+            state=state if isinstance(state, GroupState) else GroupState[state],
+            capacity=capacity, online=int(online), held=int(held), labels=dict(labels or {}),
+            held_inactive=int(held_inactive))
+    return free
 
 
 def read(session: Session, group: ResourceGroup) -> ResourceGroupRead:

@@ -4,7 +4,7 @@ import logging
 import threading
 
 from backend.core.config import Settings
-from backend.core.db import get_sessionmaker
+from backend.core.db import get_engine, get_sessionmaker
 from backend.scheduler.dispatch import CeleryDispatcher, Dispatcher
 from backend.scheduler.service import schedule_once
 from backend.tasks import lifecycle
@@ -40,7 +40,10 @@ class SchedulerLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                with get_sessionmaker()() as session:
+                # One connection for the whole pass (checked out and pinged once, not per
+                # decision); each decision is its own transaction on it.
+                with get_engine().connect() as connection, \
+                        get_sessionmaker()(bind=connection) as session:
                     schedule_once(session, self.dispatcher,
                                   heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
                                   interval_s=self.settings.scheduler_interval_s)

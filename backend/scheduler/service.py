@@ -8,17 +8,24 @@ first group, and every compute worker in each group. A decision holds the
 allocation lock from reading free capacity to commit, so several schedulers
 (threads or API processes) never book the same workers. Rank 0 is the
 parameter server.
+
+On PostgreSQL a decision is three round trips: the lock, capacity and queue
+head as one psycopg pipeline; the claim with every node, sub-task and event
+insert as one statement (data-modifying CTEs); the commit. Elsewhere (SQLite,
+whose writers are serialised) the same rows through ordinary statements; a
+test checks both book the same rows.
 """
 
 import json
 import logging
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any
 
-from sqlalchemy import Connection, Text, bindparam, cast, func, insert, select, text, update
+from psycopg.types.json import Json
+from sqlalchemy import Text, bindparam, cast, func, insert, select, text, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.util import identity_key
 
 from backend.core.db import utcnow
 from backend.resource_groups import service as groups
@@ -40,6 +47,7 @@ from backend.tasks.models import (
 log = logging.getLogger(__name__)
 WINDOW = 32  # queued tasks a decision looks at, at most
 MAX_PER_PASS = 64  # tasks one pass schedules, at most
+RETRIES = 3  # decisions made again after a task stopped being queued, at most
 QUEUE_FILTER = text("task.status = 'QUEUED' AND NOT task.waiting")  # matches ix_task_queue
 
 
@@ -67,6 +75,7 @@ _HEAD = (select(Task.id, cast(Task.spec, Text), Task.attempt).where(QUEUE_FILTER
 # (a decision is made durable before anything outside the database acts on it: see
 # `monitor.dispatch_pending`). One statement, one round trip.
 _BEGIN_PG = select(func.set_config("synchronous_commit", "off", True),
+                   func.set_config("enable_bitmapscan", "off", True),
                    func.pg_advisory_xact_lock(groups.ALLOCATION_LOCK))
 # Book a task: a guarded UPDATE instead of SELECT ... FOR UPDATE then a flush. A task
 # another transaction holds (a cancellation under way) is skipped, as is one no longer queued.
@@ -82,10 +91,48 @@ _CLAIM = (
     .execution_options(synchronize_session=False, populate_existing=True)
 )
 
-# `inline`: no RETURNING of generated keys, so they run inside a pipeline even for one row.
+# `inline`: no RETURNING of generated keys (executemany of one cached statement).
 _INSERT_NODES = insert(Allocation).inline()
 _INSERT_SUBS = insert(SubTask).inline()
 _INSERT_EVENT = insert(TaskEvent).inline()
+
+
+# PostgreSQL: the claim and every insert of a booking in one statement (data-modifying CTEs,
+# each insert driven by the claimed row, so a task no longer queued books nothing). Driver
+# SQL: enum columns hold the member's name (`_enum` in tasks.models).
+_BOOK_PG = f"""
+WITH claimed AS (
+    UPDATE task SET status = '{TaskStatus.SCHEDULED.name}', status_reason = %(reason)s,
+                    spec = %(new_spec)s
+    WHERE task.id = %(task_id)s AND task.attempt = %(task_attempt)s AND {QUEUE_FILTER.text}
+      AND task.id IN (SELECT id FROM task WHERE id = %(task_id)s FOR UPDATE SKIP LOCKED)
+    RETURNING task.id, task.attempt
+), managers AS (
+    INSERT INTO allocation (task_id, attempt, role, resource_group_id, rank, created_at)
+    SELECT claimed.id, claimed.attempt, node.role, %(first_group)s, node.rank, %(now)s
+    FROM claimed, (VALUES ('{NodeRole.TASK_MANAGER.name}', CAST(NULL AS INTEGER)),
+                          ('{NodeRole.PARAMETER_SERVER.name}', 0)) AS node (role, rank)
+), workers AS (
+    INSERT INTO allocation (task_id, attempt, role, resource_group_id, rank, created_at)
+    SELECT claimed.id, claimed.attempt, '{NodeRole.COMPUTE.name}', node.group_id, node.rank,
+           %(now)s
+    FROM claimed, unnest(%(worker_groups)s::integer[], %(worker_ranks)s::integer[])
+         AS node (group_id, rank)
+), sub_tasks AS (
+    INSERT INTO sub_task (task_id, resource_group_id, group_index, workers,
+                          hosts_parameter_server, attempt, status, detail, updated_at)
+    SELECT claimed.id, sub.group_id, sub.position - 1, sub.workers, sub.position = 1,
+           claimed.attempt, '{SubTaskStatus.PENDING.name}', '', %(now)s
+    FROM claimed, unnest(%(sub_groups)s::integer[], %(sub_workers)s::integer[])
+         WITH ORDINALITY AS sub (group_id, workers, position)
+), event AS (
+    INSERT INTO task_event (task_id, from_status, to_status, reason, created_at, kind)
+    SELECT claimed.id, '{TaskStatus.QUEUED.name}', '{TaskStatus.SCHEDULED.name}', %(reason)s,
+           %(now)s, '{EventKind.STATUS.name}'
+    FROM claimed
+)
+SELECT id FROM claimed
+"""
 
 
 def queue_head(session: Session, *, limit: int = WINDOW) -> list[Queued]:
@@ -94,33 +141,82 @@ def queue_head(session: Session, *, limit: int = WINDOW) -> list[Queued]:
     return [Queued(*row) for row in rows]
 
 
-def _begin_decision(session: Session) -> None:
-    """Take the allocation lock until the transaction ends (see `groups.lock_allocation`)."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.connection().execute(_BEGIN_PG)
+def _read(session: Session) -> tuple[dict[str, GroupFree], list[Queued]]:
+    """Free capacity and the queue head under the allocation lock (any database)."""
+    groups.lock_allocation(session)
+    free = groups.free_capacity(session)
+    return free, (queue_head(session) if any(g.free for g in free.values()) else [])
 
 
-def schedule_next(session: Session) -> Task | None:
+def _compiled(statement: Any, dialect: Any) -> str:
+    return str(statement.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+
+
+@cache
+def _pipelined_reads(dialect: Any) -> tuple[str, str, str]:
+    """The lock, capacity and queue-head statements as the driver's SQL (compiled once)."""
+    return (_compiled(_BEGIN_PG, dialect), _compiled(groups.FREE, dialect),
+            _compiled(_HEAD.limit(WINDOW), dialect))
+
+
+def _read_postgresql(session: Session) -> tuple[dict[str, GroupFree], list[Queued]]:
+    """`_read` in one round trip: BEGIN, the lock, capacity and queue head sent as one psycopg
+    pipeline. PostgreSQL runs them in order and takes a new snapshot per statement, so the
+    reads see every allocation committed before the lock was granted."""
+    connection = session.connection()
+    lock_sql, free_sql, head_sql = _pipelined_reads(connection.dialect)
+    driver = connection.connection.driver_connection
+    assert driver is not None  # a checked-out connection
+    with driver.cursor() as lock, driver.cursor() as free, driver.cursor() as head:
+        # Sent, and every result read, at the block's end. Prepared: planned once per
+        # connection (planning the capacity join costs more than running it).
+        with driver.pipeline():
+            lock.execute(lock_sql, prepare=True)
+            free.execute(free_sql, prepare=True)
+            head.execute(head_sql, prepare=True)
+        return (groups.free_from_rows(free.fetchall()),
+                [Queued(*row) for row in head.fetchall()])
+
+
+def schedule_next(session: Session) -> int | None:
     """One scheduling decision: allocate the first queued task that fits now, if any.
 
-    Returns the scheduled task (committed, not yet dispatched) or None. On
-    PostgreSQL the commit does not wait for the WAL flush; `dispatch_pending`
-    makes decisions durable before it publishes them.
+    Returns the scheduled task's id (committed, not yet dispatched) or None. On
+    PostgreSQL its commit does not wait for the WAL flush; `dispatch_pending`
+    makes decisions durable before it publishes them. A task that stopped being
+    queued since it was read (a cancellation under way) is skipped and the
+    decision made again, at most `RETRIES` times.
     """
-    _begin_decision(session)
-    free = groups.free_capacity(session)
-    if any(g.free for g in free.values()):
-        for queued in queue_head(session):
-            chosen = placement.plan(placement.request_of(queued.spec), free, queued.previous)
-            if chosen is not None and (task := allocate(session, queued, chosen, free)):
-                return task
+    postgresql = session.get_bind().dialect.name == "postgresql"
+    skipped: set[int] = set()
+    for _ in range(RETRIES):
+        free, head = (_read_postgresql if postgresql else _read)(session)
+        if (fit := _first_fit(free, head, skipped)) is None:
+            break
+        if (task_id := allocate(session, *fit, free)) is not None:
+            return task_id
+        skipped.add(fit[0].id)
     session.rollback()
     return None
 
 
+def _first_fit(free: dict[str, GroupFree], head: list[Queued], skipped: set[int]
+               ) -> tuple[Queued, placement.Plan] | None:
+    """The first task of the queue head that fits the free workers now, with its placement."""
+    if not any(g.free for g in free.values()):
+        return None
+    for queued in head:
+        if queued.id not in skipped:
+            chosen = placement.plan(placement.request_of(queued.spec), free, queued.previous)
+            if chosen is not None:
+                return queued, chosen
+    return None
+
+
 def allocate(session: Session, queued: Queued, chosen: placement.Plan,
-             free: dict[str, GroupFree]) -> Task | None:
-    """Book `chosen` for the task and commit; None if the task is no longer queued.
+             free: dict[str, GroupFree]) -> int | None:
+    """Book `chosen` for the task and commit; returns the task id, or None (rolled back) if
+    the task is no longer queued.
 
     The caller holds the allocation lock since it read `free` and `queued`. The
     status change QUEUED -> SCHEDULED is the lifecycle's (an allowed transition
@@ -130,15 +226,50 @@ def allocate(session: Session, queued: Queued, chosen: placement.Plan,
     detail = ", ".join(f"{p['name']}×{p['workers']}" for p in chosen)
     reason = (f"attempt {queued.attempt}: allocated parameter server and {total} "
               f"workers: {detail}")
-    task = session.scalars(_CLAIM, {"task_id": queued.id, "task_attempt": queued.attempt,
-                                     "reason": reason,
-                                     "new_spec": {**queued.spec, "groups": chosen}}
-                           ).one_or_none()
-    if task is None:
+    claim = {"task_id": queued.id, "task_attempt": queued.attempt, "reason": reason,
+             "new_spec": {**queued.spec, "groups": chosen}}
+    if session.get_bind().dialect.name == "postgresql":
+        task_id = _book_postgresql(session, {**claim, **_booking_arrays(chosen, free)})
+        if (loaded := session.identity_map.get(identity_key(Task, queued.id))) is not None:
+            session.expire(loaded)  # written behind the ORM: reload on next access
+    elif task := session.scalars(_CLAIM, claim).one_or_none():
+        _book(session, task, chosen, free, reason)
+        task_id = task.id
+    else:
+        task_id = None
+    if task_id is None:
+        session.rollback()
         return None
-    _book(session, task, chosen, free, reason)
     session.commit()
-    return task
+    return task_id
+
+
+def _book_postgresql(session: Session, params: dict[str, Any]) -> int | None:
+    """`_BOOK_PG` and COMMIT in one psycopg pipeline (one round trip); the task id or None.
+
+    A task no longer queued books nothing, so committing regardless is safe; the
+    caller's `session.commit()` then finds the transaction ended (no round trip).
+    """
+    connection = session.connection()
+    driver = connection.connection.driver_connection
+    assert driver is not None  # a checked-out connection
+    params["new_spec"] = Json(params["new_spec"])
+    with driver.cursor() as book, driver.cursor() as commit:
+        with driver.pipeline():
+            book.execute(_BOOK_PG, params, prepare=True)
+            commit.execute("COMMIT")
+        row = book.fetchone()
+    return int(row[0]) if row else None
+
+
+def _booking_arrays(chosen: placement.Plan, fresh: dict[str, GroupFree]) -> dict[str, Any]:
+    """`_BOOK_PG`'s parameters for the nodes and sub-tasks: the same rows as `_book`."""
+    ids = [fresh[item["name"]].id for item in chosen]
+    workers = [int(item["workers"]) for item in chosen]
+    worker_groups = [g for g, n in zip(ids, workers, strict=True) for _ in range(n)]
+    return {"first_group": ids[0], "now": utcnow(), "worker_groups": worker_groups,
+            "worker_ranks": list(range(1, len(worker_groups) + 1)),
+            "sub_groups": ids, "sub_workers": workers}
 
 
 def _book(session: Session, task: Task, chosen: placement.Plan,
@@ -163,20 +294,10 @@ def _book(session: Session, task: Task, chosen: placement.Plan,
     event = [{"task_id": task.id, "from_status": TaskStatus.QUEUED,
               "to_status": TaskStatus.SCHEDULED, "reason": reason, "created_at": now,
               "kind": EventKind.STATUS}]
-    # Core executemany of cached statements; on PostgreSQL all three in one pipeline (one
-    # round trip; psycopg's executemany rides an open pipeline).
     connection = session.connection()
-    with _pipeline(connection):
-        connection.execute(_INSERT_NODES, nodes)
-        connection.execute(_INSERT_SUBS, subs)
-        connection.execute(_INSERT_EVENT, event)
-
-
-def _pipeline(connection: Connection) -> AbstractContextManager[Any]:
-    """psycopg's pipeline mode on PostgreSQL (statements sent without waiting for each
-    result; for statements that return no rows), else nothing."""
-    driver = connection.connection.driver_connection
-    return driver.pipeline() if hasattr(driver, "pipeline") else nullcontext()
+    connection.execute(_INSERT_NODES, nodes)
+    connection.execute(_INSERT_SUBS, subs)
+    connection.execute(_INSERT_EVENT, event)
 
 
 ENGINE_OPTIONS = ("sync_strategy", "sync_period", "quorum", "max_staleness",

@@ -4,9 +4,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from backend.resource_groups import service as groups
 from backend.scheduler import placement
-from backend.scheduler.service import queue_head, schedule_next, schedule_once
-from backend.tasks.models import Allocation, SubTask, TaskStatus
+from backend.scheduler.service import allocate, queue_head, schedule_next, schedule_once
+from backend.tasks import lifecycle
+from backend.tasks.models import Allocation, SubTask, Task, TaskEvent, TaskStatus
 from tests.backend.scheduling import RecordingDispatcher, finish, group, held, submit, version
 
 pytestmark = pytest.mark.stack
@@ -20,11 +22,11 @@ def test_queue_is_priority_then_age(session: Session) -> None:
     high2 = submit(session, code, [{"name": "cpu-a", "workers": 1}], priority=5)
     order = []
     for _ in range(3):
-        task = schedule_next(session)
-        assert task is not None
-        order.append(task.id)
+        task_id = schedule_next(session)
+        assert task_id is not None
+        order.append(task_id)
         assert schedule_next(session) is None  # the group is full
-        finish(session, task)
+        finish(session, session.get(Task, task_id))
     assert order == [high1.id, high2.id, low.id]
 
 
@@ -33,20 +35,64 @@ def test_gang_allocation_holds_nothing_partial_and_backfills(session: Session) -
     group(session, "cpu-b", 1)
     code = version(session)
     blocker = submit(session, code, [{"name": "cpu-b", "workers": 1}], priority=9)
-    assert schedule_next(session).id == blocker.id
+    assert schedule_next(session) == blocker.id
     big = submit(session, code, [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
                  priority=5)
     small = submit(session, code, [{"name": "cpu-a", "workers": 1}])
-    assert schedule_next(session).id == small.id  # big waits for cpu-b: no partial hold
+    assert schedule_next(session) == small.id  # big waits for cpu-b: no partial hold
     assert session.scalars(select(Allocation).where(Allocation.task_id == big.id)).all() == []
     assert (held(session, "cpu-a"), held(session, "cpu-b")) == (1, 1)
     finish(session, blocker)
     finish(session, small)
-    assert schedule_next(session).id == big.id
+    assert schedule_next(session) == big.id
     assert (held(session, "cpu-a"), held(session, "cpu-b")) == (2, 1)
     roles = sorted(a.role.value for a in session.scalars(
         select(Allocation).where(Allocation.task_id == big.id)))
     assert roles == ["compute"] * 3 + ["parameter_server", "task_manager"]
+
+
+def test_booking_writes_every_node_sub_task_and_event_of_the_decision(session: Session) -> None:
+    """The rows a decision books, the same on SQLite and on PostgreSQL (one statement there)."""
+    a, b = group(session, "cpu-a", 2), group(session, "cpu-b", 1)
+    code = version(session)
+    task = submit(session, code, [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}])
+    assert schedule_next(session) == task.id
+    session.refresh(task)
+    assert task.status is TaskStatus.SCHEDULED
+    assert task.status_reason == ("attempt 1: allocated parameter server and 3 workers: "
+                                  "cpu-a×2, cpu-b×1")
+    assert [(g["name"], g["workers"]) for g in task.spec["groups"]] == [("cpu-a", 2), ("cpu-b", 1)]
+    nodes = session.scalars(select(Allocation).where(Allocation.task_id == task.id)
+                            .order_by(Allocation.rank.nulls_first())).all()
+    rows = [(n.role.value, n.resource_group_id, n.rank, n.attempt, n.released_at) for n in nodes]
+    assert rows == [
+        ("task_manager", a.id, None, 1, None), ("parameter_server", a.id, 0, 1, None),
+        ("compute", a.id, 1, 1, None), ("compute", a.id, 2, 1, None),
+        ("compute", b.id, 3, 1, None)]
+    subs = session.scalars(select(SubTask).where(SubTask.task_id == task.id)
+                           .order_by(SubTask.group_index)).all()
+    assert [(s.resource_group_id, s.group_index, s.workers, s.hosts_parameter_server,
+             s.status.value, s.agent_id, s.dispatched_at) for s in subs] == [
+        (a.id, 0, 2, True, "PENDING", None, None), (b.id, 1, 1, False, "PENDING", None, None)]
+    events = session.scalars(select(TaskEvent).where(TaskEvent.task_id == task.id)
+                             .order_by(TaskEvent.id)).all()
+    assert [(e.from_status, e.to_status, e.reason) for e in events][-1] == (
+        TaskStatus.QUEUED, TaskStatus.SCHEDULED, task.status_reason)
+
+
+def test_a_task_no_longer_queued_is_not_booked(session: Session) -> None:
+    group(session, "cpu-a", 1)
+    code = version(session)
+    task = submit(session, code, [{"name": "cpu-a", "workers": 1}])
+    queued = queue_head(session)[0]
+    free = groups.free_capacity(session)
+    session.rollback()
+    lifecycle.transition(session, task, TaskStatus.CANCELLED, "test")
+    session.commit()
+    assert allocate(session, queued, [{"name": "cpu-a", "device_type": "cpu", "workers": 1}],
+                    free) is None
+    assert session.scalars(select(Allocation).where(Allocation.task_id == task.id)).all() == []
+    assert session.scalars(select(SubTask).where(SubTask.task_id == task.id)).all() == []
 
 
 def test_capacity_follows_online_agents(session: Session) -> None:
@@ -140,9 +186,9 @@ def test_dependent_starts_only_after_its_dependency_succeeded(session: Session) 
     second = submit(session, code, [{"name": "cpu-a", "workers": 1}], priority=10,
                     depends_on=[first.id])
     assert second.waiting
-    assert schedule_next(session).id == first.id  # the dependent waits despite its priority
+    assert schedule_next(session) == first.id  # the dependent waits despite its priority
     assert schedule_next(session) is None
     finish(session, first)
     session.refresh(second)
     assert not second.waiting
-    assert schedule_next(session).id == second.id
+    assert schedule_next(session) == second.id
