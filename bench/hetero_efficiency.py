@@ -16,13 +16,16 @@ is training samples over the median epoch seconds (``epoch_time_s`` of the
 parameter server, validation excluded) of ``--rounds`` rounds of
 ``--epochs`` epochs (the first epoch of every run, which warms up kernels
 for new batch shapes and lets the balancer settle, is left out alike for
-every configuration), the six configurations alternating in every round so
-that a change in the host's load touches them alike.
+every configuration). The six configurations run in one order in even rounds
+and in the reverse order in odd ones (A B C C B A: counterbalanced), so a
+drift of the host's speed during the run, which on this shared host reaches
+a third within minutes, touches every configuration alike rather than
+favouring the ones that ran first.
 Workload: bench/workloads/hetero_cnn.py, global batch 256. At most two busy
 processes: one worker alone (+ its waiting parameter server), or two workers
 (+ the parameter server) together.
 
-    python -m bench.hetero_efficiency [--epochs 4] [--rounds 1]
+    python -m bench.hetero_efficiency [--epochs 4] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -88,11 +91,12 @@ def report(name: str, strategy: str, target: str, rate: dict[str, float], **raw:
 def main() -> None:
     parser = argparse.ArgumentParser(description="heterogeneous throughput efficiency")
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=2, help="even: counterbalanced")
     args = parser.parse_args()
     times: dict[str, list[float]] = {name: [] for name in CONFIGS}
-    for _ in range(args.rounds):
-        for name, (groups, options) in CONFIGS.items():
+    order = list(CONFIGS.items())
+    for round_ in range(args.rounds):
+        for name, (groups, options) in order if round_ % 2 == 0 else order[::-1]:
             times[name] += epoch_times(groups, args.epochs, **options)
     rate = {name: N_TRAIN / statistics.median(t) for name, t in times.items()}
     raw = {
