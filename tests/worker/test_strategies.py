@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
+from examples import tiny_regression
 from tests.worker.reference import finite, run_with_dump
 from worker.engine.spec import RunSpec
 
@@ -26,11 +29,26 @@ def loss_fn(output, target):
 """
 
 
+def untrained_val_loss(seed: int) -> float:
+    """Validation MSE of the model as built, before any step (2.17 for seed 5)."""
+    torch.manual_seed(seed)
+    model = tiny_regression.build_model()
+    inputs, target = tiny_regression.build_datasets()[1].tensors  # type: ignore[attr-defined]
+    with torch.no_grad():
+        return float(tiny_regression.loss_fn(model(inputs), target))
+
+
 def final_val_loss(spec: RunSpec, dump: Path) -> tuple[float, list[float]]:
+    """The last epoch's validation loss, which must be well below the untrained model's.
+
+    Measured against the untrained model, not the first epoch: quorum updates
+    several times per step, so its first epoch already ends near the noise floor
+    (0.1-0.16 here) from which later epochs move up and down.
+    """
     run, finals = run_with_dump(spec, dump)
     assert all(finals[r].equal(finals[0]) for r in finals), "every rank ends on the global model"
     val = finite(run.metrics("val_loss"))
-    assert val[-1] < val[0] / 2, val
+    assert val[-1] < untrained_val_loss(spec.seed) / 4, val
     return val[-1], finite(run.metrics("train_loss"))
 
 
