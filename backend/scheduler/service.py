@@ -9,11 +9,12 @@ allocation lock from reading free capacity to commit, so several schedulers
 (threads or API processes) never book the same workers. Rank 0 is the
 parameter server.
 
-On PostgreSQL a decision is three round trips: the lock, capacity and queue
-head as one psycopg pipeline; the claim with every node, sub-task and event
-insert as one statement (data-modifying CTEs); the commit. Elsewhere (SQLite,
-whose writers are serialised) the same rows through ordinary statements; a
-test checks both book the same rows.
+On PostgreSQL a decision is two round trips: the lock, capacity and queue
+head as one psycopg pipeline; then the claim with every node, sub-task and
+event insert as one statement (data-modifying CTEs), pipelined with COMMIT.
+Elsewhere (SQLite, whose writers are serialised) the same rows, laid out by
+the same `_booking_layout`, through ordinary statements; a test checks both
+book the same rows.
 """
 
 import json
@@ -73,7 +74,8 @@ _HEAD = (select(Task.id, cast(Task.spec, Text), Task.attempt).where(QUEUE_FILTER
          .order_by(Task.priority.desc(), Task.id).limit(bindparam("limit")))
 # PostgreSQL: the allocation lock, and an asynchronous commit for this transaction only
 # (a decision is made durable before anything outside the database acts on it: see
-# `monitor.dispatch_pending`). One statement, one round trip.
+# `monitor.dispatch_pending`). Plain index scans for the capacity join: they mark the
+# entries of released allocations dead as they pass, a bitmap scan does not.
 _BEGIN_PG = select(func.set_config("synchronous_commit", "off", True),
                    func.set_config("enable_bitmapscan", "off", True),
                    func.pg_advisory_xact_lock(groups.ALLOCATION_LOCK))
@@ -159,14 +161,19 @@ def _pipelined_reads(dialect: Any) -> tuple[str, str, str]:
             _compiled(_HEAD.limit(WINDOW), dialect))
 
 
+def _driver(session: Session) -> Any:
+    """The psycopg connection under the session's transaction."""
+    driver = session.connection().connection.driver_connection
+    assert driver is not None  # a checked-out connection
+    return driver
+
+
 def _read_postgresql(session: Session) -> tuple[dict[str, GroupFree], list[Queued]]:
     """`_read` in one round trip: BEGIN, the lock, capacity and queue head sent as one psycopg
     pipeline. PostgreSQL runs them in order and takes a new snapshot per statement, so the
     reads see every allocation committed before the lock was granted."""
-    connection = session.connection()
-    lock_sql, free_sql, head_sql = _pipelined_reads(connection.dialect)
-    driver = connection.connection.driver_connection
-    assert driver is not None  # a checked-out connection
+    lock_sql, free_sql, head_sql = _pipelined_reads(session.get_bind().dialect)
+    driver = _driver(session)
     with driver.cursor() as lock, driver.cursor() as free, driver.cursor() as head:
         # Sent, and every result read, at the block's end. Prepared: planned once per
         # connection (planning the capacity join costs more than running it).
@@ -229,11 +236,11 @@ def allocate(session: Session, queued: Queued, chosen: placement.Plan,
     claim = {"task_id": queued.id, "task_attempt": queued.attempt, "reason": reason,
              "new_spec": {**queued.spec, "groups": chosen}}
     if session.get_bind().dialect.name == "postgresql":
-        task_id = _book_postgresql(session, {**claim, **_booking_arrays(chosen, free)})
+        task_id = _book_postgresql(session, {**claim, **_booking_layout(chosen, free)})
         if (loaded := session.identity_map.get(identity_key(Task, queued.id))) is not None:
             session.expire(loaded)  # written behind the ORM: reload on next access
     elif task := session.scalars(_CLAIM, claim).one_or_none():
-        _book(session, task, chosen, free, reason)
+        _book(session, task, _booking_layout(chosen, free), reason)
         task_id = task.id
     else:
         task_id = None
@@ -250,9 +257,7 @@ def _book_postgresql(session: Session, params: dict[str, Any]) -> int | None:
     A task no longer queued books nothing, so committing regardless is safe; the
     caller's `session.commit()` then finds the transaction ended (no round trip).
     """
-    connection = session.connection()
-    driver = connection.connection.driver_connection
-    assert driver is not None  # a checked-out connection
+    driver = _driver(session)
     params["new_spec"] = Json(params["new_spec"])
     with driver.cursor() as book, driver.cursor() as commit:
         with driver.pipeline():
@@ -262,8 +267,10 @@ def _book_postgresql(session: Session, params: dict[str, Any]) -> int | None:
     return int(row[0]) if row else None
 
 
-def _booking_arrays(chosen: placement.Plan, fresh: dict[str, GroupFree]) -> dict[str, Any]:
-    """`_BOOK_PG`'s parameters for the nodes and sub-tasks: the same rows as `_book`."""
+def _booking_layout(chosen: placement.Plan, fresh: dict[str, GroupFree]) -> dict[str, Any]:
+    """Where a booking's nodes and sub-tasks go (`_BOOK_PG`'s parameters; `_book` builds its
+    rows from the same): the task manager and the parameter server (rank 0) on the first
+    group, compute ranks 1.. group after group, one sub-task per group in plan order."""
     ids = [fresh[item["name"]].id for item in chosen]
     workers = [int(item["workers"]) for item in chosen]
     worker_groups = [g for g, n in zip(ids, workers, strict=True) for _ in range(n)]
@@ -272,25 +279,23 @@ def _booking_arrays(chosen: placement.Plan, fresh: dict[str, GroupFree]) -> dict
             "sub_groups": ids, "sub_workers": workers}
 
 
-def _book(session: Session, task: Task, chosen: placement.Plan,
-          fresh: dict[str, GroupFree], reason: str) -> None:
-    """Insert the nodes (rank 0 = parameter server on the first group), the sub-tasks and
-    the SCHEDULED event."""
-    first, now = fresh[chosen[0]["name"]].id, utcnow()
+def _book(session: Session, task: Task, layout: dict[str, Any], reason: str) -> None:
+    """Insert the nodes, the sub-tasks and the SCHEDULED event laid out by `_booking_layout`."""
+    now = layout["now"]
     base = {"task_id": task.id, "attempt": task.attempt, "created_at": now,
             "host": None, "last_heartbeat_at": None, "released_at": None}
+    first = layout["first_group"]
     nodes = [{**base, "role": NodeRole.TASK_MANAGER, "resource_group_id": first, "rank": None},
              {**base, "role": NodeRole.PARAMETER_SERVER, "resource_group_id": first, "rank": 0}]
-    subs, rank = [], 1
-    for index, item in enumerate(chosen):
-        group_id = fresh[item["name"]].id
-        nodes += [{**base, "role": NodeRole.COMPUTE, "resource_group_id": group_id,
-                   "rank": rank + i} for i in range(item["workers"])]
-        rank += item["workers"]
-        subs.append({"task_id": task.id, "resource_group_id": group_id, "group_index": index,
-                     "workers": item["workers"], "hosts_parameter_server": index == 0,
-                     "attempt": task.attempt, "status": SubTaskStatus.PENDING, "detail": "",
-                     "agent_id": None, "updated_at": now, "dispatched_at": None})
+    nodes += [{**base, "role": NodeRole.COMPUTE, "resource_group_id": group_id, "rank": rank}
+              for group_id, rank in zip(layout["worker_groups"], layout["worker_ranks"],
+                                        strict=True)]
+    subs = [{"task_id": task.id, "resource_group_id": group_id, "group_index": index,
+             "workers": workers, "hosts_parameter_server": index == 0,
+             "attempt": task.attempt, "status": SubTaskStatus.PENDING, "detail": "",
+             "agent_id": None, "updated_at": now, "dispatched_at": None}
+            for index, (group_id, workers) in enumerate(
+                zip(layout["sub_groups"], layout["sub_workers"], strict=True))]
     event = [{"task_id": task.id, "from_status": TaskStatus.QUEUED,
               "to_status": TaskStatus.SCHEDULED, "reason": reason, "created_at": now,
               "kind": EventKind.STATUS}]
