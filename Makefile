@@ -32,7 +32,7 @@ lint: install
 	$(BIN)/ruff check backend worker examples tests
 	$(BIN)/mypy backend worker
 
-# Benchmarks (docs/benchmarks.md): one JSON line each, about 10 minutes.
+# Benchmarks (docs/benchmarks.md): one JSON line each, about 30 minutes on 2 cores.
 bench: install
 	$(BIN)/python -m bench.run_all
 

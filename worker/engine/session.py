@@ -35,6 +35,7 @@ from worker.engine.exchange import (
     sync_params,
 )
 from worker.engine.run import Run, checkpoint, rebalance
+from worker.engine.sharding import even_shares
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
 
@@ -47,12 +48,30 @@ STRATEGIES: dict[str, tuple[EpochFn, EpochFn]] = {
 
 
 def initial_shares(run: Run, train: TensorData) -> list[int]:
-    """Fresh start: workers profile their samples/s, the parameter server picks the shares."""
+    """Fresh start: workers profile their samples/s, the parameter server picks the shares.
+
+    Every worker profiles at the even share first. With the ``weighted``
+    policy they profile once more, each at the share that first profile gave
+    it, and the shares are chosen again from those rates: samples/s depends
+    on the batch (a small batch costs more per sample, a large one may leave
+    the cache), so a rate measured at the batch a worker will train with
+    predicts its step time better. The rates reported are the last profile's.
+    """
+    shares = even_shares(run.spec.global_batch_size, run.topo.n_workers)
+    passes = 2 if run.spec.split_policy == "weighted" and run.topo.n_workers > 1 else 1
+    for done in range(1, passes + 1):
+        shares = _profiled_shares(run, train, shares, last=done == passes)
+    return shares
+
+
+def _profiled_shares(run: Run, train: TensorData, shares: list[int], *, last: bool) -> list[int]:
+    """One profiling round: each worker measures its samples/s at its share in ``shares``, the
+    parameter server proposes new shares from those rates, every rank adopts them."""
     spec, topo = run.spec, run.topo
     seconds, samples = 0.0, 0
     if not topo.is_ps:
         assert run.emulator is not None
-        share = spec.global_batch_size // topo.n_workers
+        share = shares[topo.worker_index]
         rate = profile_throughput(
             run.code,
             run.model,
@@ -62,14 +81,16 @@ def initial_shares(run: Run, train: TensorData) -> list[int]:
             steps=spec.profile_steps,
             seed=spec.seed * 1000 + topo.rank,
         )
-        report.metric("profiled_samples_per_s", rate, step=0, epoch=0, rank=topo.rank)
+        if last:
+            report.metric("profiled_samples_per_s", rate, step=0, epoch=0, rank=topo.rank)
         seconds, samples = (share / rate, share) if rate > 0 else (0.0, 0)
     compute_s, counts = gather_work(topo, seconds, samples)
     proposal = None
     if topo.is_ps:
         rates = [n / t if t > 0 else 0.0 for n, t in zip(counts, compute_s, strict=True)]
         proposal = run.balancer.initial(rates if all(rates) else [1.0] * len(rates))
-        report.log(f"profiled samples/s {[round(r, 1) for r in rates]}; shares {proposal}")
+        report.log(f"profiled samples/s {[round(r, 1) for r in rates]} at shares {shares}; "
+                   f"shares {proposal}")
     return broadcast_ints(proposal, topo.n_workers)
 
 
