@@ -112,6 +112,7 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
 
     Safe to call twice: the world is initialised once; groups are created
     again, in the same order on every rank, so every rank must call it alike.
+    Returns once every rank has built every group (a barrier).
     ``timeout_s`` (seconds) bounds rendezvous and every later collective.
     Raises ValueError if ``env.world_size`` differs from ``spec.world_size``,
     RuntimeError/DistStoreError when peers do not arrive in time.
@@ -139,6 +140,10 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
         if index == my_index:
             my_group = group
     leaders = dist.new_group([0, *spec.leader_ranks()], timeout=timeout, backend="gloo")
+    # Every rank has finished connecting every group before any goes on: a rank that fails
+    # right after (say in the user's build_model) cannot break a peer's group set-up, so each
+    # rank fails on the user's error itself and its output shows that error.
+    dist.barrier()
     return Topology(
         rank=env.rank,
         world_size=env.world_size,
