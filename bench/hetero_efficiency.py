@@ -80,10 +80,11 @@ def standalone(epochs: int, options: dict[str, Any]) -> tuple[list[float], list[
 def report(name: str, strategy: str, target: str, times: dict[str, list[float]],
            **raw: Any) -> None:
     """One result line: together over fast alone + slow alone, for ``strategy``."""
-    rate = {k: N_TRAIN / statistics.median(v) for k, v in times.items() if k.endswith(strategy)}
+    mine = {k: v for k, v in times.items() if k.endswith(strategy)}
+    rate = {k: N_TRAIN / statistics.median(v) for k, v in mine.items()}
     alone = [rate[f"fast alone, {strategy}"], rate[f"slow alone, {strategy}"]]
     together = rate[f"together, {strategy}"]
-    epoch_s = {k: [round(x, 3) for x in v] for k, v in times.items() if k.endswith(strategy)}
+    epoch_s = {k: [round(x, 3) for x in v] for k, v in mine.items()}
     emit(
         name,
         together / sum(alone),
