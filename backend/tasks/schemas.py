@@ -227,6 +227,11 @@ class WorkerThroughput(BaseModel):
     samples_per_s: float | None = Field(description="re-measured from real step times, per epoch")
     profiled_samples_per_s: float | None = Field(description="measured before training")
     batch_share: float | None = Field(description="fraction of the global batch")
+    idle_fraction: float | None = Field(
+        default=None,
+        description="fraction of the last epoch's step time spent outside compute: waiting for "
+        "slower workers, communication, the optimizer step (0 = never waited)",
+    )
 
 
 class GroupThroughput(BaseModel):
@@ -238,6 +243,7 @@ class GroupThroughput(BaseModel):
     samples_per_s: float | None
     profiled_samples_per_s: float | None
     batch_share: float | None
+    idle_fraction: float | None = Field(default=None, description="mean over the group's workers")
 
 
 class ThroughputRead(BaseModel):

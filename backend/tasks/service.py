@@ -209,6 +209,7 @@ def metrics(session: Session, *, task_id: int, name: str | None = None) -> Seque
 
 
 THROUGHPUT_METRICS = ("samples_per_s", "profiled_samples_per_s", "batch_share")
+WORKER_METRICS = (*THROUGHPUT_METRICS, "idle_fraction")
 
 
 def _group_sum(values: list[float | None]) -> float | None:
@@ -216,25 +217,32 @@ def _group_sum(values: list[float | None]) -> float | None:
     return sum(known) if known else None
 
 
+def _group_mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
 def throughput(session: Session, *, task: Task) -> ThroughputRead:
-    """Latest per-worker throughput metrics, their per-group sums and the task's samples/s.
+    """Latest per-worker throughput metrics, their per-group sums (idle: mean) and the task's
+    samples/s.
 
     Ranks map to groups as the engine lays them out: compute ranks from 1, each
     group a contiguous block in the order of the spec's groups.
     """
     rows = session.scalars(select(Metric).where(
-        Metric.task_id == task.id, Metric.name.in_(THROUGHPUT_METRICS)).order_by(Metric.id))
+        Metric.task_id == task.id, Metric.name.in_(WORKER_METRICS)).order_by(Metric.id))
     latest: dict[tuple[str, int | None], float] = {(m.name, m.rank): m.value for m in rows}
     workers, groups, rank = [], [], 1
     for group in task.spec.get("groups") or []:
         members = [WorkerThroughput(
             rank=r, group=group["name"],
-            **{name: latest.get((name, r)) for name in THROUGHPUT_METRICS})
+            **{name: latest.get((name, r)) for name in WORKER_METRICS})
             for r in range(rank, rank + int(group["workers"]))]
         rank += len(members)
         workers.extend(members)
         groups.append(GroupThroughput(
             name=group["name"], device_type=group["device_type"], workers=len(members),
+            idle_fraction=_group_mean([w.idle_fraction for w in members]),
             **{name: _group_sum([getattr(w, name) for w in members])
                for name in THROUGHPUT_METRICS}))
     return ThroughputRead(samples_per_s=latest.get(("samples_per_s", None)),

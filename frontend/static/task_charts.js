@@ -76,12 +76,15 @@ window.TaskCharts = (function () {
 
   const fmtRate = (v) => (v === null || v === undefined ? "—" : v.toFixed(1));
   const fmtShare = (v) => (v === null || v === undefined ? "—" : `${(v * 100).toFixed(0)}%`);
+  const fmtIdle = (v) => (v === null || v === undefined ? "—" : `${(v * 100).toFixed(1)}%`);
 
   /** Per worker and per group: measured samples/s and share of the global batch
-   * (`GET /tasks/{id}/throughput`); shares fall back to the plan until measured. */
+   * (`GET /tasks/{id}/throughput`); shares fall back to the plan until measured.
+   * Per worker also the idle part of its last epoch. */
   function renderThroughput(throughput) {
     P.fillTable($("throughput"), throughput.workers, (w) => [
-      `rank-${w.rank}`, w.group, [fmtRate(w.samples_per_s), "num"], [fmtShare(w.batch_share), "num"]],
+      `rank-${w.rank}`, w.group, [fmtRate(w.samples_per_s), "num"], [fmtShare(w.batch_share), "num"],
+      [fmtIdle(w.idle_fraction), "num"]],
     "No throughput reported yet.");
     const plannedShare = new Map(planned.map((g) => [g.name, g.share]));
     const groups = throughput.groups.length ? throughput.groups

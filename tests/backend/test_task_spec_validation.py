@@ -80,6 +80,7 @@ def test_throughput_per_worker_and_group(client: TestClient, version: dict) -> N
                 ("profiled_samples_per_s", 3, 100.0), ("samples_per_s", 1, 90.0),
                 ("samples_per_s", 1, 310.0), ("samples_per_s", 3, 95.0),
                 ("batch_share", 1, 0.4), ("batch_share", 2, 0.4), ("batch_share", 3, 0.2),
+                ("idle_fraction", 1, 0.02), ("idle_fraction", 2, 0.06),
                 ("samples_per_s", None, 640.0)]
     batch = {"metrics": [{"name": n, "rank": r, "value": v, "epoch": 0, "step": 5}
                          for n, r, v in reported]}
@@ -93,3 +94,6 @@ def test_throughput_per_worker_and_group(client: TestClient, version: dict) -> N
     cpu_a, cpu_b = body["groups"]
     assert (cpu_a["name"], cpu_a["workers"], cpu_a["profiled_samples_per_s"]) == ("cpu-a", 2, 580.0)
     assert cpu_a["batch_share"] == pytest.approx(0.8) and cpu_b["samples_per_s"] == 95.0
+    assert [w["idle_fraction"] for w in body["workers"]] == [0.02, 0.06, None]
+    assert cpu_a["idle_fraction"] == pytest.approx(0.04), "a group's idle is its workers' mean"
+    assert cpu_b["idle_fraction"] is None

@@ -41,21 +41,50 @@ def test_section_takes_one_over_speed_factor(
     assert sum(clock.slept) == pytest.approx(expected_total - 0.2)
 
 
-def test_a_disturbed_section_is_not_multiplied(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     clock = FakeClock()
     monkeypatch.setattr(emulation.time, "perf_counter", clock.perf_counter)
     monkeypatch.setattr(emulation.time, "sleep", clock.sleep)
+    return clock
+
+
+def run_section(emulator: SpeedEmulator, clock: FakeClock, work: float, samples: int) -> float:
+    """Emulated seconds of a section whose real work takes ``work`` seconds."""
+
+    def section() -> None:
+        clock.now += work
+
+    return emulator.run(section, samples)[1]
+
+
+def test_a_disturbance_inside_the_emulated_time_is_absorbed(clock: FakeClock) -> None:
     emulator = SpeedEmulator(0.25)
-    for work in (0.1, 0.1, 0.1, 0.1, 0.5):  # the last section lost 0.4 s to another process
-        clock.slept.clear()
+    for _ in range(4):
+        assert run_section(emulator, clock, 0.1, 10) == pytest.approx(0.4)
+    # another process took 0.2 s of the core: the emulated device, not this host, is unaffected
+    assert run_section(emulator, clock, 0.3, 10) == pytest.approx(0.4)
+    # one that took longer than the emulated time makes the section late by the excess only
+    assert run_section(emulator, clock, 0.5, 10) == pytest.approx(0.5), "not multiplied by 4"
+    assert run_section(emulator, clock, 0.2, 20) == pytest.approx(0.8), "twice the samples"
 
-        def section(seconds: float = work) -> None:
-            clock.now += seconds
 
-        emulator.run(section, samples=10)
-    assert clock.slept == [pytest.approx(0.3)], "sleep from the usual 0.1 s, not the 0.5 s"
-    _, seconds = emulator.run(lambda: None, samples=20)
-    assert seconds == pytest.approx(0.6), "twice the samples, twice the emulated time"
+def test_a_lasting_slowdown_of_the_host_is_followed(clock: FakeClock) -> None:
+    emulator = SpeedEmulator(0.5)
+    for _ in range(9):
+        run_section(emulator, clock, 0.1, 10)
+    seconds = [run_section(emulator, clock, 0.15, 10) for _ in range(9)]
+    assert seconds[0] == pytest.approx(0.2), "one slow section is a disturbance"
+    assert seconds[-1] == pytest.approx(0.3), "nine make the usual speed"
+
+
+def test_the_pace_comes_from_sections_of_about_the_same_size(clock: FakeClock) -> None:
+    emulator = SpeedEmulator(0.5)
+    for _ in range(8):  # e.g. profiling at an even share: 0.01 s per sample at 100 samples
+        run_section(emulator, clock, 1.0, 100)
+    # at 30 samples this host takes 0.012 s per sample; the 100-sample sections do not count
+    assert run_section(emulator, clock, 0.36, 30) == pytest.approx(0.72)
+    assert run_section(emulator, clock, 0.432, 36) == pytest.approx(0.864), "36 is like 30"
 
 
 @pytest.mark.parametrize("factor", [0.0, -0.5, 1.5])

@@ -89,6 +89,8 @@ def test_reports_checkpoints_and_done(make_spec: Callable[..., RunSpec], tmp_pat
         assert len(run.metrics("samples_per_s", rank=rank)) == 1
         assert len(run.metrics("profiled_samples_per_s", rank=rank)) == 1
         assert len(run.metrics("batch_share", rank=rank)) == 2  # at the start, after the epoch
+        [idle] = run.metrics("idle_fraction", rank=rank)
+        assert 0.0 <= idle < 1.0, idle  # the part of the epoch outside compute sections
     assert "val_accuracy" not in {e.get("name") for e in run.events}
     profiled = [line for line in run.output[0] if "profiled samples/s" in line]
     assert len(profiled) == 1, profiled  # the even split profiles once

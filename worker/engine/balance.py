@@ -59,7 +59,7 @@ class Balancer:
 
     policy: SplitPolicy
     batch: int
-    tolerance: float = 0.03
+    tolerance: float = 0.02
     damping: float = 0.5
     settle: float = 0.01
     moving: bool = False

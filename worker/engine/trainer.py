@@ -50,14 +50,23 @@ def validate(
 
 
 def report_worker_epoch(run: Run, results: dict[str, Any], seconds: float) -> None:
-    """Per-worker metrics of one epoch: ``samples_per_s`` (re-measured) and ``batch_share``."""
+    """Per-worker metrics of one epoch: ``samples_per_s`` (re-measured), ``batch_share`` and
+    ``idle_fraction``.
+
+    ``idle_fraction`` is the part of the epoch's step-loop seconds (``seconds``,
+    validation excluded) this worker spent outside its compute sections: waiting
+    for slower workers at sync points, communication and the optimizer step.
+    In [0, 1]; near 0 means the worker never waited.
+    """
     rank, work = run.topo.rank, run.epoch_work
     share = run.split.shares[run.topo.worker_index] / run.split.batch
+    idle = min(1.0, max(0.0, 1.0 - work.compute_s / seconds)) if seconds > 0 else 0.0
     report.metric("samples_per_s", work.rate, step=run.step, epoch=run.epoch, rank=rank)
     report.metric("batch_share", share, step=run.step, epoch=run.epoch, rank=rank)
+    report.metric("idle_fraction", idle, step=run.step, epoch=run.epoch, rank=rank)
     report.log(
-        f"rank {rank} epoch {run.epoch}: {work.samples} samples, {work.compute_s:.2f} s compute, "
-        f"{work.rate:.1f} samples/s; next share {share:.3f}"
+        f"rank {rank} epoch {run.epoch}: {work.samples} samples, {work.compute_s:.2f} s compute "
+        f"of {seconds:.2f} s ({idle:.1%} idle), {work.rate:.1f} samples/s; next share {share:.3f}"
     )
 
 
