@@ -49,7 +49,7 @@ from worker.engine import distributed
 from worker.engine.distributed import ClusterEnv
 from worker.engine.exchange import allreduce_sum, broadcast_down, gather_at_ps, push_up
 from worker.engine.local import free_port
-from worker.engine.spec import RunSpec
+from worker.engine.spec import GroupPlan, RunSpec
 
 MB = 2**20
 SIZES = (4 * MB, 16 * MB, 64 * MB)
@@ -168,7 +168,7 @@ def _round_rank(rank: int, port: int, groups: int, nbytes: int, out: Any) -> Non
         code="example:tiny_regression",
         epochs=1,
         global_batch_size=groups,
-        groups=[{"name": f"g{i}", "device_type": "cpu", "workers": 1} for i in range(groups)],
+        groups=[GroupPlan(name=f"g{i}", device_type="cpu", workers=1) for i in range(groups)],
         checkpoint_dir="/tmp/unused",
     )
     env = ClusterEnv(rank=rank, world_size=groups + 1, master_addr="127.0.0.1", master_port=port)

@@ -47,6 +47,12 @@ def ps_metric(run: LocalRun, name: str) -> list[float]:
     return [v for v in run.metrics(name, rank=0) if v is not None]
 
 
+def idle_fractions(run: LocalRun, ranks: range) -> list[list[float]]:
+    """Per compute rank, ``idle_fraction`` of each epoch after the first (which warms up)."""
+    return [[round(v, 3) for v in run.metrics("idle_fraction", rank=r)[1:] if v is not None]
+            for r in ranks]
+
+
 def mean(values: list[float]) -> float:
     """Arithmetic mean (raises StatisticsError on an empty list)."""
     return statistics.fmean(values)

@@ -38,7 +38,7 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bench.common import emit, ps_metric, run_task, workload
+from bench.common import emit, idle_fractions, ps_metric, run_task, workload
 
 # Both groups are emulated (fast at 1/2, slow at 1/6 of this CPU: 3 to 1), so each worker
 # keeps its core busy at most half of the time and two workers need at most one core:
@@ -53,8 +53,11 @@ PERIODIC = {"sync_strategy": "periodic", "sync_period": 8}
 STRATEGIES = {"sync": {}, "periodic": PERIODIC}
 
 
-def epoch_times(groups: list[dict[str, Any]], epochs: int, **options: Any) -> list[float]:
-    """Per-epoch training seconds of one run of the task on ``groups``."""
+def epoch_times(
+    groups: list[dict[str, Any]], epochs: int, **options: Any
+) -> tuple[list[float], list[list[float]]]:
+    """Per-epoch training seconds of one run of the task on ``groups``, and each worker's
+    ``idle_fraction`` per epoch (both without epoch 0, which warms up: reported, not counted)."""
     run = run_task(
         {
             "code": workload("hetero_cnn"),
@@ -65,7 +68,7 @@ def epoch_times(groups: list[dict[str, Any]], epochs: int, **options: Any) -> li
             **options,
         }
     )
-    return ps_metric(run, "epoch_time_s")[1:]  # epoch 0 warms up: reported, not counted
+    return ps_metric(run, "epoch_time_s")[1:], idle_fractions(run, range(1, len(groups) + 1))
 
 
 def standalone(epochs: int, options: dict[str, Any]) -> tuple[list[float], list[float]]:
@@ -74,11 +77,11 @@ def standalone(epochs: int, options: dict[str, Any]) -> tuple[list[float], list[
     with ThreadPoolExecutor(max_workers=2) as pool:
         fast = pool.submit(epoch_times, [GROUPS[0]], epochs * round(FAST / SLOW), **options)
         slow = pool.submit(epoch_times, [GROUPS[1]], epochs, **options)
-        return fast.result(), slow.result()
+        return fast.result()[0], slow.result()[0]
 
 
 def report(name: str, strategy: str, target: str, times: dict[str, list[float]],
-           **raw: Any) -> None:
+           idle: dict[str, list[list[float]]], **raw: Any) -> None:
     """One result line: together over fast alone + slow alone, for ``strategy``."""
     mine = {k: v for k, v in times.items() if k.endswith(strategy)}
     rate = {k: N_TRAIN / statistics.median(v) for k, v in mine.items()}
@@ -93,6 +96,7 @@ def report(name: str, strategy: str, target: str, times: dict[str, list[float]],
         standalone_samples_per_s=[round(a, 1) for a in alone],
         sum_standalone=round(sum(alone), 1),
         epoch_s=epoch_s,
+        together_idle_fraction=idle[strategy],
         **raw,
     )
 
@@ -106,13 +110,17 @@ def main() -> None:
         f"{who}, {strategy}": [] for strategy in STRATEGIES
         for who in ("fast alone", "slow alone", "together")
     }
+    idle: dict[str, list[list[float]]] = {strategy: [[], []] for strategy in STRATEGIES}
     runs = [(strategy, together) for strategy in STRATEGIES for together in (False, True)]
     for round_ in range(args.rounds):
         for strategy, together in runs if round_ % 2 == 0 else runs[::-1]:
             options = STRATEGIES[strategy]
             if together:
-                times[f"together, {strategy}"] += epoch_times(
+                seconds, idle_by_worker = epoch_times(
                     GROUPS, args.epochs, split_policy="weighted", **options)
+                times[f"together, {strategy}"] += seconds
+                for mine, more in zip(idle[strategy], idle_by_worker, strict=True):
+                    mine += more
             else:
                 fast, slow = standalone(args.epochs, options)
                 times[f"fast alone, {strategy}"] += fast
@@ -128,7 +136,7 @@ def main() -> None:
         ("sync", "hetero_efficiency", ">= 0.92", "every step"),
         ("periodic", "hetero_efficiency_periodic", ">= 0.95", "periodic, every 8 steps"),
     ):
-        report(name, strategy, target, times, sync=label, **raw)
+        report(name, strategy, target, times, idle, sync=label, **raw)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """Benchmark ``weighted_vs_even_speedup``: epoch time with an even split over epoch time
 with a weighted split, two groups of one worker each, the second at 1/3 speed.
 
-The slow group is emulated (``speed_factor`` 1/3: every compute section is
-stretched to three times its length by sleeping, see
-worker.engine.emulation). With an even split every step waits for the slow
+Both groups are emulated (worker.engine.emulation): "fast" at 1/2 and "slow"
+at 1/6 of this CPU's speed, so the slow group has 1/3 of the fast one's speed
+and each worker keeps a core busy at most half of the time. (With the fast
+group unemulated, its worker kept a core busy all the time and its step time
+carried every disturbance of this shared two-core host and the slow worker's
+compute beside it; the slow one's did not.) With an even split every step waits for the slow
 worker's half batch (3 x B/2 = 1.5 B units of time); with shares proportional
 to throughput the fast worker takes 3/4 of the batch and both finish at
 0.75 B, so the ideal ratio is 2.0. Both splits run the same synchronous task
@@ -24,13 +27,13 @@ import argparse
 import statistics
 from typing import Any
 
-from bench.common import emit, ps_metric, run_task, workload
+from bench.common import emit, idle_fractions, ps_metric, run_task, workload
 
-SLOW = 1 / 3
+FAST, SLOW = 1 / 2, 1 / 6
 
 
 def spec_fields(split_policy: str, epochs: int) -> dict[str, Any]:
-    """The task: two one-worker groups, the second emulated at 1/3 speed."""
+    """The task: two one-worker groups, the second at 1/3 of the first one's speed."""
     return {
         "code": workload("hetero_cnn"),
         "epochs": epochs,
@@ -38,7 +41,7 @@ def spec_fields(split_policy: str, epochs: int) -> dict[str, Any]:
         "split_policy": split_policy,
         "rebalance_every": 4,
         "groups": [
-            {"name": "fast", "device_type": "cpu", "workers": 1},
+            {"name": "fast", "device_type": "cpu", "workers": 1, "speed_factor": FAST},
             {"name": "slow", "device_type": "cpu", "workers": 1, "speed_factor": SLOW},
         ],
     }
@@ -51,10 +54,12 @@ def main() -> None:
     args = parser.parse_args()
     times: dict[str, list[float]] = {"even": [], "weighted": []}
     shares: list[float] = []
+    idle: dict[str, list[list[float]]] = {}
     for _ in range(args.rounds):
         for policy in ("even", "weighted"):
             run = run_task(spec_fields(policy, args.epochs))
             times[policy] += ps_metric(run, "epoch_time_s")[1:]  # epoch 0 warms up
+            idle[policy] = idle_fractions(run, range(1, 3))  # the last round's
             if policy == "weighted":
                 shares = [v for v in run.metrics("batch_share", rank=2) if v is not None]
     even, weighted = statistics.median(times["even"]), statistics.median(times["weighted"])
@@ -68,7 +73,8 @@ def main() -> None:
         weighted_epochs_s=[round(t, 3) for t in times["weighted"]],
         slow_worker_share=[round(s, 4) for s in shares],
         ideal_slow_share=0.25,
-        speed_factor=round(SLOW, 4),
+        idle_fraction_last_round=idle,
+        speed_factors=[FAST, round(SLOW, 4)],
         global_batch=512,
         processes=3,
     )

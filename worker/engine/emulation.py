@@ -31,8 +31,8 @@ from typing import TypeVar
 import torch
 
 T = TypeVar("T")
-WINDOW = 9  # recent sections of a similar size whose fastest sets the pace
-HISTORY = 64  # recent sections kept, of any size
+WINDOW = 32  # recent sections of a similar size whose fastest sets the pace
+HISTORY = 4 * WINDOW  # recent sections kept, of any size
 SIMILAR = 1.25  # sizes within this factor count as "about the same"
 
 
@@ -43,7 +43,7 @@ def synchronize(device: torch.device) -> None:
 
 
 class SpeedEmulator:
-    """Runs compute sections and stretches them to ``1 / speed_factor`` of their usual time.
+    """Runs compute sections and pads them to ``1 / speed_factor`` times their undisturbed time.
 
     Raises ValueError unless ``0 < speed_factor <= 1``.
     """

@@ -18,8 +18,9 @@ class GroupPlan(BaseModel):
     """One resource group's part in a task.
 
     ``speed_factor`` (0 < f <= 1) is *emulation*: every compute section of the
-    group's workers is followed by a sleep so it takes ``1 / f`` times as long
-    (see :mod:`worker.engine.emulation`). 1.0 means the hardware's own speed.
+    group's workers is padded with sleep so it takes ``1 / f`` times as long as
+    this host takes undisturbed (see :mod:`worker.engine.emulation`). 1.0 means
+    the hardware's own speed.
     """
 
     name: str = Field(min_length=1)
