@@ -48,6 +48,8 @@ def _watch(page: Page, api: httpx.Client) -> None:
     expect(loss).not_to_have_attribute("data-points", str(first), timeout=30_000)  # it grows
     expect(page.locator("#throughput-chart")).to_have_attribute(
         "data-points", re.compile(r"[1-9]\d*"))
+    idle = page.locator("#throughput tbody tr").first.locator("td").nth(4)
+    expect(idle).to_have_text(re.compile(r"^\d+\.\d%$"))  # rank-1's idle part of its epoch
     expect(page.locator("#task-timing")).to_contain_text("left")
     expect(page.locator("#allocations tbody tr")).to_have_count(5)
     metrics = api.get("/metrics").text
