@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from worker.engine.balance import Balancer, imbalance, rates_of
+from worker.engine.compute import Work
 
 
 def measure(
@@ -76,3 +79,34 @@ def test_once_moving_the_controller_goes_on_to_within_the_settle_band() -> None:
         shares = balancer.propose(shares, *measure(shares, speeds)) or shares
     assert imbalance(shares, speeds) <= balancer.settle
     assert balancer.propose(shares, *measure(shares, speeds)) is None
+
+
+def window_of(seconds_per_sample: list[float], batch: int = 100) -> Work:
+    """A window of sections of ``batch`` samples each taking ``batch * s`` seconds."""
+    work = Work()
+    for s in seconds_per_sample:
+        work.add(batch * s, batch)
+    return work
+
+
+def test_one_disturbed_section_does_not_move_the_window_rate() -> None:
+    window = window_of([0.01] * 9 + [0.03])
+    assert window.compute_s > 1.1 * window.samples * 0.01
+    assert window.robust_seconds == pytest.approx(window.samples * 0.01)
+
+
+def test_a_recurring_tail_counts_in_the_window_rate() -> None:
+    # A worker whose sections run late in 3 of 10 steps takes that much longer per step on
+    # average; a median rate would hide it and the controller would leave its share too big.
+    window = window_of([0.01] * 7 + [0.013] * 3)
+    assert window.robust_seconds == pytest.approx(window.samples * (7 * 0.01 + 2 * 0.013) / 9)
+    slowed = Balancer("weighted", 200).propose(
+        [100, 100], [window.robust_seconds, 1000 * 0.01], [window.samples, 1000]
+    )
+    assert slowed is not None and slowed[0] < 100
+
+
+def test_short_windows_keep_every_section() -> None:
+    window = window_of([0.01, 0.01, 0.02])
+    assert window.robust_seconds == pytest.approx(window.compute_s)
+    assert Work().robust_seconds == 0.0
