@@ -10,6 +10,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from worker.engine.compute import local_gradient
+from worker.engine.contract import load_training_code
+from worker.engine.data import stack_dataset
+from worker.engine.emulation import calibrate_pace
 from worker.engine.local import LocalRun, launch_local
 from worker.engine.spec import RunSpec
 
@@ -26,6 +32,33 @@ def emit(benchmark: str, value: float, target: str, **raw: Any) -> dict[str, Any
 def workload(name: str) -> str:
     """Absolute path of a training-code module in bench/workloads/."""
     return str(WORKLOADS / f"{name}.py")
+
+
+def calibrated_pace(name: str, sizes: list[int], repeats: int = 15) -> list[tuple[int, float]]:
+    """This host's undisturbed seconds of one forward/backward of workload ``name`` per size.
+
+    The section the engine times (``local_gradient`` on random training
+    samples), on one torch thread as every rank runs, measured once before a
+    benchmark's runs (:func:`worker.engine.emulation.calibrate_pace`) and given
+    to all of them as ``emulation_pace``, so that every emulated group keeps
+    one speed through the whole benchmark. Returns ``(samples, seconds)`` pairs.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        code = load_training_code(workload(name))
+        torch.manual_seed(0)
+        model = code.build_model()
+        data = stack_dataset(code.build_datasets()[0])
+        generator = torch.Generator().manual_seed(0)
+
+        def section(b: int) -> None:
+            indices = torch.randint(0, len(data), (b,), generator=generator)
+            local_gradient(code, model, data, indices, torch.device("cpu"))
+
+        return [(b, round(t, 6)) for b, t in calibrate_pace(section, sizes, repeats)]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def run_task(spec_fields: dict[str, Any], timeout_s: float = 600.0) -> LocalRun:
@@ -49,8 +82,10 @@ def ps_metric(run: LocalRun, name: str) -> list[float]:
 
 def idle_fractions(run: LocalRun, ranks: range) -> list[list[float]]:
     """Per compute rank, ``idle_fraction`` of each epoch after the first (which warms up)."""
-    return [[round(v, 3) for v in run.metrics("idle_fraction", rank=r)[1:] if v is not None]
-            for r in ranks]
+    return [
+        [round(v, 3) for v in run.metrics("idle_fraction", rank=r)[1:] if v is not None]
+        for r in ranks
+    ]
 
 
 def mean(values: list[float]) -> float:

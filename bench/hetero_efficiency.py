@@ -28,7 +28,18 @@ touches every configuration alike. Workload: bench/workloads/hetero_cnn.py,
 global batch 256. At most two busy processes: the two workers, alone or
 together (the parameter servers mostly wait).
 
-    python -m bench.hetero_efficiency [--epochs 4] [--rounds 4]
+Emulated speed: before the first run this host's undisturbed time of a
+compute section is measured once for every batch size the runs use
+(``bench.common.calibrated_pace``), and every run gets it as
+``emulation_pace``: each emulated group computes at one fixed speed for the
+whole benchmark, as a device of its own would, so a slow spell of the shared
+host no longer changes the emulated speed of whichever runs happen to meet
+it. The ratio then measures what the engine adds by coupling the groups
+(waits at sync points, parameter-server rounds, the split, smaller per-worker
+batches). ``--pace recent`` keeps the emulation's default (each worker paced
+by its own fastest recent sections) for comparison.
+
+    python -m bench.hetero_efficiency [--epochs 4] [--rounds 4] [--pace fixed|recent]
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bench.common import emit, idle_fractions, ps_metric, run_task, workload
+from bench.common import calibrated_pace, emit, idle_fractions, ps_metric, run_task, workload
 
 # Both groups are emulated (fast at 1/2, slow at 1/6 of this CPU: 3 to 1), so each worker
 # keeps its core busy at most half of the time and two workers need at most one core:
@@ -50,6 +61,8 @@ GROUPS = [
     {"name": "slow", "device_type": "cpu", "workers": 1, "speed_factor": SLOW},
 ]
 PERIODIC = {"sync_strategy": "periodic", "sync_period": 8}
+# Every per-worker batch the runs use: 256 alone, about 192 and 64 together, 128 profiling.
+PACE_SIZES = [16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256]
 STRATEGIES = {"sync": {}, "periodic": PERIODIC}
 
 
@@ -80,8 +93,14 @@ def standalone(epochs: int, options: dict[str, Any]) -> tuple[list[float], list[
         return fast.result()[0], slow.result()[0]
 
 
-def report(name: str, strategy: str, target: str, times: dict[str, list[float]],
-           idle: dict[str, list[list[float]]], **raw: Any) -> None:
+def report(
+    name: str,
+    strategy: str,
+    target: str,
+    times: dict[str, list[float]],
+    idle: dict[str, list[list[float]]],
+    **raw: Any,
+) -> None:
     """One result line: together over fast alone + slow alone, for ``strategy``."""
     mine = {k: v for k, v in times.items() if k.endswith(strategy)}
     rate = {k: N_TRAIN / statistics.median(v) for k, v in mine.items()}
@@ -105,19 +124,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="heterogeneous throughput efficiency")
     parser.add_argument("--epochs", type=int, default=4, help="per run (the slow group's)")
     parser.add_argument("--rounds", type=int, default=4, help="even: counterbalanced")
+    parser.add_argument(
+        "--pace",
+        choices=["fixed", "recent"],
+        default="fixed",
+        help="emulated speed: calibrated once (fixed) or each worker's own",
+    )
     args = parser.parse_args()
+    pace = calibrated_pace("hetero_cnn", PACE_SIZES) if args.pace == "fixed" else None
     times: dict[str, list[float]] = {
-        f"{who}, {strategy}": [] for strategy in STRATEGIES
+        f"{who}, {strategy}": []
+        for strategy in STRATEGIES
         for who in ("fast alone", "slow alone", "together")
     }
     idle: dict[str, list[list[float]]] = {strategy: [[], []] for strategy in STRATEGIES}
     runs = [(strategy, together) for strategy in STRATEGIES for together in (False, True)]
     for round_ in range(args.rounds):
         for strategy, together in runs if round_ % 2 == 0 else runs[::-1]:
-            options = STRATEGIES[strategy]
+            options = {**STRATEGIES[strategy], "emulation_pace": pace}
             if together:
                 seconds, idle_by_worker = epoch_times(
-                    GROUPS, args.epochs, split_policy="weighted", **options)
+                    GROUPS, args.epochs, split_policy="weighted", **options
+                )
                 times[f"together, {strategy}"] += seconds
                 for mine, more in zip(idle[strategy], idle_by_worker, strict=True):
                     mine += more
@@ -131,6 +159,7 @@ def main() -> None:
         "rounds": args.rounds,
         "global_batch": 256,
         "standalone": "both groups' tasks side by side",
+        "emulation_pace": pace or "each worker's fastest recent sections",
     }
     for strategy, name, target, label in (
         ("sync", "hetero_efficiency", ">= 0.92", "every step"),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from worker.engine import emulation
-from worker.engine.emulation import SpeedEmulator
+from worker.engine.emulation import Pace, SpeedEmulator, calibrate_pace
+from worker.engine.spec import RunSpec
 
 
 class FakeClock:
@@ -92,3 +93,58 @@ def test_the_pace_comes_from_sections_of_about_the_same_size(clock: FakeClock) -
 def test_speed_factor_out_of_range_is_refused(factor: float) -> None:
     with pytest.raises(ValueError, match="speed_factor"):
         SpeedEmulator(factor)
+
+
+def test_a_pace_keeps_one_speed_whatever_the_host_does(clock: FakeClock) -> None:
+    pace = Pace([(10, 0.1), (20, 0.18)])
+    emulator = SpeedEmulator(0.5, pace=pace)
+    # a whole window of slow sections (the host at 1.5x) does not slow the emulated device
+    seconds = [run_section(emulator, clock, 0.15, 10) for _ in range(emulation.WINDOW + 1)]
+    assert seconds == pytest.approx([0.2] * (emulation.WINDOW + 1))
+    # nor does a host faster than the calibration speed it up
+    assert run_section(emulator, clock, 0.05, 10) == pytest.approx(0.2)
+    # a section that cannot fit its emulated time is late by the excess only
+    assert run_section(emulator, clock, 0.3, 10) == pytest.approx(0.3)
+    assert run_section(emulator, clock, 0.1, 15) == pytest.approx(2 * 0.14), "interpolated"
+
+
+def test_pace_interpolates_between_points_and_scales_outside() -> None:
+    pace = Pace([(64, 0.012), (16, 0.004), (32, 0.0064)])
+    assert pace.seconds(16) == pytest.approx(0.004)
+    assert pace.seconds(48) == pytest.approx(0.0092), "halfway from 32 to 64"
+    assert pace.seconds(8) == pytest.approx(0.002), "below: the smallest point's per-sample time"
+    assert pace.seconds(128) == pytest.approx(0.024), "above: the largest point's"
+    assert pace.seconds(0) == 0.0
+
+
+@pytest.mark.parametrize("points", [[], [(0, 0.1)], [(10, 0.0)], [(10, 0.1), (10, 0.2)]], ids=str)
+def test_a_pace_without_valid_points_is_refused(points: list[tuple[int, float]]) -> None:
+    with pytest.raises(ValueError, match="pace"):
+        Pace(points)
+
+
+def test_calibration_keeps_the_fastest_time_of_each_size(clock: FakeClock) -> None:
+    disturbed = iter([False, False, True, False, False, True, False, False])
+
+    def section(samples: int) -> None:
+        slow = next(disturbed, False)
+        clock.now += samples * 0.001 * (3 if slow else 1)
+
+    points = calibrate_pace(section, [10, 20], repeats=3)
+    assert points == [(10, pytest.approx(0.01)), (20, pytest.approx(0.02))]
+
+
+def test_a_run_spec_carries_the_pace_to_every_rank() -> None:
+    fields = {
+        "task_id": 1,
+        "code": "example:tiny_regression",
+        "epochs": 1,
+        "global_batch_size": 8,
+        "checkpoint_dir": "/tmp/x",
+        "groups": [{"name": "a", "device_type": "cpu", "workers": 1, "speed_factor": 0.5}],
+    }
+    spec = RunSpec.model_validate({**fields, "emulation_pace": [[16, 0.004], [32, 0.0064]]})
+    assert spec.emulation_pace == [(16, 0.004), (32, 0.0064)]
+    assert RunSpec.model_validate_json(spec.model_dump_json()) == spec
+    with pytest.raises(ValueError, match="emulation_pace"):
+        RunSpec.model_validate({**fields, "emulation_pace": [[16, -1.0]]})

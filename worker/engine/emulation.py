@@ -19,14 +19,25 @@ sleeping process uses no CPU, so on a machine with few cores a slow emulated
 group does not steal compute from a fast one. Communication is not slowed.
 Real heterogeneity needs no emulation: a CUDA group beside a CPU group differs
 in speed by itself.
+
+A *pace* (:class:`Pace`, ``RunSpec.emulation_pace``) fixes the undisturbed
+time instead of following the host: a section on ``b`` samples is padded to
+``pace.seconds(b) / speed_factor``, with ``pace`` measured once, before the
+run, by :func:`calibrate_pace`, and given to every process of it. Every
+emulated device then keeps one speed for the whole run, as hardware of its
+own would, whatever the shared host does meanwhile (within the padding's
+slack); processes started minutes apart compute at the same emulated speed,
+which a pace taken from each process's own recent sections cannot give
+(benchmarks compare such runs side by side).
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 
@@ -42,17 +53,80 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class Pace:
+    """Undisturbed compute seconds of a section on ``b`` samples, from calibrated points.
+
+    ``points`` are ``(samples, seconds)`` pairs, e.g. from :func:`calibrate_pace`.
+    Between two points the time is interpolated linearly in ``b``; outside them
+    it is proportional to ``b`` at the nearest point's seconds per sample.
+    Raises ValueError for no points, a size below 1, a time not above 0 or a
+    size given twice.
+    """
+
+    def __init__(self, points: Sequence[tuple[int, float]]) -> None:
+        ordered = sorted((int(b), float(t)) for b, t in points)
+        if not ordered:
+            raise ValueError("a pace needs at least one (samples, seconds) point")
+        sizes = [b for b, _ in ordered]
+        if sizes[0] < 1 or min(t for _, t in ordered) <= 0 or len(set(sizes)) != len(sizes):
+            raise ValueError(f"pace points need distinct sizes >= 1 and seconds > 0: {ordered}")
+        self.sizes = sizes
+        self.times = [t for _, t in ordered]
+
+    def seconds(self, samples: int) -> float:
+        """Seconds of a section on ``samples`` samples at this pace (0.0 for none)."""
+        if samples <= 0:
+            return 0.0
+        i = bisect.bisect_left(self.sizes, samples)
+        if i == 0 or i == len(self.sizes):
+            j = min(i, len(self.sizes) - 1)
+            return self.times[j] * samples / self.sizes[j]
+        b0, b1, t0, t1 = self.sizes[i - 1], self.sizes[i], self.times[i - 1], self.times[i]
+        return t0 + (t1 - t0) * (samples - b0) / (b1 - b0)
+
+
+def calibrate_pace(
+    section: Callable[[int], Any], sizes: Sequence[int], repeats: int = 15
+) -> list[tuple[int, float]]:
+    """Measure ``section(b)`` (a compute section on ``b`` samples) at every size in ``sizes``.
+
+    One warm-up call per size, then ``repeats`` rounds that time every size
+    once, in turn, so that a drift of the host touches all sizes alike. Returns
+    ``(b, seconds)`` with the fewest seconds seen for each size: this host's
+    undisturbed time, the pace of :class:`Pace`. Raises ValueError for no sizes.
+    """
+    if not sizes:
+        raise ValueError("calibrate_pace needs at least one size")
+    for b in sizes:
+        section(b)
+    best = dict.fromkeys(sizes, float("inf"))
+    for _ in range(repeats):
+        for b in sizes:
+            started = time.perf_counter()
+            section(b)
+            best[b] = min(best[b], time.perf_counter() - started)
+    return [(b, best[b]) for b in sizes]
+
+
 class SpeedEmulator:
     """Runs compute sections and pads them to ``1 / speed_factor`` times their undisturbed time.
 
+    The undisturbed time is ``pace.seconds(b)`` when a :class:`Pace` is given,
+    else this worker's fastest recent section of a similar size (module doc).
     Raises ValueError unless ``0 < speed_factor <= 1``.
     """
 
-    def __init__(self, speed_factor: float = 1.0, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        speed_factor: float = 1.0,
+        device: torch.device | None = None,
+        pace: Pace | None = None,
+    ) -> None:
         if not 0 < speed_factor <= 1:
             raise ValueError(f"speed_factor must be in (0, 1], got {speed_factor}")
         self.speed_factor = speed_factor
         self.device = device or torch.device("cpu")
+        self.pace = pace
         self._history: deque[tuple[int, float]] = deque(maxlen=HISTORY)
 
     def run(self, section: Callable[[], T], samples: int) -> tuple[T, float]:
@@ -63,9 +137,15 @@ class SpeedEmulator:
         elapsed = time.perf_counter() - started
         if self.speed_factor < 1 and samples > 0:
             self._history.append((samples, elapsed / samples))
-            emulated = self.usual_per_sample(samples) * samples / self.speed_factor
+            emulated = self.undisturbed_seconds(samples) / self.speed_factor
             time.sleep(max(0.0, emulated - elapsed))
         return result, time.perf_counter() - started
+
+    def undisturbed_seconds(self, samples: int) -> float:
+        """This host's undisturbed seconds for a section on ``samples`` samples (after one ran)."""
+        if self.pace is not None:
+            return self.pace.seconds(samples)
+        return self.usual_per_sample(samples) * samples
 
     def usual_per_sample(self, samples: int) -> float:
         """Fewest seconds per sample of the last ``WINDOW`` sections within ``SIMILAR`` of

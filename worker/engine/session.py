@@ -26,7 +26,7 @@ from worker.engine.compute import Work, profile_throughput
 from worker.engine.contract import TrainingCode
 from worker.engine.data import TensorData
 from worker.engine.distributed import Topology
-from worker.engine.emulation import SpeedEmulator
+from worker.engine.emulation import Pace, SpeedEmulator
 from worker.engine.exchange import (
     broadcast_ints,
     broadcast_object,
@@ -89,8 +89,10 @@ def _profiled_shares(run: Run, train: TensorData, shares: list[int], *, last: bo
     if topo.is_ps:
         rates = [n / t if t > 0 else 0.0 for n, t in zip(counts, compute_s, strict=True)]
         proposal = run.balancer.initial(rates if all(rates) else [1.0] * len(rates))
-        report.log(f"profiled samples/s {[round(r, 1) for r in rates]} at shares {shares}; "
-                   f"shares {proposal}")
+        report.log(
+            f"profiled samples/s {[round(r, 1) for r in rates]} at shares {shares}; "
+            f"shares {proposal}"
+        )
     return broadcast_ints(proposal, topo.n_workers)
 
 
@@ -120,7 +122,10 @@ def start(
     package: dict[str, Any] | None,
 ) -> tuple[Run, bool]:
     """Steps 1-2 above. Returns the run and whether its first epoch is already under way."""
-    emulator = None if topo.is_ps else SpeedEmulator(spec.speed_factor_of(topo.rank), topo.device)
+    pace = Pace(spec.emulation_pace) if spec.emulation_pace else None
+    emulator = (
+        None if topo.is_ps else SpeedEmulator(spec.speed_factor_of(topo.rank), topo.device, pace)
+    )
     balancer = Balancer(spec.split_policy, spec.global_batch_size)
     placeholder = SplitState(len(train), spec.global_batch_size, [], [], [])
     run = Run(spec, code, topo, model, optimizer, placeholder, balancer, train, emulator)

@@ -98,6 +98,10 @@ class RunSpec(BaseModel):
     reported, late gradients at most ``max_staleness`` updates old).
     ``exchange_fraction`` of each worker's shard moves to its ring neighbour
     after every epoch. ``checkpoint_every`` adds a checkpoint every N steps.
+    ``emulation_pace`` (benchmarks) gives every emulated group one fixed
+    undisturbed speed, ``(samples, seconds)`` points of a compute section
+    measured before the run (:class:`worker.engine.emulation.Pace`); None: each
+    worker's fastest recent section.
     """
 
     task_id: int
@@ -118,6 +122,9 @@ class RunSpec(BaseModel):
     preprocess: list[PreprocessStep] = Field(default_factory=list)
     checkpoint_dir: str
     resume_from: str | None = None
+    emulation_pace: (
+        list[tuple[Annotated[int, Field(ge=1)], Annotated[float, Field(gt=0)]]] | None
+    ) = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> RunSpec:
