@@ -15,7 +15,7 @@ import torch
 from worker.engine.compute import local_gradient
 from worker.engine.contract import load_training_code
 from worker.engine.data import stack_dataset
-from worker.engine.emulation import calibrate_pace
+from worker.engine.emulation import affine_pace, calibrate_pace
 from worker.engine.local import LocalRun, launch_local
 from worker.engine.spec import RunSpec
 
@@ -41,7 +41,11 @@ def calibrated_pace(name: str, sizes: list[int], repeats: int = 15) -> list[tupl
     samples), on one torch thread as every rank runs, measured once before a
     benchmark's runs (:func:`worker.engine.emulation.calibrate_pace`) and given
     to all of them as ``emulation_pace``, so that every emulated group keeps
-    one speed through the whole benchmark. Returns ``(samples, seconds)`` pairs.
+    one speed through the whole benchmark. Returns ``(samples, seconds)`` pairs
+    on the Theil-Sen line through the timings (``affine_pace``): repeated
+    calibrations here differ by 5-10 % at single sizes, and the benchmarks'
+    ratios compare sections of different sizes, so one noisy size would set
+    them; the line is what an emulated device's cost is taken to be.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -56,7 +60,7 @@ def calibrated_pace(name: str, sizes: list[int], repeats: int = 15) -> list[tupl
             indices = torch.randint(0, len(data), (b,), generator=generator)
             local_gradient(code, model, data, indices, torch.device("cpu"))
 
-        return [(b, round(t, 6)) for b, t in calibrate_pace(section, sizes, repeats)]
+        return [(b, round(t, 6)) for b, t in affine_pace(calibrate_pace(section, sizes, repeats))]
     finally:
         torch.set_num_threads(threads)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from worker.engine import emulation
-from worker.engine.emulation import Pace, SpeedEmulator, calibrate_pace
+from worker.engine.emulation import Pace, SpeedEmulator, affine_pace, calibrate_pace
 from worker.engine.spec import RunSpec
 
 
@@ -148,3 +148,22 @@ def test_a_run_spec_carries_the_pace_to_every_rank() -> None:
     assert RunSpec.model_validate_json(spec.model_dump_json()) == spec
     with pytest.raises(ValueError, match="emulation_pace"):
         RunSpec.model_validate({**fields, "emulation_pace": [[16, -1.0]]})
+
+
+def test_an_affine_pace_is_not_moved_by_one_disturbed_size() -> None:
+    # 1 ms per section plus 0.2 ms per sample, but the 256-sample timing was disturbed (+15 %)
+    points = [(b, 0.001 + 0.0002 * b) for b in (16, 32, 64, 128, 192)] + [(256, 0.0525 * 1.15)]
+    fitted = dict(affine_pace(points))
+    assert list(fitted) == [16, 32, 64, 128, 192, 256]
+    assert fitted[256] == pytest.approx(0.001 + 0.0002 * 256)
+    assert fitted[16] == pytest.approx(0.0042)
+
+
+@pytest.mark.parametrize(
+    "points", [[(16, 0.01)], [(16, 0.01), (16, 0.02)], [(1, 1.0), (2, 0.01), (3, 0.01), (4, 0.01)]]
+)
+def test_an_affine_pace_needs_two_sizes_and_a_positive_line(
+    points: list[tuple[int, float]],
+) -> None:
+    with pytest.raises(ValueError, match="pace"):
+        affine_pace(points)

@@ -34,6 +34,7 @@ which a pace taken from each process's own recent sections cannot give
 from __future__ import annotations
 
 import bisect
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -106,6 +107,34 @@ def calibrate_pace(
             section(b)
             best[b] = min(best[b], time.perf_counter() - started)
     return [(b, best[b]) for b in sizes]
+
+
+def affine_pace(points: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The line ``seconds = a + c * samples`` through calibrated points, at the same sizes.
+
+    A Theil-Sen fit (Theil 1950, Sen 1968): ``c`` is the median of the slopes
+    between every two points and ``a`` the median of ``seconds - c * samples``,
+    so one size whose timing a disturbance spoilt, which a per-size pace would
+    copy into every section of that size, moves the line little. ``a`` is the
+    fixed cost of a section (per-step overhead), ``c`` the cost of a sample.
+    Raises ValueError for fewer than two distinct sizes or a line that is not
+    positive at every size.
+    """
+    ordered = sorted(points)
+    slopes = [
+        (t1 - t0) / (b1 - b0)
+        for i, (b0, t0) in enumerate(ordered)
+        for b1, t1 in ordered[i + 1 :]
+        if b1 != b0
+    ]
+    if not slopes:
+        raise ValueError("an affine pace needs at least two distinct sizes")
+    c = statistics.median(slopes)
+    a = statistics.median(t - c * b for b, t in ordered)
+    fitted = [(b, a + c * b) for b, _ in ordered]
+    if min(t for _, t in fitted) <= 0:
+        raise ValueError(f"the fitted pace is not positive at every size: {fitted}")
+    return fitted
 
 
 class SpeedEmulator:
