@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -63,6 +64,22 @@ def calibrated_pace(name: str, sizes: list[int], repeats: int = 15) -> list[tupl
         return [(b, round(t, 6)) for b, t in affine_pace(calibrate_pace(section, sizes, repeats))]
     finally:
         torch.set_num_threads(threads)
+
+
+def add_pace_option(parser: argparse.ArgumentParser) -> None:
+    """``--pace fixed|recent``: how the benchmark's emulated groups get their speed."""
+    parser.add_argument(
+        "--pace",
+        choices=["fixed", "recent"],
+        default="fixed",
+        help="emulated speed: calibrated once for every run (fixed, default) or each "
+        "worker's own fastest recent sections (recent)",
+    )
+
+
+def pace_option(args: argparse.Namespace, name: str, sizes: list[int]) -> Any:
+    """The ``emulation_pace`` of every run: calibrated now for ``--pace fixed``, else None."""
+    return calibrated_pace(name, sizes) if args.pace == "fixed" else None
 
 
 def run_task(spec_fields: dict[str, Any], timeout_s: float = 600.0) -> LocalRun:

@@ -49,7 +49,15 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bench.common import calibrated_pace, emit, idle_fractions, ps_metric, run_task, workload
+from bench.common import (
+    add_pace_option,
+    emit,
+    idle_fractions,
+    pace_option,
+    ps_metric,
+    run_task,
+    workload,
+)
 
 # Both groups are emulated (fast at 1/2, slow at 1/6 of this CPU: 3 to 1), so each worker
 # keeps its core busy at most half of the time and two workers need at most one core:
@@ -124,14 +132,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="heterogeneous throughput efficiency")
     parser.add_argument("--epochs", type=int, default=4, help="per run (the slow group's)")
     parser.add_argument("--rounds", type=int, default=4, help="even: counterbalanced")
-    parser.add_argument(
-        "--pace",
-        choices=["fixed", "recent"],
-        default="fixed",
-        help="emulated speed: calibrated once (fixed) or each worker's own",
-    )
+    add_pace_option(parser)
     args = parser.parse_args()
-    pace = calibrated_pace("hetero_cnn", PACE_SIZES) if args.pace == "fixed" else None
+    pace = pace_option(args, "hetero_cnn", PACE_SIZES)
     times: dict[str, list[float]] = {
         f"{who}, {strategy}": []
         for strategy in STRATEGIES

@@ -175,8 +175,7 @@ def main() -> int:
         engine = make_engine(url)
         rng = random.Random(42)
         # As the scheduler's pass: one connection, a transaction per decision.
-        with engine.connect() as connection, \
-                Session(connection, expire_on_commit=False) as session:
+        with engine.connect() as connection, Session(connection, expire_on_commit=False) as session:
             ids = populate(session, rng, args.queued)
             analyze(session)
             measure(session, rng, 50, ids)  # warm-up: caches, prepared plans

@@ -16,9 +16,13 @@ epoch times (``epoch_time_s`` reported by the parameter server, which
 excludes validation) after the first epoch of each run, which warms up
 kernels for new batch shapes and lets the balancer settle (left out for both
 splits). Target >= 1.85. Processes: the parameter server
-(mostly waiting) and two workers.
+(mostly waiting) and two workers. The emulated speed of both groups is fixed
+for the whole benchmark from one calibration (``bench.common.calibrated_pace``,
+as in bench.hetero_efficiency); ``--pace recent`` paces each worker by its own
+fastest recent sections instead. With the pace's line ``a + c * b`` the ideal
+is 2.0 less what its fixed part ``a`` costs the slow worker per step.
 
-    python -m bench.weighted_vs_even [--rounds 2] [--epochs 3]
+    python -m bench.weighted_vs_even [--rounds 2] [--epochs 3] [--pace fixed|recent]
 """
 
 from __future__ import annotations
@@ -27,14 +31,25 @@ import argparse
 import statistics
 from typing import Any
 
-from bench.common import emit, idle_fractions, ps_metric, run_task, workload
+from bench.common import (
+    add_pace_option,
+    emit,
+    idle_fractions,
+    pace_option,
+    ps_metric,
+    run_task,
+    workload,
+)
 
 FAST, SLOW = 1 / 2, 1 / 6
+# Per-worker batches: 256 even, about 384 and 128 weighted, 256 profiling.
+PACE_SIZES = [64, 96, 128, 160, 192, 256, 320, 384, 448]
 
 
-def spec_fields(split_policy: str, epochs: int) -> dict[str, Any]:
+def spec_fields(split_policy: str, epochs: int, pace: Any = None) -> dict[str, Any]:
     """The task: two one-worker groups, the second at 1/3 of the first one's speed."""
     return {
+        "emulation_pace": pace,
         "code": workload("hetero_cnn"),
         "epochs": epochs,
         "global_batch_size": 512,
@@ -51,13 +66,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="weighted vs even split, one group at 1/3 speed")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=3)
+    add_pace_option(parser)
     args = parser.parse_args()
+    pace = pace_option(args, "hetero_cnn", PACE_SIZES)
     times: dict[str, list[float]] = {"even": [], "weighted": []}
     shares: list[float] = []
     idle: dict[str, list[list[float]]] = {}
     for _ in range(args.rounds):
         for policy in ("even", "weighted"):
-            run = run_task(spec_fields(policy, args.epochs))
+            run = run_task(spec_fields(policy, args.epochs, pace))
             times[policy] += ps_metric(run, "epoch_time_s")[1:]  # epoch 0 warms up
             idle[policy] = idle_fractions(run, range(1, 3))  # the last round's
             if policy == "weighted":
@@ -77,6 +94,7 @@ def main() -> None:
         speed_factors=[FAST, round(SLOW, 4)],
         global_batch=512,
         processes=3,
+        emulation_pace=pace or "each worker's fastest recent sections",
     )
 
 
