@@ -20,12 +20,27 @@ from tests.worker.reference import TIMEOUT_S, run_with_dump
 from worker.engine.local import launch_local
 from worker.engine.spec import RunSpec
 
-DROPOUT_MODULE = """
+# In the interrupted run (HOLD_AFTER set to the checkpoint it stops at), every rank waits in
+# loss_fn from the first call after that checkpoint exists until it is killed: the run cannot
+# finish before the kill lands, however fast the host. Waiting changes no number.
+HOLD_AFTER = "POLYTRAIN_TEST_HOLD_AFTER"
+DROPOUT_MODULE = f"""
+import os
+import time
+from pathlib import Path
+
 from torch import nn
-from examples.tiny_regression import build_datasets, build_optimizer, loss_fn
+from examples.tiny_regression import build_datasets, build_optimizer
+from examples.tiny_regression import loss_fn as mean_squared_error
 
 def build_model():
     return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Dropout(0.2), nn.Linear(16, 1))
+
+def loss_fn(output, target):
+    hold = os.environ.get("{HOLD_AFTER}")
+    while hold and Path(hold).exists():
+        time.sleep(0.05)
+    return mean_squared_error(output, target)
 """
 
 SOLO_EACH = [
@@ -74,7 +89,8 @@ def test_resumed_run_ends_with_the_uninterrupted_parameters(
     def reached(event: dict[str, Any]) -> bool:
         return event["type"] == "checkpoint" and Path(event["path"]).name == stop_at
 
-    interrupted = launch_local(spec, timeout_s=TIMEOUT_S, stop_when=reached)
+    hold = {HOLD_AFTER: str(Path(spec.checkpoint_dir) / stop_at)}
+    interrupted = launch_local(spec, timeout_s=TIMEOUT_S, stop_when=reached, env_extra=hold)
     assert interrupted.stopped and not any(e["type"] == "done" for e in interrupted.events)
     resumed = spec.model_copy(update={"resume_from": str(Path(spec.checkpoint_dir) / stop_at)})
     run, finals = run_with_dump(resumed, tmp_path / "resumed-params")
