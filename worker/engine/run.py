@@ -1,12 +1,13 @@
 """State of one rank during training, and the control points every rank passes together.
 
 Both roles hold a :class:`Run`: the parameter server (global model and
-optimizer, the load balancer, checkpoints) and each compute worker (its local
-copy, the preprocessed data, its speed emulator and, with periodic sync, its
-group's optimizer). Control points are collectives over the whole world at
-steps every rank knows in advance: the load-balancing check every
-``rebalance_every`` steps and at epoch ends, and checkpoints every
-``checkpoint_every`` steps.
+optimizer, checkpoints) and each compute worker (its local copy, the
+preprocessed data, its speed emulator and, with periodic sync, its group's
+optimizer). Every rank holds an identical load balancer and takes each
+rebalancing decision itself, from the same measured work. Control points are
+collectives over the whole world at steps every rank knows in advance: the
+load-balancing check every ``rebalance_every`` steps and at epoch ends, and
+checkpoints every ``checkpoint_every`` steps.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from worker.engine.contract import TrainingCode
 from worker.engine.data import TensorData
 from worker.engine.distributed import Topology
 from worker.engine.emulation import SpeedEmulator
-from worker.engine.exchange import broadcast_ints, gather_work, params_of
+from worker.engine.exchange import gather_work, params_of
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
 
@@ -85,20 +86,25 @@ def _crossed(now: int, before: int, every: int | None) -> bool:
 
 
 def rebalance(run: Run, window: Work) -> None:
-    """Control point: every rank learns all workers' work, the PS decides, all adopt the shares."""
+    """Control point: every rank learns all workers' work and takes the same decision.
+
+    One collective: the work table comes from one allreduce in which each
+    worker fills its own entries (sums with zeros, so every rank holds the
+    same bits), and the balancer is a pure function of that table and of the
+    shares and controller state every rank already shares, so no broadcast of
+    the decision is needed. The parameter server logs it.
+    """
     compute_s, samples = gather_work(run.topo, window.robust_seconds, window.samples)
-    proposal = None
+    proposal = run.balancer.propose(run.split.shares, compute_s, samples)
+    if proposal is None:
+        return
     if run.topo.is_ps:
-        proposal = run.balancer.propose(run.split.shares, compute_s, samples)
-        if proposal is not None:
-            rates = rates_of(compute_s, samples)
-            report.log(
-                f"rebalance at step {run.step}: shares {run.split.shares} -> {proposal} "
-                f"(predicted imbalance {imbalance(run.split.shares, rates):.1%})"
-            )
-    shares = broadcast_ints(proposal or run.split.shares, run.split.n_workers)
-    if shares != run.split.shares:
-        run.split.set_shares(shares)
+        rates = rates_of(compute_s, samples)
+        report.log(
+            f"rebalance at step {run.step}: shares {run.split.shares} -> {proposal} "
+            f"(predicted imbalance {imbalance(run.split.shares, rates):.1%})"
+        )
+    run.split.set_shares(proposal)
 
 
 def control_point(run: Run) -> None:
