@@ -20,7 +20,10 @@ splits). Target >= 1.85. Processes: the parameter server
 for the whole benchmark from one calibration (``bench.common.calibrated_pace``,
 as in bench.hetero_efficiency); ``--pace recent`` paces each worker by its own
 fastest recent sections instead. With the pace's line ``a + c * b`` the ideal
-is 2.0 less what its fixed part ``a`` costs the slow worker per step.
+stays 2.0 whatever its fixed part ``a``: the balanced slow share becomes
+``B/4 - a/(2c)`` and its step ``3 (a + c B/2)``, half the even step
+``6 (a + c B/2)`` (``a`` below 0, which this host's calibrations give, only
+gives the slow worker more than a quarter of the batch).
 
     python -m bench.weighted_vs_even [--rounds 2] [--epochs 3] [--pace fixed|recent]
 """
