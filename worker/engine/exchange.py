@@ -255,13 +255,6 @@ def gather_work(
     return table[0].tolist(), table[1].tolist()
 
 
-def broadcast_ints(values: list[int] | None, n: int) -> list[int]:
-    """``n`` integers from the parameter server (``values`` there, None elsewhere) to every rank."""
-    t = torch.tensor(values if values is not None else [0] * n, dtype=torch.int64)
-    dist.broadcast(t, src=0)
-    return [int(v) for v in t]
-
-
 def broadcast_object(obj: Any) -> Any:
     """A picklable object from rank 0 to every rank of the world (``obj`` ignored elsewhere)."""
     box = [obj]

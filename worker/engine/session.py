@@ -4,9 +4,11 @@ Order of collectives, the same on every rank:
 
 1. parameters from the parameter server (:func:`sync_params`), then the resume
    package from the checkpoint (None on a fresh start);
-2. fresh start: every worker profiles its throughput, the parameter server
-   picks the initial shares (:class:`worker.engine.balance.Balancer`) and
-   broadcasts them; on resume the split state comes from the checkpoint;
+2. fresh start: every worker profiles its throughput, and every rank picks
+   the same initial shares (:class:`worker.engine.balance.Balancer`) from the
+   same all-reduced rates, as at every rebalancing check
+   (:func:`worker.engine.run.rebalance`); on resume the split state comes
+   from the checkpoint;
 3. per epoch: the strategy's steps, the final parameters, validation, the
    epoch's measured work (re-measured throughput, epoch-level rebalance),
    the neighbour exchange, the epoch-end checkpoint.
@@ -28,7 +30,6 @@ from worker.engine.data import TensorData
 from worker.engine.distributed import Topology
 from worker.engine.emulation import Pace, SpeedEmulator
 from worker.engine.exchange import (
-    broadcast_ints,
     broadcast_object,
     gather_work,
     sum_over_world,
@@ -48,7 +49,7 @@ STRATEGIES: dict[str, tuple[EpochFn, EpochFn]] = {
 
 
 def initial_shares(run: Run, train: TensorData) -> list[int]:
-    """Fresh start: workers profile their samples/s, the parameter server picks the shares.
+    """Fresh start: workers profile their samples/s, every rank picks the same shares from them.
 
     Every worker profiles at the even share first. With the ``weighted``
     policy they profile once more, each at the share that first profile gave
@@ -65,8 +66,8 @@ def initial_shares(run: Run, train: TensorData) -> list[int]:
 
 
 def _profiled_shares(run: Run, train: TensorData, shares: list[int], *, last: bool) -> list[int]:
-    """One profiling round: each worker measures its samples/s at its share in ``shares``, the
-    parameter server proposes new shares from those rates, every rank adopts them."""
+    """One profiling round: each worker measures its samples/s at its share in ``shares``;
+    every rank learns all the rates and picks the same new shares from them."""
     spec, topo = run.spec, run.topo
     seconds, samples = 0.0, 0
     if not topo.is_ps:
@@ -85,15 +86,14 @@ def _profiled_shares(run: Run, train: TensorData, shares: list[int], *, last: bo
             report.metric("profiled_samples_per_s", rate, step=0, epoch=0, rank=topo.rank)
         seconds, samples = (share / rate, share) if rate > 0 else (0.0, 0)
     compute_s, counts = gather_work(topo, seconds, samples)
-    proposal = None
+    rates = [n / t if t > 0 else 0.0 for n, t in zip(counts, compute_s, strict=True)]
+    proposal = run.balancer.initial(rates if all(rates) else [1.0] * len(rates))
     if topo.is_ps:
-        rates = [n / t if t > 0 else 0.0 for n, t in zip(counts, compute_s, strict=True)]
-        proposal = run.balancer.initial(rates if all(rates) else [1.0] * len(rates))
         report.log(
             f"profiled samples/s {[round(r, 1) for r in rates]} at shares {shares}; "
             f"shares {proposal}"
         )
-    return broadcast_ints(proposal, topo.n_workers)
+    return proposal
 
 
 def restore(run: Run, package: dict[str, Any]) -> bool:
