@@ -55,6 +55,7 @@ def login(request: Request, session: SessionDep, form: Annotated[LoginForm, Form
     user, errors, status = forms.login(session, form)
     if user is None:
         return _login_page(request, form.model_copy(update={"password": ""}), errors, status)
+    request.state.user = user  # the audit log's actor of this login
     _, cookie = tokens.start_session(session, user=user)
     response = redirect(_safe_next(form.next))
     response.set_cookie(SESSION_COOKIE, cookie, httponly=True, samesite="lax", path="/",
