@@ -106,6 +106,12 @@ def _actor(scope: Scope, answer: Answer, action: str) -> tuple[int | None, int |
     return user_id, state.get("api_token_id")
 
 
+def _text(value: object, limit: int) -> str:
+    """`value` as text that every database stores: NUL replaced (PostgreSQL refuses it, and
+    a request must not escape the log by naming a path with %00), cut to `limit` chars."""
+    return str(value).replace("\x00", "\ufffd")[:limit]
+
+
 def event_for(scope: Scope, answer: Answer, rid: str) -> AuditEventCreate:
     """The audit event of one finished request."""
     state = scope.get("state") or {}
@@ -116,12 +122,14 @@ def event_for(scope: Scope, answer: Answer, rid: str) -> AuditEventCreate:
         location=answer.headers.get("location"))
     user_id, token_id = _actor(scope, answer, described.action)
     client = scope.get("client")
+    object_id = described.object_id
     return AuditEventCreate(
         actor_user_id=user_id, actor_token_id=token_id, action=described.action,
-        object_type=described.object_type, object_id=described.object_id,
-        method=scope["method"][:8], path=scope["path"][:500], status_code=answer.status,
-        outcome=answer.outcome(described.action),
-        client_address=str(client[0])[:64] if client else None, request_id=rid)
+        object_type=described.object_type,
+        object_id=_text(object_id, 100) if object_id is not None else None,
+        method=_text(scope["method"], 8), path=_text(scope["path"], 500),
+        status_code=answer.status, outcome=answer.outcome(described.action),
+        client_address=_text(client[0], 64) if client else None, request_id=rid)
 
 
 def write(event: AuditEventCreate) -> None:

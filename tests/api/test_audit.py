@@ -173,6 +173,17 @@ def test_unknown_routes_and_methods_are_recorded_as_refused(client: TestClient) 
         ("unknown", 404, "refused"), ("unknown", 405, "refused")]
 
 
+def test_a_nul_in_the_path_does_not_escape_the_log(client: TestClient) -> None:
+    """PostgreSQL refuses NUL in text: the event keeps the path with the NUL replaced."""
+    before = last_id()
+    assert client.post("/api/v1/projects/%00/archive").status_code == 422
+    assert client.delete("/api/v1/resource-groups/a%00b").status_code == 404
+    events = events_after(before)
+    assert [(e.path, e.object_id) for e in events] == [
+        ("/api/v1/projects/\ufffd/archive", "\ufffd"),
+        ("/api/v1/resource-groups/a\ufffdb", "a\ufffdb")]
+
+
 def test_members_cannot_read_the_audit_log(world: World) -> None:
     for member in (world.owner, world.member, world.stranger):
         refused = world.client.get("/api/v1/audit", headers=member.headers)
