@@ -5,7 +5,8 @@ listed anywhere: the path's literal segments are collections (`projects` -> `pro
 verbs (`archive`, `cancel`); a `{param}` (or `me`, `account`: the caller) binds the
 collection before it. The action is `<last collection>.<verb>`; without a verb in the path
 it comes from the method: POST to a collection creates, PATCH/PUT or POST to one object
-updates, DELETE deletes. REST and portal routes of one operation get the same name
+updates, DELETE deletes, GET lists a collection or reads one object (refused reads are
+recorded too). REST and portal routes of one operation get the same name
 (`POST /api/v1/projects/{id}/archive` and the portal's `POST /projects/{id}/archive` are
 both `project.archive`). The object is the created one (from the answer's `id`, or the page
 a portal form redirects to) or else the innermost object named in the path.
@@ -21,8 +22,9 @@ VERBS = {
     "login": "login", "logout": "logout", "password": "change_password",
     "archive": "archive", "unarchive": "unarchive", "cancel": "cancel", "retry": "retry",
     "revoke": "delete", "remove": "delete", "delete": "delete", "edit": "update",
-    "state": "update", "upload": "create",
+    "state": "update", "upload": "create", "download": "download", "stream": "stream",
 }
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # Object types whose path ids are another type's ids; and types addressed by name.
 OBJECT_TYPE = {"member": "user"}
 KEY_FIELD = {"resource_group": "name"}
@@ -70,11 +72,12 @@ def _walk(template: str, params: Mapping[str, str], actor: int | None
 
 
 def _default_verb(method: str, nouns: list[list[str | None]]) -> str:
+    unbound = bool(nouns) and nouns[-1][1] is None
+    if method in READ_METHODS:
+        return "list" if unbound else "read"
     if method == "DELETE":
         return "delete"
-    if method == "POST" and nouns and nouns[-1][1] is None:
-        return "create"
-    return "update"
+    return "create" if method == "POST" and unbound else "update"
 
 
 def answer_field(body: bytes, *keys: str) -> str | None:

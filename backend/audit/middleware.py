@@ -1,10 +1,12 @@
 """One audit event per write request, recorded by an ASGI middleware so no route can forget.
 
-"Write" is every request with a method other than GET, HEAD or OPTIONS to the REST API or
-the portal, whatever its answer (refusals included: 401, 403, 404, 409, 413, 422, 429, and
-the portal's redirects to the login page or back with an error message). The agents'
-`/internal/v1` calls (logs, metrics, heartbeats: telemetry at a high rate, not user
-actions) and static files are left out.
+Recorded: every request to the REST API or the portal with a method other than GET, HEAD
+or OPTIONS, whatever its answer (refusals included: 401, 403, 404, 409, 413, 422, 429, and
+the portal's redirects to the login page or back with an error message); and every read
+that is refused (401 not logged in, 403 not allowed, 404 not visible or no such object,
+429 rate limited). Other reads are not (a 422 read is a malformed query, not a refusal).
+The agents' `/internal/v1` calls (logs, metrics, heartbeats: telemetry at a high rate from
+trusted services, not user actions) and static files are left out.
 
 The authentication dependencies put the caller on `request.state` (`user`,
 `api_token_id`) as soon as they know it, so a request refused after authentication
@@ -33,6 +35,8 @@ from backend.core.db import get_sessionmaker
 log = logging.getLogger(__name__)
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# A read's refusals: not logged in, not allowed, not visible (or no such object), rate limited.
+READ_REFUSALS = frozenset({401, 403, 404, 429})
 NOT_AUDITED = ("/internal/", "/static/")
 REQUEST_ID_HEADER = "X-Request-ID"
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -42,9 +46,14 @@ ERROR_FLASH = "polytrain_flash=error"  # backend.web.templating.redirect(kind="e
 LOGIN_ACTIONS = ("auth.login", "auth.logout")
 
 
-def is_audited(method: str, path: str) -> bool:
-    """Whether a request is a write to the REST API or the portal."""
-    return method not in READ_METHODS and not path.startswith(NOT_AUDITED)
+def is_audited(path: str) -> bool:
+    """Whether requests to `path` may be recorded (the REST API and the portal)."""
+    return not path.startswith(NOT_AUDITED)
+
+
+def is_recorded(method: str, status: int) -> bool:
+    """Whether a request to an audited path is recorded: every write, and refused reads."""
+    return method not in READ_METHODS or status in READ_REFUSALS
 
 
 def request_id(headers: Headers) -> str:
@@ -62,10 +71,11 @@ class Answer:
     body: bytearray | None = None
     recorded: bool = False
 
-    def start(self, message: Message) -> None:
+    def start(self, message: Message, *, keep_json: bool) -> None:
+        """The answer's status and headers; keep its JSON body if `keep_json` (a write's)."""
         self.status = int(message["status"])
         self.headers = Headers(raw=message.get("headers", []))
-        if self.headers.get("content-type", "").startswith("application/json"):
+        if keep_json and self.headers.get("content-type", "").startswith("application/json"):
             self.body = bytearray()
 
     def add(self, chunk: bytes) -> None:
@@ -148,10 +158,11 @@ class AuditMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not is_audited(scope["method"], scope["path"]):
+        if scope["type"] != "http" or not is_audited(scope["path"]):
             await self.app(scope, receive, send)
             return
         scope.setdefault("state", {})
+        method = scope["method"]
         rid = request_id(Headers(scope=scope))
         answer = Answer()
 
@@ -160,23 +171,25 @@ class AuditMiddleware:
             try:
                 event = event_for(scope, answer, rid)
             except Exception:
-                log.exception("AUDIT EVENT NOT RECORDED: %s %s", scope["method"], scope["path"])
+                log.exception("AUDIT EVENT NOT RECORDED: %s %s", method, scope["path"])
                 return
             with anyio.CancelScope(shield=True):
                 await run_in_threadpool(write, event)
 
         async def send_and_record(message: Message) -> None:
             if message["type"] == "http.response.start":
-                answer.start(message)
-                MutableHeaders(scope=message).append(REQUEST_ID_HEADER, rid)
+                answer.start(message, keep_json=method not in READ_METHODS)
+                if is_recorded(method, answer.status):
+                    MutableHeaders(scope=message).append(REQUEST_ID_HEADER, rid)
             elif message["type"] == "http.response.body":
                 answer.add(message.get("body", b""))
-                if not message.get("more_body", False) and not answer.recorded:
+                if not message.get("more_body", False) and not answer.recorded \
+                        and is_recorded(method, answer.status):
                     await record()
             await send(message)
 
         try:
             await self.app(scope, receive, send_and_record)
         finally:
-            if not answer.recorded:
+            if not answer.recorded and is_recorded(method, answer.status):
                 await record()

@@ -1,5 +1,6 @@
 """The audit log: every write through REST or the portal, allowed or refused, gives exactly
-one event naming its actor, action, object and outcome; reads give none; only admins read it.
+one event naming its actor, action, object and outcome; so does every refused read, and
+allowed reads give none; only admins read it.
 
 The endpoints are those of the authorization matrix (tests/api/test_authz.py), each tried
 by everyone from an anonymous caller to an admin, so refusals (401, 404, 403) and allowed
@@ -122,18 +123,49 @@ def test_each_write_gives_exactly_one_event(world: World, method: str, path: str
     assert outcomes == ({True} if (method, path) in ONLY_REFUSED else {True, False})
 
 
-def test_reads_and_agent_telemetry_give_no_event(world: World) -> None:
+def test_allowed_reads_and_agent_telemetry_give_no_event(world: World) -> None:
     before = last_id()
     for path in READS:
         if not path.endswith("/stream"):  # the owner's stream lasts as long as the task
             assert world.client.get(_fill(path, world)).status_code == 200, path
-        world.client.get(_fill(path, world), headers=world.stranger.headers)
-    world.client.head(f"/api/v1/projects/{world.project['id']}")
     world.client.get("/api/v1/audit")
+    assert world.client.get("/api/v1/audit", params={"limit": 0}).status_code == 422
     world.client.post(f"/internal/v1/tasks/{world.task['id']}/logs", headers=agent_headers(),
                       json={"lines": [{"node": "rank-1", "seq": 1, "time": "2026-01-01T00:00:01",
                                        "text": "more"}]}).raise_for_status()
+    world.client.post(f"/internal/v1/tasks/{world.task['id']}/logs",
+                      headers=world.stranger.headers, json={"lines": []})
     assert events_after(before) == []
+
+
+def _read_object(path: str, world: World) -> tuple[str | None, str | None]:
+    for param, kind in (("{checkpoint_id}", "checkpoint"), ("{task_id}", "task"),
+                        ("{user_id}", "user"), ("{project_id}", "project")):
+        if param in path:
+            return kind, _fill(param, world)
+    return None, None  # a list
+
+
+def test_each_refused_read_gives_one_event(world: World) -> None:
+    """Reads are recorded when refused: another user's project (404), an admin's list (403),
+    no login (401), the audit log itself for a member (403)."""
+    for path in READS:
+        before = last_id()
+        answer = world.client.get(_fill(path, world), headers=world.stranger.headers)
+        [event] = events_after(before)
+        assert answer.status_code in (403, 404), path
+        assert (event.actor_user_id, event.status_code, event.outcome.value) == (
+            world.stranger.id, answer.status_code, "refused")
+        assert (event.object_type, event.object_id) == _read_object(path, world)
+    before = last_id()
+    world.anonymous.get("/api/v1/tasks")
+    world.client.get("/api/v1/users", headers=world.member.headers)
+    world.client.get("/api/v1/audit", headers=world.owner.headers)
+    world.client.get(f"/api/v1/tasks/{world.task['id']}/logs/stream",
+                     headers=world.stranger.headers)
+    assert [(e.action, e.actor_user_id, e.status_code) for e in events_after(before)] == [
+        ("task.list", None, 401), ("user.list", world.member.id, 403),
+        ("audit.list", world.owner.id, 403), ("log.stream", world.stranger.id, 404)]
 
 
 def test_uploads_submissions_and_logins_are_recorded(world: World) -> None:
@@ -272,6 +304,18 @@ def test_portal_forms_are_recorded_with_the_session_user(world: World) -> None:
         (world.owner.id, None, "project.create", None, None, 403, "refused"),
         (None, None, "project.create", None, None, 303, "refused"),
     ]
+
+
+def test_a_cookie_call_without_its_csrf_header_names_its_actor(world: World) -> None:
+    """The portal's scripts call REST with the session cookie; the CSRF refusal is the user's."""
+    browser = TestClient(world.client.app)
+    browser.cookies.set("polytrain_session", world.member.cookie)
+    before = last_id()
+    assert browser.post("/api/v1/projects", json={"name": "x"}).status_code == 403
+    assert browser.post("/api/v1/projects", json={"name": "x"},
+                        headers={"X-CSRF-Token": world.member.csrf}).status_code == 201
+    assert [(e.actor_user_id, e.actor_token_id, e.status_code) for e in events_after(before)] \
+        == [(world.member.id, None, 403), (world.member.id, None, 201)]
 
 
 def test_a_portal_refusal_shown_as_a_flash_is_refused(world: World) -> None:

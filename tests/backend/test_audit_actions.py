@@ -47,6 +47,14 @@ CASES = [
      "/resource-groups", Described("agent.update", "agent", "5")),
     ("PATCH", "/api/v1/agents/{agent_id}", {"agent_id": "5"}, None, None,
      Described("agent.update", "agent", "5")),
+    ("GET", "/users", {}, None, None, Described("user.list")),
+    ("GET", "/projects/{project_id}", {"project_id": "7"}, None, None,
+     Described("project.read", "project", "7")),
+    ("GET", "/tasks/{task_id}/logs/stream", {"task_id": "12"}, None, None,
+     Described("log.stream", "task", "12")),
+    ("GET", "/tasks/{task_id}/checkpoints/{checkpoint_id}/download",
+     {"task_id": "12", "checkpoint_id": "3"}, None, None,
+     Described("checkpoint.download", "checkpoint", "3")),
     ("POST", None, {}, None, None, Described("unknown")),
 ]
 
