@@ -3,7 +3,7 @@ values, pages of 50 events."""
 
 from fastapi.testclient import TestClient
 
-from tests.conftest import add_account, login_as, with_csrf
+from tests.conftest import PASSWORD, add_account, login_as, with_csrf
 from tests.web.dom import parse
 
 
@@ -74,3 +74,25 @@ def test_pages_of_fifty_keep_the_filters(client: TestClient) -> None:
     rows = second.by_id("audit-table").find("tbody").find_all("tr")
     assert len(rows) == 2 and not second.find_all(id="audit-older")
     assert second.by_id("audit-newer")
+
+
+def test_portal_logins_and_logouts_are_listed(client: TestClient) -> None:
+    """A login names the account that logged in; a wrong password has no actor."""
+    ada = add_account("ada@example.org")
+    browser = TestClient(client.app, follow_redirects=False)
+
+    def login(password: str) -> int:
+        page = parse(browser.get("/login").text)
+        token = page.find("input", name="csrf_token").attrs["value"]
+        return browser.post("/login", data={"csrf_token": token, "next": "/",
+                                            "email": ada.email, "password": password}
+                            ).status_code
+
+    assert (login("not the password"), login(PASSWORD)) == (401, 303)
+    csrf = parse(browser.get("/").text).find("meta", name="csrf-token").attrs["content"]
+    assert browser.post("/logout", data={"csrf_token": csrf}).status_code == 303
+    rows = parse(client.get("/admin/audit", params={"action": "auth.*"}).text).by_id(
+        "audit-table").find("tbody").find_all("tr")
+    assert [(r.attrs["data-action"], r.attrs["data-outcome"], ada.email in r.text())
+            for r in rows] == [("auth.logout", "ok", True), ("auth.login", "ok", True),
+                               ("auth.login", "refused", False)]
