@@ -37,15 +37,24 @@ def agent(
     workers: Annotated[int, typer.Option(min=1, help="worker processes this host runs")] = 1,
     name: Annotated[str | None, typer.Option(help="agent name (default host-group-pid)")] = None,
 ) -> None:
-    """Serve one resource group's queue on this host."""
+    """Serve one resource group's queue on this host.
+
+    Exits with status 2 and the reason when the backend refuses the agent,
+    e.g. a live agent elsewhere already uses NAME (two agents cannot share one).
+    """
     import httpx
 
+    from worker.agent.client import Conflict
+    from worker.agent.identity import NameClash
     from worker.agent.main import run_agent
     from worker.config import AgentSettings
 
     try:
         run_agent(AgentSettings(), resource_group=resource_group,  # type: ignore[call-arg]
                   workers=workers, name=name)
+    except (Conflict, NameClash) as exc:
+        typer.echo(f"agent refused: {exc}", err=True)
+        raise typer.Exit(2) from exc
     except httpx.HTTPStatusError as exc:
         message = exc.response.json().get("error", {}).get("message", exc.response.text)
         typer.echo(f"agent refused: {message}", err=True)

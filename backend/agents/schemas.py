@@ -17,7 +17,15 @@ class Hardware(BaseModel):
 
 
 class AgentRegister(BaseModel):
+    """An agent announcing itself; `instance_id` is the identity it keeps in its data dir.
+
+    A live agent (online, heartbeat within the timeout) keeps its name: a
+    registration under that name with another (or no) `instance_id` is refused.
+    """
+
     name: str = Field(min_length=1, max_length=200)
+    instance_id: str | None = Field(default=None, min_length=8, max_length=64,
+                                    pattern=r"^[A-Za-z0-9_-]+$")
     host: str = Field(min_length=1, max_length=200)
     resource_group: str
     workers: int = Field(ge=1, le=1024)

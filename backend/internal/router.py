@@ -30,8 +30,9 @@ router = APIRouter(prefix="/internal/v1", tags=["internal (agents)"], dependenci
 
 
 @router.post("/agents/register", response_model=AgentRead)
-def register_agent(data: AgentRegister, session: SessionDep):
-    return agents.register(session, data=data)
+def register_agent(data: AgentRegister, session: SessionDep, settings: SettingsDep):
+    """Register an agent; 409 (field `name`) while a live agent of another instance holds it."""
+    return agents.register(session, data=data, live_within_s=settings.heartbeat_timeout_s)
 
 
 @router.post("/agents/{agent_id}/heartbeat", response_model=AgentRead)

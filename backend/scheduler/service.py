@@ -20,6 +20,7 @@ book the same rows.
 import json
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cache, cached_property
 from typing import Any
 
@@ -346,12 +347,15 @@ def payload_for(task: Task, sub: SubTask, *, resume_checkpoint_id: int | None = 
 
 
 def schedule_once(session: Session, dispatcher: Dispatcher, *, heartbeat_timeout_s: float,
-                  interval_s: float = 1.0) -> int:
+                  interval_s: float = 1.0, watching_since: datetime | None = None) -> int:
     """One scheduler pass: detect failures, schedule what fits, publish messages.
 
-    Returns how many tasks were scheduled.
+    `watching_since` is when the scheduler started (naive UTC): no agent is
+    timed out before it has had a full heartbeat timeout to reach it
+    (`monitor.check`). Returns how many tasks were scheduled.
     """
-    monitor.check(session, timeout_s=heartbeat_timeout_s, interval_s=interval_s)
+    monitor.check(session, timeout_s=heartbeat_timeout_s, interval_s=interval_s,
+                  watching_since=watching_since)
     scheduled = 0
     while scheduled < MAX_PER_PASS and schedule_next(session) is not None:
         scheduled += 1
