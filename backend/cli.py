@@ -92,11 +92,20 @@ def demo(
 
 
 @app.command()
-def up(port: Annotated[int, typer.Option(envvar="POLYTRAIN_PORT")] = 8000) -> None:
-    """Start the portal (API, scheduler, two agents) on loopback and keep it running."""
+def up(
+    port: Annotated[int, typer.Option(envvar="POLYTRAIN_PORT")] = 8000,
+    data_dir: Annotated[str, typer.Option(help="database, logs, admin password")] = "var/up",
+) -> None:
+    """Start the portal (API, scheduler, two agents) on loopback and keep it running.
+
+    A child that dies is restarted with backoff; SIGTERM/SIGINT/SIGHUP to this
+    process or its process group stops every child.
+    """
+    from pathlib import Path
+
     from backend.demo import run_up
 
-    run_up(port=port)
+    run_up(port=port, data_dir=Path(data_dir))
 
 
 @users_app.command("create-admin")

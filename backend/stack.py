@@ -5,6 +5,7 @@ is a separate process speaking to the others as it would across hosts: the
 agents reach the API over HTTP and the broker, never the database.
 """
 
+import logging
 import os
 import secrets
 import signal
@@ -15,6 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+log = logging.getLogger(__name__)
+# A child that dies is restarted after 1, 2, 4 ... s, at most this long; one that ran
+# for STABLE_S before dying starts again from the shortest delay.
+MAX_BACKOFF_S = 30.0
+STABLE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,7 @@ class LocalStack:
     broker_url: str | None = None
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    _children: dict[str, "_Child"] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -65,11 +73,44 @@ class LocalStack:
         return env
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
-        log = open(self.data_dir / f"{log_name}.log", "ab")  # noqa: SIM115 (owned by the child)
-        proc = subprocess.Popen([sys.executable, "-m", "backend.cli", *args], env=self.env(),
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.data_dir / f"{log_name}.log", "ab") as out:  # the child keeps its copy
+            proc = subprocess.Popen([sys.executable, "-m", "backend.cli", *args],
+                                    env=self.env(), stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
         self._procs.append(proc)
+        self._children[log_name] = _Child(log_name, args, proc, time.monotonic())
         return proc
+
+    def supervise(self) -> list[str]:
+        """Restart each child (API or agent) that died, with backoff; names restarted now.
+
+        A dead child is logged and started again after 1, 2, 4 ... s (at most
+        MAX_BACKOFF_S; back to 1 s once it ran STABLE_S). Called periodically by
+        `polytrain up`; the other children keep running meanwhile.
+        """
+        restarted = []
+        now = time.monotonic()
+        for child in list(self._children.values()):
+            code = child.proc.poll()
+            if code is None:
+                continue
+            if child.due is None:
+                ran = now - child.started
+                child.delay = 1.0 if ran >= STABLE_S else min(child.delay * 2, MAX_BACKOFF_S)
+                child.due = now + child.delay
+                log.warning("%s exited with status %s after %.0f s; restarting it in %.0f s "
+                            "(log: %s)", child.name, code, ran, child.delay,
+                            self.data_dir / f"{child.name}.log")
+            if now < child.due:
+                continue
+            self._procs.remove(child.proc)
+            proc = self._spawn(child.args, child.name)
+            self._children[child.name].delay = child.delay
+            if child.name in self._agents:
+                self._agents[child.name] = proc
+            log.warning("%s restarted (pid %s)", child.name, proc.pid)
+            restarted.append(child.name)
+        return restarted
 
     def start(self, timeout_s: float = 60.0) -> None:
         """Migrate, start the API, create the groups, start their agents and wait for them."""
@@ -98,6 +139,7 @@ class LocalStack:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         self._procs.remove(proc)
+        self._children.pop(name, None)
         return proc.pid
 
     def _remembered_password(self) -> str:
@@ -169,19 +211,20 @@ class LocalStack:
         self._terminate([p for p in self._procs if p not in agents], grace_s)
         self._procs.clear()
         self._agents.clear()
+        self._children.clear()
 
     @staticmethod
     def _terminate(procs: list[subprocess.Popen[bytes]], grace_s: float) -> None:
         """SIGTERM each process group, SIGKILL what is left after `grace_s` seconds."""
         for proc in procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+                _signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for proc in procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                _signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
 
     def __enter__(self) -> "LocalStack":
@@ -194,3 +237,23 @@ class LocalStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass
+class _Child:
+    """A supervised child process: what started it, when, and its restart backoff."""
+
+    name: str
+    args: list[str]
+    proc: subprocess.Popen[bytes]
+    started: float
+    delay: float = 0.5
+    due: float | None = None
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    """Signal a child's process group; it may have ended meanwhile."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
