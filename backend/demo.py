@@ -116,6 +116,7 @@ def run_up(*, port: int, data_dir: Path | None = None) -> None:
     """
     _exit_on_signals()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     stack = LocalStack(data_dir=(data_dir or Path("var/up")).resolve(), port=port,
                        groups=DEMO_GROUPS)
     # A first admin of your choosing survives restarts; else one with a fresh password.

@@ -4,7 +4,6 @@ Prometheus metrics at /metrics."""
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Response
@@ -20,6 +19,7 @@ from backend.core.config import Settings, get_settings
 from backend.core.db import get_sessionmaker
 from backend.core.deps import SettingsDep, bearer_scheme
 from backend.core.errors import ERROR_RESPONSES, Unauthorized, install_error_handlers
+from backend.core.paths import asset
 from backend.core.prometheus import CONTENT_TYPE, render_metrics
 from backend.internal.router import router as internal_router
 from backend.projects.router import router as projects_router
@@ -27,7 +27,7 @@ from backend.resource_groups.router import router as groups_router
 from backend.scheduler.loop import SchedulerLoop
 from backend.tasks.router import router as tasks_router
 
-STATIC_DIR = Path(__file__).resolve().parents[1] / "frontend" / "static"
+STATIC_DIR = asset("frontend/static")
 log = logging.getLogger(__name__)
 
 
