@@ -25,7 +25,10 @@ demo: install
 up: install
 	$(BIN)/polytrain up
 
+# scripts/test_setup.sh first installs what the tests need (Chromium, redis-server) or stops
+# at once with the command to run, and starts local PostgreSQL/Redis when they are configured.
 test: install
+	scripts/test_setup.sh
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: install
