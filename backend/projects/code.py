@@ -1,4 +1,4 @@
-"""Static check of a training module against the training-code contract (ARCHITECTURE.md)."""
+"""Static check of a training module against the training-code contract (docs/architecture.md)."""
 
 import ast
 import base64
