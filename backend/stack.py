@@ -118,13 +118,28 @@ class LocalStack:
         self.admin_password = self._remembered_password()
         subprocess.run([sys.executable, "-m", "backend.cli", "db", "upgrade"], env=self.env(),
                        check=True)
-        self._spawn(["api", "--host", self.host, "--port", str(self.port)], "api")
-        self._wait_http("/api/v1/health", timeout_s)
+        self.start_api(timeout_s)
         self.admin_token = self.login(self.admin_email, self.admin_password)
         for group in self.groups:
             self._ensure_group(group)
             self.start_agent(group)
         self.wait_agents(timeout_s)
+
+    def start_api(self, timeout_s: float = 60.0) -> None:
+        """Start the API (with its scheduler) and wait until it answers.
+
+        Raises:
+            TimeoutError: /api/v1/health did not answer within `timeout_s` seconds.
+        """
+        self._spawn(["api", "--host", self.host, "--port", str(self.port)], "api")
+        self._wait_http("/api/v1/health", timeout_s)
+
+    def stop_api(self, grace_s: float = 10.0) -> None:
+        """Stop the API (SIGTERM, SIGKILL after `grace_s` s) as an operator restarting it
+        would; the agents keep running. `start_api` brings it back."""
+        child = self._children.pop("api")
+        self._terminate([child.proc], grace_s)
+        self._procs.remove(child.proc)
 
     def start_agent(self, group: GroupSetup, name: str | None = None) -> subprocess.Popen[bytes]:
         name = name or f"agent-{group.name}"
