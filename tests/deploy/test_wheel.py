@@ -45,8 +45,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     tmp = tmp_path_factory.mktemp("wheel")
     source = tmp / "src"
     shutil.copytree(REPO, source, ignore=SKIP)
-    _run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q",
-          "-w", str(tmp / "dist")], cwd=tmp)
+    # This environment's setuptools builds it (no index needed for an isolated build env).
+    _run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps",
+          "--no-build-isolation", "-q", "-w", str(tmp / "dist")], cwd=tmp)
     (wheel,) = (tmp / "dist").glob("polytrain-*.whl")
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp)
