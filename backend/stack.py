@@ -16,6 +16,8 @@ from pathlib import Path
 
 import httpx
 
+from backend.core.config import private_dir, private_file
+
 
 @dataclass(frozen=True)
 class GroupSetup:
@@ -66,6 +68,7 @@ class LocalStack:
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
         log = open(self.data_dir / f"{log_name}.log", "ab")  # noqa: SIM115 (owned by the child)
+        private_file(self.data_dir / f"{log_name}.log")
         proc = subprocess.Popen([sys.executable, "-m", "backend.cli", *args], env=self.env(),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self._procs.append(proc)
@@ -73,7 +76,7 @@ class LocalStack:
 
     def start(self, timeout_s: float = 60.0) -> None:
         """Migrate, start the API, create the groups, start their agents and wait for them."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)
         self.admin_password = self._remembered_password()
         subprocess.run([sys.executable, "-m", "backend.cli", "db", "upgrade"], env=self.env(),
                        check=True)
