@@ -76,12 +76,12 @@ class HashGate:
         self.slots, self.queue, self.wait_s = slots, queue, wait_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._free = asyncio.Semaphore(slots)
-        self._waiting = 0
+        self._admitted = 0  # hashing or waiting for a slot
 
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a new event loop (tests start one per client)
-            self._loop, self._free, self._waiting = loop, asyncio.Semaphore(self.slots), 0
+            self._loop, self._free, self._admitted = loop, asyncio.Semaphore(self.slots), 0
         return self._free
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
@@ -92,16 +92,18 @@ class HashGate:
                 came free within `wait_s` seconds.
         """
         free = self._semaphore()
-        if free.locked() and self._waiting >= self.queue:
+        if self._admitted >= self.slots + self.queue:
             raise Busy("too many logins at once; try again in a second")
-        self._waiting += 1
+        self._admitted += 1
         try:
-            await asyncio.wait_for(free.acquire(), self.wait_s)
-        except TimeoutError as exc:
-            raise Busy("too many logins at once; try again in a second") from exc
+            try:
+                async with asyncio.timeout(self.wait_s):
+                    await free.acquire()
+            except TimeoutError as exc:
+                raise Busy("too many logins at once; try again in a second") from exc
+            try:
+                return await run_in_threadpool(fn, *args)
+            finally:
+                free.release()
         finally:
-            self._waiting -= 1
-        try:
-            return await run_in_threadpool(fn, *args)
-        finally:
-            free.release()
+            self._admitted -= 1
