@@ -76,7 +76,6 @@ class LocalStack:
 
     def start(self, timeout_s: float = 60.0) -> None:
         """Migrate, start the API, create the groups, start their agents and wait for them."""
-        private_dir(self.data_dir)
         self.admin_password = self._remembered_password()
         subprocess.run([sys.executable, "-m", "backend.cli", "db", "upgrade"], env=self.env(),
                        check=True)
@@ -104,9 +103,9 @@ class LocalStack:
         return proc.pid
 
     def _remembered_password(self) -> str:
-        """The first admin's password, kept in the data dir (mode 0600): the admin is created
+        """The first admin's password, kept in the data dir (0700, the file 0600): the admin is created
         once, so a stack restarted on the same data dir must log in with the same one."""
-        path = self.data_dir / "admin-password"
+        path = private_dir(self.data_dir) / "admin-password"
         if path.is_file():
             return path.read_text().strip()
         path.touch(mode=0o600)
