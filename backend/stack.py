@@ -103,8 +103,8 @@ class LocalStack:
         return proc.pid
 
     def _remembered_password(self) -> str:
-        """The first admin's password, kept in the data dir (0700, the file 0600): the admin is created
-        once, so a stack restarted on the same data dir must log in with the same one."""
+        """The first admin's password, kept in the data dir (0700; the file 0600): the admin
+        is created once, so a stack restarted on the same data dir must log in with it."""
         path = private_dir(self.data_dir) / "admin-password"
         if path.is_file():
             return path.read_text().strip()

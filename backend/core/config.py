@@ -3,7 +3,7 @@
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -61,6 +61,17 @@ class Settings(BaseSettings):
     hash_wait_s: float = Field(default=5.0, gt=0, description="longest wait for a hash slot")
     token_default_expiry_days: int = Field(default=90, ge=1, le=3650)
     token_cap_per_user: int = Field(default=20, ge=1, description="live API tokens per user")
+
+    @field_validator("login_rate_per_account", "login_rate_per_address")
+    @classmethod
+    def _rate(cls, value: str) -> str:
+        from limits import parse
+
+        try:
+            parse(value)
+        except ValueError as exc:
+            raise ValueError(f"not a rate like '10/minute': {value!r}") from exc
+        return value
 
     def resolved_database_url(self) -> str:
         """The database URL, defaulting to SQLite under `data_dir`."""
