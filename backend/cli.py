@@ -27,8 +27,10 @@ def api(
     """Serve the REST API, the portal and the scheduler (run `polytrain db upgrade` first)."""
     import uvicorn
 
+    # Forwarded headers are trusted by the app itself (POLYTRAIN_FORWARDED_ALLOW_IPS), not by
+    # uvicorn's default of trusting 127.0.0.1.
     uvicorn.run("backend.main:create_app", factory=True, host=host, port=port,
-                log_level="warning")
+                log_level="warning", proxy_headers=False)
 
 
 @app.command()

@@ -20,7 +20,8 @@ Password = Annotated[
 TokenName = Annotated[str, Field(min_length=1, max_length=100, examples=["laptop CLI"])]
 ExpiresInDays = Annotated[
     int | None, Field(default=None, ge=1, le=3650, description="days until the token expires; "
-                      "null: never", examples=[90])
+                      "null: the default (POLYTRAIN_TOKEN_DEFAULT_EXPIRY_DAYS, 90)",
+                      examples=[90])
 ]
 
 

@@ -63,6 +63,28 @@ class UnsupportedType(ServiceError):
     code = "unsupported_type"
 
 
+class TooManyRequests(ServiceError):
+    """Rate limited (429); `Retry-After` says in how many whole seconds to try again."""
+
+    status = 429
+    code = "too_many_requests"
+
+    def __init__(self, message: str, *, retry_after_s: int, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.headers = {"Retry-After": str(max(1, retry_after_s))}
+
+
+class Busy(ServiceError):
+    """The service is at capacity for this kind of work right now (503, `Retry-After`)."""
+
+    status = 503
+    code = "busy"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(max(1, retry_after_s))}
+
+
 def error_body(code: str, message: str, field: str | None = None, **extra: Any) -> dict[str, Any]:
     body: dict[str, Any] = {"code": code, "message": message}
     if field:
@@ -97,6 +119,12 @@ def install_error_handlers(app: FastAPI) -> None:
         # An id or number beyond what the database stores names nothing that exists.
         return JSONResponse(error_body("invalid", "a number in the request is out of range"),
                             status_code=422)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette still logs the traceback; the caller gets the shared shape, no details.
+        return JSONResponse(error_body("internal", "internal error; it has been logged"),
+                            status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

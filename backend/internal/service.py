@@ -6,6 +6,7 @@ from sqlalchemy import select, tuple_, update
 from sqlalchemy.orm import Session
 
 from backend.agents.models import Agent, AgentState
+from backend.core.config import private_file
 from backend.core.db import utcnow
 from backend.core.errors import Conflict, NotFound
 from backend.internal.schemas import (
@@ -107,9 +108,10 @@ def save_checkpoint(
     folder = directory / f"task-{task.id}"
     if attempt > 1:
         folder = folder / f"attempt-{attempt}"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = folder / Path(name).name
     path.write_bytes(body)
+    private_file(path)
     checkpoint = Checkpoint(task_id=task.id, epoch=epoch, step=step, path=str(path.resolve()),
                             size_bytes=len(body), attempt=attempt)
     session.add(checkpoint)

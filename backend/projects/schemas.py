@@ -40,6 +40,17 @@ class MemberAdd(BaseModel):
     email: str = Field(min_length=3, max_length=254, examples=["grace@example.org"])
 
 
+class ShareResult(BaseModel):
+    """The answer to a share: the same whether or not an account has the email, so that
+    sharing cannot be used to find out who has an account."""
+
+    email: str
+    message: str = Field(examples=["if an account has this email, it can now see the project"])
+
+
+SHARED_MESSAGE = "if an account has this email, it can now see the project"
+
+
 class MemberRead(BaseModel):
     user_id: int
     email: str
