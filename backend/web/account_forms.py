@@ -105,7 +105,7 @@ def update_user(session: Session, target: User, acting: User, form: UserEditForm
     """Apply an admin's row edit; an empty password leaves the password alone, an empty
     role or active choice leaves that alone. A choice not offered is refused by name."""
     if form.is_active not in ("", "true", "false"):
-        return {"is_active": "choose true or false"}
+        return {"is_active": "is_active must be true or false"}
     try:
         data = UserUpdate(role=form.role or None,  # type: ignore[arg-type]
                           is_active=form.is_active == "true" if form.is_active else None,
