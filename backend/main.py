@@ -24,6 +24,7 @@ from backend.core.errors import ERROR_RESPONSES, Unauthorized, install_error_han
 from backend.core.http import BodyLimitMiddleware, SecurityHeadersMiddleware
 from backend.core.paths import asset
 from backend.core.prometheus import CONTENT_TYPE, render_metrics
+from backend.core.schemas import refuse_nul_inputs
 from backend.internal.router import router as internal_router
 from backend.projects.router import router as projects_router
 from backend.resource_groups.router import router as groups_router
@@ -113,6 +114,7 @@ def create_app(*, run_scheduler: bool = True) -> FastAPI:
     app = FastAPI(title="polytrain", version="0.1.0", lifespan=lifespan,
                   docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
                   openapi_url="/openapi.json" if docs else None,
+                  dependencies=[Depends(refuse_nul_inputs)],
                   description="Train one PyTorch model across resource groups of mixed hardware. "
                   "Authenticate with a personal API token: `POST /api/v1/auth/login`, then "
                   "`Authorization: Bearer <token>`. Lists take `offset` and `limit` and give "

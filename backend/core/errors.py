@@ -93,9 +93,19 @@ def error_body(code: str, message: str, field: str | None = None, **extra: Any) 
     return {"error": body}
 
 
+# pydantic's wording of an unknown field hides that the field's *name* is the fault.
+_MESSAGES = {"extra_forbidden": "unknown field (this request has no such field)"}
+
+
+def _message_of(error: Any) -> str:
+    return _MESSAGES.get(error["type"], error["msg"])
+
+
 def _field_of(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
-    return ".".join(parts)
+    # The first part says where the input came from; later parts are the user's names.
+    if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
+        loc = loc[1:]
+    return ".".join(str(p) for p in loc)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -129,7 +139,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [
-            {"field": _field_of(tuple(e["loc"])), "message": e["msg"]} for e in exc.errors()
+            {"field": _field_of(tuple(e["loc"])), "message": _message_of(e)}
+            for e in exc.errors()
         ]
         first = errors[0] if errors else {"field": "", "message": "invalid request"}
         message = f"{first['field']}: {first['message']}" if first["field"] else first["message"]

@@ -2,12 +2,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from backend.core.schemas import UtcDateTime
+from backend.core.schemas import StrictModel, UtcDateTime
 from backend.tasks.models import EventKind, NodeRole, SubTaskStatus, TaskStatus
 from worker.engine.spec import PreprocessStep
 
 
-class GroupRequest(BaseModel):
+class GroupRequest(StrictModel):
     """Workers asked of one named resource group, or of a device type with a placement policy.
 
     `{"name": "cpu-a", "workers": 2}` names the group. `{"device_type": "cpu",
@@ -15,8 +15,6 @@ class GroupRequest(BaseModel):
     that device type (and `labels`) when it allocates: `uniform` spreads the
     workers over every such group, `resource_state` fills the largest free group first.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str | None = Field(default=None, min_length=1, max_length=64, examples=["cpu-a"])
     device_type: Literal["cpu", "cuda", "npu"] | None = None
@@ -36,7 +34,7 @@ class GroupRequest(BaseModel):
         return self
 
 
-class TaskCreate(BaseModel):
+class TaskCreate(StrictModel):
     """A training task: one code version, trained across the listed resource groups."""
 
     project_id: int
@@ -128,10 +126,10 @@ class TaskCreate(BaseModel):
         return options
 
 
-class TaskUpdate(BaseModel):
+class TaskUpdate(StrictModel):
     """What may change while a task is queued: its priority and its dependencies."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+    model_config = ConfigDict(json_schema_extra={"examples": [
         {"priority": 10}, {"depends_on": [3, 4]}]})
 
     priority: int | None = Field(default=None, ge=-100, le=100)

@@ -114,7 +114,10 @@ def create_user(session: Session, form: UserForm) -> tuple[User | None, FieldErr
 def update_user(session: Session, target: User, acting: User, form: UserEditForm,
                 keep: tokens.Credential | None = None) -> FieldErrors:
     """Apply an admin's row edit; an empty password leaves the password alone (a new one
-    ends the user's sessions and tokens, but `keep`, the acting admin's own)."""
+    ends the user's sessions and tokens, but `keep`, the acting admin's own), an empty role
+    or active choice leaves that alone. A choice not offered is refused by name."""
+    if form.is_active not in ("", "true", "false"):
+        return {"is_active": "is_active must be true or false"}
     try:
         data = UserUpdate(role=form.role or None,  # type: ignore[arg-type]
                           is_active=form.is_active == "true" if form.is_active else None,

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from backend.auth import access
 from backend.auth.models import User
 from backend.core.deps import CsrfCheck, SessionDep, SettingsDep, WebUser
+from backend.core.errors import Invalid
 from backend.projects import service as projects
 from backend.projects.models import Project
 from backend.projects.schemas import SHARED_MESSAGE, MemberAdd
@@ -75,8 +76,10 @@ def edit_project(request: Request, project_id: int, session: SessionDep, user: W
 @router.post("/projects/{project_id}/archive", dependencies=[CsrfCheck])
 def archive_project(project_id: int, session: SessionDep, user: WebUser,
                     archived: Annotated[str, Form()] = "true") -> Response:
-    """Archive (read-only) or unarchive the project."""
+    """Archive (read-only) or unarchive the project; `archived` is `true` or `false`."""
     project = access.managed_project(session, user=user, project_id=project_id)
+    if archived not in ("true", "false"):
+        raise Invalid("archived: choose true or false", field="archived")
     projects.set_archived(session, project=project, archived=archived == "true")
     word = "archived" if archived == "true" else "unarchived"
     return redirect(f"/projects/{project.id}", flash=f"Project '{project.name}' {word}.")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class GroupPlan(BaseModel):
@@ -29,7 +29,14 @@ class GroupPlan(BaseModel):
     speed_factor: float = Field(default=1.0, gt=0.0, le=1.0)
 
 
-class Resize(BaseModel):
+class _Step(BaseModel):
+    """A preprocessing step as a user writes it in a task request: unknown keys are
+    refused by name (a misspelt option would otherwise be ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Resize(_Step):
     """Resize images ``[N, C, H, W]`` (or ``[N, H, W]``) to ``size`` = (H, W), bilinear."""
 
     op: Literal["resize"]
@@ -42,7 +49,7 @@ class Resize(BaseModel):
         return self
 
 
-class Normalize(BaseModel):
+class Normalize(_Step):
     """Per-channel ``(x - mean) / std``; None computes it from the training images."""
 
     op: Literal["normalize"]
@@ -56,7 +63,7 @@ class Normalize(BaseModel):
         return self
 
 
-class Augment(BaseModel):
+class Augment(_Step):
     """Offline augmentation: append ``copies`` randomly shifted/flipped/noised training copies."""
 
     op: Literal["augment"]
@@ -66,7 +73,7 @@ class Augment(BaseModel):
     noise_std: float = Field(default=0.0, ge=0.0, le=10.0)
 
 
-class Tokenize(BaseModel):
+class Tokenize(_Step):
     """Train a WordPiece or BPE tokenizer on the training texts; inputs become ids ``[N, L]``."""
 
     op: Literal["tokenize"]
