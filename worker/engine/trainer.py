@@ -3,7 +3,8 @@
 The step loop itself belongs to the sync strategy
 (:mod:`worker.engine.strategy_sync`, ``strategy_periodic``, ``strategy_quorum``);
 the session (:mod:`worker.engine.session`) runs epochs. Model buffers (e.g.
-BatchNorm running statistics) are not exchanged: they stay local to each worker.
+BatchNorm running statistics) travel with the parameters
+(:mod:`worker.engine.state`), so validation in eval mode uses the global ones.
 """
 
 from __future__ import annotations
