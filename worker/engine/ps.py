@@ -66,12 +66,12 @@ def run_parameter_server(
     model: torch.nn.Module,
     data: tuple[TensorData, TensorData],
 ) -> Tensor:
-    """Run rank 0 until the last epoch: returns the final parameters [P].
+    """Run rank 0 until the last epoch: returns the final parameters and buffers [P + B].
 
     Writes the checkpoints of :mod:`worker.engine.checkpoint` and ``final.pt``
     in ``spec.checkpoint_dir``, then reports ``done``. Debugging hook:
     ``POLYTRAIN_DUMP_BATCHES=/dir`` saves every step's global batch indices
-    (sync strategy) to ``/dir/batches.pt``. Raises whatever the user's
+    (every strategy; the split's batches) to ``/dir/batches.pt``. Raises whatever the user's
     optimizer raises, FileNotFoundError for a missing ``resume_from``.
     """
     model.to("cpu")
@@ -97,4 +97,4 @@ def run_parameter_server(
     save_checkpoint(Path(spec.checkpoint_dir) / "final.pt", final)
     _dump_batches(run)
     report.done()
-    return torch.nn.utils.parameters_to_vector(run.params).detach()
+    return run.state.vector()

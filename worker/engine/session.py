@@ -9,7 +9,7 @@ Order of collectives, the same on every rank:
    same all-reduced rates, as at every rebalancing check
    (:func:`worker.engine.run.rebalance`); on resume the split state comes
    from the checkpoint;
-3. per epoch: the strategy's steps, the final parameters, validation, the
+3. per epoch: the strategy's steps, the final parameters and buffers, validation, the
    epoch's measured work (re-measured throughput, epoch-level rebalance),
    the neighbour exchange, the epoch-end checkpoint.
 """

@@ -162,6 +162,7 @@ def server_epoch(run: Run) -> None:
                 epochs=run.spec.epochs,
             )
     while not run.split.epoch_done:
+        run.record_batch()
         run.split.advance()
         run.step += 1
     # The epoch's end is always reported (updates rarely end on a multiple of ``every``).

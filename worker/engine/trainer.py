@@ -78,7 +78,8 @@ def run_worker(
     model: torch.nn.Module,
     data: tuple[TensorData, TensorData],
 ) -> Tensor:
-    """Train as compute rank ``topo.rank`` until the last epoch; returns final parameters [P].
+    """Train as compute rank ``topo.rank`` until the last epoch; returns final parameters and
+    buffers [P + B].
 
     Raises whatever the user's code raises.
     """
@@ -95,4 +96,4 @@ def run_worker(
         lambda r: validate(code, topo, model, val_data, spec.global_batch_size),
         report_worker_epoch,
     )
-    return torch.nn.utils.parameters_to_vector(run.params).detach().cpu()
+    return run.state.vector().cpu()
