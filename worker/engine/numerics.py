@@ -73,10 +73,16 @@ def blame(
 
 
 def describe(found: list[tuple[int, str, str]], *, epoch: int, step: int) -> str:
-    """The reason: ``non-finite loss at epoch 0, step 7 on rank 2 (group 'a')``.
+    """The reason: ``non-finite loss and gradient on rank 2 (group 'a') at epoch 0, step 7``.
 
     ``epoch`` is 0-based and ``step`` counts optimizer steps from 1, as in
     metrics and checkpoints (the faulty step would have completed as ``step``).
     """
-    where = "; ".join(f"{kind} on rank {rank} (group {name!r})" for rank, name, kind in found)
+    kinds: dict[tuple[int, str], list[str]] = {}
+    for rank, name, kind in found:
+        kinds.setdefault((rank, name), []).append(kind)
+    where = "; ".join(
+        f"{' and '.join(what)} on rank {rank} (group {name!r})"
+        for (rank, name), what in kinds.items()
+    )
     return f"non-finite {where or 'value (source not found)'} at epoch {epoch}, step {step}"
