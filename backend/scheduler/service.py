@@ -307,7 +307,8 @@ def _book(session: Session, task: Task, layout: dict[str, Any], reason: str) -> 
 
 
 ENGINE_OPTIONS = ("sync_strategy", "sync_period", "quorum", "max_staleness",
-                  "exchange_fraction", "checkpoint_every", "rebalance_every", "preprocess")
+                  "exchange_fraction", "checkpoint_every", "rebalance_every", "preprocess",
+                  "on_nonfinite")
 
 
 def _speed_factor(spec: dict[str, Any], group: dict[str, Any]) -> float:

@@ -62,6 +62,10 @@ class TaskCreate(StrictModel):
                                          description="also checkpoint every N steps")
     rebalance_every: int = Field(default=10, ge=0, le=10_000_000,
                                  description="steps between load-balance checks (0: epoch ends)")
+    on_nonfinite: Literal["fail", "skip_step"] = Field(
+        default="fail", description="a non-finite loss or gradient on any worker: `fail` ends "
+        "the task naming epoch, step, rank and group; `skip_step` skips that optimizer step "
+        "everywhere and counts it in the `skipped_steps` metric")
     preprocess: list[PreprocessStep] = Field(
         default_factory=list, max_length=16,
         description="run once before sharding: resize, normalize, augment, tokenize")
@@ -120,7 +124,7 @@ class TaskCreate(StrictModel):
     def engine_options(self) -> dict[str, Any]:
         """The training-engine settings stored in the task's spec (see worker.engine.spec)."""
         keys = ("split_policy", "sync_strategy", "sync_period", "quorum", "max_staleness",
-                "exchange_fraction", "checkpoint_every", "rebalance_every")
+                "exchange_fraction", "checkpoint_every", "rebalance_every", "on_nonfinite")
         options = {key: getattr(self, key) for key in keys}
         options["preprocess"] = [step.model_dump() for step in self.preprocess]
         return options

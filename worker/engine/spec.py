@@ -85,6 +85,7 @@ class Tokenize(_Step):
 PreprocessStep = Annotated[Resize | Normalize | Augment | Tokenize, Field(discriminator="op")]
 SplitPolicy = Literal["even", "weighted"]
 SyncStrategy = Literal["sync", "periodic", "quorum"]
+OnNonFinite = Literal["fail", "skip_step"]
 
 
 class RunSpec(BaseModel):
@@ -105,6 +106,9 @@ class RunSpec(BaseModel):
     reported, late gradients at most ``max_staleness`` updates old).
     ``exchange_fraction`` of each worker's shard moves to its ring neighbour
     after every epoch. ``checkpoint_every`` adds a checkpoint every N steps.
+    ``on_nonfinite``: a non-finite loss, gradient or buffer on any worker ends
+    the task (``fail``, :class:`worker.engine.numerics.NonFiniteError` naming
+    epoch, step, rank and group) or skips that optimizer step (``skip_step``).
     ``emulation_pace`` (benchmarks) gives every emulated group one fixed
     undisturbed speed, ``(samples, seconds)`` points of a compute section
     measured before the run (:class:`worker.engine.emulation.Pace`); None: each
@@ -126,6 +130,7 @@ class RunSpec(BaseModel):
     max_staleness: int = Field(default=2, ge=0)
     exchange_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     checkpoint_every: int | None = Field(default=None, ge=1)
+    on_nonfinite: OnNonFinite = "fail"
     preprocess: list[PreprocessStep] = Field(default_factory=list)
     checkpoint_dir: str
     resume_from: str | None = None
