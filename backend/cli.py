@@ -41,11 +41,15 @@ def agent(
     import httpx
 
     from worker.agent.main import run_agent
+    from worker.agent.sandbox import SandboxUnavailable
     from worker.config import AgentSettings
 
     try:
         run_agent(AgentSettings(), resource_group=resource_group,  # type: ignore[call-arg]
                   workers=workers, name=name)
+    except SandboxUnavailable as exc:
+        typer.echo(f"agent cannot sandbox training code: {exc}", err=True)
+        raise typer.Exit(2) from exc
     except httpx.HTTPStatusError as exc:
         message = exc.response.json().get("error", {}).get("message", exc.response.text)
         typer.echo(f"agent refused: {message}", err=True)

@@ -64,9 +64,17 @@ class LocalStack:
             env["BROKER_URL"] = self.broker_url
         return env
 
-    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+    def agent_env(self) -> dict[str, str]:
+        """An agent's environment: no database URL and no admin credentials (it needs neither)."""
+        return {k: v for k, v in self.env().items()
+                if k not in ("DATABASE_URL", "POLYTRAIN_DATABASE_URL", "POLYTRAIN_ADMIN_PASSWORD",
+                             "POLYTRAIN_ADMIN_EMAIL", "POLYTRAIN_SECRET_KEY")}
+
+    def _spawn(self, args: list[str], log_name: str, env: dict[str, str] | None = None
+               ) -> subprocess.Popen[bytes]:
         log = open(self.data_dir / f"{log_name}.log", "ab")  # noqa: SIM115 (owned by the child)
-        proc = subprocess.Popen([sys.executable, "-m", "backend.cli", *args], env=self.env(),
+        proc = subprocess.Popen([sys.executable, "-m", "backend.cli", *args],
+                                env=env or self.env(),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self._procs.append(proc)
         return proc
@@ -88,7 +96,8 @@ class LocalStack:
     def start_agent(self, group: GroupSetup, name: str | None = None) -> subprocess.Popen[bytes]:
         name = name or f"agent-{group.name}"
         proc = self._spawn(["agent", "--resource-group", group.name,
-                            "--workers", str(group.workers), "--name", name], name)
+                            "--workers", str(group.workers), "--name", name], name,
+                           self.agent_env())
         self._agents[name] = proc
         return proc
 
