@@ -49,6 +49,7 @@ def agent(
     from worker.agent.client import Conflict
     from worker.agent.identity import NameClash
     from worker.agent.main import run_agent
+    from worker.agent.sandbox import SandboxUnavailable
     from worker.config import AgentSettings
 
     try:
@@ -56,6 +57,9 @@ def agent(
                   workers=workers, name=name)
     except (Conflict, NameClash) as exc:
         typer.echo(f"agent refused: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    except SandboxUnavailable as exc:
+        typer.echo(f"agent cannot sandbox training code: {exc}", err=True)
         raise typer.Exit(2) from exc
     except httpx.HTTPStatusError as exc:
         message = exc.response.json().get("error", {}).get("message", exc.response.text)

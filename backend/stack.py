@@ -74,11 +74,18 @@ class LocalStack:
             env["BROKER_URL"] = self.broker_url
         return env
 
+    def agent_env(self) -> dict[str, str]:
+        """An agent's environment: no database URL and no admin credentials (it needs neither)."""
+        return {k: v for k, v in self.env().items()
+                if k not in ("DATABASE_URL", "POLYTRAIN_DATABASE_URL", "POLYTRAIN_ADMIN_PASSWORD",
+                             "POLYTRAIN_ADMIN_EMAIL", "POLYTRAIN_SECRET_KEY")}
+
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+        env = self.agent_env() if args[0] == "agent" else self.env()
         with open(self.data_dir / f"{log_name}.log", "ab") as out:  # the child keeps its copy
             private_file(self.data_dir / f"{log_name}.log")
             proc = subprocess.Popen([sys.executable, "-m", "backend.cli", *args],
-                                    env=self.env(), stdout=out, stderr=subprocess.STDOUT,
+                                    env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         self._procs.append(proc)
         self._children[log_name] = _Child(log_name, args, proc, time.monotonic())

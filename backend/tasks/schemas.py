@@ -3,6 +3,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from backend.core.schemas import StrictModel, UtcDateTime
+from backend.scheduler.payload import DEFAULT_MAX_RUNTIME_S, DEFAULT_MEMORY_LIMIT_MB, TaskLimits
 from backend.tasks.models import EventKind, NodeRole, SubTaskStatus, TaskStatus
 from worker.engine.spec import PreprocessStep
 
@@ -76,6 +77,13 @@ class TaskCreate(StrictModel):
                                   description="tasks that must succeed before this one starts")
     max_restarts: int = Field(default=2, ge=0, le=20,
                               description="restarts after an agent or process failure")
+    max_runtime_s: int = Field(
+        default=DEFAULT_MAX_RUNTIME_S, ge=1, le=30 * 86_400,
+        description="wall-clock seconds each attempt may run; beyond it the task FAILS")
+    memory_limit_mb: int = Field(
+        default=DEFAULT_MEMORY_LIMIT_MB, ge=128, le=1_048_576,
+        description="data memory of each rank process in MiB (torch itself takes about "
+                    "300); an allocation beyond it FAILS the task")
 
     model_config = ConfigDict(json_schema_extra={"examples": [{
         "project_id": 1, "code_version_id": 1, "name": "mnist across two groups",
@@ -128,6 +136,10 @@ class TaskCreate(StrictModel):
         options = {key: getattr(self, key) for key in keys}
         options["preprocess"] = [step.model_dump() for step in self.preprocess]
         return options
+
+    def limits(self) -> TaskLimits:
+        """The per-rank limits stored in the task's spec and enforced by the agents."""
+        return TaskLimits(max_runtime_s=self.max_runtime_s, memory_limit_mb=self.memory_limit_mb)
 
 
 class TaskUpdate(StrictModel):
