@@ -13,6 +13,8 @@ from fastapi.staticfiles import StaticFiles
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from backend.agents.router import router as agents_router
+from backend.audit.middleware import AuditMiddleware
+from backend.audit.router import router as audit_router
 from backend.auth import service as users
 from backend.auth.router import auth_router, users_router
 from backend.auth.security import same
@@ -39,7 +41,7 @@ def api_router() -> APIRouter:
     """Every public REST route under /api/v1, each documented with the shared error shape."""
     router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
     for sub in (auth_router, users_router, projects_router, tasks_router, groups_router,
-                agents_router):
+                agents_router, audit_router):
         router.include_router(sub)
     router.add_api_route("/health", lambda: {"status": "ok"}, methods=["GET"], tags=["health"],
                          summary="Liveness (no login needed)")
@@ -129,4 +131,5 @@ def create_app(*, run_scheduler: bool = True) -> FastAPI:
 
     install_web(app)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.add_middleware(AuditMiddleware)  # added last: outermost, so it sees every refusal
     return app

@@ -81,8 +81,8 @@ def revoke_all(session: Session, *, user: User, keep: Credential | None = None) 
     session.execute(sessions.values(revoked_at=now))
 
 
-def user_for_token(session: Session, *, plain: str) -> User:
-    """The active user a bearer token belongs to; stamps its last use.
+def authenticate(session: Session, *, plain: str) -> tuple[ApiToken, User]:
+    """The bearer token `plain` and its active user; stamps the token's last use.
 
     Raises:
         Unauthorized: unknown, revoked or expired token, or a disabled user (each said).
@@ -102,7 +102,12 @@ def user_for_token(session: Session, *, plain: str) -> User:
     if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
         token.last_used_at = now  # at most once a minute: reads stay reads
         session.commit()
-    return user
+    return token, user
+
+
+def user_for_token(session: Session, *, plain: str) -> User:
+    """The active user a bearer token belongs to (see `authenticate`). Raises Unauthorized."""
+    return authenticate(session, plain=plain)[1]
 
 
 def list_for(session: Session, *, user: User) -> Sequence[ApiToken]:

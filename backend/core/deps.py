@@ -69,16 +69,17 @@ def current_user(
         Forbidden: a cookie-authenticated change without the session's CSRF token.
     """
     if credentials is not None:
-        user = tokens.user_for_token(session, plain=credentials.credentials)
+        token, user = tokens.authenticate(session, plain=credentials.credentials)
+        request.state.user, request.state.api_token_id = user, token.id  # the audit's actor
     else:
         resolved = _web_session(request, session)
         if resolved is None:
             raise Unauthorized(LOGIN_HINT)
         web, user = resolved
+        request.state.user = user  # known before the CSRF check: a refusal names its actor
         sent = request.headers.get(CSRF_HEADER, "")
         if request.method not in SAFE_METHODS and not same(sent, web.csrf_token):
             raise Forbidden(f"missing or wrong CSRF token (send the {CSRF_HEADER} header)")
-    request.state.user = user
     return user
 
 

@@ -71,6 +71,7 @@ async def login(request: Request, session: SessionDep, form: Annotated[LoginForm
     if user is None:
         return _login_page(request, form.model_copy(update={"password": ""}), errors, status,
                            headers)
+    request.state.user = user  # the audit log's actor of this login
     _, cookie = await run_in_threadpool(lambda: tokens.start_session(session, user=user))
     response = redirect(_safe_next(form.next))
     response.set_cookie(SESSION_COOKIE, cookie, httponly=True, samesite="lax", path="/",
