@@ -27,8 +27,10 @@ def api(
     """Serve the REST API, the portal and the scheduler (run `polytrain db upgrade` first)."""
     import uvicorn
 
+    # Forwarded headers are trusted by the app itself (POLYTRAIN_FORWARDED_ALLOW_IPS), not by
+    # uvicorn's default of trusting 127.0.0.1.
     uvicorn.run("backend.main:create_app", factory=True, host=host, port=port,
-                log_level="warning")
+                log_level="warning", proxy_headers=False)
 
 
 @app.command()
@@ -47,6 +49,7 @@ def agent(
     from worker.agent.client import Conflict
     from worker.agent.identity import NameClash
     from worker.agent.main import run_agent
+    from worker.agent.sandbox import SandboxUnavailable
     from worker.config import AgentSettings
 
     try:
@@ -54,6 +57,9 @@ def agent(
                   workers=workers, name=name)
     except (Conflict, NameClash) as exc:
         typer.echo(f"agent refused: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    except SandboxUnavailable as exc:
+        typer.echo(f"agent cannot sandbox training code: {exc}", err=True)
         raise typer.Exit(2) from exc
     except httpx.HTTPStatusError as exc:
         message = exc.response.json().get("error", {}).get("message", exc.response.text)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from backend.core.config import private_dir, private_file
+
 log = logging.getLogger(__name__)
 # A child that dies is restarted after 1, 2, 4 ... s, at most this long; one that ran
 # for STABLE_S before dying starts again from the shortest delay.
@@ -72,10 +74,18 @@ class LocalStack:
             env["BROKER_URL"] = self.broker_url
         return env
 
+    def agent_env(self) -> dict[str, str]:
+        """An agent's environment: no database URL and no admin credentials (it needs neither)."""
+        return {k: v for k, v in self.env().items()
+                if k not in ("DATABASE_URL", "POLYTRAIN_DATABASE_URL", "POLYTRAIN_ADMIN_PASSWORD",
+                             "POLYTRAIN_ADMIN_EMAIL", "POLYTRAIN_SECRET_KEY")}
+
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+        env = self.agent_env() if args[0] == "agent" else self.env()
         with open(self.data_dir / f"{log_name}.log", "ab") as out:  # the child keeps its copy
+            private_file(self.data_dir / f"{log_name}.log")
             proc = subprocess.Popen([sys.executable, "-m", "backend.cli", *args],
-                                    env=self.env(), stdout=out, stderr=subprocess.STDOUT,
+                                    env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         self._procs.append(proc)
         self._children[log_name] = _Child(log_name, args, proc, time.monotonic())
@@ -114,7 +124,6 @@ class LocalStack:
 
     def start(self, timeout_s: float = 60.0) -> None:
         """Migrate, start the API, create the groups, start their agents and wait for them."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.admin_password = self._remembered_password()
         subprocess.run([sys.executable, "-m", "backend.cli", "db", "upgrade"], env=self.env(),
                        check=True)
@@ -158,9 +167,9 @@ class LocalStack:
         return proc.pid
 
     def _remembered_password(self) -> str:
-        """The first admin's password, kept in the data dir (mode 0600): the admin is created
-        once, so a stack restarted on the same data dir must log in with the same one."""
-        path = self.data_dir / "admin-password"
+        """The first admin's password, kept in the data dir (0700; the file 0600): the admin
+        is created once, so a stack restarted on the same data dir must log in with it."""
+        path = private_dir(self.data_dir) / "admin-password"
         if path.is_file():
             return path.read_text().strip()
         path.touch(mode=0o600)

@@ -69,21 +69,36 @@ def current_user(
         Forbidden: a cookie-authenticated change without the session's CSRF token.
     """
     if credentials is not None:
-        user = tokens.user_for_token(session, plain=credentials.credentials)
+        token, user = tokens.authenticate(session, plain=credentials.credentials)
+        request.state.user, request.state.api_token_id = user, token.id  # the audit's actor
     else:
         resolved = _web_session(request, session)
         if resolved is None:
             raise Unauthorized(LOGIN_HINT)
         web, user = resolved
+        request.state.user = user  # known before the CSRF check: a refusal names its actor
         sent = request.headers.get(CSRF_HEADER, "")
         if request.method not in SAFE_METHODS and not same(sent, web.csrf_token):
             raise Forbidden(f"missing or wrong CSRF token (send the {CSRF_HEADER} header)")
-    request.state.user = user
     return user
 
 
 CurrentUser = Annotated[User, Depends(current_user)]
 UserAuth = Depends(current_user)
+
+
+def caller_credential(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> tokens.Credential:
+    """The API token or session cookie this request authenticated with (as `current_user`
+    picks it: the bearer token first)."""
+    if credentials is not None:
+        return tokens.Credential(api_token=credentials.credentials)
+    return tokens.Credential(session_cookie=request.cookies.get(SESSION_COOKIE))
+
+
+CallerCredential = Annotated[tokens.Credential, Depends(caller_credential)]
 
 
 def require_admin(user: CurrentUser) -> User:

@@ -1,6 +1,7 @@
 """Every table, imported in one place for Alembic and the app."""
 
 from backend.agents.models import Agent
+from backend.audit.models import AuditEvent
 from backend.auth.models import ApiToken, User, WebSession
 from backend.projects.models import CodeVersion, Project, ProjectMember
 from backend.resource_groups.models import ResourceGroup
@@ -16,7 +17,7 @@ from backend.tasks.models import (
 )
 
 __all__ = [
-    "Agent", "Allocation", "ApiToken", "Checkpoint", "CodeVersion", "LogLine", "Metric",
-    "Project", "ProjectMember", "ResourceGroup", "SubTask", "Task", "TaskDependency",
+    "Agent", "Allocation", "ApiToken", "AuditEvent", "Checkpoint", "CodeVersion", "LogLine",
+    "Metric", "Project", "ProjectMember", "ResourceGroup", "SubTask", "Task", "TaskDependency",
     "TaskEvent", "User", "WebSession",
 ]

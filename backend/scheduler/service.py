@@ -34,7 +34,7 @@ from backend.resource_groups import service as groups
 from backend.resource_groups.service import GroupFree
 from backend.scheduler import monitor, placement
 from backend.scheduler.dispatch import Dispatcher
-from backend.scheduler.payload import GroupPlan, SubTaskPayload
+from backend.scheduler.payload import GroupPlan, SubTaskPayload, TaskLimits
 from backend.tasks.models import (
     Allocation,
     EventKind,
@@ -307,7 +307,8 @@ def _book(session: Session, task: Task, layout: dict[str, Any], reason: str) -> 
 
 
 ENGINE_OPTIONS = ("sync_strategy", "sync_period", "quorum", "max_staleness",
-                  "exchange_fraction", "checkpoint_every", "rebalance_every", "preprocess")
+                  "exchange_fraction", "checkpoint_every", "rebalance_every", "preprocess",
+                  "on_nonfinite")
 
 
 def _speed_factor(spec: dict[str, Any], group: dict[str, Any]) -> float:
@@ -343,6 +344,7 @@ def payload_for(task: Task, sub: SubTask, *, resume_checkpoint_id: int | None = 
         global_batch_size=spec["global_batch_size"], seed=spec["seed"],
         split_policy=spec["split_policy"], groups=groups, engine=engine_options(spec),
         attempt=sub.attempt, resume_checkpoint_id=resume_checkpoint_id,
+        limits=TaskLimits.model_validate(spec.get("limits") or {}),
     )
 
 

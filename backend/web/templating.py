@@ -62,7 +62,8 @@ def render(
     """
     flash = read_flash(request)
     base = {"flash": flash, "user": getattr(request.state, "user", None),
-            "csrf_token": getattr(request.state, "csrf_token", "")}
+            "csrf_token": getattr(request.state, "csrf_token", ""),
+            "docs_enabled": request.app.docs_url is not None}
     response = templates.TemplateResponse(
         request, name, {**base, **context}, status_code=status_code
     )

@@ -17,6 +17,7 @@ from worker.agent.client import InternalApi
 from worker.agent.identity import claim_instance_id
 from worker.agent.processes import RunningRegistry, WarmPool
 from worker.agent.runner import SubTaskRunner
+from worker.agent.sandbox import Sandbox
 from worker.config import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,10 @@ def run_agent(settings: AgentSettings, *, resource_group: str, workers: int,
     Raises:
         NameClash: another agent on this host and data dir runs under `name`.
         Conflict: (field `name`) the backend knows a live agent of that name elsewhere.
+        SandboxUnavailable: (naming the command that fixes it) before registering, if
+            this host cannot sandbox ranks (docs/security.md).
     """
+    sandbox = Sandbox.detect(user=settings.sandbox_user, data_dir=settings.data_dir)
     api = InternalApi(settings.api_url, settings.agent_token.get_secret_value(), retries=30)
     name = name or f"{socket.gethostname()}-{resource_group}-{os.getpid()}"
     instance_id = claim_instance_id(settings.data_dir, name)
@@ -105,8 +109,8 @@ def run_agent(settings: AgentSettings, *, resource_group: str, workers: int,
     stop, registry = threading.Event(), RunningRegistry()
     threading.Thread(target=_heartbeats, daemon=True,
                      args=(api, agent_id, settings.heartbeat_interval_s, stop, registry)).start()
-    pool = WarmPool(workers + 1)  # one rank per worker, and the parameter server
-    runner = SubTaskRunner(settings, api, agent_id, registry, pool)
+    pool = WarmPool(workers + 1, sandbox)  # one rank per worker, and the parameter server
+    runner = SubTaskRunner(settings, api, agent_id, sandbox, registry, pool)
     argv = ["worker", "-Q", queue_name(resource_group), "-n", f"{name}@%h",
             "--pool", "threads", "--concurrency", str(workers), "--prefetch-multiplier", "1",
             "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"]
