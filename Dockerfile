@@ -1,8 +1,15 @@
 # One image for the API and the agents; the command chooses the role.
 FROM python:3.11-slim
-# Everything runs as this unprivileged user; it owns only /data (the volume) and /app.
-RUN useradd --system --uid 10001 --user-group --home-dir /app --create-home \
+# The API runs as the unprivileged user polytrain; it owns only /data (the volume) and /app.
+# Agents start each rank under bubblewrap as the unprivileged polytrain-run
+# (docs/security.md), which needs the agent itself to be root: docker-compose.yml runs the
+# agent services with `user: root` and the right to create namespaces.
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --user-group --home-dir /app --create-home \
         --shell /usr/sbin/nologin polytrain \
+    && useradd --system --uid 10002 --user-group --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin polytrain-run \
     && install -d -o polytrain -g polytrain -m 0700 /data
 # Sources go to /src only to build the wheel (templates, static files, migrations and
 # alembic.ini ship inside the package) and are removed: the image runs what was installed.

@@ -193,5 +193,20 @@ def test_image_runs_as_an_unprivileged_user() -> None:
     # The user owns the data volume's mount point, so named volumes start out writable.
     assert re.search(rf"install -d -o {users[-1]} -g {users[-1]} -m 0700 /data", DOCKERFILE)
     assert "ENV POLYTRAIN_DATA_DIR=/data" in DOCKERFILE
+    # Agents sandbox ranks (docs/security.md): bubblewrap and the unprivileged rank user.
+    assert "bubblewrap" in DOCKERFILE
+    assert re.search(r"useradd\b[^\n]*(\\\n[^\n]*)*?\bpolytrain-run\b", DOCKERFILE)
     # The image runs the installed wheel (package data included), not a source tree.
     assert re.search(r"pip install --no-cache-dir /src && rm -rf /src", DOCKERFILE)
+
+
+def test_only_agents_run_as_root_to_sandbox_their_ranks() -> None:
+    """The API and the one-shot job keep the image's unprivileged user; an agent is root in
+    its container (only root starts ranks as polytrain-run) with the namespaces bwrap needs."""
+    for name, service in SERVICES.items():
+        if name in AGENTS:
+            assert service["user"] == "root"
+            assert "SYS_ADMIN" in service["cap_add"]
+            assert "seccomp=unconfined" in service["security_opt"]
+        elif service.get("build"):
+            assert "user" not in service and "cap_add" not in service, name
