@@ -54,7 +54,8 @@ async def login(data: LoginRequest, request: Request, session: SessionDep) -> To
     Attempts are rate limited per account and per client address (429). At the per-user
     token cap, the user's oldest live token is revoked to make room.
     """
-    request.app.state.login_limiter.hit(email=data.email, address=client_address(request))
+    await request.app.state.login_limiter.check(email=data.email,
+                                                address=client_address(request))
     user = await service.authenticate(session, email=data.email, password=data.password,
                                       gate=request.app.state.hash_gate)
     token, plain = await run_in_threadpool(

@@ -42,10 +42,22 @@ class LoginLimiter:
     """
 
     def __init__(self, settings: Settings) -> None:
-        self._limiter = MovingWindowRateLimiter(
-            storage_from_string(settings.rate_limit_storage_url or "memory://"))
+        uri = settings.rate_limit_storage_url or "memory://"
+        self._in_memory = uri.startswith("memory://")
+        self._limiter = MovingWindowRateLimiter(storage_from_string(uri))
         self._per_account: RateLimitItem = parse(settings.login_rate_per_account)
         self._per_address: RateLimitItem = parse(settings.login_rate_per_address)
+
+    async def check(self, *, email: str, address: str) -> None:
+        """`hit` from the event loop: a shared storage's network calls go to the threadpool.
+
+        Raises:
+            TooManyRequests: as `hit`.
+        """
+        if self._in_memory:
+            self.hit(email=email, address=address)
+        else:
+            await run_in_threadpool(lambda: self.hit(email=email, address=address))
 
     def hit(self, *, email: str, address: str) -> None:
         """Count one login attempt.

@@ -55,7 +55,8 @@ class Settings(BaseSettings):
     rate_limit_storage_url: str | None = Field(
         default=None, description="where login counters live: unset, this process's memory; "
         "'redis://host:6379/1' to share them among several API processes")
-    hash_concurrency: int = Field(default=2, ge=1, description="argon2 hashes run at once")
+    hash_concurrency: int = Field(default=1, ge=1, description="argon2 hashes run at once "
+                                  "(one already runs its 4 lanes on parallel threads)")
     hash_queue: int = Field(default=8, ge=0, description="logins that may wait for a hash slot "
                             "(more are answered 503 at once)")
     hash_wait_s: float = Field(default=5.0, gt=0, description="longest wait for a hash slot")

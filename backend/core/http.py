@@ -89,6 +89,16 @@ class BodyLimitMiddleware:
             await _answer(send, 413, str(exc.detail))
 
 
+def security_headers(content_type: str, *, docs: bool = False) -> dict[str, str]:
+    """The security headers of an answer of this content type (lower-case names); HTML
+    other than the API docs gets the portal's CSP and `no-store`."""
+    headers = {"x-content-type-options": "nosniff", "referrer-policy": "same-origin",
+               "x-frame-options": "DENY"}
+    if content_type.startswith("text/html") and not docs:
+        headers |= {"content-security-policy": PORTAL_CSP, "cache-control": "no-store"}
+    return headers
+
+
 class SecurityHeadersMiddleware:
     """Add nosniff, Referrer-Policy and X-Frame-Options to every answer; HTML pages of the
     portal also get a Content-Security-Policy and `Cache-Control: no-store` (they show
@@ -106,14 +116,11 @@ class SecurityHeadersMiddleware:
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
+                content_type = dict(headers).get(b"content-type", b"").decode("latin-1")
                 names = {name.lower() for name, _ in headers}
-                extra = [(b"x-content-type-options", b"nosniff"),
-                         (b"referrer-policy", b"same-origin"), (b"x-frame-options", b"DENY")]
-                content_type = dict(headers).get(b"content-type", b"")
-                if content_type.startswith(b"text/html") and not docs:
-                    extra += [(b"content-security-policy", PORTAL_CSP.encode()),
-                              (b"cache-control", b"no-store")]
-                headers += [(k, v) for k, v in extra if k not in names]
+                headers += [(k.encode(), v.encode()) for k, v in
+                            security_headers(content_type, docs=docs).items()
+                            if k.encode() not in names]
                 message = {**message, "headers": headers}
             await send(message)
 

@@ -55,7 +55,7 @@ async def login(session: Session, form: LoginForm, *, limiter: LoginLimiter, gat
         missing = {k: "required" for k in ("email", "password") if not getattr(form, k).strip()}
         return None, missing, 422, {}
     try:
-        limiter.hit(email=form.email, address=address)
+        await limiter.check(email=form.email, address=address)
         user = await users.authenticate(session, email=form.email, password=form.password,
                                         gate=gate)
         return user, {}, 200, {}

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backend.core.deps import LoginRequired
 from backend.core.errors import ServiceError
+from backend.core.http import security_headers
 from backend.web import account_pages, audit_pages, cluster_pages, project_pages, task_pages
 from backend.web.templating import redirect, render
 
@@ -71,7 +72,10 @@ def install_html_errors(app: FastAPI) -> None:
             return await json_unexpected(request, exc)  # type: ignore[misc]
         context = {"title": "Something went wrong",
                    "message": "an internal error occurred; it has been logged"}
-        return render(request, "error.html", context, status_code=500)
+        page = render(request, "error.html", context, status_code=500)
+        # A 500 leaves by Starlette's outermost middleware, past SecurityHeadersMiddleware.
+        page.headers.update(security_headers("text/html"))
+        return page
 
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, unexpected)

@@ -4,7 +4,6 @@ The internal agent API is fuzzed too, with the agent's credentials, from a docum
 its own routes (it need not be in the public one)."""
 
 import copy
-import time
 
 import pytest
 import schemathesis
@@ -19,7 +18,6 @@ from tests.api.conftest import World
 from tests.conftest import agent_headers
 
 MAX_EXAMPLES = 20
-BUDGET_S = 90.0
 # Streams never end for a running task; logout and revoking tokens would end the fuzzer's login.
 SKIPPED = r"logs/stream|/auth/logout|/me/tokens/\{token_id\}"
 
@@ -64,13 +62,10 @@ def test_generated_requests_never_fail_the_service(world: World) -> None:
     operations = _operations(world)
     assert len(operations) >= 30
     errors: list[str] = []
-    started = time.monotonic()
     with asgi.get_client(world.client.app) as session:  # one in-process client for every call
         for operation in operations:
             _fuzz(operation, session, world.admin.headers, errors)
-    elapsed = time.monotonic() - started
     assert not errors, "\n\n".join(errors)
-    assert elapsed < BUDGET_S, f"fuzzing took {elapsed:.0f} s"
 
 
 @pytest.mark.timeout(240)
@@ -79,10 +74,7 @@ def test_generated_agent_requests_never_fail_the_service(world: World) -> None:
     operations = _internal_operations(world)
     assert len(operations) >= 14
     errors: list[str] = []
-    started = time.monotonic()
     with asgi.get_client(world.client.app) as session:
         for operation in operations:
             _fuzz(operation, session, agent_headers(), errors)
-    elapsed = time.monotonic() - started
     assert not errors, "\n\n".join(errors)
-    assert elapsed < BUDGET_S, f"fuzzing took {elapsed:.0f} s"

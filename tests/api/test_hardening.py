@@ -211,6 +211,7 @@ def test_an_unexpected_failure_is_html_on_pages_and_json_on_the_api(  # type: ig
     page = quiet.get("/account")
     assert page.status_code == 500 and page.headers["content-type"].startswith("text/html")
     assert "boom" not in page.text and "internal error" in page.text
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
     api = quiet.get("/api/v1/users/me/tokens")
     assert api.status_code == 500
     assert api.json() == {"error": {"code": "internal",

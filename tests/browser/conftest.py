@@ -53,8 +53,12 @@ def page(browser: Browser) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1360, "height": 900})
     context.set_default_timeout(30_000)
     opened = context.new_page()
+    blocked: list[str] = []  # what the portal's Content-Security-Policy refused, if anything
+    opened.on("console", lambda message: blocked.append(message.text)
+              if "Content Security Policy" in message.text else None)
     yield opened
     context.close()
+    assert not blocked, f"the page broke its own CSP: {blocked}"
 
 
 @pytest.fixture
