@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo up test lint bench clean
+.PHONY: install sandbox demo up test lint bench clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (set PY=...)"; exit 1; }
@@ -17,7 +17,11 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-install: $(STAMP)
+# Ranks run under bubblewrap as the unprivileged user polytrain-run (docs/security.md).
+sandbox:
+	@scripts/sandbox_setup.sh
+
+install: $(STAMP) sandbox
 
 demo: install
 	$(BIN)/polytrain demo
@@ -25,7 +29,10 @@ demo: install
 up: install
 	$(BIN)/polytrain up
 
+# scripts/test_setup.sh first installs what the tests need (Chromium, redis-server) or stops
+# at once with the command to run, and starts local PostgreSQL/Redis when they are configured.
 test: install
+	scripts/test_setup.sh
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: install

@@ -27,8 +27,10 @@ def api(
     """Serve the REST API, the portal and the scheduler (run `polytrain db upgrade` first)."""
     import uvicorn
 
+    # Forwarded headers are trusted by the app itself (POLYTRAIN_FORWARDED_ALLOW_IPS), not by
+    # uvicorn's default of trusting 127.0.0.1.
     uvicorn.run("backend.main:create_app", factory=True, host=host, port=port,
-                log_level="warning")
+                log_level="warning", proxy_headers=False)
 
 
 @app.command()
@@ -37,15 +39,28 @@ def agent(
     workers: Annotated[int, typer.Option(min=1, help="worker processes this host runs")] = 1,
     name: Annotated[str | None, typer.Option(help="agent name (default host-group-pid)")] = None,
 ) -> None:
-    """Serve one resource group's queue on this host."""
+    """Serve one resource group's queue on this host.
+
+    Exits with status 2 and the reason when the backend refuses the agent,
+    e.g. a live agent elsewhere already uses NAME (two agents cannot share one).
+    """
     import httpx
 
+    from worker.agent.client import Conflict
+    from worker.agent.identity import NameClash
     from worker.agent.main import run_agent
+    from worker.agent.sandbox import SandboxUnavailable
     from worker.config import AgentSettings
 
     try:
         run_agent(AgentSettings(), resource_group=resource_group,  # type: ignore[call-arg]
                   workers=workers, name=name)
+    except (Conflict, NameClash) as exc:
+        typer.echo(f"agent refused: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    except SandboxUnavailable as exc:
+        typer.echo(f"agent cannot sandbox training code: {exc}", err=True)
+        raise typer.Exit(2) from exc
     except httpx.HTTPStatusError as exc:
         message = exc.response.json().get("error", {}).get("message", exc.response.text)
         typer.echo(f"agent refused: {message}", err=True)
@@ -83,11 +98,20 @@ def demo(
 
 
 @app.command()
-def up(port: Annotated[int, typer.Option(envvar="POLYTRAIN_PORT")] = 8000) -> None:
-    """Start the portal (API, scheduler, two agents) on loopback and keep it running."""
+def up(
+    port: Annotated[int, typer.Option(envvar="POLYTRAIN_PORT")] = 8000,
+    data_dir: Annotated[str, typer.Option(help="database, logs, admin password")] = "var/up",
+) -> None:
+    """Start the portal (API, scheduler, two agents) on loopback and keep it running.
+
+    A child that dies is restarted with backoff; SIGTERM/SIGINT/SIGHUP to this
+    process or its process group stops every child.
+    """
+    from pathlib import Path
+
     from backend.demo import run_up
 
-    run_up(port=port)
+    run_up(port=port, data_dir=Path(data_dir))
 
 
 @users_app.command("create-admin")

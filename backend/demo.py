@@ -1,6 +1,7 @@
 """`polytrain demo` and `polytrain up`: the main job on the embedded default, on loopback."""
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -70,18 +71,26 @@ def result_line(client: httpx.Client, task: dict[str, Any], wall_s: float) -> di
     }
 
 
-def _exit_on_sigterm() -> None:
-    """Turn SIGTERM into SystemExit so the stack's processes are stopped on the way out."""
+def _exit_on_signals() -> None:
+    """Turn the first SIGTERM, SIGINT or SIGHUP into SystemExit, so the stack's processes
+    are stopped on the way out; later ones are ignored so that nothing cuts the shutdown
+    short (a service manager, or `make` passing the signal on, may send several)."""
+    stopping = False
 
     def handler(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        if stopping:
+            return
+        stopping = True
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, handler)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, handler)
 
 
 def run_demo(*, port: int, epochs: int, global_batch_size: int, timeout_s: float) -> int:
     """Start the stack, train MNIST across two groups, print one JSON line, stop everything."""
-    _exit_on_sigterm()
+    _exit_on_signals()
     data_dir = Path("var/demo").resolve()
     shutil.rmtree(data_dir, ignore_errors=True)
     stack = LocalStack(data_dir=data_dir, port=port, groups=DEMO_GROUPS)
@@ -98,19 +107,29 @@ def run_demo(*, port: int, epochs: int, global_batch_size: int, timeout_s: float
     return 0 if line["status"] == "SUCCEEDED" else 1
 
 
-def run_up(*, port: int) -> None:
-    """Start the same portal (API and two agents) and keep it running until Ctrl-C."""
-    _exit_on_sigterm()
-    stack = LocalStack(data_dir=Path("var/up").resolve(), port=port, groups=DEMO_GROUPS)
+def run_up(*, port: int, data_dir: Path | None = None) -> None:
+    """Start the same portal (API and two agents) and keep it running until stopped.
+
+    A child that dies (API or agent) is restarted with backoff while the others
+    keep running (`LocalStack.supervise`). SIGTERM, SIGINT (Ctrl-C) or SIGHUP,
+    to this process or its whole process group, stops every child, then exits.
+    """
+    _exit_on_signals()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    stack = LocalStack(data_dir=(data_dir or Path("var/up")).resolve(), port=port,
+                       groups=DEMO_GROUPS)
     # A first admin of your choosing survives restarts; else one with a fresh password.
     stack.admin_email = os.environ.get("POLYTRAIN_ADMIN_EMAIL") or stack.admin_email
     stack.admin_password = os.environ.get("POLYTRAIN_ADMIN_PASSWORD") or stack.admin_password
-    with stack:
-        console.print(f"polytrain portal: {stack.url}   log in as {stack.admin_email} with "
-                      f"password {stack.admin_password}; Ctrl-C stops everything")
-        try:
+    try:
+        with stack:
+            console.print(f"polytrain portal: {stack.url}   log in as {stack.admin_email} with "
+                          f"password {stack.admin_password} (kept in "
+                          f"{stack.data_dir / 'admin-password'}); Ctrl-C stops everything")
             while True:
-                time.sleep(1)
-                stack._check_alive()
-        except KeyboardInterrupt:
-            console.print("stopping ...")
+                time.sleep(0.5)
+                stack.supervise()
+    except SystemExit:
+        console.print("stopped: the API and the agents are down")
+        raise

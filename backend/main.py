@@ -2,15 +2,15 @@
 Prometheus metrics at /metrics."""
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.staticfiles import StaticFiles
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from backend.agents.router import router as agents_router
 from backend.audit.middleware import AuditMiddleware
@@ -18,18 +18,22 @@ from backend.audit.router import router as audit_router
 from backend.auth import service as users
 from backend.auth.router import auth_router, users_router
 from backend.auth.security import same
+from backend.auth.throttle import HashGate, LoginLimiter
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_sessionmaker
 from backend.core.deps import SettingsDep, bearer_scheme
 from backend.core.errors import ERROR_RESPONSES, Unauthorized, install_error_handlers
+from backend.core.http import BodyLimitMiddleware, SecurityHeadersMiddleware
+from backend.core.paths import asset
 from backend.core.prometheus import CONTENT_TYPE, render_metrics
+from backend.core.schemas import refuse_nul_inputs
 from backend.internal.router import router as internal_router
 from backend.projects.router import router as projects_router
 from backend.resource_groups.router import router as groups_router
 from backend.scheduler.loop import SchedulerLoop
 from backend.tasks.router import router as tasks_router
 
-STATIC_DIR = Path(__file__).resolve().parents[1] / "frontend" / "static"
+STATIC_DIR = asset("frontend/static")
 log = logging.getLogger(__name__)
 
 
@@ -69,6 +73,30 @@ def bootstrap_admin(settings: Settings) -> None:
         log.warning("created the first admin %s from the settings", user.email)
 
 
+def body_limit(settings: Settings) -> Callable[[str], int]:
+    """The largest request body (bytes) of a path: checkpoints on /internal/v1 get their own
+    limit; elsewhere `max_body_bytes`, at least a code upload and its form fields."""
+    public = max(settings.max_body_bytes, settings.max_upload_bytes + 64 * 1024)
+
+    def limit_for(path: str) -> int:
+        return settings.max_internal_body_bytes if path.startswith("/internal/") else public
+
+    return limit_for
+
+
+def install_middleware(app: FastAPI, settings: Settings) -> None:
+    """Body limit (innermost), security headers, then trusted proxy headers (outermost), and
+    the login throttles the auth routes use."""
+    app.state.login_limiter = LoginLimiter(settings)
+    app.state.hash_gate = HashGate(slots=settings.hash_concurrency, queue=settings.hash_queue,
+                                   wait_s=settings.hash_wait_s)
+    app.add_middleware(BodyLimitMiddleware, limit_for=body_limit(settings))
+    app.add_middleware(SecurityHeadersMiddleware)
+    if settings.forwarded_allow_ips:
+        trusted = [h.strip() for h in settings.forwarded_allow_ips.split(",") if h.strip()]
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=trusted)
+
+
 def create_app(*, run_scheduler: bool = True) -> FastAPI:
     """Build the ASGI app; the scheduler thread runs inside it unless told not to."""
     settings = get_settings()
@@ -84,15 +112,20 @@ def create_app(*, run_scheduler: bool = True) -> FastAPI:
         if loop:
             loop.stop()
 
+    docs = settings.docs_enabled
     app = FastAPI(title="polytrain", version="0.1.0", lifespan=lifespan,
+                  docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
+                  openapi_url="/openapi.json" if docs else None,
+                  dependencies=[Depends(refuse_nul_inputs)],
                   description="Train one PyTorch model across resource groups of mixed hardware. "
                   "Authenticate with a personal API token: `POST /api/v1/auth/login`, then "
                   "`Authorization: Bearer <token>`. Lists take `offset` and `limit` and give "
                   "the total in `X-Total-Count`. Every error has the shape "
                   '`{"error": {"code", "message", "field"}}`.')
     install_error_handlers(app)
+    install_middleware(app, settings)
     app.include_router(api_router())
-    app.include_router(internal_router)
+    app.include_router(internal_router, include_in_schema=False)  # agents only, not public
     app.add_api_route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False)
     from backend.web.router import install_web
 

@@ -5,6 +5,7 @@ is a separate process speaking to the others as it would across hosts: the
 agents reach the API over HTTP and the broker, never the database.
 """
 
+import logging
 import os
 import secrets
 import signal
@@ -15,6 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from backend.core.config import private_dir, private_file
+
+log = logging.getLogger(__name__)
+# A child that dies is restarted after 1, 2, 4 ... s, at most this long; one that ran
+# for STABLE_S before dying starts again from the shortest delay.
+MAX_BACKOFF_S = 30.0
+STABLE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,7 @@ class LocalStack:
     broker_url: str | None = None
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    _children: dict[str, "_Child"] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -64,26 +74,81 @@ class LocalStack:
             env["BROKER_URL"] = self.broker_url
         return env
 
+    def agent_env(self) -> dict[str, str]:
+        """An agent's environment: no database URL and no admin credentials (it needs neither)."""
+        return {k: v for k, v in self.env().items()
+                if k not in ("DATABASE_URL", "POLYTRAIN_DATABASE_URL", "POLYTRAIN_ADMIN_PASSWORD",
+                             "POLYTRAIN_ADMIN_EMAIL", "POLYTRAIN_SECRET_KEY")}
+
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
-        log = open(self.data_dir / f"{log_name}.log", "ab")  # noqa: SIM115 (owned by the child)
-        proc = subprocess.Popen([sys.executable, "-m", "backend.cli", *args], env=self.env(),
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = self.agent_env() if args[0] == "agent" else self.env()
+        with open(self.data_dir / f"{log_name}.log", "ab") as out:  # the child keeps its copy
+            private_file(self.data_dir / f"{log_name}.log")
+            proc = subprocess.Popen([sys.executable, "-m", "backend.cli", *args],
+                                    env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
         self._procs.append(proc)
+        self._children[log_name] = _Child(log_name, args, proc, time.monotonic())
         return proc
+
+    def supervise(self) -> list[str]:
+        """Restart each child (API or agent) that died, with backoff; names restarted now.
+
+        A dead child is logged and started again after 1, 2, 4 ... s (at most
+        MAX_BACKOFF_S; back to 1 s once it ran STABLE_S). Called periodically by
+        `polytrain up`; the other children keep running meanwhile.
+        """
+        restarted = []
+        now = time.monotonic()
+        for child in list(self._children.values()):
+            code = child.proc.poll()
+            if code is None:
+                continue
+            if child.due is None:
+                ran = now - child.started
+                child.delay = 1.0 if ran >= STABLE_S else min(child.delay * 2, MAX_BACKOFF_S)
+                child.due = now + child.delay
+                log.warning("%s exited with status %s after %.0f s; restarting it in %.0f s "
+                            "(log: %s)", child.name, code, ran, child.delay,
+                            self.data_dir / f"{child.name}.log")
+            if now < child.due:
+                continue
+            self._procs.remove(child.proc)
+            proc = self._spawn(child.args, child.name)
+            self._children[child.name].delay = child.delay
+            if child.name in self._agents:
+                self._agents[child.name] = proc
+            log.warning("%s restarted (pid %s)", child.name, proc.pid)
+            restarted.append(child.name)
+        return restarted
 
     def start(self, timeout_s: float = 60.0) -> None:
         """Migrate, start the API, create the groups, start their agents and wait for them."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.admin_password = self._remembered_password()
         subprocess.run([sys.executable, "-m", "backend.cli", "db", "upgrade"], env=self.env(),
                        check=True)
-        self._spawn(["api", "--host", self.host, "--port", str(self.port)], "api")
-        self._wait_http("/api/v1/health", timeout_s)
+        self.start_api(timeout_s)
         self.admin_token = self.login(self.admin_email, self.admin_password)
         for group in self.groups:
             self._ensure_group(group)
             self.start_agent(group)
         self.wait_agents(timeout_s)
+
+    def start_api(self, timeout_s: float = 60.0) -> None:
+        """Start the API (with its scheduler) and wait until it answers.
+
+        Raises:
+            TimeoutError: /api/v1/health did not answer within `timeout_s` seconds.
+        """
+        self._spawn(["api", "--host", self.host, "--port", str(self.port)], "api")
+        self._wait_http("/api/v1/health", timeout_s)
+
+    def stop_api(self, grace_s: float = 10.0) -> None:
+        """Stop the API (SIGTERM, SIGKILL after `grace_s` s) as an operator restarting it
+        would; the agents keep running. `start_api` brings it back."""
+        child = self._children.pop("api")
+        self._terminate([child.proc], grace_s)
+        self._procs.remove(child.proc)
 
     def start_agent(self, group: GroupSetup, name: str | None = None) -> subprocess.Popen[bytes]:
         name = name or f"agent-{group.name}"
@@ -98,12 +163,13 @@ class LocalStack:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         self._procs.remove(proc)
+        self._children.pop(name, None)
         return proc.pid
 
     def _remembered_password(self) -> str:
-        """The first admin's password, kept in the data dir (mode 0600): the admin is created
-        once, so a stack restarted on the same data dir must log in with the same one."""
-        path = self.data_dir / "admin-password"
+        """The first admin's password, kept in the data dir (0700; the file 0600): the admin
+        is created once, so a stack restarted on the same data dir must log in with it."""
+        path = private_dir(self.data_dir) / "admin-password"
         if path.is_file():
             return path.read_text().strip()
         path.touch(mode=0o600)
@@ -169,19 +235,20 @@ class LocalStack:
         self._terminate([p for p in self._procs if p not in agents], grace_s)
         self._procs.clear()
         self._agents.clear()
+        self._children.clear()
 
     @staticmethod
     def _terminate(procs: list[subprocess.Popen[bytes]], grace_s: float) -> None:
         """SIGTERM each process group, SIGKILL what is left after `grace_s` seconds."""
         for proc in procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+                _signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for proc in procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                _signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
 
     def __enter__(self) -> "LocalStack":
@@ -194,3 +261,23 @@ class LocalStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass
+class _Child:
+    """A supervised child process: what started it, when, and its restart backoff."""
+
+    name: str
+    args: list[str]
+    proc: subprocess.Popen[bytes]
+    started: float
+    delay: float = 0.5
+    due: float | None = None
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    """Signal a child's process group; it may have ended meanwhile."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass

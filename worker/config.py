@@ -33,6 +33,8 @@ class AgentSettings(BaseSettings):
     heartbeat_interval_s: float = 3.0
     rendezvous_timeout_s: float = 120.0
     dist_timeout_s: float = 120.0
+    sandbox_user: str = Field(default="polytrain-run", min_length=1,
+                              description="the unprivileged user ranks run as")
 
     def resolved_broker_url(self) -> str:
         """The broker, defaulting (like the API) to the SQLAlchemy transport over SQLite."""

@@ -19,7 +19,8 @@ class Agent(Base):
 
     `online` follows heartbeats; `state` is set by admins. Only an online,
     active agent claims new sub-tasks and adds its workers to the group's
-    free capacity.
+    free capacity. `instance_id` identifies the process family holding the
+    name: the same agent restarted keeps it, a second agent has another.
     """
 
     __tablename__ = "agent"
@@ -41,3 +42,6 @@ class Agent(Base):
         default=AgentState.ACTIVE, server_default="ACTIVE",
     )
     description: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # Who holds the name: the id an agent keeps in its data dir (worker/agent/identity.py).
+    # A registration under a live agent's name with another id is refused.
+    instance_id: Mapped[str | None] = mapped_column(String(64), default=None)

@@ -3,21 +3,30 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from backend.agents.models import AgentState
-from backend.core.schemas import UtcDateTime
+from backend.core.schemas import StrictModel, UtcDateTime
 
 
-class Hardware(BaseModel):
-    """What an agent detected on its host: CPU cores, memory (bytes), CUDA device names."""
-
-    model_config = ConfigDict(extra="allow")
+class Hardware(StrictModel):
+    """What an agent detected on its host: CPU cores, memory (bytes), CUDA device names,
+    the OS platform string and the torch version."""
 
     cpu_cores: int = Field(ge=1, le=100_000)
     memory_bytes: int = Field(ge=0)
     cuda_devices: list[str] = Field(default_factory=list, max_length=1024)
+    platform: str = Field(default="", max_length=500, examples=["Linux-6.1.0-x86_64"])
+    torch: str = Field(default="", max_length=100, examples=["2.13.0+cpu"])
 
 
-class AgentRegister(BaseModel):
+class AgentRegister(StrictModel):
+    """An agent announcing itself; `instance_id` is the identity it keeps in its data dir.
+
+    A live agent (online, heartbeat within the timeout) keeps its name: a
+    registration under that name with another (or no) `instance_id` is refused.
+    """
+
     name: str = Field(min_length=1, max_length=200)
+    instance_id: str | None = Field(default=None, min_length=8, max_length=64,
+                                    pattern=r"^[A-Za-z0-9_-]+$")
     host: str = Field(min_length=1, max_length=200)
     resource_group: str
     workers: int = Field(ge=1, le=1024)
@@ -40,10 +49,10 @@ class AgentRead(BaseModel):
     description: str = ""
 
 
-class AgentUpdate(BaseModel):
+class AgentUpdate(StrictModel):
     """Fields an admin changes; `state` drains (`draining`), disables or re-activates it."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+    model_config = ConfigDict(json_schema_extra={"examples": [
         {"state": "draining"}, {"description": "rack 3, replace fan"}]})
 
     state: AgentState | None = None

@@ -1,6 +1,7 @@
 """Agent registration and heartbeats."""
 
 from collections.abc import Sequence
+from datetime import timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -15,14 +16,27 @@ from backend.tasks.lifecycle import ACTIVE
 from backend.tasks.models import SubTask, SubTaskStatus, Task
 
 
-def register(session: Session, *, data: AgentRegister) -> Agent:
+def register(session: Session, *, data: AgentRegister, live_within_s: float = 15.0) -> Agent:
     """Register (or re-register) the agent called `data.name` as online.
+
+    The same agent restarted (same `instance_id`) takes its name back at
+    once, and whatever it ran is restarted. Another process may take the
+    name only once its holder is offline: deregistered, or silent for
+    `live_within_s` seconds (the heartbeat timeout).
 
     Raises:
         NotFound: the resource group does not exist (an admin creates groups).
+        Conflict: (field `name`) a live agent with another instance id holds the name.
     """
     group = groups.get_by_name(session, name=data.resource_group)
     agent = session.scalar(select(Agent).where(Agent.name == data.name))
+    if agent is not None and _is_live(agent, live_within_s) and (
+            data.instance_id is None or data.instance_id != agent.instance_id):
+        silent = (utcnow() - agent.last_heartbeat_at).total_seconds()
+        raise Conflict(
+            f"agent name '{data.name}' is in use by a live agent on {agent.host} (last "
+            f"heartbeat {max(0.0, silent):.0f} s ago); start this agent with another --name, "
+            f"or stop that one first", field="name")
     if agent is not None:
         # A process registering under a known name is a restarted agent: whatever it ran is gone.
         monitor.restart_tasks_of(session, agent=agent, reason=f"agent '{agent.name}' restarted")
@@ -33,11 +47,19 @@ def register(session: Session, *, data: AgentRegister) -> Agent:
     agent.host, agent.resource_group_id, agent.workers = data.host, group.id, data.workers
     agent.hardware = data.hardware.model_dump()
     agent.online, agent.last_heartbeat_at = True, utcnow()
+    agent.instance_id = data.instance_id
     session.commit()
     return agent
 
 
+def _is_live(agent: Agent, live_within_s: float) -> bool:
+    """Online with a heartbeat within the last `live_within_s` seconds."""
+    return agent.online and agent.last_heartbeat_at >= utcnow() - timedelta(
+        seconds=live_within_s)
+
+
 def get(session: Session, *, agent_id: int) -> Agent:
+    """The agent `agent_id`. Raises NotFound (field `agent_id`) if unknown."""
     agent = session.get(Agent, agent_id)
     if agent is None:
         raise NotFound(f"agent {agent_id} is not registered", field="agent_id")
@@ -45,6 +67,7 @@ def get(session: Session, *, agent_id: int) -> Agent:
 
 
 def heartbeat(session: Session, *, agent: Agent) -> Agent:
+    """Record a heartbeat now: the agent is online."""
     agent.last_heartbeat_at, agent.online = utcnow(), True
     session.commit()
     return agent

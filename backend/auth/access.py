@@ -107,7 +107,17 @@ def check_submission(session: Session, *, user: User, data: TaskCreate) -> None:
     """
     writable_project(session, user=user, project_id=data.project_id)
     readable_version(session, user=user, version_id=data.code_version_id)
-    for index, task_id in enumerate(getattr(data, "depends_on", None) or []):
+    check_dependencies(session, user=user, depends_on=getattr(data, "depends_on", None) or [])
+
+
+def check_dependencies(session: Session, *, user: User, depends_on: list[int]) -> None:
+    """Every task of `depends_on` is one `user` may see; another user's unshared task gets
+    the very answer a task that does not exist gets, so its state stays unknown.
+
+    Raises:
+        NotFound: `depends_on.<index>` is not visible to `user`.
+    """
+    for index, task_id in enumerate(depends_on):
         try:
             readable_task(session, user=user, task_id=task_id)
         except NotFound as exc:

@@ -2,7 +2,8 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response, status
+from fastapi import APIRouter, Depends, Query, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials
 
 from backend.auth import service, tokens
@@ -17,7 +18,14 @@ from backend.auth.schemas import (
     UserRead,
     UserUpdate,
 )
-from backend.core.deps import AdminUser, CurrentUser, SessionDep, bearer_scheme
+from backend.auth.throttle import client_address
+from backend.core.deps import (
+    AdminUser,
+    CallerCredential,
+    CurrentUser,
+    SessionDep,
+    bearer_scheme,
+)
 from backend.core.errors import ErrorResponse
 from backend.core.pagination import Page, paginated
 
@@ -35,12 +43,24 @@ def _created(token: ApiToken, plain: str, user: User) -> TokenCreated:
                   responses={401: {"model": ErrorResponse,
                                    "description": "wrong email or password"},
                              403: {"model": ErrorResponse,
-                                   "description": "the account is disabled"}})
-def login(data: LoginRequest, session: SessionDep) -> TokenCreated:
-    """Exchange an email and password for a new personal API token (shown once)."""
-    user = service.authenticate(session, email=data.email, password=data.password)
-    token, plain = tokens.issue(session, user=user, name=data.token_name,
-                                expires_in_days=data.expires_in_days)
+                                   "description": "the account is disabled"},
+                             429: {"model": ErrorResponse, "description": "too many attempts "
+                                   "for this account or address lately (`Retry-After`)"},
+                             503: {"model": ErrorResponse, "description": "too many logins at "
+                                   "once (`Retry-After`)"}})
+async def login(data: LoginRequest, request: Request, session: SessionDep) -> TokenCreated:
+    """Exchange an email and password for a new personal API token (shown once).
+
+    Attempts are rate limited per account and per client address (429). At the per-user
+    token cap, the user's oldest live token is revoked to make room.
+    """
+    await request.app.state.login_limiter.check(email=data.email,
+                                                address=client_address(request))
+    user = await service.authenticate(session, email=data.email, password=data.password,
+                                      gate=request.app.state.hash_gate)
+    token, plain = await run_in_threadpool(
+        lambda: tokens.issue(session, user=user, name=data.token_name,
+                             expires_in_days=data.expires_in_days, rotate=True))
     return _created(token, plain, user)
 
 
@@ -62,10 +82,12 @@ def me(user: CurrentUser) -> User:
 
 
 @users_router.post("/me/password", status_code=status.HTTP_204_NO_CONTENT)
-def change_password(data: PasswordChange, user: CurrentUser, session: SessionDep) -> Response:
-    """Change one's own password (the current one is checked)."""
+def change_password(data: PasswordChange, user: CurrentUser, session: SessionDep,
+                    credential: CallerCredential) -> Response:
+    """Change one's own password (the current one is checked). Every other session and API
+    token of the account stops working; the one this request came with goes on."""
     service.change_password(session, user=user, current=data.current_password,
-                            new=data.new_password)
+                            new=data.new_password, keep=credential)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -78,7 +100,8 @@ def list_tokens(user: CurrentUser, session: SessionDep, page: Page, response: Re
 @users_router.post("/me/tokens", response_model=TokenCreated,
                    status_code=status.HTTP_201_CREATED)
 def create_token(data: TokenCreate, user: CurrentUser, session: SessionDep) -> TokenCreated:
-    """A new personal API token; its secret is in this answer only."""
+    """A new personal API token; its secret is in this answer only. Without
+    `expires_in_days` it expires after the default (90 days); 409 at the per-user cap."""
     token, plain = tokens.issue(session, user=user, name=data.name,
                                 expires_in_days=data.expires_in_days)
     return _created(token, plain, user)
@@ -112,7 +135,9 @@ def get_user(user_id: int, admin: AdminUser, session: SessionDep) -> User:
 
 
 @users_router.patch("/{user_id}", response_model=UserRead)
-def update_user(user_id: int, data: UserUpdate, admin: AdminUser, session: SessionDep) -> User:
-    """Rename, change role, disable or reset the password of an account (admins only)."""
+def update_user(user_id: int, data: UserUpdate, admin: AdminUser, session: SessionDep,
+                credential: CallerCredential) -> User:
+    """Rename, change role, disable or reset the password of an account (admins only).
+    A password reset ends every session and API token of the account."""
     return service.update(session, user=service.get(session, user_id=user_id), data=data,
-                          acting=admin)
+                          acting=admin, keep=credential)

@@ -5,7 +5,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from backend.auth.models import UserRole
-from backend.core.schemas import UtcDateTime
+from backend.core.schemas import StrictModel, UtcDateTime
 
 EMAIL_PATTERN = r"^[^@\s]+@[^@\s]+$"
 Email = Annotated[
@@ -20,11 +20,12 @@ Password = Annotated[
 TokenName = Annotated[str, Field(min_length=1, max_length=100, examples=["laptop CLI"])]
 ExpiresInDays = Annotated[
     int | None, Field(default=None, ge=1, le=3650, description="days until the token expires; "
-                      "null: never", examples=[90])
+                      "null: the default (POLYTRAIN_TOKEN_DEFAULT_EXPIRY_DAYS, 90)",
+                      examples=[90])
 ]
 
 
-class UserCreate(BaseModel):
+class UserCreate(StrictModel):
     """A new account (admins only)."""
 
     email: Email
@@ -33,7 +34,7 @@ class UserCreate(BaseModel):
     role: UserRole = UserRole.MEMBER
 
 
-class UserUpdate(BaseModel):
+class UserUpdate(StrictModel):
     """Changes to an account (admins only); omitted fields stay as they are."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"role": "admin"},
@@ -60,14 +61,14 @@ class UserRead(BaseModel):
     last_login_at: UtcDateTime | None
 
 
-class PasswordChange(BaseModel):
+class PasswordChange(StrictModel):
     """Change one's own password; the current one is asked again."""
 
     current_password: str = Field(max_length=256)
     new_password: Password
 
 
-class LoginRequest(BaseModel):
+class LoginRequest(StrictModel):
     """Email and password, exchanged for a new personal API token (what `polytrain login` does)."""
 
     email: Email
@@ -76,7 +77,7 @@ class LoginRequest(BaseModel):
     expires_in_days: ExpiresInDays = 90
 
 
-class TokenCreate(BaseModel):
+class TokenCreate(StrictModel):
     """A new personal API token for the calling user."""
 
     name: TokenName

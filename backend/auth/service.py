@@ -2,13 +2,15 @@
 
 from collections.abc import Sequence
 
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from backend.auth import security
+from backend.auth import security, tokens
 from backend.auth.models import User, UserRole
 from backend.auth.schemas import UserCreate, UserUpdate
+from backend.auth.throttle import HashGate
 from backend.core.db import utcnow
 from backend.core.errors import Conflict, Forbidden, NotFound, Unauthorized
 
@@ -38,23 +40,28 @@ def create(session: Session, *, data: UserCreate) -> User:
     return user
 
 
-def authenticate(session: Session, *, email: str, password: str) -> User:
+async def authenticate(session: Session, *, email: str, password: str, gate: HashGate) -> User:
     """The active user with this email and password; records the login time.
+
+    The password is verified through `gate` (bounded concurrent hashing); database work
+    runs in the threadpool, so the event loop never blocks.
 
     Raises:
         Unauthorized: unknown email or wrong password (one message for both).
         Forbidden: the account is disabled.
+        Busy: too many hashes running and waiting (503).
     """
-    user = get_by_email(session, email=email)
-    if not security.verify_password(user.password_hash if user else None, password):
+    user = await run_in_threadpool(get_by_email, session, email=email)
+    stored = user.password_hash if user else None
+    if not await gate.run(security.verify_password, stored, password):
         raise Unauthorized(WRONG_CREDENTIALS, field="password")
     assert user is not None
     if not user.is_active:
         raise Forbidden("this account is disabled; ask an admin", field="email")
     if security.needs_rehash(user.password_hash):
-        user.password_hash = security.hash_password(password)
+        user.password_hash = await gate.run(security.hash_password, password)
     user.last_login_at = utcnow()
-    session.commit()
+    await run_in_threadpool(session.commit)
     return user
 
 
@@ -66,26 +73,38 @@ def count(session: Session) -> int:
     return session.scalar(select(func.count(User.id))) or 0
 
 
-def update(session: Session, *, user: User, data: UserUpdate, acting: User) -> User:
+def update(session: Session, *, user: User, data: UserUpdate, acting: User,
+           keep: tokens.Credential | None = None) -> User:
     """Apply an admin's changes. An admin cannot demote or disable themself (Conflict),
-    so the platform never loses its last way in."""
+    so the platform never loses its last way in. A password reset ends every session and
+    API token of the user (but `keep`, the acting admin's own credential, when an admin
+    resets their own password)."""
     changes = data.model_dump(exclude_unset=True, exclude_none=True)
     if user.id == acting.id and (changes.get("role") == UserRole.MEMBER
                                  or changes.get("is_active") is False):
         raise Conflict("you cannot demote or disable your own account", field="role")
     if "password" in changes:
         user.password_hash = security.hash_password(changes.pop("password"))
+        # A reset password means the old one may be known: every credential made with it ends.
+        tokens.revoke_all(session, user=user, keep=keep if user.id == acting.id else None)
     for key, value in changes.items():
         setattr(user, key, value)
     session.commit()
     return user
 
 
-def change_password(session: Session, *, user: User, current: str, new: str) -> None:
-    """Set a new password after checking the current one. Raises Unauthorized."""
+def change_password(session: Session, *, user: User, current: str, new: str,
+                    keep: tokens.Credential | None = None) -> None:
+    """Set a new password after checking the current one, and end every other session and
+    API token of the user (`keep`: the credential this change was made with).
+
+    Raises:
+        Unauthorized: the current password is wrong.
+    """
     if not security.verify_password(user.password_hash, current):
         raise Unauthorized("the current password is wrong", field="current_password")
     user.password_hash = security.hash_password(new)
+    tokens.revoke_all(session, user=user, keep=keep)
     session.commit()
 
 

@@ -1,30 +1,84 @@
 """Credentials after login: personal API tokens (REST, CLI) and web sessions (portal)."""
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from backend.auth import security
 from backend.auth.models import ApiToken, User, WebSession
+from backend.core.config import get_settings
 from backend.core.db import utcnow
-from backend.core.errors import NotFound, Unauthorized
+from backend.core.errors import Conflict, NotFound, Unauthorized
 
 SESSION_DAYS = 7
 PREFIX_CHARS = 9
 
 
-def issue(session: Session, *, user: User, name: str, expires_in_days: int | None
-          ) -> tuple[ApiToken, str]:
-    """Create a token for `user`; returns the row and the token itself (shown once)."""
+@dataclass(frozen=True)
+class Credential:
+    """The secret a request came with (an API token or a session cookie, plain): the one
+    credential kept when a password change ends all the others."""
+
+    api_token: str | None = None
+    session_cookie: str | None = None
+
+
+def _live(user_id: int):  # type: ignore[no-untyped-def]
+    now = utcnow()
+    return (ApiToken.user_id == user_id, ApiToken.revoked_at.is_(None),
+            or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > now))
+
+
+def _make_room(session: Session, *, user: User, rotate: bool) -> None:
+    """Keep the user's live tokens under the cap: revoke the oldest (rotate) or refuse."""
+    cap = get_settings().token_cap_per_user
+    live = session.scalars(select(ApiToken).where(*_live(user.id)).order_by(ApiToken.id)).all()
+    if len(live) < cap:
+        return
+    if not rotate:
+        raise Conflict(f"you have {len(live)} live API tokens, the most allowed; revoke one "
+                       "first", field="name")
+    for token in live[:len(live) - cap + 1]:
+        token.revoked_at = utcnow()
+
+
+def issue(session: Session, *, user: User, name: str, expires_in_days: int | None,
+          rotate: bool = False) -> tuple[ApiToken, str]:
+    """Create a token for `user`; returns the row and the token itself (shown once).
+
+    `expires_in_days` None means the default expiry (`token_default_expiry_days`): every
+    token expires. A user holds at most `token_cap_per_user` live tokens: past it the
+    oldest are revoked (`rotate`, what a password login does) or the new one is refused.
+
+    Raises:
+        Conflict: the cap is reached and `rotate` is false.
+    """
+    _make_room(session, user=user, rotate=rotate)
     plain = security.new_api_token()
-    expires = utcnow() + timedelta(days=expires_in_days) if expires_in_days else None
+    days = expires_in_days or get_settings().token_default_expiry_days
     token = ApiToken(user_id=user.id, name=name, token_hash=security.digest(plain),
-                     prefix=plain[:PREFIX_CHARS], expires_at=expires)
+                     prefix=plain[:PREFIX_CHARS], expires_at=utcnow() + timedelta(days=days))
     session.add(token)
     session.commit()
     return token, plain
+
+
+def revoke_all(session: Session, *, user: User, keep: Credential | None = None) -> None:
+    """Revoke every API token and browser session of `user` but `keep`'s (not committed)."""
+    keep = keep or Credential()
+    now = utcnow()
+    tokens = update(ApiToken).where(ApiToken.user_id == user.id, ApiToken.revoked_at.is_(None))
+    if keep.api_token:
+        tokens = tokens.where(ApiToken.token_hash != security.digest(keep.api_token))
+    sessions = update(WebSession).where(WebSession.user_id == user.id,
+                                        WebSession.revoked_at.is_(None))
+    if keep.session_cookie:
+        sessions = sessions.where(WebSession.token_hash != security.digest(keep.session_cookie))
+    session.execute(tokens.values(revoked_at=now))
+    session.execute(sessions.values(revoked_at=now))
 
 
 def authenticate(session: Session, *, plain: str) -> tuple[ApiToken, User]:

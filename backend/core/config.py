@@ -3,7 +3,7 @@
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -37,6 +37,42 @@ class Settings(BaseSettings):
     metrics_token: SecretStr | None = Field(
         default=None, description="if set, /metrics asks for 'Authorization: Bearer <it>'"
     )
+    # Running behind a TLS-terminating proxy (docs/security.md).
+    cookie_secure: bool = Field(
+        default=False, description="mark session cookies Secure even when the API itself "
+        "is reached over plain HTTP (set it behind a TLS proxy)")
+    forwarded_allow_ips: str | None = Field(
+        default=None, description="comma-separated proxy addresses (or '*') whose "
+        "X-Forwarded-For/-Proto headers are trusted; unset: none are")
+    docs_enabled: bool = Field(default=True, description="serve /docs, /redoc and /openapi.json")
+    # Request bodies: refused with 413 before they are read (bytes).
+    max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
+    max_internal_body_bytes: int = Field(
+        default=512 * 1024 * 1024, ge=1024, description="bodies on /internal/v1 (checkpoints)")
+    # Sign-in abuse (limits' rate strings, e.g. "10/minute").
+    login_rate_per_account: str = "10/minute"
+    login_rate_per_address: str = "30/minute"
+    rate_limit_storage_url: str | None = Field(
+        default=None, description="where login counters live: unset, this process's memory; "
+        "'redis://host:6379/1' to share them among several API processes")
+    hash_concurrency: int = Field(default=1, ge=1, description="argon2 hashes run at once "
+                                  "(one already runs its 4 lanes on parallel threads)")
+    hash_queue: int = Field(default=8, ge=0, description="logins that may wait for a hash slot "
+                            "(more are answered 503 at once)")
+    hash_wait_s: float = Field(default=5.0, gt=0, description="longest wait for a hash slot")
+    token_default_expiry_days: int = Field(default=90, ge=1, le=3650)
+    token_cap_per_user: int = Field(default=20, ge=1, description="live API tokens per user")
+
+    @field_validator("login_rate_per_account", "login_rate_per_address")
+    @classmethod
+    def _rate(cls, value: str) -> str:
+        from limits import parse
+
+        try:
+            parse(value)
+        except ValueError as exc:
+            raise ValueError(f"not a rate like '10/minute': {value!r}") from exc
+        return value
 
     def resolved_database_url(self) -> str:
         """The database URL, defaulting to SQLite under `data_dir`."""
@@ -59,5 +95,20 @@ class Settings(BaseSettings):
 def get_settings() -> Settings:
     """The process-wide settings (cached; tests clear the cache)."""
     settings = Settings()  # type: ignore[call-arg]
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.data_dir)
     return settings
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (and parents) if needed and make it mode 0700: the data dir holds the
+    database, checkpoints and the first admin's password, readable by the service alone."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Make an existing file mode 0600 (owner read/write only); a missing one is ignored."""
+    if path.exists():
+        path.chmod(0o600)
+    return path

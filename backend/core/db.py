@@ -3,12 +3,13 @@
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import lru_cache
+from pathlib import Path
 
-from sqlalchemy import MetaData, create_engine, event
+from sqlalchemy import MetaData, create_engine, event, make_url
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-from backend.core.config import get_settings
+from backend.core.config import get_settings, private_file
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -37,11 +38,21 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyp
     cursor.close()
 
 
+def _private_sqlite_files(url: str) -> None:
+    """The database file and its WAL and shared-memory files: mode 0600 (data dir: 0700)."""
+    database = make_url(url).database
+    if database and database != ":memory:":
+        for suffix in ("", "-wal", "-shm"):
+            private_file(Path(database + suffix))
+
+
 def make_engine(url: str) -> Engine:
-    """Create an engine for `url`; SQLite gets WAL, a busy timeout and foreign keys."""
+    """Create an engine for `url`; SQLite gets WAL, a busy timeout, foreign keys and
+    owner-only file modes."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", lambda *_: _private_sqlite_files(url))
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=20, max_overflow=10)
 

@@ -87,6 +87,20 @@ CurrentUser = Annotated[User, Depends(current_user)]
 UserAuth = Depends(current_user)
 
 
+def caller_credential(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> tokens.Credential:
+    """The API token or session cookie this request authenticated with (as `current_user`
+    picks it: the bearer token first)."""
+    if credentials is not None:
+        return tokens.Credential(api_token=credentials.credentials)
+    return tokens.Credential(session_cookie=request.cookies.get(SESSION_COOKIE))
+
+
+CallerCredential = Annotated[tokens.Credential, Depends(caller_credential)]
+
+
 def require_admin(user: CurrentUser) -> User:
     """The caller, who must be an admin. Raises Forbidden."""
     if not user.is_admin:

@@ -63,6 +63,28 @@ class UnsupportedType(ServiceError):
     code = "unsupported_type"
 
 
+class TooManyRequests(ServiceError):
+    """Rate limited (429); `Retry-After` says in how many whole seconds to try again."""
+
+    status = 429
+    code = "too_many_requests"
+
+    def __init__(self, message: str, *, retry_after_s: int, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.headers = {"Retry-After": str(max(1, retry_after_s))}
+
+
+class Busy(ServiceError):
+    """The service is at capacity for this kind of work right now (503, `Retry-After`)."""
+
+    status = 503
+    code = "busy"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(max(1, retry_after_s))}
+
+
 def error_body(code: str, message: str, field: str | None = None, **extra: Any) -> dict[str, Any]:
     body: dict[str, Any] = {"code": code, "message": message}
     if field:
@@ -71,9 +93,19 @@ def error_body(code: str, message: str, field: str | None = None, **extra: Any) 
     return {"error": body}
 
 
+# pydantic's wording of an unknown field hides that the field's *name* is the fault.
+_MESSAGES = {"extra_forbidden": "unknown field (this request has no such field)"}
+
+
+def _message_of(error: Any) -> str:
+    return _MESSAGES.get(error["type"], error["msg"])
+
+
 def _field_of(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
-    return ".".join(parts)
+    # The first part says where the input came from; later parts are the user's names.
+    if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
+        loc = loc[1:]
+    return ".".join(str(p) for p in loc)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -98,10 +130,17 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body("invalid", "a number in the request is out of range"),
                             status_code=422)
 
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette still logs the traceback; the caller gets the shared shape, no details.
+        return JSONResponse(error_body("internal", "internal error; it has been logged"),
+                            status_code=500)
+
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [
-            {"field": _field_of(tuple(e["loc"])), "message": e["msg"]} for e in exc.errors()
+            {"field": _field_of(tuple(e["loc"])), "message": _message_of(e)}
+            for e in exc.errors()
         ]
         first = errors[0] if errors else {"field": "", "message": "invalid request"}
         message = f"{first['field']}: {first['message']}" if first["field"] else first["message"]

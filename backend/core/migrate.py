@@ -1,17 +1,16 @@
 """Run the Alembic migrations programmatically (used by the CLI and the tests)."""
 
-from pathlib import Path
-
 from alembic import command
 from alembic.config import Config
 
-ROOT = Path(__file__).resolve().parents[2]
+from backend.core.paths import asset
 
 
 def alembic_config(database_url: str | None = None) -> Config:
-    """An Alembic config pointing at `migrations/`, optionally for a given URL."""
-    config = Config(str(ROOT / "alembic.ini"))
-    config.set_main_option("script_location", str(ROOT / "migrations"))
+    """An Alembic config pointing at `migrations/` (in the installed package or the
+    checkout, `backend.core.paths`), optionally for a given URL."""
+    config = Config(str(asset("alembic.ini")))
+    config.set_main_option("script_location", str(asset("migrations")))
     if database_url:
         config.attributes["database_url"] = database_url
     return config

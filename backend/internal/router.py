@@ -12,6 +12,7 @@ from backend.core.deps import AgentAuth, SessionDep, SettingsDep
 from backend.core.errors import Conflict
 from backend.internal import service
 from backend.internal.schemas import (
+    CHECKPOINT_NAME_PATTERN,
     Claim,
     Finished,
     Heartbeat,
@@ -30,8 +31,9 @@ router = APIRouter(prefix="/internal/v1", tags=["internal (agents)"], dependenci
 
 
 @router.post("/agents/register", response_model=AgentRead)
-def register_agent(data: AgentRegister, session: SessionDep):
-    return agents.register(session, data=data)
+def register_agent(data: AgentRegister, session: SessionDep, settings: SettingsDep):
+    """Register an agent; 409 (field `name`) while a live agent of another instance holds it."""
+    return agents.register(session, data=data, live_within_s=settings.heartbeat_timeout_s)
 
 
 @router.post("/agents/{agent_id}/heartbeat", response_model=AgentRead)
@@ -110,10 +112,13 @@ def progress(task_id: int, data: Progress, session: SessionDep) -> None:
 @router.post("/tasks/{task_id}/checkpoints", response_model=CheckpointRead)
 async def upload_checkpoint(
     task_id: int, request: Request, session: SessionDep, settings: SettingsDep,
-    name: str, epoch: Annotated[int, Query(ge=0)], step: Annotated[int, Query(ge=0)],
+    name: Annotated[str, Query(pattern=CHECKPOINT_NAME_PATTERN, examples=["epoch-3.pt"],
+                               description="file name; letters, digits, `._-`, no leading dot")],
+    epoch: Annotated[int, Query(ge=0)], step: Annotated[int, Query(ge=0)],
     attempt: Annotated[int, Query(ge=1)] = 1,
 ):
-    """Store a checkpoint file sent as the raw request body."""
+    """Store a checkpoint file sent as the raw request body (409 if the name is taken by
+    other content in this attempt; the same upload again returns the stored one)."""
     body = await request.body()
 
     def store():  # database and disk work stay off the event loop

@@ -1,16 +1,23 @@
+import re
 from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from backend.core.schemas import StrictModel
 
-class Claim(BaseModel):
+CHECKPOINT_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}$"
+CHECKPOINT_NAME = re.compile(CHECKPOINT_NAME_PATTERN)
+"""A checkpoint's file name: one visible name (not `.`, `..` or `.x`), no folders."""
+
+
+class Claim(StrictModel):
     agent_id: int
     host: str
     attempt: int = Field(default=1, ge=1)
 
 
-class Rendezvous(BaseModel):
+class Rendezvous(StrictModel):
     master_addr: str = Field(min_length=1, max_length=200)
     master_port: int = Field(ge=1, le=65535)
     attempt: int = Field(default=1, ge=1)
@@ -23,7 +30,7 @@ class RendezvousRead(BaseModel):
     attempt: int = 1
 
 
-class LogIn(BaseModel):
+class LogIn(StrictModel):
     attempt: int = Field(default=1, ge=1)
     node: str = Field(max_length=64)
     seq: int = Field(ge=0)
@@ -31,11 +38,11 @@ class LogIn(BaseModel):
     text: str
 
 
-class LogBatch(BaseModel):
+class LogBatch(StrictModel):
     lines: list[LogIn] = Field(max_length=10_000)
 
 
-class MetricIn(BaseModel):
+class MetricIn(StrictModel):
     name: str = Field(max_length=100)
     value: float
     step: int = 0
@@ -43,16 +50,16 @@ class MetricIn(BaseModel):
     rank: int | None = None
 
 
-class MetricBatch(BaseModel):
+class MetricBatch(StrictModel):
     metrics: list[MetricIn] = Field(max_length=10_000)
 
 
-class Progress(BaseModel):
+class Progress(StrictModel):
     progress: float = Field(ge=0.0, le=1.0)
     epoch: int = Field(ge=0)
 
 
-class Finished(BaseModel):
+class Finished(StrictModel):
     """A group's outcome. `cause` of a failure: `user` (the training code raised: final),
     `infra` (a process killed by a signal, or the agent failed: restart), `peer` (only
     errors from a peer that went away: wait for the root cause), `stopped` (by the agent)."""
@@ -67,12 +74,12 @@ class TaskState(BaseModel):
     attempt: int = 1
 
 
-class RunningRanks(BaseModel):
+class RunningRanks(StrictModel):
     task_id: int
     ranks: list[int] = Field(max_length=4096)
 
 
-class Heartbeat(BaseModel):
+class Heartbeat(StrictModel):
     """An agent's heartbeat, with the ranks whose processes are alive on it."""
 
     running: list[RunningRanks] = Field(default_factory=list, max_length=1024)

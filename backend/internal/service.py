@@ -1,5 +1,7 @@
 """What agents report through the internal API: claims, rendezvous, logs, metrics, results."""
 
+import os
+import tempfile
 from pathlib import Path
 
 from sqlalchemy import select, tuple_, update
@@ -7,8 +9,9 @@ from sqlalchemy.orm import Session
 
 from backend.agents.models import Agent, AgentState
 from backend.core.db import utcnow
-from backend.core.errors import Conflict, NotFound
+from backend.core.errors import Conflict, Invalid, NotFound
 from backend.internal.schemas import (
+    CHECKPOINT_NAME,
     Claim,
     Finished,
     LogBatch,
@@ -103,18 +106,59 @@ def save_checkpoint(
     session: Session, *, task: Task, directory: Path, name: str, epoch: int, step: int, body: bytes,
     attempt: int = 1,
 ) -> Checkpoint:
-    """Store an uploaded checkpoint file under `directory/task-<id>/` (`attempt-<n>/` after 1)."""
+    """Store an uploaded checkpoint file as `directory/task-<id>/<name>` (`attempt-<n>/` after 1).
+
+    A name is stored once and never overwritten: the same name with the same bytes
+    again (an upload retried after a lost answer) returns the stored checkpoint.
+
+    Raises:
+        Invalid: `name` is empty, `.`/`..`, hidden, or not a plain file name (field `name`).
+        Conflict: a checkpoint of this name and attempt with other content exists (`name`).
+    """
+    check_checkpoint_name(name)
     folder = directory / f"task-{task.id}"
     if attempt > 1:
         folder = folder / f"attempt-{attempt}"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / Path(name).name
-    path.write_bytes(body)
-    checkpoint = Checkpoint(task_id=task.id, epoch=epoch, step=step, path=str(path.resolve()),
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = (folder / name).resolve()
+    if not _write_new(path, body):
+        if path.read_bytes() != body:
+            raise Conflict(f"checkpoint '{name}' of attempt {attempt} already exists with "
+                           "other content; it is kept", field="name")
+        stored = session.scalar(select(Checkpoint).where(
+            Checkpoint.task_id == task.id, Checkpoint.path == str(path)).limit(1))
+        if stored is not None:
+            return stored
+    checkpoint = Checkpoint(task_id=task.id, epoch=epoch, step=step, path=str(path),
                             size_bytes=len(body), attempt=attempt)
     session.add(checkpoint)
     session.commit()
     return checkpoint
+
+
+def check_checkpoint_name(name: str) -> None:
+    """Refuse a checkpoint name that is not one plain, visible file name.
+
+    Raises:
+        Invalid: naming the field `name`.
+    """
+    if not CHECKPOINT_NAME.fullmatch(name):
+        raise Invalid(f"checkpoint name {name!r} is not a file name: use letters, digits, '.', "
+                      "'_' and '-', not starting with '.' (e.g. 'epoch-3.pt')", field="name")
+
+
+def _write_new(path: Path, body: bytes) -> bool:
+    """Write `body` to `path` only if no file is there (atomic: a half-written file is never
+    seen under `path`); False if one is."""
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".upload-", delete=False) as tmp:
+        tmp.write(body)
+    try:
+        os.link(tmp.name, path)  # fails if `path` exists, unlike a rename
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp.name)
+    return True
 
 
 def finish(session: Session, *, sub: SubTask, data: Finished) -> Task:

@@ -1,4 +1,4 @@
-"""Static check of a training module against the training-code contract (ARCHITECTURE.md)."""
+"""Static check of a training module against the training-code contract (docs/architecture.md)."""
 
 import ast
 import base64
@@ -52,16 +52,26 @@ def _top_level_names(tree: ast.Module) -> set[str]:
 
 
 def example_path(name: str) -> Path:
-    """Path of the bundled example `name`. Raises Invalid if there is none."""
-    path = EXAMPLES_DIR / f"{name}.py"
-    if not path.is_file() or name.startswith("_"):
-        available = ", ".join(sorted(list_examples()))
-        raise Invalid(f"no bundled example '{name}' (available: {available})", field="example")
-    return path
+    """Path of the bundled example `name`, one of `list_examples()` and nothing else.
+
+    The name is looked up in the list, never joined onto a path as given: a name
+    like `../backend/main` or `/etc/x` names no example.
+
+    Raises:
+        Invalid: `name` is not in the bundled examples list (field `example`).
+    """
+    available = list_examples()
+    if name not in available:
+        shown = name.encode("unicode_escape").decode()[:100]
+        raise Invalid(f"no bundled example '{shown}' (available: {', '.join(available)})",
+                      field="example")
+    return EXAMPLES_DIR / f"{name}.py"
 
 
 def list_examples() -> list[str]:
-    return sorted(p.stem for p in EXAMPLES_DIR.glob("*.py") if not p.stem.startswith("_"))
+    """The names of the bundled examples: `examples/*.py` not starting with `_`, sorted."""
+    return sorted(p.stem for p in EXAMPLES_DIR.glob("*.py")
+                  if not p.stem.startswith("_") and p.is_file())
 
 
 ARCHIVE_SUFFIXES = (".zip", ".tar.gz", ".tgz")

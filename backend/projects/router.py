@@ -5,13 +5,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Form, Query, Response, UploadFile, status
 
 from backend.auth import access
-from backend.auth import service as users
 from backend.core.deps import CurrentUser, SessionDep, SettingsDep, UserAuth
-from backend.core.errors import ErrorResponse, NotFound
+from backend.core.errors import ErrorResponse
 from backend.core.pagination import TOTAL_HEADER, Page, paginated
 from backend.projects import service
 from backend.projects.models import Project
 from backend.projects.schemas import (
+    SHARED_MESSAGE,
     CodeVersionCreate,
     CodeVersionRead,
     MemberAdd,
@@ -19,6 +19,7 @@ from backend.projects.schemas import (
     ProjectCreate,
     ProjectRead,
     ProjectUpdate,
+    ShareResult,
 )
 
 router = APIRouter(prefix="/projects", tags=["projects"], dependencies=[UserAuth])
@@ -94,15 +95,16 @@ def list_members(project: ProjectDep, session: SessionDep, page: Page, response:
     return paginated(service.member_rows(session, project=project), page, response)
 
 
-@router.post("/{project_id}/members", response_model=list[MemberRead],
-             status_code=status.HTTP_201_CREATED)
-def add_member(data: MemberAdd, project: ManagedProjectDep, session: SessionDep) -> list:
-    """Share the project with the user who has this email (owner or admin)."""
-    user = users.get_by_email(session, email=data.email)
-    if user is None:
-        raise NotFound(f"no user has the email '{data.email}'", field="email")
-    service.add_member(session, project=project, user_id=user.id)
-    return service.member_rows(session, project=project)
+@router.post("/{project_id}/members", response_model=ShareResult,
+             status_code=status.HTTP_202_ACCEPTED)
+def add_member(data: MemberAdd, project: ManagedProjectDep, session: SessionDep) -> ShareResult:
+    """Share the project with the account that has this email (owner or admin).
+
+    The answer is the same whether or not such an account exists (no email enumeration);
+    `GET .../members` lists who can see the project.
+    """
+    service.share(session, project=project, email=data.email)
+    return ShareResult(email=data.email.strip().lower(), message=SHARED_MESSAGE)
 
 
 @router.delete("/{project_id}/members/{user_id}", status_code=status.HTTP_204_NO_CONTENT)

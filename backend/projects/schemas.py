@@ -1,18 +1,18 @@
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backend.core.schemas import UtcDateTime
+from backend.core.schemas import StrictModel, UtcDateTime
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 _.-]*$"
 
 
-class ProjectCreate(BaseModel):
+class ProjectCreate(StrictModel):
     name: str = Field(min_length=1, max_length=100, pattern=NAME_PATTERN, examples=["mnist"])
     description: str = Field(default="", max_length=5000,
                              examples=["MNIST digits across two CPU groups"])
 
 
-class ProjectUpdate(BaseModel):
+class ProjectUpdate(StrictModel):
     """Changes to a project (owner or admin); omitted fields stay as they are."""
 
     name: str | None = Field(default=None, min_length=1, max_length=100, pattern=NAME_PATTERN,
@@ -34,10 +34,21 @@ class ProjectRead(BaseModel):
                                          "(read-only)")
 
 
-class MemberAdd(BaseModel):
+class MemberAdd(StrictModel):
     """Share a project with a user, by their email."""
 
     email: str = Field(min_length=3, max_length=254, examples=["grace@example.org"])
+
+
+class ShareResult(BaseModel):
+    """The answer to a share: the same whether or not an account has the email, so that
+    sharing cannot be used to find out who has an account."""
+
+    email: str
+    message: str = Field(examples=["if an account has this email, it can now see the project"])
+
+
+SHARED_MESSAGE = "if an account has this email, it can now see the project"
 
 
 class MemberRead(BaseModel):
@@ -47,7 +58,7 @@ class MemberRead(BaseModel):
     role: str = Field(description="`owner` or `member`", examples=["member"])
 
 
-class CodeVersionCreate(BaseModel):
+class CodeVersionCreate(StrictModel):
     """A new code version taken from a bundled example (uploads use multipart)."""
 
     example: str = Field(pattern=r"^[a-z0-9_]+$", examples=["mnist_cnn"])

@@ -6,7 +6,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backend.auth.models import User
-from backend.core.config import Settings
+from backend.core.config import Settings, private_dir, private_file
 from backend.core.db import utcnow
 from backend.core.errors import Conflict, NotFound, TooLarge, UnsupportedType
 from backend.projects.code import (
@@ -73,6 +73,21 @@ def add_member(session: Session, *, project: Project, user_id: int) -> ProjectMe
     session.add(member)
     session.commit()
     return member
+
+
+def share(session: Session, *, project: Project, email: str) -> None:
+    """Share the project with the account that has `email`, if there is one.
+
+    An unknown email, the owner's own and an existing member's change nothing and raise
+    nothing: the caller's answer must not tell which emails have accounts.
+    """
+    user = session.scalar(select(User).where(User.email == email.strip().lower()))
+    if user is None:
+        return
+    try:
+        add_member(session, project=project, user_id=user.id)
+    except Conflict:
+        session.rollback()
 
 
 def remove_member(session: Session, *, project: Project, user_id: int) -> None:
@@ -174,9 +189,9 @@ def add_uploaded_version(
     else:
         check_contract(content, filename=filename)
     digest = hashlib.sha256(content).hexdigest()
-    settings.code_dir.mkdir(parents=True, exist_ok=True)
-    path = settings.code_dir / f"{digest}{'.zip' if entry else '.py'}"
+    path = private_dir(settings.code_dir) / f"{digest}{'.zip' if entry else '.py'}"
     path.write_bytes(content)
+    private_file(path)
     version = CodeVersion(
         project_id=project.id, version=_next_version(session, project.id),
         source="archive" if entry else "upload", filename=filename, path=str(path.resolve()),

@@ -2,7 +2,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backend.core.schemas import UtcDateTime
+from backend.core.schemas import StrictModel, UtcDateTime
 from backend.resource_groups.models import GroupState
 
 DeviceType = Literal["cpu", "cuda", "npu"]
@@ -15,9 +15,7 @@ def _labels_field() -> Labels:
     return Field(default_factory=dict, max_length=32, examples=[{"zone": "a", "model": "xeon"}])
 
 
-class ResourceGroupCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ResourceGroupCreate(StrictModel):
     name: str = Field(pattern=NAME_PATTERN, examples=["cpu-a"])
     device_type: DeviceType = Field(examples=["cpu"])
     description: str = Field(default="", max_length=2000)
@@ -25,10 +23,10 @@ class ResourceGroupCreate(BaseModel):
     labels: Labels = _labels_field()
 
 
-class ResourceGroupUpdate(BaseModel):
+class ResourceGroupUpdate(StrictModel):
     """Fields to change; `state` drains (`draining`), disables or re-activates the group."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+    model_config = ConfigDict(json_schema_extra={"examples": [
         {"state": "draining"}, {"capacity": 4, "labels": {"zone": "a"}}]})
 
     device_type: DeviceType | None = None

@@ -2,9 +2,10 @@
 
 import logging
 import threading
+from datetime import datetime
 
 from backend.core.config import Settings
-from backend.core.db import get_engine, get_sessionmaker
+from backend.core.db import get_engine, get_sessionmaker, utcnow
 from backend.scheduler.dispatch import CeleryDispatcher, Dispatcher
 from backend.scheduler.service import schedule_once
 from backend.tasks import lifecycle
@@ -13,7 +14,13 @@ log = logging.getLogger(__name__)
 
 
 class SchedulerLoop:
-    """Runs `schedule_once` every `scheduler_interval_s` seconds until stopped."""
+    """Runs `schedule_once` every `scheduler_interval_s` seconds until stopped.
+
+    `started_at` (naive UTC) is when this loop began watching the agents: an
+    API restart gives every agent one full heartbeat timeout from then before
+    it can be marked offline (`monitor.mark_stale_agents`), whatever its last
+    heartbeat before the restart.
+    """
 
     def __init__(self, settings: Settings, dispatcher: Dispatcher | None = None) -> None:
         self.settings = settings
@@ -21,9 +28,11 @@ class SchedulerLoop:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
+        self.started_at: datetime = utcnow()
 
     def start(self) -> None:
         """Start passes; a submission or a release in this process wakes the loop at once."""
+        self.started_at = utcnow()
         lifecycle.add_waker(self.wake)
         self._thread.start()
 
@@ -32,6 +41,7 @@ class SchedulerLoop:
         self._wake.set()
 
     def stop(self) -> None:
+        """Stop after the current pass (waits up to 10 s for it)."""
         lifecycle.remove_waker(self.wake)
         self._stop.set()
         self._wake.set()
@@ -40,14 +50,19 @@ class SchedulerLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                # One connection for the whole pass (checked out and pinged once, not per
-                # decision); each decision is its own transaction on it.
-                with get_engine().connect() as connection, \
-                        get_sessionmaker()(bind=connection) as session:
-                    schedule_once(session, self.dispatcher,
-                                  heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
-                                  interval_s=self.settings.scheduler_interval_s)
+                self.run_pass()
             except Exception:  # keep scheduling through a transient database error
                 log.exception("scheduler pass failed")
             self._wake.wait(self.settings.scheduler_interval_s)
             self._wake.clear()
+
+    def run_pass(self) -> int:
+        """One scheduling pass now, on this thread; returns how many tasks were scheduled."""
+        # One connection for the whole pass (checked out and pinged once, not per
+        # decision); each decision is its own transaction on it.
+        with get_engine().connect() as connection, \
+                get_sessionmaker()(bind=connection) as session:
+            return schedule_once(session, self.dispatcher,
+                                 heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
+                                 interval_s=self.settings.scheduler_interval_s,
+                                 watching_since=self.started_at)

@@ -8,7 +8,7 @@ sub-task message not yet published or apparently lost (a broker restart).
 
 import logging
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
@@ -24,13 +24,23 @@ log = logging.getLogger(__name__)
 ACTIVE = [TaskStatus.SCHEDULED, TaskStatus.RUNNING]
 
 
-def mark_stale_agents(session: Session, *, timeout_s: float, interval_s: float = 0.0) -> int:
+def mark_stale_agents(session: Session, *, timeout_s: float, interval_s: float = 0.0,
+                      watching_since: datetime | None = None) -> int:
     """Mark agents offline whose last heartbeat is older than `timeout_s - interval_s` seconds.
 
     The margin of one scheduler interval makes a pass running every
     `interval_s` seconds notice a silent agent within `timeout_s` of its death.
+
+    `watching_since` (naive UTC) is when this scheduler started watching: an
+    agent's staleness clock starts no earlier, so heartbeats the agents sent
+    while the API was down (and lost) never count against them, and after a
+    restart every agent gets one full `timeout_s` to reach the new process.
+    Returns how many agents went offline.
     """
-    cutoff = utcnow() - timedelta(seconds=max(1.0, timeout_s - interval_s))
+    now = utcnow()
+    cutoff = now - timedelta(seconds=max(1.0, timeout_s - interval_s))
+    if watching_since is not None and watching_since >= cutoff:
+        return 0  # not watched for a full timeout yet: no heartbeat can be overdue
     result = session.execute(
         update(Agent).where(Agent.online.is_(True), Agent.last_heartbeat_at < cutoff)
         .values(online=False)
@@ -75,10 +85,20 @@ def restart_tasks_of(session: Session, *, agent: Agent, reason: str) -> int:
     return len(tasks)
 
 
-def check(session: Session, *, timeout_s: float, interval_s: float = 1.0) -> int:
-    """Detect dead agents and restart (or fail) their tasks; returns tasks handled."""
-    mark_stale_agents(session, timeout_s=timeout_s, interval_s=interval_s)
+def check(session: Session, *, timeout_s: float, interval_s: float = 1.0,
+          watching_since: datetime | None = None) -> int:
+    """Detect dead agents and restart (or fail) their tasks; returns tasks handled.
+
+    `watching_since` (naive UTC, the scheduler's start) delays every timeout
+    until the scheduler has watched for `timeout_s` seconds (`mark_stale_agents`);
+    an unclaimed sub-task likewise counts as lost only after a full timeout of
+    watching, since its agents may simply not have heard from the new process yet.
+    """
+    mark_stale_agents(session, timeout_s=timeout_s, interval_s=interval_s,
+                      watching_since=watching_since)
     pending_before = utcnow() - timedelta(seconds=timeout_s)
+    if watching_since is not None:
+        pending_before = min(pending_before, watching_since)
     handled: set[int] = set()
     for task, reason in _lost_sub_tasks(session, pending_before=pending_before):
         if task.id in handled:

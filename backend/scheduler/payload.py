@@ -22,6 +22,22 @@ class GroupPlan(BaseModel):
     speed_factor: float = Field(default=1.0, gt=0.0, le=1.0)
 
 
+DEFAULT_MAX_RUNTIME_S = 86_400
+DEFAULT_MEMORY_LIMIT_MB = 4096
+
+
+class TaskLimits(BaseModel):
+    """What each rank of a task may use; the agent ends a rank beyond them (task FAILED).
+
+    `max_runtime_s`: wall-clock seconds of each attempt, from its ranks' start
+    on the agent. `memory_limit_mb`: data memory (heap and private writable
+    mappings, RLIMIT_DATA) of each rank process in MiB, torch's own included.
+    """
+
+    max_runtime_s: int = Field(default=DEFAULT_MAX_RUNTIME_S, ge=1)
+    memory_limit_mb: int = Field(default=DEFAULT_MEMORY_LIMIT_MB, ge=1)
+
+
 class SubTaskPayload(BaseModel):
     """What an agent needs to run its group's share of a task.
 
@@ -46,6 +62,7 @@ class SubTaskPayload(BaseModel):
         default_factory=dict,
         description="training-engine options (sync strategy, exchange, preprocessing, ...), "
         "validated by worker.engine.spec.RunSpec on the agent")
+    limits: TaskLimits = Field(default_factory=TaskLimits)
 
     @property
     def group(self) -> GroupPlan:

@@ -20,6 +20,7 @@ book the same rows.
 import json
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cache, cached_property
 from typing import Any
 
@@ -33,7 +34,7 @@ from backend.resource_groups import service as groups
 from backend.resource_groups.service import GroupFree
 from backend.scheduler import monitor, placement
 from backend.scheduler.dispatch import Dispatcher
-from backend.scheduler.payload import GroupPlan, SubTaskPayload
+from backend.scheduler.payload import GroupPlan, SubTaskPayload, TaskLimits
 from backend.tasks.models import (
     Allocation,
     EventKind,
@@ -306,7 +307,8 @@ def _book(session: Session, task: Task, layout: dict[str, Any], reason: str) -> 
 
 
 ENGINE_OPTIONS = ("sync_strategy", "sync_period", "quorum", "max_staleness",
-                  "exchange_fraction", "checkpoint_every", "rebalance_every", "preprocess")
+                  "exchange_fraction", "checkpoint_every", "rebalance_every", "preprocess",
+                  "on_nonfinite")
 
 
 def _speed_factor(spec: dict[str, Any], group: dict[str, Any]) -> float:
@@ -342,16 +344,20 @@ def payload_for(task: Task, sub: SubTask, *, resume_checkpoint_id: int | None = 
         global_batch_size=spec["global_batch_size"], seed=spec["seed"],
         split_policy=spec["split_policy"], groups=groups, engine=engine_options(spec),
         attempt=sub.attempt, resume_checkpoint_id=resume_checkpoint_id,
+        limits=TaskLimits.model_validate(spec.get("limits") or {}),
     )
 
 
 def schedule_once(session: Session, dispatcher: Dispatcher, *, heartbeat_timeout_s: float,
-                  interval_s: float = 1.0) -> int:
+                  interval_s: float = 1.0, watching_since: datetime | None = None) -> int:
     """One scheduler pass: detect failures, schedule what fits, publish messages.
 
-    Returns how many tasks were scheduled.
+    `watching_since` is when the scheduler started (naive UTC): no agent is
+    timed out before it has had a full heartbeat timeout to reach it
+    (`monitor.check`). Returns how many tasks were scheduled.
     """
-    monitor.check(session, timeout_s=heartbeat_timeout_s, interval_s=interval_s)
+    monitor.check(session, timeout_s=heartbeat_timeout_s, interval_s=interval_s,
+                  watching_since=watching_since)
     scheduled = 0
     while scheduled < MAX_PER_PASS and schedule_next(session) is not None:
         scheduled += 1

@@ -71,8 +71,11 @@ def get_task(task: TaskDep) -> Task:
 
 
 @router.patch("/{task_id}", response_model=TaskRead)
-def update_task(data: TaskUpdate, task: TaskDep, session: SessionDep) -> Task:
-    """Change a queued task's priority or `depends_on` (a cycle is refused)."""
+def update_task(data: TaskUpdate, task: TaskDep, session: SessionDep, user: CurrentUser
+                ) -> Task:
+    """Change a queued task's priority or `depends_on` (a cycle is refused; a dependency
+    the caller cannot see is answered like one that does not exist, 404)."""
+    access.check_dependencies(session, user=user, depends_on=data.depends_on or [])
     return service.update(session, task=task, data=data)
 
 

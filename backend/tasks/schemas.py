@@ -2,12 +2,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from backend.core.schemas import UtcDateTime
+from backend.core.schemas import StrictModel, UtcDateTime
+from backend.scheduler.payload import DEFAULT_MAX_RUNTIME_S, DEFAULT_MEMORY_LIMIT_MB, TaskLimits
 from backend.tasks.models import EventKind, NodeRole, SubTaskStatus, TaskStatus
 from worker.engine.spec import PreprocessStep
 
 
-class GroupRequest(BaseModel):
+class GroupRequest(StrictModel):
     """Workers asked of one named resource group, or of a device type with a placement policy.
 
     `{"name": "cpu-a", "workers": 2}` names the group. `{"device_type": "cpu",
@@ -15,8 +16,6 @@ class GroupRequest(BaseModel):
     that device type (and `labels`) when it allocates: `uniform` spreads the
     workers over every such group, `resource_state` fills the largest free group first.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str | None = Field(default=None, min_length=1, max_length=64, examples=["cpu-a"])
     device_type: Literal["cpu", "cuda", "npu"] | None = None
@@ -36,7 +35,7 @@ class GroupRequest(BaseModel):
         return self
 
 
-class TaskCreate(BaseModel):
+class TaskCreate(StrictModel):
     """A training task: one code version, trained across the listed resource groups."""
 
     project_id: int
@@ -64,6 +63,10 @@ class TaskCreate(BaseModel):
                                          description="also checkpoint every N steps")
     rebalance_every: int = Field(default=10, ge=0, le=10_000_000,
                                  description="steps between load-balance checks (0: epoch ends)")
+    on_nonfinite: Literal["fail", "skip_step"] = Field(
+        default="fail", description="a non-finite loss or gradient on any worker: `fail` ends "
+        "the task naming epoch, step, rank and group; `skip_step` skips that optimizer step "
+        "everywhere and counts it in the `skipped_steps` metric")
     preprocess: list[PreprocessStep] = Field(
         default_factory=list, max_length=16,
         description="run once before sharding: resize, normalize, augment, tokenize")
@@ -74,6 +77,13 @@ class TaskCreate(BaseModel):
                                   description="tasks that must succeed before this one starts")
     max_restarts: int = Field(default=2, ge=0, le=20,
                               description="restarts after an agent or process failure")
+    max_runtime_s: int = Field(
+        default=DEFAULT_MAX_RUNTIME_S, ge=1, le=30 * 86_400,
+        description="wall-clock seconds each attempt may run; beyond it the task FAILS")
+    memory_limit_mb: int = Field(
+        default=DEFAULT_MEMORY_LIMIT_MB, ge=128, le=1_048_576,
+        description="data memory of each rank process in MiB (torch itself takes about "
+                    "300); an allocation beyond it FAILS the task")
 
     model_config = ConfigDict(json_schema_extra={"examples": [{
         "project_id": 1, "code_version_id": 1, "name": "mnist across two groups",
@@ -122,16 +132,20 @@ class TaskCreate(BaseModel):
     def engine_options(self) -> dict[str, Any]:
         """The training-engine settings stored in the task's spec (see worker.engine.spec)."""
         keys = ("split_policy", "sync_strategy", "sync_period", "quorum", "max_staleness",
-                "exchange_fraction", "checkpoint_every", "rebalance_every")
+                "exchange_fraction", "checkpoint_every", "rebalance_every", "on_nonfinite")
         options = {key: getattr(self, key) for key in keys}
         options["preprocess"] = [step.model_dump() for step in self.preprocess]
         return options
 
+    def limits(self) -> TaskLimits:
+        """The per-rank limits stored in the task's spec and enforced by the agents."""
+        return TaskLimits(max_runtime_s=self.max_runtime_s, memory_limit_mb=self.memory_limit_mb)
 
-class TaskUpdate(BaseModel):
+
+class TaskUpdate(StrictModel):
     """What may change while a task is queued: its priority and its dependencies."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+    model_config = ConfigDict(json_schema_extra={"examples": [
         {"priority": 10}, {"depends_on": [3, 4]}]})
 
     priority: int | None = Field(default=None, ge=-100, le=100)

@@ -59,6 +59,7 @@ def submit(session: Session, *, data: TaskCreate) -> Task:
     spec = {
         "epochs": data.epochs, "global_batch_size": data.global_batch_size,
         "seed": data.seed, "groups": groups, "request": request, **data.engine_options(),
+        "limits": data.limits().model_dump(),
     }
     deps = dependencies.check(session, project_id=project.id, depends_on=data.depends_on)
     task = Task(project_id=project.id, code_version_id=version.id, spec=spec,

@@ -4,11 +4,14 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
 from backend.auth import security, tokens
 from backend.auth import service as users
 from backend.auth.models import User
+from backend.auth.throttle import client_address
+from backend.core.config import get_settings
 from backend.core.deps import SESSION_COOKIE, CsrfCheck, SessionDep, WebUser
 from backend.core.errors import Forbidden
 from backend.web import account_forms as forms
@@ -28,12 +31,19 @@ def _safe_next(url: str) -> str:
     return url if url.startswith("/") and not url.startswith(("//", "/\\")) else "/"
 
 
-def _login_page(request: Request, form: LoginForm, errors: dict, status_code: int) -> Response:
+def secure_cookies(request: Request) -> bool:
+    """Whether cookies get the Secure flag: over HTTPS, or always with `cookie_secure`."""
+    return get_settings().cookie_secure or request.url.scheme == "https"
+
+
+def _login_page(request: Request, form: LoginForm, errors: dict, status_code: int,
+                headers: dict[str, str] | None = None) -> Response:
     token = security.new_secret()
     context = {"form": form.model_copy(update={"csrf_token": token}), "errors": errors}
     response = render(request, "login.html", context, status_code=status_code)
+    response.headers.update(headers or {})
     response.set_cookie(LOGIN_CSRF_COOKIE, token, httponly=True, samesite="strict", path="/login",
-                        secure=request.url.scheme == "https")
+                        secure=secure_cookies(request))
     if status_code == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="polytrain"'
     return response
@@ -46,21 +56,26 @@ def login_page(request: Request, next: str = "/") -> Response:
 
 
 @router.post("/login")
-def login(request: Request, session: SessionDep, form: Annotated[LoginForm, Form()]) -> Response:
-    """Check the password, start a session (HttpOnly cookie) and go where the user was going."""
+async def login(request: Request, session: SessionDep, form: Annotated[LoginForm, Form()]
+                ) -> Response:
+    """Check the password (rate limited, bounded hashing: see `backend.auth.throttle`),
+    start a session (HttpOnly cookie) and go where the user was going."""
     expected = request.cookies.get(LOGIN_CSRF_COOKIE, "")
     if not expected or not security.same(form.csrf_token, expected):
         errors = {"__all__": "the login form expired; please try again"}
         return _login_page(request, form.model_copy(update={"password": ""}), errors, 403)
-    user, errors, status = forms.login(session, form)
+    state = request.app.state
+    user, errors, status, headers = await forms.login(
+        session, form, limiter=state.login_limiter, gate=state.hash_gate,
+        address=client_address(request))
     if user is None:
-        return _login_page(request, form.model_copy(update={"password": ""}), errors, status)
+        return _login_page(request, form.model_copy(update={"password": ""}), errors, status,
+                           headers)
     request.state.user = user  # the audit log's actor of this login
-    _, cookie = tokens.start_session(session, user=user)
+    _, cookie = await run_in_threadpool(lambda: tokens.start_session(session, user=user))
     response = redirect(_safe_next(form.next))
     response.set_cookie(SESSION_COOKIE, cookie, httponly=True, samesite="lax", path="/",
-                        max_age=tokens.SESSION_DAYS * 86400,
-                        secure=request.url.scheme == "https")
+                        max_age=tokens.SESSION_DAYS * 86400, secure=secure_cookies(request))
     response.delete_cookie(LOGIN_CSRF_COOKIE, path="/login")
     return response
 
@@ -90,7 +105,8 @@ def account(request: Request, session: SessionDep, user: WebUser) -> Response:
 @router.post("/account/password", dependencies=[CsrfCheck])
 def change_password(request: Request, session: SessionDep, user: WebUser,
                     form: Annotated[PasswordForm, Form()]) -> Response:
-    errors, status = forms.change_password(session, user, form)
+    keep = tokens.Credential(session_cookie=request.cookies.get(SESSION_COOKIE))
+    errors, status = forms.change_password(session, user, form, keep)
     if errors:
         return _account(request, session, user, errors=errors, status_code=status)
     return redirect("/account", flash="Password changed.")
@@ -148,7 +164,8 @@ def update_user(request: Request, user_id: int, session: SessionDep, user: WebUs
                 form: Annotated[UserEditForm, Form()]) -> Response:
     _admin(user)
     target = users.get(session, user_id=user_id)
-    errors = forms.update_user(session, target, user, form)
+    keep = tokens.Credential(session_cookie=request.cookies.get(SESSION_COOKIE))
+    errors = forms.update_user(session, target, user, form, keep)
     if errors:
         return _users(request, session, row_errors={user_id: next(iter(errors.values()))},
                       status_code=409 if "own account" in str(errors) else 422)

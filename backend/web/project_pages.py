@@ -5,16 +5,17 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
+from pydantic import ValidationError
 
 from backend.auth import access
-from backend.auth import service as users
 from backend.auth.models import User
 from backend.core.deps import CsrfCheck, SessionDep, SettingsDep, WebUser
-from backend.core.errors import ServiceError
+from backend.core.errors import Invalid
 from backend.projects import service as projects
 from backend.projects.models import Project
+from backend.projects.schemas import SHARED_MESSAGE, MemberAdd
 from backend.web import forms, views
-from backend.web.forms import ProjectForm, service_errors
+from backend.web.forms import ProjectForm, validation_errors
 from backend.web.task_form import TaskForm, submit_task
 from backend.web.templating import redirect, render
 
@@ -75,8 +76,10 @@ def edit_project(request: Request, project_id: int, session: SessionDep, user: W
 @router.post("/projects/{project_id}/archive", dependencies=[CsrfCheck])
 def archive_project(project_id: int, session: SessionDep, user: WebUser,
                     archived: Annotated[str, Form()] = "true") -> Response:
-    """Archive (read-only) or unarchive the project."""
+    """Archive (read-only) or unarchive the project; `archived` is `true` or `false`."""
     project = access.managed_project(session, user=user, project_id=project_id)
+    if archived not in ("true", "false"):
+        raise Invalid("archived: choose true or false", field="archived")
     projects.set_archived(session, project=project, archived=archived == "true")
     word = "archived" if archived == "true" else "unarchived"
     return redirect(f"/projects/{project.id}", flash=f"Project '{project.name}' {word}.")
@@ -85,18 +88,17 @@ def archive_project(project_id: int, session: SessionDep, user: WebUser,
 @router.post("/projects/{project_id}/members", dependencies=[CsrfCheck])
 def add_member(request: Request, project_id: int, session: SessionDep, user: WebUser,
                email: Annotated[str, Form()] = "") -> Response:
-    """Share the project with the user who has this email."""
+    """Share the project with the account that has this email; the answer does not tell
+    whether one has (no email enumeration)."""
     project = access.managed_project(session, user=user, project_id=project_id)
-    member = users.get_by_email(session, email=email)
     try:
-        if member is None:
-            raise ServiceError(f"no user has the email '{email.strip()}'", field="email")
-        projects.add_member(session, project=project, user_id=member.id)
-    except ServiceError as exc:
-        session.rollback()
+        data = MemberAdd(email=email.strip())
+    except ValidationError as exc:
         return _project_page(request, session, user, project,
-                             member_errors=service_errors(exc), status_code=422)
-    return redirect(f"/projects/{project.id}", flash=f"{member.email} is now a member.")
+                             member_errors=validation_errors(exc), status_code=422)
+    projects.share(session, project=project, email=data.email)
+    return redirect(f"/projects/{project.id}",
+                    flash=f"Shared with {data.email.lower()}: {SHARED_MESSAGE}.")
 
 
 @router.post("/projects/{project_id}/members/{user_id}/remove", dependencies=[CsrfCheck])

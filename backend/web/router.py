@@ -10,9 +10,11 @@ something carries the session's CSRF token.
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backend.core.deps import LoginRequired
 from backend.core.errors import ServiceError
+from backend.core.http import security_headers
 from backend.web import account_pages, audit_pages, cluster_pages, project_pages, task_pages
 from backend.web.templating import redirect, render
 
@@ -44,3 +46,36 @@ def install_web(app: FastAPI) -> None:
 
     app.add_exception_handler(ServiceError, service_error)
     app.add_exception_handler(LoginRequired, login_required)
+    install_html_errors(app)
+
+
+HTTP_TITLES = {404: "Not found", 405: "Not allowed", 413: "Too large"}
+
+
+def install_html_errors(app: FastAPI) -> None:
+    """Unknown pages (404 and other HTTP errors) and unexpected failures (500) of portal
+    routes answer with the HTML error page; the API keeps the JSON error shape."""
+    json_http = app.exception_handlers[StarletteHTTPException]
+    json_unexpected = app.exception_handlers[Exception]
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        if not is_page(request):
+            return await json_http(request, exc)  # type: ignore[misc]
+        context = {"title": HTTP_TITLES.get(exc.status_code, "Refused"),
+                   "message": "there is no such page" if exc.status_code == 404
+                   else str(exc.detail)}
+        return render(request, "error.html", context, status_code=exc.status_code)
+
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        if not is_page(request):
+            return await json_unexpected(request, exc)  # type: ignore[misc]
+        context = {"title": "Something went wrong",
+                   "message": "an internal error occurred; it has been logged"}
+        page = render(request, "error.html", context, status_code=500)
+        # A 500 leaves by Starlette's outermost middleware, past SecurityHeadersMiddleware.
+        page.headers.update(security_headers("text/html"))
+        return page
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)

@@ -16,13 +16,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.fields import FieldInfo
 from sqlalchemy.orm import Session
 
+from backend.core.deps import CSRF_FIELD
 from backend.core.errors import ServiceError
 from backend.projects import service as projects
 from backend.projects.models import Project
 from backend.tasks import service as tasks
 from backend.tasks.models import Task
 from backend.tasks.schemas import TaskCreate
-from backend.web.forms import FieldErrors, service_errors, validation_errors
+from backend.web.forms import FORM_ERROR, FieldErrors, service_errors, validation_errors
 
 EXAMPLE_PREFIX = "example:"
 OWN_WIDGETS = {"project_id", "code_version_id", "name", "resource_groups", "depends_on"}
@@ -182,8 +183,19 @@ def _payload(project_id: int, version_id: int | str, form: TaskForm, requests: l
     return payload
 
 
+def _unknown_fields(form: TaskForm) -> FieldErrors:
+    """An error naming the first posted field this form does not have (none: {})."""
+    known = {f.name for f in task_fields()} | {CSRF_FIELD}
+    unknown = sorted(set(form.model_extra or {}) - known)
+    if not unknown:
+        return {}
+    shown = unknown[0].encode("unicode_escape").decode()[:100]
+    return {FORM_ERROR: f"{shown}: not a field of this form"}
+
+
 def _task_create(project_id: int, form: TaskForm) -> tuple[TaskCreate | None, FieldErrors]:
     requests, errors = _group_requests(form)
+    errors.update(_unknown_fields(form))
     if not requests and not errors:
         errors["resource_groups"] = "give at least one resource group some workers"
     if not form.code_version_id:

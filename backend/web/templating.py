@@ -1,7 +1,6 @@
 """Jinja2 environment of the portal: template directory, filters and the render helper."""
 
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -9,7 +8,9 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "frontend" / "templates"
+from backend.core.paths import asset
+
+TEMPLATE_DIR = asset("frontend/templates")
 FLASH_COOKIE = "polytrain_flash"
 
 templates = Jinja2Templates(directory=TEMPLATE_DIR)
@@ -61,7 +62,8 @@ def render(
     """
     flash = read_flash(request)
     base = {"flash": flash, "user": getattr(request.state, "user", None),
-            "csrf_token": getattr(request.state, "csrf_token", "")}
+            "csrf_token": getattr(request.state, "csrf_token", ""),
+            "docs_enabled": request.app.docs_url is not None}
     response = templates.TemplateResponse(
         request, name, {**base, **context}, status_code=status_code
     )

@@ -1,7 +1,7 @@
 """audit log: one row per write request to the API or the portal, refusals included
 
 Revision ID: a7d3c9e1f2b4
-Revises: 5b1e0c7d2a41
+Revises: a9c4e2f1b7d3
 Create Date: 2026-11-25 11:30:00
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "a7d3c9e1f2b4"
-down_revision: str | None = "5b1e0c7d2a41"
+down_revision: str | None = "a9c4e2f1b7d3"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -181,3 +181,45 @@ def test_members_read_the_cluster(world: World) -> None:
     as_member = world.stranger.headers
     assert world.client.get("/api/v1/resource-groups", headers=as_member).status_code == 200
     assert world.client.get("/api/v1/agents", headers=as_member).status_code == 200
+
+
+def test_sharing_with_an_unknown_email_answers_like_a_known_one(world: World) -> None:
+    """No email enumeration: the status and body differ only by the email sent back."""
+    url = f"/api/v1/projects/{world.project['id']}/members"
+    known = world.client.post(url, headers=world.owner.headers,
+                              json={"email": world.stranger.email})
+    unknown = world.client.post(url, headers=world.owner.headers,
+                                json={"email": "nobody@example.org"})
+    again = world.client.post(url, headers=world.owner.headers,
+                              json={"email": world.stranger.email})
+    assert known.status_code == unknown.status_code == again.status_code == 202
+    assert known.json() == again.json() == {**unknown.json(), "email": world.stranger.email}
+    emails = [m["email"] for m in world.client.get(url, headers=world.owner.headers).json()]
+    assert world.stranger.email in emails and "nobody@example.org" not in emails
+
+
+def test_depends_on_another_users_task_answers_like_a_missing_one(world: World) -> None:
+    """PATCH depends_on tells a member nothing about a task of a project they cannot see."""
+    as_stranger = world.stranger.headers
+    theirs = world.client.post("/api/v1/projects", headers=as_stranger,
+                               json={"name": "hidden"}).json()
+    version = world.client.post(f"/api/v1/projects/{theirs['id']}/code-versions",
+                                headers=as_stranger, json={"example": "tiny_regression"}).json()
+    hidden = world.client.post("/api/v1/tasks", headers=as_stranger, json={
+        "project_id": theirs["id"], "code_version_id": version["id"],
+        "resource_groups": [{"name": "cpu-a", "workers": 1}]}).json()
+    world.client.post(f"/api/v1/tasks/{hidden['id']}/cancel", headers=as_stranger)
+    missing_id = hidden["id"] + 1000
+
+    def patch(dep: int) -> tuple[int, dict]:
+        answer = world.client.patch(f"/api/v1/tasks/{world.task['id']}",
+                                    headers=world.member.headers, json={"depends_on": [dep]})
+        return answer.status_code, answer.json()
+
+    status, body = patch(hidden["id"])
+    missing_status, missing_body = patch(missing_id)
+    assert (status, body["error"]["code"], body["error"]["field"]) == (404, "not_found",
+                                                                       "depends_on.0")
+    assert status == missing_status
+    assert body == {"error": {**missing_body["error"], "message": missing_body["error"][
+        "message"].replace(str(missing_id), str(hidden["id"]))}}

@@ -25,7 +25,7 @@ HARDWARE = {"cpu_cores": 4, "memory_bytes": 8 * 2**30, "cuda_devices": []}
 def _register(client: TestClient, name: str, workers: int = 2) -> dict:
     response = client.post("/internal/v1/agents/register", headers=agent_headers(), json={
         "name": name, "host": "10.77.0.4", "resource_group": "cpu-a", "workers": workers,
-        "hardware": HARDWARE})
+        "hardware": HARDWARE, "instance_id": f"{name}-instance"})  # the same agent each time
     assert response.status_code == 200, response.text
     return dict(response.json())
 

@@ -173,9 +173,11 @@ def test_agent_that_registers_again_restarts_its_tasks(session: Session) -> None
     group(session, "cpu-a", 2)
     group(session, "cpu-b", 1)
     task = _running(session)
-    agents.register(session, data=AgentRegister(
-        name="agent-cpu-b", host="10.77.0.9", resource_group="cpu-b", workers=1,
-        hardware={"cpu_cores": 2, "memory_bytes": 1}))
+    session.execute(update(Agent).where(Agent.name == "agent-cpu-b")
+                    .values(instance_id="0" * 32))
+    agents.register(session, data=AgentRegister(  # the same agent (instance id), restarted
+        name="agent-cpu-b", instance_id="0" * 32, host="10.77.0.9", resource_group="cpu-b",
+        workers=1, hardware={"cpu_cores": 2, "memory_bytes": 1}))
     session.refresh(task)
     assert task.status is S.QUEUED and task.attempt == 2
     assert "agent 'agent-cpu-b' restarted" in task.status_reason

@@ -62,6 +62,14 @@ def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> Non
     ({"split_policy": "fastest"}, "split_policy", "'even' or 'weighted'"),
     ({"preprocess": [{"op": "rotate"}]}, "preprocess.0", "tag"),
     ({"preprocess": [{"op": "resize", "size": [0, 4]}]}, "preprocess.0.resize", "positive"),
+    ({"split": "weighted"}, "split", "unknown field"),
+    ({"resource_groups": [{"name": "cpu-a", "workers": 2, "speed": 0.5}]},
+     "resource_groups.0.speed", "unknown field"),
+    ({"preprocess": [{"op": "augment", "copies": 2, "flip": True}]},
+     "preprocess.0.augment.flip", "unknown field"),
+    ({"name": "run\x00one"}, "name", "must not contain NUL"),
+    ({"resource_groups": [{"device_type": "cpu", "workers": 2, "labels": {"zone\x00": "a"}}]},
+     "resource_groups.0.labels", "must not contain NUL"),
 ])
 def test_bad_input_is_refused_naming_the_field(
     client: TestClient, version: dict, overrides: dict, field: str, words: str

@@ -1,6 +1,7 @@
 """Real-browser tests: Debian's Chromium, driven headless by Playwright, against a live stack
 (API, scheduler, two agents, real training). Chromium missing is a failure, never a skip."""
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,17 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from backend.stack import GroupSetup, LocalStack
 from tests.e2e.conftest import free_port
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = os.environ.get("POLYTRAIN_CHROMIUM", "/usr/bin/chromium")
+INSTALL = "apt-get update && apt-get install -y chromium"
+BROWSER_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Browser tests selected without Chromium: stop the run before any test starts."""
+    if not Path(CHROMIUM).is_file() and any(
+            Path(item.path).resolve().is_relative_to(BROWSER_TESTS) for item in items):
+        pytest.exit(f"{CHROMIUM} is missing and the browser tests need it: run `{INSTALL}` "
+                    f"(`make test` does it when run as root)", returncode=4)
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update"]
 
@@ -29,8 +40,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not Path(CHROMIUM).is_file():
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (.ci/run does "
-                    f"`apt-get install -y chromium`)", pytrace=False)
+        pytest.fail(f"{CHROMIUM} is missing: run `{INSTALL}`", pytrace=False)
     assert shutil.which(CHROMIUM)
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
@@ -43,8 +53,12 @@ def page(browser: Browser) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1360, "height": 900})
     context.set_default_timeout(30_000)
     opened = context.new_page()
+    blocked: list[str] = []  # what the portal's Content-Security-Policy refused, if anything
+    opened.on("console", lambda message: blocked.append(message.text)
+              if "Content Security Policy" in message.text else None)
     yield opened
     context.close()
+    assert not blocked, f"the page broke its own CSP: {blocked}"
 
 
 @pytest.fixture

@@ -77,7 +77,7 @@ def test_every_variable_is_read_by_a_settings_class() -> None:
 def test_api_settings_point_at_the_compose_servers(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = _settings(Settings, "api", monkeypatch)
     database = urlsplit(settings.resolved_database_url())
-    pg = SERVICES["postgres"]["environment"]
+    pg = _environment("postgres")
     assert database.scheme == "postgresql+psycopg" and database.hostname == "postgres"
     assert (database.username, database.password, database.path) == (
         pg["POSTGRES_USER"], pg["POSTGRES_PASSWORD"], f"/{pg['POSTGRES_DB']}")
@@ -111,3 +111,102 @@ def test_api_port_published() -> None:
 def test_redis_keeps_nothing_and_messages_outlast_runs() -> None:
     assert '--save ""' in SERVICES["redis"]["command"]
     assert VISIBILITY_TIMEOUT_S >= 24 * 3600
+
+
+def _required(value: str, variable: str) -> bool:
+    """`value` is exactly `${VARIABLE:?message}`: compose refuses to start without it."""
+    return re.fullmatch(r"\$\{" + variable + r":\?[^}]+\}", value) is not None
+
+
+def test_postgres_password_comes_from_the_environment() -> None:
+    pg = SERVICES["postgres"]["environment"]
+    assert _required(pg["POSTGRES_PASSWORD"], "POSTGRES_PASSWORD")
+    for service in ("api", "init-groups"):
+        url = SERVICES[service]["environment"]["DATABASE_URL"]
+        password = re.fullmatch(r"postgresql\+psycopg://polytrain:(.+)@postgres:5432/polytrain",
+                                url)
+        assert password and _required(password.group(1), "POSTGRES_PASSWORD"), url
+
+
+def test_redis_requires_a_password_every_client_uses() -> None:
+    redis = SERVICES["redis"]
+    assert _required(redis["environment"]["REDIS_PASSWORD"], "REDIS_PASSWORD")
+    assert '--requirepass "$$REDIS_PASSWORD"' in redis["command"]
+    assert "REDISCLI_AUTH" in " ".join(redis["healthcheck"]["test"])  # the probe authenticates
+    clients = {n for n, s in SERVICES.items() if "BROKER_URL" in s.get("environment", {})}
+    assert {"api", *AGENTS} <= clients
+    for name in clients:
+        url = SERVICES[name]["environment"]["BROKER_URL"]
+        password = re.fullmatch(r"redis://:(.+)@redis:6379/0", url)
+        assert password and _required(password.group(1), "REDIS_PASSWORD"), (name, url)
+
+
+def test_redis_command_refuses_clients_without_the_password(tmp_path: Path) -> None:
+    """The compose command, run with this machine's redis-server: NOAUTH without the password,
+    the broker URL of the services (host and port pointed here) is let in."""
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    import redis as redis_client
+
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is missing: run `apt-get install -y redis-server` "
+                    "(`make test` does it when run as root)", pytrace=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = shlex.split(SERVICES["redis"]["command"].replace("$$", "$"))
+    args[-1] += f" --port {port} --bind 127.0.0.1 --dir {tmp_path}"
+    env = {**os.environ, "REDIS_PASSWORD": "s3cret-test-password"}
+    server = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL)
+    try:
+        anonymous = redis_client.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                anonymous.ping()
+                raise AssertionError("redis answered a client without the password")
+            except redis_client.AuthenticationError:
+                break  # NOAUTH: the server is up and wants the password
+            except redis_client.ConnectionError:
+                assert time.monotonic() < deadline and server.poll() is None, "redis did not start"
+                time.sleep(0.1)
+        broker = PLACEHOLDER.sub(lambda m: env.get(m.group(1), ""),
+                                 str(SERVICES["api"]["environment"]["BROKER_URL"]))
+        broker = broker.replace("@redis:6379", f"@127.0.0.1:{port}")
+        assert redis_client.Redis.from_url(broker, socket_timeout=5).ping() is True
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+
+
+def test_image_runs_as_an_unprivileged_user() -> None:
+    users = re.findall(r"^USER\s+(\S+)", DOCKERFILE, flags=re.MULTILINE)
+    assert users and users[-1] not in ("root", "0", "0:0")
+    assert re.search(rf"useradd\b[^\n]*(\\\n[^\n]*)*\b{users[-1]}\b", DOCKERFILE)
+    # The user owns the data volume's mount point, so named volumes start out writable.
+    assert re.search(rf"install -d -o {users[-1]} -g {users[-1]} -m 0700 /data", DOCKERFILE)
+    assert "ENV POLYTRAIN_DATA_DIR=/data" in DOCKERFILE
+    # Agents sandbox ranks (docs/security.md): bubblewrap and the unprivileged rank user.
+    assert "bubblewrap" in DOCKERFILE
+    assert re.search(r"useradd\b[^\n]*(\\\n[^\n]*)*?\bpolytrain-run\b", DOCKERFILE)
+    # The image runs the installed wheel (package data included), not a source tree.
+    assert re.search(r"pip install --no-cache-dir /src && rm -rf /src", DOCKERFILE)
+
+
+def test_only_agents_run_as_root_to_sandbox_their_ranks() -> None:
+    """The API and the one-shot job keep the image's unprivileged user; an agent is root in
+    its container (only root starts ranks as polytrain-run) with the namespaces bwrap needs."""
+    for name, service in SERVICES.items():
+        if name in AGENTS:
+            assert service["user"] == "root"
+            assert "SYS_ADMIN" in service["cap_add"]
+            assert "seccomp=unconfined" in service["security_opt"]
+        elif service.get("build"):
+            assert "user" not in service and "cap_add" not in service, name

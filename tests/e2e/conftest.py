@@ -47,9 +47,20 @@ def wait_for(api: httpx.Client, task_id: int, statuses: set[str], timeout_s: flo
     raise AssertionError(f"task {task_id} is {task['status']} after {timeout_s} s:\n{tail}")
 
 
+def rank_dirs(data_dir: Path, task_id: int) -> list[str]:
+    """The sandboxed rank directories of every attempt of `task_id` (the agent links them as
+    `agent/task-<id>[/attempt-<n>]/rank-<r>`)."""
+    found = []
+    for folder, dirs, files in os.walk(data_dir / "agent" / f"task-{task_id}"):
+        for name in dirs + files:
+            if name.startswith("rank-") and os.path.islink(os.path.join(folder, name)):
+                found.append(os.readlink(os.path.join(folder, name)))
+    return found
+
+
 def training_processes(data_dir: Path, task_id: int) -> list[int]:
     """PIDs of live processes started for `task_id` under this stack's data dir."""
-    marker = str(data_dir / "agent" / f"task-{task_id}")
+    markers = rank_dirs(data_dir, task_id)
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -57,10 +68,10 @@ def training_processes(data_dir: Path, task_id: int) -> list[int]:
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             state = (proc / "stat").read_text().split()[2]
-            cwd = os.readlink(proc / "cwd")  # a warm-started rank runs in the task's folder
+            cwd = os.readlink(proc / "cwd")  # a rank runs in its own folder (bound as is)
         except OSError:
             continue
-        mine = marker + "/" in cmdline or cwd == marker or cwd.startswith(marker + "/")
+        mine = any(m + " " in cmdline or cwd == m or cwd.startswith(m + "/") for m in markers)
         if mine and state != "Z":
             found.append(int(proc.name))
     return found

@@ -21,6 +21,14 @@ def reference_run(spec: RunSpec, batches: list[torch.Tensor]) -> tuple[torch.Ten
     Returns the final parameters [P] and the batch-size-weighted mean loss of
     each ``steps_per_epoch`` run of batches.
     """
+    model, epoch_losses = reference_model(spec, batches)
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach(), epoch_losses
+
+
+def reference_model(
+    spec: RunSpec, batches: list[torch.Tensor]
+) -> tuple[torch.nn.Module, list[float]]:
+    """:func:`reference_run`'s training; returns the trained model (buffers included)."""
     code = load_training_code(spec.code)
     seed_everything(spec.seed)
     model = code.build_model()
@@ -40,7 +48,7 @@ def reference_run(spec: RunSpec, batches: list[torch.Tensor]) -> tuple[torch.Ten
     epoch_losses = [
         sum(losses[i : i + spe]) / sum(samples[i : i + spe]) for i in range(0, len(losses), spe)
     ]
-    return torch.nn.utils.parameters_to_vector(model.parameters()).detach(), epoch_losses
+    return model, epoch_losses
 
 
 def run_with_dump(

@@ -97,8 +97,11 @@ def test_reports_checkpoints_and_done(make_spec: Callable[..., RunSpec], tmp_pat
 
 
 USER_METRICS = """
+import warnings
 import torch
 from examples.tiny_regression import build_datasets, build_model, build_optimizer, loss_fn
+
+warnings.warn("user code's own deprecation", FutureWarning)
 
 def metrics(output, target):
     return {"mae": (output - target).abs().mean().item()}
@@ -112,6 +115,9 @@ def test_user_metrics_are_reported_as_validation_means(
     module.write_text(USER_METRICS)
     spec = make_spec(code=str(module), epochs=1, global_batch_size=16)
     run, finals = run_with_dump(spec, tmp_path / "params")
+    for rank in run.output:  # the user's warnings show, none from the engine's own calls
+        warnings = [line for line in run.output[rank] if "Warning:" in line]
+        assert len(warnings) == 1 and "user code's own deprecation" in warnings[0], warnings
     code = load_training_code(spec.code)
     model = code.build_model()
     torch.nn.utils.vector_to_parameters(finals[0], model.parameters())

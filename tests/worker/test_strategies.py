@@ -86,3 +86,7 @@ def test_quorum_of_all_groups_is_synchronous(
     run_q, quorum = run_with_dump(make_spec(sync_strategy="quorum", quorum=2), tmp_path / "q")
     assert (quorum[0] - sync[0]).abs().max() < 1e-5
     assert finite(run_q.metrics("max_staleness")) == [0, 0]
+    # 23 updates per epoch, reported every 2: the epoch's end must still show 100 %.
+    progress = [e for e in run_q.events if e["type"] == "progress"]
+    last = progress[-1]
+    assert last["step"] == last["epochs"] * last["steps_per_epoch"] == 46, last

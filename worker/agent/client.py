@@ -18,6 +18,21 @@ class Conflict(Exception):
         self.field = field
 
 
+def without_nul(value: Any) -> Any:
+    """`value` with every NUL character in its strings replaced by U+FFFD.
+
+    The backend refuses NUL in any string (no store keeps it); a rank's output
+    (logs, metric names, a failure's traceback) may hold one, and must still arrive.
+    """
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [without_nul(v) for v in value]
+    return value
+
+
 class InternalApi:
     """Typed calls of `/internal/v1`; every call carries the agent token."""
 
@@ -27,6 +42,8 @@ class InternalApi:
         self._retries = retries
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        if "json" in kwargs:
+            kwargs["json"] = without_nul(kwargs["json"])
         delay = 0.5
         for attempt in range(self._retries + 1):
             try:

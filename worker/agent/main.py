@@ -14,8 +14,10 @@ from pydantic import ValidationError
 from backend.scheduler.dispatch import broker_options
 from backend.scheduler.payload import RUN_SUBTASK, SubTaskPayload, queue_name
 from worker.agent.client import InternalApi
+from worker.agent.identity import claim_instance_id
 from worker.agent.processes import RunningRegistry, WarmPool
 from worker.agent.runner import SubTaskRunner
+from worker.agent.sandbox import Sandbox
 from worker.config import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -89,17 +91,26 @@ def _heartbeats(api: InternalApi, agent_id: int, interval_s: float, stop: thread
 
 def run_agent(settings: AgentSettings, *, resource_group: str, workers: int,
               name: str | None = None) -> None:
-    """Register with the backend, heartbeat, and consume `rg.<group>` until stopped."""
+    """Register with the backend, heartbeat, and consume `rg.<group>` until stopped.
+
+    Raises:
+        NameClash: another agent on this host and data dir runs under `name`.
+        Conflict: (field `name`) the backend knows a live agent of that name elsewhere.
+        SandboxUnavailable: (naming the command that fixes it) before registering, if
+            this host cannot sandbox ranks (docs/security.md).
+    """
+    sandbox = Sandbox.detect(user=settings.sandbox_user, data_dir=settings.data_dir)
     api = InternalApi(settings.api_url, settings.agent_token.get_secret_value(), retries=30)
     name = name or f"{socket.gethostname()}-{resource_group}-{os.getpid()}"
-    agent_id = api.register(name=name, host=settings.advertise_addr,
+    instance_id = claim_instance_id(settings.data_dir, name)
+    agent_id = api.register(name=name, instance_id=instance_id, host=settings.advertise_addr,
                             resource_group=resource_group, workers=workers,
                             hardware=detect_hardware())
     stop, registry = threading.Event(), RunningRegistry()
     threading.Thread(target=_heartbeats, daemon=True,
                      args=(api, agent_id, settings.heartbeat_interval_s, stop, registry)).start()
-    pool = WarmPool(workers + 1)  # one rank per worker, and the parameter server
-    runner = SubTaskRunner(settings, api, agent_id, registry, pool)
+    pool = WarmPool(workers + 1, sandbox)  # one rank per worker, and the parameter server
+    runner = SubTaskRunner(settings, api, agent_id, sandbox, registry, pool)
     argv = ["worker", "-Q", queue_name(resource_group), "-n", f"{name}@%h",
             "--pool", "threads", "--concurrency", str(workers), "--prefetch-multiplier", "1",
             "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"]

@@ -6,7 +6,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -14,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from worker.engine.local import REPO_ROOT
+from worker.agent.sandbox import Sandbox, rank_environment
 
 PR_SET_PDEATHSIG = 1
 Cause = Literal["user", "infra", "peer"]
@@ -36,41 +35,71 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _popen(args: list[str], env: Mapping[str, str], **extra: object) -> subprocess.Popen[str]:
-    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), full_env.get("PYTHONPATH", "")) if p)
+def _popen(command: list[str], env: Mapping[str, str]) -> subprocess.Popen[str]:
     parent = os.getpid()
     return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
-        [sys.executable, *args], env=full_env, stdout=subprocess.PIPE,
+        command, env=dict(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
-        preexec_fn=lambda: _die_with_parent(parent), **extra,
+        preexec_fn=lambda: _die_with_parent(parent),
     )
 
 
-def start_rank(spec_path: str | os.PathLike[str], env: Mapping[str, str]
-               ) -> subprocess.Popen[str]:
-    """Start `python -m worker.engine.launch --spec spec_path` as one rank of a task.
+@dataclass
+class Slot:
+    """A sandboxed interpreter (`worker.agent.warm`) in its own rank directory, awaiting its rank.
 
-    Like `worker.engine.local.start_rank_process` (own session, merged text
-    output), and the rank dies with the agent (parent-death signal), so a
-    killed agent leaves no orphan training processes.
+    The agent writes the rank's spec and code into `rank_dir`, then calls
+    `begin`; until then no user code runs in the slot.
     """
-    return _popen(["-m", "worker.engine.launch", "--spec", str(spec_path)], env,
-                  cwd=str(Path(spec_path).parent))
+
+    popen: subprocess.Popen[str]
+    rank_dir: Path
+
+    def begin(self, spec_path: Path, env: Mapping[str, str], *, memory_limit_mb: int) -> bool:
+        """Hand the slot its rank: run the spec with `env` (RANK, ...) under the memory limit.
+
+        `memory_limit_mb` becomes the process's RLIMIT_DATA (heap and private
+        writable mappings, in MiB). False if the interpreter has already died.
+        """
+        if self.popen.poll() is not None or self.popen.stdin is None:
+            return False
+        order = {"argv": ["--spec", str(spec_path)], "env": dict(env), "cwd": str(self.rank_dir),
+                 "memory_limit_bytes": memory_limit_mb * 1024 * 1024}
+        try:
+            self.popen.stdin.write(json.dumps(order) + "\n")
+            self.popen.stdin.close()
+        except (BrokenPipeError, OSError):
+            return False
+        return True
+
+
+def start_slot(sandbox: Sandbox, *, warm: bool = False) -> Slot:
+    """Start an interpreter in a new rank directory inside the sandbox.
+
+    Its environment is only the allow-listed one (`sandbox.rank_environment`);
+    it dies with the agent (parent-death signal, and bwrap's `--die-with-parent`),
+    so a killed agent leaves no orphan training processes. `warm`: import torch
+    and the engine first, then print `@@warm ready`.
+    """
+    rank_dir = sandbox.new_rank_dir()
+    argv = ["-m", "worker.agent.warm", *([] if warm else ["--cold"])]
+    return Slot(_popen(sandbox.command(rank_dir, argv), rank_environment({}, rank_dir)),
+                rank_dir)
 
 
 class WarmPool:
-    """Up to `size` warm interpreters (`worker.agent.warm`), refilled in the background.
+    """Up to `size` warm sandboxed interpreters (`worker.agent.warm`), refilled in the background.
 
-    `start` hands a rank to a ready one (milliseconds) or, if none is ready,
-    starts a cold process. Interpreters are forked by one long-lived thread,
-    since the parent-death signal fires when the forking thread ends.
+    `acquire` hands out a ready one (milliseconds to start a rank) or, if none
+    is ready, a cold one. Interpreters are forked by one long-lived thread,
+    since the parent-death signal fires when the forking thread ends. Each has
+    its own empty rank directory from the start, so a warm interpreter never
+    sees another task's files.
     """
 
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._ready: queue.Queue[subprocess.Popen[str]] = queue.Queue()
+    def __init__(self, size: int, sandbox: Sandbox) -> None:
+        self.size, self.sandbox = size, sandbox
+        self._ready: queue.Queue[Slot] = queue.Queue()
         self._wanted = threading.Semaphore(size)
         self._stop = threading.Event()
         threading.Thread(target=self._refill, name="warm-pool", daemon=True).start()
@@ -80,41 +109,36 @@ class WarmPool:
             self._wanted.acquire()
             if self._stop.is_set():
                 return
-            proc = _popen(["-m", "worker.agent.warm"], {}, stdin=subprocess.PIPE)
+            slot = start_slot(self.sandbox, warm=True)
             # Interpreters warm up side by side (each mostly imports: a few seconds), so a
             # pool emptied by one task is full again in about one interpreter's start.
-            threading.Thread(target=self._await_ready, args=(proc,), name="warm-wait",
+            threading.Thread(target=self._await_ready, args=(slot,), name="warm-wait",
                              daemon=True).start()
 
-    def _await_ready(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        if proc.stdout.readline().strip() == "@@warm ready" and not self._stop.is_set():
-            self._ready.put(proc)
+    def _await_ready(self, slot: Slot) -> None:
+        assert slot.popen.stdout is not None
+        if slot.popen.stdout.readline().strip() == "@@warm ready" and not self._stop.is_set():
+            self._ready.put(slot)
         else:  # it failed to import (no retry loop: ranks start cold), or the pool closed
-            proc.kill()
+            slot.popen.kill()
 
-    def start(self, spec_path: str | os.PathLike[str], env: Mapping[str, str]
-              ) -> subprocess.Popen[str]:
-        """A running rank of `spec_path` with `env`, warm if one is ready."""
+    def acquire(self) -> Slot:
+        """A sandboxed interpreter awaiting its rank, warm if one is ready."""
         while True:
             try:
-                proc = self._ready.get_nowait()
+                slot = self._ready.get_nowait()
             except queue.Empty:
-                return start_rank(spec_path, env)
+                return start_slot(self.sandbox)
             self._wanted.release()
-            if proc.poll() is None and proc.stdin is not None:
-                order = {"argv": ["--spec", str(spec_path)], "env": dict(env),
-                         "cwd": str(Path(spec_path).parent)}
-                proc.stdin.write(json.dumps(order) + "\n")
-                proc.stdin.close()
-                return proc
+            if slot.popen.poll() is None:
+                return slot
 
     def close(self) -> None:
         """Stop refilling and end the idle interpreters."""
         self._stop.set()
         self._wanted.release()
         while not self._ready.empty():
-            self._ready.get_nowait().kill()
+            self._ready.get_nowait().popen.kill()
 
 
 def node_name(rank: int) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.agent.client import InternalApi
+from worker.agent.sandbox import read_rank_file
 from worker.engine.report import parse_event
 
 
@@ -16,6 +17,11 @@ class Reporter:
     Each node's log lines are numbered from 0 (`seq`) in each attempt, so a
     batch sent twice after a retry is stored once, and a restarted task's
     nodes start a new gap-free sequence.
+
+    Output lines come from untrusted user code too: a checkpoint event is
+    uploaded only from `checkpoints/` of the emitting node's own rank
+    directory (`rank_dirs[node]`), read without following links; anything else
+    is logged as refused, never read.
     """
 
     def __init__(
@@ -30,6 +36,7 @@ class Reporter:
         self._progress: tuple[float, int] | None = None
         self._progressed = False
         self._last_flush = 0.0
+        self.rank_dirs: dict[str, Path] = {}
 
     def agent_line(self, text: str) -> None:
         self._line(f"agent-{self.group}", text)
@@ -58,11 +65,11 @@ class Reporter:
             if event is None:
                 self._line(node, text)
             else:
-                self._handle(event)
+                self._handle(node, event)
         if time.monotonic() - self._last_flush >= self.interval_s:
             self.flush()
 
-    def _handle(self, event: dict[str, Any]) -> None:
+    def _handle(self, node: str, event: dict[str, Any]) -> None:
         kind = event.get("type")
         if kind == "metric" and event.get("value") is not None:
             # Rank 0 (the parameter server) reports the task's global metrics: no rank.
@@ -83,16 +90,23 @@ class Reporter:
                 self._last_flush, self._progressed = 0.0, True
             self._progress = (min(1.0, done / total), int(event["epoch"]))
         elif kind == "checkpoint":
-            self._upload(event)
+            self._upload(node, event)
 
-    def _upload(self, event: dict[str, Any]) -> None:
-        path = Path(event["path"])
+    def _upload(self, node: str, event: dict[str, Any]) -> None:
+        path, rank_dir = Path(str(event.get("path"))), self.rank_dirs.get(node)
+        try:
+            if rank_dir is None or path.parent != rank_dir / "checkpoints":
+                raise PermissionError(f"not in {node}'s checkpoint folder")
+            body = read_rank_file(rank_dir, "checkpoints", path.name)
+        except (PermissionError, ValueError) as exc:
+            self.agent_line(f"refused checkpoint {str(path)[:200]!r} from {node}: {exc}")
+            return
         self.api.checkpoint(
             self.task_id,
             name=path.name,
             epoch=int(event["epoch"]),
             step=int(event["step"]),
-            body=path.read_bytes(),
+            body=body,
             attempt=self.attempt,
         )
 

@@ -11,12 +11,16 @@ from backend.scheduler.payload import SubTaskPayload
 from worker.agent.client import Conflict, InternalApi
 from worker.agent.processes import (
     ProcessSet,
+    RankProcess,
     RunningRegistry,
+    Slot,
     WarmPool,
     error_summary,
-    start_rank,
+    node_name,
+    start_slot,
 )
 from worker.agent.reporter import Reporter
+from worker.agent.sandbox import Sandbox, write_rank_file
 from worker.config import AgentSettings
 from worker.engine.local import rank_env
 from worker.engine.spec import GroupPlan, RunSpec
@@ -24,6 +28,9 @@ from worker.engine.spec import GroupPlan, RunSpec
 log = logging.getLogger(__name__)
 LIVE = {"SCHEDULED", "RUNNING"}
 Outcome = tuple[bool, str, str]  # (succeeded, detail, cause)
+# How an allocation beyond RLIMIT_DATA shows in a rank's output (Python, torch, C++).
+MEMORY_ERRORS = ("MemoryError", "can't allocate memory", "Cannot allocate memory",
+                 "std::bad_alloc")
 
 
 def free_port() -> int:
@@ -43,8 +50,10 @@ class SubTaskRunner:
     """
 
     def __init__(self, settings: AgentSettings, api: InternalApi, agent_id: int,
-                 registry: RunningRegistry | None = None, pool: WarmPool | None = None) -> None:
+                 sandbox: Sandbox, registry: RunningRegistry | None = None,
+                 pool: WarmPool | None = None) -> None:
         self.settings, self.api, self.agent_id = settings, api, agent_id
+        self.sandbox = sandbox
         self.registry = registry or RunningRegistry()
         self.pool = pool
 
@@ -84,31 +93,46 @@ class SubTaskRunner:
     def _run_claimed(
         self, payload: SubTaskPayload, procs: ProcessSet, reporter: Reporter
     ) -> Outcome:
-        spec_path = self._write_spec(payload)
+        """Start each rank in its own sandboxed slot and directory, then watch them."""
+        code = self.api.code(payload.task_id)
         addr, port = self._rendezvous(payload)
         ranks = ([0] if payload.hosts_parameter_server else []) + payload.ranks
-        spec = RunSpec.model_validate_json(spec_path.read_text())
+        task_dir = self._task_dir(payload)
         for rank in ranks:
-            env = rank_env(spec, rank, addr, port)
-            env["POLYTRAIN_DIST_TIMEOUT_S"] = str(self.settings.dist_timeout_s)
-            procs.add(rank, self.pool.start(spec_path, env) if self.pool
-                      else start_rank(spec_path, env))
+            slot = self.pool.acquire() if self.pool else start_slot(self.sandbox)
+            procs.add(rank, slot.popen)
+            reporter.rank_dirs[node_name(rank)] = slot.rank_dir
+            (task_dir / f"rank-{rank}").symlink_to(slot.rank_dir)
+            self._begin(payload, slot, rank, code, addr, port)
         reporter.agent_line(f"attempt {payload.attempt}: started ranks {ranks} on "
                             f"{self.settings.advertise_addr}, rendezvous {addr}:{port}")
         return self._watch(payload, procs, reporter)
 
+    def _begin(self, payload: SubTaskPayload, slot: Slot, rank: int, code: bytes, addr: str,
+               port: int) -> None:
+        """Write the rank's code and spec into its directory and start it."""
+        spec = self._spec(payload, slot, rank, code)
+        spec_path = write_rank_file(slot.rank_dir, "spec.json",
+                                    spec.model_dump_json(indent=2).encode())
+        env = rank_env(spec, rank, addr, port)
+        env["POLYTRAIN_DIST_TIMEOUT_S"] = str(self.settings.dist_timeout_s)
+        slot.begin(spec_path, env, memory_limit_mb=payload.limits.memory_limit_mb)
+
     def _watch(self, payload: SubTaskPayload, procs: ProcessSet, reporter: Reporter
                ) -> Outcome:
         last_status_check = 0.0
+        deadline = time.monotonic() + payload.limits.max_runtime_s
         while True:
             reporter.pump(procs.lines)
             failed = procs.failed()
             if failed is not None:
-                return False, (f"{failed.node} exited with code {failed.popen.returncode}: "
-                               f"{error_summary(failed.tail)}\n" + "\n".join(failed.tail[-20:])
-                               ), procs.cause(failed)
+                return self._failure(payload, procs, failed)
             if procs.all_succeeded():
                 return True, "all processes exited cleanly", "user"
+            if time.monotonic() > deadline:
+                limit = f"max_runtime_s={payload.limits.max_runtime_s} exceeded"
+                reporter.agent_line(f"{limit}: stopping attempt {payload.attempt}")
+                return False, f"{limit}: the task ran longer than its wall-clock limit", "user"
             if time.monotonic() - last_status_check > 1.0:
                 last_status_check = time.monotonic()
                 status, attempt = self.api.task_state(payload.task_id)
@@ -118,33 +142,41 @@ class SubTaskRunner:
                     return False, f"stopped: task is {status} in attempt {attempt}", "stopped"
             time.sleep(0.1)
 
-    def _resume_from(self, payload: SubTaskPayload, workdir: Path) -> str | None:
-        """Download the checkpoint to resume from (parameter server host only), else None."""
-        if not payload.hosts_parameter_server or payload.resume_checkpoint_id is None:
-            return None
-        path = workdir / f"resume-{payload.resume_checkpoint_id}.pt"
-        path.write_bytes(self.api.fetch_checkpoint(payload.task_id,
-                                                   payload.resume_checkpoint_id))
-        return str(path)
+    @staticmethod
+    def _failure(payload: SubTaskPayload, procs: ProcessSet, failed: RankProcess) -> Outcome:
+        """The outcome of a failed rank; one that ran out of its memory limit is named so."""
+        summary = error_summary(failed.tail)
+        detail = (f"{failed.node} exited with code {failed.popen.returncode}: {summary}\n"
+                  + "\n".join(failed.tail[-20:]))
+        if any(marker in line for line in failed.tail for marker in MEMORY_ERRORS):
+            limit = f"memory_limit_mb={payload.limits.memory_limit_mb} exceeded"
+            return False, f"{limit} on {failed.node}: {detail}", "user"
+        return False, detail, procs.cause(failed)
 
-    def _write_spec(self, payload: SubTaskPayload) -> Path:
-        workdir = Path(self.settings.data_dir).resolve() / "agent" / f"task-{payload.task_id}"
+    def _task_dir(self, payload: SubTaskPayload) -> Path:
+        """`agent/task-<id>[/attempt-<n>]/`: links `rank-<r>` to each rank's directory."""
+        task_dir = Path(self.settings.data_dir).resolve() / "agent" / f"task-{payload.task_id}"
         if payload.attempt > 1:
-            workdir = workdir / f"attempt-{payload.attempt}"
-        workdir.mkdir(parents=True, exist_ok=True)
-        code_path = workdir / f"code-{payload.group_index}.py"
-        code_path.write_bytes(self.api.code(payload.task_id))
-        spec = RunSpec(
+            task_dir = task_dir / f"attempt-{payload.attempt}"
+        task_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for stale in task_dir.glob("rank-*"):  # a redelivered attempt on this host
+            stale.unlink()
+        return task_dir
+
+    def _spec(self, payload: SubTaskPayload, slot: Slot, rank: int, code: bytes) -> RunSpec:
+        code_path = write_rank_file(slot.rank_dir, "code.py", code)
+        resume = None
+        if rank == 0 and payload.resume_checkpoint_id is not None:
+            resume = str(write_rank_file(
+                slot.rank_dir, f"resume-{payload.resume_checkpoint_id}.pt",
+                self.api.fetch_checkpoint(payload.task_id, payload.resume_checkpoint_id)))
+        return RunSpec(
             task_id=payload.task_id, code=str(code_path), epochs=payload.epochs,
             global_batch_size=payload.global_batch_size, seed=payload.seed,
             groups=[GroupPlan(**g.model_dump()) for g in payload.groups],
             split_policy=payload.split_policy, **payload.engine,
-            checkpoint_dir=str(workdir / "checkpoints"),
-            resume_from=self._resume_from(payload, workdir),
+            checkpoint_dir=str(slot.rank_dir / "checkpoints"), resume_from=resume,
         )
-        spec_path = workdir / f"spec-{payload.group_index}.json"
-        spec_path.write_text(spec.model_dump_json(indent=2))
-        return spec_path
 
     def _rendezvous(self, payload: SubTaskPayload) -> tuple[str, int]:
         if payload.hosts_parameter_server:

@@ -2,17 +2,24 @@
 
 The agent keeps a few of these ready (see `processes.WarmPool`) so a task's
 ranks start in milliseconds instead of paying Python's and torch's import
-time (seconds on a small host) after the task was scheduled. The process
-reads one JSON line `{"argv": [...], "env": {...}, "cwd": ...}` from stdin,
-adds `env` to its environment, moves to `cwd`, names itself `pt-rank-<RANK>`
-(as `ps` shows it) and runs `worker.engine.launch.main(argv)` exactly as
-`python -m worker.engine.launch` would; end of input (the agent closed the
-pipe or died) makes it exit without running anything.
+time (seconds on a small host) after the task was scheduled. A cold start
+(`--cold`, when no warm one is ready) skips the warm-up. Either runs inside the
+rank's sandbox (`worker.agent.sandbox`) as the unprivileged sandbox user.
+
+The process reads one JSON line `{"argv": [...], "env": {...}, "cwd": ...,
+"memory_limit_bytes": N}` from stdin, lowers its data-memory limit
+(RLIMIT_DATA, soft and hard, so user code cannot raise it again) to N bytes
+and turns core dumps off, adds `env` to its environment, moves to `cwd`, names
+itself `pt-rank-<RANK>` (as `ps` shows it) and runs
+`worker.engine.launch.main(argv)` exactly as `python -m worker.engine.launch`
+would; end of input (the agent closed the pipe or died) makes it exit without
+running anything.
 """
 
 import ctypes
 import json
 import os
+import resource
 import sys
 
 PR_SET_NAME = 15
@@ -38,13 +45,23 @@ def _name(title: str) -> None:
         pass
 
 
-def main() -> int:
-    _warm_up()
-    print("@@warm ready", flush=True)
+def limit_memory(limit_bytes: int) -> None:
+    """Cap this process's data memory (heap, private writable mappings: where tensors live)
+    at `limit_bytes`; an allocation beyond it fails (MemoryError, or torch's
+    "can't allocate memory"). No core dumps either."""
+    resource.setrlimit(resource.RLIMIT_DATA, (limit_bytes, limit_bytes))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def main(argv: list[str]) -> int:
+    if "--cold" not in argv:
+        _warm_up()
+        print("@@warm ready", flush=True)
     line = sys.stdin.readline()
     if not line:
         return 0
     order = json.loads(line)
+    limit_memory(int(order["memory_limit_bytes"]))
     os.environ.update(order["env"])
     os.chdir(order["cwd"])
     _name(f"pt-rank-{os.environ.get('RANK', '?')}")
@@ -54,4 +71,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -15,6 +15,7 @@ from worker.engine.contract import TrainingCode
 from worker.engine.data import TensorData
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import grads_to_vector, params_of
+from worker.engine.state import ModelState
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -29,12 +30,21 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 
 def local_gradient(
-    code: TrainingCode, model: torch.nn.Module, data: TensorData, indices: Tensor, device: Any
+    code: TrainingCode,
+    model: torch.nn.Module,
+    data: TensorData,
+    indices: Tensor,
+    device: Any,
+    state: ModelState | None = None,
+    base: list[Tensor] | None = None,
 ) -> Tensor:
-    """Sum of per-sample gradients over ``indices`` plus ``[loss_sum, count]``, shape [P + 2].
+    """Sum of per-sample gradients over ``indices``, then the buffers' change, then
+    ``[loss_sum, count]``: shape [P + B + 2] (B = 0 without ``state``).
 
     ``loss_fn`` returns the batch mean, so gradient and loss are scaled by the
-    local count ``b``. With no samples the vector is all zeros.
+    local count ``b``; so is the change of ``state``'s buffers since ``base``
+    (:meth:`worker.engine.state.ModelState.buffer_change`). With no samples
+    the vector is all zeros.
     """
     params = params_of(model)
     model.zero_grad(set_to_none=True)
@@ -47,7 +57,9 @@ def local_gradient(
         loss_sum = loss.item() * count
     grads = grads_to_vector(params) * count
     tail = torch.tensor([loss_sum, float(count)], dtype=grads.dtype, device=grads.device)
-    return torch.cat([grads, tail])
+    if state is None or base is None:
+        return torch.cat([grads, tail])
+    return torch.cat([grads, state.buffer_change(base, float(count), grads), tail])
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Loading and checking a user's training-code module (contract in ARCHITECTURE.md)."""
+"""Loading and checking a user's training-code module (contract in docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -80,19 +80,33 @@ def _broadcast_tensor(tensor: Tensor | None, shape: torch.Size, dtype: torch.dty
     return raw.view(dtype).reshape(shape)
 
 
+def _spec_out(spec: pytree.TreeSpec) -> str | pytree.TreeSpec:
+    """The structure as JSON where torch can serialise it (not, e.g., unregistered namedtuples)."""
+    try:
+        return pytree.treespec_dumps(spec)
+    except (NotImplementedError, TypeError, ValueError):
+        return spec
+
+
+def _spec_in(sent: str | pytree.TreeSpec) -> pytree.TreeSpec:
+    return pytree.treespec_loads(sent) if isinstance(sent, str) else sent
+
+
 def share_data(data: TensorData | None) -> TensorData:
     """Rank 0 passes its :class:`TensorData`; every rank returns the same data.
 
-    One ``broadcast_object_list`` carries the structure, shapes and dtypes,
-    then one byte broadcast per tensor. Call on every rank of the world.
+    One ``broadcast_object_list`` carries the structure (as
+    :func:`torch.utils._pytree.treespec_dumps` JSON: unpickling a TreeSpec
+    raises a torch FutureWarning in every rank's log), shapes and dtypes, then
+    one byte broadcast per tensor. Call on every rank of the world.
     """
     meta: list[Any] = [None]
     if dist.get_rank() == 0:
         if data is None:
             raise ValueError("rank 0 must pass the data")
-        meta = [(data.spec, [(leaf.shape, leaf.dtype) for leaf in data.leaves])]
+        meta = [(_spec_out(data.spec), [(leaf.shape, leaf.dtype) for leaf in data.leaves])]
     dist.broadcast_object_list(meta, src=0)
-    spec, layout = meta[0]
+    spec, layout = _spec_in(meta[0][0]), meta[0][1]
     mine = data.leaves if data is not None else [None] * len(layout)
     pairs = zip(mine, layout, strict=True)
     leaves = [_broadcast_tensor(t, shape, dtype) for t, (shape, dtype) in pairs]

@@ -230,15 +230,6 @@ def sum_over_world(totals: dict[str, tuple[float, float]]) -> dict[str, tuple[fl
     return {name: (float(flat[2 * i]), float(flat[2 * i + 1])) for i, name in enumerate(names)}
 
 
-def sync_params(topo: Topology, params: list[torch.nn.Parameter]) -> None:
-    """Give every worker the parameter server's parameters (overwritten in place elsewhere)."""
-    with torch.no_grad():
-        vector = torch.nn.utils.parameters_to_vector(params).detach()
-    received = broadcast_down(topo, vector.cpu() if topo.is_ps else vector)
-    if not topo.is_ps:
-        load_vector_(received, params)
-
-
 def gather_work(
     topo: Topology, compute_s: float, samples: float
 ) -> tuple[list[float], list[float]]:

@@ -9,7 +9,8 @@ connection or time out).
 Other environment variables: ``POLYTRAIN_DIST_TIMEOUT_S`` (seconds, default
 120) bounds rendezvous and every collective; ``POLYTRAIN_NUM_THREADS``
 (default 1) sets torch's intra-op threads; ``POLYTRAIN_DUMP_PARAMS=/dir``
-is a debugging hook that makes each rank save its final parameter vector to
+is a debugging hook that makes each rank save its final parameters and buffers
+(``[P + B]``, :meth:`worker.engine.state.ModelState.vector`) to
 ``/dir/rank-{rank}.pt``.
 """
 
@@ -63,7 +64,7 @@ def prepare_data(spec: RunSpec, code: TrainingCode, topo: Topology) -> tuple[Any
 
 
 def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
-    """Take part in the task as rank ``env.rank``; returns this rank's final parameters [P].
+    """Take part in the task as rank ``env.rank``; returns its final parameters and buffers [P + B].
 
     The global generators are reset to ``spec.seed`` before ``build_model``
     (so every rank builds the same model) and before ``build_datasets`` (run

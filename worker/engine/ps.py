@@ -31,8 +31,11 @@ def report_server_epoch(run: Run, results: dict[str, Any], seconds: float) -> No
 
     ``train_loss`` (mean over the epoch's samples), ``samples_per_s`` (samples
     / training seconds), ``epoch_time_s`` (seconds of the epoch's steps,
-    without validation), every ``val_*`` mean, and for quorum sync
-    ``updates`` and ``max_staleness``.
+    without validation), every ``val_*`` mean, for quorum sync ``updates``
+    and ``max_staleness``, and with ``on_nonfinite: skip_step``
+    ``skipped_steps`` (optimizer steps skipped in the epoch, summed over the
+    groups' optimizers with periodic and quorum sync). Skipped steps' samples
+    are left out of ``train_loss`` and ``samples_per_s``.
     """
     values = {
         "train_loss": run.loss_sum / run.samples if run.samples else math.nan,
@@ -40,6 +43,8 @@ def report_server_epoch(run: Run, results: dict[str, Any], seconds: float) -> No
         "epoch_time_s": seconds,
         **run.stats,
     }
+    if run.spec.on_nonfinite == "skip_step":
+        values["skipped_steps"] = float(results["skipped_steps"])
     values.update({name: s / n if n else math.nan for name, (s, n) in results["val"].items()})
     for name, value in values.items():
         report.metric(name, value, step=run.step, epoch=run.epoch, rank=0)
@@ -61,12 +66,12 @@ def run_parameter_server(
     model: torch.nn.Module,
     data: tuple[TensorData, TensorData],
 ) -> Tensor:
-    """Run rank 0 until the last epoch: returns the final parameters [P].
+    """Run rank 0 until the last epoch: returns the final parameters and buffers [P + B].
 
     Writes the checkpoints of :mod:`worker.engine.checkpoint` and ``final.pt``
     in ``spec.checkpoint_dir``, then reports ``done``. Debugging hook:
     ``POLYTRAIN_DUMP_BATCHES=/dir`` saves every step's global batch indices
-    (sync strategy) to ``/dir/batches.pt``. Raises whatever the user's
+    (every strategy; the split's batches) to ``/dir/batches.pt``. Raises whatever the user's
     optimizer raises, FileNotFoundError for a missing ``resume_from``.
     """
     model.to("cpu")
@@ -92,4 +97,4 @@ def run_parameter_server(
     save_checkpoint(Path(spec.checkpoint_dir) / "final.pt", final)
     _dump_batches(run)
     report.done()
-    return torch.nn.utils.parameters_to_vector(run.params).detach()
+    return run.state.vector()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from worker.engine import report
@@ -28,8 +29,10 @@ from worker.engine.data import TensorData
 from worker.engine.distributed import Topology
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import gather_work, params_of
+from worker.engine.numerics import NonFiniteError, blame, describe, local_faults
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
+from worker.engine.state import ModelState
 
 
 @dataclass
@@ -56,6 +59,13 @@ class Run:
     samples: int = 0
     stats: dict[str, float] = field(default_factory=dict)
     batches: list[Tensor] | None = None
+    skipped: int = 0
+    local_loss: float = 0.0
+    buffer_base: list[Tensor] | None = None
+    state: ModelState = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = ModelState.of(self.model)
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
@@ -63,22 +73,55 @@ class Run:
         return params_of(self.model)
 
     def compute(self) -> Tensor:
-        """This worker's gradient-sum vector ``[P + 2]`` for this step, timed and emulated."""
+        """This worker's vector ``[grad_sum (P), buffer_change_sum (B), loss_sum, count]``
+        for this step (:func:`worker.engine.compute.local_gradient`), timed and emulated.
+
+        Keeps the buffers from before the forward pass in ``buffer_base`` and
+        this worker's loss sum in ``local_loss``.
+        """
         train, emulator = self.train, self.emulator
         assert train is not None and emulator is not None
         indices = self.split.take(self.topo.worker_index)
+        base = self.buffer_base = self.state.snapshot()
         vector, seconds = emulator.run(
-            lambda: local_gradient(self.code, self.model, train, indices, self.topo.device),
+            lambda: local_gradient(
+                self.code, self.model, train, indices, self.topo.device, self.state, base
+            ),
             len(indices),
         )
+        self.local_loss = float(vector[-2])
         self.window.add(seconds, len(indices))
         self.epoch_work.add(seconds, len(indices))
         return vector
+
+    def counts_skips(self) -> bool:
+        """True on the rank that counts skipped steps: the PS for ``sync``, else group leaders."""
+        if self.spec.sync_strategy == "sync":
+            return self.topo.is_ps
+        return self.topo.am_i_leader
 
     def record_batch(self) -> None:
         """Parameter server: keep this step's global batch when batches are being dumped."""
         if self.batches is not None:
             self.batches.append(self.split.global_batch())
+
+
+def nonfinite_step(run: Run, group: dist.ProcessGroup | None) -> None:
+    """After a non-finite sum over ``group`` (None: the world): learn who, then fail or skip.
+
+    Every rank that saw the sum calls this (one collective, :func:`worker.engine.numerics.blame`).
+    Raises NonFiniteError with ``on_nonfinite: fail``; otherwise counts the skip.
+    """
+    faults = None
+    if not run.topo.is_ps:
+        faults = local_faults(run.local_loss, run.params, run.state.buffers)
+    found = blame(run.spec, run.topo.worker_index, faults, group)
+    reason = describe(found, epoch=run.epoch, step=run.step + 1)
+    if run.spec.on_nonfinite == "fail":
+        raise NonFiniteError(reason)
+    if run.counts_skips():
+        run.skipped += 1
+        report.log(f"skipped the optimizer step: {reason}")
 
 
 def _crossed(now: int, before: int, every: int | None) -> bool:

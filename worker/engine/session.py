@@ -2,14 +2,14 @@
 
 Order of collectives, the same on every rank:
 
-1. parameters from the parameter server (:func:`sync_params`), then the resume
+1. parameters and buffers from the parameter server (:func:`sync_state`), then the resume
    package from the checkpoint (None on a fresh start);
 2. fresh start: every worker profiles its throughput, and every rank picks
    the same initial shares (:class:`worker.engine.balance.Balancer`) from the
    same all-reduced rates, as at every rebalancing check
    (:func:`worker.engine.run.rebalance`); on resume the split state comes
    from the checkpoint;
-3. per epoch: the strategy's steps, the final parameters, validation, the
+3. per epoch: the strategy's steps, the final parameters and buffers, validation, the
    epoch's measured work (re-measured throughput, epoch-level rebalance),
    the neighbour exchange, the epoch-end checkpoint.
 """
@@ -33,14 +33,15 @@ from worker.engine.exchange import (
     broadcast_object,
     gather_work,
     sum_over_world,
-    sync_params,
 )
 from worker.engine.run import Run, checkpoint, rebalance
 from worker.engine.sharding import even_shares
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
+from worker.engine.state import sync_state
 
 EpochFn = Callable[[Run], None]
+SKIPPED = "skipped_steps"
 STRATEGIES: dict[str, tuple[EpochFn, EpochFn]] = {
     "sync": (strategy_sync.worker_epoch, strategy_sync.server_epoch),
     "periodic": (strategy_periodic.worker_epoch, strategy_periodic.server_epoch),
@@ -129,7 +130,7 @@ def start(
     balancer = Balancer(spec.split_policy, spec.global_batch_size)
     placeholder = SplitState(len(train), spec.global_batch_size, [], [], [])
     run = Run(spec, code, topo, model, optimizer, placeholder, balancer, train, emulator)
-    sync_params(topo, run.params)
+    sync_state(topo, run.state)
     package = broadcast_object(package)
     if package is not None and fits(package, run):
         return run, restore(run, package)
@@ -158,9 +159,13 @@ def fits(package: dict[str, Any], run: Run) -> bool:
 
 
 def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str, Any]:
-    """Step 3's collectives after the last step; returns validation sums and every worker's work."""
-    sync_params(run.topo, run.params)
-    val = sum_over_world(val_totals)
+    """Step 3's collectives after the last step; returns validation sums, every worker's work
+    and the epoch's ``skipped_steps`` (summed with the validation sums, no collective of its own).
+    """
+    sync_state(run.topo, run.state)
+    counted = {SKIPPED: (float(run.skipped), 1.0)} if run.counts_skips() else {}
+    val = sum_over_world({**val_totals, **counted})
+    skipped = int(val.pop(SKIPPED, (0.0, 0.0))[0])
     compute_s, samples = gather_work(run.topo, run.epoch_work.compute_s, run.epoch_work.samples)
     if run.spec.split_policy == "weighted":
         rebalance(run, run.epoch_work)
@@ -168,7 +173,7 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
     sent = run.split.exchange(run.spec.exchange_fraction, run.spec.seed, run.epoch)
     if run.topo.is_ps and any(sent):
         report.log(f"epoch {run.epoch}: neighbour exchange sent {sent} samples")
-    return {"val": val, "compute_s": compute_s, "samples": samples}
+    return {"val": val, "compute_s": compute_s, "samples": samples, "skipped_steps": skipped}
 
 
 def train(
@@ -185,6 +190,7 @@ def train(
             run.split.begin_epoch(run.spec.seed, epoch)
         under_way = False
         run.epoch_work, run.loss_sum, run.samples, run.stats = Work(), 0.0, 0, {}
+        run.skipped = 0
         started = time.perf_counter()
         (server_epoch if run.topo.is_ps else worker_epoch)(run)
         seconds = time.perf_counter() - started

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class GroupPlan(BaseModel):
@@ -29,7 +29,14 @@ class GroupPlan(BaseModel):
     speed_factor: float = Field(default=1.0, gt=0.0, le=1.0)
 
 
-class Resize(BaseModel):
+class _Step(BaseModel):
+    """A preprocessing step as a user writes it in a task request: unknown keys are
+    refused by name (a misspelt option would otherwise be ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Resize(_Step):
     """Resize images ``[N, C, H, W]`` (or ``[N, H, W]``) to ``size`` = (H, W), bilinear."""
 
     op: Literal["resize"]
@@ -42,7 +49,7 @@ class Resize(BaseModel):
         return self
 
 
-class Normalize(BaseModel):
+class Normalize(_Step):
     """Per-channel ``(x - mean) / std``; None computes it from the training images."""
 
     op: Literal["normalize"]
@@ -56,7 +63,7 @@ class Normalize(BaseModel):
         return self
 
 
-class Augment(BaseModel):
+class Augment(_Step):
     """Offline augmentation: append ``copies`` randomly shifted/flipped/noised training copies."""
 
     op: Literal["augment"]
@@ -66,7 +73,7 @@ class Augment(BaseModel):
     noise_std: float = Field(default=0.0, ge=0.0, le=10.0)
 
 
-class Tokenize(BaseModel):
+class Tokenize(_Step):
     """Train a WordPiece or BPE tokenizer on the training texts; inputs become ids ``[N, L]``."""
 
     op: Literal["tokenize"]
@@ -78,6 +85,7 @@ class Tokenize(BaseModel):
 PreprocessStep = Annotated[Resize | Normalize | Augment | Tokenize, Field(discriminator="op")]
 SplitPolicy = Literal["even", "weighted"]
 SyncStrategy = Literal["sync", "periodic", "quorum"]
+OnNonFinite = Literal["fail", "skip_step"]
 
 
 class RunSpec(BaseModel):
@@ -98,6 +106,9 @@ class RunSpec(BaseModel):
     reported, late gradients at most ``max_staleness`` updates old).
     ``exchange_fraction`` of each worker's shard moves to its ring neighbour
     after every epoch. ``checkpoint_every`` adds a checkpoint every N steps.
+    ``on_nonfinite``: a non-finite loss, gradient or buffer on any worker ends
+    the task (``fail``, :class:`worker.engine.numerics.NonFiniteError` naming
+    epoch, step, rank and group) or skips that optimizer step (``skip_step``).
     ``emulation_pace`` (benchmarks) gives every emulated group one fixed
     undisturbed speed, ``(samples, seconds)`` points of a compute section
     measured before the run (:class:`worker.engine.emulation.Pace`); None: each
@@ -119,6 +130,7 @@ class RunSpec(BaseModel):
     max_staleness: int = Field(default=2, ge=0)
     exchange_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     checkpoint_every: int | None = Field(default=None, ge=1)
+    on_nonfinite: OnNonFinite = "fail"
     preprocess: list[PreprocessStep] = Field(default_factory=list)
     checkpoint_dir: str
     resume_from: str | None = None

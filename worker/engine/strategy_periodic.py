@@ -7,7 +7,11 @@ member). Every ``sync_period`` = H steps, and at each epoch end, the group
 leaders send ``n_g * theta_g`` and ``n_g`` (the group's samples since the last
 sync) to the parameter server, which sets the global model to the
 sample-weighted mean ``sum(n_g theta_g) / sum(n_g)`` and broadcasts it back.
-Optimizer state (e.g. momentum) stays local to each group.
+Optimizer state (e.g. momentum) stays local to each group. Buffers follow
+the same two levels (:mod:`worker.engine.state`): every step the in-group
+allreduce carries each member's buffer change and every member applies the
+sample-weighted mean; at a sync point the group's change since the last sync
+is weighted by ``n_g`` and the parameter server adds the weighted mean.
 
 Local SGD after Stich, "Local SGD Converges Fast and Communicates Little"
 (ICLR 2019) and Lin et al., "Don't Use Large Mini-Batches, Use Local SGD"
@@ -33,7 +37,7 @@ from worker.engine.exchange import (
     leader_reduce,
     load_vector_,
 )
-from worker.engine.run import Run, control_point
+from worker.engine.run import Run, control_point, nonfinite_step
 from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, apply_update, report_progress
 
 
@@ -42,39 +46,61 @@ def is_sync_point(run: Run) -> bool:
     return run.split.epoch_done or run.split.step % run.spec.sync_period == 0
 
 
-def _param_vector(run: Run) -> Tensor:
+def average_models(
+    run: Run, group_samples: float, group_loss: float, sync_base: list[Tensor]
+) -> None:
+    """Worker side of a sync: send the weighted group model and the group's buffer change
+    since ``sync_base`` (the buffers of the last sync), load the global model and buffers."""
+    state = run.state
     with torch.no_grad():
-        return torch.nn.utils.parameters_to_vector(run.params).detach()
-
-
-def average_models(run: Run, group_samples: float, group_loss: float) -> None:
-    """Worker side of a sync: send the weighted group model, load the global mean."""
-    weighted = _param_vector(run) * group_samples
+        weighted = torch.nn.utils.parameters_to_vector(run.params).detach() * group_samples
+    changes = state.buffer_change(sync_base, group_samples, weighted)
     tail = torch.tensor([group_loss, group_samples], dtype=weighted.dtype, device=weighted.device)
-    leader_reduce(run.topo, torch.cat([weighted, tail]))
-    load_vector_(broadcast_down(run.topo, _param_vector(run)), run.params)
+    leader_reduce(run.topo, torch.cat([weighted, changes, tail]))
+    state.load_(broadcast_down(run.topo, state.vector()))
+
+
+def group_step(run: Run) -> tuple[float, int]:
+    """One exact step inside the group; returns its ``(loss_sum, count)``, zeros when skipped.
+
+    Every member checks the group's sum (the same on each), so a non-finite
+    one fails or skips the whole group at once; a skip puts the buffers back.
+    """
+    vector = allreduce_sum(run.compute(), run.topo.group)
+    if bool(torch.isfinite(vector).all()):
+        return apply_update(vector, run)
+    nonfinite_step(run, run.topo.group)
+    assert run.buffer_base is not None
+    run.state.restore(run.buffer_base)
+    return 0.0, 0
 
 
 def worker_epoch(run: Run) -> None:
     """Compute rank: local exact steps inside the group, model averaging at sync points."""
     assert run.optimizer is not None
     group_samples, group_loss = 0.0, 0.0
+    sync_base = run.state.snapshot()
     while not run.split.epoch_done:
-        vector = allreduce_sum(run.compute(), run.topo.group)
-        loss_sum, count = apply_update(vector, run.params, run.optimizer)
+        loss_sum, count = group_step(run)
         group_samples, group_loss = group_samples + count, group_loss + loss_sum
         run.split.advance()
         run.step += 1
         if is_sync_point(run):
-            average_models(run, group_samples, group_loss)
+            average_models(run, group_samples, group_loss, sync_base)
             group_samples, group_loss = 0.0, 0.0
+            sync_base = run.state.snapshot()
             control_point(run)
 
 
 def server_epoch(run: Run) -> None:
-    """Parameter server: follow the step schedule and average the group models at sync points."""
-    params = run.params
-    numel = sum(p.numel() for p in params)
+    """Parameter server: follow the step schedule and average the group models at sync points.
+
+    Parameters become ``sum(n_g theta_g) / sum(n_g)``; buffers move by the
+    sample-weighted mean of the groups' changes since the last sync.
+    """
+    state = run.state
+    n_params = state.n_params
+    numel = n_params + state.n_buffers
     every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
     while not run.split.epoch_done:
         run.record_batch()
@@ -82,10 +108,11 @@ def server_epoch(run: Run) -> None:
         run.step += 1
         if not is_sync_point(run):
             continue
-        total = gather_at_ps(run.topo, numel + 2, params[0].dtype)
+        total = gather_at_ps(run.topo, numel + 2, run.params[0].dtype)
         if total[-1] > 0:
-            load_vector_(total[:-2] / total[-1], params)
-        broadcast_down(run.topo, _param_vector(run))
+            load_vector_(total[:n_params] / total[-1], run.params)
+            state.add_mean_change(None, total[n_params:-2], float(total[-1]))
+        broadcast_down(run.topo, state.vector())
         run.loss_sum += float(total[-2])
         run.samples += int(round(float(total[-1])))
         report_progress(run, every)

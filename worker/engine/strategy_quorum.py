@@ -35,17 +35,17 @@ import torch.distributed as dist
 from torch import Tensor
 
 from worker.engine import report
-from worker.engine.exchange import allreduce_sum, load_vector_, vector_to_grads
-from worker.engine.run import Run
+from worker.engine.exchange import allreduce_sum, vector_to_grads
+from worker.engine.run import Run, nonfinite_step
 from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH
 
 
 def receive_params(run: Run) -> Tensor:
-    """Worker: the leader receives the parameters from rank 0, then broadcasts in its group."""
+    """Worker: the leader receives parameters and buffers ``[P + B]`` from rank 0, then
+    broadcasts them in its group."""
     topo = run.topo
     assert topo.group is not None and topo.leader_rank is not None
-    with torch.no_grad():
-        received = torch.nn.utils.parameters_to_vector(run.params).detach().cpu()
+    received = run.state.vector().cpu()
     if topo.am_i_leader:
         dist.recv(received, src=0)
     on_device = received.to(topo.device)
@@ -54,13 +54,27 @@ def receive_params(run: Run) -> Tensor:
     return on_device
 
 
+def group_report(run: Run) -> Tensor:
+    """This step's group report ``[grad_sum, buffer_change_sum, loss_sum, count]``.
+
+    Every member checks the group's sum; a non-finite one fails the group or,
+    with ``skip_step``, becomes an all-zero report (no samples, no change),
+    which the parameter server's update leaves out.
+    """
+    vector = allreduce_sum(run.compute(), run.topo.group)
+    if not bool(torch.isfinite(vector).all()):
+        nonfinite_step(run, run.topo.group)
+        vector.zero_()
+    return vector
+
+
 def worker_epoch(run: Run) -> None:
     """Compute rank: this group's steps of the epoch, at its own pace."""
     while not run.split.epoch_done:
-        vector = allreduce_sum(run.compute(), run.topo.group)
+        vector = group_report(run)
         if run.topo.am_i_leader:
             dist.send(vector.cpu(), dst=0)
-        load_vector_(receive_params(run), run.params)
+        run.state.load_(receive_params(run))
         run.split.advance()
         run.step += 1
 
@@ -70,7 +84,8 @@ def collect(
 ) -> dict[int, Tensor]:
     """Receive group reports until Z of the active groups are in and no one would be too stale.
 
-    Returns ``{group index: [grad_sum (P), loss_sum, count]}``.
+    Returns ``{group index: [grad_sum (P), buffer_change_sum (B), loss_sum, count]}``
+    (``numel`` = P + B).
     """
     leader_group = {r: g for g, r in enumerate(run.spec.leader_ranks())}
     active = [g for g, left in remaining.items() if left > 0]
@@ -93,28 +108,36 @@ def collect(
 def apply_reports(
     run: Run, arrived: dict[int, Tensor], remaining: dict[int, int]
 ) -> tuple[float, int]:
-    """One optimizer step from the reports ``{group: [grad_sum (P), loss_sum, count]}``.
+    """One optimizer step from the reports ``{group: [grad_sum (P), buffer_change_sum (B),
+    loss_sum, count]}``.
 
     Group g's report belongs to in-epoch step ``t = T - remaining[g]`` and is
-    divided by that step's global count. Returns the reports' ``(loss_sum, count)``.
+    divided by that step's global count; the buffers move by the reports'
+    sample-weighted mean change. Reports without samples (skipped steps) are
+    left out; with none left there is no step. Returns the reports' ``(loss_sum, count)``.
     """
     assert run.optimizer is not None
-    spe = run.split.steps_per_epoch
-    grads = torch.zeros_like(next(iter(arrived.values()))[:-2])
-    for g, vector in arrived.items():
-        grads += vector[:-2] / sum(run.split.counts(spe - remaining[g]))
+    spe, n_params = run.split.steps_per_epoch, run.state.n_params
+    reports = {g: r for g, r in arrived.items() if float(r[-1]) > 0}
+    if not reports:
+        return 0.0, 0
+    grads = torch.zeros(n_params, dtype=next(iter(reports.values())).dtype)
+    for g, vector in reports.items():
+        grads += vector[:n_params] / sum(run.split.counts(spe - remaining[g]))
     vector_to_grads(grads, run.params)
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
-    loss_sum = sum(float(r[-2]) for r in arrived.values())
-    return loss_sum, int(round(sum(float(r[-1]) for r in arrived.values())))
+    count = sum(float(r[-1]) for r in reports.values())
+    changes = torch.stack([r[n_params:-2] for r in reports.values()]).sum(dim=0)
+    run.state.add_mean_change(None, changes, count)
+    loss_sum = sum(float(r[-2]) for r in reports.values())
+    return loss_sum, int(round(count))
 
 
 def server_epoch(run: Run) -> None:
     """Parameter server: quorum updates until every group has done all steps of the epoch."""
     assert run.optimizer is not None
-    params = run.params
-    numel = sum(p.numel() for p in params)
+    numel = run.state.n_params + run.state.n_buffers
     groups = range(len(run.spec.groups))
     remaining = {g: run.split.steps_per_epoch - run.split.step for g in groups}
     seen = {g: 0 for g in groups}
@@ -125,8 +148,7 @@ def server_epoch(run: Run) -> None:
         loss_sum, count = apply_reports(run, arrived, remaining)
         max_stale = max(max_stale, *(version - seen[g] for g in arrived))
         version, updates = version + 1, updates + 1
-        with torch.no_grad():
-            fresh = torch.nn.utils.parameters_to_vector(params).detach()
+        fresh = run.state.vector()
         for g in arrived:
             dist.send(fresh, dst=run.spec.leader_ranks()[g])
             seen[g], remaining[g] = version, remaining[g] - 1
@@ -140,6 +162,14 @@ def server_epoch(run: Run) -> None:
                 epochs=run.spec.epochs,
             )
     while not run.split.epoch_done:
+        run.record_batch()
         run.split.advance()
         run.step += 1
+    # The epoch's end is always reported (updates rarely end on a multiple of ``every``).
+    report.progress(
+        epoch=run.epoch,
+        step=run.step,
+        steps_per_epoch=run.split.steps_per_epoch,
+        epochs=run.spec.epochs,
+    )
     run.stats.update(updates=updates, max_staleness=max_stale)

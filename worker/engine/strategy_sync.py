@@ -1,11 +1,14 @@
 """Synchronous sync: the parameter server updates the global model after every step.
 
 Every worker computes the gradient sum of its share of the step's global
-batch; the sums go up the hierarchy (in-group allreduce, leaders' reduce),
-the parameter server divides by the global sample count, steps the optimizer
-and broadcasts the parameters back. One step is exactly one single-process
-step on the same global batch (synchronous data parallelism, Goyal et al.
-2017; parameter server after Li et al., OSDI 2014).
+batch (and its buffers' change, :mod:`worker.engine.state`); the sums go up
+the hierarchy (in-group allreduce, leaders' reduce), the parameter server
+checks the sum is finite (:mod:`worker.engine.numerics`), divides by the
+global sample count, steps the optimizer and broadcasts the parameters and
+buffers back, with one flag element saying whether the step was applied.
+One step is exactly one single-process step on the same global batch
+(synchronous data parallelism, Goyal et al. 2017; parameter server after
+Li et al., OSDI 2014).
 
 Trade-off: exact and deterministic for a given split, but every step waits
 for the slowest worker and pays one round trip to the parameter server, so it
@@ -19,32 +22,32 @@ import torch
 from torch import Tensor
 
 from worker.engine import report
-from worker.engine.exchange import (
-    broadcast_down,
-    gather_at_ps,
-    load_vector_,
-    push_up,
-    vector_to_grads,
-)
-from worker.engine.run import Run, control_point
+from worker.engine.exchange import broadcast_down, gather_at_ps, push_up, vector_to_grads
+from worker.engine.run import Run, control_point, nonfinite_step
 
 PROGRESS_REPORTS_PER_EPOCH = 10
+# The flag element after the parameters and buffers the parameter server broadcasts.
+OK, FAULT = 0.0, 1.0
 
 
-def apply_update(
-    total: Tensor, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer
-) -> tuple[float, int]:
-    """One optimizer step from the summed vector ``[grad_sum (P), loss_sum, count]``.
+def apply_update(total: Tensor, run: Run) -> tuple[float, int]:
+    """One optimizer step from the summed vector ``[grad_sum (P), buffer_change_sum (B),
+    loss_sum, count]``.
 
     The gradient is ``grad_sum / count``: the mean over every sample of the
-    step, however unevenly they were spread. Returns ``(loss_sum, count)``. A
+    step, however unevenly they were spread; the buffers move by the
+    sample-weighted mean change from ``run.buffer_base`` (None on the
+    parameter server: its current buffers). Returns ``(loss_sum, count)``. A
     step without samples changes nothing.
     """
+    assert run.optimizer is not None
     loss_sum, count = float(total[-2]), int(round(float(total[-1])))
     if count > 0:
-        vector_to_grads(total[:-2] / count, params)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        n_params = run.state.n_params
+        vector_to_grads(total[:n_params] / count, run.params)
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        run.state.add_mean_change(run.buffer_base, total[n_params:-2], count)
     return loss_sum, count
 
 
@@ -61,23 +64,31 @@ def worker_epoch(run: Run) -> None:
     while not run.split.epoch_done:
         vector = run.compute()
         push_up(run.topo, vector)
-        load_vector_(broadcast_down(run.topo, vector[:-2]), run.params)
+        received = broadcast_down(run.topo, vector[:-1])  # [params, buffers, flag]
+        if received[-1] != OK:
+            nonfinite_step(run, None)
+        run.state.load_(received)
         run.split.advance()
         run.step += 1
         control_point(run)
 
 
 def server_epoch(run: Run) -> None:
-    """Parameter server: receive, update and broadcast for every remaining step of the epoch."""
-    assert run.optimizer is not None
-    params = run.params
-    numel = sum(p.numel() for p in params)
+    """Parameter server: receive, check, update and broadcast for every remaining step.
+
+    A non-finite sum (any worker's loss, gradient or buffers) is not applied:
+    the flag element of the broadcast tells every worker, and every rank then
+    fails or skips together (:func:`worker.engine.run.nonfinite_step`).
+    """
+    numel = run.state.n_params + run.state.n_buffers
     every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
     while not run.split.epoch_done:
-        total = gather_at_ps(run.topo, numel + 2, params[0].dtype)
-        loss_sum, count = apply_update(total, params, run.optimizer)
-        with torch.no_grad():
-            broadcast_down(run.topo, torch.nn.utils.parameters_to_vector(params).detach())
+        total = gather_at_ps(run.topo, numel + 2, run.params[0].dtype)
+        finite = bool(torch.isfinite(total).all())
+        loss_sum, count = apply_update(total, run) if finite else (0.0, 0)
+        broadcast_down(run.topo, run.state.vector(OK if finite else FAULT))
+        if not finite:
+            nonfinite_step(run, None)
         run.record_batch()
         run.split.advance()
         run.step += 1

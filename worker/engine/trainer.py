@@ -3,7 +3,8 @@
 The step loop itself belongs to the sync strategy
 (:mod:`worker.engine.strategy_sync`, ``strategy_periodic``, ``strategy_quorum``);
 the session (:mod:`worker.engine.session`) runs epochs. Model buffers (e.g.
-BatchNorm running statistics) are not exchanged: they stay local to each worker.
+BatchNorm running statistics) travel with the parameters
+(:mod:`worker.engine.state`), so validation in eval mode uses the global ones.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def run_worker(
     model: torch.nn.Module,
     data: tuple[TensorData, TensorData],
 ) -> Tensor:
-    """Train as compute rank ``topo.rank`` until the last epoch; returns final parameters [P].
+    """Train as compute rank ``topo.rank`` until the last epoch; returns final parameters and
+    buffers [P + B].
 
     Raises whatever the user's code raises.
     """
@@ -94,4 +96,4 @@ def run_worker(
         lambda r: validate(code, topo, model, val_data, spec.global_batch_size),
         report_worker_epoch,
     )
-    return torch.nn.utils.parameters_to_vector(run.params).detach().cpu()
+    return run.state.vector().cpu()

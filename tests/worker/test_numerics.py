@@ -1,0 +1,132 @@
+"""Numerical faults fail loudly, or skip the step when asked, on real gloo processes.
+
+A user module whose loss turns NaN at one step on one rank (two groups: ranks
+1, 2 in group 'a', rank 3 in group 'b'; ``profile_steps`` 1, so training
+step k is the (2 + k)-th call of ``loss_fn`` on a worker). With the default
+``on_nonfinite: fail`` every rank must fail with a reason naming epoch, step,
+rank and group, and no checkpoint may be written from the faulty step on;
+with ``skip_step`` training goes on and the skip is counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from tests.worker.reference import finite, run_with_dump
+from worker.engine.local import LocalRun, launch_local
+from worker.engine.spec import RunSpec
+
+NAN_LOSS = """
+import os
+import torch
+from examples.tiny_regression import build_datasets, build_model, build_optimizer, loss_fn as mse
+
+calls = 0
+
+def loss_fn(output, target):
+    global calls
+    calls += 1
+    loss = mse(output, target)
+    if os.environ["RANK"] == "{rank}" and calls == 2 + {step}:
+        return loss * float("nan")
+    return loss
+"""
+
+# The loss stays finite but its gradient is NaN: d sqrt(u)/du is inf at u = 0, times 0.
+NAN_GRADIENT = """
+import os
+from examples.tiny_regression import build_datasets, build_model, build_optimizer, loss_fn as mse
+
+calls = 0
+
+def loss_fn(output, target):
+    global calls
+    calls += 1
+    loss = mse(output, target)
+    if os.environ["RANK"] == "3" and calls == 2 + {step}:
+        return loss + (output * 0).sqrt().sum()
+    return loss
+"""
+
+DIST_TIMEOUT_S = 30
+
+
+def user_spec(make_spec: Callable[..., RunSpec], tmp_path: Path, source: str, **kw: object):
+    module = tmp_path / "user_code.py"
+    module.write_text(source)
+    return make_spec(code=str(module), profile_steps=1, **kw)
+
+
+def launch(spec: RunSpec) -> LocalRun:
+    env = {"POLYTRAIN_DIST_TIMEOUT_S": str(DIST_TIMEOUT_S)}
+    return launch_local(spec, env_extra=env, timeout_s=90.0, fail_grace_s=40.0)
+
+
+def test_nan_loss_on_one_rank_fails_every_rank_naming_where(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    spec = user_spec(make_spec, tmp_path, NAN_LOSS.format(rank=2, step=5), checkpoint_every=2)
+    run = launch(spec)
+    assert not run.timed_out and all(c == 1 for c in run.returncodes.values()), run.returncodes
+    reason = "non-finite loss and gradient on rank 2 (group 'a') at epoch 0, step 5"
+    for rank in run.output:  # every rank fails on the fault itself, not on a lost peer
+        assert f"NonFiniteError: {reason}" in run.text(rank), run.text(rank)
+    assert not any(e["type"] == "done" for e in run.events)
+    saved = [e for e in run.events if e["type"] == "checkpoint"]
+    assert [e["step"] for e in saved] == [2, 4]  # the last good one is kept, none after
+    state = torch.load(saved[-1]["path"], weights_only=True)
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+def test_nan_loss_in_a_periodic_group_fails_it_naming_where(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    spec = user_spec(
+        make_spec,
+        tmp_path,
+        NAN_LOSS.format(rank=3, step=3),
+        sync_strategy="periodic",
+        sync_period=4,
+    )
+    run = launch(spec)
+    assert not run.ok and not run.timed_out
+    reason = "NonFiniteError: non-finite loss and gradient on rank 3 (group 'b') at epoch 0, step 3"
+    assert reason in run.text(3), run.text(3)
+    assert not any(e["type"] == "checkpoint" for e in run.events)
+
+
+def test_skip_step_skips_everywhere_and_counts(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    spec = user_spec(make_spec, tmp_path, NAN_GRADIENT.format(step=4), on_nonfinite="skip_step")
+    run, finals = run_with_dump(spec, tmp_path / "dump")
+    assert all(torch.equal(finals[r], finals[0]) for r in finals)
+    assert finite(run.metrics("skipped_steps")) == [1.0, 0.0]
+    assert all(math.isfinite(v) for v in finite(run.metrics("train_loss")))
+    skipped = [line for line in run.output[0] if "skipped the optimizer step" in line]
+    assert len(skipped) == 1 and "gradient on rank 3 (group 'b') at epoch 0, step 4" in skipped[0]
+
+
+def test_skip_step_with_periodic_and_quorum_sync(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    for options in (
+        {"sync_strategy": "periodic", "sync_period": 3},
+        {"sync_strategy": "quorum", "quorum": 1},
+    ):
+        name = str(options["sync_strategy"])
+        spec = user_spec(
+            make_spec,
+            tmp_path,
+            NAN_LOSS.format(rank=2, step=6),
+            on_nonfinite="skip_step",
+            **options,
+        )
+        run, finals = run_with_dump(spec, tmp_path / name)
+        assert all(torch.isfinite(f).all() for f in finals.values()), name
+        assert finite(run.metrics("skipped_steps")) == [1.0, 0.0], name
+        assert all(math.isfinite(v) for v in finite(run.metrics("train_loss"))), name

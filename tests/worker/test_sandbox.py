@@ -1,0 +1,102 @@
+"""The rank sandbox on this host: real bubblewrap, the real unprivileged user, real files."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from worker.agent.sandbox import (
+    Sandbox,
+    SandboxUnavailable,
+    rank_environment,
+    read_rank_file,
+    write_rank_file,
+)
+
+PROBE = """
+import json, os
+def attempt(fn):
+    try:
+        return "ok: " + str(fn())
+    except OSError as exc:
+        return "refused: " + type(exc).__name__
+open("own.txt", "w").write("mine")
+print(json.dumps({
+    "uid": os.getuid(), "cwd": os.getcwd(), "env": dict(os.environ),
+    "secret": attempt(lambda: open(SECRET).read()),
+    "other": attempt(lambda: open(OTHER).read()),
+    "agent_proc": attempt(lambda: open("/proc/%d/environ" % AGENT_PID).read()),
+    "caps": [l for l in open("/proc/self/status") if l.startswith("CapEff")][0].split()[1],
+}))
+"""
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Sandbox:
+    return Sandbox.detect(user="polytrain-run", data_dir=tmp_path)
+
+
+def test_rank_environment_is_allow_listed(tmp_path: Path) -> None:
+    host = {"POLYTRAIN_AGENT_TOKEN": "t0ken", "POLYTRAIN_ADMIN_PASSWORD": "pw",
+            "DATABASE_URL": "postgresql://u:p@db/x", "BROKER_URL": "redis://:p@r",
+            "AWS_SECRET_ACCESS_KEY": "k", "PATH": "/usr/bin", "GLOO_SOCKET_IFNAME": "lo"}
+    env = rank_environment({"RANK": "1", "WORLD_SIZE": "2"}, tmp_path, host)
+    assert not {"t0ken", "pw", "postgresql://u:p@db/x", "redis://:p@r", "k"} & set(env.values())
+    assert env["RANK"] == "1" and env["GLOO_SOCKET_IFNAME"] == "lo" and env["PATH"] == "/usr/bin"
+    assert env["HOME"] == str(tmp_path)
+    with pytest.raises(KeyError, match="POLYTRAIN_AGENT_TOKEN"):
+        rank_environment({"POLYTRAIN_AGENT_TOKEN": "t0ken"}, tmp_path, host)
+
+
+def test_rank_runs_unprivileged_and_sees_only_its_own_folder(
+        sandbox: Sandbox, tmp_path: Path) -> None:
+    secret = tmp_path / "polytrain.db"
+    secret.write_text("agent secrets")
+    secret.chmod(0o644)  # world-readable on purpose: the mount namespace alone must hide it
+    other = sandbox.new_rank_dir()
+    write_rank_file(other, "final.pt", b"another task's checkpoint")
+    mine = sandbox.new_rank_dir()
+    code = (PROBE.replace("SECRET", repr(str(secret)))
+            .replace("OTHER", repr(str(other / "final.pt")))
+            .replace("AGENT_PID", str(os.getpid())))
+    env = rank_environment({}, mine, {**os.environ, "POLYTRAIN_AGENT_TOKEN": "t0ken"})
+    done = subprocess.run(sandbox.command(mine, ["-c", code]), env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["uid"] == sandbox.uid != 0
+    assert seen["cwd"] == str(mine)
+    assert seen["secret"].startswith("refused") and seen["other"].startswith("refused")
+    assert seen["agent_proc"].startswith("refused")
+    assert int(seen["caps"], 16) == 0
+    assert "t0ken" not in json.dumps(seen["env"])
+    assert (mine / "own.txt").read_text() == "mine"
+    assert (mine / "own.txt").stat().st_uid == sandbox.uid
+
+
+def test_agent_reads_user_files_without_following_links(sandbox: Sandbox, tmp_path: Path) -> None:
+    secret = tmp_path / "polytrain.db"
+    secret.write_text("agent secrets")
+    rank = sandbox.new_rank_dir()
+    (rank / "checkpoints").mkdir()
+    (rank / "checkpoints" / "step-1.pt").write_bytes(b"weights")
+    (rank / "checkpoints" / "linked.pt").symlink_to(secret)
+    os.mkfifo(rank / "checkpoints" / "fifo.pt")
+    (rank / "elsewhere").symlink_to(tmp_path)
+    assert read_rank_file(rank, "checkpoints", "step-1.pt") == b"weights"
+    for folder, name in (("checkpoints", "linked.pt"), ("checkpoints", "fifo.pt"),
+                         ("elsewhere", "polytrain.db"), ("checkpoints", "../../polytrain.db"),
+                         ("checkpoints", "..")):
+        with pytest.raises(PermissionError):
+            read_rank_file(rank, folder, name)
+
+
+def test_missing_bubblewrap_or_user_fails_fast_naming_the_fix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SandboxUnavailable, match="useradd"):
+        Sandbox.detect(user="no-such-polytrain-user", data_dir=tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SandboxUnavailable, match="apt-get install -y bubblewrap"):
+        Sandbox.detect(user="polytrain-run", data_dir=tmp_path)

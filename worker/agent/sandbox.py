@@ -1,0 +1,197 @@
+"""The sandbox every rank runs in: bubblewrap, an unprivileged user, an allow-listed environment.
+
+Uploaded training code is untrusted (docs/security.md). Each rank process is
+started as
+
+    bwrap <read-only system, Python and engine code; its own rank directory> \
+        -- setpriv --reuid <sandbox user> ... -- python -m worker.agent.warm
+
+so it sees only the files it needs (no data directory, database, agent token
+file or other task's folders), runs as the unprivileged sandbox user with no
+capabilities, in its own PID, IPC and UTS namespaces, and gets only the
+environment variables in :data:`ALLOWED_ENV`. The network namespace is the
+host's: ranks must reach their rendezvous peers on other hosts.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import stat
+import sys
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker.engine.local import REPO_ROOT
+
+INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (make install does it)"
+USER_HINT = ("create the sandbox user: `useradd --system --user-group --no-create-home "
+             "--shell /usr/sbin/nologin {user}` (make install does it as root)")
+
+# Passed through from the agent's environment when set: locale, thread counts, devices and
+# network interfaces. Anything else (POLYTRAIN_* settings, DATABASE_URL, BROKER_URL, tokens,
+# passwords) never reaches user code.
+ALLOWED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+               "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
+               "NCCL_SOCKET_IFNAME", "POLYTRAIN_NUM_THREADS")
+# What the engine itself reads (worker.engine.launch), set by the agent per rank.
+RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
+            "POLYTRAIN_DIST_TIMEOUT_S", "PYTHONUNBUFFERED")
+ETC_FILES = ("passwd", "group", "hosts", "resolv.conf", "nsswitch.conf", "host.conf",
+             "gai.conf", "protocols", "services", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
+             "localtime", "ssl", "ca-certificates", "alternatives")
+TMP_SIZE_BYTES = 512 * 1024 * 1024
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot be set up on this host; the message names the command that fixes it."""
+
+
+def rank_environment(rank_env: Mapping[str, str], rank_dir: Path,
+                     environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of a rank: allow-listed host variables plus its place in the task.
+
+    Raises KeyError for a variable in `rank_env` outside :data:`RANK_ENV` (so a
+    new secret cannot be added by accident).
+    """
+    source = os.environ if environ is None else environ
+    unknown = set(rank_env) - set(RANK_ENV)
+    if unknown:
+        raise KeyError(f"not allowed in a rank's environment: {sorted(unknown)}")
+    env = {k: source[k] for k in ALLOWED_ENV if k in source}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.update(rank_env)
+    env.update({"HOME": str(rank_dir), "TMPDIR": "/tmp", "PYTHONPATH": str(REPO_ROOT),
+                "PYTHONNOUSERSITE": "1", "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How this agent starts rank processes: bwrap binary, sandbox user and where ranks live.
+
+    `ranks_dir` (mode 0700, the agent's) holds one fresh directory per rank,
+    owned by the sandbox user; only that directory is writable (and visible)
+    inside the rank's sandbox.
+    """
+
+    bwrap: str
+    setpriv: str
+    uid: int
+    gid: int
+    ranks_dir: Path
+
+    @classmethod
+    def detect(cls, *, user: str, data_dir: str | os.PathLike[str]) -> Sandbox:
+        """Check this host can sandbox ranks and prepare `data_dir/agent/ranks`.
+
+        Raises SandboxUnavailable naming the fix: bubblewrap missing, the
+        sandbox user missing, or the agent not running as root (only root can
+        start processes as another user).
+        """
+        bwrap, setpriv = shutil.which("bwrap"), shutil.which("setpriv")
+        if bwrap is None:
+            raise SandboxUnavailable(f"bwrap not found: {INSTALL_HINT}")
+        if setpriv is None:
+            raise SandboxUnavailable("setpriv not found: `apt-get install -y util-linux`")
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            raise SandboxUnavailable(f"no user '{user}': {USER_HINT.format(user=user)}") from None
+        if entry.pw_uid == 0:
+            raise SandboxUnavailable(f"sandbox user '{user}' is root: choose an unprivileged one")
+        if os.geteuid() != 0:
+            raise SandboxUnavailable(f"the agent must run as root to start ranks as '{user}'")
+        ranks_dir = Path(data_dir).resolve() / "agent" / "ranks"
+        ranks_dir.mkdir(parents=True, exist_ok=True)
+        for folder in (ranks_dir.parent, ranks_dir):
+            folder.chmod(0o700)
+        return cls(bwrap, setpriv, entry.pw_uid, entry.pw_gid, ranks_dir)
+
+    def new_rank_dir(self) -> Path:
+        """A fresh empty directory for one rank, owned by the sandbox user (mode 0700)."""
+        path = self.ranks_dir / uuid.uuid4().hex
+        path.mkdir(mode=0o700)
+        os.chown(path, self.uid, self.gid)
+        return path
+
+    def command(self, rank_dir: Path, argv: list[str]) -> list[str]:
+        """The command line running `python argv...` in `rank_dir` inside the sandbox."""
+        return [self.bwrap, *self._mounts(rank_dir), "--chdir", str(rank_dir),
+                "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--die-with-parent", "--",
+                self.setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
+                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+                sys.executable, *argv]
+
+    def _mounts(self, rank_dir: Path) -> list[str]:
+        args = ["--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev",
+                "--perms", "1777", "--size", str(TMP_SIZE_BYTES), "--tmpfs", "/tmp",
+                "--perms", "0755", "--dir", "/etc"]
+        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            if os.path.islink(top):
+                args += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                args += ["--ro-bind", top, top]
+        for name in ETC_FILES:
+            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        # Read-only /sys: gloo maps network interfaces to devices there, torch counts CPUs.
+        args += ["--ro-bind-try", "/sys", "/sys"]
+        for device in sorted(glob.glob("/dev/nvidia*")):
+            args += ["--dev-bind", device, device]
+        read_only = {Path(sys.base_prefix), Path(sys.prefix), Path(sys.exec_prefix),
+                     REPO_ROOT / "worker", REPO_ROOT / "backend"}
+        for path in sorted(p.resolve() for p in read_only):
+            if not str(path).startswith("/usr/"):
+                args += [*_parents(path), "--ro-bind", str(path), str(path)]
+        return args + [*_parents(rank_dir), "--bind", str(rank_dir), str(rank_dir)]
+
+
+def _parents(path: Path) -> list[str]:
+    """Create `path`'s ancestors inside the sandbox world-traversable (bwrap makes them 0700)."""
+    args: list[str] = []
+    for parent in reversed(path.parents):
+        if str(parent) not in ("/", "/usr", "/etc", "/tmp", "/proc", "/dev"):
+            args += ["--perms", "0755", "--dir", str(parent)]
+    return args
+
+
+def read_rank_file(rank_dir: Path, folder: str, name: str) -> bytes:
+    """The bytes of regular file `rank_dir/folder/name`, written by user code, read safely.
+
+    Neither `folder` nor `name` may be a symlink, and `name` must be a plain
+    file name: the agent (root) never follows a path that user code made point
+    at the agent's own files. Raises PermissionError for anything else.
+    """
+    if "/" in folder or "/" in name or name in ("", ".", ".."):
+        raise PermissionError(f"refusing checkpoint name {name!r}")
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    root = os.open(rank_dir, flags | os.O_DIRECTORY)
+    try:
+        sub = os.open(folder, flags | os.O_DIRECTORY, dir_fd=root)
+        try:
+            fd = os.open(name, flags | os.O_NONBLOCK, dir_fd=sub)
+        finally:
+            os.close(sub)
+    except OSError as exc:
+        raise PermissionError(f"refusing {folder}/{name} of {rank_dir}: {exc}") from exc
+    finally:
+        os.close(root)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise PermissionError(f"{folder}/{name} is not a regular file")
+        return fh.read()
+
+
+def write_rank_file(rank_dir: Path, name: str, body: bytes) -> Path:
+    """Create `rank_dir/name` (readable by the sandbox user) with `body`; never overwrites."""
+    path = rank_dir / name
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(body)
+    return path

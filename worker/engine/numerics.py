@@ -1,0 +1,88 @@
+"""Numerical faults: a non-finite loss, gradient or buffer on any worker.
+
+Detection rides on the sums a step already exchanges: a worker's upward
+vector ``[grad_sum, buffer_change_sum, loss_sum, count]`` is summed (in-group
+allreduce, then at the parameter server), and any non-finite element of any
+worker makes the sum non-finite. Who checks: the parameter server for
+``sync`` (it tells every worker in the flag element of the parameters it
+broadcasts anyway), every member of the group after its in-group allreduce
+for ``periodic`` and ``quorum`` (whose groups step or report on their own).
+
+Only once a sum is non-finite does the world (``sync``) or the group (the
+others) run one more collective, :func:`blame`, in which every worker marks
+whether its own loss, gradient or buffers were non-finite, so the reason
+names epoch, step, rank and group. With ``on_nonfinite: fail`` every rank
+that saw the fault raises :class:`NonFiniteError` before anything is
+stepped or checkpointed, so the last checkpoint is the last good one; with
+``skip_step`` the step is skipped (parameters and buffers as before it) and
+counted in the epoch's ``skipped_steps`` metric.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from worker.engine.spec import RunSpec
+
+KINDS = ("loss", "gradient", "buffers")
+
+
+class NonFiniteError(RuntimeError):
+    """A non-finite loss, gradient or buffer; the message names epoch, step, rank and group."""
+
+
+def local_faults(
+    loss_sum: float, params: list[torch.nn.Parameter], buffers: list[Tensor]
+) -> list[bool]:
+    """Whether this worker's own ``loss_sum``, gradients and floating buffers are non-finite."""
+    grads = [p.grad for p in params if p.grad is not None]
+    floating = [b for b in buffers if b.is_floating_point()]
+    return [
+        not torch.isfinite(torch.tensor(loss_sum)).item(),
+        any(not bool(torch.isfinite(g).all()) for g in grads),
+        any(not bool(torch.isfinite(b).all()) for b in floating),
+    ]
+
+
+def blame(
+    spec: RunSpec,
+    worker_index: int,
+    faults: list[bool] | None,
+    group: dist.ProcessGroup | None = None,
+) -> list[tuple[int, str, str]]:
+    """Every worker's faults, learnt by every caller: ``[(rank, group name, kind)]``.
+
+    One float allreduce of a ``[3, W]`` table over ``group`` (None: the world)
+    in which each worker sets its own column from ``faults`` (see
+    :func:`local_faults`); the parameter server passes None. Workers of other
+    groups contribute zeros, so the result lists only the callers' faults.
+    """
+    table = torch.zeros(len(KINDS), spec.n_workers)
+    if faults is not None:
+        table[:, worker_index] = torch.tensor(faults, dtype=table.dtype)
+    dist.all_reduce(table, op=dist.ReduceOp.SUM, group=group)
+    found = []
+    for index in range(spec.n_workers):
+        rank = index + 1
+        for kind, flag in zip(KINDS, table[:, index].tolist(), strict=True):
+            if flag > 0:
+                found.append((rank, spec.groups[spec.group_of(rank)].name, kind))
+    return found
+
+
+def describe(found: list[tuple[int, str, str]], *, epoch: int, step: int) -> str:
+    """The reason: ``non-finite loss and gradient on rank 2 (group 'a') at epoch 0, step 7``.
+
+    ``epoch`` is 0-based and ``step`` counts optimizer steps from 1, as in
+    metrics and checkpoints (the faulty step would have completed as ``step``).
+    """
+    kinds: dict[tuple[int, str], list[str]] = {}
+    for rank, name, kind in found:
+        kinds.setdefault((rank, name), []).append(kind)
+    where = "; ".join(
+        f"{' and '.join(what)} on rank {rank} (group {name!r})"
+        for (rank, name), what in kinds.items()
+    )
+    return f"non-finite {where or 'value (source not found)'} at epoch {epoch}, step {step}"

@@ -1,0 +1,127 @@
+"""The model's whole state as flat vectors: parameters, then buffers.
+
+Buffers (BatchNorm ``running_mean``/``running_var``/``num_batches_tracked``
+and any registered buffer of a floating or integer dtype) change in every
+worker's forward pass. They travel with the vectors a step already exchanges
+(docs/heterogeneity.md, "Buffers"): a worker's upward vector is
+``[grad_sum (P), buffer_change_sum (B), loss_sum, count]``, where the
+buffer part is ``count * (buffers after its forward - buffers before it)``.
+Summed like the gradients, it gives the sample-weighted mean change, which
+the parameter server adds to its own buffers (integer buffers rounded to the
+nearest integer, so a counter moves as in one process); the downward vector
+is ``[params (P), buffers (B)]``. Buffers of other dtypes (bool masks) are
+not exchanged and keep the value every rank built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from worker.engine.distributed import Topology
+from worker.engine.exchange import broadcast_down, load_vector_, params_of
+
+
+def _exchanged(buffer: Tensor) -> bool:
+    return buffer.is_floating_point() or (not buffer.is_complex() and buffer.dtype != torch.bool)
+
+
+@dataclass
+class ModelState:
+    """Views of one model's parameters and exchanged buffers, in a fixed order.
+
+    ``n_params`` (P) and ``n_buffers`` (B) are element counts.
+    """
+
+    params: list[torch.nn.Parameter]
+    buffers: list[Tensor]
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> ModelState:
+        """The state of ``model``: its parameters and its floating/integer buffers."""
+        return cls(params_of(model), [b for b in model.buffers() if _exchanged(b)])
+
+    @property
+    def n_params(self) -> int:
+        """P, the number of parameter elements."""
+        return sum(p.numel() for p in self.params)
+
+    @property
+    def n_buffers(self) -> int:
+        """B, the number of exchanged buffer elements."""
+        return sum(b.numel() for b in self.buffers)
+
+    def snapshot(self) -> list[Tensor]:
+        """A copy of the buffers (the base that :meth:`buffer_change` measures from)."""
+        return [b.detach().clone() for b in self.buffers]
+
+    def buffer_change(self, base: list[Tensor], weight: float, like: Tensor) -> Tensor:
+        """``weight * (buffers - base)`` as one vector [B] of ``like``'s dtype and device."""
+        if not self.buffers:
+            return like.new_zeros(0)
+        parts = [
+            (b.detach() - a).reshape(-1).to(like.dtype)
+            for b, a in zip(self.buffers, base, strict=True)
+        ]
+        return torch.cat(parts).to(like.device) * weight
+
+    @torch.no_grad()
+    def add_mean_change(self, base: list[Tensor] | None, change_sum: Tensor, count: float) -> None:
+        """Set the buffers to ``base + change_sum / count`` (integer buffers rounded).
+
+        ``base`` None means the buffers' current values. ``count`` <= 0 leaves them as they are.
+        """
+        if count <= 0 or not self.buffers:
+            return
+        base = base if base is not None else self.buffers
+        mean = change_sum / count
+        offset = 0
+        for buffer, start in zip(self.buffers, base, strict=True):
+            n = buffer.numel()
+            delta = mean[offset : offset + n].view_as(buffer).to(buffer.device)
+            if not buffer.is_floating_point():
+                delta = delta.round()
+            buffer.copy_(start + delta.to(buffer.dtype))
+            offset += n
+
+    @torch.no_grad()
+    def restore(self, base: list[Tensor]) -> None:
+        """Put the buffers back to ``base`` (a step that is skipped)."""
+        for buffer, start in zip(self.buffers, base, strict=True):
+            buffer.copy_(start)
+
+    @torch.no_grad()
+    def vector(self, *tail: float) -> Tensor:
+        """``[params (P), buffers (B), *tail]`` in the parameters' dtype, on their device."""
+        parts = [p.detach().reshape(-1) for p in self.params]
+        dtype, device = self.params[0].dtype, self.params[0].device
+        parts += [b.detach().reshape(-1).to(dtype) for b in self.buffers]
+        if tail:
+            parts.append(torch.tensor(tail, dtype=dtype, device=device))
+        return torch.cat(parts)
+
+    @torch.no_grad()
+    def load_(self, vector: Tensor) -> None:
+        """Copy ``[params (P), buffers (B)]`` (or a longer vector starting so) into the model."""
+        p = self.n_params
+        load_vector_(vector[:p], self.params)
+        offset = p
+        for buffer in self.buffers:
+            n = buffer.numel()
+            values = vector[offset : offset + n].view_as(buffer)
+            buffer.copy_(values if buffer.is_floating_point() else values.round())
+            offset += n
+
+    def all_finite(self) -> bool:
+        """True when every parameter and exchanged buffer is finite."""
+        tensors = [*self.params, *(b for b in self.buffers if b.is_floating_point())]
+        return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def sync_state(topo: Topology, state: ModelState) -> None:
+    """Give every worker the parameter server's parameters and buffers (in place)."""
+    received = broadcast_down(topo, state.vector().cpu() if topo.is_ps else state.vector())
+    if not topo.is_ps:
+        state.load_(received)
