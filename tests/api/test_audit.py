@@ -205,6 +205,33 @@ def test_unknown_routes_and_methods_are_recorded_as_refused(client: TestClient) 
         ("unknown", 404, "refused"), ("unknown", 405, "refused")]
 
 
+def test_refusals_of_the_outer_layers_are_recorded_with_the_proxied_address(
+        service_env: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind a trusted proxy the client is the forwarded address; a body over the limit
+    (413, refused before routing: `unknown`, with its path) and a rate-limited login (429)
+    are events too."""
+    from backend.core import config
+    from backend.main import create_app
+
+    for key, value in {"FORWARDED_ALLOW_IPS": "testclient", "MAX_BODY_BYTES": "2048",
+                       "MAX_UPLOAD_BYTES": "1024", "LOGIN_RATE_PER_ADDRESS": "1/minute"}.items():
+        monkeypatch.setenv(f"POLYTRAIN_{key}", value)
+    config.get_settings.cache_clear()
+    proxied = {"X-Forwarded-For": "203.0.113.9"}
+    with TestClient(create_app(run_scheduler=False)) as app:
+        before = last_id()
+        big = app.post("/api/v1/projects", content=b"x" * 128 * 1024, headers=proxied)
+        logins = [app.post("/api/v1/auth/login", headers=proxied, json={
+            "email": "nobody@example.org", "password": "guess guess"}).status_code
+            for _ in range(2)]
+    assert (big.status_code, logins) == (413, [401, 429])
+    assert [(e.action, e.status_code, e.outcome.value, e.client_address)
+            for e in events_after(before)] == [
+        ("unknown", 413, "refused", "203.0.113.9"),  # refused before routing
+        ("auth.login", 401, "refused", "203.0.113.9"),
+        ("auth.login", 429, "refused", "203.0.113.9")]
+
+
 def test_a_nul_in_the_path_does_not_escape_the_log(client: TestClient) -> None:
     """PostgreSQL refuses NUL in text: the event keeps the path with the NUL replaced."""
     before = last_id()
