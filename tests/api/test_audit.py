@@ -235,12 +235,13 @@ def test_refusals_of_the_outer_layers_are_recorded_with_the_proxied_address(
 def test_a_nul_in_the_path_does_not_escape_the_log(client: TestClient) -> None:
     """PostgreSQL refuses NUL in text: the event keeps the path with the NUL replaced."""
     before = last_id()
-    assert client.post("/api/v1/projects/%00/archive").status_code == 422
-    assert client.delete("/api/v1/resource-groups/a%00b").status_code == 404
+    answers = [client.post("/api/v1/projects/%00/archive").status_code,
+               client.delete("/api/v1/resource-groups/a%00b").status_code]
     events = events_after(before)
-    assert [(e.path, e.object_id) for e in events] == [
-        ("/api/v1/projects/\ufffd/archive", "\ufffd"),
-        ("/api/v1/resource-groups/a\ufffdb", "a\ufffdb")]
+    assert [(e.path, e.object_id, e.status_code) for e in events] == [
+        ("/api/v1/projects/\ufffd/archive", "\ufffd", answers[0]),
+        ("/api/v1/resource-groups/a\ufffdb", "a\ufffdb", answers[1])]
+    assert all(400 <= status < 500 for status in answers)
 
 
 def test_members_cannot_read_the_audit_log(world: World) -> None:
