@@ -208,6 +208,12 @@ def metrics(session: Session, *, task_id: int, name: str | None = None) -> Seque
     return session.scalars(query.order_by(Metric.id)).all()
 
 
+def nonfinite_metrics(session: Session, *, task_id: int) -> Sequence[Metric]:
+    """The task's metric values that were NaN or infinite, oldest first."""
+    query = select(Metric).where(Metric.task_id == task_id, Metric.nonfinite.is_not(None))
+    return session.scalars(query.order_by(Metric.id)).all()
+
+
 THROUGHPUT_METRICS = ("samples_per_s", "profiled_samples_per_s", "batch_share")
 WORKER_METRICS = (*THROUGHPUT_METRICS, "idle_fraction")
 
