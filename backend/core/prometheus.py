@@ -68,7 +68,7 @@ def _latest_rates(session: Session, *, task_ids: set[int]) -> dict[tuple[int, in
               .group_by(Metric.task_id, Metric.rank))
     rows = session.execute(select(Metric.task_id, Metric.rank, Metric.value)
                            .where(Metric.id.in_(newest)))
-    return {(task_id, rank): value for task_id, rank, value in rows}
+    return {(task_id, rank): value for task_id, rank, value in rows if value is not None}
 
 
 class DatabaseCollector(Collector):

@@ -237,7 +237,7 @@ def throughput(session: Session, *, task: Task) -> ThroughputRead:
     """
     rows = session.scalars(select(Metric).where(
         Metric.task_id == task.id, Metric.name.in_(WORKER_METRICS)).order_by(Metric.id))
-    latest: dict[tuple[str, int | None], float] = {(m.name, m.rank): m.value for m in rows}
+    latest: dict[tuple[str, int | None], float | None] = {(m.name, m.rank): m.value for m in rows}
     workers, groups, rank = [], [], 1
     for group in task.spec.get("groups") or []:
         members = [WorkerThroughput(
@@ -268,8 +268,9 @@ def get_checkpoint(session: Session, *, task_id: int, checkpoint_id: int) -> Che
 
 
 def summary(session: Session, *, task: Task) -> dict:
-    """The latest value of each epoch metric, e.g. {"val_accuracy": 0.97, ...}."""
-    latest: dict[str, float] = {}
+    """The latest value of each epoch metric, e.g. {"val_accuracy": 0.97, ...}; None when
+    it was not finite."""
+    latest: dict[str, float | None] = {}
     for metric in metrics(session, task_id=task.id):
         if metric.rank is None:
             latest[metric.name] = metric.value
