@@ -118,10 +118,7 @@ def test_generated_agent_requests_never_fail_the_service(world: World) -> None:
             case.body = {**case.body, "resource_group": "cpu-a"}
 
     errors: list[str] = []
-    started = time.monotonic()
     with asgi.get_client(world.client.app) as session:
         for operation in operations:
             _fuzz(operation, session, agent_headers(), errors, pin)
-    elapsed = time.monotonic() - started
     assert not errors, "\n\n".join(errors)
-    assert elapsed < BUDGET_S, f"fuzzing took {elapsed:.0f} s"
