@@ -1,4 +1,10 @@
-"""Types shared by the API's schemas."""
+"""Types shared by the API's schemas, and the strictness every request input gets.
+
+Request bodies (REST and internal) derive from `StrictModel`: an unknown field is
+refused by name and no string may hold a NUL character. `refuse_nul_inputs`, an
+app-wide dependency, refuses NUL in path and query parameters and form fields.
+Response models derive from plain `BaseModel`.
+"""
 
 from datetime import UTC, datetime
 from typing import Annotated, Any
