@@ -68,7 +68,7 @@ def _refuse_nul(value: Any) -> Any:
     """A field validator: raise if any string in the value holds a NUL character."""
     found = find_nul(value)
     if found is not None:
-        where = ".".join(map(str, found))
+        where = ".".join(map(str, found)).replace(NUL, "\\x00")
         raise PydanticCustomError("nul_character", "{where}" + NUL_MESSAGE,
                                   {"where": f"{where} " if where else ""})
     return value
@@ -90,7 +90,7 @@ class NulFreeModel(BaseModel):
 
 class StrictModel(NulFreeModel):
     """The base of every request body (REST and internal): unknown fields are refused
-    by name (`split: Extra inputs are not permitted`) rather than silently ignored, and
+    by name (`split: unknown field (this request has no such field)`) rather than ignored, and
     no string may hold a NUL character."""
 
     model_config = ConfigDict(extra="forbid")
