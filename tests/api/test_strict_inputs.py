@@ -99,10 +99,11 @@ def test_agent_hardware_is_declared_field_by_field(world: World, extra: dict[str
 
 def test_nul_in_a_json_string_is_refused_at_its_field(world: World) -> None:
     client, headers = world.client, world.owner.headers
-    named = client.post("/api/v1/projects", headers=headers, json={"name": "a\x00b"})
-    assert _refused(named, "name")["message"] == "name: must not contain NUL characters"
-    _refused(client.patch(f"/api/v1/projects/{world.project['id']}", headers=headers,
-                          json={"description": "fine\x00"}), "description")
+    _refused(client.post("/api/v1/projects", headers=headers, json={"name": "a\x00b"}), "name")
+    described = client.patch(f"/api/v1/projects/{world.project['id']}", headers=headers,
+                             json={"description": "fine\x00"})
+    assert _refused(described, "description")["message"] == (
+        "description: must not contain NUL characters")
     labels = client.post("/api/v1/resource-groups", headers=world.admin.headers, json={
         "name": "cpu-z", "device_type": "cpu", "capacity": 1, "labels": {"zone": "a\x00"}})
     assert "zone must not contain NUL" in _refused(labels, "labels")["message"]
