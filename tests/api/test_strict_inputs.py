@@ -241,7 +241,8 @@ def test_an_agent_reports_through_the_strict_schemas(world: World, tmp_path: Pat
                             hardware=detect_hardware())
     api.heartbeat(agent_id, [{"task_id": world.task["id"], "ranks": [1]}])
     task_id = world.task["id"]
-    checkpoint = tmp_path / "epoch-1.pt"
+    (tmp_path / "checkpoints").mkdir()
+    checkpoint = tmp_path / "checkpoints" / "epoch-1.pt"  # rank 0's own checkpoint folder
     checkpoint.write_bytes(b"weights 1")
     lines: queue.Queue[tuple[str, str]] = queue.Queue()
     lines.put(("rank-2", "user printed \x00 a NUL"))
@@ -252,6 +253,7 @@ def test_an_agent_reports_through_the_strict_schemas(world: World, tmp_path: Pat
     lines.put(("rank-0", PREFIX + f'{{"type":"checkpoint","path":"{checkpoint}","step":3,'
                                   '"epoch":1}'))
     reporter = Reporter(api, task_id, group="cpu-a")
+    reporter.rank_dirs["rank-0"] = tmp_path
     reporter.pump(lines)
     reporter.flush()
     headers = world.owner.headers

@@ -122,7 +122,7 @@ def test_task_list_shows_status_and_progress(client: TestClient) -> None:
     assert row.find(class_="progress-label").text() == "0%"
     assert row.find("a", href=location)
     nav = [a.attrs["href"] for a in page.find("nav").find_all("a")]
-    assert nav == ["/", "/projects", "/resource-groups", "/admin/users", "/docs"]
+    assert nav == ["/", "/projects", "/resource-groups", "/admin/users", "/admin/audit", "/docs"]
 
 
 def test_unknown_task_is_an_html_404(client: TestClient) -> None:
