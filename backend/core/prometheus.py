@@ -63,11 +63,12 @@ def _latest_rates(session: Session, *, task_ids: set[int]) -> dict[tuple[int, in
         return {}
     newest = (select(func.max(Metric.id)).where(Metric.task_id.in_(task_ids),
                                                  Metric.name == "samples_per_s",
-                                                 Metric.rank.is_not(None))
+                                                 Metric.rank.is_not(None),
+                                                 Metric.value.is_not(None))
               .group_by(Metric.task_id, Metric.rank))
     rows = session.execute(select(Metric.task_id, Metric.rank, Metric.value)
                            .where(Metric.id.in_(newest)))
-    return {(task_id, rank): value for task_id, rank, value in rows}
+    return {(task_id, rank): value for task_id, rank, value in rows if value is not None}
 
 
 class DatabaseCollector(Collector):

@@ -1,4 +1,10 @@
-"""Types shared by the API's schemas."""
+"""Types shared by the API's schemas, and the strictness every request input gets.
+
+Request bodies (REST and internal) derive from `StrictModel`: an unknown field is
+refused by name and no string may hold a NUL character. `refuse_nul_inputs`, an
+app-wide dependency, refuses NUL in path and query parameters and form fields.
+Response models derive from plain `BaseModel`.
+"""
 
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -62,7 +68,7 @@ def _refuse_nul(value: Any) -> Any:
     """A field validator: raise if any string in the value holds a NUL character."""
     found = find_nul(value)
     if found is not None:
-        where = ".".join(map(str, found))
+        where = ".".join(map(str, found)).replace(NUL, "\\x00")
         raise PydanticCustomError("nul_character", "{where}" + NUL_MESSAGE,
                                   {"where": f"{where} " if where else ""})
     return value
@@ -84,7 +90,7 @@ class NulFreeModel(BaseModel):
 
 class StrictModel(NulFreeModel):
     """The base of every request body (REST and internal): unknown fields are refused
-    by name (`split: Extra inputs are not permitted`) rather than silently ignored, and
+    by name (`split: unknown field (this request has no such field)`) rather than ignored, and
     no string may hold a NUL character."""
 
     model_config = ConfigDict(extra="forbid")

@@ -1,8 +1,9 @@
+import math
 import re
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from backend.core.schemas import StrictModel
 
@@ -42,12 +43,30 @@ class LogBatch(StrictModel):
     lines: list[LogIn] = Field(max_length=10_000)
 
 
+NonFinite = Literal["nan", "inf", "-inf"]
+
+
 class MetricIn(StrictModel):
+    """One metric value; a NaN or infinite one comes as ``value`` null plus ``nonfinite``
+    (a float NaN/inf, where a JSON parser lets one through, is turned into that form)."""
+
     name: str = Field(max_length=100)
-    value: float
+    value: float | None
+    nonfinite: NonFinite | None = None
     step: int = 0
     epoch: int = 0
     rank: int | None = None
+
+    @model_validator(mode="after")
+    def _one_value(self) -> "MetricIn":
+        if self.value is not None and not math.isfinite(self.value):
+            self.nonfinite = "nan" if math.isnan(self.value) else (
+                "inf" if self.value > 0 else "-inf")
+            self.value = None
+        if (self.value is None) == (self.nonfinite is None):
+            raise ValueError("value: give a finite number, or null with nonfinite "
+                             "'nan', 'inf' or '-inf'")
+        return self
 
 
 class MetricBatch(StrictModel):

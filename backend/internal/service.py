@@ -47,9 +47,15 @@ def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
     The first claim moves the task from SCHEDULED to RUNNING. An agent an
     admin drained or disabled is refused too, and the sub-task is published
     again at the scheduler's next pass for an active agent to take.
+
+    Raises:
+        NotFound: `data.agent_id` names no registered agent.
+        Conflict: the sub-task is taken, of another attempt, or the agent is not active.
     """
     agent = session.get(Agent, data.agent_id)
-    if agent is not None and agent.state is not AgentState.ACTIVE:
+    if agent is None:
+        raise NotFound(f"agent {data.agent_id} is not registered", field="agent_id")
+    if agent.state is not AgentState.ACTIVE:
         if sub.status is SubTaskStatus.PENDING:
             sub.dispatched_at = None
             session.commit()

@@ -82,7 +82,7 @@ MAX_ARCHIVE_MEMBERS = 500
 def _safe_name(name: str) -> str:
     """A member path inside the archive, refused if it could land outside the folder."""
     parts = PurePosixPath(name).parts
-    if name.startswith(("/", "\\")) or ".." in parts or not parts:
+    if name.startswith(("/", "\\")) or ".." in parts or not parts or "\x00" in name:
         raise Invalid(f"archive member {name!r} has an unsafe path", field="file")
     return str(PurePosixPath(*parts))
 

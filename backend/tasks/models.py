@@ -177,7 +177,11 @@ class LogLine(Base):
 
 
 class Metric(Base):
-    """A scalar reported by a task: per epoch (loss, accuracy) or per worker (samples/s)."""
+    """A scalar reported by a task: per epoch (loss, accuracy) or per worker (samples/s).
+
+    A value that is not finite has ``value`` None and ``nonfinite`` "nan", "inf" or
+    "-inf" (JSON and SQLite cannot hold NaN), so it is shown rather than dropped.
+    """
 
     __tablename__ = "metric"
 
@@ -186,7 +190,8 @@ class Metric(Base):
     step: Mapped[int]
     epoch: Mapped[int]
     name: Mapped[str] = mapped_column(String(100))
-    value: Mapped[float] = mapped_column(Float)
+    value: Mapped[float | None] = mapped_column(Float)
+    nonfinite: Mapped[str | None] = mapped_column(String(8), default=None)
     rank: Mapped[int | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -229,7 +229,9 @@ class MetricRead(BaseModel):
     step: int
     epoch: int
     name: str
-    value: float
+    value: float | None = Field(description="null when the value was not finite")
+    nonfinite: Literal["nan", "inf", "-inf"] | None = Field(
+        default=None, description="the value when it was NaN or infinite (JSON has no NaN)")
     rank: int | None
 
 

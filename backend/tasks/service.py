@@ -209,6 +209,12 @@ def metrics(session: Session, *, task_id: int, name: str | None = None) -> Seque
     return session.scalars(query.order_by(Metric.id)).all()
 
 
+def nonfinite_metrics(session: Session, *, task_id: int) -> Sequence[Metric]:
+    """The task's metric values that were NaN or infinite, oldest first."""
+    query = select(Metric).where(Metric.task_id == task_id, Metric.nonfinite.is_not(None))
+    return session.scalars(query.order_by(Metric.id)).all()
+
+
 THROUGHPUT_METRICS = ("samples_per_s", "profiled_samples_per_s", "batch_share")
 WORKER_METRICS = (*THROUGHPUT_METRICS, "idle_fraction")
 
@@ -232,7 +238,7 @@ def throughput(session: Session, *, task: Task) -> ThroughputRead:
     """
     rows = session.scalars(select(Metric).where(
         Metric.task_id == task.id, Metric.name.in_(WORKER_METRICS)).order_by(Metric.id))
-    latest: dict[tuple[str, int | None], float] = {(m.name, m.rank): m.value for m in rows}
+    latest: dict[tuple[str, int | None], float | None] = {(m.name, m.rank): m.value for m in rows}
     workers, groups, rank = [], [], 1
     for group in task.spec.get("groups") or []:
         members = [WorkerThroughput(
@@ -263,8 +269,9 @@ def get_checkpoint(session: Session, *, task_id: int, checkpoint_id: int) -> Che
 
 
 def summary(session: Session, *, task: Task) -> dict:
-    """The latest value of each epoch metric, e.g. {"val_accuracy": 0.97, ...}."""
-    latest: dict[str, float] = {}
+    """The latest value of each epoch metric, e.g. {"val_accuracy": 0.97, ...}; None when
+    it was not finite."""
+    latest: dict[str, float | None] = {}
     for metric in metrics(session, task_id=task.id):
         if metric.rank is None:
             latest[metric.name] = metric.value

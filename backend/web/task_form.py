@@ -136,7 +136,10 @@ class TaskForm(BaseModel):
 def _group_requests(form: TaskForm) -> tuple[list[dict], FieldErrors]:
     """The groups asked for (workers > 0, blank = 0) and errors of unreadable entries."""
     requests, errors = [], {}
-    for name, raw in zip(form.group, form.workers, strict=False):
+    if len(form.group) != len(form.workers):
+        return [], {"resource_groups": f"{len(form.group)} groups but {len(form.workers)} "
+                    "worker counts: give one count per group"}
+    for name, raw in zip(form.group, form.workers, strict=True):
         try:
             workers = int(raw.strip() or "0")
         except ValueError:

@@ -140,7 +140,8 @@ def timing(task: Task) -> dict[str, float | None]:
 
 
 def task_page(session: Session, user: User, task: Task) -> dict[str, Any]:
-    """A task with its project, code version, timeline, nodes, shares and checkpoints."""
+    """A task with its project, code version, timeline, nodes, shares, checkpoints and the
+    metric values that were not finite."""
     project = projects.get(session, project_id=task.project_id)
     return {
         "task": task,
@@ -152,6 +153,7 @@ def task_page(session: Session, user: User, task: Task) -> dict[str, Any]:
         "sub_tasks": tasks.sub_tasks(session, task_id=task.id),
         "allocations": tasks.allocations(session, task_id=task.id),
         "checkpoints": tasks.checkpoints(session, task_id=task.id),
+        "nonfinite": tasks.nonfinite_metrics(session, task_id=task.id),
         "spec": spec_summary(task.spec),
         "shares": group_shares(task.spec),
         "nodes": log_nodes(task.spec),

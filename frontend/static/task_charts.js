@@ -99,9 +99,22 @@ window.TaskCharts = (function () {
     { suggestedMin: 0, suggestedMax: 1, title: { display: true, text: "accuracy" } });
   charts.throughput = makeChart("throughput-chart", [], { beginAtZero: true, title: { display: true, text: "samples/s" } });
 
+  const SHOW = { nan: "NaN", inf: "+Infinity", "-inf": "-Infinity" };
+
+  /** Metric values that were NaN or infinite: listed, since a chart can only leave a gap. */
+  function renderNonFinite(metrics) {
+    const bad = metrics.filter((m) => m.nonfinite);
+    $("nonfinite-metrics").hidden = !bad.length;
+    P.fillTable($("nonfinite-table"), bad, (m) => [
+      m.name, [String(m.epoch), "num"], [String(m.step), "num"],
+      m.rank === null ? "task" : `rank-${m.rank}`, [SHOW[m.nonfinite] || m.nonfinite, "num"]],
+    "None.");
+  }
+
   async function refresh(rankGroups) {
     const [metrics, throughput] = await Promise.all([
       P.getJSON(`${api}/metrics`), P.getJSON(`${api}/throughput`)]);
+    renderNonFinite(metrics);
     const series = perEpoch(metrics);
     updateChart(charts.loss, series, false);
     updateChart(charts.accuracy, series, false);

@@ -4,6 +4,8 @@ The internal agent API is fuzzed too, with the agent's credentials, from a docum
 its own routes (it need not be in the public one)."""
 
 import copy
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import schemathesis
@@ -12,8 +14,12 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.python import asgi
 from schemathesis.specs.openapi.checks import response_schema_conformance
+from sqlalchemy import select
 
+from backend.core.db import get_sessionmaker
 from backend.internal.router import router as internal_router
+from backend.scheduler.service import schedule_next
+from backend.tasks.models import SubTask
 from tests.api.conftest import World
 from tests.conftest import agent_headers
 
@@ -40,13 +46,16 @@ def _internal_operations(world: World) -> list:
     return [result.ok() for result in schema.get_all_operations()]
 
 
-def _fuzz(operation, session, headers: dict[str, str], errors: list[str]) -> None:  # type: ignore[no-untyped-def]
-    """Up to MAX_EXAMPLES generated calls of one operation; its first failure goes to `errors`."""
+def _fuzz(operation, session, headers: dict[str, str], errors: list[str],  # type: ignore[no-untyped-def]
+          pin: Callable[[Any], None] = lambda case: None) -> None:
+    """Up to MAX_EXAMPLES generated calls of one operation; its first failure goes to `errors`.
+    `pin` may change a generated case before it is sent (e.g. point it at existing rows)."""
 
     @given(case=operation.as_strategy())
     @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
     def run(case) -> None:  # type: ignore[no-untyped-def]
+        pin(case)
         response = case.call(session=session, headers=headers)
         case.validate_response(response, checks=[not_a_server_error,
                                                   response_schema_conformance])
@@ -68,13 +77,43 @@ def test_generated_requests_never_fail_the_service(world: World) -> None:
     assert not errors, "\n\n".join(errors)
 
 
+def _agent_world(world: World) -> dict[str, int]:
+    """Rows the internal API acts on: a registered agent and the world's task scheduled
+    onto it (so it has a sub-task), besides the task's checkpoint."""
+    registered = world.client.post("/internal/v1/agents/register", headers=agent_headers(),
+                                   json={"name": "fuzz-agent", "host": "h", "workers": 2,
+                                         "resource_group": "cpu-a",
+                                         "hardware": {"cpu_cores": 2, "memory_bytes": 1}})
+    registered.raise_for_status()
+    with get_sessionmaker()() as session:
+        assert schedule_next(session) == world.task["id"]
+        sub_task_id = session.scalars(select(SubTask.id).where(
+            SubTask.task_id == world.task["id"])).first()
+    assert sub_task_id is not None
+    return {"agent_id": registered.json()["id"], "task_id": world.task["id"],
+            "sub_task_id": sub_task_id, "checkpoint_id": world.checkpoint["id"]}
+
+
 @pytest.mark.timeout(240)
 def test_generated_agent_requests_never_fail_the_service(world: World) -> None:
-    """The internal API with the agent token: bad input is refused (4xx), never a 5xx."""
+    """The internal API with the agent token: bad input is refused (4xx), never a 5xx.
+
+    Path ids point at existing rows (random ids would only ever find nothing), and a
+    registration names the existing group, so the bodies and query strings reach the
+    services that store them."""
     operations = _internal_operations(world)
     assert len(operations) >= 14
+    ids = _agent_world(world)
+
+    def pin(case: Any) -> None:
+        case.path_parameters = {**(case.path_parameters or {}),
+                                **{k: v for k, v in ids.items() if k in
+                                   (case.path_parameters or {})}}
+        if case.operation.path.endswith("/register") and isinstance(case.body, dict):
+            case.body = {**case.body, "resource_group": "cpu-a"}
+
     errors: list[str] = []
     with asgi.get_client(world.client.app) as session:
         for operation in operations:
-            _fuzz(operation, session, agent_headers(), errors)
+            _fuzz(operation, session, agent_headers(), errors, pin)
     assert not errors, "\n\n".join(errors)

@@ -6,6 +6,7 @@ Also the throughput read model: per worker and per group, from reported metrics.
 import pytest
 from fastapi.testclient import TestClient
 
+from backend.scheduler.service import engine_options
 from tests.conftest import agent_headers, make_group, make_project
 
 
@@ -30,7 +31,8 @@ def test_heterogeneity_options_reach_the_task_spec(client: TestClient, version: 
     steps = [{"op": "resize", "size": [14, 14]}, {"op": "normalize"}]
     response = client.post("/api/v1/tasks", json=_spec(
         version, resource_groups=groups, split_policy="weighted", sync_strategy="quorum",
-        quorum=1, max_staleness=3, exchange_fraction=0.1, checkpoint_every=50, preprocess=steps))
+        quorum=1, max_staleness=3, exchange_fraction=0.1, checkpoint_every=50, preprocess=steps,
+        on_nonfinite="skip_step"))
     assert response.status_code == 201, response.text
     spec = response.json()["spec"]
     assert (spec["split_policy"], spec["sync_strategy"], spec["quorum"]) == (
@@ -38,6 +40,7 @@ def test_heterogeneity_options_reach_the_task_spec(client: TestClient, version: 
     assert (spec["max_staleness"], spec["exchange_fraction"], spec["checkpoint_every"]) == (
         3, 0.1, 50)
     assert [s["op"] for s in spec["preprocess"]] == ["resize", "normalize"]
+    assert engine_options(spec)["on_nonfinite"] == "skip_step"  # what the agents receive
     assert spec["request"][1]["speed_factor"] == 0.25
 
 
@@ -45,6 +48,7 @@ def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> Non
     spec = client.post("/api/v1/tasks", json=_spec(version)).json()["spec"]
     assert (spec["split_policy"], spec["sync_strategy"], spec["exchange_fraction"]) == (
         "even", "sync", 0.0)
+    assert spec["on_nonfinite"] == "fail"
 
 
 @pytest.mark.parametrize("overrides,field,words", [
@@ -60,6 +64,7 @@ def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> Non
     ({"global_batch_size": 2}, "global_batch_size", "smaller than the number of workers (3)"),
     ({"sync_period": 5}, "sync_period", "sync_strategy 'periodic'"),
     ({"split_policy": "fastest"}, "split_policy", "'even' or 'weighted'"),
+    ({"on_nonfinite": "ignore"}, "on_nonfinite", "'fail' or 'skip_step'"),
     ({"preprocess": [{"op": "rotate"}]}, "preprocess.0", "tag"),
     ({"preprocess": [{"op": "resize", "size": [0, 4]}]}, "preprocess.0.resize", "positive"),
     ({"split": "weighted"}, "split", "unknown field"),

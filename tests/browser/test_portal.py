@@ -12,6 +12,12 @@ from backend.stack import LocalStack
 from tests.browser.conftest import log_in
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_regression.py"
+# A validation metric that is always NaN: the task page must list it, not drop it.
+NAN_METRIC = b"""
+
+def metrics(output, target):
+    return {"mse": float(((output - target) ** 2).mean()), "unstable": float("nan")}
+"""
 
 
 def _create_project_and_upload(page: Page, stack: LocalStack, tmp_path: Path) -> None:
@@ -21,7 +27,7 @@ def _create_project_and_upload(page: Page, stack: LocalStack, tmp_path: Path) ->
     page.click("#project-form button[type=submit]")
     expect(page.locator(".flash-info")).to_contain_text("Project 'browser-flow' created.")
     module = tmp_path / "regression.py"
-    module.write_bytes(EXAMPLE.read_bytes())
+    module.write_bytes(EXAMPLE.read_bytes() + NAN_METRIC)
     page.set_input_files("#file", str(module))
     page.click("#upload-form button[type=submit]")
     expect(page.locator(".flash-info")).to_contain_text("Code version v1 added (regression.py)")
@@ -51,6 +57,9 @@ def _watch(page: Page, api: httpx.Client) -> None:
     idle = page.locator("#throughput tbody tr").first.locator("td").nth(4)
     expect(idle).to_have_text(re.compile(r"^\d+\.\d%$"))  # rank-1's idle part of its epoch
     expect(page.locator("#task-timing")).to_contain_text("left")
+    expect(page.locator("#nonfinite-metrics")).to_be_visible()  # filled by the live refresh
+    expect(page.locator("#nonfinite-table tbody tr").first).to_contain_text("val_unstable")
+    expect(page.locator("#nonfinite-table tbody tr").first).to_contain_text("NaN")
     expect(page.locator("#allocations tbody tr")).to_have_count(5)
     metrics = api.get("/metrics").text
     rates = re.findall(r'polytrain_group_throughput_samples_per_second\{resource_group="cpu-a"\}'

@@ -133,3 +133,24 @@ def test_agents_registered_with_hardware(api: httpx.Client) -> None:
     agents = api.get("/api/v1/agents").json()
     assert {a["name"] for a in agents if a["online"]} >= {"agent-cpu-a", "agent-cpu-b"}
     assert all(a["hardware"]["cpu_cores"] >= 1 for a in agents)
+
+
+NAN_ON_RANK_2 = FAILING_STEP.replace(b'''    if CALLS[0] == 5:
+        raise ValueError("loss exploded at call 5")''', b'''    import os
+    # 6 profiling calls, steps 1-2, one validation call after epoch 0, step 3, then step 4
+    if os.environ["RANK"] == "2" and CALLS[0] == 6 + 2 + 1 + 2:
+        return torch.nn.functional.mse_loss(output.squeeze(-1), target) * float("nan")''')
+
+
+def test_nan_loss_on_one_rank_fails_the_task_naming_where(
+    api: httpx.Client, stack: LocalStack
+) -> None:
+    version = new_version(api, source=NAN_ON_RANK_2)
+    task = submit(api, version, epochs=3, checkpoint_every=3)  # 2 steps per epoch
+    done = wait_for(api, task["id"], {"SUCCEEDED", "FAILED", "CANCELLED"})
+    assert done["status"] == "FAILED", done["status_reason"]
+    assert ("NonFiniteError: non-finite loss and gradient on rank 2 (group 'cpu-a') at epoch 1,"
+            " step 4") in done["status_reason"]
+    checkpoints = api.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()
+    assert [c["step"] for c in checkpoints] == [2, 3]  # the last good one is kept
+    assert_released(api, stack, task["id"])

@@ -75,6 +75,18 @@ def test_task_form_field_it_does_not_have_is_refused_by_name(client: TestClient)
     assert client.get("/api/v1/tasks").json() == []
 
 
+def test_task_form_groups_without_a_worker_count_are_refused(client: TestClient) -> None:
+    make_group(client, "cpu-a", capacity=2)
+    make_group(client, "cpu-b", capacity=2)
+    project, version = make_project(client)
+    refused = client.post(f"/projects/{project['id']}/tasks", data=with_csrf(
+        client, _task_form(version, group=["cpu-a", "cpu-b"], workers=["1"])))
+    assert refused.status_code == 422
+    assert "2 groups but 1 worker counts" in parse(refused.text).find(
+        data_field="resource_groups").text()
+    assert client.get("/api/v1/tasks").json() == []
+
+
 def test_user_active_choice_outside_true_false_is_refused(client: TestClient) -> None:
     other = add_account("other@example.org")
     refused = client.post(f"/admin/users/{other.id}",

@@ -18,6 +18,7 @@ import torch
 
 from tests.worker.reference import finite, run_with_dump
 from worker.engine.local import LocalRun, launch_local
+from worker.engine.numerics import all_finite
 from worker.engine.spec import RunSpec
 
 NAN_LOSS = """
@@ -130,3 +131,11 @@ def test_skip_step_with_periodic_and_quorum_sync(
         assert all(torch.isfinite(f).all() for f in finals.values()), name
         assert finite(run.metrics("skipped_steps")) == [1.0, 0.0], name
         assert all(math.isfinite(v) for v in finite(run.metrics("train_loss"))), name
+
+
+def test_all_finite_sees_every_nonfinite_element_and_no_overflow() -> None:
+    assert all_finite(torch.tensor([1.0, -2.0, 3.5]))
+    assert all_finite(torch.tensor([3e38, 3e38]))  # the sum overflows, the values do not
+    for bad in (math.nan, math.inf, -math.inf):
+        assert not all_finite(torch.tensor([1.0, bad, 2.0])), bad
+    assert not all_finite(torch.tensor([math.inf, -math.inf]))

@@ -13,6 +13,7 @@ from worker.engine.distributed import ClusterEnv
 def test_events_round_trip_through_parse_event(capsys: pytest.CaptureFixture[str]) -> None:
     report.metric("val_loss", 0.25, step=10, epoch=1, rank=0)
     report.metric("train_loss", math.nan, step=10, epoch=1, rank=0)
+    report.metric("grad_norm", -math.inf, step=10, epoch=1, rank=2)
     report.checkpoint("/c/epoch-1.pt", step=10, epoch=1)
     report.progress(epoch=1, step=10, steps_per_epoch=5, epochs=3)
     report.done()
@@ -21,7 +22,24 @@ def test_events_round_trip_through_parse_event(capsys: pytest.CaptureFixture[str
     events = [report.parse_event(line) for line in lines]
     assert events == [
         {"type": "metric", "name": "val_loss", "value": 0.25, "step": 10, "epoch": 1, "rank": 0},
-        {"type": "metric", "name": "train_loss", "value": None, "step": 10, "epoch": 1, "rank": 0},
+        {
+            "type": "metric",
+            "name": "train_loss",
+            "value": None,
+            "step": 10,
+            "epoch": 1,
+            "rank": 0,
+            "nonfinite": "nan",
+        },
+        {
+            "type": "metric",
+            "name": "grad_norm",
+            "value": None,
+            "step": 10,
+            "epoch": 1,
+            "rank": 2,
+            "nonfinite": "-inf",
+        },
         {"type": "checkpoint", "path": "/c/epoch-1.pt", "step": 10, "epoch": 1},
         {"type": "progress", "epoch": 1, "step": 10, "steps_per_epoch": 5, "epochs": 3},
         {"type": "done"},

@@ -2,7 +2,7 @@
 
 Each case runs a task uninterrupted, then runs it again, kills every process
 as soon as a given checkpoint is reported, resumes from that checkpoint and
-compares the final parameters of every rank. The model has dropout, so the
+compares the final parameters (and buffers) of every rank. The model has dropout, so the
 workers' random state must be restored too; the neighbour exchange and the
 weighted split make the split state part of what must be restored.
 """
@@ -43,6 +43,11 @@ def loss_fn(output, target):
     return mean_squared_error(output, target)
 """
 
+# The same with BatchNorm: its running statistics are part of what must resume exactly.
+BATCHNORM_MODULE = DROPOUT_MODULE.replace(
+    "nn.Tanh(), nn.Dropout(0.2)", "nn.BatchNorm1d(16), nn.Tanh(), nn.Dropout(0.2)"
+)
+
 SOLO_EACH = [
     {"name": "fast", "device_type": "cpu", "workers": 1},
     {"name": "slow", "device_type": "cpu", "workers": 1, "speed_factor": 0.25},
@@ -51,6 +56,7 @@ SOLO_EACH = [
 CASES: dict[str, tuple[dict[str, Any], str]] = {
     # 23 steps per epoch: step 35 is in the middle of epoch 1, after an exchange.
     "sync-even-exchange": ({"exchange_fraction": 0.25, "checkpoint_every": 7}, "step-35.pt"),
+    "sync-batchnorm": ({"checkpoint_every": 7}, "step-35.pt"),
     # Periodic sync checkpoints at sync points; this one interrupts at an epoch end.
     "periodic": (
         {
@@ -81,7 +87,7 @@ def test_resumed_run_ends_with_the_uninterrupted_parameters(
 ) -> None:
     overrides, stop_at = CASES[case]
     module = tmp_path / "dropout.py"
-    module.write_text(DROPOUT_MODULE)
+    module.write_text(BATCHNORM_MODULE if "batchnorm" in case else DROPOUT_MODULE)
     spec = make_spec(code=str(module), **overrides)
     whole = spec.model_copy(update={"checkpoint_dir": str(tmp_path / "whole")})
     _, expected = run_with_dump(whole, tmp_path / "whole-params")

@@ -71,13 +71,14 @@ class Reporter:
 
     def _handle(self, node: str, event: dict[str, Any]) -> None:
         kind = event.get("type")
-        if kind == "metric" and event.get("value") is not None:
+        if kind == "metric" and (event.get("value") is not None or event.get("nonfinite")):
             # Rank 0 (the parameter server) reports the task's global metrics: no rank.
             rank = event.get("rank") or None
             self._metrics.append(
                 {
                     "name": event["name"],
                     "value": event["value"],
+                    "nonfinite": event.get("nonfinite"),
                     "step": event.get("step", 0),
                     "epoch": event.get("epoch", 0),
                     "rank": rank,

@@ -2,7 +2,8 @@
 
 A checkpoint is a ``torch.save`` dict written by the parameter server::
 
-    model             state_dict of the global model
+    model             state_dict of the global model: parameters and buffers (BatchNorm
+                      statistics, combined as docs/heterogeneity.md "Buffers" says)
     optimizer         state_dict of the parameter server's optimizer (None with periodic sync)
     group_optimizers  {group index: state_dict} of each group's local optimizer (periodic) or None
     epoch, step       epoch being trained (0-based) and optimizer steps done since the start

@@ -3,13 +3,15 @@
 Every other stdout or stderr line is a log line. The agent reads a rank's
 output and forwards events to the backend with :func:`parse_event`. Event shapes::
 
-    {"type": "metric", "name": str, "value": float | null, "step": int, "epoch": int, "rank": int}
+    {"type": "metric", "name": str, "value": float | null, "step": int, "epoch": int, "rank": int,
+     "nonfinite": "nan" | "inf" | "-inf" (only when value is null)}
     {"type": "checkpoint", "path": str, "step": int, "epoch": int}
     {"type": "progress", "epoch": int, "step": int, "steps_per_epoch": int, "epochs": int}
     {"type": "done"}
 
 ``epoch`` is 0-based; ``step`` counts optimizer steps completed since the start
-of training (global, not per epoch). A metric value that is not finite is null.
+of training (global, not per epoch). A metric value that is not finite is null,
+with ``nonfinite`` saying which (JSON has no NaN): it is shown, never dropped.
 """
 
 from __future__ import annotations
@@ -31,19 +33,27 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
+def nonfinite_name(value: float) -> str | None:
+    """``"nan"``, ``"inf"`` or ``"-inf"`` for a value that is not finite, else None."""
+    if math.isfinite(value):
+        return None
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
 def metric(name: str, value: float, *, step: int, epoch: int, rank: int) -> None:
-    """Report one scalar metric; non-finite values are sent as null."""
-    finite = value if math.isfinite(value) else None
-    emit(
-        {
-            "type": "metric",
-            "name": name,
-            "value": finite,
-            "step": step,
-            "epoch": epoch,
-            "rank": rank,
-        }
-    )
+    """Report one scalar metric; a non-finite value is sent as null plus ``nonfinite``."""
+    special = nonfinite_name(value)
+    event: dict[str, Any] = {
+        "type": "metric",
+        "name": name,
+        "value": None if special else value,
+        "step": step,
+        "epoch": epoch,
+        "rank": rank,
+    }
+    if special:
+        event["nonfinite"] = special
+    emit(event)
 
 
 def checkpoint(path: str, *, step: int, epoch: int) -> None:

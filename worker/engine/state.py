@@ -114,11 +114,6 @@ class ModelState:
             buffer.copy_(values if buffer.is_floating_point() else values.round())
             offset += n
 
-    def all_finite(self) -> bool:
-        """True when every parameter and exchanged buffer is finite."""
-        tensors = [*self.params, *(b for b in self.buffers if b.is_floating_point())]
-        return all(bool(torch.isfinite(t).all()) for t in tensors)
-
 
 def sync_state(topo: Topology, state: ModelState) -> None:
     """Give every worker the parameter server's parameters and buffers (in place)."""

@@ -37,6 +37,7 @@ from worker.engine.exchange import (
     leader_reduce,
     load_vector_,
 )
+from worker.engine.numerics import all_finite
 from worker.engine.run import Run, control_point, nonfinite_step
 from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, apply_update, report_progress
 
@@ -67,7 +68,7 @@ def group_step(run: Run) -> tuple[float, int]:
     one fails or skips the whole group at once; a skip puts the buffers back.
     """
     vector = allreduce_sum(run.compute(), run.topo.group)
-    if bool(torch.isfinite(vector).all()):
+    if all_finite(vector):
         return apply_update(vector, run)
     nonfinite_step(run, run.topo.group)
     assert run.buffer_base is not None

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from worker.engine import report
 from worker.engine.exchange import allreduce_sum, vector_to_grads
+from worker.engine.numerics import all_finite
 from worker.engine.run import Run, nonfinite_step
 from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH
 
@@ -62,7 +63,7 @@ def group_report(run: Run) -> Tensor:
     which the parameter server's update leaves out.
     """
     vector = allreduce_sum(run.compute(), run.topo.group)
-    if not bool(torch.isfinite(vector).all()):
+    if not all_finite(vector):
         nonfinite_step(run, run.topo.group)
         vector.zero_()
     return vector

@@ -18,11 +18,11 @@ round trip.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from worker.engine import report
 from worker.engine.exchange import broadcast_down, gather_at_ps, push_up, vector_to_grads
+from worker.engine.numerics import all_finite
 from worker.engine.run import Run, control_point, nonfinite_step
 
 PROGRESS_REPORTS_PER_EPOCH = 10
@@ -84,7 +84,7 @@ def server_epoch(run: Run) -> None:
     every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
     while not run.split.epoch_done:
         total = gather_at_ps(run.topo, numel + 2, run.params[0].dtype)
-        finite = bool(torch.isfinite(total).all())
+        finite = all_finite(total)
         loss_sum, count = apply_update(total, run) if finite else (0.0, 0)
         broadcast_down(run.topo, run.state.vector(OK if finite else FAULT))
         if not finite:
