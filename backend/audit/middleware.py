@@ -31,6 +31,7 @@ from backend.audit import actions, service
 from backend.audit.models import AuditOutcome
 from backend.audit.schemas import AuditEventCreate
 from backend.core.db import get_sessionmaker
+from backend.web.templating import FLASH_COOKIE
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ REQUEST_ID_HEADER = "X-Request-ID"
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_BODY_BYTES = 64 * 1024  # a created object's id is read from answers up to this size
 LOGIN_PAGE = "/login?"
-ERROR_FLASH = "polytrain_flash=error"  # backend.web.templating.redirect(kind="error")
+ERROR_FLASH = f"{FLASH_COOKIE}=error"  # set by backend.web.templating.redirect(kind="error")
 LOGIN_ACTIONS = ("auth.login", "auth.logout")
 
 
