@@ -359,6 +359,22 @@ def test_a_portal_refusal_shown_as_a_flash_is_refused(world: World) -> None:
         "task.cancel", str(tid), "refused")
 
 
+def test_a_request_that_crashes_is_recorded_once_as_failed(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.projects import service as projects
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(projects, "create", crash)
+    before = last_id()
+    plain = TestClient(world.client.app, raise_server_exceptions=False)
+    answer = plain.post("/api/v1/projects", json={"name": "boom"}, headers=world.owner.headers)
+    assert answer.status_code == 500
+    assert [(e.action, e.actor_user_id, e.status_code, e.outcome.value)
+            for e in events_after(before)] == [("project.create", world.owner.id, 500, "failed")]
+
+
 def test_a_failed_audit_write_is_logged_and_the_answer_kept(
         client: TestClient, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
