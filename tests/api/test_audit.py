@@ -72,9 +72,10 @@ def events_after(event_id: int) -> list[AuditEvent]:
 
 
 def token_id(account: Account) -> int:
-    """The id of the API token the test account sends."""
+    """The id of the API token the test account sends (named `test` by `add_account`)."""
     with get_sessionmaker()() as session:
-        found = session.scalar(select(ApiToken.id).where(ApiToken.user_id == account.id))
+        found = session.scalar(select(ApiToken.id).where(ApiToken.user_id == account.id,
+                                                         ApiToken.name == "test"))
     assert found is not None
     return found
 
