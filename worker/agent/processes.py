@@ -167,6 +167,20 @@ class RankProcess:
     def node(self) -> str:
         return node_name(self.rank)
 
+    @property
+    def returncode(self) -> int | None:
+        """The rank's exit code; negative: killed by that signal.
+
+        bwrap exits with 128 + N when the process it runs is killed by signal N
+        (a shell's convention); that is mapped back to -N. User code exiting
+        with such a code on purpose is then taken for a killed process: at
+        worst it spends the task's own restarts.
+        """
+        code = self.popen.returncode
+        if code is not None and 128 < code < 128 + signal.NSIG:
+            return -(code - 128)
+        return code
+
 
 class ProcessSet:
     """Processes started in their own sessions; their output lines go to one queue."""
@@ -207,7 +221,7 @@ class ProcessSet:
     def cause(self, proc: "RankProcess") -> Cause:
         """Why `proc` (from `failed`) failed: `infra` if killed by a signal (OOM killer,
         a crashed host process), `peer` if it only saw a peer go away, else `user`."""
-        if proc.popen.returncode is not None and proc.popen.returncode < 0:
+        if proc.returncode is not None and proc.returncode < 0:
             return "infra"
         if any(m in "\n".join(proc.tail) for m in PEER_ERRORS):
             return "peer"
