@@ -1,5 +1,9 @@
 # One image for the API and the agents; the command chooses the role.
 FROM python:3.11-slim
+# Agents run each rank under bubblewrap as polytrain-run (docs/security.md).
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --user-group --no-create-home --shell /usr/sbin/nologin polytrain-run
 WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
 COPY backend backend
