@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from worker.agent.sandbox import Sandbox, rank_environment
+from worker.agent.sandbox import Sandbox, check_rank_env, rank_environment
 
 PR_SET_PDEATHSIG = 1
 Cause = Literal["user", "infra", "peer"]
@@ -60,7 +60,9 @@ class Slot:
 
         `memory_limit_mb` becomes the process's RLIMIT_DATA (heap and private
         writable mappings, in MiB). False if the interpreter has already died.
+        Raises KeyError if `env` sets a variable outside `sandbox.RANK_ENV`.
         """
+        check_rank_env(env)
         if self.popen.poll() is not None or self.popen.stdin is None:
             return False
         order = {"argv": ["--spec", str(spec_path)], "env": dict(env), "cwd": str(self.rank_dir),
