@@ -4,6 +4,7 @@ import ctypes
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import threading
@@ -136,11 +137,14 @@ class WarmPool:
                 return slot
 
     def close(self) -> None:
-        """Stop refilling and end the idle interpreters."""
+        """Stop refilling, end the idle interpreters and remove their unused directories."""
         self._stop.set()
         self._wanted.release()
         while not self._ready.empty():
-            self._ready.get_nowait().popen.kill()
+            slot = self._ready.get_nowait()
+            slot.popen.kill()
+            slot.popen.wait()
+            shutil.rmtree(slot.rank_dir, ignore_errors=True)
 
 
 def node_name(rank: int) -> str:
