@@ -47,20 +47,23 @@ def wait_for(api: httpx.Client, task_id: int, statuses: set[str], timeout_s: flo
     raise AssertionError(f"task {task_id} is {task['status']} after {timeout_s} s:\n{tail}")
 
 
-def rank_dirs(data_dir: Path, task_id: int) -> list[str]:
-    """The sandboxed rank directories of every attempt of `task_id` (the agent links them as
-    `agent/task-<id>[/attempt-<n>]/rank-<r>`)."""
+def rank_dirs(data_dir: Path, task_id: int, attempt: int | None = None) -> list[str]:
+    """The sandboxed rank directories of `task_id` (of one `attempt`, else of all): the agent
+    links them as `agent/task-<id>/rank-<r>` (attempt 1) and `.../attempt-<n>/rank-<r>`."""
+    task_dir = data_dir / "agent" / f"task-{task_id}"
     found = []
-    for folder, dirs, files in os.walk(data_dir / "agent" / f"task-{task_id}"):
+    for folder, dirs, files in os.walk(task_dir):
+        here = 1 if Path(folder) == task_dir else int(Path(folder).name.split("-")[-1])
         for name in dirs + files:
-            if name.startswith("rank-") and os.path.islink(os.path.join(folder, name)):
-                found.append(os.readlink(os.path.join(folder, name)))
+            link = os.path.join(folder, name)
+            if name.startswith("rank-") and os.path.islink(link) and attempt in (None, here):
+                found.append(os.readlink(link))
     return found
 
 
-def training_processes(data_dir: Path, task_id: int) -> list[int]:
-    """PIDs of live processes started for `task_id` under this stack's data dir."""
-    markers = rank_dirs(data_dir, task_id)
+def training_processes(data_dir: Path, task_id: int, attempt: int | None = None) -> list[int]:
+    """PIDs of live processes started for `task_id` (its `attempt`, else any) in this stack."""
+    markers = rank_dirs(data_dir, task_id, attempt)
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():

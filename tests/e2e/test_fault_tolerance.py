@@ -110,8 +110,8 @@ def test_chaos_agent_killed_mid_training(ft_api: httpx.Client, ft_stack: LocalSt
     killed_at = datetime.now(UTC).replace(tzinfo=None)
     ft_stack.kill_agent("agent-cpu-a")  # hosts the parameter server and ranks 1-2
     time.sleep(3)
-    orphans = [p for p in training_processes(ft_stack.data_dir, task["id"])
-               if "attempt-" not in os.readlink(f"/proc/{p}/cwd") and _rank_of(p) in (0, 1, 2)]
+    orphans = [p for p in training_processes(ft_stack.data_dir, task["id"], attempt=1)
+               if _rank_of(p) in (0, 1, 2)]
     assert orphans == [], "the killed agent's training processes outlived it"
 
     done = wait_for(ft_api, task["id"], ENDED, 150)

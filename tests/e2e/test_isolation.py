@@ -63,13 +63,13 @@ def _call(method, path, token, body=None):
 
 def _probe():
     found = {path: _read(path) for path in PATHS}
-    read = {v[6:] for v in found.values() if v.startswith("read: ")}
-    candidates = set(os.environ.values()) | read
+    read = [v[6:] for v in found.values() if v.startswith("read: ")]
+    words = {w for text in [*os.environ.values(), *read] for w in text.split() if w.isprintable()}
+    candidates = set(os.environ.values()) | words
     line = {"attempt": 1, "node": "intruder", "seq": 0, "time": "2026-01-01T00:00:00",
             "text": "INJECTED"}
     calls = []
-    for token in sorted(candidates) + [""]:
-        token = token.strip()
+    for token in sorted(c for c in candidates if c.isprintable()) + [""]:
         calls.append(_call("GET", f"/tasks/{VICTIM}/state", token))
         calls.append(_call("GET", f"/tasks/{VICTIM}/code", token))
         calls.append(_call("POST", f"/tasks/{VICTIM}/logs", token, {"lines": [line]}))

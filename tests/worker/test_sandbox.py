@@ -3,6 +3,7 @@
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,13 @@ def test_missing_bubblewrap_or_user_fails_fast_naming_the_fix(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(SandboxUnavailable, match="apt-get install -y bubblewrap"):
         Sandbox.detect(user="polytrain-run", data_dir=tmp_path)
+
+
+def test_agent_without_bubblewrap_stops_at_once_naming_the_install(tmp_path: Path) -> None:
+    env = {"PATH": str(tmp_path), "POLYTRAIN_AGENT_TOKEN": "t0ken",
+           "POLYTRAIN_DATA_DIR": str(tmp_path), "POLYTRAIN_API_URL": "http://127.0.0.1:9"}
+    done = subprocess.run([sys.executable, "-m", "backend.cli", "agent", "--resource-group",
+                           "cpu-a"], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "apt-get install -y bubblewrap" in done.stderr

@@ -4,6 +4,7 @@ import ctypes
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import threading
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from worker.agent.sandbox import Sandbox, rank_environment
+from worker.agent.sandbox import Sandbox, check_rank_env, rank_environment
 
 PR_SET_PDEATHSIG = 1
 Cause = Literal["user", "infra", "peer"]
@@ -60,7 +61,9 @@ class Slot:
 
         `memory_limit_mb` becomes the process's RLIMIT_DATA (heap and private
         writable mappings, in MiB). False if the interpreter has already died.
+        Raises KeyError if `env` sets a variable outside `sandbox.RANK_ENV`.
         """
+        check_rank_env(env)
         if self.popen.poll() is not None or self.popen.stdin is None:
             return False
         order = {"argv": ["--spec", str(spec_path)], "env": dict(env), "cwd": str(self.rank_dir),
@@ -134,11 +137,14 @@ class WarmPool:
                 return slot
 
     def close(self) -> None:
-        """Stop refilling and end the idle interpreters."""
+        """Stop refilling, end the idle interpreters and remove their unused directories."""
         self._stop.set()
         self._wanted.release()
         while not self._ready.empty():
-            self._ready.get_nowait().popen.kill()
+            slot = self._ready.get_nowait()
+            slot.popen.kill()
+            slot.popen.wait()
+            shutil.rmtree(slot.rank_dir, ignore_errors=True)
 
 
 def node_name(rank: int) -> str:
@@ -166,6 +172,20 @@ class RankProcess:
     @property
     def node(self) -> str:
         return node_name(self.rank)
+
+    @property
+    def returncode(self) -> int | None:
+        """The rank's exit code; negative: killed by that signal.
+
+        bwrap exits with 128 + N when the process it runs is killed by signal N
+        (a shell's convention); that is mapped back to -N. User code exiting
+        with such a code on purpose is then taken for a killed process: at
+        worst it spends the task's own restarts.
+        """
+        code = self.popen.returncode
+        if code is not None and 128 < code < 128 + signal.NSIG:
+            return -(code - 128)
+        return code
 
 
 class ProcessSet:
@@ -207,7 +227,7 @@ class ProcessSet:
     def cause(self, proc: "RankProcess") -> Cause:
         """Why `proc` (from `failed`) failed: `infra` if killed by a signal (OOM killer,
         a crashed host process), `peer` if it only saw a peer go away, else `user`."""
-        if proc.popen.returncode is not None and proc.popen.returncode < 0:
+        if proc.returncode is not None and proc.returncode < 0:
             return "infra"
         if any(m in "\n".join(proc.tail) for m in PEER_ERRORS):
             return "peer"

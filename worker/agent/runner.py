@@ -102,7 +102,9 @@ class SubTaskRunner:
             slot = self.pool.acquire() if self.pool else start_slot(self.sandbox)
             procs.add(rank, slot.popen)
             reporter.rank_dirs[node_name(rank)] = slot.rank_dir
-            (task_dir / f"rank-{rank}").symlink_to(slot.rank_dir)
+            link = task_dir / f"rank-{rank}"
+            link.unlink(missing_ok=True)  # a redelivered attempt on this host
+            link.symlink_to(slot.rank_dir)
             self._begin(payload, slot, rank, code, addr, port)
         reporter.agent_line(f"attempt {payload.attempt}: started ranks {ranks} on "
                             f"{self.settings.advertise_addr}, rendezvous {addr}:{port}")
@@ -146,7 +148,7 @@ class SubTaskRunner:
     def _failure(payload: SubTaskPayload, procs: ProcessSet, failed: RankProcess) -> Outcome:
         """The outcome of a failed rank; one that ran out of its memory limit is named so."""
         summary = error_summary(failed.tail)
-        detail = (f"{failed.node} exited with code {failed.popen.returncode}: {summary}\n"
+        detail = (f"{failed.node} exited with code {failed.returncode}: {summary}\n"
                   + "\n".join(failed.tail[-20:]))
         if any(marker in line for line in failed.tail for marker in MEMORY_ERRORS):
             limit = f"memory_limit_mb={payload.limits.memory_limit_mb} exceeded"
@@ -159,8 +161,6 @@ class SubTaskRunner:
         if payload.attempt > 1:
             task_dir = task_dir / f"attempt-{payload.attempt}"
         task_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for stale in task_dir.glob("rank-*"):  # a redelivered attempt on this host
-            stale.unlink()
         return task_dir
 
     def _spec(self, payload: SubTaskPayload, slot: Slot, rank: int, code: bytes) -> RunSpec:

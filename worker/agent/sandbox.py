@@ -37,7 +37,7 @@ USER_HINT = ("create the sandbox user: `useradd --system --user-group --no-creat
 # passwords) never reaches user code.
 ALLOWED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
-               "NCCL_SOCKET_IFNAME", "POLYTRAIN_NUM_THREADS")
+               "NCCL_SOCKET_IFNAME", "LD_LIBRARY_PATH", "POLYTRAIN_NUM_THREADS")
 # What the engine itself reads (worker.engine.launch), set by the agent per rank.
 RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
             "POLYTRAIN_DIST_TIMEOUT_S", "PYTHONUNBUFFERED")
@@ -59,15 +59,20 @@ def rank_environment(rank_env: Mapping[str, str], rank_dir: Path,
     new secret cannot be added by accident).
     """
     source = os.environ if environ is None else environ
-    unknown = set(rank_env) - set(RANK_ENV)
-    if unknown:
-        raise KeyError(f"not allowed in a rank's environment: {sorted(unknown)}")
+    check_rank_env(rank_env)
     env = {k: source[k] for k in ALLOWED_ENV if k in source}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env.update(rank_env)
     env.update({"HOME": str(rank_dir), "TMPDIR": "/tmp", "PYTHONPATH": str(REPO_ROOT),
                 "PYTHONNOUSERSITE": "1", "PYTHONUNBUFFERED": "1"})
     return env
+
+
+def check_rank_env(rank_env: Mapping[str, str]) -> None:
+    """Raise KeyError if `rank_env` sets anything outside :data:`RANK_ENV`."""
+    unknown = set(rank_env) - set(RANK_ENV)
+    if unknown:
+        raise KeyError(f"not allowed in a rank's environment: {sorted(unknown)}")
 
 
 @dataclass(frozen=True)
