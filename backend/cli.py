@@ -25,12 +25,23 @@ def api(
     port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
 ) -> None:
     """Serve the REST API, the portal and the scheduler (run `polytrain db upgrade` first)."""
+    from types import FrameType
+
     import uvicorn
+
+    from backend.scheduler.loop import stop_all_soon
+
+    class Server(uvicorn.Server):
+        """Stops the scheduler at the first exit signal, before draining connections."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            stop_all_soon()
+            super().handle_exit(sig, frame)
 
     # Forwarded headers are trusted by the app itself (POLYTRAIN_FORWARDED_ALLOW_IPS), not by
     # uvicorn's default of trusting 127.0.0.1.
-    uvicorn.run("backend.main:create_app", factory=True, host=host, port=port,
-                log_level="warning", proxy_headers=False)
+    Server(uvicorn.Config("backend.main:create_app", factory=True, host=host, port=port,
+                          log_level="warning", proxy_headers=False)).run()
 
 
 @app.command()

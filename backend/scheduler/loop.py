@@ -11,6 +11,19 @@ from backend.scheduler.service import schedule_once
 from backend.tasks import lifecycle
 
 log = logging.getLogger(__name__)
+_started: set["SchedulerLoop"] = set()
+
+
+def stop_all_soon() -> None:
+    """Ask every scheduler loop of this process to stop after its current pass, without
+    waiting (safe in a signal handler).
+
+    Called at the API's first exit signal: while the server drains its connections
+    no heartbeat reaches it, so a scheduler still watching the agents then would
+    mark them offline and restart healthy tasks.
+    """
+    for loop in list(_started):
+        loop.request_stop()
 
 
 class SchedulerLoop:
@@ -34,17 +47,23 @@ class SchedulerLoop:
         """Start passes; a submission or a release in this process wakes the loop at once."""
         self.started_at = utcnow()
         lifecycle.add_waker(self.wake)
+        _started.add(self)
         self._thread.start()
 
     def wake(self) -> None:
         """Run a pass now (after a submission or a release)."""
         self._wake.set()
 
+    def request_stop(self) -> None:
+        """Stop after the current pass; returns at once."""
+        self._stop.set()
+        self._wake.set()
+
     def stop(self) -> None:
         """Stop after the current pass (waits up to 10 s for it)."""
         lifecycle.remove_waker(self.wake)
-        self._stop.set()
-        self._wake.set()
+        _started.discard(self)
+        self.request_stop()
         self._thread.join(timeout=10)
 
     def _run(self) -> None:

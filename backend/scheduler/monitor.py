@@ -37,8 +37,7 @@ def mark_stale_agents(session: Session, *, timeout_s: float, interval_s: float =
     restart every agent gets one full `timeout_s` to reach the new process.
     Returns how many agents went offline.
     """
-    now = utcnow()
-    cutoff = now - timedelta(seconds=max(1.0, timeout_s - interval_s))
+    cutoff = _cutoff(timeout_s, interval_s)
     if watching_since is not None and watching_since >= cutoff:
         return 0  # not watched for a full timeout yet: no heartbeat can be overdue
     result = session.execute(
@@ -47,6 +46,11 @@ def mark_stale_agents(session: Session, *, timeout_s: float, interval_s: float =
     )
     session.commit()
     return result.rowcount or 0  # type: ignore[attr-defined]
+
+
+def _cutoff(timeout_s: float, interval_s: float) -> datetime:
+    """Heartbeats older than this (naive UTC) are overdue for a pass every `interval_s`."""
+    return utcnow() - timedelta(seconds=max(1.0, timeout_s - interval_s))
 
 
 def _lost_sub_tasks(session: Session, *, pending_before: object) -> list[tuple[Task, str]]:
@@ -89,16 +93,19 @@ def check(session: Session, *, timeout_s: float, interval_s: float = 1.0,
           watching_since: datetime | None = None) -> int:
     """Detect dead agents and restart (or fail) their tasks; returns tasks handled.
 
-    `watching_since` (naive UTC, the scheduler's start) delays every timeout
-    until the scheduler has watched for `timeout_s` seconds (`mark_stale_agents`);
-    an unclaimed sub-task likewise counts as lost only after a full timeout of
-    watching, since its agents may simply not have heard from the new process yet.
+    `watching_since` (naive UTC, the scheduler's start): until this scheduler
+    has watched for a full `timeout_s - interval_s`, it judges nothing. An
+    agent's `online` flag may be stale then: the previous API process could not
+    hear heartbeats while it shut down and may have cleared it, and the agents
+    may simply not have reached the new process yet. After that, every live
+    agent has heartbeated (and is online again), and an unclaimed sub-task
+    counts as lost only once it has waited a full timeout.
     """
+    if watching_since is not None and watching_since >= _cutoff(timeout_s, interval_s):
+        return 0
     mark_stale_agents(session, timeout_s=timeout_s, interval_s=interval_s,
                       watching_since=watching_since)
     pending_before = utcnow() - timedelta(seconds=timeout_s)
-    if watching_since is not None:
-        pending_before = min(pending_before, watching_since)
     handled: set[int] = set()
     for task, reason in _lost_sub_tasks(session, pending_before=pending_before):
         if task.id in handled:

@@ -95,3 +95,36 @@ def test_staleness_clock_starts_at_the_watch_start(session: Session) -> None:
     start = utcnow() - timedelta(seconds=14.5)  # past timeout - interval: a pass now is due
     assert monitor.mark_stale_agents(session, timeout_s=15, interval_s=1,
                                      watching_since=start) == 1
+
+
+def test_agents_cleared_by_the_previous_process_are_not_judged_during_the_watch(
+        session: Session) -> None:
+    """The old API, draining its connections on shutdown, heard no heartbeats and marked
+    the agents offline. The new scheduler restarts nothing before it has watched a full
+    timeout; by then the live agents have heartbeated and are online again."""
+    task = _running(session)
+    session.execute(update(Agent).values(online=False))  # the old process's last verdict
+    session.commit()
+    timeout = get_settings().heartbeat_timeout_s
+    assert monitor.check(session, timeout_s=timeout, interval_s=1,
+                         watching_since=utcnow() - timedelta(seconds=1)) == 0
+    session.expire_all()
+    assert session.get(Task, task.id).status is S.RUNNING and _alarms(session, task) == []
+    assert session.get(Task, task.id).attempt == 1
+    # Without the watch start (as before the fix) the same state raises the false alarm.
+    assert monitor.check(session, timeout_s=timeout, interval_s=1) == 1
+    session.expire_all()
+    assert any("stopped sending heartbeats" in r for r in _alarms(session, task))
+
+
+def test_first_exit_signal_stops_the_scheduler_without_waiting(session: Session) -> None:
+    from backend.scheduler.loop import stop_all_soon
+
+    loop = SchedulerLoop(get_settings(), RecordingDispatcher())
+    loop.start()
+    try:
+        stop_all_soon()
+        loop._thread.join(timeout=30)
+        assert not loop._thread.is_alive()
+    finally:
+        loop.stop()

@@ -38,8 +38,7 @@ def test_api_down_longer_than_the_heartbeat_timeout_raises_no_alarm(stack: Local
         version = new_version(api, example="mnist_cnn")
         task = submit(api, version, epochs=4, global_batch_size=64, seed=7)
         wait_for(api, task["id"], {"RUNNING"} | ENDED, 120)
-        _wait_every_group_started(api, task["id"])
-    stack.stop_api()
+    stack.stop_api()  # a group may still be claiming its sub-task: that must survive too
     time.sleep(TIMEOUT_S + 4)  # the agents' heartbeats fail for longer than the timeout
     stack.start_api()
     with httpx.Client(base_url=stack.url, timeout=30, headers=stack.headers) as api:
@@ -51,17 +50,6 @@ def test_api_down_longer_than_the_heartbeat_timeout_raises_no_alarm(stack: Local
         assert "RESTARTING" not in [e["to_status"] for e in events]
         agents = api.get("/api/v1/agents").json()
         assert {a["name"] for a in agents if a["online"]} == {"agent-cpu-a", "agent-cpu-b"}
-
-
-def _wait_every_group_started(api: httpx.Client, task_id: int, timeout_s: float = 120) -> None:
-    """Wait until every group's sub-task is claimed and running (training under way in all)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        subs = api.get(f"/api/v1/tasks/{task_id}/sub-tasks").json()
-        if subs and all(s["status"] == "RUNNING" for s in subs):
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"task {task_id}'s groups did not all start: {subs}")
 
 
 def test_second_agent_with_a_live_name_exits_naming_the_clash(stack: LocalStack,
