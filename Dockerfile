@@ -4,7 +4,7 @@ FROM python:3.11-slim
 # Agents start each rank under bubblewrap as the unprivileged polytrain-run
 # (docs/security.md), which needs the agent itself to be root: docker-compose.yml runs the
 # agent services with `user: root` and the right to create namespaces.
-RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap \
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap iptables \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --user-group --home-dir /app --create-home \
         --shell /usr/sbin/nologin polytrain \

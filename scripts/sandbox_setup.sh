@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# The agent's sandbox (docs/security.md): bubblewrap from Debian's packages and the unprivileged
-# user every rank runs as. Run as root (make install does); as another user it only says what
+# The agent's sandbox (docs/security.md): bubblewrap and iptables from Debian's packages and the
+# unprivileged user every rank runs as. Run as root (make install does); as another user it only says what
 # is missing, and the agent refuses to start until it is there.
 set -euo pipefail
 SANDBOX_USER="${POLYTRAIN_SANDBOX_USER:-polytrain-run}"
 
 if [ "$(id -u)" != 0 ]; then
   command -v bwrap >/dev/null || echo "warning: bubblewrap missing; as root: apt-get install -y bubblewrap" >&2
+  command -v iptables >/dev/null || echo "warning: iptables missing; as root: apt-get install -y iptables" >&2
   id -u "$SANDBOX_USER" >/dev/null 2>&1 || echo "warning: no user $SANDBOX_USER; as root: useradd --system --user-group --no-create-home --shell /usr/sbin/nologin $SANDBOX_USER" >&2
   exit 0
 fi
-if ! command -v bwrap >/dev/null; then
-  apt-get install -y bubblewrap || { apt-get update && apt-get install -y bubblewrap; }
+missing=()
+command -v bwrap >/dev/null || missing+=(bubblewrap)
+command -v iptables >/dev/null || missing+=(iptables)
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get install -y "${missing[@]}" || { apt-get update && apt-get install -y "${missing[@]}"; }
 fi
 if ! id -u "$SANDBOX_USER" >/dev/null 2>&1; then
   useradd --system --user-group --no-create-home --home-dir /nonexistent \

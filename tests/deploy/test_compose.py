@@ -194,7 +194,7 @@ def test_image_runs_as_an_unprivileged_user() -> None:
     assert re.search(rf"install -d -o {users[-1]} -g {users[-1]} -m 0700 /data", DOCKERFILE)
     assert "ENV POLYTRAIN_DATA_DIR=/data" in DOCKERFILE
     # Agents sandbox ranks (docs/security.md): bubblewrap and the unprivileged rank user.
-    assert "bubblewrap" in DOCKERFILE
+    assert "bubblewrap" in DOCKERFILE and "iptables" in DOCKERFILE
     assert re.search(r"useradd\b[^\n]*(\\\n[^\n]*)*?\bpolytrain-run\b", DOCKERFILE)
     # The image runs the installed wheel (package data included), not a source tree.
     assert re.search(r"pip install --no-cache-dir /src && rm -rf /src", DOCKERFILE)
@@ -206,7 +206,7 @@ def test_only_agents_run_as_root_to_sandbox_their_ranks() -> None:
     for name, service in SERVICES.items():
         if name in AGENTS:
             assert service["user"] == "root"
-            assert "SYS_ADMIN" in service["cap_add"]
+            assert {"SYS_ADMIN", "NET_ADMIN"} <= set(service["cap_add"])
             assert "seccomp=unconfined" in service["security_opt"]
         elif service.get("build"):
             assert "user" not in service and "cap_add" not in service, name

@@ -1,13 +1,15 @@
 """Uploaded code is untrusted: no platform secret, no other task's files, and limits that hold.
 
 A member uploads a module that dumps its environment, tries to read the
-platform's files and another user's checkpoints, and calls `/internal/v1`
+platform's files and another user's checkpoints, connects to a service on a
+fixed port (as a database or broker listens), and calls `/internal/v1`
 against that user's task with every value it found. Everything it tries must
 fail; the task's own training still works. Small limits end tasks FAILED with
 the limit named.
 """
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 
 from backend.stack import LocalStack
 from tests.e2e.conftest import new_version, rank_dirs, submit, wait_for
+from worker.agent import netpolicy
 
 TINY = '''
 import torch
@@ -36,8 +39,19 @@ def loss_fn(output, target):
 
 PROBE = TINY.replace("def build_datasets():", '''import json, os, urllib.request
 
+import socket
+
 PATHS = json.loads(PATHS_JSON)
 VICTIM, API = VICTIM_ID, API_URL
+SERVICE_PORT = SERVICE_PORT_NUMBER
+
+
+def _connect(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        return "connected"
+    except OSError as exc:
+        return "refused: " + type(exc).__name__
 
 
 def _read(path):
@@ -74,7 +88,8 @@ def _probe():
         calls.append(_call("GET", f"/tasks/{VICTIM}/code", token))
         calls.append(_call("POST", f"/tasks/{VICTIM}/logs", token, {"lines": [line]}))
     print("@@probe " + json.dumps({"env": dict(os.environ), "files": found, "calls": calls,
-                                   "uid": os.getuid(), "cwd": os.getcwd()}), flush=True)
+                                   "uid": os.getuid(), "cwd": os.getcwd(),
+                                   "service": _connect(SERVICE_PORT)}), flush=True)
 
 
 def _forge_checkpoints():
@@ -123,10 +138,14 @@ def test_user_code_finds_no_secret_and_every_internal_call_is_refused(
              str(data / "agent"), str(data / "agent" / "ranks"),
              *[f"{d}/checkpoints/final.pt" for d in victim_rank_dirs], *victim_rank_dirs,
              "/proc/1/environ", "/etc/shadow"]
+    service = _service_on_a_fixed_port()  # as a database or broker listens, reachable by root
     source = (PROBE.replace("PATHS_JSON", repr(json.dumps(paths)))
-              .replace("VICTIM_ID", str(victim["id"])).replace("API_URL", repr(stack.url)))
+              .replace("VICTIM_ID", str(victim["id"])).replace("API_URL", repr(stack.url))
+              .replace("SERVICE_PORT_NUMBER", str(service.getsockname()[1])))
     probe = submit(member, new_version(member, source=source.encode()), epochs=1)
-    done = wait_for(member, probe["id"], {"SUCCEEDED", "FAILED"})
+    with service:
+        socket.create_connection(service.getsockname(), timeout=5).close()
+        done = wait_for(member, probe["id"], {"SUCCEEDED", "FAILED"})
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     result = probe_result(member, probe["id"])
 
@@ -144,6 +163,7 @@ def test_user_code_finds_no_secret_and_every_internal_call_is_refused(
                 if not v.startswith("refused") and v not in own_way}
     assert readable == {}, readable
     assert result["uid"] != 0
+    assert result["service"] == "refused: ConnectionRefusedError", result["service"]
     assert result["calls"] and set(result["calls"]) == {401}, result["calls"]
 
     # Neither forged checkpoint was uploaded (the database file, directly or by a link).
@@ -155,6 +175,21 @@ def test_user_code_finds_no_secret_and_every_internal_call_is_refused(
     victim_logs = api.get(f"/api/v1/tasks/{victim['id']}/logs").json()
     assert not [line for line in victim_logs if line["text"] == "INJECTED"]
     assert api.get(f"/api/v1/tasks/{victim['id']}").json()["status"] == "SUCCEEDED"
+
+
+def _service_on_a_fixed_port() -> socket.socket:
+    """A listening socket on a free port below the ephemeral range, as services listen."""
+    first, _ = netpolicy.ephemeral_ports()
+    for port in range(first - 1, 1024, -1):
+        listener = socket.socket()
+        try:
+            listener.bind(("127.0.0.1", port))
+        except OSError:
+            listener.close()
+            continue
+        listener.listen()
+        return listener
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def one_group() -> dict:

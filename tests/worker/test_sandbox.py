@@ -111,3 +111,25 @@ def test_agent_without_bubblewrap_stops_at_once_naming_the_install(tmp_path: Pat
                           cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert "apt-get install -y bubblewrap" in done.stderr
+
+
+def test_network_filter_is_installed_once_and_kept() -> None:
+    """Every agent start applies the same chain; a second start changes nothing (no gap
+    opened for running ranks), and the sandbox user's packets jump to it exactly once."""
+    import pwd
+
+    from worker.agent import netpolicy
+
+    uid = pwd.getpwnam("polytrain-run").pw_uid
+    netpolicy.apply(uid)
+    netpolicy.apply(uid)
+    for tool, ipv6 in (("iptables", False), ("ip6tables", True)):
+        listed = subprocess.run([tool, "-S", netpolicy.CHAIN], capture_output=True, text=True,
+                                check=True).stdout.splitlines()
+        rules = netpolicy.chain_rules(netpolicy.ephemeral_ports(), ipv6=ipv6)
+        assert listed == [f"-N {netpolicy.CHAIN}",
+                          *(f"-A {netpolicy.CHAIN} " + " ".join(r) for r in rules)]
+        output = subprocess.run([tool, "-S", "OUTPUT"], capture_output=True, text=True,
+                                check=True).stdout
+        jump = f"-A OUTPUT -m owner --uid-owner {uid} -j {netpolicy.CHAIN}"
+        assert output.splitlines().count(jump) == 1

@@ -10,7 +10,8 @@ so it sees only the files it needs (no data directory, database, agent token
 file or other task's folders), runs as the unprivileged sandbox user with no
 capabilities, in its own PID, IPC and UTS namespaces, and gets only the
 environment variables in :data:`ALLOWED_ENV`. The network namespace is the
-host's: ranks must reach their rendezvous peers on other hosts.
+host's (ranks must reach their rendezvous peers on other hosts); what the
+sandbox user may connect to is filtered by `worker.agent.netpolicy`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.agent import netpolicy
+from worker.agent.netpolicy import NetworkPolicyUnavailable
 from worker.engine.local import REPO_ROOT
 
 INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (make install does it)"
@@ -94,9 +97,10 @@ class Sandbox:
     def detect(cls, *, user: str, data_dir: str | os.PathLike[str]) -> Sandbox:
         """Check this host can sandbox ranks and prepare `data_dir/agent/ranks`.
 
-        Raises SandboxUnavailable naming the fix: bubblewrap missing, the
-        sandbox user missing, or the agent not running as root (only root can
-        start processes as another user).
+        Installs the ranks' network filter (`worker.agent.netpolicy`).
+        Raises SandboxUnavailable naming the fix: bubblewrap or iptables
+        missing, the sandbox user missing, or the agent not running as root
+        (only root can start processes as another user and filter its packets).
         """
         bwrap, setpriv = shutil.which("bwrap"), shutil.which("setpriv")
         if bwrap is None:
@@ -111,6 +115,10 @@ class Sandbox:
             raise SandboxUnavailable(f"sandbox user '{user}' is root: choose an unprivileged one")
         if os.geteuid() != 0:
             raise SandboxUnavailable(f"the agent must run as root to start ranks as '{user}'")
+        try:
+            netpolicy.apply(entry.pw_uid)
+        except NetworkPolicyUnavailable as exc:
+            raise SandboxUnavailable(f"cannot filter the ranks' network: {exc}") from exc
         ranks_dir = Path(data_dir).resolve() / "agent" / "ranks"
         ranks_dir.mkdir(parents=True, exist_ok=True)
         for folder in (ranks_dir.parent, ranks_dir):
