@@ -1,6 +1,7 @@
 """The polytrain API service: REST under /api/v1, the internal agent API, the web portal,
 Prometheus metrics at /metrics."""
 
+import hmac
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -10,6 +11,7 @@ from fastapi import APIRouter, Depends, FastAPI, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.staticfiles import StaticFiles
+from starlette.types import Scope
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from backend.agents.router import router as agents_router
@@ -73,13 +75,21 @@ def bootstrap_admin(settings: Settings) -> None:
         log.warning("created the first admin %s from the settings", user.email)
 
 
-def body_limit(settings: Settings) -> Callable[[str], int]:
-    """The largest request body (bytes) of a path: checkpoints on /internal/v1 get their own
-    limit; elsewhere `max_body_bytes`, at least a code upload and its form fields."""
+def body_limit(settings: Settings) -> Callable[[Scope], int]:
+    """The largest request body (bytes) of a request: on /internal/v1 a request carrying the
+    agent token gets `max_internal_body_bytes` (checkpoints); every other request, the
+    internal API's unauthenticated ones included, `max_body_bytes`, at least a code upload
+    and its form fields. The token is checked here because FastAPI reads a body before the
+    route's authentication runs."""
     public = max(settings.max_body_bytes, settings.max_upload_bytes + 64 * 1024)
+    agent = f"Bearer {settings.agent_token.get_secret_value()}".encode()
 
-    def limit_for(path: str) -> int:
-        return settings.max_internal_body_bytes if path.startswith("/internal/") else public
+    def limit_for(scope: Scope) -> int:
+        if scope["path"].startswith("/internal/"):
+            authorization = dict(scope["headers"]).get(b"authorization", b"")
+            if hmac.compare_digest(authorization, agent):
+                return settings.max_internal_body_bytes
+        return public
 
     return limit_for
 

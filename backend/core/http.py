@@ -42,21 +42,21 @@ async def _answer(send: Send, status: int, message: str) -> None:
 
 
 class BodyLimitMiddleware:
-    """Refuse request bodies larger than `limit_for(path)` bytes with 413.
+    """Refuse request bodies larger than `limit_for(scope)` bytes with 413.
 
     A `Content-Length` over the limit is answered at once, before authentication and
     without reading the body; a body without one (chunked) is counted as it streams in
     and refused as soon as it passes the limit, so at most `limit` bytes are held.
     """
 
-    def __init__(self, app: ASGIApp, *, limit_for: Callable[[str], int]) -> None:
+    def __init__(self, app: ASGIApp, *, limit_for: Callable[[Scope], int]) -> None:
         self.app, self.limit_for = app, limit_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.limit_for(scope["path"])
+        limit = self.limit_for(scope)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None:
             if not declared.isdigit():

@@ -216,3 +216,15 @@ def test_an_unexpected_failure_is_html_on_pages_and_json_on_the_api(  # type: ig
     assert api.status_code == 500
     assert api.json() == {"error": {"code": "internal",
                                     "message": "internal error; it has been logged"}}
+
+
+def test_the_internal_limit_needs_the_agent_token(client: TestClient) -> None:
+    """Without the agent token an internal request gets the public limit: a 500 MB body is
+    refused by its Content-Length before FastAPI reads it (which it does before the
+    route's token check), and a streamed one is cut off after about 2 MiB."""
+    status, taken = _stream_to_app(client.app, "/internal/v1/agents/register", 200, b"x" * MB)
+    assert status == 413
+    assert taken <= 3
+    declared = client.post("/internal/v1/agents/register",
+                           headers={"Content-Length": str(500 * MB)}, content=b"")
+    assert declared.status_code == 413
