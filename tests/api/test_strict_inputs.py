@@ -265,3 +265,38 @@ def test_an_agent_reports_through_the_strict_schemas(world: World, tmp_path: Pat
     names = [c["epoch"] for c in world.client.get(f"/api/v1/tasks/{task_id}/checkpoints",
                                                   headers=headers).json()]
     assert sorted(names) == [0, 1]
+
+
+def test_malformed_rank_output_never_stops_the_agent_reporting(world: World) -> None:
+    """Rank output is untrusted: events with missing keys or a metric the API would refuse
+    are logged as ignored, and every good line around them still arrives."""
+    import queue
+
+    from worker.agent.client import InternalApi
+    from worker.agent.reporter import Reporter
+    from worker.engine.report import PREFIX
+
+    api = InternalApi("http://testserver", "unused", retries=0)
+    api._http = TestClient(world.client.app, base_url="http://testserver/internal/v1",
+                           headers=agent_headers())
+    task_id = world.task["id"]
+    lines: queue.Queue[tuple[str, str]] = queue.Queue()
+    for text in ('{"type":"metric","value":1.0}', '{"type":"progress","step":1}',
+                 '{"type":"metric","name":"' + "n" * 300 + '","value":1.0}',
+                 '{"type":"metric","name":"loss","value":null,"nonfinite":"bogus"}',
+                 '{"type":"checkpoint","path":"/x/checkpoints/a.pt"}',
+                 '{"type":"metric","name":"loss","value":0.25,"step":1,"epoch":0}'):
+        lines.put(("rank-1", PREFIX + text))
+    lines.put(("rank-2", "a plain line"))
+    reporter = Reporter(api, task_id, group="cpu-a")
+    reporter.pump(lines)
+    reporter.flush()
+    headers = world.owner.headers
+    texts = [line["text"] for line in
+             world.client.get(f"/api/v1/tasks/{task_id}/logs", headers=headers).json()]
+    assert len([t for t in texts if t.startswith("ignored a malformed")]) == 4, texts
+    assert "a plain line" in texts
+    assert any(t.startswith("refused checkpoint") for t in texts)
+    metrics = world.client.get(f"/api/v1/tasks/{task_id}/metrics?name=loss",
+                               headers=headers).json()
+    assert [(m["name"], m["value"]) for m in metrics] == [("loss", 0.25)]

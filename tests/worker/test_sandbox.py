@@ -133,3 +133,15 @@ def test_network_filter_is_installed_once_and_kept() -> None:
                                 check=True).stdout
         jump = f"-A OUTPUT -m owner --uid-owner {uid} -j {netpolicy.CHAIN}"
         assert output.splitlines().count(jump) == 1
+
+
+def test_a_sparse_checkpoint_is_refused_without_reading_it(tmp_path: Path) -> None:
+    """User code can make a huge file that costs no disk; the agent (root) must not read it
+    into memory."""
+    (tmp_path / "checkpoints").mkdir()
+    with open(tmp_path / "checkpoints" / "huge.pt", "wb") as fh:
+        fh.truncate(200 * 2**30)  # 200 GiB, sparse
+    with pytest.raises(PermissionError, match="more than the 1024 bytes"):
+        read_rank_file(tmp_path, "checkpoints", "huge.pt", max_bytes=1024)
+    (tmp_path / "checkpoints" / "small.pt").write_bytes(b"w" * 1024)
+    assert read_rank_file(tmp_path, "checkpoints", "small.pt", max_bytes=1024) == b"w" * 1024

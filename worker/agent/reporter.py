@@ -6,7 +6,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from worker.agent.client import InternalApi
+import httpx
+from pydantic import ValidationError
+
+from backend.internal.schemas import MetricIn
+from worker.agent.client import Conflict, InternalApi
 from worker.agent.sandbox import read_rank_file
 from worker.engine.report import parse_event
 
@@ -64,8 +68,12 @@ class Reporter:
             event = parse_event(text)
             if event is None:
                 self._line(node, text)
-            else:
+                continue
+            try:
                 self._handle(node, event)
+            except (KeyError, TypeError, ValueError) as exc:  # rank output is untrusted input
+                self.agent_line(f"ignored a malformed {str(event.get('type'))[:40]!r} event "
+                                f"from {node}: {str(exc)[:200]}")
         if time.monotonic() - self._last_flush >= self.interval_s:
             self.flush()
 
@@ -74,16 +82,19 @@ class Reporter:
         if kind == "metric" and (event.get("value") is not None or event.get("nonfinite")):
             # Rank 0 (the parameter server) reports the task's global metrics: no rank.
             rank = event.get("rank") or None
-            self._metrics.append(
-                {
-                    "name": event["name"],
-                    "value": event["value"],
-                    "nonfinite": event.get("nonfinite"),
-                    "step": event.get("step", 0),
-                    "epoch": event.get("epoch", 0),
-                    "rank": rank,
-                }
-            )
+            metric = {
+                "name": event["name"],
+                "value": event["value"],
+                "nonfinite": event.get("nonfinite"),
+                "step": event.get("step", 0),
+                "epoch": event.get("epoch", 0),
+                "rank": rank,
+            }
+            try:  # as the API will, so one bad metric cannot lose its whole batch
+                MetricIn.model_validate(metric)
+            except ValidationError as exc:
+                raise ValueError(f"metric refused: {exc.errors()[0]['msg']}") from None
+            self._metrics.append(metric)
         elif kind == "progress":
             done = event["step"]
             total = max(1, event["epochs"] * event["steps_per_epoch"])
@@ -102,14 +113,22 @@ class Reporter:
         except (PermissionError, ValueError) as exc:
             self.agent_line(f"refused checkpoint {str(path)[:200]!r} from {node}: {exc}")
             return
-        self.api.checkpoint(
-            self.task_id,
-            name=path.name,
-            epoch=int(event["epoch"]),
-            step=int(event["step"]),
-            body=body,
-            attempt=self.attempt,
-        )
+        try:
+            self.api.checkpoint(
+                self.task_id,
+                name=path.name,
+                epoch=int(event["epoch"]),
+                step=int(event["step"]),
+                body=body,
+                attempt=self.attempt,
+            )
+        except Conflict as exc:
+            self.agent_line(f"refused checkpoint {path.name!r} from {node}: {exc}")
+        except httpx.HTTPStatusError as exc:
+            if not exc.response.is_client_error:
+                raise
+            self.agent_line(f"refused checkpoint {path.name!r} from {node}: "
+                            f"{exc.response.status_code} {exc.response.text[:200]}")
 
     def flush(self) -> None:
         """Send everything buffered now."""

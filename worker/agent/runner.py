@@ -84,8 +84,11 @@ class SubTaskRunner:
         finally:
             procs.kill_all()
             procs.drain_readers()
-            reporter.pump(procs.lines)
-            reporter.flush()
+            try:
+                reporter.pump(procs.lines)
+                reporter.flush()
+            except Exception:  # the outcome must still be reported, or the task hangs
+                log.exception("task %s: last output not sent", payload.task_id)
             self.registry.remove(payload.task_id, procs)
         self.api.finished(payload.sub_task_id, succeeded=succeeded, detail=detail, cause=cause)
         return "succeeded" if succeeded else "failed"

@@ -48,6 +48,8 @@ ETC_FILES = ("passwd", "group", "hosts", "resolv.conf", "nsswitch.conf", "host.c
              "gai.conf", "protocols", "services", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
              "localtime", "ssl", "ca-certificates", "alternatives")
 TMP_SIZE_BYTES = 512 * 1024 * 1024
+# The API's default `max_internal_body_bytes`: a larger checkpoint would be refused anyway.
+MAX_CHECKPOINT_BYTES = 512 * 1024 * 1024
 
 
 class SandboxUnavailable(RuntimeError):
@@ -173,12 +175,14 @@ def _parents(path: Path) -> list[str]:
     return args
 
 
-def read_rank_file(rank_dir: Path, folder: str, name: str) -> bytes:
+def read_rank_file(rank_dir: Path, folder: str, name: str,
+                   max_bytes: int = MAX_CHECKPOINT_BYTES) -> bytes:
     """The bytes of regular file `rank_dir/folder/name`, written by user code, read safely.
 
     Neither `folder` nor `name` may be a symlink, and `name` must be a plain
     file name: the agent (root) never follows a path that user code made point
-    at the agent's own files. Raises PermissionError for anything else.
+    at the agent's own files, and reads at most `max_bytes`. Raises
+    PermissionError for anything else, or a larger file.
     """
     if "/" in folder or "/" in name or name in ("", ".", ".."):
         raise PermissionError(f"refusing checkpoint name {name!r}")
@@ -195,9 +199,16 @@ def read_rank_file(rank_dir: Path, folder: str, name: str) -> bytes:
     finally:
         os.close(root)
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
             raise PermissionError(f"{folder}/{name} is not a regular file")
-        return fh.read()
+        body = b""
+        if info.st_size <= max_bytes:  # a sparse file costs the rank no disk, the agent memory
+            body = fh.read(max_bytes + 1)
+        if info.st_size > max_bytes or len(body) > max_bytes:
+            raise PermissionError(f"{folder}/{name} holds more than the {max_bytes} bytes a "
+                                  "checkpoint may")
+        return body
 
 
 def write_rank_file(rank_dir: Path, name: str, body: bytes) -> Path:
