@@ -82,12 +82,16 @@ def me(user: CurrentUser) -> User:
 
 
 @users_router.post("/me/password", status_code=status.HTTP_204_NO_CONTENT)
-def change_password(data: PasswordChange, user: CurrentUser, session: SessionDep,
-                    credential: CallerCredential) -> Response:
+async def change_password(data: PasswordChange, request: Request, user: CurrentUser,
+                          session: SessionDep, credential: CallerCredential) -> Response:
     """Change one's own password (the current one is checked). Every other session and API
-    token of the account stops working; the one this request came with goes on."""
-    service.change_password(session, user=user, current=data.current_password,
-                            new=data.new_password, keep=credential)
+    token of the account stops working; the one this request came with goes on. Attempts
+    count against the account's and the address's login limits (429), and the hashes go
+    through the login's bounded gate (503 when full)."""
+    state = request.app.state
+    await state.login_limiter.check(email=user.email, address=client_address(request))
+    await service.change_password(session, user=user, current=data.current_password,
+                                  new=data.new_password, gate=state.hash_gate, keep=credential)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -93,19 +93,25 @@ def update(session: Session, *, user: User, data: UserUpdate, acting: User,
     return user
 
 
-def change_password(session: Session, *, user: User, current: str, new: str,
-                    keep: tokens.Credential | None = None) -> None:
+async def change_password(session: Session, *, user: User, current: str, new: str,
+                          gate: HashGate, keep: tokens.Credential | None = None) -> None:
     """Set a new password after checking the current one, and end every other session and
-    API token of the user (`keep`: the credential this change was made with).
+    API token of the user (`keep`: the credential this change was made with). Both hashes
+    go through `gate`, as a login's do; the caller rate-limits the attempt.
 
     Raises:
         Unauthorized: the current password is wrong.
+        Busy: too many hashes running and waiting (503).
     """
-    if not security.verify_password(user.password_hash, current):
+    if not await gate.run(security.verify_password, user.password_hash, current):
         raise Unauthorized("the current password is wrong", field="current_password")
-    user.password_hash = security.hash_password(new)
-    tokens.revoke_all(session, user=user, keep=keep)
-    session.commit()
+    user.password_hash = await gate.run(security.hash_password, new)
+
+    def revoke_others() -> None:
+        tokens.revoke_all(session, user=user, keep=keep)
+        session.commit()
+
+    await run_in_threadpool(revoke_others)
 
 
 def ensure_admin(session: Session, *, email: str, password: str) -> tuple[User, bool]:

@@ -63,17 +63,19 @@ async def login(session: Session, form: LoginForm, *, limiter: LoginLimiter, gat
         return None, service_errors(exc), exc.status, dict(exc.headers or {})
 
 
-def change_password(session: Session, user: User, form: PasswordForm,
-                    keep: tokens.Credential | None = None) -> tuple[FieldErrors, int]:
+async def change_password(session: Session, user: User, form: PasswordForm, *,
+                          limiter: LoginLimiter, gate: HashGate, address: str,
+                          keep: tokens.Credential | None = None) -> tuple[FieldErrors, int]:
     """Set the new password (ending every other session and token but `keep`), or return
-    why not and the HTTP status to say it with."""
+    why not and the HTTP status to say it with; limited and gated as a login is."""
     if form.new_password != form.confirm_password:
         return {"confirm_password": "the two new passwords differ"}, 422
     try:
+        await limiter.check(email=user.email, address=address)
         data = PasswordChange(current_password=form.current_password,
                               new_password=form.new_password)
-        users.change_password(session, user=user, current=data.current_password,
-                              new=data.new_password, keep=keep)
+        await users.change_password(session, user=user, current=data.current_password,
+                                    new=data.new_password, gate=gate, keep=keep)
     except ValidationError as exc:
         return validation_errors(exc), 422
     except ServiceError as exc:

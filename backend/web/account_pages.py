@@ -103,12 +103,16 @@ def account(request: Request, session: SessionDep, user: WebUser) -> Response:
 
 
 @router.post("/account/password", dependencies=[CsrfCheck])
-def change_password(request: Request, session: SessionDep, user: WebUser,
-                    form: Annotated[PasswordForm, Form()]) -> Response:
+async def change_password(request: Request, session: SessionDep, user: WebUser,
+                          form: Annotated[PasswordForm, Form()]) -> Response:
     keep = tokens.Credential(session_cookie=request.cookies.get(SESSION_COOKIE))
-    errors, status = forms.change_password(session, user, form, keep)
+    state = request.app.state
+    errors, status = await forms.change_password(
+        session, user, form, limiter=state.login_limiter, gate=state.hash_gate,
+        address=client_address(request), keep=keep)
     if errors:
-        return _account(request, session, user, errors=errors, status_code=status)
+        return await run_in_threadpool(_account, request, session, user, errors=errors,
+                                       status_code=status)
     return redirect("/account", flash="Password changed.")
 
 

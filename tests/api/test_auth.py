@@ -185,6 +185,23 @@ def test_logins_to_one_account_are_rate_limited_whatever_the_address(  # type: i
         assert attempt("10.0.0.4", email="bob@example.org").status_code == 401  # others go on
 
 
+def test_guessing_the_current_password_is_rate_limited_like_a_login(  # type: ignore[no-untyped-def]
+        service_env, monkeypatch) -> None:
+    """A stolen token cannot guess the current password without limit: a password change
+    counts against the account's login limit (and hashes through the same bounded gate)."""
+    with _app_with(monkeypatch, login_rate_per_account="2/minute") as app:
+        account = add_account("ada@example.org")
+
+        def change(current: str):
+            return app.post("/api/v1/users/me/password", headers=account.headers,
+                            json={"current_password": current, "new_password": "new pass 1234"})
+
+        assert [change(f"guess {i}").status_code for i in (1, 2)] == [401, 401]
+        limited = change(PASSWORD)
+        assert limited.status_code == 429 and "retry-after" in limited.headers
+        assert _login(app, "ada@example.org").status_code == 429  # the same account budget
+
+
 def test_portal_login_is_rate_limited_too(service_env, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from tests.web.dom import parse
 
