@@ -6,11 +6,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backend.agents.models import Agent
+from backend.internal import service as internal
+from backend.internal.schemas import Claim
 from backend.projects.models import CodeVersion, Project
 from backend.resource_groups.models import ResourceGroup
 from backend.tasks import lifecycle
 from backend.tasks import service as tasks
-from backend.tasks.models import Allocation, NodeRole, Task, TaskStatus
+from backend.tasks.models import Allocation, NodeRole, SubTask, Task, TaskStatus
 from backend.tasks.schemas import TaskCreate
 
 
@@ -76,3 +78,21 @@ class RecordingDispatcher:
         if self.fail:
             raise ConnectionError("broker down")
         self.sent.append(payload)
+
+
+def running_task(session: Session, **extra: Any) -> Task:
+    """A task across cpu-a ×2 and cpu-b ×1 (groups made by the caller) whose sub-tasks both
+    groups' agents claimed: RUNNING."""
+    from backend.scheduler.service import schedule_next
+
+    task = submit(session, version(session),
+                  [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}], **extra)
+    assert schedule_next(session) is not None
+    for sub in session.scalars(select(SubTask).where(SubTask.task_id == task.id,
+                                                     SubTask.attempt == task.attempt)):
+        agent = session.scalar(select(Agent).where(
+            Agent.resource_group_id == sub.resource_group_id))
+        internal.claim(session, sub=sub, data=Claim(agent_id=agent.id, host=agent.host))
+    session.refresh(task)
+    assert task.status is TaskStatus.RUNNING
+    return task

@@ -14,24 +14,16 @@ from backend.scheduler import monitor
 from backend.scheduler.service import schedule_next, schedule_once
 from backend.tasks.models import Checkpoint, EventKind, SubTask, SubTaskStatus, Task, TaskEvent
 from backend.tasks.models import TaskStatus as S
-from tests.backend.scheduling import RecordingDispatcher, group, held, submit, version
+from tests.backend.scheduling import (
+    RecordingDispatcher,
+    group,
+    held,
+    running_task,
+    submit,
+    version,
+)
 
 pytestmark = pytest.mark.stack
-
-
-def _running(session: Session, **extra: object) -> Task:
-    """A task across cpu-a ×2 and cpu-b ×1 whose sub-tasks both agents claimed."""
-    code = version(session)
-    task = submit(session, code, [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
-                  **extra)
-    assert schedule_next(session) is not None
-    for sub in _subs(session, task):
-        agent = session.scalar(select(Agent).where(
-            Agent.resource_group_id == sub.resource_group_id))
-        internal.claim(session, sub=sub, data=Claim(agent_id=agent.id, host=agent.host))
-    session.refresh(task)
-    assert task.status is S.RUNNING
-    return task
 
 
 def _subs(session: Session, task: Task) -> list[SubTask]:
@@ -55,7 +47,7 @@ def _silence(session: Session, agent_name: str, seconds: float = 60) -> None:
 def test_dead_agent_alarms_restarts_and_migrates_to_a_compatible_group(session: Session) -> None:
     for name, capacity in (("cpu-a", 2), ("cpu-b", 1), ("cpu-c", 2)):
         group(session, name, capacity)
-    task = _running(session)
+    task = running_task(session)
     session.add(Checkpoint(task_id=task.id, epoch=1, step=20, path="/x/epoch-1.pt",
                            size_bytes=1))
     session.commit()
@@ -79,7 +71,7 @@ def test_dead_agent_alarms_restarts_and_migrates_to_a_compatible_group(session: 
 def test_restart_repairs_in_the_same_group_when_it_has_room(session: Session) -> None:
     group(session, "cpu-a", 2)
     group(session, "cpu-b", 1)
-    task = _running(session)
+    task = running_task(session)
     sub = _subs(session, task)[1]
     internal.finish(session, sub=sub, data=Finished(succeeded=False, cause="infra",
                                                     detail="rank-3 exited with code -9"))
@@ -94,7 +86,7 @@ def test_restart_repairs_in_the_same_group_when_it_has_room(session: Session) ->
 def test_restarts_stop_at_max_restarts(session: Session) -> None:
     group(session, "cpu-a", 2)
     group(session, "cpu-b", 1)
-    task = _running(session, max_restarts=0)
+    task = running_task(session, max_restarts=0)
     internal.finish(session, sub=_subs(session, task)[0],
                     data=Finished(succeeded=False, cause="infra", detail="ps killed"))
     session.refresh(task)
@@ -106,7 +98,7 @@ def test_restarts_stop_at_max_restarts(session: Session) -> None:
 def test_user_error_fails_and_peer_errors_wait_for_the_root_cause(session: Session) -> None:
     group(session, "cpu-a", 2)
     group(session, "cpu-b", 1)
-    task = _running(session)
+    task = running_task(session)
     first, second = _subs(session, task)
     internal.finish(session, sub=second, data=Finished(succeeded=False, cause="peer",
                                                        detail="Connection closed by peer"))
@@ -121,7 +113,7 @@ def test_user_error_fails_and_peer_errors_wait_for_the_root_cause(session: Sessi
 def test_only_peer_errors_everywhere_restart(session: Session) -> None:
     group(session, "cpu-a", 2)
     group(session, "cpu-b", 1)
-    task = _running(session)
+    task = running_task(session)
     for sub in _subs(session, task):
         internal.finish(session, sub=sub, data=Finished(succeeded=False, cause="peer",
                                                         detail="Connection reset by peer"))
@@ -132,7 +124,7 @@ def test_only_peer_errors_everywhere_restart(session: Session) -> None:
 def test_reports_of_an_old_attempt_are_ignored(session: Session) -> None:
     group(session, "cpu-a", 2)
     group(session, "cpu-b", 1)
-    task = _running(session)
+    task = running_task(session)
     old_first, old_second = _subs(session, task)
     internal.finish(session, sub=old_first, data=Finished(succeeded=False, cause="infra"))
     schedule_next(session)
@@ -172,7 +164,7 @@ def test_agent_that_registers_again_restarts_its_tasks(session: Session) -> None
 
     group(session, "cpu-a", 2)
     group(session, "cpu-b", 1)
-    task = _running(session)
+    task = running_task(session)
     session.execute(update(Agent).where(Agent.name == "agent-cpu-b")
                     .values(instance_id="0" * 32))
     agents.register(session, data=AgentRegister(  # the same agent (instance id), restarted

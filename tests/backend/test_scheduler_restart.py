@@ -14,14 +14,11 @@ from sqlalchemy.orm import Session
 from backend.agents.models import Agent
 from backend.core.config import get_settings
 from backend.core.db import utcnow
-from backend.internal import service as internal
-from backend.internal.schemas import Claim
 from backend.scheduler import monitor
 from backend.scheduler.loop import SchedulerLoop
-from backend.scheduler.service import schedule_next
-from backend.tasks.models import EventKind, SubTask, Task, TaskEvent
+from backend.tasks.models import EventKind, Task, TaskEvent
 from backend.tasks.models import TaskStatus as S
-from tests.backend.scheduling import RecordingDispatcher, group, submit, version
+from tests.backend.scheduling import RecordingDispatcher, group, running_task
 
 pytestmark = pytest.mark.stack
 
@@ -29,16 +26,7 @@ pytestmark = pytest.mark.stack
 def _running(session: Session) -> Task:
     group(session, "cpu-a", 2)
     group(session, "cpu-b", 1)
-    task = submit(session, version(session),
-                  [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}])
-    assert schedule_next(session) is not None
-    for sub in session.scalars(select(SubTask).where(SubTask.task_id == task.id)).all():
-        agent = session.scalar(select(Agent).where(
-            Agent.resource_group_id == sub.resource_group_id))
-        internal.claim(session, sub=sub, data=Claim(agent_id=agent.id, host=agent.host))
-    session.refresh(task)
-    assert task.status is S.RUNNING
-    return task
+    return running_task(session)
 
 
 def _last_heartbeats(session: Session, seconds_ago: float) -> None:

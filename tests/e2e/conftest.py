@@ -14,6 +14,25 @@ from backend.stack import GroupSetup, LocalStack
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
+# A tiny training module that trains: a linear model on random sums (tests change a part).
+TINY = '''
+import torch
+
+def build_model():
+    return torch.nn.Linear(4, 1)
+
+def build_datasets():
+    x = torch.randn(32, 4)
+    return [(x[i], x[i].sum()) for i in range(32)], [(x[i], x[i].sum()) for i in range(8)]
+
+def build_optimizer(params):
+    return torch.optim.SGD(params, lr=0.1)
+
+def loss_fn(output, target):
+    return torch.nn.functional.mse_loss(output.squeeze(-1), target)
+'''
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

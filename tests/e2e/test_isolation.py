@@ -17,25 +17,8 @@ import httpx
 import pytest
 
 from backend.stack import LocalStack
-from tests.e2e.conftest import new_version, rank_dirs, submit, wait_for
+from tests.e2e.conftest import TINY, new_version, rank_dirs, submit, wait_for
 from worker.agent import netpolicy
-
-TINY = '''
-import torch
-
-def build_model():
-    return torch.nn.Linear(4, 1)
-
-def build_datasets():
-    x = torch.randn(32, 4)
-    return [(x[i], x[i].sum()) for i in range(32)], [(x[i], x[i].sum()) for i in range(8)]
-
-def build_optimizer(params):
-    return torch.optim.SGD(params, lr=0.1)
-
-def loss_fn(output, target):
-    return torch.nn.functional.mse_loss(output.squeeze(-1), target)
-'''
 
 PROBE = TINY.replace("def build_datasets():", '''import json, os, urllib.request
 

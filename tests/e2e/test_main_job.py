@@ -7,30 +7,15 @@ import httpx
 import torch
 
 from backend.stack import LocalStack
-from tests.e2e.conftest import new_version, submit, training_processes, wait_for
+from tests.e2e.conftest import TINY, new_version, submit, training_processes, wait_for
 
-FAILING_MODEL = b'''
-import torch
-
-def build_model():
-    raise RuntimeError("model definition is broken: bad layer size")
-
-def build_datasets():
-    x = torch.randn(32, 4)
-    return [(x[i], x[i].sum()) for i in range(32)], [(x[i], x[i].sum()) for i in range(8)]
-
-def build_optimizer(params):
-    return torch.optim.SGD(params, lr=0.1)
-
-def loss_fn(output, target):
-    return torch.nn.functional.mse_loss(output.squeeze(-1), target)
-'''
+FAILING_MODEL = TINY.replace(
+    "    return torch.nn.Linear(4, 1)",
+    '    raise RuntimeError("model definition is broken: bad layer size")',
+).encode()
 
 
-FAILING_STEP = FAILING_MODEL.replace(
-    b'    raise RuntimeError("model definition is broken: bad layer size")',
-    b"    return torch.nn.Linear(4, 1)",
-).replace(b"def loss_fn(output, target):", b"""CALLS = [0]
+FAILING_STEP = TINY.encode().replace(b"def loss_fn(output, target):", b"""CALLS = [0]
 
 def loss_fn(output, target):
     CALLS[0] += 1
