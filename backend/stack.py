@@ -49,9 +49,7 @@ class LocalStack:
     extra_env: dict[str, str] = field(default_factory=dict)
     database_url: str | None = None
     broker_url: str | None = None
-    _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    _agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    _children: dict[str, "_Child"] = field(default_factory=dict)
+    _children: dict[str, "_Child"] = field(default_factory=dict)  # API and agents, by name
 
     @property
     def url(self) -> str:
@@ -87,7 +85,6 @@ class LocalStack:
             proc = subprocess.Popen([sys.executable, "-m", "backend.cli", *args],
                                     env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-        self._procs.append(proc)
         self._children[log_name] = _Child(log_name, args, proc, time.monotonic())
         return proc
 
@@ -113,11 +110,8 @@ class LocalStack:
                             self.data_dir / f"{child.name}.log")
             if now < child.due:
                 continue
-            self._procs.remove(child.proc)
             proc = self._spawn(child.args, child.name)
             self._children[child.name].delay = child.delay
-            if child.name in self._agents:
-                self._agents[child.name] = proc
             log.warning("%s restarted (pid %s)", child.name, proc.pid)
             restarted.append(child.name)
         return restarted
@@ -146,24 +140,18 @@ class LocalStack:
     def stop_api(self, grace_s: float = 10.0) -> None:
         """Stop the API (SIGTERM, SIGKILL after `grace_s` s) as an operator restarting it
         would; the agents keep running. `start_api` brings it back."""
-        child = self._children.pop("api")
-        self._terminate([child.proc], grace_s)
-        self._procs.remove(child.proc)
+        self._terminate([self._children.pop("api").proc], grace_s)
 
     def start_agent(self, group: GroupSetup, name: str | None = None) -> subprocess.Popen[bytes]:
         name = name or f"agent-{group.name}"
-        proc = self._spawn(["agent", "--resource-group", group.name,
+        return self._spawn(["agent", "--resource-group", group.name,
                             "--workers", str(group.workers), "--name", name], name)
-        self._agents[name] = proc
-        return proc
 
     def kill_agent(self, name: str) -> int:
         """SIGKILL agent `name` (no clean deregistration), as a crashed host would; its pid."""
-        proc = self._agents.pop(name)
+        proc = self._children.pop(name).proc
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        self._procs.remove(proc)
-        self._children.pop(name, None)
         return proc.pid
 
     def _remembered_password(self) -> str:
@@ -222,7 +210,7 @@ class LocalStack:
                            f"see {self.data_dir}/agent-*.log")
 
     def _check_alive(self) -> None:
-        for proc in self._procs:
+        for proc in (child.proc for child in self._children.values()):
             if proc.poll() is not None:
                 raise RuntimeError(f"{proc.args!r} exited with "
                                    f"{proc.returncode}; see the logs in {self.data_dir}")
@@ -230,11 +218,9 @@ class LocalStack:
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop every process this stack started: the agents first (they deregister while
         the API still answers), then the API."""
-        agents = set(self._agents.values())
-        self._terminate([p for p in reversed(self._procs) if p in agents], grace_s)
-        self._terminate([p for p in self._procs if p not in agents], grace_s)
-        self._procs.clear()
-        self._agents.clear()
+        children = list(self._children.values())
+        self._terminate([c.proc for c in reversed(children) if c.is_agent], grace_s)
+        self._terminate([c.proc for c in children if not c.is_agent], grace_s)
         self._children.clear()
 
     @staticmethod
@@ -273,6 +259,10 @@ class _Child:
     started: float
     delay: float = 0.5
     due: float | None = None
+
+    @property
+    def is_agent(self) -> bool:
+        return self.args[0] == "agent"
 
 
 def _signal_group(pgid: int, signum: int) -> None:

@@ -105,11 +105,6 @@ def authenticate(session: Session, *, plain: str) -> tuple[ApiToken, User]:
     return token, user
 
 
-def user_for_token(session: Session, *, plain: str) -> User:
-    """The active user a bearer token belongs to (see `authenticate`). Raises Unauthorized."""
-    return authenticate(session, plain=plain)[1]
-
-
 def list_for(session: Session, *, user: User) -> Sequence[ApiToken]:
     query = select(ApiToken).where(ApiToken.user_id == user.id).order_by(ApiToken.id.desc())
     return session.scalars(query).all()
