@@ -202,7 +202,7 @@ def test_image_runs_as_an_unprivileged_user() -> None:
 
 def test_only_agents_run_as_root_to_sandbox_their_ranks() -> None:
     """The API and the one-shot job keep the image's unprivileged user; an agent is root in
-    its container (only root starts ranks as polytrain-run) with the namespaces bwrap needs."""
+    its container (only root starts ranks as other uids) with the namespaces bwrap needs."""
     for name, service in SERVICES.items():
         if name in AGENTS:
             assert service["user"] == "root"

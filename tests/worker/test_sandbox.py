@@ -4,11 +4,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from worker.agent import netpolicy
 from worker.agent.sandbox import (
+    Lease,
     Sandbox,
     SandboxUnavailable,
     rank_environment,
@@ -39,6 +42,20 @@ def sandbox(tmp_path: Path) -> Sandbox:
     return Sandbox.detect(user="polytrain-run", data_dir=tmp_path)
 
 
+@pytest.fixture
+def leases(sandbox: Sandbox) -> Iterator[Callable[[], Lease]]:
+    """Lease sandbox uids for the test; all are released at its end."""
+    held: list[Lease] = []
+
+    def lease() -> Lease:
+        held.append(sandbox.pool.lease())
+        return held[-1]
+
+    yield lease
+    for one in held:
+        one.release()
+
+
 def test_rank_environment_is_allow_listed(tmp_path: Path) -> None:
     host = {"POLYTRAIN_AGENT_TOKEN": "t0ken", "POLYTRAIN_ADMIN_PASSWORD": "pw",
             "DATABASE_URL": "postgresql://u:p@db/x", "BROKER_URL": "redis://:p@r",
@@ -52,35 +69,38 @@ def test_rank_environment_is_allow_listed(tmp_path: Path) -> None:
 
 
 def test_rank_runs_unprivileged_and_sees_only_its_own_folder(
-        sandbox: Sandbox, tmp_path: Path) -> None:
+        sandbox: Sandbox, leases: Callable[[], Lease], tmp_path: Path) -> None:
     secret = tmp_path / "polytrain.db"
     secret.write_text("agent secrets")
     secret.chmod(0o644)  # world-readable on purpose: the mount namespace alone must hide it
-    other = sandbox.new_rank_dir()
+    theirs, ours = leases(), leases()
+    other = sandbox.new_rank_dir(theirs.uid)
     write_rank_file(other, "final.pt", b"another task's checkpoint")
-    mine = sandbox.new_rank_dir()
+    mine = sandbox.new_rank_dir(ours.uid)
     code = (PROBE.replace("SECRET", repr(str(secret)))
             .replace("OTHER", repr(str(other / "final.pt")))
             .replace("AGENT_PID", str(os.getpid())))
     env = rank_environment({}, mine, {**os.environ, "POLYTRAIN_AGENT_TOKEN": "t0ken"})
-    done = subprocess.run(sandbox.command(mine, ["-c", code]), env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(sandbox.command(mine, ["-c", code], ours.uid), env=env,
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
-    assert seen["uid"] == sandbox.uid != 0
+    assert seen["uid"] == ours.uid != theirs.uid
     assert seen["cwd"] == str(mine)
     assert seen["secret"].startswith("refused") and seen["other"].startswith("refused")
     assert seen["agent_proc"].startswith("refused")
     assert int(seen["caps"], 16) == 0
     assert "t0ken" not in json.dumps(seen["env"])
     assert (mine / "own.txt").read_text() == "mine"
-    assert (mine / "own.txt").stat().st_uid == sandbox.uid
+    assert (mine / "own.txt").stat().st_uid == ours.uid
+    # Even where a mount would show it, another rank's folder belongs to another uid.
+    assert other.stat().st_uid == theirs.uid and other.stat().st_mode & 0o077 == 0
 
 
 def test_agent_reads_user_files_without_following_links(sandbox: Sandbox, tmp_path: Path) -> None:
     secret = tmp_path / "polytrain.db"
     secret.write_text("agent secrets")
-    rank = sandbox.new_rank_dir()
+    rank = sandbox.new_rank_dir(sandbox.pool.first)
     (rank / "checkpoints").mkdir()
     (rank / "checkpoints" / "step-1.pt").write_bytes(b"weights")
     (rank / "checkpoints" / "linked.pt").symlink_to(secret)
@@ -113,26 +133,79 @@ def test_agent_without_bubblewrap_stops_at_once_naming_the_install(tmp_path: Pat
     assert "apt-get install -y bubblewrap" in done.stderr
 
 
-def test_network_filter_is_installed_once_and_kept() -> None:
-    """Every agent start applies the same chain; a second start changes nothing (no gap
-    opened for running ranks), and the sandbox user's packets jump to it exactly once."""
-    import pwd
-
-    from worker.agent import netpolicy
-
-    uid = pwd.getpwnam("polytrain-run").pw_uid
-    netpolicy.apply(uid)
-    netpolicy.apply(uid)
+def test_network_filter_is_installed_once_and_kept(sandbox: Sandbox) -> None:
+    """Every agent start applies the same chains; a second start changes nothing (no gap
+    opened for running ranks), and the pool's packets jump to them exactly once."""
+    uids = sandbox.pool.uids
+    netpolicy.install(uids)
     for tool, ipv6 in (("iptables", False), ("ip6tables", True)):
-        listed = subprocess.run([tool, "-S", netpolicy.CHAIN], capture_output=True, text=True,
-                                check=True).stdout.splitlines()
-        rules = netpolicy.chain_rules(netpolicy.ephemeral_ports(), ipv6=ipv6)
-        assert listed == [f"-N {netpolicy.CHAIN}",
-                          *(f"-A {netpolicy.CHAIN} " + " ".join(r) for r in rules)]
-        output = subprocess.run([tool, "-S", "OUTPUT"], capture_output=True, text=True,
-                                check=True).stdout
-        jump = f"-A OUTPUT -m owner --uid-owner {uid} -j {netpolicy.CHAIN}"
-        assert output.splitlines().count(jump) == 1
+        def listed(chain: str, tool: str = tool) -> list[str]:
+            return subprocess.run([tool, "-S", chain], capture_output=True, text=True,
+                                  check=True).stdout.splitlines()
+
+        main = netpolicy.main_rules(uids, ipv6=ipv6)
+        assert listed(netpolicy.CHAIN) == [
+            f"-N {netpolicy.CHAIN}", *(f"-A {netpolicy.CHAIN} " + " ".join(r) for r in main)]
+        jump = f"-A OUTPUT -m owner --uid-owner {uids[0]}-{uids[-1]} -j {netpolicy.CHAIN}"
+        assert listed("OUTPUT").count(jump) == 1
+        chain = netpolicy.uid_chain(uids[-1])  # not leased here: closed
+        assert listed(chain)[1:] == [f"-A {chain} " + " ".join(r)
+                                     for r in netpolicy.closed_rules(ipv6=ipv6)]
+
+
+CONNECT = """
+import socket, sys
+try:
+    with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=3) as conn:
+        print(conn.recv(5).decode() or "closed")
+except OSError as exc:
+    print("refused:", type(exc).__name__)
+"""
+LISTEN = """
+import socket
+with socket.socket() as server:
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    print(server.getsockname()[1], flush=True)
+    while True:
+        conn, _ = server.accept()
+        conn.sendall(b"hello")
+        conn.close()
+"""
+
+
+def test_a_rank_reaches_only_ranks_of_its_own_task(
+        sandbox: Sandbox, leases: Callable[[], Lease]) -> None:
+    """Two tasks on one host: a rank of task 1 connects to task 1's listening rank; a rank of
+    task 2 is refused, as is a slot not yet given a task, and one whose task has ended."""
+    listener, peer, stranger, idle = leases(), leases(), leases(), leases()
+    for lease, task_id in ((listener, 1), (peer, 1), (stranger, 2)):
+        lease.admit(task_id)
+
+    def python(lease: Lease, code: str, *args: str) -> list[str]:
+        rank_dir = sandbox.new_rank_dir(lease.uid)
+        return sandbox.command(rank_dir, ["-c", code, *args], lease.uid)
+
+    def connect(lease: Lease, port: str) -> str:
+        return subprocess.run(python(lease, CONNECT, port), capture_output=True, text=True,
+                              timeout=60, env=rank_environment({}, Path("/tmp"))).stdout.strip()
+
+    server = subprocess.Popen(python(listener, LISTEN), stdout=subprocess.PIPE, text=True,
+                              env=rank_environment({}, Path("/tmp")))
+    try:
+        assert server.stdout is not None
+        port = server.stdout.readline().strip()
+        assert connect(peer, port) == "hello"
+        # Its handshake's reply is dropped on the way back: the connection attempt times out.
+        assert connect(stranger, port).startswith("refused")
+        assert connect(idle, port).startswith("refused")
+        peer.release()  # its task ended: the uid is closed again
+        peer = leases()
+        assert connect(peer, port).startswith("refused")
+        assert connect(listener, "22").startswith("refused")  # a service on a fixed port
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_a_sparse_checkpoint_is_refused_without_reading_it(tmp_path: Path) -> None:

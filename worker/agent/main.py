@@ -17,7 +17,7 @@ from worker.agent.client import InternalApi
 from worker.agent.identity import claim_instance_id
 from worker.agent.processes import RunningRegistry, WarmPool
 from worker.agent.runner import SubTaskRunner
-from worker.agent.sandbox import Sandbox
+from worker.agent.sandbox import Sandbox, UidPool
 from worker.config import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,8 @@ def run_agent(settings: AgentSettings, *, resource_group: str, workers: int,
         SandboxUnavailable: (naming the command that fixes it) before registering, if
             this host cannot sandbox ranks (docs/security.md).
     """
-    sandbox = Sandbox.detect(user=settings.sandbox_user, data_dir=settings.data_dir)
+    sandbox = Sandbox.detect(user=settings.sandbox_user, data_dir=settings.data_dir,
+                             uids=UidPool(settings.sandbox_uid_first, settings.sandbox_uid_count))
     api = InternalApi(settings.api_url, settings.agent_token.get_secret_value(), retries=30)
     name = name or f"{socket.gethostname()}-{resource_group}-{os.getpid()}"
     instance_id = claim_instance_id(settings.data_dir, name)

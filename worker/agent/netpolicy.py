@@ -1,18 +1,36 @@
-"""What the ranks may reach on the network: their rendezvous peers, nothing else.
+"""What the ranks may reach on the network: their own task's ranks, nothing else.
 
 Ranks share the host's network namespace (their peers sit on other hosts), so
-the filter is the kernel's: an iptables chain, jumped to from OUTPUT for every
-packet the sandbox user sends (`-m owner --uid-owner`), that lets through only
+the filter is the kernel's, with iptables and ip6tables. Every rank slot runs
+as its own user from a pool of sandbox uids (`worker.agent.sandbox.UidPool`);
+each of their packets jumps from OUTPUT (`-m owner --uid-owner FIRST-LAST`) to
+the chain :data:`CHAIN`, which sends each uid on to its own chain
+(``POLYTRAIN-U<uid>``, with goto: a RETURN there ends the filter's verdict
+for the packet as "allowed"). A uid's chain rejects everything until the
+agent admits the slot to a task (:func:`admit`), and again once it is
+revoked (:func:`revoke`, when the slot's process has ended). An admitted uid
+may send:
 
-- TCP to ports in the kernel's ephemeral range (`net.ipv4.ip_local_port_range`),
-  where torch.distributed's rendezvous store (the agent picks its port with a
-  bind to port 0) and gloo's pair sockets listen, and
-- replies on connections a peer opened to the rank,
+- new TCP connections to ports in the kernel's ephemeral range
+  (`net.ipv4.ip_local_port_range`), where torch.distributed's rendezvous
+  store (the agent picks its port with a bind to port 0) and gloo's pair
+  sockets listen; the connection's conntrack mark is set to the task id;
+- packets of connections marked with its own task id: those it opened, and
+  replies on connections that a rank of the same task on this host opened to it;
+- replies on unmarked connections, which peers on other hosts (or the agent)
+  opened to it.
 
-and rejects the rest: the database, the broker, the API, SSH, DNS and every other
-service on a fixed port, on this host or any other (IPv4 and IPv6). The rules
-are the same for every agent on a host and are kept as they are when present.
-docs/security.md says what this leaves to the operator.
+Everything else is rejected (a TCP reset, so a refused peer fails at once): the
+database, the broker, the API, SSH, DNS and every service on a fixed port, on
+this host or any other; and a rank of another task on this host, whose
+connection carries that task's mark. What the filter cannot tell apart is a
+connection from a rank of another task on another host (the mark does not
+travel with the packet): docs/security.md says what that leaves to the operator.
+
+The chain layout is the same for every agent on a host; an agent changes only
+the chains of the uids it holds, each change one atomic `iptables-restore
+--noflush` transaction, so a uid's chain is never seen empty (which, reached by
+goto, would allow everything).
 """
 
 from __future__ import annotations
@@ -24,6 +42,8 @@ from pathlib import Path
 CHAIN = "POLYTRAIN-RANKS"
 INSTALL_HINT = "install iptables: `apt-get install -y iptables` (make install does it)"
 PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+TOOLS = ("iptables", "ip6tables")
+MAX_MARK = 2**32 - 1
 
 
 class NetworkPolicyUnavailable(RuntimeError):
@@ -36,44 +56,122 @@ def ephemeral_ports() -> tuple[int, int]:
     return int(first), int(last)
 
 
-def chain_rules(ports: tuple[int, int], *, ipv6: bool = False) -> list[list[str]]:
-    """The chain's rules, in order, as iptables arguments after `-A CHAIN` (spelt as
-    `iptables -S` prints them, so an installed chain compares equal)."""
-    reject = "icmp6-port-unreachable" if ipv6 else "icmp-port-unreachable"
-    return [["-p", "tcp", "-m", "tcp", "--dport", f"{ports[0]}:{ports[1]}", "-j", "RETURN"],
-            ["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN"],
-            ["-j", "REJECT", "--reject-with", reject]]
+def uid_chain(uid: int) -> str:
+    """The chain holding what sandbox uid `uid` may send."""
+    return f"POLYTRAIN-U{uid}"
 
 
-def apply(uid: int) -> None:
-    """Install the filter for packets of `uid` (the sandbox user) with iptables and ip6tables.
+def _reject(ipv6: bool) -> list[list[str]]:
+    icmp = "icmp6-port-unreachable" if ipv6 else "icmp-port-unreachable"
+    return [["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"],
+            ["-j", "REJECT", "--reject-with", icmp]]
 
-    Idempotent; leaves a chain that already holds exactly these rules untouched,
-    so agents starting together do not open a gap for each other's ranks.
+
+def admitted_rules(task_id: int, ports: tuple[int, int], *, ipv6: bool = False
+                   ) -> list[list[str]]:
+    """The rules of a uid admitted to task `task_id`, spelt as `iptables -S` prints them.
+
+    Raises ValueError for a task id that is no valid conntrack mark (1 to 2**32 - 1).
+    """
+    if not 1 <= task_id <= MAX_MARK:
+        raise ValueError(f"task id {task_id} is outside the conntrack mark range 1..{MAX_MARK}")
+    mark = hex(task_id)
+    new = ["-p", "tcp", "-m", "conntrack", "--ctstate", "NEW", "-m", "tcp", "--dport",
+           f"{ports[0]}:{ports[1]}"]
+    return [[*new, "-j", "CONNMARK", "--set-xmark", f"{mark}/0xffffffff"],
+            [*new, "-j", "RETURN"],
+            ["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-m", "connmark", "--mark",
+             mark, "-j", "RETURN"],
+            ["-m", "conntrack", "--ctstate", "ESTABLISHED", "--ctdir", "REPLY", "-m",
+             "connmark", "--mark", "0x0", "-j", "RETURN"],
+            *_reject(ipv6)]
+
+
+def closed_rules(*, ipv6: bool = False) -> list[list[str]]:
+    """The rules of a uid not admitted to any task: reject everything."""
+    return _reject(ipv6)
+
+
+def main_rules(uids: range, *, ipv6: bool = False) -> list[list[str]]:
+    """The rules of :data:`CHAIN`: each pool uid to its own chain, anything else rejected."""
+    return [*(["-m", "owner", "--uid-owner", str(uid), "-g", uid_chain(uid)] for uid in uids),
+            *_reject(ipv6)]
+
+
+def install(uids: range) -> None:
+    """Install the filter for the sandbox uids `uids` with iptables and ip6tables.
+
+    Idempotent: a host whose chains already match is left untouched, and the
+    chains of uids another agent on this host holds are never reset, so agents
+    starting together do not open a gap for each other's ranks.
 
     Raises:
         NetworkPolicyUnavailable: iptables missing, or the kernel refused a rule.
     """
+    for tool in TOOLS:
+        binary = _binary(tool)
+        ipv6 = tool == "ip6tables"
+        chains = {line.split()[1] for line in _run(binary, "-S").stdout.splitlines()
+                  if line.startswith("-N ")}
+        missing = [uid for uid in uids if uid_chain(uid) not in chains]
+        declare = [f":{uid_chain(uid)} - [0:0]" for uid in missing]
+        rules = [_append(uid_chain(uid), rule) for uid in missing
+                 for rule in closed_rules(ipv6=ipv6)]
+        expected = [f"-N {CHAIN}", *(_append(CHAIN, r) for r in main_rules(uids, ipv6=ipv6))]
+        if CHAIN not in chains or _run(binary, "-S", CHAIN).stdout.splitlines() != expected:
+            declare.append(f":{CHAIN} - [0:0]")
+            rules += expected[1:]
+        if declare:
+            _restore(tool, declare + rules)
+        jump = ["OUTPUT", "-m", "owner", "--uid-owner", f"{uids[0]}-{uids[-1]}", "-j", CHAIN]
+        if _run(binary, "-C", *jump, check=False).returncode != 0:
+            _run(binary, "-I", *jump)
+
+
+def admit(uid: int, task_id: int) -> None:
+    """Let sandbox uid `uid` reach the ranks of task `task_id` (and its peers elsewhere).
+
+    Raises NetworkPolicyUnavailable if the kernel refused the change, ValueError
+    for a task id outside 1..2**32 - 1.
+    """
     ports = ephemeral_ports()
-    for tool in ("iptables", "ip6tables"):
-        binary = shutil.which(tool)
-        if binary is None:
-            raise NetworkPolicyUnavailable(f"{tool} not found: {INSTALL_HINT}")
-        _apply_one(binary, uid, chain_rules(ports, ipv6=tool == "ip6tables"))
+    for tool in TOOLS:
+        _set_chain(tool, uid, admitted_rules(task_id, ports, ipv6=tool == "ip6tables"))
 
 
-def _apply_one(binary: str, uid: int, rules: list[list[str]]) -> None:
-    expected = [f"-N {CHAIN}", *(f"-A {CHAIN} " + " ".join(rule) for rule in rules)]
-    listed = _run(binary, "-S", CHAIN, check=False)
-    if listed.returncode != 0:
-        _run(binary, "-N", CHAIN)
-    if listed.stdout.splitlines() != expected:
-        _run(binary, "-F", CHAIN)
-        for rule in rules:
-            _run(binary, "-A", CHAIN, *rule)
-    jump = ["OUTPUT", "-m", "owner", "--uid-owner", str(uid), "-j", CHAIN]
-    if _run(binary, "-C", *jump, check=False).returncode != 0:
-        _run(binary, "-I", *jump)
+def revoke(uid: int) -> None:
+    """Reject everything sandbox uid `uid` sends again. Raises NetworkPolicyUnavailable."""
+    for tool in TOOLS:
+        _set_chain(tool, uid, closed_rules(ipv6=tool == "ip6tables"))
+
+
+def _set_chain(tool: str, uid: int, rules: list[list[str]]) -> None:
+    chain = uid_chain(uid)
+    _restore(tool, [f":{chain} - [0:0]", *(_append(chain, rule) for rule in rules)])
+
+
+def _append(chain: str, rule: list[str]) -> str:
+    return f"-A {chain} " + " ".join(rule)
+
+
+def _binary(tool: str) -> str:
+    binary = shutil.which(tool)
+    if binary is None:
+        raise NetworkPolicyUnavailable(f"{tool} not found: {INSTALL_HINT}")
+    return binary
+
+
+def _restore(tool: str, lines: list[str]) -> None:
+    """Apply `lines` to the filter table in one transaction (declared chains are emptied
+    first; nothing else is touched)."""
+    binary = _binary(f"{tool}-restore")
+    script = "\n".join(["*filter", *lines, "COMMIT", ""])
+    done = subprocess.run([binary, "--noflush", "-w", "10"], input=script, capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise NetworkPolicyUnavailable(
+            f"{Path(binary).name} failed: {done.stderr.strip()} (the agent needs root and a "
+            "kernel with the owner, conntrack and connmark matches)")
 
 
 def _run(binary: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

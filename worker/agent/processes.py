@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from worker.agent.sandbox import Sandbox, check_rank_env, rank_environment
+from worker.agent.sandbox import Lease, Sandbox, check_rank_env, rank_environment
 
 PR_SET_PDEATHSIG = 1
 Cause = Literal["user", "infra", "peer"]
@@ -55,17 +55,27 @@ class Slot:
 
     popen: subprocess.Popen[str]
     rank_dir: Path
+    lease: Lease
 
-    def begin(self, spec_path: Path, env: Mapping[str, str], *, memory_limit_mb: int) -> bool:
-        """Hand the slot its rank: run the spec with `env` (RANK, ...) under the memory limit.
+    def begin(self, spec_path: Path, env: Mapping[str, str], *, task_id: int,
+              memory_limit_mb: int) -> bool:
+        """Hand the slot its rank of task `task_id`: open the slot's network to that task's
+        ranks, then run the spec with `env` (RANK, ...) under the memory limit.
 
         `memory_limit_mb` becomes the process's RLIMIT_DATA (heap and private
         writable mappings, in MiB). False if the interpreter has already died.
-        Raises KeyError if `env` sets a variable outside `sandbox.RANK_ENV`.
+        Raises KeyError if `env` sets a variable outside `sandbox.RANK_ENV`,
+        NetworkPolicyUnavailable if the kernel refused the network rules.
         """
         check_rank_env(env)
         if self.popen.poll() is not None or self.popen.stdin is None:
             return False
+        try:
+            self.lease.admit(task_id)
+        except RuntimeError:  # released: the interpreter ended meanwhile
+            if self.popen.poll() is not None:
+                return False
+            raise
         order = {"argv": ["--spec", str(spec_path)], "env": dict(env), "cwd": str(self.rank_dir),
                  "memory_limit_bytes": memory_limit_mb * 1024 * 1024}
         try:
@@ -79,15 +89,31 @@ class Slot:
 def start_slot(sandbox: Sandbox, *, warm: bool = False) -> Slot:
     """Start an interpreter in a new rank directory inside the sandbox.
 
+    It runs as a sandbox uid leased for it alone, with no network until
+    `Slot.begin`; the uid goes back to the pool when the process has ended.
     Its environment is only the allow-listed one (`sandbox.rank_environment`);
     it dies with the agent (parent-death signal, and bwrap's `--die-with-parent`),
     so a killed agent leaves no orphan training processes. `warm`: import torch
-    and the engine first, then print `@@warm ready`.
+    and the engine first, then print `@@warm ready`. Raises SandboxUnavailable
+    when every sandbox uid of the host is in use.
     """
-    rank_dir = sandbox.new_rank_dir()
-    argv = ["-m", "worker.agent.warm", *([] if warm else ["--cold"])]
-    return Slot(_popen(sandbox.command(rank_dir, argv), rank_environment({}, rank_dir)),
-                rank_dir)
+    lease = sandbox.pool.lease()
+    try:
+        rank_dir = sandbox.new_rank_dir(lease.uid)
+        argv = ["-m", "worker.agent.warm", *([] if warm else ["--cold"])]
+        popen = _popen(sandbox.command(rank_dir, argv, lease.uid),
+                       rank_environment({}, rank_dir))
+    except BaseException:
+        lease.release()
+        raise
+    threading.Thread(target=_release_when_done, args=(popen, lease), name="uid-lease",
+                     daemon=True).start()
+    return Slot(popen, rank_dir, lease)
+
+
+def _release_when_done(popen: subprocess.Popen[str], lease: Lease) -> None:
+    popen.wait()
+    lease.release()
 
 
 class WarmPool:

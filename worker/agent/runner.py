@@ -121,7 +121,8 @@ class SubTaskRunner:
                                     spec.model_dump_json(indent=2).encode())
         env = rank_env(spec, rank, addr, port)
         env["POLYTRAIN_DIST_TIMEOUT_S"] = str(self.settings.dist_timeout_s)
-        slot.begin(spec_path, env, memory_limit_mb=payload.limits.memory_limit_mb)
+        slot.begin(spec_path, env, task_id=payload.task_id,
+                   memory_limit_mb=payload.limits.memory_limit_mb)
 
     def _watch(self, payload: SubTaskPayload, procs: ProcessSet, reporter: Reporter
                ) -> Outcome:

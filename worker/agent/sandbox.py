@@ -7,21 +7,27 @@ started as
         -- setpriv --reuid <sandbox user> ... -- python -m worker.agent.warm
 
 so it sees only the files it needs (no data directory, database, agent token
-file or other task's folders), runs as the unprivileged sandbox user with no
-capabilities, in its own PID, IPC and UTS namespaces, and gets only the
-environment variables in :data:`ALLOWED_ENV`. The network namespace is the
-host's (ranks must reach their rendezvous peers on other hosts); what the
-sandbox user may connect to is filtered by `worker.agent.netpolicy`.
+file or other task's folders), runs with no capabilities as a user of its
+own, leased from a pool of sandbox uids (:class:`UidPool`) shared by the
+agents of the host, in its own PID, IPC and UTS namespaces, and gets only the
+environment variables in :data:`ALLOWED_ENV`. Its directory belongs to that
+uid alone (mode 0700), so another rank could not read it even if it saw it.
+The network namespace is the host's (ranks must reach their rendezvous peers
+on other hosts); what each uid may connect to is filtered by
+`worker.agent.netpolicy`: nothing until the agent admits the slot to a task,
+then only that task's ranks.
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import pwd
 import shutil
 import stat
 import sys
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,12 +50,15 @@ ALLOWED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREA
 # What the engine itself reads (worker.engine.launch), set by the agent per rank.
 RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
             "POLYTRAIN_DIST_TIMEOUT_S", "PYTHONUNBUFFERED")
-ETC_FILES = ("passwd", "group", "hosts", "resolv.conf", "nsswitch.conf", "host.conf",
+ETC_FILES = ("group", "hosts", "resolv.conf", "nsswitch.conf", "host.conf",
              "gai.conf", "protocols", "services", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
              "localtime", "ssl", "ca-certificates", "alternatives")
 TMP_SIZE_BYTES = 512 * 1024 * 1024
 # The API's default `max_internal_body_bytes`: a larger checkpoint would be refused anyway.
 MAX_CHECKPOINT_BYTES = 512 * 1024 * 1024
+DEFAULT_UID_FIRST, DEFAULT_UID_COUNT = 2_100_000_000, 64
+# Where the agents of a host record which sandbox uids they hold (one lock file per uid).
+LEASE_DIR = Path("/run/polytrain/sandbox-uids")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -80,30 +89,110 @@ def check_rank_env(rank_env: Mapping[str, str]) -> None:
         raise KeyError(f"not allowed in a rank's environment: {sorted(unknown)}")
 
 
+class Lease:
+    """One sandbox uid held by this process until :meth:`release` (a lock on its file).
+
+    While held, :meth:`admit` lets the uid's packets reach one task's ranks
+    (`worker.agent.netpolicy.admit`); release closes its network again first.
+    """
+
+    def __init__(self, uid: int, fd: int) -> None:
+        self.uid, self._fd = uid, fd
+        self._lock = threading.Lock()
+        self._released = False
+
+    def admit(self, task_id: int) -> None:
+        """Open the uid's network to task `task_id`. Raises NetworkPolicyUnavailable,
+        or RuntimeError once released."""
+        with self._lock:
+            if self._released:
+                raise RuntimeError(f"sandbox uid {self.uid} was already released")
+            netpolicy.admit(self.uid, task_id)
+
+    def release(self) -> None:
+        """Close the uid's network and give the uid back to the pool (idempotent)."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            try:
+                netpolicy.revoke(self.uid)
+            finally:
+                os.close(self._fd)  # the lock goes with it
+
+
+@dataclass(frozen=True)
+class UidPool:
+    """The sandbox uids `first` .. `first + count - 1`, leased one per rank slot.
+
+    Leases are `flock`s on files in `lease_dir`, so the agents of a host share
+    the pool and a crashed agent's uids come back by themselves. The uids need
+    no account: ranks see them named ``polytrain-run-<n>`` in the passwd file
+    the sandbox mounts.
+    """
+
+    first: int
+    count: int
+    lease_dir: Path = LEASE_DIR
+
+    @property
+    def uids(self) -> range:
+        return range(self.first, self.first + self.count)
+
+    def lease(self) -> Lease:
+        """A free uid, its network closed. Raises SandboxUnavailable when all are held."""
+        self.lease_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for uid in self.uids:
+            fd = os.open(self.lease_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:  # a crashed agent may have left it admitted
+                netpolicy.revoke(uid)
+            except NetworkPolicyUnavailable:
+                os.close(fd)
+                raise
+            return Lease(uid, fd)
+        raise SandboxUnavailable(
+            f"all {self.count} sandbox uids ({self.first}..{self.first + self.count - 1}) are "
+            "in use on this host: raise POLYTRAIN_SANDBOX_UID_COUNT")
+
+    def passwd_lines(self, gid: int) -> list[str]:
+        """passwd entries naming the pool's uids, for the sandbox's /etc/passwd."""
+        return [f"polytrain-run-{uid - self.first}:x:{uid}:{gid}:polytrain rank:/nonexistent:"
+                "/usr/sbin/nologin" for uid in self.uids]
+
+
 @dataclass(frozen=True)
 class Sandbox:
-    """How this agent starts rank processes: bwrap binary, sandbox user and where ranks live.
+    """How this agent starts rank processes: bwrap binary, sandbox uids and where ranks live.
 
     `ranks_dir` (mode 0700, the agent's) holds one fresh directory per rank,
-    owned by the sandbox user; only that directory is writable (and visible)
-    inside the rank's sandbox.
+    owned by the rank's own uid (group `gid`, the sandbox user's); only that
+    directory is writable (and visible) inside the rank's sandbox.
     """
 
     bwrap: str
     setpriv: str
-    uid: int
+    pool: UidPool
     gid: int
     ranks_dir: Path
 
     @classmethod
-    def detect(cls, *, user: str, data_dir: str | os.PathLike[str]) -> Sandbox:
+    def detect(cls, *, user: str, data_dir: str | os.PathLike[str],
+               uids: UidPool | None = None) -> Sandbox:
         """Check this host can sandbox ranks and prepare `data_dir/agent/ranks`.
 
-        Installs the ranks' network filter (`worker.agent.netpolicy`).
-        Raises SandboxUnavailable naming the fix: bubblewrap or iptables
-        missing, the sandbox user missing, or the agent not running as root
-        (only root can start processes as another user and filter its packets).
+        `user` (an unprivileged account) gives the ranks' group; `uids` the
+        pool of rank uids (default: 64 from 2100000000). Installs the ranks'
+        network filter (`worker.agent.netpolicy`). Raises SandboxUnavailable
+        naming the fix: bubblewrap or iptables missing, the sandbox user
+        missing, or the agent not running as root (only root can start
+        processes as another user and filter their packets).
         """
+        pool = uids or UidPool(DEFAULT_UID_FIRST, DEFAULT_UID_COUNT)
         bwrap, setpriv = shutil.which("bwrap"), shutil.which("setpriv")
         if bwrap is None:
             raise SandboxUnavailable(f"bwrap not found: {INSTALL_HINT}")
@@ -118,35 +207,40 @@ class Sandbox:
         if os.geteuid() != 0:
             raise SandboxUnavailable(f"the agent must run as root to start ranks as '{user}'")
         try:
-            netpolicy.apply(entry.pw_uid)
+            netpolicy.install(pool.uids)
         except NetworkPolicyUnavailable as exc:
             raise SandboxUnavailable(f"cannot filter the ranks' network: {exc}") from exc
         ranks_dir = Path(data_dir).resolve() / "agent" / "ranks"
         ranks_dir.mkdir(parents=True, exist_ok=True)
         for folder in (ranks_dir.parent, ranks_dir):
             folder.chmod(0o700)
-        return cls(bwrap, setpriv, entry.pw_uid, entry.pw_gid, ranks_dir)
+        passwd = Path("/etc/passwd").read_text().rstrip("\n").splitlines()
+        staged = ranks_dir.parent / f"passwd.{os.getpid()}"  # replaced whole: agents share it
+        staged.write_text("\n".join([*passwd, *pool.passwd_lines(entry.pw_gid)]) + "\n")
+        staged.replace(ranks_dir.parent / "passwd")
+        return cls(bwrap, setpriv, pool, entry.pw_gid, ranks_dir)
 
-    def new_rank_dir(self) -> Path:
-        """A fresh empty directory for one rank, owned by the sandbox user (mode 0700)."""
+    def new_rank_dir(self, uid: int) -> Path:
+        """A fresh empty directory for one rank, owned by sandbox uid `uid` (mode 0700)."""
         path = self.ranks_dir / uuid.uuid4().hex
         path.mkdir(mode=0o700)
-        os.chown(path, self.uid, self.gid)
+        os.chown(path, uid, self.gid)
         return path
 
-    def command(self, rank_dir: Path, argv: list[str]) -> list[str]:
-        """The command line running `python argv...` in `rank_dir` inside the sandbox."""
+    def command(self, rank_dir: Path, argv: list[str], uid: int) -> list[str]:
+        """The command line running `python argv...` as `uid` in `rank_dir` inside the sandbox."""
         return [self.bwrap, *self._mounts(rank_dir), "--chdir", str(rank_dir),
                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                 "--die-with-parent", "--",
-                self.setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
+                self.setpriv, f"--reuid={uid}", f"--regid={self.gid}", "--clear-groups",
                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
                 sys.executable, *argv]
 
     def _mounts(self, rank_dir: Path) -> list[str]:
         args = ["--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev",
                 "--perms", "1777", "--size", str(TMP_SIZE_BYTES), "--tmpfs", "/tmp",
-                "--perms", "0755", "--dir", "/etc"]
+                "--perms", "0755", "--dir", "/etc",
+                "--ro-bind", str(self.ranks_dir.parent / "passwd"), "/etc/passwd"]
         for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
             if os.path.islink(top):
                 args += ["--symlink", os.readlink(top), top]
