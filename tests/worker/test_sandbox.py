@@ -14,6 +14,7 @@ from worker.agent.sandbox import (
     Lease,
     Sandbox,
     SandboxUnavailable,
+    UidPool,
     rank_environment,
     read_rank_file,
     write_rank_file,
@@ -218,3 +219,16 @@ def test_a_sparse_checkpoint_is_refused_without_reading_it(tmp_path: Path) -> No
         read_rank_file(tmp_path, "checkpoints", "huge.pt", max_bytes=1024)
     (tmp_path / "checkpoints" / "small.pt").write_bytes(b"w" * 1024)
     assert read_rank_file(tmp_path, "checkpoints", "small.pt", max_bytes=1024) == b"w" * 1024
+
+
+def test_uid_pool_hands_each_uid_to_one_slot_at_a_time(sandbox: Sandbox, tmp_path: Path) -> None:
+    """Leases are host-wide locks: a held uid is not handed out again until released, and an
+    exhausted pool says which setting to raise."""
+    pool = UidPool(sandbox.pool.uids[-1], 1, lease_dir=tmp_path / "leases")
+    held = pool.lease()
+    with pytest.raises(SandboxUnavailable, match="POLYTRAIN_SANDBOX_UID_COUNT"):
+        pool.lease()
+    held.release()
+    again = pool.lease()
+    assert again.uid == held.uid
+    again.release()

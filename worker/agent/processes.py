@@ -2,6 +2,7 @@
 
 import ctypes
 import json
+import logging
 import os
 import queue
 import shutil
@@ -14,7 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from worker.agent.sandbox import Lease, Sandbox, check_rank_env, rank_environment
+from worker.agent.sandbox import (
+    Lease,
+    Sandbox,
+    SandboxUnavailable,
+    check_rank_env,
+    rank_environment,
+)
+
+log = logging.getLogger(__name__)
+REFILL_RETRY_S = 5.0
 
 PR_SET_PDEATHSIG = 1
 Cause = Literal["user", "infra", "peer"]
@@ -138,7 +148,13 @@ class WarmPool:
             self._wanted.acquire()
             if self._stop.is_set():
                 return
-            slot = start_slot(self.sandbox, warm=True)
+            try:
+                slot = start_slot(self.sandbox, warm=True)
+            except SandboxUnavailable as exc:  # every uid of the host is in use: wait for one
+                log.warning("warm pool: %s; trying again in %s s", exc, REFILL_RETRY_S)
+                self._wanted.release()
+                self._stop.wait(REFILL_RETRY_S)
+                continue
             # Interpreters warm up side by side (each mostly imports: a few seconds), so a
             # pool emptied by one task is full again in about one interpreter's start.
             threading.Thread(target=self._await_ready, args=(slot,), name="warm-wait",
