@@ -24,6 +24,8 @@ BENCHMARKS = (
     "bench.hetero_efficiency",
     "bench.comm",
     "bench.accuracy_parity",
+    # numerical faults (issue 17)
+    "bench.nonfinite_check",
     # scheduling and the production stack (issue 4)
     "bench.schedule_decision",
     "bench.submit_to_first_step",

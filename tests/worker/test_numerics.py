@@ -5,7 +5,8 @@ A user module whose loss turns NaN at one step on one rank (two groups: ranks
 step k is the (2 + k)-th call of ``loss_fn`` on a worker). With the default
 ``on_nonfinite: fail`` every rank must fail with a reason naming epoch, step,
 rank and group, and no checkpoint may be written from the faulty step on;
-with ``skip_step`` training goes on and the skip is counted.
+with ``skip_step`` training goes on and the skip is counted. The fused
+check-and-divide of a summed step vector is tested on its own (no processes).
 """
 
 from __future__ import annotations
@@ -13,13 +14,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import torch
+from torch import Tensor
 
 from tests.worker.reference import finite, run_with_dump
 from worker.engine.local import LocalRun, launch_local
-from worker.engine.numerics import all_finite
+from worker.engine.numerics import all_finite, mean_gradient_
+from worker.engine.run import Run
 from worker.engine.spec import RunSpec
+from worker.engine.state import ModelState
+from worker.engine.strategy_sync import checked_update
 
 NAN_LOSS = """
 import os
@@ -139,3 +146,59 @@ def test_all_finite_sees_every_nonfinite_element_and_no_overflow() -> None:
     for bad in (math.nan, math.inf, -math.inf):
         assert not all_finite(torch.tensor([1.0, bad, 2.0])), bad
     assert not all_finite(torch.tensor([math.inf, -math.inf]))
+
+
+def step_vector(dtype: torch.dtype = torch.float32, count: float = 7.0) -> tuple[Tensor, int]:
+    """A summed step vector ``[grad_sum (1000), buffer_change_sum (5), loss_sum, count]``."""
+    torch.manual_seed(0)
+    grads, buffers = torch.randn(1000, dtype=dtype) * 100, torch.randn(5, dtype=dtype)
+    tail = torch.tensor([3.25, count], dtype=dtype)
+    return torch.cat([grads, buffers, tail]), 1000
+
+
+def test_mean_gradient_is_the_division_and_flags_every_nonfinite_element() -> None:
+    for dtype, rtol in ((torch.float32, 1e-6), (torch.float64, 1e-15)):
+        total, n = step_vector(dtype)
+        fused = total.clone()
+        assert mean_gradient_(fused, n)
+        torch.testing.assert_close(fused[:n], total[:n] / 7, rtol=rtol, atol=0)
+        assert torch.equal(fused[n:], total[n:])  # buffer changes, loss and count untouched
+        for where in (0, 517, n - 1, n, n + 4, -2, -1):  # gradient, buffers, loss, count
+            for bad in (math.nan, math.inf, -math.inf):
+                faulty = total.clone()
+                faulty[where] = bad
+                assert not mean_gradient_(faulty, n), (dtype, where, bad)
+
+
+def test_mean_gradient_huge_finite_values_and_a_step_without_samples() -> None:
+    huge = torch.full((1006,), 3e38)  # the sum overflows, no value does
+    huge[-1] = 2.0
+    assert mean_gradient_(huge, 1000) and torch.equal(huge[:1000], torch.full((1000,), 1.5e38))
+    empty, n = step_vector(count=0.0)
+    empty[:n] = 0
+    assert mean_gradient_(empty, n) and torch.equal(empty[:n], torch.zeros(n))
+    empty[3] = math.nan
+    assert not mean_gradient_(empty, n)
+
+
+def test_checked_update_leaves_a_nonfinite_step_unapplied() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    state = ModelState.of(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    run = cast(
+        Run,
+        SimpleNamespace(state=state, params=state.params, optimizer=optimizer, buffer_base=None),
+    )
+    before = state.vector()
+    total = torch.cat([torch.ones(state.n_params + state.n_buffers), torch.tensor([1.0, 2.0])])
+    total[state.n_params + 1] = math.inf  # a buffer change
+    assert checked_update(total.clone(), run) == (False, 0.0, 0)
+    total[state.n_params + 1] = 0.0
+    total[2] = math.nan  # a gradient
+    assert checked_update(total.clone(), run) == (False, 0.0, 0)
+    assert torch.equal(state.vector(), before) and all(p.grad is None for p in state.params)
+    total[2] = 1.0
+    assert checked_update(total, run) == (True, 1.0, 2)
+    moved = before[: state.n_params] - 0.1 * 0.5  # lr * the mean gradient 1 / 2
+    torch.testing.assert_close(state.vector()[: state.n_params], moved)

@@ -8,6 +8,14 @@ worker makes the sum non-finite. Who checks: the parameter server for
 broadcasts anyway), every member of the group after its in-group allreduce
 for ``periodic`` and ``quorum`` (whose groups step or report on their own).
 
+Where the checker also turns the sum into the mean gradient (``sync``'s
+parameter server, ``periodic``'s group members), the check is folded into
+that division (:func:`mean_gradient_`): one fused in-place pass multiplies
+the gradient part by ``1 / count`` and flags any non-finite element, so
+detection adds no pass over the gradient (``bench/nonfinite_check.py``). A
+``quorum`` member sends the group's raw sum, which the parameter server
+divides per step, so it checks with :func:`all_finite` (one sum over it).
+
 Only once a sum is non-finite does the world (``sync``) or the group (the
 others) run one more collective, :func:`blame`, in which every worker marks
 whether its own loss, gradient or buffers were non-finite, so the reason
@@ -41,6 +49,44 @@ def all_finite(vector: Tensor) -> bool:
     if math.isfinite(float(vector.sum())):
         return True
     return bool(torch.isfinite(vector).all())
+
+
+# Dtypes the fused kernel takes with a float32 ``1 / count`` as precise as a division in
+# the vector's own dtype; float64 (whose 1 / count a float32 factor would round) divides.
+FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def mean_gradient_(total: Tensor, n_params: int) -> bool:
+    """In place, ``total[:n_params] /= count``; True when every element of ``total`` is finite.
+
+    ``total`` is a summed step vector ``[grad_sum (n_params), buffer_change_sum
+    (B), loss_sum, count]`` (any device; count a whole number of samples); on
+    return its first ``n_params`` elements are the mean gradient over the
+    step's samples (the units of one sample's gradient) and the rest is
+    unchanged. The short tail (buffer changes, loss, count) is tested element
+    by element first; a non-finite one returns False without dividing. The
+    gradient is multiplied by ``1 / count`` and tested in the same pass by
+    ``torch._amp_foreach_non_finite_check_and_unscale_``, the unscale and
+    check kernel of ``torch.amp.GradScaler``, which flags non-finite inputs
+    (so a huge but finite vector whose sum would overflow is not flagged): the
+    result is within one rounding of ``grad_sum / count``. A float64 vector
+    is divided in place and then checked with :func:`all_finite`; a step
+    without samples (count 0) is only checked. After False the gradient part
+    may be partly scaled: the caller must not apply it.
+    """
+    tail = total[n_params:]
+    if not bool(torch.isfinite(tail).all()):
+        return False
+    count = round(float(tail[-1]))
+    grads = total[:n_params]
+    if count <= 0 or total.dtype not in FUSED_DTYPES:
+        if count > 0:
+            grads.div_(count)
+        return all_finite(grads)
+    found = torch.zeros(1, device=total.device)
+    inverse = torch.full((1,), 1.0 / count, device=total.device)
+    torch._amp_foreach_non_finite_check_and_unscale_([grads], found, inverse)
+    return not bool(found.item())
 
 
 class NonFiniteError(RuntimeError):

@@ -37,9 +37,8 @@ from worker.engine.exchange import (
     leader_reduce,
     load_vector_,
 )
-from worker.engine.numerics import all_finite
 from worker.engine.run import Run, control_point, nonfinite_step
-from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, apply_update, report_progress
+from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, checked_update, report_progress
 
 
 def is_sync_point(run: Run) -> bool:
@@ -64,12 +63,14 @@ def average_models(
 def group_step(run: Run) -> tuple[float, int]:
     """One exact step inside the group; returns its ``(loss_sum, count)``, zeros when skipped.
 
-    Every member checks the group's sum (the same on each), so a non-finite
-    one fails or skips the whole group at once; a skip puts the buffers back.
+    Every member checks the group's sum (the same on each) in the pass that
+    divides it by the count, so a non-finite one fails or skips the whole
+    group at once; a skip puts the buffers back.
     """
     vector = allreduce_sum(run.compute(), run.topo.group)
-    if all_finite(vector):
-        return apply_update(vector, run)
+    finite, loss_sum, count = checked_update(vector, run)
+    if finite:
+        return loss_sum, count
     nonfinite_step(run, run.topo.group)
     assert run.buffer_base is not None
     run.state.restore(run.buffer_base)

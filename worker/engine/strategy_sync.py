@@ -3,9 +3,10 @@
 Every worker computes the gradient sum of its share of the step's global
 batch (and its buffers' change, :mod:`worker.engine.state`); the sums go up
 the hierarchy (in-group allreduce, leaders' reduce), the parameter server
-checks the sum is finite (:mod:`worker.engine.numerics`), divides by the
-global sample count, steps the optimizer and broadcasts the parameters and
-buffers back, with one flag element saying whether the step was applied.
+divides the sum by the global sample count and checks it is finite in the
+same pass (:func:`worker.engine.numerics.mean_gradient_`), steps the
+optimizer and broadcasts the parameters and buffers back, with one flag
+element saying whether the step was applied.
 One step is exactly one single-process step on the same global batch
 (synchronous data parallelism, Goyal et al. 2017; parameter server after
 Li et al., OSDI 2014).
@@ -22,7 +23,7 @@ from torch import Tensor
 
 from worker.engine import report
 from worker.engine.exchange import broadcast_down, gather_at_ps, push_up, vector_to_grads
-from worker.engine.numerics import all_finite
+from worker.engine.numerics import mean_gradient_
 from worker.engine.run import Run, control_point, nonfinite_step
 
 PROGRESS_REPORTS_PER_EPOCH = 10
@@ -30,11 +31,23 @@ PROGRESS_REPORTS_PER_EPOCH = 10
 OK, FAULT = 0.0, 1.0
 
 
-def apply_update(total: Tensor, run: Run) -> tuple[float, int]:
-    """One optimizer step from the summed vector ``[grad_sum (P), buffer_change_sum (B),
-    loss_sum, count]``.
+def checked_update(total: Tensor, run: Run) -> tuple[bool, float, int]:
+    """Check the summed vector ``[grad_sum (P), buffer_change_sum (B), loss_sum, count]``
+    and, when it is finite, step from it: ``(finite, loss_sum, count)``.
 
-    The gradient is ``grad_sum / count``: the mean over every sample of the
+    The check is the division's own pass (:func:`worker.engine.numerics.mean_gradient_`);
+    a non-finite vector changes neither parameters nor buffers and gives ``(False, 0.0, 0)``.
+    """
+    if not mean_gradient_(total, run.state.n_params):
+        return False, 0.0, 0
+    return (True, *apply_update(total, run))
+
+
+def apply_update(total: Tensor, run: Run) -> tuple[float, int]:
+    """One optimizer step from the summed vector ``[mean_grad (P), buffer_change_sum (B),
+    loss_sum, count]`` as :func:`worker.engine.numerics.mean_gradient_` leaves it.
+
+    ``mean_grad`` is ``grad_sum / count``: the mean over every sample of the
     step, however unevenly they were spread; the buffers move by the
     sample-weighted mean change from ``run.buffer_base`` (None on the
     parameter server: its current buffers). Returns ``(loss_sum, count)``. A
@@ -44,7 +57,7 @@ def apply_update(total: Tensor, run: Run) -> tuple[float, int]:
     loss_sum, count = float(total[-2]), int(round(float(total[-1])))
     if count > 0:
         n_params = run.state.n_params
-        vector_to_grads(total[:n_params] / count, run.params)
+        vector_to_grads(total[:n_params], run.params)
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
         run.state.add_mean_change(run.buffer_base, total[n_params:-2], count)
@@ -84,8 +97,7 @@ def server_epoch(run: Run) -> None:
     every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
     while not run.split.epoch_done:
         total = gather_at_ps(run.topo, numel + 2, run.params[0].dtype)
-        finite = all_finite(total)
-        loss_sum, count = apply_update(total, run) if finite else (0.0, 0)
+        finite, loss_sum, count = checked_update(total, run)
         broadcast_down(run.topo, run.state.vector(OK if finite else FAULT))
         if not finite:
             nonfinite_step(run, None)
