@@ -39,7 +39,7 @@ lint: install
 	$(BIN)/ruff check backend worker examples tests
 	$(BIN)/mypy backend worker
 
-# Benchmarks (docs/benchmarks.md): one JSON line each, 8.5 minutes on this 2-core host (2026-11-25).
+# Benchmarks (docs/benchmarks.md): one JSON line each, about 10 minutes on this 2-core host (2026-11-25).
 bench: install
 	$(BIN)/python -m bench.run_all
 
