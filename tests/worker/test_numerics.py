@@ -202,3 +202,15 @@ def test_checked_update_leaves_a_nonfinite_step_unapplied() -> None:
     assert checked_update(total, run) == (True, 1.0, 2)
     moved = before[: state.n_params] - 0.1 * 0.5  # lr * the mean gradient 1 / 2
     torch.testing.assert_close(state.vector()[: state.n_params], moved)
+
+
+def test_fused_mean_works_whatever_the_default_dtype_user_code_chose() -> None:
+    """User code may call torch.set_default_dtype(torch.float64) and keep a float32 model."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        total = torch.tensor([3.0, 6.0, 0.5, 3.0], dtype=torch.float32)
+        assert mean_gradient_(total, 2)
+        assert torch.allclose(total[:2], torch.tensor([1.0, 2.0], dtype=torch.float32))
+    finally:
+        torch.set_default_dtype(previous)

@@ -175,6 +175,17 @@ with socket.socket() as server:
 """
 
 
+def test_admitting_a_slot_puts_back_a_filter_someone_removed(
+        sandbox: Sandbox, leases: Callable[[], Lease]) -> None:
+    """A firewall reload that drops the OUTPUT jump must not let the next rank run unfiltered."""
+    uids = sandbox.pool.uids
+    jump = ["OUTPUT", "-m", "owner", "--uid-owner", f"{uids[0]}-{uids[-1]}", "-j",
+            netpolicy.CHAIN]
+    subprocess.run(["iptables", "-D", *jump], check=True)
+    leases().admit(3)
+    assert subprocess.run(["iptables", "-C", *jump]).returncode == 0
+
+
 def test_a_rank_reaches_only_ranks_of_its_own_task(
         sandbox: Sandbox, leases: Callable[[], Lease]) -> None:
     """Two tasks on one host: a rank of task 1 connects to task 1's listening rank; a rank of
@@ -224,11 +235,17 @@ def test_a_sparse_checkpoint_is_refused_without_reading_it(tmp_path: Path) -> No
 def test_uid_pool_hands_each_uid_to_one_slot_at_a_time(sandbox: Sandbox, tmp_path: Path) -> None:
     """Leases are host-wide locks: a held uid is not handed out again until released, and an
     exhausted pool says which setting to raise."""
-    pool = UidPool(sandbox.pool.uids[-1], 1, lease_dir=tmp_path / "leases")
-    held = pool.lease()
-    with pytest.raises(SandboxUnavailable, match="POLYTRAIN_SANDBOX_UID_COUNT"):
-        pool.lease()
-    held.release()
-    again = pool.lease()
-    assert again.uid == held.uid
-    again.release()
+    uid = sandbox.pool.uids[-1] + 1  # outside the host's pool: no running agent holds it
+    pool = UidPool(uid, 1, lease_dir=tmp_path / "leases")
+    try:
+        held = pool.lease()
+        with pytest.raises(SandboxUnavailable, match="POLYTRAIN_SANDBOX_UID_COUNT"):
+            pool.lease()
+        held.release()
+        again = pool.lease()
+        assert again.uid == held.uid == uid
+        again.release()
+    finally:
+        for tool in ("iptables", "ip6tables"):
+            for action in ("-F", "-X"):
+                subprocess.run([tool, action, netpolicy.uid_chain(uid)], capture_output=True)

@@ -13,17 +13,18 @@ may send:
 
 - new TCP connections to ports in the kernel's ephemeral range
   (`net.ipv4.ip_local_port_range`), where torch.distributed's rendezvous
-  store (the agent picks its port with a bind to port 0) and gloo's pair
+  store (rank 0 binds a port the kernel picks) and gloo's pair
   sockets listen; the connection's conntrack mark is set to the task id;
 - packets of connections marked with its own task id: those it opened, and
   replies on connections that a rank of the same task on this host opened to it;
 - replies on unmarked connections, which peers on other hosts (or the agent)
   opened to it.
 
-Everything else is rejected (a TCP reset, so a refused peer fails at once): the
-database, the broker, the API, SSH, DNS and every service on a fixed port, on
-this host or any other; and a rank of another task on this host, whose
-connection carries that task's mark. What the filter cannot tell apart is a
+Everything else is rejected (a connection the rank opens to a refused port is
+reset at once): the database, the broker, the API, SSH, DNS and every service
+on a fixed port, on this host or any other; and a rank of another task on this
+host, whose connection carries that task's mark (the listening rank's reply is
+dropped, so that connection attempt times out). What the filter cannot tell apart is a
 connection from a rank of another task on another host (the mark does not
 travel with the packet): docs/security.md says what that leaves to the operator.
 
@@ -82,8 +83,8 @@ def admitted_rules(task_id: int, ports: tuple[int, int], *, ipv6: bool = False
             [*new, "-j", "RETURN"],
             ["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-m", "connmark", "--mark",
              mark, "-j", "RETURN"],
-            ["-m", "conntrack", "--ctstate", "ESTABLISHED", "--ctdir", "REPLY", "-m",
-             "connmark", "--mark", "0x0", "-j", "RETURN"],
+            ["-p", "tcp", "-m", "conntrack", "--ctstate", "ESTABLISHED", "--ctdir", "REPLY",
+             "-m", "connmark", "--mark", "0x0", "-j", "RETURN"],
             *_reject(ipv6)]
 
 
@@ -128,12 +129,16 @@ def install(uids: range) -> None:
             _run(binary, "-I", *jump)
 
 
-def admit(uid: int, task_id: int) -> None:
-    """Let sandbox uid `uid` reach the ranks of task `task_id` (and its peers elsewhere).
+def admit(uid: int, task_id: int, uids: range) -> None:
+    """Let sandbox uid `uid` of the pool `uids` reach the ranks of task `task_id` (and its
+    peers elsewhere).
 
-    Raises NetworkPolicyUnavailable if the kernel refused the change, ValueError
-    for a task id outside 1..2**32 - 1.
+    Installs the pool's chains and jump again first if they are gone (a
+    firewall reload, `iptables -F`), so a rank never runs unfiltered. Raises
+    NetworkPolicyUnavailable if the kernel refused a change, ValueError for a
+    task id outside 1..2**32 - 1.
     """
+    install(uids)
     ports = ephemeral_ports()
     for tool in TOOLS:
         _set_chain(tool, uid, admitted_rules(task_id, ports, ipv6=tool == "ip6tables"))

@@ -18,7 +18,6 @@ from typing import Literal
 from worker.agent.sandbox import (
     Lease,
     Sandbox,
-    SandboxUnavailable,
     check_rank_env,
     rank_environment,
 )
@@ -150,7 +149,7 @@ class WarmPool:
                 return
             try:
                 slot = start_slot(self.sandbox, warm=True)
-            except SandboxUnavailable as exc:  # every uid of the host is in use: wait for one
+            except Exception as exc:  # e.g. every uid of the host in use: wait, then again
                 log.warning("warm pool: %s; trying again in %s s", exc, REFILL_RETRY_S)
                 self._wanted.release()
                 self._stop.wait(REFILL_RETRY_S)

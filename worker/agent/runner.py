@@ -1,7 +1,7 @@
 """Runs one sub-task (a task's share on this agent's group) from claim to result."""
 
 import logging
-import socket
+import queue
 import time
 import traceback
 from pathlib import Path
@@ -23,6 +23,7 @@ from worker.agent.reporter import Reporter
 from worker.agent.sandbox import Sandbox, write_rank_file
 from worker.config import AgentSettings
 from worker.engine.local import rank_env
+from worker.engine.report import parse_event
 from worker.engine.spec import GroupPlan, RunSpec
 
 log = logging.getLogger(__name__)
@@ -33,17 +34,12 @@ MEMORY_ERRORS = ("MemoryError", "can't allocate memory", "Cannot allocate memory
                  "std::bad_alloc")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
-
-
 class SubTaskRunner:
     """Claims the sub-task, starts the group's processes, reports until they end.
 
-    The agent that hosts the parameter server picks the rendezvous port and
-    publishes it through the backend; the other groups' agents wait for it.
+    On the agent that hosts the parameter server, rank 0 binds the rendezvous
+    port and reports it; the agent publishes it through the backend and the
+    other groups' agents wait for it.
     A later attempt's parameter server resumes from the checkpoint the backend
     names. Processes stop as soon as the task is no longer SCHEDULED or
     RUNNING in this attempt (cancelled, failed, or restarted elsewhere).
@@ -98,10 +94,9 @@ class SubTaskRunner:
     ) -> Outcome:
         """Start each rank in its own sandboxed slot and directory, then watch them."""
         code = self.api.code(payload.task_id)
-        addr, port = self._rendezvous(payload)
-        ranks = ([0] if payload.hosts_parameter_server else []) + payload.ranks
         task_dir = self._task_dir(payload)
-        for rank in ranks:
+
+        def start(rank: int, addr: str, port: int) -> None:
             slot = self.pool.acquire() if self.pool else start_slot(self.sandbox)
             procs.add(rank, slot.popen)
             reporter.rank_dirs[node_name(rank)] = slot.rank_dir
@@ -109,9 +104,52 @@ class SubTaskRunner:
             link.unlink(missing_ok=True)  # a redelivered attempt on this host
             link.symlink_to(slot.rank_dir)
             self._begin(payload, slot, rank, code, addr, port)
+
+        if payload.hosts_parameter_server:
+            # Rank 0 binds a port the kernel picks and reports it (engine.distributed.
+            # rendezvous_store): no other process on this host can take it first.
+            addr = self.settings.advertise_addr
+            start(0, addr, 0)
+            port = self._await_rendezvous(payload, procs, reporter)
+            if port is None:  # rank 0 ended first: _watch reports why
+                return self._watch(payload, procs, reporter)
+            self.api.set_rendezvous(payload.task_id, addr, port, attempt=payload.attempt)
+        else:
+            addr, port = self._rendezvous(payload)
+        for rank in payload.ranks:
+            start(rank, addr, port)
+        ranks = ([0] if payload.hosts_parameter_server else []) + payload.ranks
         reporter.agent_line(f"attempt {payload.attempt}: started ranks {ranks} on "
                             f"{self.settings.advertise_addr}, rendezvous {addr}:{port}")
         return self._watch(payload, procs, reporter)
+
+    def _await_rendezvous(self, payload: SubTaskPayload, procs: ProcessSet,
+                          reporter: Reporter) -> int | None:
+        """The port rank 0's rendezvous store listens on, from its `rendezvous` event;
+        None if rank 0 ended first. Every other line is reported as it comes.
+
+        Raises TimeoutError after `rendezvous_timeout_s` seconds without it.
+        """
+        deadline = time.monotonic() + self.settings.rendezvous_timeout_s
+        seen: queue.Queue[tuple[str, str]] = queue.Queue()
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    node, text = procs.lines.get(timeout=0.1)
+                except queue.Empty:
+                    if not procs.alive_ranks():
+                        return None
+                    continue
+                event = parse_event(text) if node == node_name(0) else None
+                if event is not None and event.get("type") == "rendezvous":
+                    port = event.get("port")
+                    if isinstance(port, int) and 0 < port < 65536:
+                        return port
+                seen.put((node, text))
+            raise TimeoutError(f"rank 0 reported no rendezvous port within "
+                               f"{self.settings.rendezvous_timeout_s:.0f} s")
+        finally:
+            reporter.pump(seen)
 
     def _begin(self, payload: SubTaskPayload, slot: Slot, rank: int, code: bytes, addr: str,
                port: int) -> None:
@@ -183,10 +221,7 @@ class SubTaskRunner:
         )
 
     def _rendezvous(self, payload: SubTaskPayload) -> tuple[str, int]:
-        if payload.hosts_parameter_server:
-            addr, port = self.settings.advertise_addr, free_port()
-            self.api.set_rendezvous(payload.task_id, addr, port, attempt=payload.attempt)
-            return addr, port
+        """The parameter server's rendezvous address, as its agent published it."""
         deadline = time.monotonic() + self.settings.rendezvous_timeout_s
         while time.monotonic() < deadline:
             found = self.api.rendezvous(payload.task_id)

@@ -4,7 +4,7 @@ Uploaded training code is untrusted (docs/security.md). Each rank process is
 started as
 
     bwrap <read-only system, Python and engine code; its own rank directory> \
-        -- setpriv --reuid <sandbox user> ... -- python -m worker.agent.warm
+        -- setpriv --reuid <its own sandbox uid> ... -- python -m worker.agent.warm
 
 so it sees only the files it needs (no data directory, database, agent token
 file or other task's folders), runs with no capabilities as a user of its
@@ -96,8 +96,8 @@ class Lease:
     (`worker.agent.netpolicy.admit`); release closes its network again first.
     """
 
-    def __init__(self, uid: int, fd: int) -> None:
-        self.uid, self._fd = uid, fd
+    def __init__(self, uid: int, fd: int, pool: range) -> None:
+        self.uid, self._fd, self.pool = uid, fd, pool
         self._lock = threading.Lock()
         self._released = False
 
@@ -107,7 +107,7 @@ class Lease:
         with self._lock:
             if self._released:
                 raise RuntimeError(f"sandbox uid {self.uid} was already released")
-            netpolicy.admit(self.uid, task_id)
+            netpolicy.admit(self.uid, task_id, self.pool)
 
     def release(self) -> None:
         """Close the uid's network and give the uid back to the pool (idempotent)."""
@@ -154,7 +154,7 @@ class UidPool:
             except NetworkPolicyUnavailable:
                 os.close(fd)
                 raise
-            return Lease(uid, fd)
+            return Lease(uid, fd, self.uids)
         raise SandboxUnavailable(
             f"all {self.count} sandbox uids ({self.first}..{self.first + self.count - 1}) are "
             "in use on this host: raise POLYTRAIN_SANDBOX_UID_COUNT")
@@ -205,7 +205,7 @@ class Sandbox:
         if entry.pw_uid == 0:
             raise SandboxUnavailable(f"sandbox user '{user}' is root: choose an unprivileged one")
         if os.geteuid() != 0:
-            raise SandboxUnavailable(f"the agent must run as root to start ranks as '{user}'")
+            raise SandboxUnavailable("the agent must run as root to start ranks as sandbox uids")
         try:
             netpolicy.install(pool.uids)
         except NetworkPolicyUnavailable as exc:

@@ -107,8 +107,28 @@ def _group_backend(device: torch.device) -> str:
     return {"cuda": "nccl", "npu": "hccl"}.get(device.type, "gloo")
 
 
+def rendezvous_store(env: ClusterEnv, timeout: timedelta) -> dist.TCPStore:
+    """The world's rendezvous store (torch.distributed's TCPStore), hosted by rank 0.
+
+    On rank 0 a ``master_port`` of 0 makes the store listen on a port the
+    kernel picks, and the port is reported as a ``rendezvous`` event
+    (:mod:`worker.engine.report`) for the agent to hand to the other ranks:
+    no other process can take the port between its choice and its use, as it
+    could if the agent chose a free port for rank 0 to bind later. Other ranks
+    connect to ``master_addr:master_port``, retrying until ``timeout``.
+    Raises DistNetworkError if the port cannot be bound or reached in time.
+    """
+    host = env.rank == 0
+    store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, host,
+                          timeout=timeout, wait_for_workers=False)
+    if host and env.master_port == 0:
+        report.emit({"type": "rendezvous", "port": store.port})
+    return store
+
+
 def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -> Topology:
-    """Join the world (gloo, TCP rendezvous at ``env.master_addr:master_port``) and build groups.
+    """Join the world (gloo, :func:`rendezvous_store` at ``env.master_addr:master_port``) and
+    build groups.
 
     Safe to call twice: the world is initialised once; groups are created
     again, in the same order on every rank, so every rank must call it alike.
@@ -123,7 +143,7 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
     if not dist.is_initialized():
         dist.init_process_group(
             "gloo",
-            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            store=rendezvous_store(env, timeout),
             rank=env.rank,
             world_size=env.world_size,
             timeout=timeout,

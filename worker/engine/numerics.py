@@ -51,8 +51,9 @@ def all_finite(vector: Tensor) -> bool:
     return bool(torch.isfinite(vector).all())
 
 
-# Dtypes the fused kernel takes with a float32 ``1 / count`` as precise as a division in
-# the vector's own dtype; float64 (whose 1 / count a float32 factor would round) divides.
+# Dtypes the fused kernel takes (its factor is a float32 ``1 / count``): the product is within
+# one rounding of ``grad_sum / count`` (bit-equal for a power-of-two count, and for float16 and
+# bfloat16); float64, whose 1 / count a float32 factor would round, divides instead.
 FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -83,8 +84,9 @@ def mean_gradient_(total: Tensor, n_params: int) -> bool:
         if count > 0:
             grads.div_(count)
         return all_finite(grads)
-    found = torch.zeros(1, device=total.device)
-    inverse = torch.full((1,), 1.0 / count, device=total.device)
+    # float32 whatever torch's default dtype is (user code may change it): the kernel's demand.
+    found = torch.zeros(1, dtype=torch.float32, device=total.device)
+    inverse = torch.full((1,), 1.0 / count, dtype=torch.float32, device=total.device)
     torch._amp_foreach_non_finite_check_and_unscale_([grads], found, inverse)
     return not bool(found.item())
 

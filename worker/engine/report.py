@@ -7,6 +7,7 @@ output and forwards events to the backend with :func:`parse_event`. Event shapes
      "nonfinite": "nan" | "inf" | "-inf" (only when value is null)}
     {"type": "checkpoint", "path": str, "step": int, "epoch": int}
     {"type": "progress", "epoch": int, "step": int, "steps_per_epoch": int, "epochs": int}
+    {"type": "rendezvous", "port": int}  (rank 0 only, when told to pick its own port)
     {"type": "done"}
 
 ``epoch`` is 0-based; ``step`` counts optimizer steps completed since the start
