@@ -27,11 +27,17 @@ with the repetitions interleaved (the order rotates every repetition):
   step (128 of the 256 samples, as in a group of 2): with ``inplace`` it is the
   least a step costs (no exchange counted), the denominator below.
 
-Value: what detection adds to a step, the worst over the sizes of the median
-per-repetition ``fused - inplace`` (the check's own cost, against the
-cheapest update without it) divided by the step (median ``compute`` +
+- ``fused_pass`` and ``inplace_pass``: the division pass alone, with the
+  check (:func:`worker.engine.numerics.mean_gradient_`) and without it (an
+  in-place ``div_``): the only part in which ``fused`` and ``inplace`` differ,
+  timed alone so the rest of the update adds no noise to the difference.
+
+Value: what detection adds to a step, the worst over the sizes of
+``median(fused_pass) - median(inplace_pass)`` (the check's own cost, against
+the cheapest division without it) divided by the step (median ``compute`` +
 median ``inplace``); ideal 0.0, target <= 0.01 (1 % of a step, below the
-spread of step times). ``fused / plain`` (the engine's update before and after
+spread of step times). The spread given is that of the per-repetition
+differences. ``fused / plain`` (the engine's update before and after
 this change), ``fused / inplace`` and ``old / plain`` are reported beside it.
 Models: two-layer MLPs of about 4.2M and 25M parameters (plus a BatchNorm1d
 whose buffers ride along).
@@ -52,7 +58,7 @@ import torch
 
 from bench.common import emit
 from worker.engine.exchange import vector_to_grads
-from worker.engine.numerics import all_finite
+from worker.engine.numerics import all_finite, mean_gradient_
 from worker.engine.run import Run
 from worker.engine.state import ModelState
 from worker.engine.strategy_sync import apply_update, checked_update
@@ -116,6 +122,16 @@ def worker_compute(total: torch.Tensor, run: Run) -> None:
     model(cast(Any, run).inputs).square().mean().backward()
 
 
+def fused_pass(total: torch.Tensor, run: Run) -> None:
+    """The division pass alone, with the check: what ``fused`` does beyond ``inplace``."""
+    assert mean_gradient_(total, run.state.n_params)
+
+
+def inplace_pass(total: torch.Tensor, run: Run) -> None:
+    """The division pass alone, without a check (in place)."""
+    total[: run.state.n_params].div_(float(total[-1]))
+
+
 def quorum_check(total: torch.Tensor, run: Run) -> None:
     """A quorum member's check of the group's raw sum before it sends it."""
     assert all_finite(total)
@@ -128,6 +144,8 @@ VARIANTS: dict[str, Callable[[torch.Tensor, Run], None]] = {
     "inplace": inplace_update,
     "quorum_check": quorum_check,
     "compute": worker_compute,
+    "fused_pass": fused_pass,
+    "inplace_pass": inplace_pass,
 }
 
 
@@ -187,8 +205,11 @@ def main() -> None:
         times, n_params = measure(widths, args.reps)
         fused = summary(ratios(times, "fused"))
         step = statistics.median(times["compute"]) + statistics.median(times["inplace"])
-        added = [f - i for f, i in zip(times["fused"], times["inplace"], strict=True)]
+        added = [f - i for f, i in zip(times["fused_pass"], times["inplace_pass"], strict=True)]
         share = summary([a / step for a in added])
+        share["median"] = round(
+            (statistics.median(times["fused_pass"]) - statistics.median(times["inplace_pass"]))
+            / step, 4)
         lines.append(
             emit(
                 f"nonfinite_check_cost_{label}",
