@@ -64,6 +64,13 @@ COMMON=(PYTHONPATH="$ROOT" POLYTRAIN_AGENT_TOKEN="$TOKEN" BROKER_URL="redis://${
         PYTHONUNBUFFERED=1)
 run_in broker redis -- redis-server --bind "${ADDR[broker]}" --port 6379 --save "" \
   --appendonly no --protected-mode no --dir "$WORK"
+# A listener on the broker's host in the ephemeral port range: no rank may reach it (the
+# ranks' network filter lets them reach only their task's hosts); netns_check.py probes it.
+run_in broker probe "${COMMON[@]}" -- "$PY" -c "
+import socket
+server = socket.create_server(('${ADDR[broker]}', 45000))
+while True:
+    server.accept()[0].close()"
 API_ENV=("${COMMON[@]}" POLYTRAIN_DATA_DIR="$WORK/api" POLYTRAIN_ADMIN_EMAIL=admin@netns.test
          POLYTRAIN_ADMIN_PASSWORD="$ADMIN_PASSWORD")
 mkdir -p "$WORK/api" "$WORK/a" "$WORK/b"

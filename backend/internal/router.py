@@ -88,8 +88,10 @@ def set_rendezvous(task_id: int, data: Rendezvous, session: SessionDep) -> None:
 @router.get("/tasks/{task_id}/rendezvous", response_model=RendezvousRead)
 def get_rendezvous(task_id: int, session: SessionDep) -> RendezvousRead:
     task = tasks.get(session, task_id=task_id)
+    hosts, complete = service.peer_hosts(session, task)
     return RendezvousRead(master_addr=task.master_addr, master_port=task.master_port,
-                          status=task.status.value, attempt=task.attempt)
+                          status=task.status.value, attempt=task.attempt, peer_hosts=hosts,
+                          peers_complete=complete)
 
 
 @router.post("/tasks/{task_id}/logs")

@@ -25,10 +25,16 @@ class Rendezvous(StrictModel):
 
 
 class RendezvousRead(BaseModel):
+    """Where the task's current attempt meets: the parameter server's store, and the hosts its
+    ranks run on (`peer_hosts`, as their agents claimed them; `peers_complete` once every
+    sub-task of the attempt is claimed), which the agents let their ranks reach."""
+
     master_addr: str | None
     master_port: int | None
     status: str
     attempt: int = 1
+    peer_hosts: list[str] = []
+    peers_complete: bool = False
 
 
 class LogIn(StrictModel):

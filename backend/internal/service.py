@@ -81,6 +81,21 @@ def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
     return sub
 
 
+def peer_hosts(session: Session, task: Task) -> tuple[list[str], bool]:
+    """The hosts the agents of `task`'s current attempt claimed its sub-tasks from (sorted),
+    and whether every sub-task of the attempt is claimed."""
+    hosts = session.scalars(
+        select(Allocation.host).where(Allocation.task_id == task.id,
+                                      Allocation.attempt == task.attempt,
+                                      Allocation.host.is_not(None)).distinct()
+    ).all()
+    pending = session.scalar(
+        select(SubTask.id).where(SubTask.task_id == task.id, SubTask.attempt == task.attempt,
+                                 SubTask.status == SubTaskStatus.PENDING).limit(1)
+    )
+    return sorted(h for h in hosts if h), pending is None
+
+
 def add_logs(session: Session, *, task_id: int, batch: LogBatch) -> int:
     """Store log lines; a line already stored (same node and seq) is skipped."""
     keys = {(line.attempt, line.node, line.seq) for line in batch.lines}

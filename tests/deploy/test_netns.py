@@ -24,3 +24,7 @@ def test_task_spans_agents_in_separate_network_namespaces() -> None:
     assert result["status"] == "SUCCEEDED"
     assert result["master_addr"] == "10.77.0.3"
     assert result["compute_hosts"] == [["cpu-a", "10.77.0.3"], ["cpu-b", "10.77.0.4"]]
+    # Every rank tried a listener on a host that runs none of the task's ranks: none got in,
+    # though the listener was there for a process outside the sandbox.
+    assert result["control_probe"] == "connected"
+    assert result["probes"] and all(p.startswith("probe refused") for p in result["probes"])

@@ -13,19 +13,23 @@ may send:
 
 - new TCP connections to ports in the kernel's ephemeral range
   (`net.ipv4.ip_local_port_range`), where torch.distributed's rendezvous
-  store (rank 0 binds a port the kernel picks) and gloo's pair
-  sockets listen; the connection's conntrack mark is set to the task id;
+  store (rank 0 binds a port the kernel picks) and gloo's pair sockets
+  listen, on this host or on a host its task's agents claimed a share from
+  (the peers, `worker.agent.runner.Peers`, updated as they claim); the
+  connection's conntrack mark is set to the task id;
 - packets of connections marked with its own task id: those it opened, and
   replies on connections that a rank of the same task on this host opened to it;
-- replies on unmarked connections, which peers on other hosts (or the agent)
-  opened to it.
+- replies on unmarked connections, which a peer host (or the agent) opened to it.
+
+A new connection to, or a reply to, another host in that port range is
+dropped without an answer (a peer may not be listed yet: TCP tries again).
 
 Everything else is rejected (a connection the rank opens to a refused port is
 reset at once): the database, the broker, the API, SSH, DNS and every service
 on a fixed port, on this host or any other; and a rank of another task on this
 host, whose connection carries that task's mark (the listening rank's reply is
 dropped, so that connection attempt times out). What the filter cannot tell apart is a
-connection from a rank of another task on another host (the mark does not
+connection from a rank of another task running on a peer host (the mark does not
 travel with the packet): docs/security.md says what that leaves to the operator.
 
 The chain layout is the same for every agent on a host; an agent changes only
@@ -37,7 +41,9 @@ goto, would allow everything).
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 CHAIN = "POLYTRAIN-RANKS"
@@ -68,24 +74,35 @@ def _reject(ipv6: bool) -> list[list[str]]:
             ["-j", "REJECT", "--reject-with", icmp]]
 
 
-def admitted_rules(task_id: int, ports: tuple[int, int], *, ipv6: bool = False
-                   ) -> list[list[str]]:
-    """The rules of a uid admitted to task `task_id`, spelt as `iptables -S` prints them.
+def admitted_rules(task_id: int, ports: tuple[int, int], peers: Sequence[str] = (), *,
+                   ipv6: bool = False) -> list[list[str]]:
+    """The rules of a uid admitted to task `task_id` whose ranks on other hosts are at the
+    addresses `peers` (of this rule set's family), spelt as `iptables -S` prints them.
 
-    Raises ValueError for a task id that is no valid conntrack mark (1 to 2**32 - 1).
+    Connections to and from this host's own addresses are judged by the mark alone.
+    A new connection to, or a reply to, a host not (yet) among `peers` is dropped
+    without an answer, so TCP tries again and gets through once the peer's agent
+    has claimed its share and the rules list it. Raises ValueError for a task id
+    that is no valid conntrack mark (1 to 2**32 - 1).
     """
     if not 1 <= task_id <= MAX_MARK:
         raise ValueError(f"task id {task_id} is outside the conntrack mark range 1..{MAX_MARK}")
-    mark = hex(task_id)
+    mark, width = hex(task_id), 128 if ipv6 else 32
+    places = [["-m", "addrtype", "--dst-type", "LOCAL"],
+              *(["-d", f"{peer}/{width}"] for peer in peers)]
     new = ["-p", "tcp", "-m", "conntrack", "--ctstate", "NEW", "-m", "tcp", "--dport",
            f"{ports[0]}:{ports[1]}"]
-    return [[*new, "-j", "CONNMARK", "--set-xmark", f"{mark}/0xffffffff"],
-            [*new, "-j", "RETURN"],
-            ["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-m", "connmark", "--mark",
-             mark, "-j", "RETURN"],
-            ["-p", "tcp", "-m", "conntrack", "--ctstate", "ESTABLISHED", "--ctdir", "REPLY",
-             "-m", "connmark", "--mark", "0x0", "-j", "RETURN"],
-            *_reject(ipv6)]
+    reply = ["-p", "tcp", "-m", "conntrack", "--ctstate", "ESTABLISHED", "--ctdir", "REPLY",
+             "-m", "connmark", "--mark", "0x0"]
+    rules = []
+    for place in places:
+        rules += [[*new[:2], *place, *new[2:], "-j", "CONNMARK", "--set-xmark",
+                   f"{mark}/0xffffffff"],
+                  [*new[:2], *place, *new[2:], "-j", "RETURN"]]
+    rules.append(["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-m", "connmark",
+                  "--mark", mark, "-j", "RETURN"])
+    rules += [[*reply[:2], *place, *reply[2:], "-j", "RETURN"] for place in places]
+    return [*rules, [*new, "-j", "DROP"], [*reply, "-j", "DROP"], *_reject(ipv6)]
 
 
 def closed_rules(*, ipv6: bool = False) -> list[list[str]]:
@@ -129,9 +146,9 @@ def install(uids: range) -> None:
             _run(binary, "-I", *jump)
 
 
-def admit(uid: int, task_id: int, uids: range) -> None:
-    """Let sandbox uid `uid` of the pool `uids` reach the ranks of task `task_id` (and its
-    peers elsewhere).
+def admit(uid: int, task_id: int, uids: range, peers: Sequence[str] = ()) -> None:
+    """Let sandbox uid `uid` of the pool `uids` reach the ranks of task `task_id`: on this
+    host, and on the hosts `peers` (names or addresses; again with more as they claim).
 
     Installs the pool's chains and jump again first if they are gone (a
     firewall reload, `iptables -F`), so a rank never runs unfiltered. Raises
@@ -141,7 +158,23 @@ def admit(uid: int, task_id: int, uids: range) -> None:
     install(uids)
     ports = ephemeral_ports()
     for tool in TOOLS:
-        _set_chain(tool, uid, admitted_rules(task_id, ports, ipv6=tool == "ip6tables"))
+        ipv6 = tool == "ip6tables"
+        _set_chain(tool, uid, admitted_rules(task_id, ports, addresses(peers, ipv6=ipv6),
+                                             ipv6=ipv6))
+
+
+def addresses(hosts: Sequence[str], *, ipv6: bool) -> list[str]:
+    """The IPv4 (or IPv6) addresses of `hosts` (names or addresses), sorted; a name that
+    does not resolve gives none (its ranks stay unreachable, so the task fails visibly)."""
+    family = socket.AF_INET6 if ipv6 else socket.AF_INET
+    found: set[str] = set()
+    for host in hosts:
+        try:
+            infos = socket.getaddrinfo(host, None, family, socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            continue
+        found.update(str(info[4][0]) for info in infos)
+    return sorted(found)
 
 
 def revoke(uid: int) -> None:

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -67,9 +67,10 @@ class Slot:
     lease: Lease
 
     def begin(self, spec_path: Path, env: Mapping[str, str], *, task_id: int,
-              memory_limit_mb: int) -> bool:
+              peers: Sequence[str], memory_limit_mb: int) -> bool:
         """Hand the slot its rank of task `task_id`: open the slot's network to that task's
-        ranks, then run the spec with `env` (RANK, ...) under the memory limit.
+        ranks (here and on the hosts `peers`), then run the spec with `env` (RANK, ...)
+        under the memory limit.
 
         `memory_limit_mb` becomes the process's RLIMIT_DATA (heap and private
         writable mappings, in MiB). False if the interpreter has already died.
@@ -80,7 +81,7 @@ class Slot:
         if self.popen.poll() is not None or self.popen.stdin is None:
             return False
         try:
-            self.lease.admit(task_id)
+            self.lease.admit(task_id, peers)
         except RuntimeError:  # released: the interpreter ended meanwhile
             if self.popen.poll() is not None:
                 return False

@@ -20,7 +20,7 @@ from worker.agent.processes import (
     start_slot,
 )
 from worker.agent.reporter import Reporter
-from worker.agent.sandbox import Sandbox, write_rank_file
+from worker.agent.sandbox import Lease, Sandbox, write_rank_file
 from worker.config import AgentSettings
 from worker.engine.local import rank_env
 from worker.engine.report import parse_event
@@ -32,6 +32,39 @@ Outcome = tuple[bool, str, str]  # (succeeded, detail, cause)
 # How an allocation beyond RLIMIT_DATA shows in a rank's output (Python, torch, C++).
 MEMORY_ERRORS = ("MemoryError", "can't allocate memory", "Cannot allocate memory",
                  "std::bad_alloc")
+
+
+class Peers:
+    """The hosts the ranks of one sub-task may reach, kept current: the hosts its task's
+    agents claimed the current attempt's sub-tasks from (`worker.agent.netpolicy`).
+
+    Agents claim one after another, so the list grows until every sub-task is
+    claimed; each change re-admits the sub-task's sandbox uids (`leases`).
+    """
+
+    REFRESH_S = 0.5
+
+    def __init__(self, api: InternalApi, task_id: int, hosts: list[str]) -> None:
+        self.api, self.task_id = api, task_id
+        self.hosts, self.complete = sorted(set(hosts)), False
+        self.leases: list[Lease] = []
+        self._checked = 0.0
+
+    def refresh(self) -> None:
+        """Ask the backend (at most every `REFRESH_S` seconds, until complete) and re-admit."""
+        if self.complete or time.monotonic() - self._checked < self.REFRESH_S:
+            return
+        self._checked = time.monotonic()
+        found = self.api.rendezvous(self.task_id)
+        self.complete = bool(found.get("peers_complete"))
+        hosts = sorted(set(self.hosts) | set(found.get("peer_hosts") or []))
+        if hosts != self.hosts:
+            self.hosts = hosts
+            for lease in self.leases:
+                try:
+                    lease.admit(self.task_id, hosts)
+                except RuntimeError:  # released: its rank has ended
+                    pass
 
 
 class SubTaskRunner:
@@ -95,15 +128,17 @@ class SubTaskRunner:
         """Start each rank in its own sandboxed slot and directory, then watch them."""
         code = self.api.code(payload.task_id)
         task_dir = self._task_dir(payload)
+        peers = Peers(self.api, payload.task_id, [self.settings.advertise_addr])
 
         def start(rank: int, addr: str, port: int) -> None:
             slot = self.pool.acquire() if self.pool else start_slot(self.sandbox)
+            peers.leases.append(slot.lease)
             procs.add(rank, slot.popen)
             reporter.rank_dirs[node_name(rank)] = slot.rank_dir
             link = task_dir / f"rank-{rank}"
             link.unlink(missing_ok=True)  # a redelivered attempt on this host
             link.symlink_to(slot.rank_dir)
-            self._begin(payload, slot, rank, code, addr, port)
+            self._begin(payload, slot, rank, code, addr, port, peers.hosts)
 
         if payload.hosts_parameter_server:
             # Rank 0 binds a port the kernel picks and reports it (engine.distributed.
@@ -112,16 +147,17 @@ class SubTaskRunner:
             start(0, addr, 0)
             port = self._await_rendezvous(payload, procs, reporter)
             if port is None:  # rank 0 ended first: _watch reports why
-                return self._watch(payload, procs, reporter)
+                return self._watch(payload, procs, reporter, peers)
             self.api.set_rendezvous(payload.task_id, addr, port, attempt=payload.attempt)
         else:
             addr, port = self._rendezvous(payload)
+            peers.hosts = sorted({*peers.hosts, addr})
         for rank in payload.ranks:
             start(rank, addr, port)
         ranks = ([0] if payload.hosts_parameter_server else []) + payload.ranks
         reporter.agent_line(f"attempt {payload.attempt}: started ranks {ranks} on "
                             f"{self.settings.advertise_addr}, rendezvous {addr}:{port}")
-        return self._watch(payload, procs, reporter)
+        return self._watch(payload, procs, reporter, peers)
 
     def _await_rendezvous(self, payload: SubTaskPayload, procs: ProcessSet,
                           reporter: Reporter) -> int | None:
@@ -152,22 +188,23 @@ class SubTaskRunner:
             reporter.pump(seen)
 
     def _begin(self, payload: SubTaskPayload, slot: Slot, rank: int, code: bytes, addr: str,
-               port: int) -> None:
+               port: int, peers: list[str]) -> None:
         """Write the rank's code and spec into its directory and start it."""
         spec = self._spec(payload, slot, rank, code)
         spec_path = write_rank_file(slot.rank_dir, "spec.json",
                                     spec.model_dump_json(indent=2).encode())
         env = rank_env(spec, rank, addr, port)
         env["POLYTRAIN_DIST_TIMEOUT_S"] = str(self.settings.dist_timeout_s)
-        slot.begin(spec_path, env, task_id=payload.task_id,
+        slot.begin(spec_path, env, task_id=payload.task_id, peers=peers,
                    memory_limit_mb=payload.limits.memory_limit_mb)
 
-    def _watch(self, payload: SubTaskPayload, procs: ProcessSet, reporter: Reporter
-               ) -> Outcome:
+    def _watch(self, payload: SubTaskPayload, procs: ProcessSet, reporter: Reporter,
+               peers: Peers) -> Outcome:
         last_status_check = 0.0
         deadline = time.monotonic() + payload.limits.max_runtime_s
         while True:
             reporter.pump(procs.lines)
+            peers.refresh()
             failed = procs.failed()
             if failed is not None:
                 return self._failure(payload, procs, failed)

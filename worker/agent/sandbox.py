@@ -29,7 +29,7 @@ import stat
 import sys
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,13 +101,14 @@ class Lease:
         self._lock = threading.Lock()
         self._released = False
 
-    def admit(self, task_id: int) -> None:
-        """Open the uid's network to task `task_id`. Raises NetworkPolicyUnavailable,
-        or RuntimeError once released."""
+    def admit(self, task_id: int, peers: Sequence[str] = ()) -> None:
+        """Open the uid's network to the ranks of task `task_id` on this host and on the hosts
+        `peers` (again with more peers as their agents claim). Raises
+        NetworkPolicyUnavailable, or RuntimeError once released."""
         with self._lock:
             if self._released:
                 raise RuntimeError(f"sandbox uid {self.uid} was already released")
-            netpolicy.admit(self.uid, task_id, self.pool)
+            netpolicy.admit(self.uid, task_id, self.pool, peers)
 
     def release(self) -> None:
         """Close the uid's network and give the uid back to the pool (idempotent)."""
