@@ -124,6 +124,11 @@ def test_missing_bubblewrap_or_user_fails_fast_naming_the_fix(
         Sandbox.detect(user="polytrain-run", data_dir=tmp_path)
 
 
+def test_a_pool_overlapping_an_account_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    with pytest.raises(SandboxUnavailable, match="'root'.*POLYTRAIN_SANDBOX_UID_FIRST"):
+        Sandbox.detect(user="polytrain-run", data_dir=tmp_path, uids=UidPool(0, 2))
+
+
 def test_agent_without_bubblewrap_stops_at_once_naming_the_install(tmp_path: Path) -> None:
     env = {"PATH": str(tmp_path), "POLYTRAIN_AGENT_TOKEN": "t0ken",
            "POLYTRAIN_DATA_DIR": str(tmp_path), "POLYTRAIN_API_URL": "http://127.0.0.1:9"}

@@ -160,6 +160,18 @@ class UidPool:
             f"all {self.count} sandbox uids ({self.first}..{self.first + self.count - 1}) are "
             "in use on this host: raise POLYTRAIN_SANDBOX_UID_COUNT")
 
+    def check_unowned(self) -> None:
+        """Raise SandboxUnavailable if an account of this host owns a uid of the pool (its
+        files and processes would be open to user code)."""
+        for uid in self.uids:
+            try:
+                owner = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                continue
+            raise SandboxUnavailable(
+                f"sandbox uid {uid} belongs to the account '{owner}': move the pool with "
+                "POLYTRAIN_SANDBOX_UID_FIRST to uids no account uses")
+
     def passwd_lines(self, gid: int) -> list[str]:
         """passwd entries naming the pool's uids, for the sandbox's /etc/passwd."""
         return [f"polytrain-run-{uid - self.first}:x:{uid}:{gid}:polytrain rank:/nonexistent:"
@@ -207,6 +219,7 @@ class Sandbox:
             raise SandboxUnavailable(f"sandbox user '{user}' is root: choose an unprivileged one")
         if os.geteuid() != 0:
             raise SandboxUnavailable("the agent must run as root to start ranks as sandbox uids")
+        pool.check_unowned()
         try:
             netpolicy.install(pool.uids)
         except NetworkPolicyUnavailable as exc:
