@@ -254,3 +254,64 @@ def test_uid_pool_hands_each_uid_to_one_slot_at_a_time(sandbox: Sandbox, tmp_pat
         for tool in ("iptables", "ip6tables"):
             for action in ("-F", "-X"):
                 subprocess.run([tool, action, netpolicy.uid_chain(uid)], capture_output=True)
+
+
+def test_ranks_gloo_traffic_leaves_from_the_advertised_address(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Peers let a host's ranks in by its advertised address, so gloo must use that one."""
+    from worker.agent.main import choose_gloo_interface
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    choose_gloo_interface("127.0.0.1")
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")  # the operator's choice stands
+    choose_gloo_interface("127.0.0.1")
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "eth9"
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    choose_gloo_interface("192.0.2.1")  # TEST-NET-1: on no interface here
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
+    assert "set GLOO_SOCKET_IFNAME" in caplog.text
+
+
+class _Api:
+    def __init__(self, *answers: dict) -> None:
+        self.answers = list(answers)
+
+    def rendezvous(self, task_id: int) -> dict:
+        return self.answers.pop(0)
+
+
+class _Lease:
+    def __init__(self) -> None:
+        self.admitted: list[list[str]] = []
+
+    def admit(self, task_id: int, peers: list[str]) -> None:
+        self.admitted.append(list(peers))
+
+
+def test_peers_are_admitted_as_agents_claim_until_complete() -> None:
+    from worker.agent.runner import Peers
+
+    api = _Api({"attempt": 1, "peer_hosts": ["10.0.0.1"], "peers_complete": False},
+               {"attempt": 1, "peer_hosts": ["10.0.0.1", "10.0.0.2"], "peers_complete": True})
+    peers = Peers(api, 7, 1, ["10.0.0.1"])  # type: ignore[arg-type]
+    lease = _Lease()
+    peers.leases.append(lease)  # type: ignore[arg-type]
+    peers.refresh()
+    assert lease.admitted == [] and not peers.complete  # nothing new yet
+    peers._checked = 0.0
+    peers.refresh()
+    assert lease.admitted == [["10.0.0.1", "10.0.0.2"]] and peers.complete
+    peers._checked = 0.0
+    peers.refresh()  # complete: the backend is not asked again (no answer left)
+
+
+def test_peers_of_another_attempt_are_not_admitted() -> None:
+    from worker.agent.runner import Peers
+
+    api = _Api({"attempt": 2, "peer_hosts": ["10.0.0.9"], "peers_complete": True})
+    peers = Peers(api, 7, 1, ["10.0.0.1"])  # type: ignore[arg-type]
+    lease = _Lease()
+    peers.leases.append(lease)  # type: ignore[arg-type]
+    peers.refresh()
+    assert lease.admitted == [] and peers.hosts == ["10.0.0.1"] and peers.complete

@@ -8,11 +8,13 @@ import threading
 import time
 from typing import Any
 
+import psutil
 from celery import Celery, Task
 from pydantic import ValidationError
 
 from backend.scheduler.dispatch import broker_options
 from backend.scheduler.payload import RUN_SUBTASK, SubTaskPayload, queue_name
+from worker.agent import netpolicy
 from worker.agent.client import InternalApi
 from worker.agent.identity import claim_instance_id
 from worker.agent.processes import RunningRegistry, WarmPool
@@ -89,6 +91,29 @@ def _heartbeats(api: InternalApi, agent_id: int, interval_s: float, stop: thread
             log.warning("heartbeat failed", exc_info=True)
 
 
+def choose_gloo_interface(advertise_addr: str) -> None:
+    """Make the ranks' gloo traffic leave from `advertise_addr`'s interface.
+
+    Peers let a host's ranks in by the address its agent advertises
+    (`worker.agent.netpolicy`), while gloo picks its interface from
+    ``GLOO_SOCKET_IFNAME`` or else from what the host name resolves to. When the
+    operator has not set ``GLOO_SOCKET_IFNAME``, it is set (for this agent's
+    ranks) to the interface holding the advertised address (psutil); a warning
+    says when no local interface holds it (e.g. an address behind NAT).
+    """
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    wanted = set(netpolicy.addresses([advertise_addr], ipv6=False)
+                 + netpolicy.addresses([advertise_addr], ipv6=True))
+    for interface, entries in psutil.net_if_addrs().items():
+        if any(entry.address.split("%")[0] in wanted for entry in entries):
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
+            log.info("ranks' gloo traffic uses %s (holds %s)", interface, advertise_addr)
+            return
+    log.warning("no interface of this host holds POLYTRAIN_ADVERTISE_ADDR=%s: set "
+                "GLOO_SOCKET_IFNAME, or peers may not let this host's ranks in", advertise_addr)
+
+
 def run_agent(settings: AgentSettings, *, resource_group: str, workers: int,
               name: str | None = None) -> None:
     """Register with the backend, heartbeat, and consume `rg.<group>` until stopped.
@@ -99,6 +124,7 @@ def run_agent(settings: AgentSettings, *, resource_group: str, workers: int,
         SandboxUnavailable: (naming the command that fixes it) before registering, if
             this host cannot sandbox ranks (docs/security.md).
     """
+    choose_gloo_interface(settings.advertise_addr)
     sandbox = Sandbox.detect(user=settings.sandbox_user, data_dir=settings.data_dir,
                              uids=UidPool(settings.sandbox_uid_first, settings.sandbox_uid_count))
     api = InternalApi(settings.api_url, settings.agent_token.get_secret_value(), retries=30)

@@ -9,6 +9,7 @@ from typing import Any
 
 from backend.scheduler.payload import SubTaskPayload
 from worker.agent.client import Conflict, InternalApi
+from worker.agent.netpolicy import NetworkPolicyUnavailable
 from worker.agent.processes import (
     ProcessSet,
     RankProcess,
@@ -44,27 +45,39 @@ class Peers:
 
     REFRESH_S = 0.5
 
-    def __init__(self, api: InternalApi, task_id: int, hosts: list[str]) -> None:
-        self.api, self.task_id = api, task_id
+    def __init__(self, api: InternalApi, task_id: int, attempt: int, hosts: list[str]) -> None:
+        self.api, self.task_id, self.attempt = api, task_id, attempt
         self.hosts, self.complete = sorted(set(hosts)), False
         self.leases: list[Lease] = []
         self._checked = 0.0
 
     def refresh(self) -> None:
-        """Ask the backend (at most every `REFRESH_S` seconds, until complete) and re-admit."""
+        """Ask the backend (at most every `REFRESH_S` seconds, until complete) and re-admit.
+
+        Stops at another attempt (this one's ranks are being stopped); a rule the
+        kernel refused is logged and tried again at the next refresh, so a
+        running task is not failed for it.
+        """
         if self.complete or time.monotonic() - self._checked < self.REFRESH_S:
             return
         self._checked = time.monotonic()
         found = self.api.rendezvous(self.task_id)
-        self.complete = bool(found.get("peers_complete"))
+        if found.get("attempt", self.attempt) != self.attempt:
+            self.complete = True
+            return
         hosts = sorted(set(self.hosts) | set(found.get("peer_hosts") or []))
         if hosts != self.hosts:
+            try:
+                for lease in self.leases:
+                    try:
+                        lease.admit(self.task_id, hosts)
+                    except RuntimeError:  # released: its rank has ended
+                        pass
+            except NetworkPolicyUnavailable:
+                log.exception("task %s: peers %s not admitted yet", self.task_id, hosts)
+                return
             self.hosts = hosts
-            for lease in self.leases:
-                try:
-                    lease.admit(self.task_id, hosts)
-                except RuntimeError:  # released: its rank has ended
-                    pass
+        self.complete = bool(found.get("peers_complete"))
 
 
 class SubTaskRunner:
@@ -128,7 +141,7 @@ class SubTaskRunner:
         """Start each rank in its own sandboxed slot and directory, then watch them."""
         code = self.api.code(payload.task_id)
         task_dir = self._task_dir(payload)
-        peers = Peers(self.api, payload.task_id, [self.settings.advertise_addr])
+        peers = Peers(self.api, payload.task_id, payload.attempt, [self.settings.advertise_addr])
 
         def start(rank: int, addr: str, port: int) -> None:
             slot = self.pool.acquire() if self.pool else start_slot(self.sandbox)
@@ -185,7 +198,10 @@ class SubTaskRunner:
             raise TimeoutError(f"rank 0 reported no rendezvous port within "
                                f"{self.settings.rendezvous_timeout_s:.0f} s")
         finally:
-            reporter.pump(seen)
+            try:
+                reporter.pump(seen)
+            except Exception:  # never hide why the wait ended
+                log.exception("task %s: rank output not sent", payload.task_id)
 
     def _begin(self, payload: SubTaskPayload, slot: Slot, rank: int, code: bytes, addr: str,
                port: int, peers: list[str]) -> None:
