@@ -16,6 +16,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap ipta
 COPY pyproject.toml setup.py MANIFEST.in README.md alembic.ini /src/
 COPY backend /src/backend
 COPY worker /src/worker
+COPY contracts /src/contracts
 COPY frontend /src/frontend
 COPY migrations /src/migrations
 COPY examples /src/examples

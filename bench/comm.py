@@ -45,11 +45,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bench.common import emit
+from contracts.plan import GroupPlan
 from worker.engine import distributed
 from worker.engine.distributed import ClusterEnv
 from worker.engine.exchange import allreduce_sum, broadcast_down, gather_at_ps, push_up
 from worker.engine.local import free_port
-from worker.engine.spec import GroupPlan, RunSpec
+from worker.engine.spec import RunSpec
 
 MB = 2**20
 SIZES = (4 * MB, 16 * MB, 64 * MB)

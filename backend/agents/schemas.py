@@ -3,7 +3,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from backend.agents.models import AgentState
-from backend.core.schemas import StrictModel, UtcDateTime
+from backend.core.schemas import UtcDateTime
+from contracts.strict import StrictModel
 
 
 class Hardware(StrictModel):

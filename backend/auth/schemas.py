@@ -5,7 +5,8 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from backend.auth.models import UserRole
-from backend.core.schemas import StrictModel, UtcDateTime
+from backend.core.schemas import UtcDateTime
+from contracts.strict import StrictModel
 
 EMAIL_PATTERN = r"^[^@\s]+@[^@\s]+$"
 Email = Annotated[

@@ -11,7 +11,10 @@ from backend.agents.schemas import AgentRead, AgentRegister
 from backend.core.deps import AgentAuth, SessionDep, SettingsDep
 from backend.core.errors import Conflict
 from backend.internal import service
-from backend.internal.schemas import (
+from backend.projects import service as projects
+from backend.tasks import service as tasks
+from backend.tasks.schemas import CheckpointRead
+from contracts.agent_api import (
     CHECKPOINT_NAME_PATTERN,
     Claim,
     Finished,
@@ -23,9 +26,6 @@ from backend.internal.schemas import (
     RendezvousRead,
     TaskState,
 )
-from backend.projects import service as projects
-from backend.tasks import service as tasks
-from backend.tasks.schemas import CheckpointRead
 
 router = APIRouter(prefix="/internal/v1", tags=["internal (agents)"], dependencies=[AgentAuth])
 

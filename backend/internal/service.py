@@ -10,15 +10,6 @@ from sqlalchemy.orm import Session
 from backend.agents.models import Agent, AgentState
 from backend.core.db import utcnow
 from backend.core.errors import Conflict, Invalid, NotFound
-from backend.internal.schemas import (
-    CHECKPOINT_NAME,
-    Claim,
-    Finished,
-    LogBatch,
-    MetricBatch,
-    Progress,
-    RunningRanks,
-)
 from backend.tasks import lifecycle
 from backend.tasks.models import (
     Allocation,
@@ -30,6 +21,15 @@ from backend.tasks.models import (
     SubTaskStatus,
     Task,
     TaskStatus,
+)
+from contracts.agent_api import (
+    CHECKPOINT_NAME,
+    Claim,
+    Finished,
+    LogBatch,
+    MetricBatch,
+    Progress,
+    RunningRanks,
 )
 
 

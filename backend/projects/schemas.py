@@ -1,7 +1,8 @@
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backend.core.schemas import StrictModel, UtcDateTime
+from backend.core.schemas import UtcDateTime
+from contracts.strict import StrictModel
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 _.-]*$"
 

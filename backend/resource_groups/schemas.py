@@ -1,11 +1,11 @@
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backend.core.schemas import StrictModel, UtcDateTime
+from backend.core.schemas import UtcDateTime
 from backend.resource_groups.models import GroupState
+from contracts.plan import DeviceType
+from contracts.strict import StrictModel
 
-DeviceType = Literal["cpu", "cuda", "npu"]
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 LABEL_KEY = r"^[a-zA-Z0-9][a-zA-Z0-9_.\-/]{0,62}$"
 Labels = dict[str, str]

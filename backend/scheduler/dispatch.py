@@ -6,21 +6,12 @@ from typing import Protocol
 from celery import Celery
 
 from backend.core.config import get_settings
-from backend.scheduler.payload import RUN_SUBTASK, SubTaskPayload, queue_name
-
-# Redis redelivers a message not acknowledged within this time; no run lasts this long.
-VISIBILITY_TIMEOUT_S = 7 * 24 * 3600
+from contracts.messaging import RUN_SUBTASK, broker_options, queue_name
+from contracts.payload import SubTaskPayload
 
 
 class Dispatcher(Protocol):
     def send(self, payload: SubTaskPayload) -> None: ...
-
-
-def broker_options(broker_url: str) -> dict:
-    """Transport options shared by the API (producer) and the agents (consumers)."""
-    if broker_url.startswith(("redis", "rediss")):
-        return {"visibility_timeout": VISIBILITY_TIMEOUT_S}
-    return {}
 
 
 @lru_cache

@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session
 from backend.agents.models import Agent, AgentState
 from backend.core.db import utcnow
 from backend.scheduler.dispatch import Dispatcher
-from backend.scheduler.payload import SubTaskPayload
 from backend.tasks import lifecycle
 from backend.tasks.models import Checkpoint, SubTask, SubTaskStatus, Task, TaskStatus
+from contracts.payload import SubTaskPayload
 
 log = logging.getLogger(__name__)
 ACTIVE = [TaskStatus.SCHEDULED, TaskStatus.RUNNING]

@@ -34,7 +34,6 @@ from backend.resource_groups import service as groups
 from backend.resource_groups.service import GroupFree
 from backend.scheduler import monitor, placement
 from backend.scheduler.dispatch import Dispatcher
-from backend.scheduler.payload import GroupPlan, SubTaskPayload, TaskLimits
 from backend.tasks.models import (
     Allocation,
     EventKind,
@@ -45,6 +44,8 @@ from backend.tasks.models import (
     TaskEvent,
     TaskStatus,
 )
+from contracts.payload import SubTaskPayload, TaskLimits
+from contracts.plan import GroupPlan
 
 log = logging.getLogger(__name__)
 WINDOW = 32  # queued tasks a decision looks at, at most

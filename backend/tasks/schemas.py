@@ -2,10 +2,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from backend.core.schemas import StrictModel, UtcDateTime
-from backend.scheduler.payload import DEFAULT_MAX_RUNTIME_S, DEFAULT_MEMORY_LIMIT_MB, TaskLimits
+from backend.core.schemas import UtcDateTime
 from backend.tasks.models import EventKind, NodeRole, SubTaskStatus, TaskStatus
-from worker.engine.spec import PreprocessStep
+from contracts.payload import DEFAULT_MAX_RUNTIME_S, DEFAULT_MEMORY_LIMIT_MB, TaskLimits
+from contracts.plan import DeviceType, SplitPolicy
+from contracts.preprocess import PreprocessStep
+from contracts.strict import StrictModel
 
 
 class GroupRequest(StrictModel):
@@ -18,7 +20,7 @@ class GroupRequest(StrictModel):
     """
 
     name: str | None = Field(default=None, min_length=1, max_length=64, examples=["cpu-a"])
-    device_type: Literal["cpu", "cuda", "npu"] | None = None
+    device_type: DeviceType | None = None
     workers: int = Field(ge=1, le=1024, examples=[2])
     placement: Literal["uniform", "resource_state"] | None = None
     labels: dict[str, str] = Field(default_factory=dict, max_length=32)
@@ -45,7 +47,7 @@ class TaskCreate(StrictModel):
     epochs: int = Field(default=5, ge=1, le=10_000)
     global_batch_size: int = Field(default=64, ge=1, le=1_000_000,
                                    description="samples per optimizer step across all workers")
-    split_policy: Literal["even", "weighted"] = Field(
+    split_policy: SplitPolicy = Field(
         default="even", description="`weighted`: shares of data and batch follow measured "
         "samples/s, re-balanced online")
     sync_strategy: Literal["sync", "periodic", "quorum"] = Field(

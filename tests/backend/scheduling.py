@@ -7,13 +7,13 @@ from sqlalchemy.orm import Session
 
 from backend.agents.models import Agent
 from backend.internal import service as internal
-from backend.internal.schemas import Claim
 from backend.projects.models import CodeVersion, Project
 from backend.resource_groups.models import ResourceGroup
 from backend.tasks import lifecycle
 from backend.tasks import service as tasks
 from backend.tasks.models import Allocation, NodeRole, SubTask, Task, TaskStatus
 from backend.tasks.schemas import TaskCreate
+from contracts.agent_api import Claim
 
 
 def group(session: Session, name: str, capacity: int, *, device_type: str = "cpu",

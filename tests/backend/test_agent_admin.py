@@ -10,11 +10,11 @@ from backend.agents.models import Agent, AgentState
 from backend.agents.schemas import AgentUpdate
 from backend.core.errors import Conflict
 from backend.internal import service as internal
-from backend.internal.schemas import Claim, Finished
 from backend.resource_groups import service as groups
 from backend.scheduler.service import schedule_next
 from backend.tasks.models import SubTask, SubTaskStatus
 from backend.tasks.models import TaskStatus as S
+from contracts.agent_api import Claim, Finished
 from tests.backend.scheduling import group, submit, version
 from tests.conftest import add_account, agent_headers, make_group
 

@@ -4,8 +4,10 @@ import pytest
 from kombu import Connection
 
 from backend.core.config import get_settings
-from backend.scheduler.dispatch import CeleryDispatcher, broker_options
-from backend.scheduler.payload import GroupPlan, SubTaskPayload
+from backend.scheduler.dispatch import CeleryDispatcher
+from contracts.messaging import broker_options
+from contracts.payload import SubTaskPayload
+from contracts.plan import GroupPlan
 
 pytestmark = pytest.mark.stack
 

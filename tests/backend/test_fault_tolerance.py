@@ -9,11 +9,11 @@ from sqlalchemy.orm import Session
 from backend.agents.models import Agent
 from backend.core.db import utcnow
 from backend.internal import service as internal
-from backend.internal.schemas import Claim, Finished
 from backend.scheduler import monitor
 from backend.scheduler.service import schedule_next, schedule_once
 from backend.tasks.models import Checkpoint, EventKind, SubTask, SubTaskStatus, Task, TaskEvent
 from backend.tasks.models import TaskStatus as S
+from contracts.agent_api import Claim, Finished
 from tests.backend.scheduling import (
     RecordingDispatcher,
     group,

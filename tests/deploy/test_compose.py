@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from backend.core.config import Settings
-from backend.scheduler.dispatch import VISIBILITY_TIMEOUT_S
+from contracts.messaging import VISIBILITY_TIMEOUT_S
 from worker.config import AgentSettings
 
 ROOT = Path(__file__).resolve().parents[2]

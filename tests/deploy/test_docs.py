@@ -9,7 +9,7 @@ CITATION = re.compile(r"[A-Za-z0-9_./-]*[A-Za-z0-9_-]\.md\b")
 
 def test_every_document_the_code_cites_exists() -> None:
     cited: dict[str, list[str]] = {}
-    for folder in ("backend", "worker", "examples", "bench", "scripts"):
+    for folder in ("backend", "worker", "contracts", "examples", "bench", "scripts"):
         for path in (REPO / folder).rglob("*"):
             if path.suffix in (".py", ".sh") and "__pycache__" not in path.parts:
                 for name in CITATION.findall(path.read_text()):

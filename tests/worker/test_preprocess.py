@@ -9,10 +9,11 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+from contracts.preprocess import Augment, Normalize, Resize, Tokenize
 from tests.worker.reference import finite, run_with_dump
 from worker.engine.data import TensorData, stack_dataset
 from worker.engine.preprocess import PreprocessError, run_pipeline
-from worker.engine.spec import Augment, Normalize, Resize, RunSpec, Tokenize
+from worker.engine.spec import RunSpec
 
 
 def images(n: int = 6, channels: int = 3, size: int = 8) -> TensorDataset:

@@ -12,8 +12,8 @@ import psutil
 from celery import Celery, Task
 from pydantic import ValidationError
 
-from backend.scheduler.dispatch import broker_options
-from backend.scheduler.payload import RUN_SUBTASK, SubTaskPayload, queue_name
+from contracts.messaging import RUN_SUBTASK, broker_options, queue_name
+from contracts.payload import SubTaskPayload
 from worker.agent import netpolicy
 from worker.agent.client import InternalApi
 from worker.agent.identity import claim_instance_id

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from backend.internal.schemas import MetricIn
+from contracts.agent_api import MetricIn
 from worker.agent.client import Conflict, InternalApi
 from worker.agent.sandbox import read_rank_file
 from worker.engine.report import parse_event

@@ -7,7 +7,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from backend.scheduler.payload import SubTaskPayload
+from contracts.payload import SubTaskPayload
 from worker.agent.client import Conflict, InternalApi
 from worker.agent.netpolicy import NetworkPolicyUnavailable
 from worker.agent.processes import (
@@ -25,7 +25,7 @@ from worker.agent.sandbox import Lease, Sandbox, write_rank_file
 from worker.config import AgentSettings
 from worker.engine.local import rank_env
 from worker.engine.report import parse_event
-from worker.engine.spec import GroupPlan, RunSpec
+from worker.engine.spec import RunSpec
 
 log = logging.getLogger(__name__)
 LIVE = {"SCHEDULED", "RUNNING"}
@@ -268,7 +268,7 @@ class SubTaskRunner:
         return RunSpec(
             task_id=payload.task_id, code=str(code_path), epochs=payload.epochs,
             global_batch_size=payload.global_batch_size, seed=payload.seed,
-            groups=[GroupPlan(**g.model_dump()) for g in payload.groups],
+            groups=payload.groups,
             split_policy=payload.split_policy, **payload.engine,
             checkpoint_dir=str(slot.rank_dir / "checkpoints"), resume_from=resume,
         )

@@ -267,7 +267,7 @@ class Sandbox:
         for device in sorted(glob.glob("/dev/nvidia*")):
             args += ["--dev-bind", device, device]
         read_only = {Path(sys.base_prefix), Path(sys.prefix), Path(sys.exec_prefix),
-                     REPO_ROOT / "worker", REPO_ROOT / "backend"}
+                     REPO_ROOT / "worker", REPO_ROOT / "contracts", REPO_ROOT / "backend"}
         for path in sorted(p.resolve() for p in read_only):
             if not str(path).startswith("/usr/"):
                 args += [*_parents(path), "--ro-bind", str(path), str(path)]

@@ -23,6 +23,7 @@ Entry points: ``python -m worker.engine.launch --spec spec.json`` for one rank,
 :func:`worker.engine.report.parse_event` to read the event lines a rank prints.
 """
 
-from worker.engine.spec import GroupPlan, RunSpec
+from contracts.plan import GroupPlan
+from worker.engine.spec import RunSpec
 
 __all__ = ["GroupPlan", "RunSpec"]

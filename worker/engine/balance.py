@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from contracts.plan import SplitPolicy
 from worker.engine.sharding import even_shares, weighted_shares
-from worker.engine.spec import SplitPolicy
 
 
 def rates_of(compute_s: list[float], samples: list[float]) -> list[float]:

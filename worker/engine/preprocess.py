@@ -1,6 +1,6 @@
 """Per-task preprocessing steps, run once on the parameter server before sharding.
 
-Steps run in the order the task lists them (:data:`worker.engine.spec.PreprocessStep`):
+Steps run in the order the task lists them (:data:`contracts.preprocess.PreprocessStep`):
 
 - ``tokenize`` (text; first if present): trains a WordPiece or BPE tokenizer
   with Hugging Face ``tokenizers`` on the training texts only, then encodes
@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from contracts.preprocess import Augment, Normalize, PreprocessStep, Resize, Tokenize
 from worker.engine.data import TensorData, stack_dataset
-from worker.engine.spec import Augment, Normalize, PreprocessStep, Resize, Tokenize
 
 
 class PreprocessError(ValueError):

@@ -11,79 +11,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
+from contracts.plan import GroupPlan, SplitPolicy
+from contracts.preprocess import PreprocessStep
 
-class GroupPlan(BaseModel):
-    """One resource group's part in a task.
-
-    ``speed_factor`` (0 < f <= 1) is *emulation*: every compute section of the
-    group's workers is padded with sleep so it takes ``1 / f`` times as long as
-    this host takes undisturbed (see :mod:`worker.engine.emulation`). 1.0 means
-    the hardware's own speed.
-    """
-
-    name: str = Field(min_length=1)
-    device_type: Literal["cpu", "cuda", "npu"]
-    workers: int = Field(ge=1)
-    speed_factor: float = Field(default=1.0, gt=0.0, le=1.0)
-
-
-class _Step(BaseModel):
-    """A preprocessing step as a user writes it in a task request: unknown keys are
-    refused by name (a misspelt option would otherwise be ignored)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class Resize(_Step):
-    """Resize images ``[N, C, H, W]`` (or ``[N, H, W]``) to ``size`` = (H, W), bilinear."""
-
-    op: Literal["resize"]
-    size: tuple[int, int] = Field(description="target (height, width) in pixels")
-
-    @model_validator(mode="after")
-    def _positive(self) -> Resize:
-        if min(self.size) < 1:
-            raise ValueError(f"resize size must be positive, got {self.size}")
-        return self
-
-
-class Normalize(_Step):
-    """Per-channel ``(x - mean) / std``; None computes it from the training images."""
-
-    op: Literal["normalize"]
-    mean: list[float] | None = None
-    std: list[float] | None = None
-
-    @model_validator(mode="after")
-    def _positive_std(self) -> Normalize:
-        if self.std is not None and min(self.std, default=1.0) <= 0:
-            raise ValueError("normalize std values must be > 0")
-        return self
-
-
-class Augment(_Step):
-    """Offline augmentation: append ``copies`` randomly shifted/flipped/noised training copies."""
-
-    op: Literal["augment"]
-    copies: int = Field(default=1, ge=1, le=10)
-    max_shift: int = Field(default=2, ge=0, le=16, description="pixels")
-    hflip: bool = False
-    noise_std: float = Field(default=0.0, ge=0.0, le=10.0)
-
-
-class Tokenize(_Step):
-    """Train a WordPiece or BPE tokenizer on the training texts; inputs become ids ``[N, L]``."""
-
-    op: Literal["tokenize"]
-    model: Literal["wordpiece", "bpe"] = "wordpiece"
-    vocab_size: int = Field(default=1000, ge=8, le=1_000_000)
-    max_length: int = Field(default=64, ge=1, le=100_000)
-
-
-PreprocessStep = Annotated[Resize | Normalize | Augment | Tokenize, Field(discriminator="op")]
-SplitPolicy = Literal["even", "weighted"]
 SyncStrategy = Literal["sync", "periodic", "quorum"]
 OnNonFinite = Literal["fail", "skip_step"]
 

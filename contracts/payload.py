@@ -1,26 +1,14 @@
 """The JSON payload of one first-level dispatch message (one per resource group).
 
-The backend builds it; the agent validates it again before acting on it.
+The backend builds it; the agent validates it again before acting on it. Its queue and
+message name are in :mod:`contracts.messaging`.
 """
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
-RUN_SUBTASK = "polytrain.run_sub_task"
-
-
-def queue_name(group: str) -> str:
-    """The Celery queue served by the agents of resource group `group`."""
-    return f"rg.{group}"
-
-
-class GroupPlan(BaseModel):
-    name: str
-    device_type: str
-    workers: int = Field(ge=1)
-    speed_factor: float = Field(default=1.0, gt=0.0, le=1.0)
-
+from contracts.plan import GroupPlan, SplitPolicy
 
 DEFAULT_MAX_RUNTIME_S = 86_400
 DEFAULT_MEMORY_LIMIT_MB = 4096
@@ -56,7 +44,7 @@ class SubTaskPayload(BaseModel):
     epochs: int = Field(ge=1)
     global_batch_size: int = Field(ge=1)
     seed: int = 0
-    split_policy: Literal["even", "weighted"] = "even"
+    split_policy: SplitPolicy = "even"
     groups: list[GroupPlan] = Field(min_length=1)
     engine: dict[str, Any] = Field(
         default_factory=dict,
@@ -66,10 +54,12 @@ class SubTaskPayload(BaseModel):
 
     @property
     def group(self) -> GroupPlan:
+        """This sub-task's group: `groups[group_index]`."""
         return self.groups[self.group_index]
 
     @property
     def world_size(self) -> int:
+        """Number of processes of the task: the parameter server plus every compute worker."""
         return 1 + sum(g.workers for g in self.groups)
 
     @property

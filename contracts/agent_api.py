@@ -1,3 +1,9 @@
+"""The internal API's bodies: what an agent sends about its sub-tasks (claim, rendezvous,
+progress, metrics, logs, checkpoints, finished, heartbeat) and what the backend answers.
+
+Request bodies derive from `StrictModel` (unknown fields and NUL characters refused by name).
+"""
+
 import math
 import re
 from datetime import datetime
@@ -5,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from backend.core.schemas import StrictModel
+from contracts.strict import StrictModel
 
 CHECKPOINT_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}$"
 CHECKPOINT_NAME = re.compile(CHECKPOINT_NAME_PATTERN)

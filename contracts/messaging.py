@@ -1,0 +1,22 @@
+"""Queue and message names of first-level dispatch, and the broker options that the API
+(producer) and the agents (consumers) must agree on."""
+
+from typing import Any
+
+RUN_SUBTASK = "polytrain.run_sub_task"
+"""The Celery task name of one sub-task message (its one argument: a `SubTaskPayload` as JSON)."""
+
+# Redis redelivers a message not acknowledged within this time; no run lasts this long.
+VISIBILITY_TIMEOUT_S = 7 * 24 * 3600
+
+
+def queue_name(group: str) -> str:
+    """The Celery queue served by the agents of resource group `group`."""
+    return f"rg.{group}"
+
+
+def broker_options(broker_url: str) -> dict[str, Any]:
+    """Transport options shared by the API (producer) and the agents (consumers)."""
+    if broker_url.startswith(("redis", "rediss")):
+        return {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+    return {}

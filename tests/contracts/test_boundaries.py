@@ -1,0 +1,47 @@
+"""The contract package stands between the deployables: it imports neither of them and no
+database code, and neither deployable imports the other (but for the CLI's agent command)."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# `polytrain agent` starts the worker deployable from the one CLI (backend/cli.py).
+ALLOWED = {("backend/cli.py", "worker")}
+
+
+def _imported_tops(path: Path) -> set[str]:
+    """The top-level packages that module `path` imports (absolute imports only)."""
+    tops: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            tops.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            tops.add(node.module.split(".")[0])
+    return tops
+
+
+def _crossings(package: str, forbidden: set[str]) -> list[tuple[str, str]]:
+    found = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        where = str(path.relative_to(REPO))
+        found += [(where, top) for top in _imported_tops(path) & forbidden
+                  if (where, top) not in ALLOWED]
+    return found
+
+
+def test_no_package_imports_the_other_side() -> None:
+    assert _crossings("contracts", {"backend", "worker"}) == []
+    assert _crossings("worker", {"backend"}) == []
+    assert _crossings("backend", {"worker"}) == []
+
+
+def test_contracts_load_without_the_deployables_or_a_database() -> None:
+    code = ("import sys, contracts.agent_api, contracts.messaging, contracts.payload, "
+            "contracts.plan, contracts.preprocess, contracts.strict\n"
+            "print(sorted(m for m in ('backend', 'worker', 'sqlalchemy', 'fastapi') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"
