@@ -79,7 +79,7 @@ def run_validated(runner: SubTaskRunner, message_id: str | None, raw: Any) -> st
         log.error("dropping message %s: it carries sub-task %s", message_id,
                   payload.sub_task_id)
         return "invalid"
-    return runner.run(payload.model_dump(mode="json"))
+    return runner.run(payload)
 
 
 def _heartbeats(api: InternalApi, agent_id: int, interval_s: float, stop: threading.Event,

@@ -5,7 +5,6 @@ import queue
 import time
 import traceback
 from pathlib import Path
-from typing import Any
 
 from contracts.payload import SubTaskPayload
 from worker.agent.client import Conflict, InternalApi
@@ -99,9 +98,9 @@ class SubTaskRunner:
         self.registry = registry or RunningRegistry()
         self.pool = pool
 
-    def run(self, raw: dict[str, Any]) -> str:
-        """Run one validated payload to its end; "ignored" for a sub-task already taken."""
-        payload = SubTaskPayload.model_validate(raw)
+    def run(self, payload: SubTaskPayload) -> str:
+        """Run one payload (validated by the caller, once) to its end; "ignored" for a
+        sub-task already taken."""
         try:
             self.api.claim(payload.sub_task_id, agent_id=self.agent_id,
                            host=self.settings.advertise_addr, attempt=payload.attempt)
