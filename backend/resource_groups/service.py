@@ -26,6 +26,7 @@ from backend.resource_groups.schemas import (
     ResourceGroupUpdate,
 )
 from backend.tasks.models import Allocation, NodeRole, SubTask, Task, TaskStatus
+from backend.tasks.spec import parse_spec
 
 LIVE = ResourceGroup.deleted_at.is_(None)
 UNFINISHED = [TaskStatus.QUEUED, TaskStatus.SCHEDULED, TaskStatus.RUNNING, TaskStatus.RESTARTING]
@@ -130,12 +131,7 @@ def in_use(session: Session, *, group: ResourceGroup) -> bool:
         return True
     # Queued tasks name their groups in the spec: scan only the unfinished ones.
     specs = session.scalars(select(Task.spec).where(Task.status.in_(UNFINISHED)))
-    return any(group.name in _named_groups(spec) for spec in specs)
-
-
-def _named_groups(spec: dict[str, Any]) -> set[str]:
-    items = list(spec.get("request") or []) + list(spec.get("groups") or [])
-    return {str(item["name"]) for item in items if item.get("name")}
+    return any(group.name in parse_spec(spec).named_groups() for spec in specs)
 
 
 def running_tasks(session: Session, *, group_id: int) -> int:

@@ -9,6 +9,7 @@ from backend.core.errors import Invalid
 from backend.projects.models import Project
 from backend.scheduler.models import TaskDependency
 from backend.tasks.models import Task, TaskStatus
+from backend.tasks.spec import read_spec, write_spec
 
 BAD_END = (TaskStatus.FAILED, TaskStatus.CANCELLED)
 
@@ -78,4 +79,4 @@ def record(session: Session, *, task: Task, deps: list[Task]) -> None:
     session.execute(delete(TaskDependency).where(TaskDependency.task_id == task.id))
     session.add_all(TaskDependency(task_id=task.id, depends_on_id=d.id) for d in deps)
     task.waiting = any(d.status is not TaskStatus.SUCCEEDED for d in deps)
-    task.spec = {**task.spec, "depends_on": [d.id for d in deps]}
+    write_spec(task, read_spec(task).model_copy(update={"depends_on": [d.id for d in deps]}))

@@ -14,19 +14,14 @@ On a restart (`previous` given) a named group that cannot take its workers now
 is replaced by a compatible one: active, same device type, enough free workers.
 """
 
-from typing import Any
-
 from backend.resource_groups.service import GroupFree
+from contracts.plan import GroupPlan
+from contracts.task_spec import RequestItem
 
-Plan = list[dict[str, Any]]
-
-
-def request_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The task's request items (tasks from before the request form: their groups)."""
-    return list(spec.get("request") or spec["groups"])
+Plan = list[GroupPlan]
 
 
-def plan(request: list[dict[str, Any]], free: dict[str, GroupFree],
+def plan(request: list[RequestItem], free: dict[str, GroupFree],
          previous: Plan | None = None) -> Plan | None:
     """Named groups with workers for `request` given `free`, or None if it does not fit now.
 
@@ -35,26 +30,26 @@ def plan(request: list[dict[str, Any]], free: dict[str, GroupFree],
     """
     remaining = {name: g.free for name, g in free.items()}
     placed: dict[str, int] = {}
-    named = [item for item in request if item.get("name")]
-    for position, item in enumerate(named + [i for i in request if not i.get("name")]):
+    named = [item for item in request if item.name]
+    for position, item in enumerate(named + [i for i in request if not i.name]):
         shares = (_named(item, position, free, remaining, placed, previous)
-                  if item.get("name") else _by_device(item, free, remaining, placed))
+                  if item.name else _by_device(item, free, remaining, placed))
         if shares is None:
             return None
         for name, workers in shares.items():
             placed[name] = workers
             remaining[name] -= workers
-    return [{"name": n, "device_type": free[n].device_type, "workers": w}
-            for n, w in placed.items()]
+    return [GroupPlan.model_validate({"name": n, "device_type": free[n].device_type,
+                                      "workers": w}) for n, w in placed.items()]
 
 
-def _named(item: dict[str, Any], position: int, free: dict[str, GroupFree],
+def _named(item: RequestItem, position: int, free: dict[str, GroupFree],
            remaining: dict[str, int], placed: dict[str, int], previous: Plan | None
            ) -> dict[str, int] | None:
-    workers = int(item["workers"])
-    name = str(item["name"])
+    workers = item.workers
+    name = str(item.name)
     if previous is not None and position < len(previous):
-        name = str(previous[position]["name"])  # where the last attempt ran (named come first)
+        name = previous[position].name  # where the last attempt ran (named come first)
     if name in free and name not in placed and remaining[name] >= workers:
         return {name: workers}
     if previous is None or name not in free:
@@ -64,27 +59,26 @@ def _named(item: dict[str, Any], position: int, free: dict[str, GroupFree],
                   and g.name not in placed and remaining[g.name] >= workers]
     if not compatible:
         return None
-    best = max(compatible, key=lambda g: (remaining[g.name], g.name == item["name"], g.name))
+    best = max(compatible, key=lambda g: (remaining[g.name], g.name == item.name, g.name))
     return {best.name: workers}
 
 
-def eligible(item: dict[str, Any], free: dict[str, GroupFree], remaining: dict[str, int],
+def eligible(item: RequestItem, free: dict[str, GroupFree], remaining: dict[str, int],
              placed: dict[str, int]) -> list[GroupFree]:
     """Groups a device item may use: its device type and labels, not yet used, free room."""
-    labels = item.get("labels") or {}
     return sorted((g for g in free.values()
-                   if g.device_type == item["device_type"] and g.matches(labels)
+                   if g.device_type == item.device_type and g.matches(item.labels)
                    and g.name not in placed and remaining[g.name] > 0), key=lambda g: g.name)
 
 
-def _by_device(item: dict[str, Any], free: dict[str, GroupFree], remaining: dict[str, int],
+def _by_device(item: RequestItem, free: dict[str, GroupFree], remaining: dict[str, int],
                placed: dict[str, int]) -> dict[str, int] | None:
     groups = eligible(item, free, remaining, placed)
-    workers = int(item["workers"])
+    workers = item.workers
     room = {g.name: remaining[g.name] for g in groups}
     if sum(room.values()) < workers:
         return None
-    if item.get("placement", "resource_state") == "uniform":
+    if item.placement == "uniform":
         return uniform(workers, room)
     return largest_first(workers, room)
 

@@ -17,7 +17,6 @@ the same `_booking_layout`, through ordinary statements; a test checks both
 book the same rows.
 """
 
-import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -44,8 +43,9 @@ from backend.tasks.models import (
     TaskEvent,
     TaskStatus,
 )
+from backend.tasks.spec import read_spec
 from contracts.payload import SubTaskPayload, TaskLimits
-from contracts.plan import GroupPlan
+from contracts.task_spec import TaskSpec
 
 log = logging.getLogger(__name__)
 WINDOW = 32  # queued tasks a decision looks at, at most
@@ -63,13 +63,13 @@ class Queued:
     attempt: int
 
     @cached_property
-    def spec(self) -> dict[str, Any]:
-        return json.loads(self.raw_spec)
+    def spec(self) -> TaskSpec:
+        return TaskSpec.model_validate_json(self.raw_spec)
 
     @property
     def previous(self) -> placement.Plan | None:
         """Where the last attempt ran (for a restart), else None."""
-        return list(self.spec.get("groups") or []) if self.attempt > 1 else None
+        return list(self.spec.groups) if self.attempt > 1 else None
 
 
 _HEAD = (select(Task.id, cast(Task.spec, Text), Task.attempt).where(QUEUE_FILTER)
@@ -216,7 +216,7 @@ def _first_fit(free: dict[str, GroupFree], head: list[Queued], skipped: set[int]
         return None
     for queued in head:
         if queued.id not in skipped:
-            chosen = placement.plan(placement.request_of(queued.spec), free, queued.previous)
+            chosen = placement.plan(queued.spec.requested(), free, queued.previous)
             if chosen is not None:
                 return queued, chosen
     return None
@@ -231,12 +231,12 @@ def allocate(session: Session, queued: Queued, chosen: placement.Plan,
     status change QUEUED -> SCHEDULED is the lifecycle's (an allowed transition
     and its event), done as one guarded UPDATE.
     """
-    total = sum(p["workers"] for p in chosen)
-    detail = ", ".join(f"{p['name']}×{p['workers']}" for p in chosen)
+    total = sum(p.workers for p in chosen)
+    detail = ", ".join(f"{p.name}×{p.workers}" for p in chosen)
     reason = (f"attempt {queued.attempt}: allocated parameter server and {total} "
               f"workers: {detail}")
     claim = {"task_id": queued.id, "task_attempt": queued.attempt, "reason": reason,
-             "new_spec": {**queued.spec, "groups": chosen}}
+             "new_spec": queued.spec.model_copy(update={"groups": chosen}).stored()}
     if session.get_bind().dialect.name == "postgresql":
         task_id = _book_postgresql(session, {**claim, **_booking_layout(chosen, free)})
         if (loaded := session.identity_map.get(identity_key(Task, queued.id))) is not None:
@@ -273,8 +273,8 @@ def _booking_layout(chosen: placement.Plan, fresh: dict[str, GroupFree]) -> dict
     """Where a booking's nodes and sub-tasks go (`_BOOK_PG`'s parameters; `_book` builds its
     rows from the same): the task manager and the parameter server (rank 0) on the first
     group, compute ranks 1.. group after group, one sub-task per group in plan order."""
-    ids = [fresh[item["name"]].id for item in chosen]
-    workers = [int(item["workers"]) for item in chosen]
+    ids = [fresh[item.name].id for item in chosen]
+    workers = [item.workers for item in chosen]
     worker_groups = [g for g, n in zip(ids, workers, strict=True) for _ in range(n)]
     return {"first_group": ids[0], "now": utcnow(), "worker_groups": worker_groups,
             "worker_ranks": list(range(1, len(worker_groups) + 1)),
@@ -307,45 +307,24 @@ def _book(session: Session, task: Task, layout: dict[str, Any], reason: str) -> 
     connection.execute(_INSERT_EVENT, event)
 
 
-ENGINE_OPTIONS = ("sync_strategy", "sync_period", "quorum", "max_staleness",
-                  "exchange_fraction", "checkpoint_every", "rebalance_every", "preprocess",
-                  "on_nonfinite")
-
-
-def _speed_factor(spec: dict[str, Any], group: dict[str, Any]) -> float:
-    """A placed group's emulated speed factor: from the request item naming it, else from a
-    device-type item of its device type, else 1.0 (e.g. after a move to another group)."""
-    if "speed_factor" in group:
-        return float(group["speed_factor"])
-    items = spec.get("request") or []
-    for item in items:
-        if item.get("name") == group["name"]:
-            return float(item.get("speed_factor", 1.0))
-    for item in items:
-        if not item.get("name") and item.get("device_type") == group["device_type"]:
-            return float(item.get("speed_factor", 1.0))
-    return 1.0
-
-
-def engine_options(spec: dict[str, Any]) -> dict[str, Any]:
+def engine_options(spec: TaskSpec) -> dict[str, Any]:
     """The engine options of a task's spec; a quorum above the placed groups means all groups."""
-    options = {k: spec[k] for k in ENGINE_OPTIONS if spec.get(k) is not None}
-    if "quorum" in options:
-        options["quorum"] = min(int(options["quorum"]), len(spec["groups"]))
-    return options
+    return spec.engine_options()
 
 
 def payload_for(task: Task, sub: SubTask, *, resume_checkpoint_id: int | None = None
                 ) -> SubTaskPayload:
-    spec: dict[str, Any] = task.spec
-    groups = [GroupPlan(**{**g, "speed_factor": _speed_factor(spec, g)}) for g in spec["groups"]]
+    spec = read_spec(task)
+    if spec.epochs is None or spec.global_batch_size is None:
+        raise ValueError(f"task {task.id}'s spec has no epochs or global batch size")
+    groups = [g.model_copy(update={"speed_factor": spec.speed_factor(g)}) for g in spec.groups]
     return SubTaskPayload(
         task_id=task.id, sub_task_id=sub.id, group_index=sub.group_index,
-        hosts_parameter_server=sub.hosts_parameter_server, epochs=spec["epochs"],
-        global_batch_size=spec["global_batch_size"], seed=spec["seed"],
-        split_policy=spec["split_policy"], groups=groups, engine=engine_options(spec),
+        hosts_parameter_server=sub.hosts_parameter_server, epochs=spec.epochs,
+        global_batch_size=spec.global_batch_size, seed=spec.seed,
+        split_policy=spec.split_policy, groups=groups, engine=engine_options(spec),
         attempt=sub.attempt, resume_checkpoint_id=resume_checkpoint_id,
-        limits=TaskLimits.model_validate(spec.get("limits") or {}),
+        limits=spec.limits or TaskLimits(),
     )
 
 

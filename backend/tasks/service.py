@@ -31,6 +31,9 @@ from backend.tasks.schemas import (
     ThroughputRead,
     WorkerThroughput,
 )
+from backend.tasks.spec import read_spec, write_spec
+from contracts.plan import GroupPlan
+from contracts.task_spec import RequestItem, TaskSpec
 
 
 def _resolve_groups(session: Session, data: TaskCreate) -> list[dict]:
@@ -56,15 +59,16 @@ def submit(session: Session, *, data: TaskCreate) -> Task:
     for item, asked in zip(request, data.resource_groups, strict=True):
         if asked.speed_factor != 1.0:
             item["speed_factor"] = asked.speed_factor  # emulation; see worker.engine.emulation
-    spec = {
+    spec = TaskSpec.model_validate({
         "epochs": data.epochs, "global_batch_size": data.global_batch_size,
         "seed": data.seed, "groups": groups, "request": request, **data.engine_options(),
         "limits": data.limits().model_dump(),
-    }
+    })
     deps = dependencies.check(session, project_id=project.id, depends_on=data.depends_on)
-    task = Task(project_id=project.id, code_version_id=version.id, spec=spec,
+    task = Task(project_id=project.id, code_version_id=version.id,
                 name=data.name or f"{project.name} v{version.version}", priority=data.priority,
                 max_restarts=data.max_restarts)
+    write_spec(task, spec)
     session.add(task)
     session.flush()
     dependencies.record(session, task=task, deps=deps)
@@ -118,16 +122,17 @@ def retry(session: Session, *, task: Task) -> Task:
     if not task.status.terminal:
         raise Conflict(f"task {task.id} is {task.status.value}; only an ended task is retried",
                        field="status")
-    items = task.spec.get("request") or task.spec["groups"]
-    asked = [GroupRequest.model_validate({k: v for k, v in item.items() if k in
-                                          GroupRequest.model_fields and v is not None
-                                          and not (k == "device_type" and "name" in item)})
-             for item in items]
+    spec = read_spec(task)
+    asked = [GroupRequest.model_validate(item.model_dump(
+        include=set(GroupRequest.model_fields), exclude_unset=True, exclude_none=True,
+        exclude={"device_type"} if item.name else None)) for item in spec.requested()]
     request, groups = requests.resolve(session, asked)
     copy = Task(project_id=task.project_id, code_version_id=task.code_version_id,
                 name=f"{task.name} (retry of {task.id})"[-200:],
-                spec={**task.spec, "request": request, "groups": groups},
                 priority=task.priority, max_restarts=task.max_restarts)
+    write_spec(copy, spec.model_copy(update={
+        "request": [RequestItem.model_validate(r) for r in request],
+        "groups": [GroupPlan.model_validate(g) for g in groups]}))
     session.add(copy)
     session.flush()
     lifecycle.record_creation(session, copy)
@@ -240,15 +245,15 @@ def throughput(session: Session, *, task: Task) -> ThroughputRead:
         Metric.task_id == task.id, Metric.name.in_(WORKER_METRICS)).order_by(Metric.id))
     latest: dict[tuple[str, int | None], float | None] = {(m.name, m.rank): m.value for m in rows}
     workers, groups, rank = [], [], 1
-    for group in task.spec.get("groups") or []:
+    for group in read_spec(task).groups:
         members = [WorkerThroughput(
-            rank=r, group=group["name"],
+            rank=r, group=group.name,
             **{name: latest.get((name, r)) for name in WORKER_METRICS})
-            for r in range(rank, rank + int(group["workers"]))]
+            for r in range(rank, rank + group.workers)]
         rank += len(members)
         workers.extend(members)
         groups.append(GroupThroughput(
-            name=group["name"], device_type=group["device_type"], workers=len(members),
+            name=group.name, device_type=group.device_type, workers=len(members),
             idle_fraction=_group_mean([w.idle_fraction for w in members]),
             **{name: _group_sum([getattr(w, name) for w in members])
                for name in THROUGHPUT_METRICS}))

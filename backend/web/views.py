@@ -17,8 +17,11 @@ from backend.projects.models import Project
 from backend.resource_groups import service as groups
 from backend.tasks import service as tasks
 from backend.tasks.models import Task, TaskStatus
+from backend.tasks.spec import read_spec
 from backend.web.forms import FieldErrors, ProjectForm
 from backend.web.task_form import TaskForm, has_dependencies, task_fields
+from contracts.plan import GroupPlan
+from contracts.task_spec import RequestItem, TaskSpec
 
 TASK_LIST_LIMIT = 100
 PROJECT_LIMIT = 500
@@ -90,41 +93,45 @@ def project_page(
     return {**context, **extra}
 
 
-def spec_summary(spec: dict[str, Any]) -> dict[str, Any]:
+def _plans(spec: TaskSpec) -> list[GroupPlan] | list[RequestItem]:
+    """The placed groups, else (not placed yet) the request items."""
+    return spec.groups or spec.request
+
+
+def spec_summary(spec: TaskSpec) -> dict[str, Any]:
     """The task spec for display: `groups` as `name × workers` strings, total workers."""
-    plans = spec.get("groups") or spec.get("request") or []
+    plans = _plans(spec)
+    shown = {"groups", "request", "epochs", "global_batch_size", "split_policy", "seed"}
     return {
-        "groups": [f"{g.get('name') or g.get('device_type', '?') + ' (any group)'} × "
-                   f"{g['workers']}" for g in plans],
-        "workers": sum(g["workers"] for g in plans),
-        "epochs": spec.get("epochs"),
-        "global_batch_size": spec.get("global_batch_size"),
-        "split_policy": spec.get("split_policy", "even"),
-        "seed": spec.get("seed", 0),
-        "extra": {k: "—" if v is None else v for k, v in spec.items()
-                  if k not in {"groups", "request", "epochs", "global_batch_size",
-                               "split_policy", "seed"} and not isinstance(v, dict | list)},
+        "groups": [f"{g.name or (g.device_type or '?') + ' (any group)'} × "
+                   f"{g.workers}" for g in plans],
+        "workers": sum(g.workers for g in plans),
+        "epochs": spec.epochs,
+        "global_batch_size": spec.global_batch_size,
+        "split_policy": spec.split_policy,
+        "seed": spec.seed,
+        "extra": {k: "—" if v is None else v for k, v in spec.stored().items()
+                  if k not in shown and not isinstance(v, dict | list)},
     }
 
 
-def group_shares(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def group_shares(spec: TaskSpec) -> list[dict[str, Any]]:
     """Each group's workers and planned share of the global batch (workers / all workers,
     as the `even` split gives; the page replaces it with measured shares when reported)."""
-    plans = [g for g in spec.get("groups", []) if g.get("name")]
-    total = sum(g["workers"] for g in plans) or 1
-    return [{"name": g["name"], "workers": g["workers"], "share": g["workers"] / total}
-            for g in plans]
+    total = sum(g.workers for g in spec.groups) or 1
+    return [{"name": g.name, "workers": g.workers, "share": g.workers / total}
+            for g in spec.groups]
 
 
-def log_nodes(spec: dict[str, Any]) -> list[str]:
+def log_nodes(spec: TaskSpec) -> list[str]:
     """Node labels of the task's logs: `ps` (rank 0), then `rank-1` … `rank-W`."""
-    workers = sum(g["workers"] for g in (spec.get("groups") or spec.get("request") or []))
+    workers = sum(g.workers for g in _plans(spec))
     return ["ps", *(f"rank-{rank}" for rank in range(1, workers + 1))]
 
 
 def epochs_done(task: Task) -> int:
     """Whole epochs finished, from the task's 0..1 progress."""
-    return math.floor(task.progress * task.spec.get("epochs", 0) + 1e-9)
+    return math.floor(task.progress * (read_spec(task).epochs or 0) + 1e-9)
 
 
 def timing(task: Task) -> dict[str, float | None]:
@@ -143,6 +150,7 @@ def task_page(session: Session, user: User, task: Task) -> dict[str, Any]:
     """A task with its project, code version, timeline, nodes, shares, checkpoints and the
     metric values that were not finite."""
     project = projects.get(session, project_id=task.project_id)
+    spec = read_spec(task)
     return {
         "task": task,
         "terminal": task.status.terminal,
@@ -154,9 +162,9 @@ def task_page(session: Session, user: User, task: Task) -> dict[str, Any]:
         "allocations": tasks.allocations(session, task_id=task.id),
         "checkpoints": tasks.checkpoints(session, task_id=task.id),
         "nonfinite": tasks.nonfinite_metrics(session, task_id=task.id),
-        "spec": spec_summary(task.spec),
-        "shares": group_shares(task.spec),
-        "nodes": log_nodes(task.spec),
+        "spec": spec_summary(spec),
+        "shares": group_shares(spec),
+        "nodes": log_nodes(spec),
         "epochs_done": epochs_done(task),
         **timing(task),
     }

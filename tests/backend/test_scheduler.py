@@ -9,6 +9,7 @@ from backend.scheduler import placement
 from backend.scheduler.service import allocate, queue_head, schedule_next, schedule_once
 from backend.tasks import lifecycle
 from backend.tasks.models import Allocation, SubTask, Task, TaskEvent, TaskStatus
+from contracts.plan import GroupPlan
 from tests.backend.scheduling import RecordingDispatcher, finish, group, held, submit, version
 
 pytestmark = pytest.mark.stack
@@ -89,8 +90,8 @@ def test_a_task_no_longer_queued_is_not_booked(session: Session) -> None:
     session.rollback()
     lifecycle.transition(session, task, TaskStatus.CANCELLED, "test")
     session.commit()
-    assert allocate(session, queued, [{"name": "cpu-a", "device_type": "cpu", "workers": 1}],
-                    free) is None
+    chosen = [GroupPlan(name="cpu-a", device_type="cpu", workers=1)]
+    assert allocate(session, queued, chosen, free) is None
     assert session.scalars(select(Allocation).where(Allocation.task_id == task.id)).all() == []
     assert session.scalars(select(SubTask).where(SubTask.task_id == task.id)).all() == []
 

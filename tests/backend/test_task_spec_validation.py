@@ -7,6 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from backend.scheduler.service import engine_options
+from contracts.task_spec import TaskSpec
 from tests.conftest import agent_headers, make_group, make_project
 
 
@@ -40,7 +41,8 @@ def test_heterogeneity_options_reach_the_task_spec(client: TestClient, version: 
     assert (spec["max_staleness"], spec["exchange_fraction"], spec["checkpoint_every"]) == (
         3, 0.1, 50)
     assert [s["op"] for s in spec["preprocess"]] == ["resize", "normalize"]
-    assert engine_options(spec)["on_nonfinite"] == "skip_step"  # what the agents receive
+    # what the agents receive
+    assert engine_options(TaskSpec.model_validate(spec))["on_nonfinite"] == "skip_step"
     assert spec["request"][1]["speed_factor"] == 0.25
 
 

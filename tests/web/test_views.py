@@ -3,6 +3,7 @@
 from backend.tasks.models import Task
 from backend.web.cluster_views import hardware_summary
 from backend.web.views import epochs_done, log_nodes, spec_summary
+from contracts.task_spec import TaskSpec
 
 SPEC = {
     "epochs": 4,
@@ -17,10 +18,10 @@ SPEC = {
 
 
 def test_spec_summary_and_log_nodes() -> None:
-    summary = spec_summary(SPEC)
+    summary = spec_summary(TaskSpec.model_validate(SPEC))
     assert summary["groups"] == ["cpu-a × 2", "gpu × 1"]
     assert summary["workers"] == 3
-    assert log_nodes(SPEC) == ["ps", "rank-1", "rank-2", "rank-3"]
+    assert log_nodes(TaskSpec.model_validate(SPEC)) == ["ps", "rank-1", "rank-2", "rank-3"]
 
 
 def test_epochs_done_counts_whole_epochs() -> None:

@@ -1,0 +1,103 @@
+"""A task's stored spec (`Task.spec`): what was asked (`request`), where it was placed
+(`groups`), the training settings and engine options, the per-rank limits and the tasks it
+waits on.
+
+The stored JSON is this model dumped with `exclude_unset`: a key is stored only when it was
+given, so rows written before a field existed (e.g. without `request`) read back and are
+written again unchanged. The backend reads and writes it through one accessor
+(`backend.tasks.spec`).
+"""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contracts.payload import TaskLimits
+from contracts.plan import DeviceType, GroupPlan, SplitPolicy
+from contracts.preprocess import PreprocessStep
+
+Placement = Literal["uniform", "resource_state"]
+
+# The engine options a task's spec carries (see worker.engine.spec), in stored order.
+ENGINE_OPTIONS = ("sync_strategy", "sync_period", "quorum", "max_staleness",
+                  "exchange_fraction", "checkpoint_every", "rebalance_every", "preprocess",
+                  "on_nonfinite")
+
+
+class RequestItem(BaseModel):
+    """One item of the request as stored: a named group (`name`, `device_type`, `workers`)
+    or a device type the scheduler places (`device_type`, `workers`, `placement`,
+    `labels`); `speed_factor` only when it is not 1 (emulation)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str | None = None
+    device_type: DeviceType | None = None
+    workers: int = Field(ge=1)
+    placement: Placement | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    speed_factor: float = Field(default=1.0, gt=0.0, le=1.0)
+
+
+class TaskSpec(BaseModel):
+    """The stored spec of a task. `groups` is empty until a device-type request is placed;
+    `request` is absent from tasks submitted before the request form (their `groups` are
+    the request)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    epochs: int | None = None
+    global_batch_size: int | None = None
+    seed: int = 0
+    groups: list[GroupPlan] = Field(default_factory=list)
+    request: list[RequestItem] = Field(default_factory=list)
+    split_policy: SplitPolicy = "even"
+    sync_strategy: str | None = None
+    sync_period: int | None = None
+    quorum: int | None = None
+    max_staleness: int | None = None
+    exchange_fraction: float | None = None
+    checkpoint_every: int | None = None
+    rebalance_every: int | None = None
+    on_nonfinite: str | None = None
+    preprocess: list[PreprocessStep] | None = None
+    limits: TaskLimits | None = None
+    depends_on: list[int] = Field(default_factory=list)
+
+    def stored(self) -> dict[str, object]:
+        """The JSON stored in `Task.spec`: only the keys that were given."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    def requested(self) -> list[RequestItem]:
+        """The request items (tasks from before the request form: their placed groups)."""
+        if self.request:
+            return list(self.request)
+        return [RequestItem.model_validate(g.model_dump(exclude_unset=True)) for g in self.groups]
+
+    def named_groups(self) -> set[str]:
+        """Every group the spec names, in its request or its placement."""
+        return ({item.name for item in self.request if item.name}
+                | {group.name for group in self.groups})
+
+    def speed_factor(self, group: GroupPlan) -> float:
+        """A placed group's emulated speed factor: its own if stored, else from the request
+        item naming it, else from a device-type item of its device type, else 1.0 (e.g.
+        after a move to another group)."""
+        if "speed_factor" in group.model_fields_set:
+            return group.speed_factor
+        for item in self.request:
+            if item.name == group.name:
+                return item.speed_factor
+        for item in self.request:
+            if not item.name and item.device_type == group.device_type:
+                return item.speed_factor
+        return 1.0
+
+    def engine_options(self) -> dict[str, object]:
+        """The engine options that are set; a quorum above the placed groups means all
+        groups."""
+        dumped = self.model_dump(mode="json", include=set(ENGINE_OPTIONS))
+        options = {k: dumped[k] for k in ENGINE_OPTIONS if dumped.get(k) is not None}
+        if self.quorum is not None:
+            options["quorum"] = min(self.quorum, len(self.groups))
+        return options
