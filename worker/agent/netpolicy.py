@@ -112,7 +112,7 @@ def closed_rules(*, ipv6: bool = False) -> list[list[str]]:
 
 def main_rules(uids: range, *, ipv6: bool = False) -> list[list[str]]:
     """The rules of :data:`CHAIN`: each pool uid to its own chain, anything else rejected."""
-    return [*(["-m", "owner", "--uid-owner", str(uid), "-g", uid_chain(uid)] for uid in uids),
+    return [*(_goto(uid) for uid in uids),
             *_reject(ipv6)]
 
 
@@ -141,7 +141,7 @@ def install(uids: range) -> None:
             rules += expected[1:]
         if declare:
             _restore(tool, declare + rules)
-        jump = ["OUTPUT", "-m", "owner", "--uid-owner", f"{uids[0]}-{uids[-1]}", "-j", CHAIN]
+        jump = _output_jump(uids)
         if _run(binary, "-C", *jump, check=False).returncode != 0:
             _run(binary, "-I", *jump)
 
@@ -155,12 +155,30 @@ def admit(uid: int, task_id: int, uids: range, peers: Sequence[str] = ()) -> Non
     NetworkPolicyUnavailable if the kernel refused a change, ValueError for a
     task id outside 1..2**32 - 1.
     """
-    install(uids)
+    if not all(_jumps_in_place(_binary(tool), uid, uids) for tool in TOOLS):
+        install(uids)
     ports = ephemeral_ports()
     for tool in TOOLS:
         ipv6 = tool == "ip6tables"
         _set_chain(tool, uid, admitted_rules(task_id, ports, addresses(peers, ipv6=ipv6),
                                              ipv6=ipv6))
+
+
+def _jumps_in_place(binary: str, uid: int, uids: range) -> bool:
+    """Whether OUTPUT still jumps to :data:`CHAIN` for the pool and :data:`CHAIN` still sends
+    `uid` to its own chain (two `-C` checks, instead of :func:`install`'s listing)."""
+    return all(_run(binary, "-C", *rule, check=False).returncode == 0
+               for rule in (_output_jump(uids), [CHAIN, *_goto(uid)]))
+
+
+def _output_jump(uids: range) -> list[str]:
+    """The OUTPUT rule sending the pool's packets to :data:`CHAIN`."""
+    return ["OUTPUT", "-m", "owner", "--uid-owner", f"{uids[0]}-{uids[-1]}", "-j", CHAIN]
+
+
+def _goto(uid: int) -> list[str]:
+    """The :data:`CHAIN` rule sending `uid`'s packets to its own chain."""
+    return ["-m", "owner", "--uid-owner", str(uid), "-g", uid_chain(uid)]
 
 
 def addresses(hosts: Sequence[str], *, ipv6: bool) -> list[str]:
