@@ -14,6 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import Scope
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
+from backend.agent_api.router import router as agent_api_router
 from backend.agents.router import router as agents_router
 from backend.audit.middleware import AuditMiddleware
 from backend.audit.router import router as audit_router
@@ -29,7 +30,6 @@ from backend.core.http import BodyLimitMiddleware, SecurityHeadersMiddleware
 from backend.core.paths import asset
 from backend.core.prometheus import CONTENT_TYPE, render_metrics
 from backend.core.schemas import refuse_nul_inputs
-from backend.internal.router import router as internal_router
 from backend.projects.router import router as projects_router
 from backend.resource_groups.router import router as groups_router
 from backend.scheduler.loop import SchedulerLoop
@@ -135,7 +135,7 @@ def create_app(*, run_scheduler: bool = True) -> FastAPI:
     install_error_handlers(app)
     install_middleware(app, settings)
     app.include_router(api_router())
-    app.include_router(internal_router, include_in_schema=False)  # agents only, not public
+    app.include_router(agent_api_router, include_in_schema=False)  # agents only, not public
     app.add_api_route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False)
     from backend.web.router import install_web
 

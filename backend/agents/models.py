@@ -45,3 +45,8 @@ class Agent(Base):
     # Who holds the name: the id an agent keeps in its data dir (worker/agent/identity.py).
     # A registration under a live agent's name with another id is refused.
     instance_id: Mapped[str | None] = mapped_column(String(64), default=None)
+
+
+# The one filter for agents that offer workers: online (heartbeats arriving) and active (not
+# drained or disabled by an admin). Capacity and the monitor's lost-work check both use it.
+SERVING = Agent.online.is_(True) & (Agent.state == AgentState.ACTIVE)

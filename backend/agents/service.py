@@ -11,9 +11,8 @@ from backend.agents.schemas import AgentRegister, AgentUpdate
 from backend.core.db import utcnow
 from backend.core.errors import Conflict, NotFound
 from backend.resource_groups import service as groups
-from backend.scheduler import monitor
-from backend.tasks.lifecycle import ACTIVE
-from backend.tasks.models import SubTask, SubTaskStatus, Task
+from backend.tasks import fate
+from backend.tasks.models import ACTIVE, SubTask, SubTaskStatus, Task
 
 
 def register(session: Session, *, data: AgentRegister, live_within_s: float = 15.0) -> Agent:
@@ -39,7 +38,7 @@ def register(session: Session, *, data: AgentRegister, live_within_s: float = 15
             f"or stop that one first", field="name")
     if agent is not None:
         # A process registering under a known name is a restarted agent: whatever it ran is gone.
-        monitor.restart_tasks_of(session, agent=agent, reason=f"agent '{agent.name}' restarted")
+        fate.restart_tasks_of(session, agent=agent, reason=f"agent '{agent.name}' restarted")
     if agent is None:
         agent = Agent(name=data.name, host=data.host, resource_group_id=group.id,
                       workers=data.workers)

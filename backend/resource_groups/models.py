@@ -52,3 +52,6 @@ class ResourceGroup(Base):
     def queue(self) -> str:
         """The Celery queue that this group's agents consume."""
         return f"rg.{self.name}"
+
+
+LIVE = ResourceGroup.deleted_at.is_(None)  # not deleted (deleted groups keep their rows)

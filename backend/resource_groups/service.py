@@ -1,60 +1,24 @@
-"""Resource group management (admins) and capacity accounting (the scheduler).
+"""Resource group management (admins); a group's free workers are the scheduler's
+(:mod:`backend.scheduler.capacity`)."""
 
-A group's free workers are `min(capacity, workers of its online active agents)`
-less the compute workers held by allocations (an agent an admin drains or
-disables keeps the workers it runs and offers no new ones); draining, disabled
-and deleted groups offer none.
-"""
-
-import json
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.agents.models import Agent, AgentState
+from backend.agents.models import Agent
 from backend.core.db import utcnow
 from backend.core.errors import Conflict, Invalid, NotFound
-from backend.resource_groups.models import GroupState, ResourceGroup
+from backend.resource_groups.models import LIVE, GroupState, ResourceGroup
 from backend.resource_groups.schemas import (
     LABEL_KEY,
     ResourceGroupCreate,
     ResourceGroupRead,
     ResourceGroupUpdate,
 )
-from backend.tasks.models import Allocation, NodeRole, SubTask, Task, TaskStatus
+from backend.scheduler.capacity import allocated_workers, free_capacity
+from backend.tasks.models import TERMINAL, Allocation, Task
 from backend.tasks.spec import parse_spec
-
-LIVE = ResourceGroup.deleted_at.is_(None)
-UNFINISHED = [TaskStatus.QUEUED, TaskStatus.SCHEDULED, TaskStatus.RUNNING, TaskStatus.RESTARTING]
-
-
-@dataclass
-class GroupFree:
-    """A live group's state for placement: free workers now (0 unless active)."""
-
-    id: int
-    name: str
-    device_type: str
-    state: GroupState
-    capacity: int
-    online: int
-    held: int
-    labels: dict[str, Any] = field(default_factory=dict)
-    held_inactive: int = 0  # of `held`, workers run by agents an admin drained or disabled
-
-    @property
-    def free(self) -> int:
-        if self.state is not GroupState.ACTIVE:
-            return 0
-        return max(0, min(self.capacity - self.held,
-                          self.online - (self.held - self.held_inactive)))
-
-    def matches(self, labels: dict[str, str]) -> bool:
-        return all(self.labels.get(k) == v for k, v in labels.items())
 
 
 def get_by_name(session: Session, *, name: str) -> ResourceGroup:
@@ -130,7 +94,7 @@ def in_use(session: Session, *, group: ResourceGroup) -> bool:
     if running_tasks(session, group_id=group.id):
         return True
     # Queued tasks name their groups in the spec: scan only the unfinished ones.
-    specs = session.scalars(select(Task.spec).where(Task.status.in_(UNFINISHED)))
+    specs = session.scalars(select(Task.spec).where(Task.status.not_in(TERMINAL)))
     return any(group.name in parse_spec(spec).named_groups() for spec in specs)
 
 
@@ -142,17 +106,6 @@ def running_tasks(session: Session, *, group_id: int) -> int:
     ) or 0
 
 
-def allocated_workers(session: Session, *, group_id: int) -> int:
-    """Compute workers held by running or scheduled tasks on the group."""
-    return session.scalar(
-        select(func.count(Allocation.id)).where(
-            Allocation.resource_group_id == group_id,
-            Allocation.role == NodeRole.COMPUTE,
-            Allocation.released_at.is_(None),
-        )
-    ) or 0
-
-
 def online_agents(session: Session, *, group_id: int) -> list[Agent]:
     """The group's online agents, whatever their admin state."""
     return list(
@@ -160,84 +113,6 @@ def online_agents(session: Session, *, group_id: int) -> list[Agent]:
             select(Agent).where(Agent.resource_group_id == group_id, Agent.online.is_(True))
         )
     )
-
-
-ALLOCATION_LOCK = 0x706F6C79  # "poly": the advisory lock key of allocation
-
-
-def lock_allocation(session: Session) -> None:
-    """Take the allocation lock until the transaction ends (PostgreSQL advisory lock).
-
-    Every allocation holds it while it reads free capacity and books nodes,
-    so two schedulers (threads or API processes) never book the same free
-    workers; releases need no lock (they only add free workers). On SQLite
-    a no-op: its writers are serialised and the embedded default runs one
-    scheduler.
-    """
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(select(func.pg_advisory_xact_lock(ALLOCATION_LOCK)))
-
-
-# Per-group totals, each computed once for all groups (one scan, not one per group).
-_ONLINE = (select(Agent.resource_group_id.label("group_id"),
-                  func.sum(Agent.workers).label("workers"))
-           .where(Agent.online.is_(True), Agent.state == AgentState.ACTIVE)
-           .group_by(Agent.resource_group_id).subquery("online"))
-_HELD = (select(Allocation.resource_group_id.label("group_id"),
-                func.count(Allocation.id).label("nodes"))
-         .where(Allocation.released_at.is_(None), Allocation.role == NodeRole.COMPUTE)
-         .group_by(Allocation.resource_group_id).subquery("held"))
-# Driven from the (few) agents an admin drained or disabled: nothing to join while all are
-# active.
-_HELD_INACTIVE = (
-    select(SubTask.resource_group_id.label("group_id"),
-           func.count(Allocation.id).label("nodes"))
-    .select_from(Agent)
-    .join(SubTask, SubTask.agent_id == Agent.id)
-    .join(Allocation, (Allocation.task_id == SubTask.task_id)
-          & (Allocation.attempt == SubTask.attempt)
-          & (Allocation.resource_group_id == SubTask.resource_group_id))
-    .where(Agent.state != AgentState.ACTIVE, Allocation.released_at.is_(None),
-           Allocation.role == NodeRole.COMPUTE)
-    .group_by(SubTask.resource_group_id).subquery("held_inactive"))
-FREE = (
-    select(ResourceGroup.id, ResourceGroup.name, ResourceGroup.device_type,
-           ResourceGroup.state, ResourceGroup.capacity, ResourceGroup.labels,
-           func.coalesce(_ONLINE.c.workers, 0), func.coalesce(_HELD.c.nodes, 0),
-           func.coalesce(_HELD_INACTIVE.c.nodes, 0))
-    .outerjoin(_ONLINE, _ONLINE.c.group_id == ResourceGroup.id)
-    .outerjoin(_HELD, _HELD.c.group_id == ResourceGroup.id)
-    .outerjoin(_HELD_INACTIVE, _HELD_INACTIVE.c.group_id == ResourceGroup.id)
-    .where(LIVE)
-)
-
-
-def free_capacity(session: Session, group_ids: Iterable[int] | None = None
-                  ) -> dict[str, GroupFree]:
-    """Each live group's free workers, by name, in one statement (held nodes by a partial index).
-
-    Run after `lock` it sees every allocation committed before the lock was
-    granted (PostgreSQL takes a new snapshot per statement).
-    """
-    query = FREE
-    if group_ids is not None:
-        query = query.where(ResourceGroup.id.in_(list(group_ids)))
-    return free_from_rows(session.execute(query))
-
-
-def free_from_rows(rows: Iterable[Sequence[Any]]) -> dict[str, GroupFree]:
-    """`GroupFree` by name from rows of `FREE`, typed by SQLAlchemy or as the driver returns
-    them (the state's stored name, labels as JSON text or decoded)."""
-    free = {}
-    for (id_, name, device_type, state, capacity, labels, online, held, held_inactive) in rows:
-        if isinstance(labels, str):
-            labels = json.loads(labels)
-        free[name] = GroupFree(
-            id=id_, name=name, device_type=device_type,
-            state=state if isinstance(state, GroupState) else GroupState[state],
-            capacity=capacity, online=int(online), held=int(held), labels=dict(labels or {}),
-            held_inactive=int(held_inactive))
-    return free
 
 
 def read(session: Session, group: ResourceGroup) -> ResourceGroupRead:

@@ -1,13 +1,28 @@
-"""First-level dispatch: one Celery message per resource group, on that group's queue."""
+"""First-level dispatch: one Celery message per resource group, on that group's queue.
 
+The only place that publishes to a group queue. Each scheduler pass publishes
+every current-attempt sub-task not yet published, or unclaimed for too long
+(a message lost with a broker restart), after making the pass's decisions
+durable (:func:`make_durable`).
+"""
+
+import logging
+from datetime import timedelta
 from functools import lru_cache
 from typing import Protocol
 
 from celery import Celery
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from backend.core.config import get_settings
+from backend.core.db import utcnow
+from backend.tasks.models import ACTIVE, Checkpoint, SubTask, SubTaskStatus, Task
+from backend.tasks.spec import read_spec
 from contracts.messaging import RUN_SUBTASK, broker_options, queue_name
-from contracts.payload import SubTaskPayload
+from contracts.payload import SubTaskPayload, TaskLimits
+
+log = logging.getLogger(__name__)
 
 
 class Dispatcher(Protocol):
@@ -39,3 +54,79 @@ class CeleryDispatcher:
             retry=True, retry_policy={"max_retries": 2, "interval_start": 0.2,
                                       "interval_step": 0.5, "interval_max": 1.0},
         )
+
+
+def payload_for(task: Task, sub: SubTask, *, resume_checkpoint_id: int | None = None
+                ) -> SubTaskPayload:
+    """The message for one sub-task of the task's current attempt: the placed groups (with
+    their speed factors), the engine options and the checkpoint to resume from.
+
+    Raises:
+        ValueError: the stored spec has no epochs or global batch size.
+    """
+    spec = read_spec(task)
+    if spec.epochs is None or spec.global_batch_size is None:
+        raise ValueError(f"task {task.id}'s spec has no epochs or global batch size")
+    groups = [g.model_copy(update={"speed_factor": spec.speed_factor(g)}) for g in spec.groups]
+    return SubTaskPayload(
+        task_id=task.id, sub_task_id=sub.id, group_index=sub.group_index,
+        hosts_parameter_server=sub.hosts_parameter_server, epochs=spec.epochs,
+        global_batch_size=spec.global_batch_size, seed=spec.seed,
+        split_policy=spec.split_policy, groups=groups, engine=spec.engine_options(),
+        attempt=sub.attempt, resume_checkpoint_id=resume_checkpoint_id,
+        limits=spec.limits or TaskLimits(),
+    )
+
+
+def last_checkpoint(session: Session, *, task_id: int) -> Checkpoint | None:
+    """The task's newest checkpoint (most steps), from any attempt."""
+    return session.scalar(
+        select(Checkpoint).where(Checkpoint.task_id == task_id)
+        .order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(1))
+
+
+def make_durable(session: Session) -> None:
+    """Wait until every transaction committed so far is on disk, then end the transaction.
+
+    Scheduling decisions commit on PostgreSQL without waiting for the WAL flush
+    (`service.schedule_next`); a transaction with a transaction id commits with
+    the flush, which covers all earlier WAL. Called before a message leaves
+    for the broker, so no agent ever acts on a decision a crash could undo;
+    one flush per pass instead of one per decision. SQLite commits are durable.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(select(func.pg_current_xact_id()))
+        session.commit()
+
+
+def dispatch_pending(session: Session, dispatcher: Dispatcher, *,
+                     redispatch_after_s: float) -> int:
+    """Publish each current-attempt sub-task never published, or unclaimed for too long.
+
+    A message lost with a broker restart is sent again; a duplicate is
+    harmless (the agent's claim refuses a taken sub-task). Returns messages sent.
+    """
+    stale = utcnow() - timedelta(seconds=redispatch_after_s)
+    rows = session.execute(
+        select(Task, SubTask).join(SubTask, SubTask.task_id == Task.id)
+        .where(Task.status.in_(ACTIVE), SubTask.attempt == Task.attempt,
+               SubTask.status == SubTaskStatus.PENDING,
+               (SubTask.dispatched_at.is_(None)) | (SubTask.dispatched_at < stale))
+        .order_by(SubTask.id)
+    ).all()
+    if rows:
+        make_durable(session)
+    sent = 0
+    for task, sub in rows:
+        resume = last_checkpoint(session, task_id=task.id) if task.attempt > 1 else None
+        try:
+            dispatcher.send(payload_for(task, sub,
+                                        resume_checkpoint_id=resume.id if resume else None))
+        except Exception:  # broker down: stays undispatched, sent again next pass
+            log.warning("publishing sub-task %s failed; retrying next pass", sub.id, exc_info=True)
+            session.rollback()
+            return sent
+        sub.dispatched_at = utcnow()
+        session.commit()
+        sent += 1
+    return sent

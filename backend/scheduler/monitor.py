@@ -1,27 +1,24 @@
 """Monitoring with alarm, repair or migration (source design: task flow manager monitoring).
 
-Each scheduler pass marks agents whose heartbeats stopped offline, restarts
+Each scheduler pass marks agents whose heartbeats stopped offline and restarts
 the tasks that ran on them (an alarm event, then RESTARTING and a new attempt
-on healthy capacity, resumed from the last checkpoint), and publishes every
-sub-task message not yet published or apparently lost (a broker restart).
+on healthy capacity, resumed from the last checkpoint: the lifecycle's
+:func:`backend.tasks.lifecycle.restart_or_fail`). Publishing is
+:mod:`backend.scheduler.dispatch`'s.
 """
 
 import logging
-from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from backend.agents.models import Agent, AgentState
+from backend.agents.models import SERVING, Agent
 from backend.core.db import utcnow
-from backend.scheduler.dispatch import Dispatcher
 from backend.tasks import lifecycle
-from backend.tasks.models import Checkpoint, SubTask, SubTaskStatus, Task, TaskStatus
-from contracts.payload import SubTaskPayload
+from backend.tasks.models import ACTIVE, SubTask, SubTaskStatus, Task
 
 log = logging.getLogger(__name__)
-ACTIVE = [TaskStatus.SCHEDULED, TaskStatus.RUNNING]
 
 
 def mark_stale_agents(session: Session, *, timeout_s: float, interval_s: float = 0.0,
@@ -64,8 +61,7 @@ def _lost_sub_tasks(session: Session, *, pending_before: object) -> list[tuple[T
     lost = [(task, f"agent '{agent.name}' on {agent.host} stopped sending heartbeats")
             for task, agent in running]
     online = select(Agent.id).where(Agent.resource_group_id == SubTask.resource_group_id,
-                                    Agent.online.is_(True),
-                                    Agent.state == AgentState.ACTIVE).exists()
+                                    SERVING).exists()
     unclaimed = session.scalars(
         select(Task).join(SubTask, SubTask.task_id == Task.id)
         .where(Task.status.in_(ACTIVE), SubTask.attempt == Task.attempt,
@@ -74,19 +70,6 @@ def _lost_sub_tasks(session: Session, *, pending_before: object) -> list[tuple[T
     ).all()
     return lost + [(task, "no active agent of its group is online to start it")
                    for task in unclaimed]
-
-
-def restart_tasks_of(session: Session, *, agent: Agent, reason: str) -> int:
-    """Restart (or fail) the tasks whose current sub-task runs on `agent`; the caller commits."""
-    tasks = session.scalars(
-        select(Task).join(SubTask, SubTask.task_id == Task.id)
-        .where(SubTask.agent_id == agent.id, SubTask.attempt == Task.attempt,
-               SubTask.status == SubTaskStatus.RUNNING, Task.status.in_(ACTIVE))
-        .with_for_update(of=Task)
-    ).unique().all()
-    for task in tasks:
-        lifecycle.restart_or_fail(session, task, reason)
-    return len(tasks)
 
 
 def check(session: Session, *, timeout_s: float, interval_s: float = 1.0,
@@ -112,64 +95,8 @@ def check(session: Session, *, timeout_s: float, interval_s: float = 1.0,
             continue
         handled.add(task.id)
         locked = session.get(Task, task.id, with_for_update=True, populate_existing=True)
-        if locked is not None and locked.status in ACTIVE and locked.attempt == task.attempt:
+        if locked is not None and locked.status.active and locked.attempt == task.attempt:
             log.warning("task %s: %s", task.id, reason)
             lifecycle.restart_or_fail(session, locked, reason)
         session.commit()
     return len(handled)
-
-
-def last_checkpoint(session: Session, *, task_id: int) -> Checkpoint | None:
-    """The task's newest checkpoint (most steps), from any attempt."""
-    return session.scalar(
-        select(Checkpoint).where(Checkpoint.task_id == task_id)
-        .order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(1))
-
-
-PayloadFor = Callable[..., SubTaskPayload]
-
-
-def make_durable(session: Session) -> None:
-    """Wait until every transaction committed so far is on disk, then end the transaction.
-
-    Scheduling decisions commit on PostgreSQL without waiting for the WAL flush
-    (`service.schedule_next`); a transaction with a transaction id commits with
-    the flush, which covers all earlier WAL. Called before a message leaves
-    for the broker, so no agent ever acts on a decision a crash could undo;
-    one flush per pass instead of one per decision. SQLite commits are durable.
-    """
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(select(func.pg_current_xact_id()))
-        session.commit()
-
-
-def dispatch_pending(session: Session, dispatcher: Dispatcher, payload_for: PayloadFor, *,
-                     redispatch_after_s: float) -> int:
-    """Publish each current-attempt sub-task never published, or unclaimed for too long.
-
-    A message lost with a broker restart is sent again; a duplicate is
-    harmless (the agent's claim refuses a taken sub-task). Returns messages sent.
-    """
-    stale = utcnow() - timedelta(seconds=redispatch_after_s)
-    rows = session.execute(
-        select(Task, SubTask).join(SubTask, SubTask.task_id == Task.id)
-        .where(Task.status.in_(ACTIVE), SubTask.attempt == Task.attempt,
-               SubTask.status == SubTaskStatus.PENDING,
-               (SubTask.dispatched_at.is_(None)) | (SubTask.dispatched_at < stale))
-        .order_by(SubTask.id)
-    ).all()
-    if rows:
-        make_durable(session)
-    sent = 0
-    for task, sub in rows:
-        resume = last_checkpoint(session, task_id=task.id) if task.attempt > 1 else None
-        try:
-            dispatcher.send(payload_for(task, sub, resume_checkpoint_id=resume and resume.id))
-        except Exception:  # broker down: stays undispatched, sent again next pass
-            log.warning("publishing sub-task %s failed; retrying next pass", sub.id, exc_info=True)
-            session.rollback()
-            return sent
-        sub.dispatched_at = utcnow()
-        session.commit()
-        sent += 1
-    return sent

@@ -14,7 +14,7 @@ On a restart (`previous` given) a named group that cannot take its workers now
 is replaced by a compatible one: active, same device type, enough free workers.
 """
 
-from backend.resource_groups.service import GroupFree
+from backend.scheduler.capacity import GroupFree
 from contracts.plan import GroupPlan
 from contracts.task_spec import RequestItem
 

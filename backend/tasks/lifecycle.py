@@ -1,11 +1,21 @@
-"""The task lifecycle: every status change goes through `transition`.
+"""The task lifecycle: every status change, of a task or of a sub-task, is made here.
 
-Failures found by the monitor go through `restart_or_fail`: an alarm event,
+A task's status changes through :func:`change` (is it allowed, what it writes:
+the task's columns and its event row, and what follows from it), applied to a
+loaded task by :func:`transition`, or by the scheduler's booking as one SQL
+statement (``backend.scheduler.booking``) for QUEUED -> SCHEDULED. A sub-task's
+status changes through :func:`move_sub_task` (or :func:`abort_sub_tasks` for a
+whole attempt). Failures go through :func:`restart_or_fail`: an alarm event,
 then a restart (RESTARTING, then QUEUED for the next attempt) while restarts
-are left, else FAILED. Terminal states settle the tasks that depend on this one.
+are left, else FAILED. Terminal states settle the tasks that depend on this
+one. A commit that queues a task or frees nodes wakes the scheduler
+(:func:`add_waker`): the one way to wake it.
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from sqlalchemy import event, select, update
 from sqlalchemy.orm import Session
@@ -14,6 +24,7 @@ from backend.core.db import utcnow
 from backend.core.errors import Conflict
 from backend.scheduler.models import TaskDependency
 from backend.tasks.models import (
+    ACTIVE,
     Allocation,
     EventKind,
     SubTask,
@@ -33,7 +44,16 @@ ALLOWED: dict[TaskStatus, frozenset[TaskStatus]] = {
     S.FAILED: frozenset(),
     S.CANCELLED: frozenset(),
 }
-ACTIVE = frozenset({S.SCHEDULED, S.RUNNING})
+Sub = SubTaskStatus
+SUB_ALLOWED: dict[SubTaskStatus, frozenset[SubTaskStatus]] = {
+    Sub.PENDING: frozenset({Sub.RUNNING, Sub.ABORTED}),
+    Sub.RUNNING: frozenset({Sub.SUCCEEDED, Sub.FAILED, Sub.ABORTED}),
+    Sub.SUCCEEDED: frozenset(),
+    Sub.FAILED: frozenset(),
+    Sub.ABORTED: frozenset(),
+}
+# Sub-task statuses an attempt's abort ends (those that may still become ABORTED).
+ABORTABLE = [status for status, allowed in SUB_ALLOWED.items() if Sub.ABORTED in allowed]
 _wakers: list[Callable[[], None]] = []
 
 
@@ -66,6 +86,62 @@ def release_allocations(session: Session, *, task_id: int) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Change:
+    """One allowed status change of a task, as values: what :func:`transition` writes (and
+    what the scheduler's booking writes in SQL for QUEUED -> SCHEDULED)."""
+
+    task_id: int
+    from_status: TaskStatus
+    to_status: TaskStatus
+    reason: str
+    at: datetime  # naive UTC
+
+    @property
+    def releases(self) -> bool:
+        """The task's nodes are released in the same transaction (ended or restarting)."""
+        return self.to_status.terminal or self.to_status is S.RESTARTING
+
+    @property
+    def settles_dependents(self) -> bool:
+        return self.to_status.terminal
+
+    @property
+    def wakes_scheduler(self) -> bool:
+        """The commit frees nodes or queues a task."""
+        return self.to_status.terminal or self.to_status is S.QUEUED
+
+    @property
+    def has_side_effects(self) -> bool:
+        return self.releases or self.settles_dependents or self.wakes_scheduler
+
+    def task_values(self) -> dict[str, Any]:
+        """The task's columns this change sets (``started_at`` only on a first start: see
+        :func:`transition`)."""
+        values: dict[str, Any] = {"status": self.to_status, "status_reason": self.reason}
+        if self.to_status.terminal:
+            values["finished_at"] = self.at
+        return values
+
+    def event_row(self) -> dict[str, Any]:
+        """The task_event row recording this change."""
+        return {"task_id": self.task_id, "from_status": self.from_status,
+                "to_status": self.to_status, "reason": self.reason, "created_at": self.at,
+                "kind": EventKind.STATUS}
+
+
+def change(task_id: int, current: TaskStatus, to: TaskStatus, reason: str) -> Change:
+    """The change of task `task_id` from `current` to `to`, now.
+
+    Raises:
+        Conflict: `to` is not reachable from `current` (field `status`).
+    """
+    if to not in ALLOWED[current]:
+        raise Conflict(f"task {task_id} is {current.value}; it cannot become {to.value}",
+                       field="status")
+    return Change(task_id, current, to, reason, utcnow())
+
+
 def transition(session: Session, task: Task, to: TaskStatus, reason: str) -> TaskEvent:
     """Move `task` to `to`, recording an event with `reason`; the caller commits.
 
@@ -76,28 +152,50 @@ def transition(session: Session, task: Task, to: TaskStatus, reason: str) -> Tas
     Raises:
         Conflict: `to` is not reachable from the task's current status.
     """
-    current = task.status
-    if to not in ALLOWED[current]:
-        raise Conflict(f"task {task.id} is {current.value}; it cannot become {to.value}",
-                       field="status")
-    task.status = to
-    task.status_reason = reason
-    now = utcnow()
+    done = change(task.id, task.status, to, reason)
+    for column, value in done.task_values().items():
+        setattr(task, column, value)
     if to is S.RUNNING and task.started_at is None:
-        task.started_at = now
-    if to.terminal or to is S.RESTARTING:
+        task.started_at = done.at
+    if done.releases:
         release_allocations(session, task_id=task.id)
-    if to.terminal:
-        task.finished_at = now
-    event = TaskEvent(task_id=task.id, from_status=current, to_status=to, reason=reason,
-                      created_at=now)
+    event = TaskEvent(**done.event_row())
     session.add(event)
-    if to.terminal:
+    if done.settles_dependents:
         session.flush()
         _settle_dependents(session, task)
-    if to.terminal or to is S.QUEUED:
+    if done.wakes_scheduler:
         _wake_after_commit(session)
     return event
+
+
+def move_sub_task(sub: SubTask, to: SubTaskStatus, *, detail: str | None = None) -> None:
+    """Change one sub-task's status (and its detail, kept to its last 4000 characters).
+
+    Raises:
+        Conflict: `to` is not reachable from the sub-task's status (field `status`).
+    """
+    if to not in SUB_ALLOWED[sub.status]:
+        raise Conflict(f"sub-task {sub.id} is {sub.status.value}; it cannot become {to.value}",
+                       field="status")
+    sub.status = to
+    if detail is not None:
+        sub.detail = detail[-4000:]
+
+
+def abort_sub_tasks(session: Session, task: Task, reason: str) -> None:
+    """Abort every sub-task of `task`'s current attempt that has not ended (one statement)."""
+    session.execute(
+        update(SubTask).where(SubTask.task_id == task.id, SubTask.attempt == task.attempt,
+                              SubTask.status.in_(ABORTABLE))
+        .values(status=Sub.ABORTED, detail=f"aborted: {reason}")
+    )
+
+
+def attempt_sub_statuses(session: Session, task: Task) -> list[SubTaskStatus]:
+    """The statuses of the sub-tasks of `task`'s current attempt."""
+    return list(session.scalars(select(SubTask.status).where(
+        SubTask.task_id == task.id, SubTask.attempt == task.attempt)).all())
 
 
 def alarm(session: Session, task: Task, reason: str) -> TaskEvent:
@@ -124,11 +222,7 @@ def restart_or_fail(session: Session, task: Task, reason: str) -> bool:
                    f"{reason}; no restart left (max_restarts={task.max_restarts})")
         return False
     transition(session, task, S.RESTARTING, f"{reason}; restarting")
-    session.execute(
-        update(SubTask).where(SubTask.task_id == task.id, SubTask.attempt == task.attempt,
-                              SubTask.status.in_([SubTaskStatus.PENDING, SubTaskStatus.RUNNING]))
-        .values(status=SubTaskStatus.ABORTED, detail=f"aborted: {reason}")
-    )
+    abort_sub_tasks(session, task, reason)
     task.attempt += 1
     task.master_addr, task.master_port = None, None
     transition(session, task, S.QUEUED,

@@ -23,8 +23,15 @@ class TaskStatus(enum.StrEnum):
     def terminal(self) -> bool:
         return self in TERMINAL
 
+    @property
+    def active(self) -> bool:
+        """Placed and holding nodes: its agents run (or are about to run) its current attempt."""
+        return self in ACTIVE
+
 
 TERMINAL = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+# The one set of active statuses (the lifecycle, the monitor, claims and dispatch use it).
+ACTIVE = frozenset({TaskStatus.SCHEDULED, TaskStatus.RUNNING})
 
 
 class NodeRole(enum.StrEnum):

@@ -22,12 +22,6 @@ from backend.web.templating import redirect, render
 router = APIRouter(include_in_schema=False)
 
 
-def wake_scheduler(request: Request) -> None:
-    scheduler = getattr(request.app.state, "scheduler", None)
-    if scheduler is not None:
-        scheduler.wake()
-
-
 def _project_page(request: Request, session: SessionDep, user: User, project: Project, *,
                   status_code: int = 200, **context: Any) -> Response:
     page = views.project_page(session, user, project, **context)
@@ -148,5 +142,4 @@ def submit(request: Request, project_id: int, session: SessionDep, user: WebUser
     if task is None:
         return _project_page(request, session, user, project, form=form, errors=errors,
                              status_code=422)
-    wake_scheduler(request)
     return redirect(f"/tasks/{task.id}", flash=f"Task {task.id} submitted.")

@@ -8,7 +8,6 @@ from backend.core.deps import CsrfCheck, SessionDep, WebUser
 from backend.core.errors import ServiceError
 from backend.tasks import service as tasks
 from backend.web import views
-from backend.web.project_pages import wake_scheduler
 from backend.web.templating import redirect, render
 
 router = APIRouter(include_in_schema=False)
@@ -38,7 +37,6 @@ def cancel_task(request: Request, task_id: int, session: SessionDep, user: WebUs
     except ServiceError as exc:
         session.rollback()
         return redirect(f"/tasks/{task_id}", flash=exc.message, kind="error")
-    wake_scheduler(request)
     return redirect(f"/tasks/{task_id}", flash=f"Task {task_id} cancelled.")
 
 
@@ -53,5 +51,4 @@ def retry_task(request: Request, task_id: int, session: SessionDep, user: WebUse
     except ServiceError as exc:
         session.rollback()
         return redirect(f"/tasks/{task_id}", flash=exc.message, kind="error")
-    wake_scheduler(request)
     return redirect(f"/tasks/{copy.id}", flash=f"Task {copy.id} submitted: a retry of {task_id}.")

@@ -16,8 +16,8 @@ from schemathesis.python import asgi
 from schemathesis.specs.openapi.checks import response_schema_conformance
 from sqlalchemy import select
 
+from backend.agent_api.router import router as agent_api_router
 from backend.core.db import get_sessionmaker
-from backend.internal.router import router as internal_router
 from backend.scheduler.service import schedule_next
 from backend.tasks.models import SubTask
 from tests.api.conftest import World
@@ -37,7 +37,7 @@ def _operations(world: World) -> list:
 def _internal_operations(world: World) -> list:
     """Every /internal/v1 operation, from an OpenAPI document of the internal router's own
     routes (listed whether or not the public document shows them)."""
-    routes = [copy.copy(route) for route in internal_router.routes]
+    routes = [copy.copy(route) for route in agent_api_router.routes]
     for route in routes:
         route.include_in_schema = True  # type: ignore[attr-defined]
     document = get_openapi(title="polytrain internal", version="1", routes=routes)

@@ -6,10 +6,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backend.agents.models import Agent
-from backend.internal import service as internal
 from backend.projects.models import CodeVersion, Project
 from backend.resource_groups.models import ResourceGroup
-from backend.tasks import lifecycle
+from backend.tasks import fate, lifecycle
 from backend.tasks import service as tasks
 from backend.tasks.models import Allocation, NodeRole, SubTask, Task, TaskStatus
 from backend.tasks.schemas import TaskCreate
@@ -92,7 +91,7 @@ def running_task(session: Session, **extra: Any) -> Task:
                                                      SubTask.attempt == task.attempt)):
         agent = session.scalar(select(Agent).where(
             Agent.resource_group_id == sub.resource_group_id))
-        internal.claim(session, sub=sub, data=Claim(agent_id=agent.id, host=agent.host))
+        fate.claim(session, sub=sub, data=Claim(agent_id=agent.id, host=agent.host))
     session.refresh(task)
     assert task.status is TaskStatus.RUNNING
     return task

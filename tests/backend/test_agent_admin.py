@@ -9,9 +9,9 @@ from backend.agents import service as agents
 from backend.agents.models import Agent, AgentState
 from backend.agents.schemas import AgentUpdate
 from backend.core.errors import Conflict
-from backend.internal import service as internal
-from backend.resource_groups import service as groups
+from backend.scheduler.capacity import free_capacity
 from backend.scheduler.service import schedule_next
+from backend.tasks import fate
 from backend.tasks.models import SubTask, SubTaskStatus
 from backend.tasks.models import TaskStatus as S
 from contracts.agent_api import Claim, Finished
@@ -85,19 +85,19 @@ def test_draining_agent_finishes_its_work_and_is_disabled_once_idle(session: Ses
     task = submit(session, version(session), [{"name": "cpu-a", "workers": 2}])
     assert schedule_next(session) == task.id
     sub = session.scalar(select(SubTask).where(SubTask.task_id == task.id))
-    internal.claim(session, sub=sub, data=Claim(agent_id=agent.id, host=agent.host))
+    fate.claim(session, sub=sub, data=Claim(agent_id=agent.id, host=agent.host))
     agents.update(session, agent=agent, data=AgentUpdate(state=AgentState.DRAINING))
     with pytest.raises(Conflict, match="still runs 1 sub-task"):
         agents.update(session, agent=agent, data=AgentUpdate(state=AgentState.DISABLED))
     session.rollback()
     # Its running work keeps its workers; none are offered to a new task meanwhile.
-    assert groups.free_capacity(session)["cpu-a"].free == 0
+    assert free_capacity(session)["cpu-a"].free == 0
     session.refresh(task)
     assert task.status is S.RUNNING
-    internal.finish(session, sub=sub, data=Finished(succeeded=True, detail="done"))
+    fate.finish(session, sub=sub, data=Finished(succeeded=True, detail="done"))
     agents.update(session, agent=agent, data=AgentUpdate(state=AgentState.DISABLED))
     assert agent.state is AgentState.DISABLED
-    assert groups.free_capacity(session)["cpu-a"].free == 0
+    assert free_capacity(session)["cpu-a"].free == 0
 
 
 def test_a_drained_agent_cannot_claim_and_the_sub_task_is_published_again(
@@ -111,13 +111,13 @@ def test_a_drained_agent_cannot_claim_and_the_sub_task_is_published_again(
     drained.state = AgentState.DRAINING
     session.commit()
     with pytest.raises(Conflict, match="agent 'agent-cpu-a' is draining"):
-        internal.claim(session, sub=sub, data=Claim(agent_id=drained.id, host=drained.host))
+        fate.claim(session, sub=sub, data=Claim(agent_id=drained.id, host=drained.host))
     session.refresh(sub)
     assert (sub.status, sub.agent_id, sub.dispatched_at) == (SubTaskStatus.PENDING, None, None)
     other = Agent(name="agent-2", host="10.77.0.8", resource_group_id=drained.resource_group_id,
                   workers=2, hardware={"cpu_cores": 2})
     session.add(other)
     session.commit()
-    internal.claim(session, sub=sub, data=Claim(agent_id=other.id, host=other.host))
+    fate.claim(session, sub=sub, data=Claim(agent_id=other.id, host=other.host))
     session.refresh(sub)
     assert (sub.status, sub.agent_id) == (SubTaskStatus.RUNNING, other.id)

@@ -8,9 +8,9 @@ from sqlalchemy.orm import Session
 
 from backend.agents.models import Agent
 from backend.core.db import utcnow
-from backend.internal import service as internal
 from backend.scheduler import monitor
 from backend.scheduler.service import schedule_next, schedule_once
+from backend.tasks import fate
 from backend.tasks.models import Checkpoint, EventKind, SubTask, SubTaskStatus, Task, TaskEvent
 from backend.tasks.models import TaskStatus as S
 from contracts.agent_api import Claim, Finished
@@ -73,7 +73,7 @@ def test_restart_repairs_in_the_same_group_when_it_has_room(session: Session) ->
     group(session, "cpu-b", 1)
     task = running_task(session)
     sub = _subs(session, task)[1]
-    internal.finish(session, sub=sub, data=Finished(succeeded=False, cause="infra",
+    fate.finish(session, sub=sub, data=Finished(succeeded=False, cause="infra",
                                                     detail="rank-3 exited with code -9"))
     session.refresh(task)
     assert task.status is S.QUEUED and task.attempt == 2
@@ -87,7 +87,7 @@ def test_restarts_stop_at_max_restarts(session: Session) -> None:
     group(session, "cpu-a", 2)
     group(session, "cpu-b", 1)
     task = running_task(session, max_restarts=0)
-    internal.finish(session, sub=_subs(session, task)[0],
+    fate.finish(session, sub=_subs(session, task)[0],
                     data=Finished(succeeded=False, cause="infra", detail="ps killed"))
     session.refresh(task)
     assert task.status is S.FAILED
@@ -100,11 +100,11 @@ def test_user_error_fails_and_peer_errors_wait_for_the_root_cause(session: Sessi
     group(session, "cpu-b", 1)
     task = running_task(session)
     first, second = _subs(session, task)
-    internal.finish(session, sub=second, data=Finished(succeeded=False, cause="peer",
+    fate.finish(session, sub=second, data=Finished(succeeded=False, cause="peer",
                                                        detail="Connection closed by peer"))
     session.refresh(task)
     assert task.status is S.RUNNING
-    internal.finish(session, sub=first, data=Finished(succeeded=False, cause="user",
+    fate.finish(session, sub=first, data=Finished(succeeded=False, cause="user",
                                                       detail="ValueError: bad"))
     session.refresh(task)
     assert task.status is S.FAILED and "ValueError: bad" in task.status_reason
@@ -115,7 +115,7 @@ def test_only_peer_errors_everywhere_restart(session: Session) -> None:
     group(session, "cpu-b", 1)
     task = running_task(session)
     for sub in _subs(session, task):
-        internal.finish(session, sub=sub, data=Finished(succeeded=False, cause="peer",
+        fate.finish(session, sub=sub, data=Finished(succeeded=False, cause="peer",
                                                         detail="Connection reset by peer"))
     session.refresh(task)
     assert task.status is S.QUEUED and "every group lost its peers" in task.status_reason
@@ -126,14 +126,14 @@ def test_reports_of_an_old_attempt_are_ignored(session: Session) -> None:
     group(session, "cpu-b", 1)
     task = running_task(session)
     old_first, old_second = _subs(session, task)
-    internal.finish(session, sub=old_first, data=Finished(succeeded=False, cause="infra"))
+    fate.finish(session, sub=old_first, data=Finished(succeeded=False, cause="infra"))
     schedule_next(session)
-    internal.finish(session, sub=old_second, data=Finished(succeeded=False, cause="stopped",
+    fate.finish(session, sub=old_second, data=Finished(succeeded=False, cause="stopped",
                                                            detail="stopped"))
     session.refresh(task)
     assert task.status is S.SCHEDULED and task.attempt == 2
     with pytest.raises(Exception, match="attempt 1"):
-        internal.claim(session, sub=old_second, data=Claim(agent_id=1, host="h"))
+        fate.claim(session, sub=old_second, data=Claim(agent_id=1, host="h"))
 
 
 def test_unclaimed_sub_task_of_a_group_without_agents_is_restarted(session: Session) -> None:

@@ -4,9 +4,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend.resource_groups import service as groups
 from backend.scheduler import placement
-from backend.scheduler.service import allocate, queue_head, schedule_next, schedule_once
+from backend.scheduler.booking import allocate
+from backend.scheduler.capacity import free_capacity
+from backend.scheduler.queue import queue_head
+from backend.scheduler.service import schedule_next, schedule_once
 from backend.tasks import lifecycle
 from backend.tasks.models import Allocation, SubTask, Task, TaskEvent, TaskStatus
 from contracts.plan import GroupPlan
@@ -86,7 +88,7 @@ def test_a_task_no_longer_queued_is_not_booked(session: Session) -> None:
     code = version(session)
     task = submit(session, code, [{"name": "cpu-a", "workers": 1}])
     queued = queue_head(session)[0]
-    free = groups.free_capacity(session)
+    free = free_capacity(session)
     session.rollback()
     lifecycle.transition(session, task, TaskStatus.CANCELLED, "test")
     session.commit()

@@ -6,7 +6,6 @@ Also the throughput read model: per worker and per group, from reported metrics.
 import pytest
 from fastapi.testclient import TestClient
 
-from backend.scheduler.service import engine_options
 from contracts.task_spec import TaskSpec
 from tests.conftest import agent_headers, make_group, make_project
 
@@ -42,7 +41,7 @@ def test_heterogeneity_options_reach_the_task_spec(client: TestClient, version: 
         3, 0.1, 50)
     assert [s["op"] for s in spec["preprocess"]] == ["resize", "normalize"]
     # what the agents receive
-    assert engine_options(TaskSpec.model_validate(spec))["on_nonfinite"] == "skip_step"
+    assert TaskSpec.model_validate(spec).engine_options()["on_nonfinite"] == "skip_step"
     assert spec["request"][1]["speed_factor"] == 0.25
 
 

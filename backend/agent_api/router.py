@@ -1,4 +1,9 @@
-"""The internal API used by agents, authenticated with the agent token."""
+"""The agents' transport: the internal HTTP API agents call, authenticated with the agent token.
+
+Transport only: each route validates its body (``contracts.agent_api``) and calls the
+task's fate (:mod:`backend.tasks.fate`), the reports' storage
+(:mod:`backend.tasks.reports`) or the agents' registry (:mod:`backend.agents.service`).
+"""
 
 from typing import Annotated
 
@@ -9,9 +14,8 @@ from fastapi.responses import FileResponse
 from backend.agents import service as agents
 from backend.agents.schemas import AgentRead, AgentRegister
 from backend.core.deps import AgentAuth, SessionDep, SettingsDep
-from backend.core.errors import Conflict
-from backend.internal import service
 from backend.projects import service as projects
+from backend.tasks import fate, reports
 from backend.tasks import service as tasks
 from backend.tasks.schemas import CheckpointRead
 from contracts.agent_api import (
@@ -41,7 +45,7 @@ def heartbeat(agent_id: int, session: SessionDep, data: Heartbeat | None = None)
     """The agent is alive, and so are the listed ranks' processes."""
     agent = agents.get(session, agent_id=agent_id)
     if data:
-        service.node_heartbeats(session, running=data.running)
+        reports.node_heartbeats(session, running=data.running)
     return agents.heartbeat(session, agent=agent)
 
 
@@ -52,13 +56,13 @@ def deregister(agent_id: int, session: SessionDep) -> None:
 
 @router.post("/sub-tasks/{sub_task_id}/claim", status_code=204)
 def claim(sub_task_id: int, data: Claim, session: SessionDep) -> None:
-    service.claim(session, sub=service.get_sub_task(session, sub_task_id=sub_task_id), data=data)
+    fate.claim(session, sub=fate.get_sub_task(session, sub_task_id=sub_task_id), data=data)
 
 
 @router.post("/sub-tasks/{sub_task_id}/finished", response_model=TaskState)
 def finished(sub_task_id: int, data: Finished, session: SessionDep) -> TaskState:
-    sub = service.get_sub_task(session, sub_task_id=sub_task_id)
-    return TaskState(status=service.finish(session, sub=sub, data=data).status.value)
+    sub = fate.get_sub_task(session, sub_task_id=sub_task_id)
+    return TaskState(status=fate.finish(session, sub=sub, data=data).status.value)
 
 
 @router.get("/tasks/{task_id}/state", response_model=TaskState)
@@ -78,17 +82,13 @@ def task_code(task_id: int, session: SessionDep) -> Response:
 @router.put("/tasks/{task_id}/rendezvous", status_code=204)
 def set_rendezvous(task_id: int, data: Rendezvous, session: SessionDep) -> None:
     """Publish the parameter server's address for the task's current attempt (409 if stale)."""
-    task = tasks.get(session, task_id=task_id)
-    if data.attempt != task.attempt:
-        raise Conflict(f"task {task_id} is in attempt {task.attempt}, not {data.attempt}")
-    task.master_addr, task.master_port = data.master_addr, data.master_port
-    session.commit()
+    fate.set_rendezvous(session, task=tasks.get(session, task_id=task_id), data=data)
 
 
 @router.get("/tasks/{task_id}/rendezvous", response_model=RendezvousRead)
 def get_rendezvous(task_id: int, session: SessionDep) -> RendezvousRead:
     task = tasks.get(session, task_id=task_id)
-    hosts, complete = service.peer_hosts(session, task)
+    hosts, complete = fate.peer_hosts(session, task)
     return RendezvousRead(master_addr=task.master_addr, master_port=task.master_port,
                           status=task.status.value, attempt=task.attempt, peer_hosts=hosts,
                           peers_complete=complete)
@@ -97,18 +97,18 @@ def get_rendezvous(task_id: int, session: SessionDep) -> RendezvousRead:
 @router.post("/tasks/{task_id}/logs")
 def add_logs(task_id: int, batch: LogBatch, session: SessionDep) -> dict:
     tasks.get(session, task_id=task_id)
-    return {"stored": service.add_logs(session, task_id=task_id, batch=batch)}
+    return {"stored": reports.add_logs(session, task_id=task_id, batch=batch)}
 
 
 @router.post("/tasks/{task_id}/metrics", status_code=204)
 def add_metrics(task_id: int, batch: MetricBatch, session: SessionDep) -> None:
     tasks.get(session, task_id=task_id)
-    service.add_metrics(session, task_id=task_id, batch=batch)
+    reports.add_metrics(session, task_id=task_id, batch=batch)
 
 
 @router.post("/tasks/{task_id}/progress", status_code=204)
 def progress(task_id: int, data: Progress, session: SessionDep) -> None:
-    service.set_progress(session, task=tasks.get(session, task_id=task_id), data=data)
+    reports.set_progress(session, task=tasks.get(session, task_id=task_id), data=data)
 
 
 @router.post("/tasks/{task_id}/checkpoints", response_model=CheckpointRead)
@@ -125,7 +125,7 @@ async def upload_checkpoint(
 
     def store():  # database and disk work stay off the event loop
         task = tasks.get(session, task_id=task_id)
-        return service.save_checkpoint(session, task=task, directory=settings.checkpoint_dir,
+        return reports.save_checkpoint(session, task=task, directory=settings.checkpoint_dir,
                                        name=name, epoch=epoch, step=step, body=body,
                                        attempt=attempt)
 

@@ -1,0 +1,153 @@
+"""A task's fate from what its agents report: claims, finished groups, a restarted agent.
+
+Next to the lifecycle (:mod:`backend.tasks.lifecycle`), which makes every status
+change these decisions call for. The agents' transport (``backend.agent_api``)
+calls these functions and nothing else decides whether a task succeeds, fails
+or restarts.
+"""
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from backend.agents.models import Agent, AgentState
+from backend.core.errors import Conflict, NotFound
+from backend.tasks import lifecycle
+from backend.tasks.models import (
+    ACTIVE,
+    Allocation,
+    NodeRole,
+    SubTask,
+    SubTaskStatus,
+    Task,
+    TaskStatus,
+)
+from contracts.agent_api import Claim, Finished, Rendezvous
+
+
+def get_sub_task(session: Session, *, sub_task_id: int) -> SubTask:
+    sub = session.get(SubTask, sub_task_id)
+    if sub is None:
+        raise NotFound(f"sub-task {sub_task_id} does not exist")
+    return sub
+
+
+def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
+    """An agent takes a sub-task. A redelivered message finds it taken: Conflict.
+
+    A message of an earlier attempt (the task restarted since) is refused too.
+    The first claim moves the task from SCHEDULED to RUNNING. An agent an
+    admin drained or disabled is refused too, and the sub-task is published
+    again at the scheduler's next pass for an active agent to take.
+
+    Raises:
+        NotFound: `data.agent_id` names no registered agent.
+        Conflict: the sub-task is taken, of another attempt, or the agent is not active.
+    """
+    agent = session.get(Agent, data.agent_id)
+    if agent is None:
+        raise NotFound(f"agent {data.agent_id} is not registered", field="agent_id")
+    if agent.state is not AgentState.ACTIVE:
+        if sub.status is SubTaskStatus.PENDING:
+            sub.dispatched_at = None
+            session.commit()
+        raise Conflict(f"agent '{agent.name}' is {agent.state.value}: it takes no new sub-tasks",
+                       field="agent_id")
+    task = session.get_one(Task, sub.task_id, with_for_update=True)
+    if (sub.status is not SubTaskStatus.PENDING or not task.status.active
+            or sub.attempt != task.attempt or data.attempt != sub.attempt):
+        raise Conflict(f"sub-task {sub.id} (attempt {sub.attempt}) is {sub.status.value}; "
+                       f"task is {task.status.value} in attempt {task.attempt}")
+    lifecycle.move_sub_task(sub, SubTaskStatus.RUNNING)
+    sub.agent_id = data.agent_id
+    roles = [NodeRole.COMPUTE] + ([NodeRole.PARAMETER_SERVER, NodeRole.TASK_MANAGER]
+                                   if sub.hosts_parameter_server else [])
+    session.execute(
+        update(Allocation).where(Allocation.task_id == task.id, Allocation.attempt == sub.attempt,
+                                 Allocation.resource_group_id == sub.resource_group_id,
+                                 Allocation.role.in_(roles)).values(host=data.host)
+    )
+    if task.status is TaskStatus.SCHEDULED:
+        lifecycle.transition(session, task, TaskStatus.RUNNING,
+                             f"agent on {data.host} started group {sub.group_index}")
+    session.commit()
+    return sub
+
+
+def set_rendezvous(session: Session, *, task: Task, data: Rendezvous) -> None:
+    """Publish the parameter server's address for the task's current attempt.
+
+    Raises:
+        Conflict: `data` is of another attempt (the task restarted since).
+    """
+    if data.attempt != task.attempt:
+        raise Conflict(f"task {task.id} is in attempt {task.attempt}, not {data.attempt}")
+    task.master_addr, task.master_port = data.master_addr, data.master_port
+    session.commit()
+
+
+def peer_hosts(session: Session, task: Task) -> tuple[list[str], bool]:
+    """The hosts the agents of `task`'s current attempt claimed its sub-tasks from (sorted),
+    and whether every sub-task of the attempt is claimed."""
+    hosts = session.scalars(
+        select(Allocation.host).where(Allocation.task_id == task.id,
+                                      Allocation.attempt == task.attempt,
+                                      Allocation.host.is_not(None)).distinct()
+    ).all()
+    pending = session.scalar(
+        select(SubTask.id).where(SubTask.task_id == task.id, SubTask.attempt == task.attempt,
+                                 SubTask.status == SubTaskStatus.PENDING).limit(1)
+    )
+    return sorted(h for h in hosts if h), pending is None
+
+
+def finish(session: Session, *, sub: SubTask, data: Finished) -> Task:
+    """Record a group's outcome and decide the task's fate.
+
+    Only the current attempt's reports count. The task succeeds when every
+    group has succeeded; fails at a `user` error (the training code raised);
+    restarts (or fails when no restart is left) at an `infra` failure, or once
+    every group has ended on `peer` errors alone.
+    """
+    task = session.get_one(Task, sub.task_id, with_for_update=True)
+    if sub.status is not SubTaskStatus.ABORTED:
+        lifecycle.move_sub_task(
+            sub, SubTaskStatus.SUCCEEDED if data.succeeded else SubTaskStatus.FAILED,
+            detail=data.detail)
+    if task.status.active and sub.attempt == task.attempt:
+        decide(session, task, sub, data)
+    session.commit()
+    return task
+
+
+def decide(session: Session, task: Task, sub: SubTask, data: Finished) -> None:
+    """The task's fate after group `sub.group_index` of its current attempt reported `data`
+    (the rules in :func:`finish`); the caller commits."""
+    summary = (data.detail.splitlines() or ["no detail"])[0][:1000]
+    reason = f"group {sub.group_index} failed: {summary}"
+    if data.succeeded:
+        if _all(session, task, {SubTaskStatus.SUCCEEDED}):
+            lifecycle.transition(session, task, TaskStatus.SUCCEEDED, "all groups finished")
+    elif data.cause == "user":
+        lifecycle.transition(session, task, TaskStatus.FAILED, reason)
+    elif data.cause == "infra":
+        lifecycle.restart_or_fail(session, task, reason)
+    elif _all(session, task, {SubTaskStatus.SUCCEEDED, SubTaskStatus.FAILED}):
+        lifecycle.restart_or_fail(session, task, f"every group lost its peers; last: {reason}")
+
+
+def _all(session: Session, task: Task, statuses: set[SubTaskStatus]) -> bool:
+    """True if every sub-task of the task's current attempt has one of `statuses`."""
+    return all(s in statuses for s in lifecycle.attempt_sub_statuses(session, task))
+
+
+def restart_tasks_of(session: Session, *, agent: Agent, reason: str) -> int:
+    """Restart (or fail) the tasks whose current sub-task runs on `agent`; the caller commits."""
+    tasks = session.scalars(
+        select(Task).join(SubTask, SubTask.task_id == Task.id)
+        .where(SubTask.agent_id == agent.id, SubTask.attempt == Task.attempt,
+               SubTask.status == SubTaskStatus.RUNNING, Task.status.in_(ACTIVE))
+        .with_for_update(of=Task)
+    ).unique().all()
+    for task in tasks:
+        lifecycle.restart_or_fail(session, task, reason)
+    return len(tasks)
