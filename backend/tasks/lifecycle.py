@@ -55,6 +55,7 @@ SUB_ALLOWED: dict[SubTaskStatus, frozenset[SubTaskStatus]] = {
 # Sub-task statuses an attempt's abort ends (those that may still become ABORTED).
 ABORTABLE = [status for status, allowed in SUB_ALLOWED.items() if Sub.ABORTED in allowed]
 _wakers: list[Callable[[], None]] = []
+_WAKE = "polytrain.wake_scheduler"  # session.info key: wake after the next commit
 
 
 def add_waker(wake: Callable[[], None]) -> None:
@@ -68,13 +69,19 @@ def remove_waker(wake: Callable[[], None]) -> None:
 
 
 def _wake_after_commit(session: Session) -> None:
-    if _wakers and not event.contains(session, "after_commit", _wake_all):
-        event.listen(session, "after_commit", _wake_all, once=True)
+    """Wake the scheduler after the session's next commit (every such commit, not only the
+    session's first: a long-lived session, as the scheduler's own, commits many)."""
+    if not _wakers:
+        return
+    session.info[_WAKE] = True
+    if not event.contains(session, "after_commit", _wake_all):
+        event.listen(session, "after_commit", _wake_all)
 
 
-def _wake_all(_session: Session) -> None:
-    for wake in list(_wakers):
-        wake()
+def _wake_all(session: Session) -> None:
+    if session.info.pop(_WAKE, False):
+        for wake in list(_wakers):
+            wake()
 
 
 def release_allocations(session: Session, *, task_id: int) -> None:
