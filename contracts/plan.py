@@ -1,5 +1,7 @@
 """How a task is laid out over resource groups: one group's part (`GroupPlan`), the device
-types a group may have, and how data and batch are split between its workers."""
+types a group may have, how data and batch are split between its workers and how the groups
+sync (the strategy names the API accepts; the engine has one class per name,
+`worker.engine.strategy`)."""
 
 from typing import Literal
 
@@ -7,6 +9,7 @@ from pydantic import BaseModel, Field
 
 DeviceType = Literal["cpu", "cuda", "npu"]
 SplitPolicy = Literal["even", "weighted"]
+SyncStrategy = Literal["sync", "periodic", "quorum"]
 
 
 class GroupPlan(BaseModel):

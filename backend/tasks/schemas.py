@@ -5,7 +5,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from backend.core.schemas import UtcDateTime
 from backend.tasks.models import EventKind, NodeRole, SubTaskStatus, TaskStatus
 from contracts.payload import DEFAULT_MAX_RUNTIME_S, DEFAULT_MEMORY_LIMIT_MB, TaskLimits
-from contracts.plan import DeviceType, SplitPolicy
+from contracts.plan import DeviceType, SplitPolicy, SyncStrategy
 from contracts.preprocess import PreprocessStep
 from contracts.strict import StrictModel
 
@@ -50,7 +50,7 @@ class TaskCreate(StrictModel):
     split_policy: SplitPolicy = Field(
         default="even", description="`weighted`: shares of data and batch follow measured "
         "samples/s, re-balanced online")
-    sync_strategy: Literal["sync", "periodic", "quorum"] = Field(
+    sync_strategy: SyncStrategy = Field(
         default="sync", description="cross-group sync at the parameter server: every step, "
         "model averaging every `sync_period` steps, or once `quorum` groups reported")
     sync_period: int = Field(default=1, ge=1, le=10_000)

@@ -14,8 +14,8 @@ preprocesses the data once and sends it to every worker (:mod:`data`,
 :mod:`preprocess`); workers profile their throughput and the parameter server
 splits data and batch evenly or by speed, re-balancing online
 (:mod:`split`, :mod:`balance`); groups sync every step, every H steps or by
-quorum (:mod:`strategy_sync`, :mod:`strategy_periodic`,
-:mod:`strategy_quorum`); checkpoints resume exactly (:mod:`checkpoint`);
+quorum, one :class:`strategy.Strategy` each (:mod:`strategy_sync`,
+:mod:`strategy_periodic`, :mod:`strategy_quorum`); checkpoints resume exactly (:mod:`checkpoint`);
 ``speed_factor`` emulates slower groups on one host (:mod:`emulation`).
 
 Entry points: ``python -m worker.engine.launch --spec spec.json`` for one rank,

@@ -1,7 +1,8 @@
 """The parameter-server side (rank 0): global model, the user's optimizer, reports, checkpoints.
 
-The update rule belongs to the sync strategy (``sync`` every step,
-``periodic`` model averaging, ``quorum`` Z-of-M); see
+The update rule belongs to the sync strategy
+(:class:`worker.engine.strategy.Strategy`: ``sync`` every step, ``periodic``
+model averaging, ``quorum`` Z-of-M); see
 :mod:`worker.engine.session` for the order of a run. The parameter server
 also owns the load balancer and writes every checkpoint
 (:mod:`worker.engine.checkpoint`).

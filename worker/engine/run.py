@@ -2,12 +2,13 @@
 
 Both roles hold a :class:`Run`: the parameter server (global model and
 optimizer, checkpoints) and each compute worker (its local copy, the
-preprocessed data, its speed emulator and, with periodic sync, its group's
-optimizer). Every rank holds an identical load balancer and takes each
-rebalancing decision itself, from the same measured work. Control points are
-collectives over the whole world at steps every rank knows in advance: the
-load-balancing check every ``rebalance_every`` steps and at epoch ends, and
-checkpoints every ``checkpoint_every`` steps.
+preprocessed data, its speed emulator and, when the sync strategy has
+``group_optimizers`` (periodic), its group's optimizer). Every rank holds an
+identical load balancer and takes each rebalancing decision itself, from the
+same measured work. Control points are collectives over the whole world at
+steps every rank knows in advance: the load-balancing check every
+``rebalance_every`` steps and at epoch ends, and checkpoints every
+``checkpoint_every`` steps.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ from worker.engine.numerics import NonFiniteError, blame, describe, local_faults
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
 from worker.engine.state import ModelState
+from worker.engine.strategy import Strategy, strategy_for
 
 
 @dataclass
 class Run:
-    """One rank's training state. ``step`` counts optimizer steps since the start of training."""
+    """One rank's training state. ``step`` counts optimizer steps since the start of training;
+    ``strategy`` is the one ``spec.sync_strategy`` names."""
 
     spec: RunSpec
     code: TrainingCode
@@ -63,9 +66,11 @@ class Run:
     local_loss: float = 0.0
     buffer_base: list[Tensor] | None = None
     state: ModelState = field(init=False)
+    strategy: Strategy = field(init=False)
 
     def __post_init__(self) -> None:
         self.state = ModelState.of(self.model)
+        self.strategy = strategy_for(self.spec.sync_strategy)
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
@@ -94,12 +99,6 @@ class Run:
         self.epoch_work.add(seconds, len(indices))
         return vector
 
-    def counts_skips(self) -> bool:
-        """True on the rank that counts skipped steps: the PS for ``sync``, else group leaders."""
-        if self.spec.sync_strategy == "sync":
-            return self.topo.is_ps
-        return self.topo.am_i_leader
-
     def record_batch(self) -> None:
         """Parameter server: keep this step's global batch when batches are being dumped."""
         if self.batches is not None:
@@ -119,7 +118,7 @@ def nonfinite_step(run: Run, group: dist.ProcessGroup | None) -> None:
     reason = describe(found, epoch=run.epoch, step=run.step + 1)
     if run.spec.on_nonfinite == "fail":
         raise NonFiniteError(reason)
-    if run.counts_skips():
+    if run.strategy.counts_skips(run.topo):
         run.skipped += 1
         report.log(f"skipped the optimizer step: {reason}")
 
@@ -172,13 +171,13 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
     if states is None:
         return
-    periodic = run.spec.sync_strategy == "periodic"
+    per_group = run.strategy.group_optimizers
     leaders = run.spec.leader_ranks()
     state: dict[str, Any] = {
         "model": run.model.state_dict(),
-        "optimizer": None if periodic or run.optimizer is None else run.optimizer.state_dict(),
+        "optimizer": None if per_group or run.optimizer is None else run.optimizer.state_dict(),
         "group_optimizers": {g: states[r]["optimizer"] for g, r in enumerate(leaders)}
-        if periodic
+        if per_group
         else None,
         "epoch": run.epoch,
         "step": run.step,

@@ -9,7 +9,8 @@ Order of collectives, the same on every rank:
    same all-reduced rates, as at every rebalancing check
    (:func:`worker.engine.run.rebalance`); on resume the split state comes
    from the checkpoint;
-3. per epoch: the strategy's steps, the final parameters and buffers, validation, the
+3. per epoch: the strategy's steps (:class:`worker.engine.strategy.Strategy`, the method of
+   the rank's role), the final parameters and buffers, validation, the
    epoch's measured work (re-measured throughput, epoch-level rebalance),
    the neighbour exchange, the epoch-end checkpoint.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-from worker.engine import report, strategy_periodic, strategy_quorum, strategy_sync
+from worker.engine import report
 from worker.engine.balance import Balancer
 from worker.engine.compute import Work, profile_throughput
 from worker.engine.contract import TrainingCode
@@ -40,13 +41,7 @@ from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
 from worker.engine.state import sync_state
 
-EpochFn = Callable[[Run], None]
 SKIPPED = "skipped_steps"
-STRATEGIES: dict[str, tuple[EpochFn, EpochFn]] = {
-    "sync": (strategy_sync.worker_epoch, strategy_sync.server_epoch),
-    "periodic": (strategy_periodic.worker_epoch, strategy_periodic.server_epoch),
-    "quorum": (strategy_quorum.worker_epoch, strategy_quorum.server_epoch),
-}
 
 
 def initial_shares(run: Run, train: TensorData) -> list[int]:
@@ -163,7 +158,7 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
     and the epoch's ``skipped_steps`` (summed with the validation sums, no collective of its own).
     """
     sync_state(run.topo, run.state)
-    counted = {SKIPPED: (float(run.skipped), 1.0)} if run.counts_skips() else {}
+    counted = {SKIPPED: (float(run.skipped), 1.0)} if run.strategy.counts_skips(run.topo) else {}
     val = sum_over_world({**val_totals, **counted})
     skipped = int(val.pop(SKIPPED, (0.0, 0.0))[0])
     compute_s, samples = gather_work(run.topo, run.epoch_work.compute_s, run.epoch_work.samples)
@@ -183,7 +178,7 @@ def train(
     report_epoch: Callable[[Run, dict[str, Any], float], None],
 ) -> None:
     """Run every remaining epoch; ``validate`` and ``report_epoch`` are the role's own parts."""
-    worker_epoch, server_epoch = STRATEGIES[run.spec.sync_strategy]
+    strategy = run.strategy
     for epoch in range(run.epoch, run.spec.epochs):
         run.epoch = epoch
         if not under_way:
@@ -192,7 +187,7 @@ def train(
         run.epoch_work, run.loss_sum, run.samples, run.stats = Work(), 0.0, 0, {}
         run.skipped = 0
         started = time.perf_counter()
-        (server_epoch if run.topo.is_ps else worker_epoch)(run)
+        (strategy.server_epoch if run.topo.is_ps else strategy.worker_epoch)(run)
         seconds = time.perf_counter() - started
         results = end_epoch(run, validate(run))
         report_epoch(run, results, seconds)

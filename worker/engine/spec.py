@@ -13,10 +13,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from contracts.plan import GroupPlan, SplitPolicy
+from contracts.plan import GroupPlan, SplitPolicy, SyncStrategy
 from contracts.preprocess import PreprocessStep
 
-SyncStrategy = Literal["sync", "periodic", "quorum"]
 OnNonFinite = Literal["fail", "skip_step"]
 
 

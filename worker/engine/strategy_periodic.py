@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
 from worker.engine.exchange import (
     allreduce_sum,
@@ -38,6 +39,7 @@ from worker.engine.exchange import (
     load_vector_,
 )
 from worker.engine.run import Run, control_point, nonfinite_step
+from worker.engine.strategy import Strategy
 from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, checked_update, report_progress
 
 
@@ -77,45 +79,52 @@ def group_step(run: Run) -> tuple[float, int]:
     return 0.0, 0
 
 
-def worker_epoch(run: Run) -> None:
-    """Compute rank: local exact steps inside the group, model averaging at sync points."""
-    assert run.optimizer is not None
-    group_samples, group_loss = 0.0, 0.0
-    sync_base = run.state.snapshot()
-    while not run.split.epoch_done:
-        loss_sum, count = group_step(run)
-        group_samples, group_loss = group_samples + count, group_loss + loss_sum
-        run.split.advance()
-        run.step += 1
-        if is_sync_point(run):
-            average_models(run, group_samples, group_loss, sync_base)
-            group_samples, group_loss = 0.0, 0.0
-            sync_base = run.state.snapshot()
+class Periodic(Strategy):
+    """``periodic``: exact steps inside each group, model averaging every ``sync_period`` steps."""
+
+    name = "periodic"
+    group_optimizers = True
+
+    @override
+    def worker_epoch(self, run: Run) -> None:
+        """Compute rank: local exact steps inside the group, model averaging at sync points."""
+        assert run.optimizer is not None
+        group_samples, group_loss = 0.0, 0.0
+        sync_base = run.state.snapshot()
+        while not run.split.epoch_done:
+            loss_sum, count = group_step(run)
+            group_samples, group_loss = group_samples + count, group_loss + loss_sum
+            run.split.advance()
+            run.step += 1
+            if is_sync_point(run):
+                average_models(run, group_samples, group_loss, sync_base)
+                group_samples, group_loss = 0.0, 0.0
+                sync_base = run.state.snapshot()
+                control_point(run)
+
+    @override
+    def server_epoch(self, run: Run) -> None:
+        """Parameter server: follow the step schedule and average the group models at sync points.
+
+        Parameters become ``sum(n_g theta_g) / sum(n_g)``; buffers move by the
+        sample-weighted mean of the groups' changes since the last sync.
+        """
+        state = run.state
+        n_params = state.n_params
+        numel = n_params + state.n_buffers
+        every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
+        while not run.split.epoch_done:
+            run.record_batch()
+            run.split.advance()
+            run.step += 1
+            if not is_sync_point(run):
+                continue
+            total = gather_at_ps(run.topo, numel + 2, run.params[0].dtype)
+            if total[-1] > 0:
+                load_vector_(total[:n_params] / total[-1], run.params)
+                state.add_mean_change(None, total[n_params:-2], float(total[-1]))
+            broadcast_down(run.topo, state.vector())
+            run.loss_sum += float(total[-2])
+            run.samples += int(round(float(total[-1])))
+            report_progress(run, every)
             control_point(run)
-
-
-def server_epoch(run: Run) -> None:
-    """Parameter server: follow the step schedule and average the group models at sync points.
-
-    Parameters become ``sum(n_g theta_g) / sum(n_g)``; buffers move by the
-    sample-weighted mean of the groups' changes since the last sync.
-    """
-    state = run.state
-    n_params = state.n_params
-    numel = n_params + state.n_buffers
-    every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
-    while not run.split.epoch_done:
-        run.record_batch()
-        run.split.advance()
-        run.step += 1
-        if not is_sync_point(run):
-            continue
-        total = gather_at_ps(run.topo, numel + 2, run.params[0].dtype)
-        if total[-1] > 0:
-            load_vector_(total[:n_params] / total[-1], run.params)
-            state.add_mean_change(None, total[n_params:-2], float(total[-1]))
-        broadcast_down(run.topo, state.vector())
-        run.loss_sum += float(total[-2])
-        run.samples += int(round(float(total[-1])))
-        report_progress(run, every)
-        control_point(run)

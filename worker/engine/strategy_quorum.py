@@ -33,11 +33,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from typing_extensions import override
 
 from worker.engine import report
 from worker.engine.exchange import allreduce_sum, vector_to_grads
 from worker.engine.numerics import all_finite
 from worker.engine.run import Run, nonfinite_step
+from worker.engine.strategy import Strategy
 from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH
 
 
@@ -67,17 +69,6 @@ def group_report(run: Run) -> Tensor:
         nonfinite_step(run, run.topo.group)
         vector.zero_()
     return vector
-
-
-def worker_epoch(run: Run) -> None:
-    """Compute rank: this group's steps of the epoch, at its own pace."""
-    while not run.split.epoch_done:
-        vector = group_report(run)
-        if run.topo.am_i_leader:
-            dist.send(vector.cpu(), dst=0)
-        run.state.load_(receive_params(run))
-        run.split.advance()
-        run.step += 1
 
 
 def collect(
@@ -135,42 +126,59 @@ def apply_reports(
     return loss_sum, int(round(count))
 
 
-def server_epoch(run: Run) -> None:
-    """Parameter server: quorum updates until every group has done all steps of the epoch."""
-    assert run.optimizer is not None
-    numel = run.state.n_params + run.state.n_buffers
-    groups = range(len(run.spec.groups))
-    remaining = {g: run.split.steps_per_epoch - run.split.step for g in groups}
-    seen = {g: 0 for g in groups}
-    version, updates, max_stale = 0, 0, 0
-    every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
-    while any(remaining.values()):
-        arrived = collect(run, remaining, seen, version, numel)
-        loss_sum, count = apply_reports(run, arrived, remaining)
-        max_stale = max(max_stale, *(version - seen[g] for g in arrived))
-        version, updates = version + 1, updates + 1
-        fresh = run.state.vector()
-        for g in arrived:
-            dist.send(fresh, dst=run.spec.leader_ranks()[g])
-            seen[g], remaining[g] = version, remaining[g] - 1
-        run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
-        if updates % every == 0:
-            done = run.split.steps_per_epoch - max(remaining.values())
-            report.progress(
-                epoch=run.epoch,
-                step=run.step + done,
-                steps_per_epoch=run.split.steps_per_epoch,
-                epochs=run.spec.epochs,
-            )
-    while not run.split.epoch_done:
-        run.record_batch()
-        run.split.advance()
-        run.step += 1
-    # The epoch's end is always reported (updates rarely end on a multiple of ``every``).
-    report.progress(
-        epoch=run.epoch,
-        step=run.step,
-        steps_per_epoch=run.split.steps_per_epoch,
-        epochs=run.spec.epochs,
-    )
-    run.stats.update(updates=updates, max_staleness=max_stale)
+class Quorum(Strategy):
+    """``quorum``: an update once Z of the M groups reported, staleness at most S."""
+
+    name = "quorum"
+
+    @override
+    def worker_epoch(self, run: Run) -> None:
+        """Compute rank: this group's steps of the epoch, at its own pace."""
+        while not run.split.epoch_done:
+            vector = group_report(run)
+            if run.topo.am_i_leader:
+                dist.send(vector.cpu(), dst=0)
+            run.state.load_(receive_params(run))
+            run.split.advance()
+            run.step += 1
+
+    @override
+    def server_epoch(self, run: Run) -> None:
+        """Parameter server: quorum updates until every group has done all steps of the epoch."""
+        assert run.optimizer is not None
+        numel = run.state.n_params + run.state.n_buffers
+        groups = range(len(run.spec.groups))
+        remaining = {g: run.split.steps_per_epoch - run.split.step for g in groups}
+        seen = {g: 0 for g in groups}
+        version, updates, max_stale = 0, 0, 0
+        every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
+        while any(remaining.values()):
+            arrived = collect(run, remaining, seen, version, numel)
+            loss_sum, count = apply_reports(run, arrived, remaining)
+            max_stale = max(max_stale, *(version - seen[g] for g in arrived))
+            version, updates = version + 1, updates + 1
+            fresh = run.state.vector()
+            for g in arrived:
+                dist.send(fresh, dst=run.spec.leader_ranks()[g])
+                seen[g], remaining[g] = version, remaining[g] - 1
+            run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
+            if updates % every == 0:
+                done = run.split.steps_per_epoch - max(remaining.values())
+                report.progress(
+                    epoch=run.epoch,
+                    step=run.step + done,
+                    steps_per_epoch=run.split.steps_per_epoch,
+                    epochs=run.spec.epochs,
+                )
+        while not run.split.epoch_done:
+            run.record_batch()
+            run.split.advance()
+            run.step += 1
+        # The epoch's end is always reported (updates rarely end on a multiple of ``every``).
+        report.progress(
+            epoch=run.epoch,
+            step=run.step,
+            steps_per_epoch=run.split.steps_per_epoch,
+            epochs=run.spec.epochs,
+        )
+        run.stats.update(updates=updates, max_staleness=max_stale)

@@ -20,11 +20,14 @@ round trip.
 from __future__ import annotations
 
 from torch import Tensor
+from typing_extensions import override
 
 from worker.engine import report
+from worker.engine.distributed import Topology
 from worker.engine.exchange import broadcast_down, gather_at_ps, push_up, vector_to_grads
 from worker.engine.numerics import mean_gradient_
 from worker.engine.run import Run, control_point, nonfinite_step
+from worker.engine.strategy import Strategy
 
 PROGRESS_REPORTS_PER_EPOCH = 10
 # The flag element after the parameters and buffers the parameter server broadcasts.
@@ -72,38 +75,49 @@ def report_progress(run: Run, every: int) -> None:
         run.last_progress = run.step
 
 
-def worker_epoch(run: Run) -> None:
-    """Compute rank: the remaining steps of the epoch, one parameter-server round each."""
-    while not run.split.epoch_done:
-        vector = run.compute()
-        push_up(run.topo, vector)
-        received = broadcast_down(run.topo, vector[:-1])  # [params, buffers, flag]
-        if received[-1] != OK:
-            nonfinite_step(run, None)
-        run.state.load_(received)
-        run.split.advance()
-        run.step += 1
-        control_point(run)
+class Synchronous(Strategy):
+    """``sync``: one parameter-server round per step (this module's docstring)."""
 
+    name = "sync"
 
-def server_epoch(run: Run) -> None:
-    """Parameter server: receive, check, update and broadcast for every remaining step.
+    @override
+    def counts_skips(self, topo: Topology) -> bool:
+        """The parameter server counts skipped steps: it checks the one global sum."""
+        return topo.is_ps
 
-    A non-finite sum (any worker's loss, gradient or buffers) is not applied:
-    the flag element of the broadcast tells every worker, and every rank then
-    fails or skips together (:func:`worker.engine.run.nonfinite_step`).
-    """
-    numel = run.state.n_params + run.state.n_buffers
-    every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
-    while not run.split.epoch_done:
-        total = gather_at_ps(run.topo, numel + 2, run.params[0].dtype)
-        finite, loss_sum, count = checked_update(total, run)
-        broadcast_down(run.topo, run.state.vector(OK if finite else FAULT))
-        if not finite:
-            nonfinite_step(run, None)
-        run.record_batch()
-        run.split.advance()
-        run.step += 1
-        run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
-        report_progress(run, every)
-        control_point(run)
+    @override
+    def worker_epoch(self, run: Run) -> None:
+        """Compute rank: the remaining steps of the epoch, one parameter-server round each."""
+        while not run.split.epoch_done:
+            vector = run.compute()
+            push_up(run.topo, vector)
+            received = broadcast_down(run.topo, vector[:-1])  # [params, buffers, flag]
+            if received[-1] != OK:
+                nonfinite_step(run, None)
+            run.state.load_(received)
+            run.split.advance()
+            run.step += 1
+            control_point(run)
+
+    @override
+    def server_epoch(self, run: Run) -> None:
+        """Parameter server: receive, check, update and broadcast for every remaining step.
+
+        A non-finite sum (any worker's loss, gradient or buffers) is not applied:
+        the flag element of the broadcast tells every worker, and every rank then
+        fails or skips together (:func:`worker.engine.run.nonfinite_step`).
+        """
+        numel = run.state.n_params + run.state.n_buffers
+        every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
+        while not run.split.epoch_done:
+            total = gather_at_ps(run.topo, numel + 2, run.params[0].dtype)
+            finite, loss_sum, count = checked_update(total, run)
+            broadcast_down(run.topo, run.state.vector(OK if finite else FAULT))
+            if not finite:
+                nonfinite_step(run, None)
+            run.record_batch()
+            run.split.advance()
+            run.step += 1
+            run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
+            report_progress(run, every)
+            control_point(run)

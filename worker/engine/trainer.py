@@ -1,7 +1,8 @@
 """The compute-worker side: validation, per-worker reports, and the worker's entry.
 
 The step loop itself belongs to the sync strategy
-(:mod:`worker.engine.strategy_sync`, ``strategy_periodic``, ``strategy_quorum``);
+(:class:`worker.engine.strategy.Strategy`: ``strategy_sync``, ``strategy_periodic``,
+``strategy_quorum``);
 the session (:mod:`worker.engine.session`) runs epochs. Model buffers (e.g.
 BatchNorm running statistics) travel with the parameters
 (:mod:`worker.engine.state`), so validation in eval mode uses the global ones.
@@ -23,6 +24,7 @@ from worker.engine.distributed import Topology
 from worker.engine.run import Run
 from worker.engine.sharding import contiguous_shard
 from worker.engine.spec import RunSpec
+from worker.engine.strategy import strategy_for
 
 
 @torch.no_grad()
@@ -85,8 +87,8 @@ def run_worker(
     """
     train_data, val_data = data
     model.to(topo.device)
-    periodic = spec.sync_strategy == "periodic"
-    optimizer = code.build_optimizer(model.parameters()) if periodic else None
+    per_group = strategy_for(spec.sync_strategy).group_optimizers
+    optimizer = code.build_optimizer(model.parameters()) if per_group else None
     run, under_way = session.start(spec, code, topo, model, optimizer, train_data, None)
     share = run.split.shares[topo.worker_index] / run.split.batch
     report.metric("batch_share", share, step=run.step, epoch=run.epoch, rank=topo.rank)

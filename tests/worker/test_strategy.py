@@ -1,0 +1,53 @@
+"""The sync strategies behind one interface: the registry matches the names the API and the
+engine accept, and every strategy implements both roles' epochs."""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+from typing import Any, get_args
+
+import pytest
+
+from backend.tasks.schemas import TaskCreate
+from contracts.plan import SyncStrategy
+from worker.engine.spec import RunSpec
+from worker.engine.strategy import Strategy, registered, strategy_for
+
+NAMES = set(get_args(SyncStrategy))
+
+
+def test_the_registry_holds_exactly_the_names_the_api_and_the_engine_accept() -> None:
+    api = set(get_args(TaskCreate.model_fields["sync_strategy"].annotation))
+    engine = set(get_args(RunSpec.model_fields["sync_strategy"].annotation))
+    assert set(registered()) == NAMES == api == engine == {"sync", "periodic", "quorum"}
+
+
+@pytest.mark.parametrize("name", sorted(NAMES))
+def test_every_strategy_overrides_both_epochs(name: str) -> None:
+    cls = registered()[name]
+    assert issubclass(cls, Strategy) and not inspect.isabstract(cls) and cls.name == name
+    for method in ("worker_epoch", "server_epoch"):
+        own = cls.__dict__.get(method)
+        assert own is not None and getattr(own, "__override__", False), (name, method)
+
+
+def test_an_unknown_name_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(KeyError, match="gossip.*periodic"):
+        strategy_for("gossip")
+
+
+def test_a_name_is_taken_once() -> None:
+    with pytest.raises(TypeError, match="'sync' defined twice"):
+        type("AnotherSync", (Strategy,), {"name": "sync"})
+    assert registered()["sync"].__name__ == "Synchronous"
+
+
+def test_what_each_strategy_decides_outside_its_epochs() -> None:
+    ps: Any = SimpleNamespace(is_ps=True, am_i_leader=False)
+    leader: Any = SimpleNamespace(is_ps=False, am_i_leader=True)
+    counters = {name: [strategy_for(name).counts_skips(t) for t in (ps, leader)]
+                for name in NAMES}
+    assert counters == {"sync": [True, False], "periodic": [False, True],
+                        "quorum": [False, True]}
+    assert {name for name in NAMES if strategy_for(name).group_optimizers} == {"periodic"}
