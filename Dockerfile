@@ -17,6 +17,7 @@ COPY pyproject.toml setup.py MANIFEST.in README.md alembic.ini /src/
 COPY backend /src/backend
 COPY worker /src/worker
 COPY contracts /src/contracts
+COPY polytrain /src/polytrain
 COPY frontend /src/frontend
 COPY migrations /src/migrations
 COPY examples /src/examples

@@ -36,8 +36,8 @@ test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: install
-	$(BIN)/ruff check backend worker contracts examples tests
-	$(BIN)/mypy backend worker contracts
+	$(BIN)/ruff check backend worker contracts polytrain examples tests
+	$(BIN)/mypy backend worker contracts polytrain
 
 # Benchmarks (docs/benchmarks.md): one JSON line each, about 10 minutes on this 2-core host (2026-11-25).
 bench: install

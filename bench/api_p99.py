@@ -16,7 +16,6 @@ import csv
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,8 @@ import httpx  # noqa: E402
 import psycopg  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from backend.stack import GroupSetup, LocalStack  # noqa: E402
+from polytrain.stack import GroupSetup, LocalStack  # noqa: E402
+from worker.engine.ranks import free_port  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PG_SERVER = (
@@ -40,12 +40,6 @@ TASKS = 500
 # Users start 0.1 s apart, so their once-a-second requests have independent phases (as
 # separate portals would); started all at once they would fire in lockstep bursts of 50.
 SPAWN_RATE = 10
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _admin(sql: str) -> bool:

@@ -49,7 +49,7 @@ from contracts.plan import GroupPlan
 from worker.engine import distributed
 from worker.engine.distributed import ClusterEnv
 from worker.engine.exchange import allreduce_sum, broadcast_down, gather_at_ps, push_up
-from worker.engine.local import free_port
+from worker.engine.ranks import free_port
 from worker.engine.spec import RunSpec
 
 MB = 2**20

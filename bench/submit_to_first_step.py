@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,8 @@ import httpx  # noqa: E402
 import psycopg  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from backend.stack import GroupSetup, LocalStack  # noqa: E402
+from polytrain.stack import GroupSetup, LocalStack  # noqa: E402
+from worker.engine.ranks import free_port  # noqa: E402
 
 PG_SERVER = (
     os.environ.get("POLYTRAIN_BENCH_DATABASE_URL")
@@ -40,12 +40,6 @@ PG_SERVER = (
 )
 TARGETS = {"redis": 2.0, "embedded": 5.0}
 GROUPS = [GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _admin(sql: str) -> None:

@@ -1,6 +1,8 @@
 """Queue and message names of first-level dispatch, and the broker options that the API
 (producer) and the agents (consumers) must agree on."""
 
+import os
+from pathlib import Path
 from typing import Any
 
 RUN_SUBTASK = "polytrain.run_sub_task"
@@ -13,6 +15,13 @@ VISIBILITY_TIMEOUT_S = 7 * 24 * 3600
 def queue_name(group: str) -> str:
     """The Celery queue served by the agents of resource group `group`."""
     return f"rg.{group}"
+
+
+def resolve_broker_url(broker_url: str | None, data_dir: str | os.PathLike[str]) -> str:
+    """The broker both sides use: `broker_url` if set, else the embedded default, Celery's
+    SQLAlchemy transport over SQLite in `data_dir/broker.db` (an API and the agents that share
+    its data directory on one host reach the same file)."""
+    return broker_url or f"sqla+sqlite:///{Path(data_dir).resolve() / 'broker.db'}"
 
 
 def broker_options(broker_url: str) -> dict[str, Any]:

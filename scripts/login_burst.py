@@ -15,7 +15,6 @@ Prints one JSON object.
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,13 +27,9 @@ from pathlib import Path
 import httpx
 import psutil
 
+from worker.engine.ranks import free_port
+
 EMAIL, PASSWORD = "admin@example.org", "burst-test-password"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_api(repo: Path, data_dir: Path, port: int, extra: dict[str, str]) -> subprocess.Popen:
@@ -43,9 +38,11 @@ def start_api(repo: Path, data_dir: Path, port: int, extra: dict[str, str]) -> s
            "PYTHONPATH": str(repo), **extra}
     for name in ("DATABASE_URL", "BROKER_URL"):
         env.pop(name, None)
-    subprocess.run([sys.executable, "-m", "backend.cli", "db", "upgrade"], cwd=repo, env=env,
+    # The command's module in that checkout (it was backend/cli.py before polytrain/ existed).
+    cli = "polytrain.cli" if (repo / "polytrain" / "cli.py").is_file() else "backend.cli"
+    subprocess.run([sys.executable, "-m", cli, "db", "upgrade"], cwd=repo, env=env,
                    check=True, capture_output=True)
-    proc = subprocess.Popen([sys.executable, "-m", "backend.cli", "api", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", cli, "api", "--port", str(port)],
                             cwd=repo, env=env)
     url = f"http://127.0.0.1:{port}/api/v1/health"
     for _ in range(300):

@@ -74,8 +74,8 @@ while True:
 API_ENV=("${COMMON[@]}" POLYTRAIN_DATA_DIR="$WORK/api" POLYTRAIN_ADMIN_EMAIL=admin@netns.test
          POLYTRAIN_ADMIN_PASSWORD="$ADMIN_PASSWORD")
 mkdir -p "$WORK/api" "$WORK/a" "$WORK/b"
-ip netns exec "$PREFIX-api" env "${API_ENV[@]}" "$PY" -m backend.cli db upgrade
-run_in api api "${API_ENV[@]}" -- "$PY" -m backend.cli api --host "${ADDR[api]}" --port 8000
+ip netns exec "$PREFIX-api" env "${API_ENV[@]}" "$PY" -m polytrain.cli db upgrade
+run_in api api "${API_ENV[@]}" -- "$PY" -m polytrain.cli api --host "${ADDR[api]}" --port 8000
 CHECK=("$PY" "$ROOT/scripts/netns_check.py" "http://${ADDR[api]}:8000" admin@netns.test
        "$ADMIN_PASSWORD" "${ADDR[a]}" "${ADDR[b]}")
 ip netns exec "$PREFIX-api" "${CHECK[@]}" groups  # an admin creates the groups first
@@ -84,7 +84,7 @@ for host in a b; do
   run_in "$host" "agent-$host" "${COMMON[@]}" POLYTRAIN_DATA_DIR="$WORK/$host" \
     POLYTRAIN_API_URL="http://${ADDR[api]}:8000" POLYTRAIN_ADVERTISE_ADDR="${ADDR[$host]}" \
     GLOO_SOCKET_IFNAME=eth0 -- \
-    "$PY" -m backend.cli agent --resource-group "cpu-$host" --workers "$workers" \
+    "$PY" -m polytrain.cli agent --resource-group "cpu-$host" --workers "$workers" \
     --name "agent-$host"
 done
 # The client runs on the API's host.

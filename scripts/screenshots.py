@@ -7,7 +7,6 @@ across both groups and photographs each page into docs/screenshots/.
     .venv/bin/python scripts/screenshots.py
 """
 
-import socket
 import sys
 import tempfile
 import time
@@ -19,18 +18,13 @@ from playwright.sync_api import Page, sync_playwright
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backend.stack import GroupSetup, LocalStack  # noqa: E402
+from polytrain.stack import GroupSetup, LocalStack  # noqa: E402
+from worker.engine.ranks import free_port  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def shoot(page: Page, name: str, *, full: bool = False) -> None:

@@ -9,6 +9,8 @@ import socket
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts.messaging import resolve_broker_url
+
 
 def default_address() -> str:
     """The address other hosts reach this one at (the outgoing interface), else loopback."""
@@ -43,6 +45,4 @@ class AgentSettings(BaseSettings):
 
     def resolved_broker_url(self) -> str:
         """The broker, defaulting (like the API) to the SQLAlchemy transport over SQLite."""
-        from pathlib import Path
-
-        return self.broker_url or f"sqla+sqlite:///{Path(self.data_dir).resolve() / 'broker.db'}"
+        return resolve_broker_url(self.broker_url, self.data_dir)

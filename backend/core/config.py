@@ -6,6 +6,8 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts.messaging import resolve_broker_url
+
 
 class Settings(BaseSettings):
     """Configuration of the polytrain API service.
@@ -80,7 +82,7 @@ class Settings(BaseSettings):
 
     def resolved_broker_url(self) -> str:
         """The Celery broker URL, defaulting to the SQLAlchemy transport over SQLite."""
-        return self.broker_url or f"sqla+sqlite:///{self.data_dir.resolve() / 'broker.db'}"
+        return resolve_broker_url(self.broker_url, self.data_dir)
 
     @property
     def checkpoint_dir(self) -> Path:

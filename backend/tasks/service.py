@@ -36,11 +36,6 @@ from contracts.plan import GroupPlan
 from contracts.task_spec import RequestItem, TaskSpec
 
 
-def _resolve_groups(session: Session, data: TaskCreate) -> list[dict]:
-    """Check the request (groups exist, are active, have room); return the spec's group plans."""
-    return requests.resolve(session, data.resource_groups)[1]
-
-
 def submit(session: Session, *, data: TaskCreate) -> Task:
     """Validate and queue a task; nothing is stored if any check fails.
 

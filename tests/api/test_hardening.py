@@ -181,7 +181,7 @@ def test_the_data_dir_and_its_files_are_private(client: TestClient, service_env:
 
 
 def test_the_first_admin_password_file_is_private(tmp_path: Path) -> None:
-    from backend.stack import LocalStack
+    from polytrain.stack import LocalStack
 
     stack = LocalStack(data_dir=tmp_path / "var" / "up", port=1, groups=[])
     stack._remembered_password()

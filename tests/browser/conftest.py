@@ -10,8 +10,8 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from backend.stack import GroupSetup, LocalStack
-from tests.e2e.conftest import free_port
+from polytrain.stack import GroupSetup, LocalStack
+from worker.engine.ranks import free_port
 
 CHROMIUM = os.environ.get("POLYTRAIN_CHROMIUM", "/usr/bin/chromium")
 INSTALL = "apt-get update && apt-get install -y chromium"

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 from playwright.sync_api import Page, expect
 
-from backend.stack import LocalStack
+from polytrain.stack import LocalStack
 from tests.browser.conftest import log_in
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_regression.py"

@@ -1,7 +1,6 @@
 """The `polytrain` client commands against a real HTTP server: login, projects, submit from
 YAML, status, logs (also --follow over server-sent events), cancel, logout."""
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -11,8 +10,9 @@ import pytest
 import uvicorn
 from typer.testing import CliRunner
 
-from backend.cli import app as cli
+from polytrain.cli import app as cli
 from tests.conftest import ADMIN_EMAIL, PASSWORD, add_account, agent_headers, make_group
+from worker.engine.ranks import free_port
 
 GOOD = b"""
 def build_model(): ...
@@ -27,9 +27,7 @@ def server(service_env: Path) -> Iterator[str]:
     """The API on a free loopback port, served by uvicorn in a thread."""
     from backend.main import create_app
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     config = uvicorn.Config(create_app(run_scheduler=False), port=port, log_level="warning")
     running = uvicorn.Server(config)
     thread = threading.Thread(target=running.run, daemon=True)

@@ -15,6 +15,7 @@ import yaml
 from backend.core.config import Settings
 from contracts.messaging import VISIBILITY_TIMEOUT_S
 from worker.config import AgentSettings
+from worker.engine.ranks import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -146,7 +147,6 @@ def test_redis_command_refuses_clients_without_the_password(tmp_path: Path) -> N
     the broker URL of the services (host and port pointed here) is let in."""
     import os
     import shutil
-    import socket
     import subprocess
     import time
 
@@ -155,9 +155,7 @@ def test_redis_command_refuses_clients_without_the_password(tmp_path: Path) -> N
     if shutil.which("redis-server") is None:
         pytest.fail("redis-server is missing: run `apt-get install -y redis-server` "
                     "(`make test` does it when run as root)", pytrace=False)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     args = shlex.split(SERVICES["redis"]["command"].replace("$$", "$"))
     args[-1] += f" --port {port} --bind 127.0.0.1 --dir {tmp_path}"
     env = {**os.environ, "REDIS_PASSWORD": "s3cret-test-password"}

@@ -9,7 +9,7 @@ CITATION = re.compile(r"[A-Za-z0-9_./-]*[A-Za-z0-9_-]\.md\b")
 
 def test_every_document_the_code_cites_exists() -> None:
     cited: dict[str, list[str]] = {}
-    for folder in ("backend", "worker", "contracts", "examples", "bench", "scripts"):
+    for folder in ("backend", "worker", "contracts", "polytrain", "examples", "bench", "scripts"):
         for path in (REPO / folder).rglob("*"):
             if path.suffix in (".py", ".sh") and "__pycache__" not in path.parts:
                 for name in CITATION.findall(path.read_text()):
@@ -28,8 +28,8 @@ def test_architecture_document_defines_the_training_code_contract() -> None:
 
 
 def test_readme_names_the_admin_password_file_polytrain_up_writes() -> None:
-    from backend.demo import run_up  # noqa: F401  (`polytrain up` keeps its data in var/up)
-    from backend.stack import LocalStack
+    from polytrain.demo import run_up  # noqa: F401  (`polytrain up` keeps its data in var/up)
+    from polytrain.stack import LocalStack
 
     readme = (REPO / "README.md").read_text()
     stack = LocalStack(data_dir=Path("var/up"))

@@ -18,13 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from worker.engine.ranks import free_port
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _children(pid: int) -> dict[int, str]:
@@ -72,12 +68,12 @@ def _child(up: subprocess.Popen, role: str) -> int | None:
 
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str, Path]]:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("POLYTRAIN_") and k not in ("DATABASE_URL", "BROKER_URL")}
     data_dir = tmp_path / "up"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "backend.cli", "up", "--port", str(port),
+        [sys.executable, "-m", "polytrain.cli", "up", "--port", str(port),
          "--data-dir", str(data_dir)],
         cwd=REPO, env=env, start_new_session=True,  # its own process group, like `make up`
         stdout=open(tmp_path / "up.log", "wb"), stderr=subprocess.STDOUT)

@@ -5,12 +5,11 @@ dependencies) into a fresh virtual environment. Its dependencies (torch,
 FastAPI ...) come from this project's environment through a path entry, but
 polytrain itself only from the wheel: the checkout is not importable (temp
 working directory, no PYTHONPATH, and the editable install's finder is never
-loaded), which the test asserts through `backend.__file__`.
+loaded), which the test asserts through `backend.__file__` and `polytrain.__file__`.
 """
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from worker.engine.ranks import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SKIP = shutil.ignore_patterns(".git", ".venv", "var", "build", "dist", "*.egg-info",
@@ -31,12 +32,6 @@ def _run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(args, capture_output=True, text=True, timeout=600, **kwargs)
     assert result.returncode == 0, f"{args} failed:\n{result.stdout}\n{result.stderr}"
     return result
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +68,9 @@ def test_wheel_carries_templates_static_files_and_migrations(
     venv, _env = installed
     (wheel,) = (venv.parent / "dist").glob("polytrain-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("backend/_assets/alembic.ini", "backend/_assets/migrations/env.py",
+    for needed in ("polytrain/cli.py", "polytrain/client/api.py", "polytrain/stack.py",
+                   "contracts/messaging.py", "worker/engine/ranks.py",
+                   "backend/_assets/alembic.ini", "backend/_assets/migrations/env.py",
                    "backend/_assets/frontend/templates/login.html",
                    "backend/_assets/frontend/static/portal.css"):
         assert needed in names
@@ -86,9 +83,11 @@ def test_installed_wheel_migrates_and_serves_the_login_page(
         installed: tuple[Path, dict[str, str]]) -> None:
     venv, env = installed
     cwd = venv.parent  # outside the repository
-    where = _run([str(venv / "bin" / "python"), "-c", "import backend; print(backend.__file__)"],
-                 cwd=cwd, env=env).stdout.strip()
-    assert Path(where).is_relative_to(venv), where
+    for package in ("backend", "polytrain"):
+        where = _run([str(venv / "bin" / "python"), "-c",
+                      f"import {package}; print({package}.__file__)"],
+                     cwd=cwd, env=env).stdout.strip()
+        assert Path(where).is_relative_to(venv), where
 
     _run([str(venv / "bin" / "polytrain"), "db", "upgrade"], cwd=cwd, env=env)
     tables = _run([str(venv / "bin" / "python"), "-c",
@@ -97,7 +96,7 @@ def test_installed_wheel_migrates_and_serves_the_login_page(
                    str(cwd / "portal.db")], cwd=cwd, env=env).stdout
     assert "'alembic_version'" in tables and "'task'" in tables and "'agent'" in tables
 
-    port = _free_port()
+    port = free_port()
     api = subprocess.Popen([str(venv / "bin" / "polytrain"), "api", "--port", str(port)],
                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

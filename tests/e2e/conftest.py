@@ -1,7 +1,6 @@
 """A live stack for end-to-end tests: API, broker, two agents, real torch.distributed."""
 
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,7 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backend.stack import GroupSetup, LocalStack
+from polytrain.stack import GroupSetup, LocalStack
+from worker.engine.ranks import free_port
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
@@ -31,12 +31,6 @@ def build_optimizer(params):
 def loss_fn(output, target):
     return torch.nn.functional.mse_loss(output.squeeze(-1), target)
 '''
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

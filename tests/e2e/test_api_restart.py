@@ -16,8 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backend.stack import GroupSetup, LocalStack
-from tests.e2e.conftest import free_port, new_version, submit, wait_for
+from polytrain.stack import GroupSetup, LocalStack
+from tests.e2e.conftest import new_version, submit, wait_for
+from worker.engine.ranks import free_port
 
 TIMEOUT_S = 6.0
 ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -54,7 +55,7 @@ def test_api_down_longer_than_the_heartbeat_timeout_raises_no_alarm(stack: Local
 
 def test_second_agent_with_a_live_name_exits_naming_the_clash(stack: LocalStack,
                                                               tmp_path: Path) -> None:
-    args = [sys.executable, "-m", "backend.cli", "agent", "--resource-group", "cpu-a",
+    args = [sys.executable, "-m", "polytrain.cli", "agent", "--resource-group", "cpu-a",
             "--workers", "1", "--name", "agent-cpu-a"]
     # Another host (its own data dir): the API refuses the name while agent-cpu-a lives.
     elsewhere = subprocess.run(args, env={**stack.env(), "POLYTRAIN_DATA_DIR": str(tmp_path)},

@@ -15,10 +15,11 @@ import httpx
 import pytest
 import redis
 
-from backend.stack import GroupSetup, LocalStack
+from polytrain.stack import GroupSetup, LocalStack
 from tests import production
-from tests.e2e.conftest import free_port, new_version, submit, wait_for
+from tests.e2e.conftest import new_version, submit, wait_for
 from tests.e2e.test_fault_tolerance import ENDED, assert_released, wait_checkpoints
+from worker.engine.ranks import free_port
 
 
 class RedisServer:

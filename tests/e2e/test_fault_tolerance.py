@@ -19,9 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backend.stack import GroupSetup, LocalStack
+from polytrain.stack import GroupSetup, LocalStack
 from tests import production
-from tests.e2e.conftest import free_port, new_version, submit, training_processes, wait_for
+from tests.e2e.conftest import new_version, submit, training_processes, wait_for
+from worker.engine.ranks import free_port
 
 GROUPS = [GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1), GroupSetup("cpu-c", 2)]
 TIMEOUT_S = 15.0

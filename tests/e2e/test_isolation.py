@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backend.stack import LocalStack
+from polytrain.stack import LocalStack
 from tests.e2e.conftest import TINY, new_version, rank_dirs, submit, wait_for
 from worker.agent import netpolicy
 

@@ -6,7 +6,7 @@ import time
 import httpx
 import torch
 
-from backend.stack import LocalStack
+from polytrain.stack import LocalStack
 from tests.e2e.conftest import TINY, new_version, submit, training_processes, wait_for
 
 FAILING_MODEL = TINY.replace(

@@ -55,14 +55,14 @@ def run_with_dump(
     spec: RunSpec, dump_dir: Path, **kwargs: object
 ) -> tuple[LocalRun, dict[int, torch.Tensor]]:
     """Run ``spec`` locally, saving each rank's final parameters (and the PS's batches)."""
-    env = {"POLYTRAIN_DUMP_PARAMS": str(dump_dir), "POLYTRAIN_DUMP_BATCHES": str(dump_dir)}
-    run = launch_local(spec, env_extra=env, timeout_s=TIMEOUT_S, **kwargs)  # type: ignore[arg-type]
+    spec = spec.model_copy(update={"debug_dump_dir": str(dump_dir)})
+    run = launch_local(spec, timeout_s=TIMEOUT_S, **kwargs)  # type: ignore[arg-type]
     assert run.ok, "\n".join(run.text(r) for r in run.output)
     return run, {r: torch.load(dump_dir / f"rank-{r}.pt") for r in range(spec.world_size)}
 
 
 def dumped_batches(dump_dir: Path) -> list[torch.Tensor]:
-    """The global batches the parameter server recorded (``POLYTRAIN_DUMP_BATCHES``)."""
+    """The global batches the parameter server recorded (``RunSpec.debug_dump_dir``)."""
     return torch.load(dump_dir / "batches.pt")
 
 

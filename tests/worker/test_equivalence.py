@@ -5,7 +5,7 @@ workers). Per-worker batches are unequal (an odd global batch; a weighted
 split with one emulated slow group; shares that the online controller
 changes mid-epoch), and every step must still be the single-process step on
 that step's global batch, to 1e-5. The parameter server records the global
-batches it served (``POLYTRAIN_DUMP_BATCHES``) for the reference.
+batches it served (``RunSpec.debug_dump_dir``) for the reference.
 """
 
 from __future__ import annotations

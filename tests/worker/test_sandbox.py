@@ -34,6 +34,8 @@ print(json.dumps({
     "other": attempt(lambda: open(OTHER).read()),
     "agent_proc": attempt(lambda: open("/proc/%d/environ" % AGENT_PID).read()),
     "caps": [l for l in open("/proc/self/status") if l.startswith("CapEff")][0].split()[1],
+    "checkout": sorted(n for n in ("backend", "contracts", "polytrain", "worker")
+                       if os.path.isdir(os.path.join(CHECKOUT, n))),
 }))
 """
 
@@ -80,7 +82,8 @@ def test_rank_runs_unprivileged_and_sees_only_its_own_folder(
     mine = sandbox.new_rank_dir(ours.uid)
     code = (PROBE.replace("SECRET", repr(str(secret)))
             .replace("OTHER", repr(str(other / "final.pt")))
-            .replace("AGENT_PID", str(os.getpid())))
+            .replace("AGENT_PID", str(os.getpid()))
+            .replace("CHECKOUT", repr(str(Path(__file__).resolve().parents[2]))))
     env = rank_environment({}, mine, {**os.environ, "POLYTRAIN_AGENT_TOKEN": "t0ken"})
     done = subprocess.run(sandbox.command(mine, ["-c", code], ours.uid), env=env,
                           capture_output=True, text=True, timeout=60)
@@ -91,6 +94,8 @@ def test_rank_runs_unprivileged_and_sees_only_its_own_folder(
     assert seen["secret"].startswith("refused") and seen["other"].startswith("refused")
     assert seen["agent_proc"].startswith("refused")
     assert int(seen["caps"], 16) == 0
+    # Of the checkout, the engine and the contracts only: not the API or the deployment tools.
+    assert seen["checkout"] == ["contracts", "worker"]
     assert "t0ken" not in json.dumps(seen["env"])
     assert (mine / "own.txt").read_text() == "mine"
     assert (mine / "own.txt").stat().st_uid == ours.uid
@@ -132,7 +137,7 @@ def test_a_pool_overlapping_an_account_is_refused_naming_the_setting(tmp_path: P
 def test_agent_without_bubblewrap_stops_at_once_naming_the_install(tmp_path: Path) -> None:
     env = {"PATH": str(tmp_path), "POLYTRAIN_AGENT_TOKEN": "t0ken",
            "POLYTRAIN_DATA_DIR": str(tmp_path), "POLYTRAIN_API_URL": "http://127.0.0.1:9"}
-    done = subprocess.run([sys.executable, "-m", "backend.cli", "agent", "--resource-group",
+    done = subprocess.run([sys.executable, "-m", "polytrain.cli", "agent", "--resource-group",
                            "cpu-a"], env=env, capture_output=True, text=True, timeout=120,
                           cwd=tmp_path)
     assert done.returncode == 2, done.stderr

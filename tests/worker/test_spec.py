@@ -5,7 +5,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from worker.engine.local import rank_env
+from worker.engine.ranks import rank_env
 from worker.engine.spec import RunSpec
 
 GROUPS = [

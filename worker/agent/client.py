@@ -82,9 +82,6 @@ class InternalApi:
         self._call("POST", f"/sub-tasks/{sub_task_id}/finished",
                    json={"succeeded": succeeded, "detail": detail, "cause": cause})
 
-    def task_status(self, task_id: int) -> str:
-        return self.task_state(task_id)[0]
-
     def task_state(self, task_id: int) -> tuple[str, int]:
         """The task's status and current attempt."""
         state = self._call("GET", f"/tasks/{task_id}/state").json()

@@ -1,17 +1,19 @@
-"""Second-level dispatch: the worker processes of one group on this host."""
+"""Second-level dispatch: the worker processes of one group on this host.
 
-import ctypes
+Ranks are started, read and stopped by the engine's launcher (:mod:`worker.engine.ranks`),
+each in a sandboxed interpreter (:mod:`worker.agent.sandbox`); this module keeps those
+interpreters ready and tells why a rank failed.
+"""
+
 import json
 import logging
-import os
 import queue
 import shutil
-import signal
 import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -21,37 +23,12 @@ from worker.agent.sandbox import (
     check_rank_env,
     rank_environment,
 )
+from worker.engine.ranks import RankProcess, RankSet, spawn
 
 log = logging.getLogger(__name__)
 REFILL_RETRY_S = 5.0
 
-PR_SET_PDEATHSIG = 1
 Cause = Literal["user", "infra", "peer"]
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """In the child before exec: SIGKILL this process when the agent that started it dies.
-
-    The kernel sends the signal when the starting thread exits; the agent
-    starts ranks from its long-lived Celery pool threads. Linux only; elsewhere
-    the torch.distributed timeout ends orphans.
-    """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:  # the agent died before prctl took effect
-        os._exit(1)
-
-
-def _popen(command: list[str], env: Mapping[str, str]) -> subprocess.Popen[str]:
-    parent = os.getpid()
-    return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
-        command, env=dict(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
-        preexec_fn=lambda: _die_with_parent(parent),
-    )
 
 
 @dataclass
@@ -111,8 +88,10 @@ def start_slot(sandbox: Sandbox, *, warm: bool = False) -> Slot:
     try:
         rank_dir = sandbox.new_rank_dir(lease.uid)
         argv = ["-m", "worker.agent.warm", *([] if warm else ["--cold"])]
-        popen = _popen(sandbox.command(rank_dir, argv, lease.uid),
-                       rank_environment({}, rank_dir))
+        # Started from the pool's long-lived thread (or the runner's), so the parent-death
+        # signal fires when the agent dies, not when a short-lived thread ends.
+        popen = spawn(sandbox.command(rank_dir, argv, lease.uid),
+                      rank_environment({}, rank_dir), stdin=True, die_with_parent=True)
     except BaseException:
         lease.release()
         raise
@@ -189,11 +168,6 @@ class WarmPool:
             shutil.rmtree(slot.rank_dir, ignore_errors=True)
 
 
-def node_name(rank: int) -> str:
-    """The node label of a rank in logs: `ps` for the parameter server, else `rank-N`."""
-    return "ps" if rank == 0 else f"rank-{rank}"
-
-
 PEER_ERRORS = ("DistBackendError", "Connection closed by peer", "Connection reset by peer",
                "Broken pipe", "Connection refused", "DistNetworkError", "DistStoreError")
 
@@ -205,55 +179,8 @@ def error_summary(tail: list[str]) -> str:
     return (errors or lines or ["(no output)"])[-1][:500]
 
 
-@dataclass
-class RankProcess:
-    rank: int
-    popen: subprocess.Popen[str]
-    tail: list[str] = field(default_factory=list)
-
-    @property
-    def node(self) -> str:
-        return node_name(self.rank)
-
-    @property
-    def returncode(self) -> int | None:
-        """The rank's exit code; negative: killed by that signal.
-
-        bwrap exits with 128 + N when the process it runs is killed by signal N
-        (a shell's convention); that is mapped back to -N. User code exiting
-        with such a code on purpose is then taken for a killed process: at
-        worst it spends the task's own restarts.
-        """
-        code = self.popen.returncode
-        if code is not None and 128 < code < 128 + signal.NSIG:
-            return -(code - 128)
-        return code
-
-
-class ProcessSet:
-    """Processes started in their own sessions; their output lines go to one queue."""
-
-    def __init__(self) -> None:
-        self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
-        self.procs: list[RankProcess] = []
-        self._readers: list[threading.Thread] = []
-
-    def add(self, rank: int, popen: subprocess.Popen[str]) -> None:
-        proc = RankProcess(rank, popen)
-        self.procs.append(proc)
-        reader = threading.Thread(target=self._pump, args=(proc,), daemon=True)
-        reader.start()
-        self._readers.append(reader)
-
-    def _pump(self, proc: RankProcess) -> None:
-        assert proc.popen.stdout is not None
-        for raw in proc.popen.stdout:
-            line = raw.rstrip("\n")
-            proc.tail = (proc.tail + [line])[-40:]
-            self.lines.put((proc.node, line))
-
-    def alive_ranks(self) -> list[int]:
-        return [p.rank for p in self.procs if p.popen.poll() is None]
+class ProcessSet(RankSet):
+    """A sub-task's rank processes (:class:`worker.engine.ranks.RankSet`), and which failed why."""
 
     def failed(self) -> RankProcess | None:
         """A process that exited with a non-zero code, if any: the root cause first.
@@ -261,12 +188,13 @@ class ProcessSet:
         When one rank crashes the others fail with collective-communication
         errors; a rank whose output shows no such error is the one to blame.
         """
-        failed = [p for p in self.procs if p.popen.poll() not in (None, 0)]
+        failed = self.exited_with_error()
         own = [p for p in failed if not any(m in "\n".join(p.tail) for m in PEER_ERRORS)]
         candidates = own or failed
         return candidates[0] if candidates else None
 
-    def cause(self, proc: "RankProcess") -> Cause:
+    @staticmethod
+    def cause(proc: RankProcess) -> Cause:
         """Why `proc` (from `failed`) failed: `infra` if killed by a signal (OOM killer,
         a crashed host process), `peer` if it only saw a peer go away, else `user`."""
         if proc.returncode is not None and proc.returncode < 0:
@@ -274,31 +202,6 @@ class ProcessSet:
         if any(m in "\n".join(proc.tail) for m in PEER_ERRORS):
             return "peer"
         return "user"
-
-    def all_succeeded(self) -> bool:
-        return all(p.popen.poll() == 0 for p in self.procs)
-
-    def drain_readers(self, timeout_s: float = 5.0) -> None:
-        """Wait for the readers to reach the end of every process's output."""
-        for reader in self._readers:
-            reader.join(timeout=timeout_s)
-
-    def kill_all(self, grace_s: float = 5.0) -> None:
-        """SIGTERM every process group, SIGKILL what is left after `grace_s` seconds."""
-        self._signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(p.popen.poll() is None for p in self.procs):
-            time.sleep(0.1)
-        self._signal(signal.SIGKILL)
-        for proc in self.procs:
-            proc.popen.wait()
-
-    def _signal(self, sig: int) -> None:
-        for proc in self.procs:
-            try:
-                os.killpg(proc.popen.pid, sig)
-            except ProcessLookupError:
-                pass
 
 
 class RunningRegistry:

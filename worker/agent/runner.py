@@ -11,18 +11,16 @@ from worker.agent.client import Conflict, InternalApi
 from worker.agent.netpolicy import NetworkPolicyUnavailable
 from worker.agent.processes import (
     ProcessSet,
-    RankProcess,
     RunningRegistry,
     Slot,
     WarmPool,
     error_summary,
-    node_name,
     start_slot,
 )
 from worker.agent.reporter import Reporter
 from worker.agent.sandbox import Lease, Sandbox, write_rank_file
 from worker.config import AgentSettings
-from worker.engine.local import rank_env
+from worker.engine.ranks import RankProcess, node_name, rank_env
 from worker.engine.report import parse_event
 from worker.engine.spec import RunSpec
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from worker.agent import netpolicy
 from worker.agent.netpolicy import NetworkPolicyUnavailable
-from worker.engine.local import REPO_ROOT
+from worker.engine.ranks import REPO_ROOT
 
 INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (make install does it)"
 USER_HINT = ("create the sandbox user: `useradd --system --user-group --no-create-home "
@@ -53,6 +53,8 @@ RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
 ETC_FILES = ("group", "hosts", "resolv.conf", "nsswitch.conf", "host.conf",
              "gai.conf", "protocols", "services", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
              "localtime", "ssl", "ca-certificates", "alternatives")
+# The top-level packages of this checkout a rank process imports (docs/architecture.md, Layout).
+RANK_PACKAGES = ("worker", "contracts")
 TMP_SIZE_BYTES = 512 * 1024 * 1024
 # The API's default `max_internal_body_bytes`: a larger checkpoint would be refused anyway.
 MAX_CHECKPOINT_BYTES = 512 * 1024 * 1024
@@ -266,8 +268,10 @@ class Sandbox:
         args += ["--ro-bind-try", "/sys", "/sys"]
         for device in sorted(glob.glob("/dev/nvidia*")):
             args += ["--dev-bind", device, device]
+        # Of a checkout, only what a rank imports: the engine and the contracts (not the API's
+        # `backend/` or the deployment tools' `polytrain/`).
         read_only = {Path(sys.base_prefix), Path(sys.prefix), Path(sys.exec_prefix),
-                     REPO_ROOT / "worker", REPO_ROOT / "contracts", REPO_ROOT / "backend"}
+                     *(REPO_ROOT / package for package in RANK_PACKAGES)}
         for path in sorted(p.resolve() for p in read_only):
             if not str(path).startswith("/usr/"):
                 args += [*_parents(path), "--ro-bind", str(path), str(path)]

@@ -8,10 +8,8 @@ connection or time out).
 
 Other environment variables: ``POLYTRAIN_DIST_TIMEOUT_S`` (seconds, default
 120) bounds rendezvous and every collective; ``POLYTRAIN_NUM_THREADS``
-(default 1) sets torch's intra-op threads; ``POLYTRAIN_DUMP_PARAMS=/dir``
-is a debugging hook that makes each rank save its final parameters and buffers
-(``[P + B]``, :meth:`worker.engine.state.ModelState.vector`) to
-``/dir/rank-{rank}.pt``.
+(default 1) sets torch's intra-op threads. With ``RunSpec.debug_dump_dir`` set,
+each rank saves its final parameters and buffers there (debugging).
 """
 
 from __future__ import annotations
@@ -90,12 +88,11 @@ def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
     return final
 
 
-def dump_params(final: torch.Tensor, rank: int) -> None:
-    """Save ``final`` to ``$POLYTRAIN_DUMP_PARAMS/rank-{rank}.pt`` when that variable is set."""
-    directory = os.environ.get("POLYTRAIN_DUMP_PARAMS")
-    if directory:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        torch.save(final, Path(directory) / f"rank-{rank}.pt")
+def dump_params(spec: RunSpec, final: torch.Tensor, rank: int) -> None:
+    """Save ``final`` to ``rank-{rank}.pt`` in ``spec.debug_dump_dir``, when that is set."""
+    if spec.debug_dump_dir:
+        Path(spec.debug_dump_dir).mkdir(parents=True, exist_ok=True)
+        torch.save(final, Path(spec.debug_dump_dir) / f"rank-{rank}.pt")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = RunSpec.model_validate_json(Path(args.spec).read_text())
         env = ClusterEnv.from_env()
         timeout_s = float(os.environ.get("POLYTRAIN_DIST_TIMEOUT_S", "120"))
-        dump_params(run(spec, env, timeout_s), env.rank)
+        dump_params(spec, run(spec, env, timeout_s), env.rank)
     except BaseException:
         traceback.print_exc()
         sys.stdout.flush()

@@ -11,7 +11,6 @@ also owns the load balancer and writes every checkpoint
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,8 @@ def report_server_epoch(run: Run, results: dict[str, Any], seconds: float) -> No
 
 
 def _dump_batches(run: Run) -> None:
-    directory = os.environ.get("POLYTRAIN_DUMP_BATCHES")
+    """Save the recorded global batches to ``batches.pt`` in ``spec.debug_dump_dir``."""
+    directory = run.spec.debug_dump_dir
     if directory and run.batches is not None:
         Path(directory).mkdir(parents=True, exist_ok=True)
         torch.save(run.batches, Path(directory) / "batches.pt")
@@ -70,10 +70,10 @@ def run_parameter_server(
     """Run rank 0 until the last epoch: returns the final parameters and buffers [P + B].
 
     Writes the checkpoints of :mod:`worker.engine.checkpoint` and ``final.pt``
-    in ``spec.checkpoint_dir``, then reports ``done``. Debugging hook:
-    ``POLYTRAIN_DUMP_BATCHES=/dir`` saves every step's global batch indices
-    (every strategy; the split's batches) to ``/dir/batches.pt``. Raises whatever the user's
-    optimizer raises, FileNotFoundError for a missing ``resume_from``.
+    in ``spec.checkpoint_dir``, then reports ``done``; with ``spec.debug_dump_dir``
+    it saves every step's global batch indices there too (``batches.pt``).
+    Raises whatever the user's optimizer raises, FileNotFoundError for a
+    missing ``resume_from``.
     """
     model.to("cpu")
     optimizer = code.build_optimizer(model.parameters())
@@ -85,7 +85,7 @@ def run_parameter_server(
             optimizer.load_state_dict(state["optimizer"])
         package = resume_package(state)
     run, under_way = session.start(spec, code, topo, model, optimizer, data[0], package)
-    if os.environ.get("POLYTRAIN_DUMP_BATCHES"):
+    if spec.debug_dump_dir:
         run.batches = []
     session.train(run, under_way, lambda r: {}, report_server_epoch)
     final = {

@@ -44,6 +44,12 @@ class RunSpec(BaseModel):
     undisturbed speed, ``(samples, seconds)`` points of a compute section
     measured before the run (:class:`worker.engine.emulation.Pace`); None: each
     worker's fastest recent section.
+    ``debug_dump_dir`` (debugging, like ``emulation_pace`` set on the RunSpec
+    only, never from a task's options): each rank saves its final parameters
+    and buffers ``[P + B]`` (:meth:`worker.engine.state.ModelState.vector`) to
+    ``rank-{rank}.pt`` there, and the parameter server every step's global
+    batch indices (every strategy; the split's batches) to ``batches.pt``; the
+    equivalence tests replay those batches in one process (docs/heterogeneity.md).
     """
 
     task_id: int
@@ -68,6 +74,7 @@ class RunSpec(BaseModel):
     emulation_pace: (
         list[tuple[Annotated[int, Field(ge=1)], Annotated[float, Field(gt=0)]]] | None
     ) = Field(default=None, min_length=1)
+    debug_dump_dir: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> RunSpec:

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from backend.client import spec as task_spec
-from backend.client.api import Api, ClientError, forget_credentials, save_credentials
+from polytrain.client import spec as task_spec
+from polytrain.client.api import Api, ClientError, forget_credentials, save_credentials
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 console = Console()

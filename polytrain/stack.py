@@ -82,7 +82,7 @@ class LocalStack:
         env = self.agent_env() if args[0] == "agent" else self.env()
         with open(self.data_dir / f"{log_name}.log", "ab") as out:  # the child keeps its copy
             private_file(self.data_dir / f"{log_name}.log")
-            proc = subprocess.Popen([sys.executable, "-m", "backend.cli", *args],
+            proc = subprocess.Popen([sys.executable, "-m", "polytrain.cli", *args],
                                     env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         self._children[log_name] = _Child(log_name, args, proc, time.monotonic())
@@ -119,7 +119,7 @@ class LocalStack:
     def start(self, timeout_s: float = 60.0) -> None:
         """Migrate, start the API, create the groups, start their agents and wait for them."""
         self.admin_password = self._remembered_password()
-        subprocess.run([sys.executable, "-m", "backend.cli", "db", "upgrade"], env=self.env(),
+        subprocess.run([sys.executable, "-m", "polytrain.cli", "db", "upgrade"], env=self.env(),
                        check=True)
         self.start_api(timeout_s)
         self.admin_token = self.login(self.admin_email, self.admin_password)

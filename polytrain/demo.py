@@ -13,7 +13,7 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from backend.stack import GroupSetup, LocalStack
+from polytrain.stack import GroupSetup, LocalStack
 
 DEMO_GROUPS = [
     GroupSetup("cpu-a", 2, description="CPU pool A (2 workers)"),

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from backend.client.api import Api, ClientError
+from polytrain.client.api import Api, ClientError
 
 CODE_KEYS = ("code", "entrypoint", "example", "code_version_id")
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from backend.client.commands import register as register_client_commands
+from polytrain.client.commands import register as register_client_commands
 
 app = typer.Typer(help="polytrain: one PyTorch training task across mixed hardware.",
                   no_args_is_help=True)
@@ -102,7 +102,7 @@ def demo(
     timeout_s: Annotated[float, typer.Option(help="give up after this many seconds")] = 600,
 ) -> None:
     """Train the bundled MNIST example across two CPU groups; print one JSON line."""
-    from backend.demo import run_demo
+    from polytrain.demo import run_demo
 
     raise typer.Exit(run_demo(port=port, epochs=epochs, global_batch_size=global_batch_size,
                               timeout_s=timeout_s))
@@ -120,7 +120,7 @@ def up(
     """
     from pathlib import Path
 
-    from backend.demo import run_up
+    from polytrain.demo import run_up
 
     run_up(port=port, data_dir=Path(data_dir))
 
@@ -147,7 +147,7 @@ def create_admin(
 def _admin_headers(api_url: str, token: str | None) -> dict[str, str]:
     """A token from --token / POLYTRAIN_TOKEN / `polytrain login`, else a login with
     POLYTRAIN_ADMIN_EMAIL and POLYTRAIN_ADMIN_PASSWORD (as docker-compose's init job does)."""
-    from backend.client.api import Api
+    from polytrain.client.api import Api
 
     token = Api.resolve(url=api_url, token=token).token
     email, password = (os.environ.get("POLYTRAIN_ADMIN_EMAIL"),
@@ -170,7 +170,7 @@ def groups_ensure(
     """Create resource group NAME through the REST API unless it exists (as an admin)."""
     import httpx
 
-    from backend.client.api import ClientError
+    from polytrain.client.api import ClientError
 
     try:
         headers = _admin_headers(api_url, token)
