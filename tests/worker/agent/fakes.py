@@ -48,6 +48,7 @@ class FakeApi:
     def __init__(self, *, status: str = "RUNNING", attempt: int = 1) -> None:
         self.status, self.attempt = status, attempt
         self.code = b"print('hello')\n"
+        self.checkpoints: dict[int, bytes] = {}
         self.master: tuple[str, int] | None = None
         self.peer_hosts: list[str] = []
         self.peers_complete = False
@@ -102,6 +103,8 @@ class FakeApi:
             return httpx.Response(200, json={})
         if route == "code":
             return httpx.Response(200, content=self.code)
+        if re.search(r"/checkpoints/\d+$", request.url.path):
+            return httpx.Response(200, content=self.checkpoints[int(route)])
         if route == "state":
             return httpx.Response(200, json={"status": self.status, "attempt": self.attempt})
         if route == "rendezvous" and request.method == "PUT":

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -47,6 +49,18 @@ def test_the_parameter_server_host_publishes_the_rendezvous_and_succeeds(
     assert api.bodies("finished") == [{"succeeded": True, "detail": "all processes exited "
                                        "cleanly", "cause": "user"}]
     assert {"ps up", "r1 done"} <= set(logged(api))
+
+
+def test_a_later_attempt_resumes_from_the_named_checkpoint(api: FakeApi, run_with: Run) -> None:
+    api.attempt, api.checkpoints[9] = 2, b"epoch-3 weights"
+    outcome, pool = run_with({0: RENDEZVOUS}, attempt=2, resume_checkpoint_id=9)
+    assert outcome == "succeeded"
+    ranks = pool.by_rank()
+    spec = json.loads((ranks[0].rank_dir / "spec.json").read_text())
+    assert Path(spec["resume_from"]).read_bytes() == b"epoch-3 weights"
+    assert Path(spec["resume_from"]).parent == ranks[0].rank_dir
+    assert json.loads((ranks[1].rank_dir / "spec.json").read_text())["resume_from"] is None
+    assert {x["attempt"] for batch in api.bodies("logs") for x in batch["lines"]} == {2}
 
 
 def test_another_group_waits_for_the_published_rendezvous(api: FakeApi, run_with: Run) -> None:
