@@ -1,13 +1,17 @@
 """First-level dispatch through a real broker: the message, its queue and its Celery id."""
 
+from pathlib import Path
+
 import pytest
 from kombu import Connection
 
 from backend.core.config import get_settings
-from backend.scheduler.dispatch import CeleryDispatcher
+from backend.scheduler.dispatch import CeleryDispatcher, producer_app
 from contracts.messaging import broker_options
-from contracts.payload import SubTaskPayload
+from contracts.payload import SubTaskPayload, TaskLimits
 from contracts.plan import GroupPlan
+from worker.agent.main import make_celery
+from worker.config import AgentSettings
 
 pytestmark = pytest.mark.stack
 
@@ -37,6 +41,21 @@ def test_message_on_the_group_queue_with_the_sub_task_id(broker_url: str) -> Non
     assert SubTaskPayload.model_validate(body[0][0]) == payload
 
 
-def test_redis_visibility_timeout_outlasts_any_run() -> None:
-    assert broker_options("redis://h:6379/0")["visibility_timeout"] >= 7 * 24 * 3600
-    assert broker_options("sqla+sqlite:///x.db") == {}
+@pytest.mark.parametrize("broker", ["redis://broker.invalid:6379/0", None])
+def test_producer_and_consumers_share_the_broker_options(
+        broker: str | None, service_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API's producer and the agents' consumer app use one set of transport options; on
+    Redis its visibility timeout (after which an unacknowledged message, i.e. a sub-task still
+    running, is delivered again) outlasts a run at the default wall-clock limit."""
+    from tests.conftest import _clear_caches
+
+    if broker:
+        monkeypatch.setenv("BROKER_URL", broker)
+    _clear_caches()
+    agent = AgentSettings(_env_file=None, agent_token="t", broker_url=broker,  # type: ignore[call-arg]
+                          data_dir=str(service_env))
+    produced = producer_app().conf.broker_transport_options
+    consumed = make_celery(agent, runner=None).conf.broker_transport_options  # type: ignore[arg-type]
+    assert produced == consumed
+    if broker:
+        assert consumed["visibility_timeout"] > TaskLimits().max_runtime_s

@@ -36,9 +36,12 @@ def without_nul(value: Any) -> Any:
 class InternalApi:
     """Typed calls of `/internal/v1`; every call carries the agent token."""
 
-    def __init__(self, base_url: str, token: str, *, retries: int = 5) -> None:
+    def __init__(self, base_url: str, token: str, *, retries: int = 5,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        """`transport`: httpx's default (the network) unless given, e.g. a fake API in tests."""
         self._http = httpx.Client(base_url=base_url.rstrip("/") + "/internal/v1", timeout=30.0,
-                                  headers={"Authorization": f"Bearer {token}"})
+                                  headers={"Authorization": f"Bearer {token}"},
+                                  transport=transport)
         self._retries = retries
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:

@@ -1,0 +1,56 @@
+"""The agent's HTTP client of the internal API: retries, refusals and what it sends."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.worker.agent.fakes import FakeApi
+from worker.agent.client import Conflict
+
+
+def test_a_503_is_retried_and_the_batch_arrives_once(api: FakeApi) -> None:
+    api.fail["logs"] = [503]
+    lines = [{"attempt": 1, "node": "ps", "seq": 0, "time": "2026-01-01T00:00:00", "text": "hi"}]
+    api.client().logs(4, lines)
+    assert api.bodies("logs") == [{"lines": lines}]
+
+
+def test_a_dropped_connection_is_retried(api: FakeApi) -> None:
+    api.fail["register"] = [0]
+    assert api.client().register(name="n") == 7
+    assert api.fail["register"] == []
+
+
+def test_a_backend_that_stays_down_raises_after_the_retries(api: FakeApi) -> None:
+    api.fail["progress"] = [500, 502, 503, 200]
+    with pytest.raises(httpx.HTTPStatusError):
+        api.client(retries=2).progress(4, 0.5, 1)
+    assert api.bodies("progress") == []
+
+
+def test_a_refusal_is_a_conflict_naming_the_field_and_not_retried(api: FakeApi) -> None:
+    api.claimed_by, api.refuse_field = "agent-9", "agent_id"
+    with pytest.raises(Conflict) as refused:
+        api.client().claim(17, agent_id=7, host="h", attempt=1)
+    assert refused.value.field == "agent_id" and "agent-9" in str(refused.value)
+    assert len(api.bodies("claim")) == 1
+
+
+def test_a_client_error_is_raised_at_once(api: FakeApi) -> None:
+    api.fail["metrics"] = [422, 200]
+    with pytest.raises(httpx.HTTPStatusError):
+        api.client().metrics(4, [])
+    assert api.fail["metrics"] == [200]
+
+
+def test_nul_characters_in_rank_output_still_arrive(api: FakeApi) -> None:
+    line = {"attempt": 1, "node": "rank-1", "seq": 0, "time": "2026-01-01T00:00:00",
+            "text": "bad\x00byte"}
+    api.client().logs(4, [line])
+    assert api.bodies("logs")[0]["lines"][0]["text"] == "bad\ufffdbyte"
+
+
+def test_task_state_and_attempt(api: FakeApi) -> None:
+    api.status, api.attempt = "CANCELLED", 3
+    assert api.client().task_state(4) == ("CANCELLED", 3)

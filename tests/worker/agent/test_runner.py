@@ -1,0 +1,170 @@
+"""A sub-task from claim to reported outcome, against a fake API with `sh` standing in for ranks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.worker.agent.conftest import HOST
+from tests.worker.agent.fakes import FakeApi, FakePool, event
+from worker.agent.runner import Peers
+
+Run = Callable[..., tuple[str, FakePool]]
+RENDEZVOUS = event("rendezvous", port=4242)
+
+
+def logged(api: FakeApi) -> list[str]:
+    return [x["text"] for batch in api.bodies("logs") for x in batch["lines"]]
+
+
+def test_a_refused_claim_starts_nothing(api: FakeApi, run_with: Run) -> None:
+    api.claimed_by = "agent-9"
+    outcome, pool = run_with({})
+    assert outcome == "ignored"
+    assert pool.slots == [] and api.calls("code") == [] and api.bodies("finished") == []
+
+
+def test_a_message_of_an_earlier_attempt_is_refused(api: FakeApi, run_with: Run) -> None:
+    api.attempt = 2
+    outcome, pool = run_with({}, attempt=1)
+    assert outcome == "ignored" and pool.slots == []
+    assert api.bodies("claim") == [{"agent_id": 7, "host": HOST, "attempt": 1}]
+
+
+def test_the_parameter_server_host_publishes_the_rendezvous_and_succeeds(
+        api: FakeApi, run_with: Run) -> None:
+    outcome, pool = run_with({0: f"echo ps up; {RENDEZVOUS}", 1: "echo r1 done"})
+    assert outcome == "succeeded"
+    assert api.bodies("rendezvous") == [{"master_addr": HOST, "master_port": 4242,
+                                         "attempt": 1}]
+    ranks = pool.by_rank()
+    assert sorted(ranks) == [0, 1, 2]
+    assert ranks[0].env["MASTER_PORT"] == "0"  # rank 0 picks its own port
+    assert {(s.env["MASTER_ADDR"], s.env["MASTER_PORT"]) for r, s in ranks.items() if r} == {
+        (HOST, "4242")}
+    assert all(s.env["WORLD_SIZE"] == "4" for s in ranks.values())
+    assert api.bodies("finished") == [{"succeeded": True, "detail": "all processes exited "
+                                       "cleanly", "cause": "user"}]
+    assert {"ps up", "r1 done"} <= set(logged(api))
+
+
+def test_a_later_attempt_resumes_from_the_named_checkpoint(api: FakeApi, run_with: Run) -> None:
+    api.attempt, api.checkpoints[9] = 2, b"epoch-3 weights"
+    outcome, pool = run_with({0: RENDEZVOUS}, attempt=2, resume_checkpoint_id=9)
+    assert outcome == "succeeded"
+    ranks = pool.by_rank()
+    spec = json.loads((ranks[0].rank_dir / "spec.json").read_text())
+    assert Path(spec["resume_from"]).read_bytes() == b"epoch-3 weights"
+    assert Path(spec["resume_from"]).parent == ranks[0].rank_dir
+    assert json.loads((ranks[1].rank_dir / "spec.json").read_text())["resume_from"] is None
+    assert {x["attempt"] for batch in api.bodies("logs") for x in batch["lines"]} == {2}
+
+
+def test_another_group_waits_for_the_published_rendezvous(api: FakeApi, run_with: Run) -> None:
+    def publish_on_second_ask(route: str) -> None:
+        if route == "rendezvous" and len(api.calls("rendezvous")) >= 2:
+            api.master = ("10.0.0.9", 5151)
+
+    api.before = publish_on_second_ask
+    outcome, pool = run_with({}, group_index=1, hosts_parameter_server=False, sub_task_id=18)
+    assert outcome == "succeeded"
+    (slot,) = pool.slots
+    assert (slot.env["RANK"], slot.env["MASTER_ADDR"], slot.env["MASTER_PORT"]) == (
+        "3", "10.0.0.9", "5151")
+    assert "10.0.0.9" in slot.lease.admitted[0][1]  # its rank may reach the parameter server
+
+
+@pytest.mark.parametrize(("script", "cause", "summary"), [
+    ("echo 'Traceback'; echo 'ValueError: bad batch'; exit 3", "user", "ValueError: bad batch"),
+    ("echo 'DistBackendError: Connection closed by peer'; exit 1", "peer", "DistBackendError"),
+    ("kill -9 $$", "infra", "exited with code -9"),
+    ("echo 'MemoryError'; exit 1", "user", "memory_limit_mb=4096 exceeded"),
+])
+def test_a_failed_rank_is_reported_with_its_cause(
+        api: FakeApi, run_with: Run, script: str, cause: str, summary: str) -> None:
+    outcome, _ = run_with({0: f"{RENDEZVOUS}; sleep 30", 2: script, 1: "sleep 30"})
+    assert outcome == "failed"
+    (finished,) = api.bodies("finished")
+    assert finished["succeeded"] is False and finished["cause"] == cause
+    assert summary in finished["detail"] and "rank-2" in finished["detail"]
+
+
+def test_an_agent_error_is_an_infra_failure_and_is_logged(api: FakeApi, run_with: Run) -> None:
+    api.fail["code"] = [500, 500, 500]
+    outcome, pool = run_with({})
+    assert outcome == "failed" and pool.slots == []
+    (finished,) = api.bodies("finished")
+    assert finished["succeeded"] is False and finished["cause"] == "infra"
+    assert "HTTPStatusError" in finished["detail"]
+    assert any(text.startswith("agent error:") for text in logged(api))
+
+
+@pytest.mark.parametrize(("status", "attempt"), [("CANCELLED", 1), ("RUNNING", 2)])
+def test_ranks_stop_when_the_task_is_cancelled_or_restarted(
+        api: FakeApi, run_with: Run, status: str, attempt: int) -> None:
+    def change_after_start(route: str) -> None:
+        if route == "state":
+            api.status, api.attempt = status, attempt
+
+    api.before = change_after_start
+    outcome, pool = run_with({0: f"{RENDEZVOUS}; sleep 30", 1: "sleep 30", 2: "sleep 30"})
+    assert outcome == "failed"
+    assert all(slot.popen.poll() is not None for slot in pool.slots)
+    (finished,) = api.bodies("finished")
+    assert finished["cause"] == "stopped" and f"{status} in attempt {attempt}" in \
+        finished["detail"]
+
+
+def test_a_rank_beyond_its_wall_clock_limit_fails_the_task(api: FakeApi, run_with: Run) -> None:
+    outcome, pool = run_with({0: f"{RENDEZVOUS}; sleep 30"}, limits={"max_runtime_s": 1})
+    assert outcome == "failed" and pool.slots[0].popen.poll() is not None
+    (finished,) = api.bodies("finished")
+    assert finished["cause"] == "user" and "max_runtime_s=1 exceeded" in finished["detail"]
+
+
+def test_rank_0_ending_before_the_rendezvous_is_reported(api: FakeApi, run_with: Run) -> None:
+    outcome, pool = run_with({0: "echo 'RuntimeError: no port'; exit 1"})
+    assert outcome == "failed" and len(pool.slots) == 1
+    assert api.bodies("rendezvous") == []
+    (finished,) = api.bodies("finished")
+    assert finished["cause"] == "user" and "RuntimeError: no port" in finished["detail"]
+
+
+class Lease:
+    def __init__(self) -> None:
+        self.admitted: list[list[str]] = []
+
+    def admit(self, task_id: int, peers: list[str]) -> None:
+        self.admitted.append(list(peers))
+
+
+def test_peers_admit_each_new_host_until_every_sub_task_is_claimed(
+        api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Peers, "REFRESH_S", 0.0)
+    peers, lease = Peers(api.client(), 4, 1, [HOST]), Lease()
+    peers.leases.append(lease)  # type: ignore[arg-type]
+    api.peer_hosts = [HOST]
+    peers.refresh()
+    assert lease.admitted == []  # nothing new
+    api.peer_hosts = [HOST, "10.0.0.9"]
+    peers.refresh()
+    assert lease.admitted == [[HOST, "10.0.0.9"]]
+    api.peer_hosts, api.peers_complete = [HOST, "10.0.0.9", "10.0.0.8"], True
+    peers.refresh()
+    asks = len(api.calls("rendezvous"))
+    peers.refresh()
+    assert len(api.calls("rendezvous")) == asks  # complete: the backend is not asked again
+    assert lease.admitted[-1] == sorted([HOST, "10.0.0.8", "10.0.0.9"])
+
+
+def test_peers_stop_following_another_attempt(api: FakeApi,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Peers, "REFRESH_S", 0.0)
+    peers, lease = Peers(api.client(), 4, 1, [HOST]), Lease()
+    peers.leases.append(lease)  # type: ignore[arg-type]
+    api.attempt, api.peer_hosts = 2, ["10.0.0.66"]
+    peers.refresh()
+    assert peers.complete and lease.admitted == [] and peers.hosts == [HOST]
