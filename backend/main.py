@@ -19,18 +19,19 @@ from backend.agents.router import router as agents_router
 from backend.audit.middleware import AuditMiddleware
 from backend.audit.router import router as audit_router
 from backend.auth import service as users
+from backend.auth.dependencies import bearer_scheme
 from backend.auth.router import auth_router, users_router
 from backend.auth.security import same
 from backend.auth.throttle import HashGate, LoginLimiter
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_sessionmaker
-from backend.core.deps import SettingsDep, bearer_scheme
+from backend.core.dependencies import SettingsDep
 from backend.core.errors import ERROR_RESPONSES, Unauthorized, install_error_handlers
 from backend.core.http import BodyLimitMiddleware, SecurityHeadersMiddleware
 from backend.core.paths import asset
-from backend.core.prometheus import CONTENT_TYPE, render_metrics
 from backend.core.schemas import refuse_nul_inputs
 from backend.projects.router import router as projects_router
+from backend.prometheus import CONTENT_TYPE, render_metrics
 from backend.resource_groups.router import router as groups_router
 from backend.scheduler.loop import SchedulerLoop
 from backend.tasks.router import router as tasks_router

@@ -4,7 +4,7 @@ from alembic import context
 
 from backend.core.config import get_settings
 from backend.core.db import Base, make_engine
-from backend.core.models import __all__ as _tables  # noqa: F401  (registers every table)
+from backend.models import __all__ as _tables  # noqa: F401  (registers every table)
 
 target_metadata = Base.metadata
 

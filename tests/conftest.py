@@ -162,7 +162,7 @@ def add_account(email: str, *, admin: bool = False) -> Account:
 
 def login_as(test_client: TestClient, account: Account) -> TestClient:
     """Make `test_client` act as `account` on REST and on portal pages."""
-    from backend.core.deps import SESSION_COOKIE
+    from backend.auth.dependencies import SESSION_COOKIE
 
     test_client.headers["Authorization"] = f"Bearer {account.token}"
     test_client.cookies.set(SESSION_COOKIE, account.cookie)

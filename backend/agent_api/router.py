@@ -13,7 +13,8 @@ from fastapi.responses import FileResponse
 
 from backend.agents import service as agents
 from backend.agents.schemas import AgentRead, AgentRegister
-from backend.core.deps import AgentAuth, SessionDep, SettingsDep
+from backend.auth.dependencies import AgentAuth
+from backend.core.dependencies import SessionDep, SettingsDep
 from backend.projects import service as projects
 from backend.tasks import fate, reports
 from backend.tasks import service as tasks

@@ -3,7 +3,8 @@ from fastapi import APIRouter, Response
 from backend.agents import service
 from backend.agents.models import Agent
 from backend.agents.schemas import AgentRead, AgentUpdate
-from backend.core.deps import AdminWrites, SessionDep
+from backend.auth.dependencies import AdminWrites
+from backend.core.dependencies import SessionDep
 from backend.core.pagination import Page, paginated
 
 # Every user sees the agents; only admins change them.

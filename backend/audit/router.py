@@ -7,7 +7,8 @@ from fastapi import APIRouter, Depends, Query, Response
 from backend.audit import service
 from backend.audit.models import AuditEvent
 from backend.audit.schemas import AuditEventRead, AuditFilter
-from backend.core.deps import SessionDep, require_admin
+from backend.auth.dependencies import require_admin
+from backend.core.dependencies import SessionDep
 from backend.core.pagination import TOTAL_HEADER, Page
 
 router = APIRouter(prefix="/audit", tags=["audit"], dependencies=[Depends(require_admin)])

@@ -7,6 +7,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials
 
 from backend.auth import service, tokens
+from backend.auth.dependencies import AdminUser, CallerCredential, CurrentUser, bearer_scheme
 from backend.auth.models import ApiToken, User
 from backend.auth.schemas import (
     LoginRequest,
@@ -19,13 +20,7 @@ from backend.auth.schemas import (
     UserUpdate,
 )
 from backend.auth.throttle import client_address
-from backend.core.deps import (
-    AdminUser,
-    CallerCredential,
-    CurrentUser,
-    SessionDep,
-    bearer_scheme,
-)
+from backend.core.dependencies import SessionDep
 from backend.core.errors import ErrorResponse
 from backend.core.pagination import Page, paginated
 

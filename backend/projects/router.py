@@ -4,11 +4,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Form, Query, Response, UploadFile, status
 
-from backend.auth import access
-from backend.core.deps import CurrentUser, SessionDep, SettingsDep, UserAuth
+from backend.auth.dependencies import CurrentUser, UserAuth
+from backend.core.dependencies import SessionDep, SettingsDep
 from backend.core.errors import ErrorResponse
 from backend.core.pagination import TOTAL_HEADER, Page, paginated
-from backend.projects import service
+from backend.projects import access, service
 from backend.projects.models import Project
 from backend.projects.schemas import (
     SHARED_MESSAGE,

@@ -1,6 +1,7 @@
 from fastapi import APIRouter, Response, status
 
-from backend.core.deps import AdminWrites, SessionDep
+from backend.auth.dependencies import AdminWrites
+from backend.core.dependencies import SessionDep
 from backend.core.pagination import Page, paginated
 from backend.resource_groups import service
 from backend.resource_groups.schemas import (

@@ -22,7 +22,6 @@ from sqlalchemy.orm import Session
 
 from backend.core.db import utcnow
 from backend.core.errors import Conflict
-from backend.scheduler.models import TaskDependency
 from backend.tasks.models import (
     ACTIVE,
     Allocation,
@@ -30,6 +29,7 @@ from backend.tasks.models import (
     SubTask,
     SubTaskStatus,
     Task,
+    TaskDependency,
     TaskEvent,
     TaskStatus,
 )

@@ -1,4 +1,5 @@
-"""Tasks, their lifecycle events, allocations (nodes), logs, metrics and checkpoints."""
+"""Tasks, their dependencies, lifecycle events, allocations (nodes), logs, metrics and
+checkpoints."""
 
 import enum
 from datetime import datetime
@@ -100,6 +101,19 @@ class Task(Base):
     attempt: Mapped[int] = mapped_column(default=1, server_default="1")
     max_restarts: Mapped[int] = mapped_column(default=2, server_default="2")
     waiting: Mapped[bool] = mapped_column(default=False, server_default=text("false"))
+
+
+class TaskDependency(Base):
+    """`task_id` waits for `depends_on_id` to succeed (and fails if it does not)."""
+
+    __tablename__ = "task_dependency"
+
+    task_id: Mapped[int] = mapped_column(
+        ForeignKey("task.id", ondelete="CASCADE"), primary_key=True
+    )
+    depends_on_id: Mapped[int] = mapped_column(
+        ForeignKey("task.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
 
 
 class TaskEvent(Base):

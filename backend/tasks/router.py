@@ -13,11 +13,12 @@ from fastapi import APIRouter, Depends, Header, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, StreamingResponse
 
-from backend.auth import access
+from backend.auth.dependencies import CurrentUser, UserAuth
 from backend.core.db import get_sessionmaker
-from backend.core.deps import CurrentUser, SessionDep, UserAuth
+from backend.core.dependencies import SessionDep
 from backend.core.pagination import TOTAL_HEADER, Page, PageParams, paginated
-from backend.tasks import service
+from backend.projects import access as project_access
+from backend.tasks import access, service
 from backend.tasks.models import Task, TaskStatus
 from backend.tasks.schemas import (
     AllocationRead,
@@ -58,7 +59,7 @@ def list_tasks(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> list[Task]:
     """Tasks of the projects the caller may see, newest first."""
-    ids = access.visible_project_ids(session, user=user)
+    ids = project_access.visible_project_ids(session, user=user)
     response.headers[TOTAL_HEADER] = str(service.count_tasks(
         session, project_id=project_id, status=status, project_ids=ids))
     return list(service.list_tasks(session, project_id=project_id, status=status,
@@ -89,7 +90,7 @@ def cancel_task(task: TaskDep, session: SessionDep) -> Task:
 def retry_task(task: TaskDep, session: SessionDep, user: CurrentUser) -> Task:
     """Submit a copy of an ended task (same code version and spec) as a new task.
     409 if the task has not ended or its project is archived."""
-    access.writable_project(session, user=user, project_id=task.project_id)
+    project_access.writable_project(session, user=user, project_id=task.project_id)
     return service.retry(session, task=task)
 
 

@@ -8,8 +8,7 @@ from sqlalchemy.orm import Session
 from backend.core.errors import Conflict, Invalid, NotFound
 from backend.projects import service as projects
 from backend.resource_groups.models import ResourceGroup
-from backend.scheduler import dependencies, requests
-from backend.tasks import lifecycle
+from backend.tasks import depends_on, lifecycle, requests
 from backend.tasks.models import (
     Allocation,
     Checkpoint,
@@ -59,14 +58,14 @@ def submit(session: Session, *, data: TaskCreate) -> Task:
         "seed": data.seed, "groups": groups, "request": request, **data.engine_options(),
         "limits": data.limits().model_dump(),
     })
-    deps = dependencies.check(session, project_id=project.id, depends_on=data.depends_on)
+    deps = depends_on.check(session, project_id=project.id, depends_on=data.depends_on)
     task = Task(project_id=project.id, code_version_id=version.id,
                 name=data.name or f"{project.name} v{version.version}", priority=data.priority,
                 max_restarts=data.max_restarts)
     write_spec(task, spec)
     session.add(task)
     session.flush()
-    dependencies.record(session, task=task, deps=deps)
+    depends_on.record(session, task=task, deps=deps)
     lifecycle.record_creation(session, task)
     session.commit()
     return task
@@ -148,9 +147,9 @@ def update(session: Session, *, task: Task, data: TaskUpdate) -> Task:
     if data.priority is not None:
         task.priority = data.priority
     if data.depends_on is not None:
-        deps = dependencies.check(session, project_id=task.project_id,
-                                  depends_on=data.depends_on, task_id=task.id)
-        dependencies.record(session, task=task, deps=deps)
+        deps = depends_on.check(session, project_id=task.project_id,
+                                depends_on=data.depends_on, task_id=task.id)
+        depends_on.record(session, task=task, deps=deps)
     session.commit()
     return task
 

@@ -9,10 +9,11 @@ from fastapi.responses import Response
 
 from backend.auth import security, tokens
 from backend.auth import service as users
+from backend.auth.dependencies import SESSION_COOKIE, CsrfCheck, WebUser
 from backend.auth.models import User
 from backend.auth.throttle import client_address
 from backend.core.config import get_settings
-from backend.core.deps import SESSION_COOKIE, CsrfCheck, SessionDep, WebUser
+from backend.core.dependencies import SessionDep
 from backend.core.errors import Forbidden
 from backend.web import account_forms as forms
 from backend.web.account_forms import LoginForm, PasswordForm, TokenForm, UserEditForm, UserForm

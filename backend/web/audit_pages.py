@@ -11,7 +11,8 @@ from backend.audit import service as audit
 from backend.audit.models import AuditOutcome
 from backend.audit.schemas import AuditFilter
 from backend.auth import service as users
-from backend.core.deps import SessionDep, WebUser
+from backend.auth.dependencies import WebUser
+from backend.core.dependencies import SessionDep
 from backend.core.errors import Forbidden
 from backend.web.forms import FieldErrors, validation_errors
 from backend.web.templating import render

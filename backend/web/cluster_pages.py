@@ -10,8 +10,9 @@ from pydantic import BaseModel, ValidationError
 
 from backend.agents import service as agents
 from backend.agents.schemas import AgentUpdate
+from backend.auth.dependencies import CsrfCheck, WebUser
 from backend.auth.models import User
-from backend.core.deps import CsrfCheck, SessionDep, WebUser
+from backend.core.dependencies import SessionDep
 from backend.core.errors import Forbidden, ServiceError
 from backend.resource_groups import service as groups
 from backend.resource_groups.schemas import ResourceGroupCreate, ResourceGroupUpdate

@@ -7,10 +7,11 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from backend.auth import access
+from backend.auth.dependencies import CsrfCheck, WebUser
 from backend.auth.models import User
-from backend.core.deps import CsrfCheck, SessionDep, SettingsDep, WebUser
+from backend.core.dependencies import SessionDep, SettingsDep
 from backend.core.errors import Invalid
+from backend.projects import access as project_access
 from backend.projects import service as projects
 from backend.projects.models import Project
 from backend.projects.schemas import SHARED_MESSAGE, MemberAdd
@@ -52,14 +53,14 @@ def create_project(request: Request, session: SessionDep, user: WebUser,
 def project_detail(request: Request, project_id: int, session: SessionDep, user: WebUser
                    ) -> Response:
     """A project's code versions, members and tasks, and the task submission form."""
-    project = access.readable_project(session, user=user, project_id=project_id)
+    project = project_access.readable_project(session, user=user, project_id=project_id)
     return _project_page(request, session, user, project)
 
 
 @router.post("/projects/{project_id}/edit", dependencies=[CsrfCheck])
 def edit_project(request: Request, project_id: int, session: SessionDep, user: WebUser,
                  form: Annotated[ProjectForm, Form()]) -> Response:
-    project = access.managed_project(session, user=user, project_id=project_id)
+    project = project_access.managed_project(session, user=user, project_id=project_id)
     errors = forms.update_project(session, project, form)
     if errors:
         return _project_page(request, session, user, project, edit_form=form,
@@ -71,7 +72,7 @@ def edit_project(request: Request, project_id: int, session: SessionDep, user: W
 def archive_project(project_id: int, session: SessionDep, user: WebUser,
                     archived: Annotated[str, Form()] = "true") -> Response:
     """Archive (read-only) or unarchive the project; `archived` is `true` or `false`."""
-    project = access.managed_project(session, user=user, project_id=project_id)
+    project = project_access.managed_project(session, user=user, project_id=project_id)
     if archived not in ("true", "false"):
         raise Invalid("archived: choose true or false", field="archived")
     projects.set_archived(session, project=project, archived=archived == "true")
@@ -84,7 +85,7 @@ def add_member(request: Request, project_id: int, session: SessionDep, user: Web
                email: Annotated[str, Form()] = "") -> Response:
     """Share the project with the account that has this email; the answer does not tell
     whether one has (no email enumeration)."""
-    project = access.managed_project(session, user=user, project_id=project_id)
+    project = project_access.managed_project(session, user=user, project_id=project_id)
     try:
         data = MemberAdd(email=email.strip())
     except ValidationError as exc:
@@ -98,7 +99,7 @@ def add_member(request: Request, project_id: int, session: SessionDep, user: Web
 @router.post("/projects/{project_id}/members/{user_id}/remove", dependencies=[CsrfCheck])
 def remove_member(project_id: int, user_id: int, session: SessionDep, user: WebUser
                   ) -> Response:
-    project = access.managed_project(session, user=user, project_id=project_id)
+    project = project_access.managed_project(session, user=user, project_id=project_id)
     projects.remove_member(session, project=project, user_id=user_id)
     return redirect(f"/projects/{project.id}", flash="Member removed.")
 
@@ -107,7 +108,7 @@ def remove_member(project_id: int, user_id: int, session: SessionDep, user: WebU
 def add_example_version(request: Request, project_id: int, session: SessionDep, user: WebUser,
                         example: Annotated[str, Form()] = "") -> Response:
     """Add a bundled example as the project's next code version."""
-    project = access.writable_project(session, user=user, project_id=project_id)
+    project = project_access.writable_project(session, user=user, project_id=project_id)
     version, errors = forms.add_example_version(session, project, example)
     if version is None:
         return _project_page(request, session, user, project, errors=errors, example=example,
@@ -123,7 +124,7 @@ def upload_version(
     entrypoint: Annotated[str, Form()] = "",
 ) -> Response:
     """Upload a `.py` module or an archive as the project's next code version."""
-    project = access.writable_project(session, user=user, project_id=project_id)
+    project = project_access.writable_project(session, user=user, project_id=project_id)
     version, errors, status = forms.add_uploaded_version(session, settings, project, file,
                                                          entrypoint)
     if version is None:
@@ -137,7 +138,7 @@ def upload_version(
 def submit(request: Request, project_id: int, session: SessionDep, user: WebUser,
            form: Annotated[TaskForm, Form()]) -> Response:
     """Queue a task from the submission form and open its page; refusals show inline."""
-    project = access.writable_project(session, user=user, project_id=project_id)
+    project = project_access.writable_project(session, user=user, project_id=project_id)
     task, errors = submit_task(session, project, form)
     if task is None:
         return _project_page(request, session, user, project, form=form, errors=errors,

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from backend.core.deps import LoginRequired
+from backend.auth.dependencies import LoginRequired
 from backend.core.errors import ServiceError
 from backend.core.http import security_headers
 from backend.web import account_pages, audit_pages, cluster_pages, project_pages, task_pages

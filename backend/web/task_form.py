@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.fields import FieldInfo
 from sqlalchemy.orm import Session
 
-from backend.core.deps import CSRF_FIELD
+from backend.auth.dependencies import CSRF_FIELD
 from backend.core.errors import ServiceError
 from backend.projects import service as projects
 from backend.projects.models import Project

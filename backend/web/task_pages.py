@@ -3,9 +3,11 @@
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from backend.auth import access
-from backend.core.deps import CsrfCheck, SessionDep, WebUser
+from backend.auth.dependencies import CsrfCheck, WebUser
+from backend.core.dependencies import SessionDep
 from backend.core.errors import ServiceError
+from backend.projects import access as project_access
+from backend.tasks import access as task_access
 from backend.tasks import service as tasks
 from backend.web import views
 from backend.web.templating import redirect, render
@@ -23,7 +25,7 @@ def task_list(request: Request, session: SessionDep, user: WebUser) -> Response:
 def task_detail(request: Request, task_id: int, session: SessionDep, user: WebUser
                 ) -> Response:
     """A task: status, timeline, nodes, metrics charts, live logs, checkpoints."""
-    task = access.readable_task(session, user=user, task_id=task_id)
+    task = task_access.readable_task(session, user=user, task_id=task_id)
     return render(request, "task.html", views.task_page(session, user, task))
 
 
@@ -31,7 +33,7 @@ def task_detail(request: Request, task_id: int, session: SessionDep, user: WebUs
 def cancel_task(request: Request, task_id: int, session: SessionDep, user: WebUser
                 ) -> Response:
     """Cancel the task and return to its page; a task that has ended says so in a flash."""
-    task = access.readable_task(session, user=user, task_id=task_id)
+    task = task_access.readable_task(session, user=user, task_id=task_id)
     try:
         tasks.cancel(session, task=task)
     except ServiceError as exc:
@@ -44,9 +46,9 @@ def cancel_task(request: Request, task_id: int, session: SessionDep, user: WebUs
 def retry_task(request: Request, task_id: int, session: SessionDep, user: WebUser
                ) -> Response:
     """Submit a copy of the ended task and open the new one."""
-    task = access.readable_task(session, user=user, task_id=task_id)
+    task = task_access.readable_task(session, user=user, task_id=task_id)
     try:
-        access.writable_project(session, user=user, project_id=task.project_id)
+        project_access.writable_project(session, user=user, project_id=task.project_id)
         copy = tasks.retry(session, task=task)
     except ServiceError as exc:
         session.rollback()

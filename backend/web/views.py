@@ -1,6 +1,7 @@
 """What the task and project pages show, gathered through the domain services (no queries here).
 
-Every page shows only what its user may see (`backend.auth.access`).
+Every page shows only what its user may see (the rules: `backend/projects/access.py`,
+`backend/tasks/access.py`; the policy: docs/architecture.md, Access).
 """
 
 import math
@@ -8,9 +9,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from backend.auth import access
 from backend.auth.models import User
 from backend.core.db import utcnow
+from backend.projects import access as project_access
 from backend.projects import service as projects
 from backend.projects.code import list_examples
 from backend.projects.models import Project
@@ -29,7 +30,7 @@ PROJECT_LIMIT = 500
 
 def tasks_page(session: Session, user: User) -> dict[str, Any]:
     """The newest tasks the user may see, with the name of each one's project."""
-    ids = access.visible_project_ids(session, user=user)
+    ids = project_access.visible_project_ids(session, user=user)
     names = {p.id: p.name for p in projects.list_all(session, limit=PROJECT_LIMIT,
                                                      project_ids=ids)}
     return {
@@ -44,7 +45,7 @@ def projects_page(
     errors: FieldErrors | None = None, show_archived: bool = False,
 ) -> dict[str, Any]:
     """The user's projects (archived ones on request), and the create-project form."""
-    ids = access.visible_project_ids(session, user=user)
+    ids = project_access.visible_project_ids(session, user=user)
     return {
         "projects": projects.list_all(session, limit=PROJECT_LIMIT, project_ids=ids,
                                       include_archived=show_archived),
@@ -84,7 +85,7 @@ def project_page(
         "project": project, "versions": versions, "examples": list_examples(),
         "example": example, "tasks": project_tasks, "groups": group_rows(session, form),
         "form": form, "errors": errors or {}, "fields": task_fields(),
-        "dependencies": has_dependencies(), "can_manage": access.can_manage(user, project),
+        "dependencies": has_dependencies(), "can_manage": project_access.can_manage(user, project),
         "archived": project.archived_at is not None,
         "members": projects.member_rows(session, project=project),
         "edit_form": ProjectForm(name=project.name, description=project.description),

@@ -45,7 +45,7 @@ def test_upgrade_downgrade_upgrade(empty_url: str) -> None:
 def test_models_match_the_migrations(empty_url: str) -> None:
     upgrade(empty_url)
     engine = make_engine(empty_url)
-    import backend.core.models  # noqa: F401  (registers every table)
+    import backend.models  # noqa: F401  (registers every table)
 
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})

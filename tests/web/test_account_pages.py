@@ -4,7 +4,7 @@ import re
 
 from fastapi.testclient import TestClient
 
-from backend.core.deps import SESSION_COOKIE
+from backend.auth.dependencies import SESSION_COOKIE
 from tests.conftest import PASSWORD, add_account, login_as, with_csrf
 from tests.web.dom import parse
 

@@ -1,12 +1,6 @@
-"""Who may see and change what. One place for the rules, used by REST and the portal.
-
-- An admin sees and changes everything.
-- A project's owner and its members see the project, its code versions, tasks,
-  logs, metrics and checkpoints, add code and submit and cancel tasks.
-- Only the owner (or an admin) edits, archives and shares the project.
-- Anyone else is told the project or task does not exist (404), so that ids of
-  other users' work reveal nothing.
-"""
+"""Who may see and change a project and its code versions (the policy: docs/architecture.md,
+Access). One place for these rules, used by REST and the portal; the task rules build on
+them (`backend/tasks/access.py`)."""
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -14,8 +8,6 @@ from sqlalchemy.orm import Session
 from backend.auth.models import User
 from backend.core.errors import Conflict, Forbidden, NotFound
 from backend.projects.models import CodeVersion, Project, ProjectMember
-from backend.tasks.models import Task
-from backend.tasks.schemas import TaskCreate
 
 
 def is_member(session: Session, *, user: User, project: Project) -> bool:
@@ -80,15 +72,6 @@ def managed_project(session: Session, *, user: User, project_id: int) -> Project
     return project
 
 
-def readable_task(session: Session, *, user: User, task_id: int) -> Task:
-    """The task, if `user` may see its project. Raises NotFound otherwise."""
-    task = session.get(Task, task_id)
-    if task is None or not can_read(session, user=user,
-                                    project=session.get_one(Project, task.project_id)):
-        raise NotFound(f"task {task_id} does not exist", field="task_id")
-    return task
-
-
 def readable_version(session: Session, *, user: User, version_id: int) -> CodeVersion:
     """The code version, if `user` may see its project. Raises NotFound otherwise."""
     version = session.get(CodeVersion, version_id)
@@ -96,29 +79,3 @@ def readable_version(session: Session, *, user: User, version_id: int) -> CodeVe
                                        project=session.get_one(Project, version.project_id)):
         raise NotFound(f"code version {version_id} does not exist", field="code_version_id")
     return version
-
-
-def check_submission(session: Session, *, user: User, data: TaskCreate) -> None:
-    """The caller may add tasks to the project and see its code version and dependencies.
-
-    Raises:
-        NotFound: the project, code version or a dependency is not visible to `user`.
-        Conflict: the project is archived.
-    """
-    writable_project(session, user=user, project_id=data.project_id)
-    readable_version(session, user=user, version_id=data.code_version_id)
-    check_dependencies(session, user=user, depends_on=getattr(data, "depends_on", None) or [])
-
-
-def check_dependencies(session: Session, *, user: User, depends_on: list[int]) -> None:
-    """Every task of `depends_on` is one `user` may see; another user's unshared task gets
-    the very answer a task that does not exist gets, so its state stays unknown.
-
-    Raises:
-        NotFound: `depends_on.<index>` is not visible to `user`.
-    """
-    for index, task_id in enumerate(depends_on):
-        try:
-            readable_task(session, user=user, task_id=task_id)
-        except NotFound as exc:
-            raise NotFound(exc.message, field=f"depends_on.{index}") from exc

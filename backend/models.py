@@ -1,11 +1,11 @@
-"""Every table, imported in one place for Alembic and the app."""
+"""Every table, imported in one place for Alembic (`migrations/env.py`) and the migration
+drift test: each domain keeps its own models; this module, outside `core/`, gathers them."""
 
 from backend.agents.models import Agent
 from backend.audit.models import AuditEvent
 from backend.auth.models import ApiToken, User, WebSession
 from backend.projects.models import CodeVersion, Project, ProjectMember
 from backend.resource_groups.models import ResourceGroup
-from backend.scheduler.models import TaskDependency
 from backend.tasks.models import (
     Allocation,
     Checkpoint,
@@ -13,6 +13,7 @@ from backend.tasks.models import (
     Metric,
     SubTask,
     Task,
+    TaskDependency,
     TaskEvent,
 )
 

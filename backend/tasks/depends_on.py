@@ -1,4 +1,5 @@
-"""Checks of a task's `depends_on`: tasks that exist, of the same owner, no cycle."""
+"""Checks of a task's `depends_on` at submission and update: tasks that exist, of the same
+owner, no cycle; and recording the edges (`TaskDependency`) the lifecycle settles."""
 
 from collections.abc import Iterable
 
@@ -7,8 +8,7 @@ from sqlalchemy.orm import Session
 
 from backend.core.errors import Invalid
 from backend.projects.models import Project
-from backend.scheduler.models import TaskDependency
-from backend.tasks.models import Task, TaskStatus
+from backend.tasks.models import Task, TaskDependency, TaskStatus
 from backend.tasks.spec import read_spec, write_spec
 
 BAD_END = (TaskStatus.FAILED, TaskStatus.CANCELLED)

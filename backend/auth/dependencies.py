@@ -1,10 +1,13 @@
-"""Typed FastAPI dependency aliases shared by the routers: database, settings, who is calling.
+"""Who is calling: typed FastAPI dependencies for users, portal sessions and agents.
 
 REST callers authenticate with a personal API token (`Authorization: Bearer pt_...`)
 or, from the portal's own scripts, with the session cookie; a cookie-authenticated
 request that changes something must also carry the session's CSRF token in the
 `X-CSRF-Token` header. Portal pages use the session cookie and a `csrf_token`
 form field. Agents use the shared agent token on /internal/v1 only.
+
+What a known caller may see and change is decided next to each domain
+(`backend/projects/access.py`, `backend/tasks/access.py`; docs/architecture.md, Access).
 """
 
 from typing import Annotated
@@ -16,12 +19,8 @@ from sqlalchemy.orm import Session
 from backend.auth import tokens
 from backend.auth.models import User, WebSession
 from backend.auth.security import same
-from backend.core.config import Settings, get_settings
-from backend.core.db import get_session
+from backend.core.dependencies import SessionDep, SettingsDep
 from backend.core.errors import Forbidden, Unauthorized
-
-SessionDep = Annotated[Session, Depends(get_session)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 SESSION_COOKIE = "polytrain_session"
 CSRF_HEADER = "X-CSRF-Token"

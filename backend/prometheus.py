@@ -1,7 +1,8 @@
 """Prometheus metrics at `/metrics`, read from the database at each scrape.
 
 Gauges, not counters kept in memory: several API processes then report the
-same numbers, and a restart loses nothing.
+same numbers, and a restart loses nothing. It reads several domains (tasks, agents,
+resource groups), so it sits beside them at the package top, not in `core/`.
 """
 
 from collections import defaultdict
