@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install sandbox demo up test lint bench clean
+.PHONY: install sandbox demo up test lint format bench clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (set PY=...)"; exit 1; }
@@ -35,9 +35,16 @@ test: install
 	scripts/test_setup.sh
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
+# CI runs this before the tests (.ci/run); `make format` applies what `ruff format --check` asks.
+LINTED := backend worker contracts polytrain examples tests bench scripts migrations
 lint: install
-	$(BIN)/ruff check backend worker contracts polytrain examples tests
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy backend worker contracts polytrain
+
+format: install
+	$(BIN)/ruff format $(LINTED)
+	$(BIN)/ruff check --fix $(LINTED)
 
 # Benchmarks (docs/benchmarks.md): one JSON line each, about 10 minutes on this 2-core host (2026-11-25).
 bench: install

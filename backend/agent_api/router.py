@@ -12,12 +12,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
 from backend.agents import service as agents
+from backend.agents.models import Agent
 from backend.agents.schemas import AgentRead, AgentRegister
 from backend.auth.dependencies import AgentAuth
 from backend.core.dependencies import SessionDep, SettingsDep
 from backend.projects import service as projects
 from backend.tasks import fate, reports
 from backend.tasks import service as tasks
+from backend.tasks.models import Checkpoint
 from backend.tasks.schemas import CheckpointRead
 from contracts.agent_api import (
     CHECKPOINT_NAME_PATTERN,
@@ -36,13 +38,13 @@ router = APIRouter(prefix="/internal/v1", tags=["internal (agents)"], dependenci
 
 
 @router.post("/agents/register", response_model=AgentRead)
-def register_agent(data: AgentRegister, session: SessionDep, settings: SettingsDep):
+def register_agent(data: AgentRegister, session: SessionDep, settings: SettingsDep) -> Agent:
     """Register an agent; 409 (field `name`) while a live agent of another instance holds it."""
     return agents.register(session, data=data, live_within_s=settings.heartbeat_timeout_s)
 
 
 @router.post("/agents/{agent_id}/heartbeat", response_model=AgentRead)
-def heartbeat(agent_id: int, session: SessionDep, data: Heartbeat | None = None):
+def heartbeat(agent_id: int, session: SessionDep, data: Heartbeat | None = None) -> Agent:
     """The agent is alive, and so are the listed ranks' processes."""
     agent = agents.get(session, agent_id=agent_id)
     if data:
@@ -119,12 +121,12 @@ async def upload_checkpoint(
                                description="file name; letters, digits, `._-`, no leading dot")],
     epoch: Annotated[int, Query(ge=0)], step: Annotated[int, Query(ge=0)],
     attempt: Annotated[int, Query(ge=1)] = 1,
-):
+) -> Checkpoint:
     """Store a checkpoint file sent as the raw request body (409 if the name is taken by
     other content in this attempt; the same upload again returns the stored one)."""
     body = await request.body()
 
-    def store():  # database and disk work stay off the event loop
+    def store() -> Checkpoint:  # database and disk work stay off the event loop
         task = tasks.get(session, task_id=task_id)
         return reports.save_checkpoint(session, task=task, directory=settings.checkpoint_dir,
                                        name=name, epoch=epoch, step=step, body=body,

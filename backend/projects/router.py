@@ -9,7 +9,7 @@ from backend.core.dependencies import SessionDep, SettingsDep
 from backend.core.errors import ErrorResponse
 from backend.core.pagination import TOTAL_HEADER, Page, paginated
 from backend.projects import access, service
-from backend.projects.models import Project
+from backend.projects.models import CodeVersion, Project
 from backend.projects.schemas import (
     SHARED_MESSAGE,
     CodeVersionCreate,
@@ -124,7 +124,7 @@ def list_code_versions(project: ProjectDep, session: SessionDep, page: Page,
 @router.post("/{project_id}/code-versions", response_model=CodeVersionRead,
              status_code=status.HTTP_201_CREATED)
 def create_example_version(data: CodeVersionCreate, project: WritableProjectDep,
-                           session: SessionDep):
+                           session: SessionDep) -> CodeVersion:
     """A new code version from a bundled example (`examples/NAME.py`)."""
     return service.add_example_version(session, project=project, example=data.example)
 
@@ -140,7 +140,7 @@ def upload_version(
     entrypoint: Annotated[str | None, Form(max_length=300, examples=["train.py"], description=(
         "for an archive: the module with the contract's functions (default train.py, main.py "
         "or the only .py file)"))] = None,
-):
+) -> CodeVersion:
     """Upload a `.py` training module, or a `.zip`/`.tar.gz` archive with an entrypoint
     module; each upload is a new immutable version, checked against the contract first."""
     content = file.file.read(settings.max_upload_bytes + 1)
