@@ -103,8 +103,15 @@ def drop_template() -> None:
 
 
 def fresh_broker() -> str:
-    """A Redis database of its own (1-15, by process and count), emptied first."""
+    """A Redis database of its own (1-15, by process and count), emptied first.
+
+    Under pytest-xdist each worker draws from its own slice of 1-15, so one worker never
+    empties a database another is using."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+    per_worker = 15 // workers
+    slot = (os.getpid() + next(_counter)) % per_worker
     parts = urlsplit(os.environ[BROKER_ENV])
-    url = urlunsplit(parts._replace(path=f"/{1 + (os.getpid() + next(_counter)) % 15}"))
+    url = urlunsplit(parts._replace(path=f"/{1 + index * per_worker + slot}"))
     redis.Redis.from_url(url).flushdb()
     return url

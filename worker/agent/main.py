@@ -58,7 +58,7 @@ def make_celery(settings: AgentSettings, runner: SubTaskRunner) -> Celery:
         worker_cancel_long_running_tasks_on_connection_loss=False,
     )
 
-    @app.task(name=RUN_SUBTASK, ignore_result=True, bind=True)
+    @app.task(name=RUN_SUBTASK, ignore_result=True, bind=True, shared=False)
     def run_sub_task(self: Task, payload: dict[str, Any]) -> str:
         return run_validated(runner, self.request.id, payload)
 

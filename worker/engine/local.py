@@ -91,10 +91,10 @@ def _supervise(
         if _stop_requested(ranks, stop_when):
             ranks.kill_all(grace_s=0.5)
             return False, True
-        if ranks.exited_with_error():
+        if ranks.exited_with_error(read_timeout_s=0.0):
             deadline = min(deadline, time.monotonic() + fail_grace_s)
         if time.monotonic() > deadline:
-            timed_out = not ranks.exited_with_error()
+            timed_out = not ranks.exited_with_error(read_timeout_s=0.0)
             ranks.kill_all(grace_s=3.0)
             return timed_out, False
         time.sleep(0.05)

@@ -103,6 +103,7 @@ class RankProcess:
     rank: int
     popen: subprocess.Popen[str]
     tail: list[str] = field(default_factory=list)
+    reader: threading.Thread | None = None  # reads `popen.stdout` into `tail` (RankSet)
 
     @property
     def node(self) -> str:
@@ -137,9 +138,9 @@ class RankSet:
     def add(self, rank: int, popen: subprocess.Popen[str]) -> RankProcess:
         proc = RankProcess(rank, popen)
         self.procs.append(proc)
-        reader = threading.Thread(target=self._pump, args=(proc,), daemon=True)
-        reader.start()
-        self._readers.append(reader)
+        proc.reader = threading.Thread(target=self._pump, args=(proc,), daemon=True)
+        proc.reader.start()
+        self._readers.append(proc.reader)
         return proc
 
     def _pump(self, proc: RankProcess) -> None:
@@ -155,9 +156,15 @@ class RankSet:
     def alive_ranks(self) -> list[int]:
         return [p.rank for p in self.procs if p.popen.poll() is None]
 
-    def exited_with_error(self) -> list[RankProcess]:
-        """The processes that have exited with a non-zero code, in start order."""
-        return [p for p in self.procs if p.popen.poll() not in (None, 0)]
+    def exited_with_error(self, read_timeout_s: float = 5.0) -> list[RankProcess]:
+        """The processes that have exited with a non-zero code, in start order, each with its
+        output read to the end (up to `read_timeout_s` each): a process can exit before its
+        reader has taken its last lines, the ones that say why it failed."""
+        failed = [p for p in self.procs if p.popen.poll() not in (None, 0)]
+        for proc in failed:
+            if proc.reader is not None:
+                proc.reader.join(timeout=read_timeout_s)
+        return failed
 
     def all_succeeded(self) -> bool:
         return all(p.popen.poll() == 0 for p in self.procs)
