@@ -12,7 +12,7 @@ Target <= 0.5.
 The two runs see the samples in different orders (the distributed one draws
 each step's batch from the workers' shards), so the difference is the
 run-to-run variation of training, not a numerical error: step for step the
-engine is exact (tests/worker/test_equivalence.py).
+engine is exact (tests/worker/engine/test_equivalence.py).
 
     python -m bench.accuracy_parity [--epochs 10] [--batch 64] [--seeds 2]
 """

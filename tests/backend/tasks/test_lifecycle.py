@@ -1,0 +1,83 @@
+"""The lifecycle is the one place a status changes: the booking's QUEUED -> SCHEDULED is its
+change, sub-tasks move by its rules, and its after-commit waker is how the scheduler wakes."""
+
+import ast
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backend.core.errors import Conflict
+from backend.scheduler.service import schedule_next
+from backend.tasks import lifecycle
+from backend.tasks import service as tasks
+from backend.tasks.models import SubTask, SubTaskStatus, TaskEvent, TaskStatus
+from tests.backend.scheduling import group, submit, version
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_a_change_the_lifecycle_does_not_allow_is_refused_naming_both_statuses() -> None:
+    with pytest.raises(Conflict, match="task 7 is SUCCEEDED; it cannot become RUNNING"):
+        lifecycle.change(7, TaskStatus.SUCCEEDED, TaskStatus.RUNNING, "late claim")
+    scheduled = lifecycle.change(7, TaskStatus.QUEUED, TaskStatus.SCHEDULED, "placed")
+    assert not scheduled.has_side_effects
+    assert lifecycle.change(7, TaskStatus.RUNNING, TaskStatus.FAILED, "x").releases
+
+
+def test_the_booked_event_is_the_lifecycle_change(session: Session) -> None:
+    group(session, "cpu-a", 2)
+    task = submit(session, version(session), [{"name": "cpu-a", "workers": 2}])
+    assert schedule_next(session) == task.id
+    event = session.scalars(select(TaskEvent).where(
+        TaskEvent.task_id == task.id, TaskEvent.to_status == TaskStatus.SCHEDULED)).one()
+    assert (event.from_status, event.kind.value) == (TaskStatus.QUEUED, "status")
+    assert event.reason == "attempt 1: allocated parameter server and 2 workers: cpu-a×2"
+    session.refresh(task)
+    assert (task.status, task.status_reason) == (TaskStatus.SCHEDULED, event.reason)
+
+
+def test_a_sub_task_moves_only_forward(session: Session) -> None:
+    group(session, "cpu-a", 1)
+    task = submit(session, version(session), [{"name": "cpu-a", "workers": 1}])
+    schedule_next(session)
+    sub = session.scalars(select(SubTask).where(SubTask.task_id == task.id)).one()
+    lifecycle.move_sub_task(sub, SubTaskStatus.RUNNING)
+    lifecycle.move_sub_task(sub, SubTaskStatus.SUCCEEDED, detail="x" * 5000)
+    assert len(sub.detail) == 4000
+    with pytest.raises(Conflict, match="is SUCCEEDED; it cannot become RUNNING"):
+        lifecycle.move_sub_task(sub, SubTaskStatus.RUNNING)
+    assert set(lifecycle.ABORTABLE) == {SubTaskStatus.PENDING, SubTaskStatus.RUNNING}
+
+
+def test_submitting_cancelling_and_retrying_wake_the_scheduler_once_each(
+        session: Session) -> None:
+    group(session, "cpu-a", 1)
+    woken: list[int] = []
+    lifecycle.add_waker(lambda: woken.append(1))
+    try:
+        task = submit(session, version(session), [{"name": "cpu-a", "workers": 1}])
+        assert len(woken) == 1
+        tasks.cancel(session, task=task)
+        assert len(woken) == 2
+        tasks.retry(session, task=task)
+        assert len(woken) == 3
+    finally:
+        lifecycle._wakers.clear()
+
+
+def _calls(path: Path, names: set[str]) -> bool:
+    tree = ast.parse(path.read_text(), str(path))
+    return any(isinstance(node, ast.Attribute) and node.attr in names
+               or isinstance(node, ast.Name) and node.id in names for node in ast.walk(tree))
+
+
+def test_only_dispatch_publishes_and_only_the_lifecycle_wakes_the_scheduler() -> None:
+    backend = sorted((REPO / "backend").rglob("*.py"))
+    publishers = [str(p.relative_to(REPO)) for p in backend
+                  if _calls(p, {"send_task", "apply_async"})]
+    assert publishers == ["backend/scheduler/dispatch.py"]
+    wakers = [str(p.relative_to(REPO)) for p in backend if _calls(p, {"wake"})]
+    # loop.py registers its `wake` with the lifecycle, which calls it after a commit.
+    assert wakers == ["backend/scheduler/loop.py", "backend/tasks/lifecycle.py"]

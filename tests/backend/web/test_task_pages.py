@@ -1,0 +1,163 @@
+"""Task submission from the project page, the task page and cancelling from it."""
+
+from fastapi.testclient import TestClient
+
+from backend.tasks.models import Task
+from tests.backend.web.dom import Node, parse
+from tests.conftest import make_group, make_project, with_csrf
+
+
+def _form(version: dict, workers: dict[str, str], **fields: str) -> dict:
+    data = {
+        "code_version_id": str(version["id"]),
+        "epochs": "3",
+        "global_batch_size": "64",
+        "seed": "0",
+        "priority": "0",
+        "split_policy": "even",
+        "name": "",
+        "group": list(workers),
+        "workers": list(workers.values()),
+    }
+    data.update(fields)
+    return data
+
+
+def _row_of(page: Node, group: str) -> Node:
+    return page.find("tr", data_group=group)
+
+
+def _submit(client: TestClient, workers: dict[str, str], **fields: str):
+    project, version = make_project(client)
+    url = f"/projects/{project['id']}/tasks"
+    return client.post(
+        url, data=with_csrf(client, _form(version, workers, **fields)), follow_redirects=False
+    )
+
+
+def test_too_many_workers_is_shown_next_to_that_groups_field(client: TestClient) -> None:
+    make_group(client, "cpu-a", capacity=2)
+    make_group(client, "cpu-b", capacity=1)
+    response = _submit(client, {"cpu-a": "1", "cpu-b": "3"}, epochs="7")
+    assert response.status_code == 422
+    page = parse(response.text)
+    row = _row_of(page, "cpu-b")
+    assert "has 1 worker(s); 3 requested" in row.find(data_field="group.cpu-b").text()
+    assert row.find("input", id="workers-cpu-b").attrs["value"] == "3"
+    assert not _row_of(page, "cpu-a").find_all(class_="field-error")
+    assert page.by_id("task-epochs").attrs["value"] == "7"
+    assert client.get("/api/v1/tasks").json() == []
+
+
+def test_invalid_numbers_and_no_group_are_refused_field_by_field(client: TestClient) -> None:
+    make_group(client, "cpu-a", capacity=2)
+    response = _submit(client, {"cpu-a": "0"}, epochs="0", global_batch_size="many")
+    assert response.status_code == 422
+    page = parse(response.text)
+    assert "at least one resource group" in page.find(data_field="resource_groups").text()
+    epochs = page.by_id("task-epochs").parent
+    assert "greater than or equal to 1" in epochs.find(data_field="epochs").text()
+    assert page.by_id("task-global_batch_size").attrs["value"] == "many"
+    assert page.find(data_field="global_batch_size")
+
+
+def test_valid_submission_opens_the_queued_task(client: TestClient) -> None:
+    make_group(client, "cpu-a", capacity=2)
+    make_group(client, "cpu-b", capacity=1)
+    response = _submit(client, {"cpu-a": "2", "cpu-b": "1"}, name="two groups")
+    assert response.status_code == 303
+    task = client.get("/api/v1/tasks").json()[0]
+    assert response.headers["location"] == f"/tasks/{task['id']}"
+    assert [g["workers"] for g in task["spec"]["groups"]] == [2, 1]
+    page = parse(client.get(response.headers["location"]).text)
+    assert page.by_id("task-status").text() == "QUEUED"
+    timeline = page.by_id("timeline").text()
+    assert "QUEUED" in timeline and "submitted" in timeline
+    assert "cpu-a × 2" in page.find("dl", class_="summary").text()
+
+
+def test_unused_group_is_left_out_of_the_task(client: TestClient) -> None:
+    make_group(client, "cpu-a", capacity=2)
+    make_group(client, "cpu-b", capacity=1)
+    assert _submit(client, {"cpu-a": "2", "cpu-b": "0"}).status_code == 303
+    assert [g["name"] for g in client.get("/api/v1/tasks").json()[0]["spec"]["groups"]] == ["cpu-a"]
+
+
+def test_task_page_has_log_view_charts_and_node_filter(client: TestClient) -> None:
+    make_group(client, "cpu-a", capacity=2)
+    location = _submit(client, {"cpu-a": "2"}).headers["location"]
+    page = parse(client.get(location).text)
+    assert page.find("canvas", id="loss-chart") and page.find("canvas", id="accuracy-chart")
+    task_id = location.rsplit("/", 1)[1]
+    log_view = page.by_id("log-view")
+    assert log_view.attrs["data-stream-url"] == f"/api/v1/tasks/{task_id}/logs/stream"
+    nodes = [o.attrs["value"] for o in page.by_id("log-node").find_all("option")]
+    assert nodes == ["", "ps", "rank-1", "rank-2"]
+    assert page.by_id("log-follow").attrs["aria-pressed"] == "true"
+    scripts = [s.attrs.get("src", "") for s in page.find_all("script")]
+    assert any(src.endswith("/static/vendor/chart.umd.js") for src in scripts)
+    assert client.get("/static/vendor/chart.umd.js").status_code == 200
+
+
+def test_cancel_then_cancel_again_shows_the_conflict(client: TestClient) -> None:
+    make_group(client, "cpu-a", capacity=2)
+    location = _submit(client, {"cpu-a": "1"}).headers["location"]
+    assert parse(client.get(location).text).find_all("form", id="cancel-form")
+    cancelled = client.post(f"{location}/cancel", data=with_csrf(client, {}))
+    page = parse(cancelled.text)
+    assert page.by_id("task-status").text() == "CANCELLED"
+    assert "cancelled" in page.find(class_="flash flash-info").text()
+    assert not page.find_all("form", id="cancel-form")
+    again = parse(client.post(f"{location}/cancel", data=with_csrf(client, {})).text)
+    assert "it cannot become CANCELLED" in again.find(class_="flash flash-error").text()
+
+
+def test_task_list_shows_status_and_progress(client: TestClient) -> None:
+    make_group(client, "cpu-a", capacity=2)
+    location = _submit(client, {"cpu-a": "1"}).headers["location"]
+    task_id = location.rsplit("/", 1)[1]
+    page = parse(client.get("/").text)
+    row = page.find("tr", data_task_id=task_id)
+    assert row.find(class_="badge status-queued").text() == "QUEUED"
+    assert row.find(class_="progress-label").text() == "0%"
+    assert row.find("a", href=location)
+    nav = [a.attrs["href"] for a in page.find("nav").find_all("a")]
+    assert nav == ["/", "/projects", "/resource-groups", "/admin/users", "/admin/audit", "/docs"]
+
+
+def test_unknown_task_is_an_html_404(client: TestClient) -> None:
+    response = client.get("/tasks/999")
+    assert response.status_code == 404
+    assert "task 999 does not exist" in response.text
+
+
+def test_task_page_shows_shares_timing_and_the_settings_form(client: TestClient) -> None:
+    make_group(client, "cpu-a", capacity=2)
+    make_group(client, "cpu-b", capacity=1)
+    location = _submit(client, {"cpu-a": "2", "cpu-b": "1"}).headers["location"]
+    page = parse(client.get(location).text)
+    assert page.find("canvas", id="throughput-chart")
+    shares = {r.attrs["data-group"]: [td.text() for td in r.find_all("td")]
+              for r in page.by_id("group-throughput").find_all("tr")
+              if "data-group" in r.attrs}
+    assert shares == {"cpu-a": ["cpu-a", "2", "—", "67%"], "cpu-b": ["cpu-b", "1", "—", "33%"]}
+    assert "hidden" in page.by_id("retry-form").attrs  # a queued task is not retried
+    assert page.by_id("task-timing").text() == ""  # not started: no time left to estimate
+    project_page = parse(client.get("/projects/1").text)
+    for name in ("epochs", "global_batch_size", "split_policy", "priority"):
+        assert project_page.by_id(f"task-{name}")
+    options = [o.attrs["value"] for o in project_page.by_id("task-code-version").find_all("option")]
+    assert "example:mnist_cnn" in options
+
+
+def test_eta_comes_from_progress_and_running_time() -> None:
+    from datetime import timedelta
+
+    from backend.core.db import utcnow
+    from backend.tasks.models import TaskStatus
+    from backend.web.views import timing
+
+    task = Task(spec={}, progress=0.25, status=TaskStatus.RUNNING,
+                started_at=utcnow() - timedelta(seconds=60))
+    estimate = timing(task)
+    assert 59 < estimate["elapsed_s"] < 62 and 179 < estimate["eta_s"] < 184

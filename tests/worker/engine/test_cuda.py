@@ -1,0 +1,34 @@
+"""Real heterogeneity: a CUDA group beside a CPU group (runs only where a GPU is present)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.worker.engine.reference import dumped_batches, reference_run, run_with_dump
+from worker.engine.spec import RunSpec
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+GPU_AND_CPU = [
+    {"name": "gpu", "device_type": "cuda", "workers": 1},
+    {"name": "cpu", "device_type": "cpu", "workers": 1},
+]
+
+
+@pytest.mark.parametrize("strategy", ["sync", "periodic", "quorum"])
+def test_cuda_group_beside_cpu_group(
+    strategy: str, make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    spec = make_spec(
+        groups=GPU_AND_CPU, split_policy="weighted", sync_strategy=strategy, global_batch_size=16
+    )
+    run, finals = run_with_dump(spec, tmp_path / "params")
+    assert "device cuda" in run.text(1)
+    assert all(torch.allclose(finals[r], finals[0]) for r in (1, 2))
+    if strategy == "sync":
+        expected, _ = reference_run(spec, dumped_batches(tmp_path / "params"))
+        torch.testing.assert_close(finals[0], expected, atol=1e-4, rtol=0)

@@ -1,0 +1,129 @@
+"""Interrupted runs resume exactly: killed after a checkpoint, they end with the same parameters.
+
+Each case runs a task uninterrupted, then runs it again, kills every process
+as soon as a given checkpoint is reported, resumes from that checkpoint and
+compares the final parameters (and buffers) of every rank. The model has dropout, so the
+workers' random state must be restored too; the neighbour exchange and the
+weighted split make the split state part of what must be restored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.worker.engine.reference import TIMEOUT_S, run_with_dump
+from worker.engine.local import launch_local
+from worker.engine.spec import RunSpec
+
+# In the interrupted run (HOLD_AFTER set to the checkpoint it stops at), every rank waits in
+# loss_fn from the first call after that checkpoint exists until it is killed: the run cannot
+# finish before the kill lands, however fast the host. Waiting changes no number.
+HOLD_AFTER = "POLYTRAIN_TEST_HOLD_AFTER"
+DROPOUT_MODULE = f"""
+import os
+import time
+from pathlib import Path
+
+from torch import nn
+from examples.tiny_regression import build_datasets, build_optimizer
+from examples.tiny_regression import loss_fn as mean_squared_error
+
+def build_model():
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Dropout(0.2), nn.Linear(16, 1))
+
+def loss_fn(output, target):
+    hold = os.environ.get("{HOLD_AFTER}")
+    while hold and Path(hold).exists():
+        time.sleep(0.05)
+    return mean_squared_error(output, target)
+"""
+
+# The same with BatchNorm: its running statistics are part of what must resume exactly.
+BATCHNORM_MODULE = DROPOUT_MODULE.replace(
+    "nn.Tanh(), nn.Dropout(0.2)", "nn.BatchNorm1d(16), nn.Tanh(), nn.Dropout(0.2)"
+)
+
+SOLO_EACH = [
+    {"name": "fast", "device_type": "cpu", "workers": 1},
+    {"name": "slow", "device_type": "cpu", "workers": 1, "speed_factor": 0.25},
+]
+
+CASES: dict[str, tuple[dict[str, Any], str]] = {
+    # 23 steps per epoch: step 35 is in the middle of epoch 1, after an exchange.
+    "sync-even-exchange": ({"exchange_fraction": 0.25, "checkpoint_every": 7}, "step-35.pt"),
+    "sync-batchnorm": ({"checkpoint_every": 7}, "step-35.pt"),
+    # Periodic sync checkpoints at sync points; this one interrupts at an epoch end.
+    "periodic": (
+        {
+            "sync_strategy": "periodic",
+            "sync_period": 4,
+            "checkpoint_every": 10,
+            "exchange_fraction": 0.1,
+        },
+        "epoch-0.pt",
+    ),
+    # B = 4 over a fast and a 4x slower worker: shares 3 + 1 (40 steps per epoch).
+    "weighted": (
+        {
+            "split_policy": "weighted",
+            "groups": SOLO_EACH,
+            "global_batch_size": 4,
+            "checkpoint_every": 15,
+            "exchange_fraction": 0.2,
+        },
+        "step-45.pt",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_resumed_run_ends_with_the_uninterrupted_parameters(
+    case: str, make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    overrides, stop_at = CASES[case]
+    module = tmp_path / "dropout.py"
+    module.write_text(BATCHNORM_MODULE if "batchnorm" in case else DROPOUT_MODULE)
+    spec = make_spec(code=str(module), **overrides)
+    whole = spec.model_copy(update={"checkpoint_dir": str(tmp_path / "whole")})
+    _, expected = run_with_dump(whole, tmp_path / "whole-params")
+
+    def reached(event: dict[str, Any]) -> bool:
+        return event["type"] == "checkpoint" and Path(event["path"]).name == stop_at
+
+    hold = {HOLD_AFTER: str(Path(spec.checkpoint_dir) / stop_at)}
+    interrupted = launch_local(spec, timeout_s=TIMEOUT_S, stop_when=reached, env_extra=hold)
+    assert interrupted.stopped and not any(e["type"] == "done" for e in interrupted.events)
+    resumed = spec.model_copy(update={"resume_from": str(Path(spec.checkpoint_dir) / stop_at)})
+    run, finals = run_with_dump(resumed, tmp_path / "resumed-params")
+    assert any("resumed at epoch" in line for line in run.output[0])
+    for rank in range(spec.world_size):
+        assert torch.equal(finals[rank], expected[rank]), f"rank {rank} differs after resume"
+
+
+def test_checkpoint_from_another_layout_keeps_the_model_and_redoes_the_epoch(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    first = make_spec(epochs=1, checkpoint_every=5)  # groups of 2 + 1 workers
+    stop_at = "step-10.pt"
+    launch_local(
+        first,
+        timeout_s=TIMEOUT_S,
+        stop_when=lambda e: e["type"] == "checkpoint" and Path(e["path"]).name == stop_at,
+    )
+    solo = [{"name": "solo", "device_type": "cpu", "workers": 2}]
+    moved = make_spec(
+        epochs=2,
+        groups=solo,
+        checkpoint_dir=str(tmp_path / "moved"),
+        resume_from=str(Path(first.checkpoint_dir) / stop_at),
+    )
+    run, _ = run_with_dump(moved, tmp_path / "params")
+    assert any("does not fit this layout" in line for line in run.output[0])
+    assert [e["epoch"] for e in run.events if e["type"] == "checkpoint"] == [0, 1, 1]
+    steps = [e["step"] for e in run.events if e["type"] == "checkpoint"]
+    assert steps[0] == 10 + 23, "the step count goes on from the checkpoint"
