@@ -1,6 +1,7 @@
 """The documents the code cites are in the repository (docs/), and README facts hold."""
 
 import re
+import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,3 +80,22 @@ def test_readme_pagination_table_matches_the_routers(service_env: Path) -> None:
             assert paging == "offset", path
             assert (int(other.group(1)), int(other.group(2))) == (default, maximum), path
     assert set(rows) <= set(endpoints)
+
+
+def _layout_section() -> str:
+    text = (REPO / "README.md").read_text()
+    return text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_layout_names_every_top_level_folder_and_backend_domain() -> None:
+    """A newcomer finds every folder of the tree, and every backend domain, in the Layout."""
+    layout = _layout_section()
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    folders = {path.split("/")[0] for path in tracked
+               if "/" in path and not path.startswith(".")}
+    missing = sorted(f for f in folders if f"`{f}/" not in layout)
+    assert not missing, f"README's Layout does not name: {missing}"
+    domains = sorted(p.parent.name for p in (REPO / "backend").glob("*/__init__.py")
+                     if p.parent.name != "core")
+    assert not [d for d in domains if d not in layout], (domains, layout)
