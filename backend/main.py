@@ -43,11 +43,23 @@ log = logging.getLogger(__name__)
 def api_router() -> APIRouter:
     """Every public REST route under /api/v1, each documented with the shared error shape."""
     router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
-    for sub in (auth_router, users_router, projects_router, tasks_router, groups_router,
-                agents_router, audit_router):
+    for sub in (
+        auth_router,
+        users_router,
+        projects_router,
+        tasks_router,
+        groups_router,
+        agents_router,
+        audit_router,
+    ):
         router.include_router(sub)
-    router.add_api_route("/health", lambda: {"status": "ok"}, methods=["GET"], tags=["health"],
-                         summary="Liveness (no login needed)")
+    router.add_api_route(
+        "/health",
+        lambda: {"status": "ok"},
+        methods=["GET"],
+        tags=["health"],
+        summary="Liveness (no login needed)",
+    )
     return router
 
 
@@ -57,12 +69,11 @@ def metrics_endpoint(
 ) -> Response:
     """Prometheus metrics; asks for `Authorization: Bearer <metrics token>` when one is set."""
     expected = settings.metrics_token
-    if expected is not None and not same(credentials.credentials if credentials else "",
-                                         expected.get_secret_value()):
+    if expected is not None and not same(
+        credentials.credentials if credentials else "", expected.get_secret_value()
+    ):
         raise Unauthorized("send 'Authorization: Bearer <POLYTRAIN_METRICS_TOKEN>'")
     return Response(render_metrics(), media_type=CONTENT_TYPE)
-
-
 
 
 def bootstrap_admin(settings: Settings) -> None:
@@ -70,8 +81,9 @@ def bootstrap_admin(settings: Settings) -> None:
     if not (settings.admin_email and settings.admin_password):
         return
     with get_sessionmaker()() as session:
-        user, created = users.ensure_admin(session, email=settings.admin_email,
-                                           password=settings.admin_password.get_secret_value())
+        user, created = users.ensure_admin(
+            session, email=settings.admin_email, password=settings.admin_password.get_secret_value()
+        )
     if created:
         log.warning("created the first admin %s from the settings", user.email)
 
@@ -99,8 +111,9 @@ def install_middleware(app: FastAPI, settings: Settings) -> None:
     """Body limit (innermost), security headers, then trusted proxy headers (outermost), and
     the login throttles the auth routes use."""
     app.state.login_limiter = LoginLimiter(settings)
-    app.state.hash_gate = HashGate(slots=settings.hash_concurrency, queue=settings.hash_queue,
-                                   wait_s=settings.hash_wait_s)
+    app.state.hash_gate = HashGate(
+        slots=settings.hash_concurrency, queue=settings.hash_queue, wait_s=settings.hash_wait_s
+    )
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit(settings))
     app.add_middleware(SecurityHeadersMiddleware)
     if settings.forwarded_allow_ips:
@@ -124,15 +137,20 @@ def create_app(*, run_scheduler: bool = True) -> FastAPI:
             loop.stop()
 
     docs = settings.docs_enabled
-    app = FastAPI(title="polytrain", version="0.1.0", lifespan=lifespan,
-                  docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
-                  openapi_url="/openapi.json" if docs else None,
-                  dependencies=[Depends(refuse_nul_inputs)],
-                  description="Train one PyTorch model across resource groups of mixed hardware. "
-                  "Authenticate with a personal API token: `POST /api/v1/auth/login`, then "
-                  "`Authorization: Bearer <token>`. Lists take `offset` and `limit` and give "
-                  "the total in `X-Total-Count`. Every error has the shape "
-                  '`{"error": {"code", "message", "field"}}`.')
+    app = FastAPI(
+        title="polytrain",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
+        dependencies=[Depends(refuse_nul_inputs)],
+        description="Train one PyTorch model across resource groups of mixed hardware. "
+        "Authenticate with a personal API token: `POST /api/v1/auth/login`, then "
+        "`Authorization: Bearer <token>`. Lists take `offset` and `limit` and give "
+        "the total in `X-Total-Count`. Every error has the shape "
+        '`{"error": {"code", "message", "field"}}`.',
+    )
     install_error_handlers(app)
     install_middleware(app, settings)
     app.include_router(api_router())

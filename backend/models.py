@@ -18,7 +18,21 @@ from backend.tasks.models import (
 )
 
 __all__ = [
-    "Agent", "Allocation", "ApiToken", "AuditEvent", "Checkpoint", "CodeVersion", "LogLine",
-    "Metric", "Project", "ProjectMember", "ResourceGroup", "SubTask", "Task", "TaskDependency",
-    "TaskEvent", "User", "WebSession",
+    "Agent",
+    "Allocation",
+    "ApiToken",
+    "AuditEvent",
+    "Checkpoint",
+    "CodeVersion",
+    "LogLine",
+    "Metric",
+    "Project",
+    "ProjectMember",
+    "ResourceGroup",
+    "SubTask",
+    "Task",
+    "TaskDependency",
+    "TaskEvent",
+    "User",
+    "WebSession",
 ]

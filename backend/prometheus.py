@@ -34,11 +34,13 @@ def agents_online(session: Session) -> dict[str, int]:
     rows = session.execute(
         select(ResourceGroup.name, func.count(Agent.id))
         .join(Agent, Agent.resource_group_id == ResourceGroup.id)
-        .where(Agent.online.is_(True)).group_by(ResourceGroup.name)
+        .where(Agent.online.is_(True))
+        .group_by(ResourceGroup.name)
     ).all()
     found: dict[str, int] = {name: n for name, n in rows}
-    names = session.scalars(select(ResourceGroup.name)
-                            .where(ResourceGroup.deleted_at.is_(None))).all()
+    names = session.scalars(
+        select(ResourceGroup.name).where(ResourceGroup.deleted_at.is_(None))
+    ).all()
     return {name: found.get(name, 0) for name in names}
 
 
@@ -49,8 +51,11 @@ def throughput_per_group(session: Session) -> dict[str, float]:
         select(Allocation.task_id, Allocation.rank, ResourceGroup.name)
         .join(ResourceGroup, ResourceGroup.id == Allocation.resource_group_id)
         .join(Task, Task.id == Allocation.task_id)
-        .where(Task.status == TaskStatus.RUNNING, Allocation.role == NodeRole.COMPUTE,
-               Allocation.released_at.is_(None))
+        .where(
+            Task.status == TaskStatus.RUNNING,
+            Allocation.role == NodeRole.COMPUTE,
+            Allocation.released_at.is_(None),
+        )
     ).all()
     latest = _latest_rates(session, task_ids={task_id for task_id, _, _ in placed})
     totals: dict[str, float] = defaultdict(float)
@@ -62,13 +67,19 @@ def throughput_per_group(session: Session) -> dict[str, float]:
 def _latest_rates(session: Session, *, task_ids: set[int]) -> dict[tuple[int, int | None], float]:
     if not task_ids:
         return {}
-    newest = (select(func.max(Metric.id)).where(Metric.task_id.in_(task_ids),
-                                                 Metric.name == "samples_per_s",
-                                                 Metric.rank.is_not(None),
-                                                 Metric.value.is_not(None))
-              .group_by(Metric.task_id, Metric.rank))
-    rows = session.execute(select(Metric.task_id, Metric.rank, Metric.value)
-                           .where(Metric.id.in_(newest)))
+    newest = (
+        select(func.max(Metric.id))
+        .where(
+            Metric.task_id.in_(task_ids),
+            Metric.name == "samples_per_s",
+            Metric.rank.is_not(None),
+            Metric.value.is_not(None),
+        )
+        .group_by(Metric.task_id, Metric.rank)
+    )
+    rows = session.execute(
+        select(Metric.task_id, Metric.rank, Metric.value).where(Metric.id.in_(newest))
+    )
     return {(task_id, rank): value for task_id, rank, value in rows if value is not None}
 
 
@@ -84,17 +95,22 @@ class DatabaseCollector(Collector):
         for state, count in states.items():
             tasks.add_metric([state], count)
         yield tasks
-        yield GaugeMetricFamily("polytrain_queue_depth", "Tasks waiting for resources (QUEUED)",
-                                value=states[TaskStatus.QUEUED.value])
-        online = GaugeMetricFamily("polytrain_agents_online", "Online agents per resource group",
-                                   labels=["resource_group"])
+        yield GaugeMetricFamily(
+            "polytrain_queue_depth",
+            "Tasks waiting for resources (QUEUED)",
+            value=states[TaskStatus.QUEUED.value],
+        )
+        online = GaugeMetricFamily(
+            "polytrain_agents_online", "Online agents per resource group", labels=["resource_group"]
+        )
         for group, count in agents.items():
             online.add_metric([group], count)
         yield online
         throughput = GaugeMetricFamily(
             "polytrain_group_throughput_samples_per_second",
             "Training throughput of running tasks per resource group (samples/s)",
-            labels=["resource_group"])
+            labels=["resource_group"],
+        )
         for group, rate in rates.items():
             throughput.add_metric([group], rate)
         yield throughput

@@ -81,8 +81,14 @@ def make_run(widths: tuple[int, int, int]) -> Run:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
     return cast(
         Run,
-        SimpleNamespace(state=state, params=state.params, optimizer=optimizer, buffer_base=None,
-                        model=model, inputs=torch.randn(WORKER_BATCH, a)),
+        SimpleNamespace(
+            state=state,
+            params=state.params,
+            optimizer=optimizer,
+            buffer_base=None,
+            model=model,
+            inputs=torch.randn(WORKER_BATCH, a),
+        ),
     )
 
 
@@ -209,16 +215,21 @@ def main() -> None:
         per_rep = summary([a / step for a in added])
         added_over_step = round(
             (statistics.median(times["fused_pass"]) - statistics.median(times["inplace_pass"]))
-            / step, 4)
+            / step,
+            4,
+        )
         lines.append(
             emit(
                 f"nonfinite_check_cost_{label}",
                 added_over_step,
                 "<= 0.01 (ideal 0.0)",
                 params=n_params,
-                added_over_step={"difference_of_medians": added_over_step,
-                                 "per_rep_iqr": per_rep["iqr"], "per_rep_min": per_rep["min"],
-                                 "per_rep_max": per_rep["max"]},
+                added_over_step={
+                    "difference_of_medians": added_over_step,
+                    "per_rep_iqr": per_rep["iqr"],
+                    "per_rep_min": per_rep["min"],
+                    "per_rep_max": per_rep["max"],
+                },
                 step_ms=round(step * 1e3, 3),
                 fused_over_plain=fused,
                 old_over_plain=summary(ratios(times, "old")),

@@ -72,12 +72,14 @@ class MetricIn(StrictModel):
     @model_validator(mode="after")
     def _one_value(self) -> "MetricIn":
         if self.value is not None and not math.isfinite(self.value):
-            self.nonfinite = "nan" if math.isnan(self.value) else (
-                "inf" if self.value > 0 else "-inf")
+            self.nonfinite = (
+                "nan" if math.isnan(self.value) else ("inf" if self.value > 0 else "-inf")
+            )
             self.value = None
         if (self.value is None) == (self.nonfinite is None):
-            raise ValueError("value: give a finite number, or null with nonfinite "
-                             "'nan', 'inf' or '-inf'")
+            raise ValueError(
+                "value: give a finite number, or null with nonfinite 'nan', 'inf' or '-inf'"
+            )
         return self
 
 

@@ -49,7 +49,8 @@ class SubTaskPayload(BaseModel):
     engine: dict[str, Any] = Field(
         default_factory=dict,
         description="training-engine options (sync strategy, exchange, preprocessing, ...), "
-        "validated by worker.engine.spec.RunSpec on the agent")
+        "validated by worker.engine.spec.RunSpec on the agent",
+    )
     limits: TaskLimits = Field(default_factory=TaskLimits)
 
     @property

@@ -41,8 +41,9 @@ def _refuse_nul(value: Any) -> Any:
     found = find_nul(value)
     if found is not None:
         where = ".".join(map(str, found)).replace(NUL, "\\x00")
-        raise PydanticCustomError("nul_character", "{where}" + NUL_MESSAGE,
-                                  {"where": f"{where} " if where else ""})
+        raise PydanticCustomError(
+            "nul_character", "{where}" + NUL_MESSAGE, {"where": f"{where} " if where else ""}
+        )
     return value
 
 

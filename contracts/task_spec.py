@@ -19,9 +19,17 @@ from contracts.preprocess import PreprocessStep
 Placement = Literal["uniform", "resource_state"]
 
 # The engine options a task's spec carries (see worker.engine.spec), in stored order.
-ENGINE_OPTIONS = ("sync_strategy", "sync_period", "quorum", "max_staleness",
-                  "exchange_fraction", "checkpoint_every", "rebalance_every", "preprocess",
-                  "on_nonfinite")
+ENGINE_OPTIONS = (
+    "sync_strategy",
+    "sync_period",
+    "quorum",
+    "max_staleness",
+    "exchange_fraction",
+    "checkpoint_every",
+    "rebalance_every",
+    "preprocess",
+    "on_nonfinite",
+)
 
 
 class RequestItem(BaseModel):
@@ -76,8 +84,9 @@ class TaskSpec(BaseModel):
 
     def named_groups(self) -> set[str]:
         """Every group the spec names, in its request or its placement."""
-        return ({item.name for item in self.request if item.name}
-                | {group.name for group in self.groups})
+        return {item.name for item in self.request if item.name} | {
+            group.name for group in self.groups
+        }
 
     def speed_factor(self, group: GroupPlan) -> float:
         """A placed group's emulated speed factor: its own if stored, else from the request

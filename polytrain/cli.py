@@ -8,14 +8,16 @@ import typer
 
 from polytrain.client.commands import register as register_client_commands
 
-app = typer.Typer(help="polytrain: one PyTorch training task across mixed hardware.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="polytrain: one PyTorch training task across mixed hardware.", no_args_is_help=True
+)
 db_app = typer.Typer(help="Database migrations (Alembic).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 groups_app = typer.Typer(help="Resource groups (admin).", no_args_is_help=True)
 app.add_typer(groups_app, name="groups")
-users_app = typer.Typer(help="Accounts, on the API's own host (database access).",
-                        no_args_is_help=True)
+users_app = typer.Typer(
+    help="Accounts, on the API's own host (database access).", no_args_is_help=True
+)
 app.add_typer(users_app, name="users")
 
 
@@ -40,8 +42,16 @@ def api(
 
     # Forwarded headers are trusted by the app itself (POLYTRAIN_FORWARDED_ALLOW_IPS), not by
     # uvicorn's default of trusting 127.0.0.1.
-    Server(uvicorn.Config("backend.main:create_app", factory=True, host=host, port=port,
-                          log_level="warning", proxy_headers=False)).run()
+    Server(
+        uvicorn.Config(
+            "backend.main:create_app",
+            factory=True,
+            host=host,
+            port=port,
+            log_level="warning",
+            proxy_headers=False,
+        )
+    ).run()
 
 
 @app.command()
@@ -64,8 +74,12 @@ def agent(
     from worker.config import AgentSettings
 
     try:
-        run_agent(AgentSettings(), resource_group=resource_group,  # type: ignore[call-arg]
-                  workers=workers, name=name)
+        run_agent(
+            AgentSettings(),  # type: ignore[call-arg]
+            resource_group=resource_group,
+            workers=workers,
+            name=name,
+        )
     except (Conflict, NameClash) as exc:
         typer.echo(f"agent refused: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -104,8 +118,9 @@ def demo(
     """Train the bundled MNIST example across two CPU groups; print one JSON line."""
     from polytrain.demo import run_demo
 
-    raise typer.Exit(run_demo(port=port, epochs=epochs, global_batch_size=global_batch_size,
-                              timeout_s=timeout_s))
+    raise typer.Exit(
+        run_demo(port=port, epochs=epochs, global_batch_size=global_batch_size, timeout_s=timeout_s)
+    )
 
 
 @app.command()
@@ -128,8 +143,10 @@ def up(
 @users_app.command("create-admin")
 def create_admin(
     email: str,
-    password: Annotated[str | None, typer.Option(
-        envvar="POLYTRAIN_ADMIN_PASSWORD", help="default: asked for (not echoed)")] = None,
+    password: Annotated[
+        str | None,
+        typer.Option(envvar="POLYTRAIN_ADMIN_PASSWORD", help="default: asked for (not echoed)"),
+    ] = None,
 ) -> None:
     """Create the admin EMAIL (or make that account an admin) in the database."""
     from backend.auth.service import ensure_admin
@@ -150,12 +167,20 @@ def _admin_headers(api_url: str, token: str | None) -> dict[str, str]:
     from polytrain.client.api import Api
 
     token = Api.resolve(url=api_url, token=token).token
-    email, password = (os.environ.get("POLYTRAIN_ADMIN_EMAIL"),
-                       os.environ.get("POLYTRAIN_ADMIN_PASSWORD"))
+    email, password = (
+        os.environ.get("POLYTRAIN_ADMIN_EMAIL"),
+        os.environ.get("POLYTRAIN_ADMIN_PASSWORD"),
+    )
     if not token and email and password:
-        token = Api(api_url, None).post("/auth/login", json={
-            "email": email, "password": password, "token_name": "groups ensure",
-            "expires_in_days": 1})["token"]
+        token = Api(api_url, None).post(
+            "/auth/login",
+            json={
+                "email": email,
+                "password": password,
+                "token_name": "groups ensure",
+                "expires_in_days": 1,
+            },
+        )["token"]
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
@@ -177,8 +202,12 @@ def groups_ensure(
     except ClientError as exc:
         typer.echo(f"refused: {exc}", err=True)
         raise typer.Exit(2) from exc
-    response = httpx.post(f"{api_url}/api/v1/resource-groups", timeout=30, headers=headers, json={
-        "name": name, "device_type": device_type, "capacity": capacity})
+    response = httpx.post(
+        f"{api_url}/api/v1/resource-groups",
+        timeout=30,
+        headers=headers,
+        json={"name": name, "device_type": device_type, "capacity": capacity},
+    )
     if response.status_code not in (201, 409):
         typer.echo(f"refused: {response.json()['error']['message']}", err=True)
         raise typer.Exit(2)

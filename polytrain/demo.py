@@ -25,32 +25,52 @@ console = Console(stderr=True)
 
 def submit_mnist(client: httpx.Client, *, epochs: int, global_batch_size: int) -> dict[str, Any]:
     """Create a project with the bundled MNIST example and submit it across both groups."""
-    project = client.post("/api/v1/projects", json={
-        "name": f"mnist-demo-{int(time.time())}",
-        "description": "MNIST digits across two CPU resource groups"}).raise_for_status().json()
-    version = client.post(f"/api/v1/projects/{project['id']}/code-versions",
-                          json={"example": "mnist_cnn"}).raise_for_status().json()
-    task = client.post("/api/v1/tasks", json={
-        "project_id": project["id"], "code_version_id": version["id"],
-        "name": "MNIST CNN across cpu-a and cpu-b", "epochs": epochs,
-        "global_batch_size": global_batch_size,
-        "resource_groups": [{"name": g.name, "workers": g.workers} for g in DEMO_GROUPS],
-    })
+    project = (
+        client.post(
+            "/api/v1/projects",
+            json={
+                "name": f"mnist-demo-{int(time.time())}",
+                "description": "MNIST digits across two CPU resource groups",
+            },
+        )
+        .raise_for_status()
+        .json()
+    )
+    version = (
+        client.post(
+            f"/api/v1/projects/{project['id']}/code-versions", json={"example": "mnist_cnn"}
+        )
+        .raise_for_status()
+        .json()
+    )
+    task = client.post(
+        "/api/v1/tasks",
+        json={
+            "project_id": project["id"],
+            "code_version_id": version["id"],
+            "name": "MNIST CNN across cpu-a and cpu-b",
+            "epochs": epochs,
+            "global_batch_size": global_batch_size,
+            "resource_groups": [{"name": g.name, "workers": g.workers} for g in DEMO_GROUPS],
+        },
+    )
     return dict(task.raise_for_status().json())
 
 
 def follow(client: httpx.Client, task_id: int, timeout_s: float) -> dict[str, Any]:
     """Show a progress bar until the task ends; returns the final task."""
-    columns = (TextColumn("[bold]{task.fields[status]:<10}"), BarColumn(),
-               TextColumn("{task.percentage:>3.0f}%  epoch {task.fields[epoch]}"),
-               TimeElapsedColumn())
+    columns = (
+        TextColumn("[bold]{task.fields[status]:<10}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%  epoch {task.fields[epoch]}"),
+        TimeElapsedColumn(),
+    )
     deadline = time.monotonic() + timeout_s
     with Progress(*columns, console=console) as bar:
         row = bar.add_task("train", total=1.0, status="QUEUED", epoch=0)
         while True:
             task = client.get(f"/api/v1/tasks/{task_id}").raise_for_status().json()
-            bar.update(row, completed=task["progress"], status=task["status"],
-                       epoch=task["epoch"])
+            bar.update(row, completed=task["progress"], status=task["status"], epoch=task["epoch"])
             if task["status"] in TERMINAL or time.monotonic() > deadline:
                 return dict(task)
             time.sleep(0.5)
@@ -62,9 +82,11 @@ def result_line(client: httpx.Client, task: dict[str, Any], wall_s: float) -> di
     accuracy = [m["value"] for m in epoch_metrics if m["name"] == "val_accuracy"]
     epochs = {m["epoch"] for m in epoch_metrics if m["name"] == "val_accuracy"}
     return {
-        "task_id": task["id"], "status": task["status"],
+        "task_id": task["id"],
+        "status": task["status"],
         "val_accuracy": round(accuracy[-1], 4) if accuracy else None,
-        "epochs": len(epochs), "wall_s": round(wall_s, 1),
+        "epochs": len(epochs),
+        "wall_s": round(wall_s, 1),
         "workers": {g["name"]: g["workers"] for g in task["spec"]["groups"]},
         "global_batch_size": task["spec"]["global_batch_size"],
         "checkpoints": len(client.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()),
@@ -117,16 +139,19 @@ def run_up(*, port: int, data_dir: Path | None = None) -> None:
     _exit_on_signals()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    stack = LocalStack(data_dir=(data_dir or Path("var/up")).resolve(), port=port,
-                       groups=DEMO_GROUPS)
+    stack = LocalStack(
+        data_dir=(data_dir or Path("var/up")).resolve(), port=port, groups=DEMO_GROUPS
+    )
     # A first admin of your choosing survives restarts; else one with a fresh password.
     stack.admin_email = os.environ.get("POLYTRAIN_ADMIN_EMAIL") or stack.admin_email
     stack.admin_password = os.environ.get("POLYTRAIN_ADMIN_PASSWORD") or stack.admin_password
     try:
         with stack:
-            console.print(f"polytrain portal: {stack.url}   log in as {stack.admin_email} with "
-                          f"password {stack.admin_password} (kept in "
-                          f"{stack.data_dir / 'admin-password'}); Ctrl-C stops everything")
+            console.print(
+                f"polytrain portal: {stack.url}   log in as {stack.admin_email} with "
+                f"password {stack.admin_password} (kept in "
+                f"{stack.data_dir / 'admin-password'}); Ctrl-C stops everything"
+            )
             while True:
                 time.sleep(0.5)
                 stack.supervise()

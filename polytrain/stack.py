@@ -56,15 +56,23 @@ class LocalStack:
         return f"http://{self.host}:{self.port}"
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("DATABASE_URL", "BROKER_URL") or k in self.extra_env}
-        env.update({
-            "POLYTRAIN_DATA_DIR": str(self.data_dir), "POLYTRAIN_AGENT_TOKEN": self.token,
-            "POLYTRAIN_API_URL": self.url, "POLYTRAIN_ADVERTISE_ADDR": self.host,
-            "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo"), "PYTHONUNBUFFERED": "1",
-            "POLYTRAIN_ADMIN_EMAIL": self.admin_email,
-            "POLYTRAIN_ADMIN_PASSWORD": self.admin_password,
-        })
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("DATABASE_URL", "BROKER_URL") or k in self.extra_env
+        }
+        env.update(
+            {
+                "POLYTRAIN_DATA_DIR": str(self.data_dir),
+                "POLYTRAIN_AGENT_TOKEN": self.token,
+                "POLYTRAIN_API_URL": self.url,
+                "POLYTRAIN_ADVERTISE_ADDR": self.host,
+                "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo"),
+                "PYTHONUNBUFFERED": "1",
+                "POLYTRAIN_ADMIN_EMAIL": self.admin_email,
+                "POLYTRAIN_ADMIN_PASSWORD": self.admin_password,
+            }
+        )
         env.update(self.extra_env)
         if self.database_url:
             env["DATABASE_URL"] = self.database_url
@@ -74,17 +82,30 @@ class LocalStack:
 
     def agent_env(self) -> dict[str, str]:
         """An agent's environment: no database URL and no admin credentials (it needs neither)."""
-        return {k: v for k, v in self.env().items()
-                if k not in ("DATABASE_URL", "POLYTRAIN_DATABASE_URL", "POLYTRAIN_ADMIN_PASSWORD",
-                             "POLYTRAIN_ADMIN_EMAIL", "POLYTRAIN_SECRET_KEY")}
+        return {
+            k: v
+            for k, v in self.env().items()
+            if k
+            not in (
+                "DATABASE_URL",
+                "POLYTRAIN_DATABASE_URL",
+                "POLYTRAIN_ADMIN_PASSWORD",
+                "POLYTRAIN_ADMIN_EMAIL",
+                "POLYTRAIN_SECRET_KEY",
+            )
+        }
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
         env = self.agent_env() if args[0] == "agent" else self.env()
         with open(self.data_dir / f"{log_name}.log", "ab") as out:  # the child keeps its copy
             private_file(self.data_dir / f"{log_name}.log")
-            proc = subprocess.Popen([sys.executable, "-m", "polytrain.cli", *args],
-                                    env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "polytrain.cli", *args],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self._children[log_name] = _Child(log_name, args, proc, time.monotonic())
         return proc
 
@@ -105,9 +126,14 @@ class LocalStack:
                 ran = now - child.started
                 child.delay = 1.0 if ran >= STABLE_S else min(child.delay * 2, MAX_BACKOFF_S)
                 child.due = now + child.delay
-                log.warning("%s exited with status %s after %.0f s; restarting it in %.0f s "
-                            "(log: %s)", child.name, code, ran, child.delay,
-                            self.data_dir / f"{child.name}.log")
+                log.warning(
+                    "%s exited with status %s after %.0f s; restarting it in %.0f s (log: %s)",
+                    child.name,
+                    code,
+                    ran,
+                    child.delay,
+                    self.data_dir / f"{child.name}.log",
+                )
             if now < child.due:
                 continue
             proc = self._spawn(child.args, child.name)
@@ -119,8 +145,9 @@ class LocalStack:
     def start(self, timeout_s: float = 60.0) -> None:
         """Migrate, start the API, create the groups, start their agents and wait for them."""
         self.admin_password = self._remembered_password()
-        subprocess.run([sys.executable, "-m", "polytrain.cli", "db", "upgrade"], env=self.env(),
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-m", "polytrain.cli", "db", "upgrade"], env=self.env(), check=True
+        )
         self.start_api(timeout_s)
         self.admin_token = self.login(self.admin_email, self.admin_password)
         for group in self.groups:
@@ -144,8 +171,18 @@ class LocalStack:
 
     def start_agent(self, group: GroupSetup, name: str | None = None) -> subprocess.Popen[bytes]:
         name = name or f"agent-{group.name}"
-        return self._spawn(["agent", "--resource-group", group.name,
-                            "--workers", str(group.workers), "--name", name], name)
+        return self._spawn(
+            [
+                "agent",
+                "--resource-group",
+                group.name,
+                "--workers",
+                str(group.workers),
+                "--name",
+                name,
+            ],
+            name,
+        )
 
     def kill_agent(self, name: str) -> int:
         """SIGKILL agent `name` (no clean deregistration), as a crashed host would; its pid."""
@@ -171,16 +208,26 @@ class LocalStack:
 
     def login(self, email: str, password: str) -> str:
         """A new API token for `email` (POST /api/v1/auth/login)."""
-        response = httpx.post(f"{self.url}/api/v1/auth/login", timeout=30, json={
-            "email": email, "password": password, "token_name": "local stack"})
+        response = httpx.post(
+            f"{self.url}/api/v1/auth/login",
+            timeout=30,
+            json={"email": email, "password": password, "token_name": "local stack"},
+        )
         if response.status_code != 201:
             raise RuntimeError(f"login of {email} refused: {response.text}")
         return str(response.json()["token"])
 
     def _ensure_group(self, group: GroupSetup) -> None:
-        response = httpx.post(f"{self.url}/api/v1/resource-groups", headers=self.headers, json={
-            "name": group.name, "device_type": group.device_type,
-            "capacity": group.workers, "description": group.description})
+        response = httpx.post(
+            f"{self.url}/api/v1/resource-groups",
+            headers=self.headers,
+            json={
+                "name": group.name,
+                "device_type": group.device_type,
+                "capacity": group.workers,
+                "description": group.description,
+            },
+        )
         if response.status_code not in (201, 409):
             raise RuntimeError(f"creating group {group.name}: {response.text}")
 
@@ -206,14 +253,16 @@ class LocalStack:
             if all(g["agents_online"] > 0 for g in groups if g["name"] in wanted):
                 return
             time.sleep(0.3)
-        raise TimeoutError(f"agents did not come online within {timeout_s:.0f} s; "
-                           f"see {self.data_dir}/agent-*.log")
+        raise TimeoutError(
+            f"agents did not come online within {timeout_s:.0f} s; see {self.data_dir}/agent-*.log"
+        )
 
     def _check_alive(self) -> None:
         for proc in (child.proc for child in self._children.values()):
             if proc.poll() is not None:
-                raise RuntimeError(f"{proc.args!r} exited with "
-                                   f"{proc.returncode}; see the logs in {self.data_dir}")
+                raise RuntimeError(
+                    f"{proc.args!r} exited with {proc.returncode}; see the logs in {self.data_dir}"
+                )
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop every process this stack started: the agents first (they deregister while

@@ -33,17 +33,29 @@ EMAIL, PASSWORD = "admin@example.org", "burst-test-password"
 
 
 def start_api(repo: Path, data_dir: Path, port: int, extra: dict[str, str]) -> subprocess.Popen:
-    env = {**os.environ, "POLYTRAIN_DATA_DIR": str(data_dir), "POLYTRAIN_AGENT_TOKEN": "t" * 32,
-           "POLYTRAIN_ADMIN_EMAIL": EMAIL, "POLYTRAIN_ADMIN_PASSWORD": PASSWORD,
-           "PYTHONPATH": str(repo), **extra}
+    env = {
+        **os.environ,
+        "POLYTRAIN_DATA_DIR": str(data_dir),
+        "POLYTRAIN_AGENT_TOKEN": "t" * 32,
+        "POLYTRAIN_ADMIN_EMAIL": EMAIL,
+        "POLYTRAIN_ADMIN_PASSWORD": PASSWORD,
+        "PYTHONPATH": str(repo),
+        **extra,
+    }
     for name in ("DATABASE_URL", "BROKER_URL"):
         env.pop(name, None)
     # The command's module in that checkout (it was backend/cli.py before polytrain/ existed).
     cli = "polytrain.cli" if (repo / "polytrain" / "cli.py").is_file() else "backend.cli"
-    subprocess.run([sys.executable, "-m", cli, "db", "upgrade"], cwd=repo, env=env,
-                   check=True, capture_output=True)
-    proc = subprocess.Popen([sys.executable, "-m", cli, "api", "--port", str(port)],
-                            cwd=repo, env=env)
+    subprocess.run(
+        [sys.executable, "-m", cli, "db", "upgrade"],
+        cwd=repo,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", cli, "api", "--port", str(port)], cwd=repo, env=env
+    )
     url = f"http://127.0.0.1:{port}/api/v1/health"
     for _ in range(300):
         try:
@@ -74,23 +86,28 @@ def watch_rss(pid: int, stop: threading.Event, peak: list[int]) -> None:
 
 def summary(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
-    return {"n": len(ordered), "median_ms": round(statistics.median(ordered), 1),
-            "p95_ms": round(ordered[int(0.95 * (len(ordered) - 1))], 1),
-            "max_ms": round(ordered[-1], 1)}
+    return {
+        "n": len(ordered),
+        "median_ms": round(statistics.median(ordered), 1),
+        "p95_ms": round(ordered[int(0.95 * (len(ordered) - 1))], 1),
+        "max_ms": round(ordered[-1], 1),
+    }
 
 
 def burst(base: str, pid: int, logins: int) -> dict:
     stop, health, peak = threading.Event(), [], [psutil.Process(pid).memory_info().rss]
-    watchers = [threading.Thread(target=latencies_ms, args=(f"{base}/api/v1/health", stop,
-                                                            health, 0.05)),
-                threading.Thread(target=watch_rss, args=(pid, stop, peak))]
+    watchers = [
+        threading.Thread(target=latencies_ms, args=(f"{base}/api/v1/health", stop, health, 0.05)),
+        threading.Thread(target=watch_rss, args=(pid, stop, peak)),
+    ]
     statuses: Counter[int] = Counter()
     gate = threading.Barrier(logins)
 
     def login() -> None:
         gate.wait()
-        answer = httpx.post(f"{base}/api/v1/auth/login", timeout=120,
-                            json={"email": EMAIL, "password": PASSWORD})
+        answer = httpx.post(
+            f"{base}/api/v1/auth/login", timeout=120, json={"email": EMAIL, "password": PASSWORD}
+        )
         statuses[answer.status_code] += 1
 
     rss_before = peak[0]
@@ -106,9 +123,13 @@ def burst(base: str, pid: int, logins: int) -> dict:
     stop.set()
     for w in watchers:
         w.join()
-    return {"health_during": summary(health), "login_statuses": dict(statuses),
-            "burst_s": round(elapsed, 2), "rss_before_mb": rss_before // 2**20,
-            "rss_peak_mb": peak[0] // 2**20}
+    return {
+        "health_during": summary(health),
+        "login_statuses": dict(statuses),
+        "burst_s": round(elapsed, 2),
+        "rss_before_mb": rss_before // 2**20,
+        "rss_peak_mb": peak[0] // 2**20,
+    }
 
 
 def big_body(base: str, pid: int, megabytes: int) -> dict:
@@ -122,16 +143,19 @@ def big_body(base: str, pid: int, megabytes: int) -> dict:
             yield b" " * 2**20
 
     try:
-        answer = httpx.post(f"{base}/api/v1/auth/login", content=body(), timeout=120, headers={
-            "Content-Type": "application/json", "Content-Length": str(megabytes * 2**20)})
+        answer = httpx.post(
+            f"{base}/api/v1/auth/login",
+            content=body(),
+            timeout=120,
+            headers={"Content-Type": "application/json", "Content-Length": str(megabytes * 2**20)},
+        )
         status: int | str = answer.status_code
     except httpx.HTTPError as exc:  # the server may close the connection mid-upload
         status = type(exc).__name__
     time.sleep(0.5)
     stop.set()
     watcher.join()
-    return {"status": status, "rss_before_mb": before // 2**20,
-            "rss_peak_mb": peak[0] // 2**20}
+    return {"status": status, "rss_before_mb": before // 2**20, "rss_peak_mb": peak[0] // 2**20}
 
 
 def main() -> None:
@@ -147,15 +171,20 @@ def main() -> None:
         proc = start_api(args.repo.resolve(), Path(tmp) / "var", port, extra)
         base = f"http://127.0.0.1:{port}"
         try:
-            httpx.post(f"{base}/api/v1/auth/login", timeout=60,
-                       json={"email": EMAIL, "password": PASSWORD})  # warm up
+            httpx.post(
+                f"{base}/api/v1/auth/login", timeout=60, json={"email": EMAIL, "password": PASSWORD}
+            )  # warm up
             stop, rest = threading.Event(), []
             timer = threading.Timer(3.0, stop.set)
             timer.start()
             latencies_ms(f"{base}/api/v1/health", stop, rest, 0.05)
-            result = {"repo": str(args.repo), "env": extra, "health_at_rest": summary(rest),
-                      **burst(base, proc.pid, args.logins),
-                      "big_body": big_body(base, proc.pid, args.body_mb)}
+            result = {
+                "repo": str(args.repo),
+                "env": extra,
+                "health_at_rest": summary(rest),
+                **burst(base, proc.pid, args.logins),
+                "big_body": big_body(base, proc.pid, args.body_mb),
+            }
         finally:
             proc.terminate()
             proc.wait(30)

@@ -23,8 +23,13 @@ from worker.engine.ranks import free_port  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+]
 
 
 def shoot(page: Page, name: str, *, full: bool = False) -> None:
@@ -44,8 +49,10 @@ def log_in(page: Page, stack: LocalStack) -> None:
 def make_project(page: Page, stack: LocalStack) -> None:
     page.goto(f"{stack.url}/projects")
     page.fill("#project-name", "mnist")
-    page.fill("#project-description", "Handwritten digits: a small CNN trained across cpu-a and "
-              "cpu-b at once.")
+    page.fill(
+        "#project-description",
+        "Handwritten digits: a small CNN trained across cpu-a and cpu-b at once.",
+    )
     page.click("#project-form button[type=submit]")
     page.wait_for_selector("#task-form")
     page.select_option("#task-code-version", "example:mnist_cnn")
@@ -69,8 +76,11 @@ def watch_task(page: Page, stack: LocalStack) -> None:
         time.sleep(1)
     page.wait_for_timeout(3500)
     shoot(page, "task-running", full=True)
-    while api.get(f"/api/v1/tasks/{task_id}").json()["status"] not in (
-            "SUCCEEDED", "FAILED", "CANCELLED") and time.monotonic() < deadline:
+    while (
+        api.get(f"/api/v1/tasks/{task_id}").json()["status"]
+        not in ("SUCCEEDED", "FAILED", "CANCELLED")
+        and time.monotonic() < deadline
+    ):
         time.sleep(1)
     page.wait_for_timeout(3500)
     shoot(page, "task", full=True)
@@ -78,19 +88,27 @@ def watch_task(page: Page, stack: LocalStack) -> None:
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    groups = [GroupSetup("cpu-a", 2, description="CPU pool A"),
-              GroupSetup("cpu-b", 1, description="CPU pool B")]
-    with tempfile.TemporaryDirectory() as tmp, \
-            LocalStack(data_dir=Path(tmp), port=free_port(), groups=groups) as stack, \
-            sync_playwright() as pw:
+    groups = [
+        GroupSetup("cpu-a", 2, description="CPU pool A"),
+        GroupSetup("cpu-b", 1, description="CPU pool B"),
+    ]
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalStack(data_dir=Path(tmp), port=free_port(), groups=groups) as stack,
+        sync_playwright() as pw,
+    ):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1360, "height": 860})
         log_in(page, stack)
         make_project(page, stack)
         watch_task(page, stack)
-        for path, name in [("/", "tasks"), ("/projects", "projects"),
-                           ("/resource-groups", "cluster"), ("/admin/users", "users"),
-                           ("/account", "account")]:
+        for path, name in [
+            ("/", "tasks"),
+            ("/projects", "projects"),
+            ("/resource-groups", "cluster"),
+            ("/admin/users", "users"),
+            ("/account", "account"),
+        ]:
             page.goto(stack.url + path)
             shoot(page, name)
         browser.close()

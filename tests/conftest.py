@@ -79,8 +79,7 @@ def _copy_migrated_sqlite(target: Path) -> None:
 
 
 @pytest.fixture
-def service_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_backend: str
-                ) -> Iterator[Path]:
+def service_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_backend: str) -> Iterator[Path]:
     """Point the service at a fresh migrated database (SQLite under tmp_path, or a
     PostgreSQL database of its own) and a data dir under tmp_path."""
     monkeypatch.setenv("POLYTRAIN_DATA_DIR", str(tmp_path / "var"))
@@ -151,8 +150,11 @@ def add_account(email: str, *, admin: bool = False) -> Account:
     from backend.auth.models import User, UserRole
 
     with db.get_sessionmaker()() as s:
-        user = User(email=email, password_hash=password_hash(),
-                    role=UserRole.ADMIN if admin else UserRole.MEMBER)
+        user = User(
+            email=email,
+            password_hash=password_hash(),
+            role=UserRole.ADMIN if admin else UserRole.MEMBER,
+        )
         s.add(user)
         s.commit()
         _, token = tokens.issue(s, user=user, name="test", expires_in_days=None)
@@ -175,20 +177,25 @@ def with_csrf(test_client: TestClient, data: dict) -> dict:
     return {**data, "csrf_token": test_client.account.csrf}  # type: ignore[attr-defined]
 
 
-def make_group(client: TestClient, name: str = "cpu-a", capacity: int = 2,
-               device_type: str = "cpu") -> dict:
-    response = client.post("/api/v1/resource-groups",
-                           json={"name": name, "device_type": device_type, "capacity": capacity})
+def make_group(
+    client: TestClient, name: str = "cpu-a", capacity: int = 2, device_type: str = "cpu"
+) -> dict:
+    response = client.post(
+        "/api/v1/resource-groups",
+        json={"name": name, "device_type": device_type, "capacity": capacity},
+    )
     assert response.status_code == 201, response.text
     return response.json()
 
 
-def make_project(client: TestClient, name: str = "mnist", example: str = "mnist_cnn"
-                 ) -> tuple[dict, dict]:
+def make_project(
+    client: TestClient, name: str = "mnist", example: str = "mnist_cnn"
+) -> tuple[dict, dict]:
     project = client.post("/api/v1/projects", json={"name": name})
     assert project.status_code == 201, project.text
-    version = client.post(f"/api/v1/projects/{project.json()['id']}/code-versions",
-                          json={"example": example})
+    version = client.post(
+        f"/api/v1/projects/{project.json()['id']}/code-versions", json={"example": example}
+    )
     assert version.status_code == 201, version.text
     return project.json(), version.json()
 

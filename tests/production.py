@@ -65,8 +65,9 @@ def _admin(sql: str) -> None:
 
 
 def _with_database(name: str) -> str:
-    return make_url(os.environ[DATABASE_ENV]).set(database=name).render_as_string(
-        hide_password=False)
+    return (
+        make_url(os.environ[DATABASE_ENV]).set(database=name).render_as_string(hide_password=False)
+    )
 
 
 def template() -> str:

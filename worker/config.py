@@ -35,13 +35,24 @@ class AgentSettings(BaseSettings):
     heartbeat_interval_s: float = 3.0
     rendezvous_timeout_s: float = 120.0
     dist_timeout_s: float = 120.0
-    sandbox_user: str = Field(default="polytrain-run", min_length=1,
-                              description="the unprivileged user whose group ranks run in")
-    sandbox_uid_first: int = Field(default=2_100_000_000, ge=1000, le=2**31 - 2**16,
-                                   description="first uid of the pool ranks run as, one each")
-    sandbox_uid_count: int = Field(default=64, ge=1, le=4096,
-                                   description="sandbox uids on this host: at least every "
-                                               "rank and warm interpreter of its agents")
+    sandbox_user: str = Field(
+        default="polytrain-run",
+        min_length=1,
+        description="the unprivileged user whose group ranks run in",
+    )
+    sandbox_uid_first: int = Field(
+        default=2_100_000_000,
+        ge=1000,
+        le=2**31 - 2**16,
+        description="first uid of the pool ranks run as, one each",
+    )
+    sandbox_uid_count: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="sandbox uids on this host: at least every "
+        "rank and warm interpreter of its agents",
+    )
 
     def resolved_broker_url(self) -> str:
         """The broker, defaulting (like the API) to the SQLAlchemy transport over SQLite."""

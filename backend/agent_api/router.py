@@ -92,9 +92,14 @@ def set_rendezvous(task_id: int, data: Rendezvous, session: SessionDep) -> None:
 def get_rendezvous(task_id: int, session: SessionDep) -> RendezvousRead:
     task = tasks.get(session, task_id=task_id)
     hosts, complete = fate.peer_hosts(session, task)
-    return RendezvousRead(master_addr=task.master_addr, master_port=task.master_port,
-                          status=task.status.value, attempt=task.attempt, peer_hosts=hosts,
-                          peers_complete=complete)
+    return RendezvousRead(
+        master_addr=task.master_addr,
+        master_port=task.master_port,
+        status=task.status.value,
+        attempt=task.attempt,
+        peer_hosts=hosts,
+        peers_complete=complete,
+    )
 
 
 @router.post("/tasks/{task_id}/logs")
@@ -116,10 +121,20 @@ def progress(task_id: int, data: Progress, session: SessionDep) -> None:
 
 @router.post("/tasks/{task_id}/checkpoints", response_model=CheckpointRead)
 async def upload_checkpoint(
-    task_id: int, request: Request, session: SessionDep, settings: SettingsDep,
-    name: Annotated[str, Query(pattern=CHECKPOINT_NAME_PATTERN, examples=["epoch-3.pt"],
-                               description="file name; letters, digits, `._-`, no leading dot")],
-    epoch: Annotated[int, Query(ge=0)], step: Annotated[int, Query(ge=0)],
+    task_id: int,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    name: Annotated[
+        str,
+        Query(
+            pattern=CHECKPOINT_NAME_PATTERN,
+            examples=["epoch-3.pt"],
+            description="file name; letters, digits, `._-`, no leading dot",
+        ),
+    ],
+    epoch: Annotated[int, Query(ge=0)],
+    step: Annotated[int, Query(ge=0)],
     attempt: Annotated[int, Query(ge=1)] = 1,
 ) -> Checkpoint:
     """Store a checkpoint file sent as the raw request body (409 if the name is taken by
@@ -128,9 +143,16 @@ async def upload_checkpoint(
 
     def store() -> Checkpoint:  # database and disk work stay off the event loop
         task = tasks.get(session, task_id=task_id)
-        return reports.save_checkpoint(session, task=task, directory=settings.checkpoint_dir,
-                                       name=name, epoch=epoch, step=step, body=body,
-                                       attempt=attempt)
+        return reports.save_checkpoint(
+            session,
+            task=task,
+            directory=settings.checkpoint_dir,
+            name=name,
+            epoch=epoch,
+            step=step,
+            body=body,
+            attempt=attempt,
+        )
 
     return await run_in_threadpool(store)
 

@@ -39,7 +39,8 @@ class Agent(Base):
     last_heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
     state: Mapped[AgentState] = mapped_column(
         Enum(AgentState, native_enum=False, length=16, validate_strings=True, name="agentstate"),
-        default=AgentState.ACTIVE, server_default="ACTIVE",
+        default=AgentState.ACTIVE,
+        server_default="ACTIVE",
     )
     description: Mapped[str] = mapped_column(Text, default="", server_default="")
     # Who holds the name: the id an agent keeps in its data dir (worker/agent/identity.py).

@@ -12,11 +12,17 @@ router = APIRouter(prefix="/agents", tags=["agents"], dependencies=[AdminWrites]
 
 
 @router.get("", response_model=list[AgentRead])
-def list_agents(session: SessionDep, page: Page, response: Response,
-                resource_group: str | None = None, online: bool | None = None) -> list:
+def list_agents(
+    session: SessionDep,
+    page: Page,
+    response: Response,
+    resource_group: str | None = None,
+    online: bool | None = None,
+) -> list:
     """Registered agents with the hardware they detected; filter by group or liveness."""
-    return paginated(list(service.list_all(session, group=resource_group, online=online)),
-                     page, response)
+    return paginated(
+        list(service.list_all(session, group=resource_group, online=online)), page, response
+    )
 
 
 @router.get("/{agent_id}", response_model=AgentRead)

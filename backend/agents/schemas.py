@@ -26,8 +26,9 @@ class AgentRegister(StrictModel):
     """
 
     name: str = Field(min_length=1, max_length=200)
-    instance_id: str | None = Field(default=None, min_length=8, max_length=64,
-                                    pattern=r"^[A-Za-z0-9_-]+$")
+    instance_id: str | None = Field(
+        default=None, min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_-]+$"
+    )
     host: str = Field(min_length=1, max_length=200)
     resource_group: str
     workers: int = Field(ge=1, le=1024)
@@ -53,8 +54,11 @@ class AgentRead(BaseModel):
 class AgentUpdate(StrictModel):
     """Fields an admin changes; `state` drains (`draining`), disables or re-activates it."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [
-        {"state": "draining"}, {"description": "rack 3, replace fan"}]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"state": "draining"}, {"description": "rack 3, replace fan"}]
+        }
+    )
 
     state: AgentState | None = None
     description: str | None = Field(default=None, max_length=2000)

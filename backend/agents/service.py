@@ -29,19 +29,25 @@ def register(session: Session, *, data: AgentRegister, live_within_s: float = 15
     """
     group = groups.get_by_name(session, name=data.resource_group)
     agent = session.scalar(select(Agent).where(Agent.name == data.name))
-    if agent is not None and _is_live(agent, live_within_s) and (
-            data.instance_id is None or data.instance_id != agent.instance_id):
+    if (
+        agent is not None
+        and _is_live(agent, live_within_s)
+        and (data.instance_id is None or data.instance_id != agent.instance_id)
+    ):
         silent = (utcnow() - agent.last_heartbeat_at).total_seconds()
         raise Conflict(
             f"agent name '{data.name}' is in use by a live agent on {agent.host} (last "
             f"heartbeat {max(0.0, silent):.0f} s ago); start this agent with another --name, "
-            f"or stop that one first", field="name")
+            f"or stop that one first",
+            field="name",
+        )
     if agent is not None:
         # A process registering under a known name is a restarted agent: whatever it ran is gone.
         fate.restart_tasks_of(session, agent=agent, reason=f"agent '{agent.name}' restarted")
     if agent is None:
-        agent = Agent(name=data.name, host=data.host, resource_group_id=group.id,
-                      workers=data.workers)
+        agent = Agent(
+            name=data.name, host=data.host, resource_group_id=group.id, workers=data.workers
+        )
         session.add(agent)
     agent.host, agent.resource_group_id, agent.workers = data.host, group.id, data.workers
     agent.hardware = data.hardware.model_dump()
@@ -53,8 +59,7 @@ def register(session: Session, *, data: AgentRegister, live_within_s: float = 15
 
 def _is_live(agent: Agent, live_within_s: float) -> bool:
     """Online with a heartbeat within the last `live_within_s` seconds."""
-    return agent.online and agent.last_heartbeat_at >= utcnow() - timedelta(
-        seconds=live_within_s)
+    return agent.online and agent.last_heartbeat_at >= utcnow() - timedelta(seconds=live_within_s)
 
 
 def get(session: Session, *, agent_id: int) -> Agent:
@@ -78,8 +83,9 @@ def deregister(session: Session, *, agent: Agent) -> None:
     session.commit()
 
 
-def list_all(session: Session, *, group: str | None = None, online: bool | None = None
-             ) -> Sequence[Agent]:
+def list_all(
+    session: Session, *, group: str | None = None, online: bool | None = None
+) -> Sequence[Agent]:
     """Registered agents by name, optionally of one group or only (not) online."""
     query = select(Agent).order_by(Agent.name)
     if group is not None:
@@ -91,11 +97,19 @@ def list_all(session: Session, *, group: str | None = None, online: bool | None 
 
 def running_sub_tasks(session: Session, *, agent: Agent) -> int:
     """Sub-tasks of the tasks' current attempts that `agent` has claimed and still runs."""
-    return session.scalar(
-        select(func.count(SubTask.id)).join(Task, Task.id == SubTask.task_id)
-        .where(SubTask.agent_id == agent.id, SubTask.status == SubTaskStatus.RUNNING,
-               SubTask.attempt == Task.attempt, Task.status.in_(ACTIVE))
-    ) or 0
+    return (
+        session.scalar(
+            select(func.count(SubTask.id))
+            .join(Task, Task.id == SubTask.task_id)
+            .where(
+                SubTask.agent_id == agent.id,
+                SubTask.status == SubTaskStatus.RUNNING,
+                SubTask.attempt == Task.attempt,
+                Task.status.in_(ACTIVE),
+            )
+        )
+        or 0
+    )
 
 
 def update(session: Session, *, agent: Agent, data: AgentUpdate) -> Agent:
@@ -112,8 +126,11 @@ def update(session: Session, *, agent: Agent, data: AgentUpdate) -> Agent:
     if changes.get("state") is AgentState.DISABLED:
         running = running_sub_tasks(session, agent=agent)
         if running:
-            raise Conflict(f"agent '{agent.name}' still runs {running} sub-task(s); set state "
-                           f"'draining' first and disable it once they end", field="state")
+            raise Conflict(
+                f"agent '{agent.name}' still runs {running} sub-task(s); set state "
+                f"'draining' first and disable it once they end",
+                field="state",
+            )
     for key, value in changes.items():
         setattr(agent, key, value)
     session.commit()

@@ -19,10 +19,21 @@ from dataclasses import dataclass
 API_PREFIX = ("api", "v1")
 SKIPPED = frozenset({"admin"})
 VERBS = {
-    "login": "login", "logout": "logout", "password": "change_password",
-    "archive": "archive", "unarchive": "unarchive", "cancel": "cancel", "retry": "retry",
-    "revoke": "delete", "remove": "delete", "delete": "delete", "edit": "update",
-    "state": "update", "upload": "create", "download": "download", "stream": "stream",
+    "login": "login",
+    "logout": "logout",
+    "password": "change_password",
+    "archive": "archive",
+    "unarchive": "unarchive",
+    "cancel": "cancel",
+    "retry": "retry",
+    "revoke": "delete",
+    "remove": "delete",
+    "delete": "delete",
+    "edit": "update",
+    "state": "update",
+    "upload": "create",
+    "download": "download",
+    "stream": "stream",
 }
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # Object types whose path ids are another type's ids; and types addressed by name.
@@ -46,8 +57,9 @@ def collection(segment: str) -> str:
     return segment.removesuffix("s").replace("-", "_")
 
 
-def _walk(template: str, params: Mapping[str, str], actor: int | None
-          ) -> tuple[list[list[str | None]], str | None]:
+def _walk(
+    template: str, params: Mapping[str, str], actor: int | None
+) -> tuple[list[list[str | None]], str | None]:
     """The path's collections, each with the id bound to it (or None), and its verb."""
     segments = [s for s in template.strip("/").split("/") if s]
     if tuple(segments[:2]) == API_PREFIX:
@@ -104,9 +116,15 @@ def created_id(object_type: str, *, body: bytes | None, location: str | None) ->
     return None
 
 
-def describe(method: str, template: str | None, params: Mapping[str, str], *,
-             actor: int | None = None, body: bytes | None = None,
-             location: str | None = None) -> Described:
+def describe(
+    method: str,
+    template: str | None,
+    params: Mapping[str, str],
+    *,
+    actor: int | None = None,
+    body: bytes | None = None,
+    location: str | None = None,
+) -> Described:
     """Name the action of a `method` request to the route `template` with `params`.
 
     `actor` is the caller's user id (what `me` and `/account` stand for); `body` and

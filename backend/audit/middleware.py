@@ -127,20 +127,29 @@ def event_for(scope: Scope, answer: Answer, rid: str) -> AuditEventCreate:
     """The audit event of one finished request."""
     state = scope.get("state") or {}
     described = actions.describe(
-        scope["method"], _route_template(scope), scope.get("path_params") or {},
+        scope["method"],
+        _route_template(scope),
+        scope.get("path_params") or {},
         actor=getattr(state.get("user"), "id", None),
         body=bytes(answer.body) if answer.body else None,
-        location=answer.headers.get("location"))
+        location=answer.headers.get("location"),
+    )
     user_id, token_id = _actor(scope, answer, described.action)
     client = scope.get("client")
     object_id = described.object_id
     return AuditEventCreate(
-        actor_user_id=user_id, actor_token_id=token_id, action=described.action,
+        actor_user_id=user_id,
+        actor_token_id=token_id,
+        action=described.action,
         object_type=described.object_type,
         object_id=_text(object_id, 100) if object_id is not None else None,
-        method=_text(scope["method"], 8), path=_text(scope["path"], 500),
-        status_code=answer.status, outcome=answer.outcome(described.action),
-        client_address=_text(client[0], 64) if client else None, request_id=rid)
+        method=_text(scope["method"], 8),
+        path=_text(scope["path"], 500),
+        status_code=answer.status,
+        outcome=answer.outcome(described.action),
+        client_address=_text(client[0], 64) if client else None,
+        request_id=rid,
+    )
 
 
 def write(event: AuditEventCreate) -> None:
@@ -184,8 +193,11 @@ class AuditMiddleware:
                     MutableHeaders(scope=message).append(REQUEST_ID_HEADER, rid)
             elif message["type"] == "http.response.body":
                 answer.add(message.get("body", b""))
-                if not message.get("more_body", False) and not answer.recorded \
-                        and is_recorded(method, answer.status):
+                if (
+                    not message.get("more_body", False)
+                    and not answer.recorded
+                    and is_recorded(method, answer.status)
+                ):
                     await record()
             await send(message)
 

@@ -47,6 +47,7 @@ class AuditEvent(Base):
     path: Mapped[str] = mapped_column(String(500))
     status_code: Mapped[int]
     outcome: Mapped[AuditOutcome] = mapped_column(
-        Enum(AuditOutcome, native_enum=False, length=16, validate_strings=True))
+        Enum(AuditOutcome, native_enum=False, length=16, validate_strings=True)
+    )
     client_address: Mapped[str | None] = mapped_column(String(64), default=None)
     request_id: Mapped[str] = mapped_column(String(64), index=True)

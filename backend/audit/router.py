@@ -15,13 +15,13 @@ router = APIRouter(prefix="/audit", tags=["audit"], dependencies=[Depends(requir
 
 
 @router.get("", response_model=list[AuditEventRead])
-def list_audit_events(session: SessionDep, filters: Annotated[AuditFilter, Query()], page: Page,
-                      response: Response) -> list[AuditEvent]:
+def list_audit_events(
+    session: SessionDep, filters: Annotated[AuditFilter, Query()], page: Page, response: Response
+) -> list[AuditEvent]:
     """Write requests to the API and the portal, and refused requests, newest first.
 
     Every given filter must match; the total goes in `X-Total-Count`. Admins only (403 for
     members).
     """
     response.headers[TOTAL_HEADER] = str(service.count(session, filters=filters))
-    return list(service.list_events(session, filters=filters, offset=page.offset,
-                                    limit=page.limit))
+    return list(service.list_events(session, filters=filters, offset=page.offset, limit=page.limit))

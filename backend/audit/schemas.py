@@ -25,18 +25,35 @@ class AuditEventCreate(BaseModel):
 
 
 class AuditEventRead(BaseModel):
-    model_config = ConfigDict(from_attributes=True, json_schema_extra={"examples": [{
-        "id": 41, "at": "2026-11-25T09:30:00Z", "actor_user_id": 2, "actor_token_id": 5,
-        "action": "project.archive", "object_type": "project", "object_id": "7",
-        "method": "POST", "path": "/api/v1/projects/7/archive", "status_code": 403,
-        "outcome": "refused", "client_address": "10.0.0.8",
-        "request_id": "6f1c2a0e9b7d4c3a8e5f0a1b2c3d4e5f"}]})
+    model_config = ConfigDict(
+        from_attributes=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 41,
+                    "at": "2026-11-25T09:30:00Z",
+                    "actor_user_id": 2,
+                    "actor_token_id": 5,
+                    "action": "project.archive",
+                    "object_type": "project",
+                    "object_id": "7",
+                    "method": "POST",
+                    "path": "/api/v1/projects/7/archive",
+                    "status_code": 403,
+                    "outcome": "refused",
+                    "client_address": "10.0.0.8",
+                    "request_id": "6f1c2a0e9b7d4c3a8e5f0a1b2c3d4e5f",
+                }
+            ]
+        },
+    )
 
     id: int
     at: UtcDateTime = Field(description="when the request was answered (UTC)")
     actor_user_id: int | None = Field(description="the caller; empty if not authenticated")
     actor_token_id: int | None = Field(
-        description="the personal API token used; empty for the portal's session cookie")
+        description="the personal API token used; empty for the portal's session cookie"
+    )
     action: str = Field(description="`<object type>.<verb>`, e.g. `project.create`")
     object_type: str | None
     object_id: str | None = Field(description="id (or name, for resource groups)")
@@ -59,9 +76,12 @@ class AuditFilter(BaseModel):
 
     actor_user_id: int | None = Field(default=None, ge=1, description="the acting user's id")
     actor_token_id: int | None = Field(default=None, ge=1, description="the API token's id")
-    action: str | None = Field(default=None, max_length=64, examples=["project.archive"],
-                               description="exact action, or a prefix ending in `*` "
-                                           "(`project.*`)")
+    action: str | None = Field(
+        default=None,
+        max_length=64,
+        examples=["project.archive"],
+        description="exact action, or a prefix ending in `*` (`project.*`)",
+    )
     object_type: str | None = Field(default=None, max_length=32, examples=["project"])
     object_id: str | None = Field(default=None, max_length=100, examples=["7"])
     outcome: AuditOutcome | None = None

@@ -18,11 +18,16 @@ def record(session: Session, *, data: AuditEventCreate) -> AuditEvent:
 
 
 def _conditions(filters: AuditFilter) -> list[ColumnElement[bool]]:
-    exact = {"actor_user_id": AuditEvent.actor_user_id,
-             "actor_token_id": AuditEvent.actor_token_id, "object_type": AuditEvent.object_type,
-             "object_id": AuditEvent.object_id, "outcome": AuditEvent.outcome,
-             "status_code": AuditEvent.status_code,
-             "client_address": AuditEvent.client_address, "request_id": AuditEvent.request_id}
+    exact = {
+        "actor_user_id": AuditEvent.actor_user_id,
+        "actor_token_id": AuditEvent.actor_token_id,
+        "object_type": AuditEvent.object_type,
+        "object_id": AuditEvent.object_id,
+        "outcome": AuditEvent.outcome,
+        "status_code": AuditEvent.status_code,
+        "client_address": AuditEvent.client_address,
+        "request_id": AuditEvent.request_id,
+    }
     given = filters.model_dump(exclude_none=True)
     conditions = [column == given[name] for name, column in exact.items() if name in given]
     if filters.action is not None:
@@ -47,8 +52,9 @@ def count(session: Session, *, filters: AuditFilter) -> int:
     return session.scalar(_filtered(select(func.count(AuditEvent.id)), filters)) or 0
 
 
-def list_events(session: Session, *, filters: AuditFilter, offset: int = 0, limit: int = 100
-                ) -> Sequence[AuditEvent]:
+def list_events(
+    session: Session, *, filters: AuditFilter, offset: int = 0, limit: int = 100
+) -> Sequence[AuditEvent]:
     """The events matching `filters`, newest first, `limit` of them after skipping `offset`."""
     query = _filtered(select(AuditEvent), filters).order_by(AuditEvent.id.desc())
     return session.scalars(query.offset(offset).limit(limit)).all()
@@ -57,8 +63,14 @@ def list_events(session: Session, *, filters: AuditFilter, offset: int = 0, limi
 def known_values(session: Session) -> dict[str, list[str]]:
     """The actions and object types recorded so far (the choices of the portal's filters)."""
     return {
-        "actions": list(session.scalars(select(AuditEvent.action).distinct()
-                                        .order_by(AuditEvent.action))),
-        "object_types": [t for t in session.scalars(
-            select(AuditEvent.object_type).distinct().order_by(AuditEvent.object_type)) if t],
+        "actions": list(
+            session.scalars(select(AuditEvent.action).distinct().order_by(AuditEvent.action))
+        ),
+        "object_types": [
+            t
+            for t in session.scalars(
+                select(AuditEvent.object_type).distinct().order_by(AuditEvent.object_type)
+            )
+            if t
+        ],
     }

@@ -26,13 +26,16 @@ SESSION_COOKIE = "polytrain_session"
 CSRF_HEADER = "X-CSRF-Token"
 CSRF_FIELD = "csrf_token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-LOGIN_HINT = ("log in: send 'Authorization: Bearer <token>' (a personal API token from "
-              "`polytrain login` or the portal's Account page)")
+LOGIN_HINT = (
+    "log in: send 'Authorization: Bearer <token>' (a personal API token from "
+    "`polytrain login` or the portal's Account page)"
+)
 
 bearer_scheme = HTTPBearer(
-    auto_error=False, scheme_name="APIToken",
+    auto_error=False,
+    scheme_name="APIToken",
     description="A personal API token (`pt_...`), from `POST /api/v1/auth/login`, "
-                "`polytrain login` or the portal's Account page.",
+    "`polytrain login` or the portal's Account page.",
 )
 
 
@@ -58,7 +61,8 @@ def _web_session(request: Request, session: Session) -> tuple[WebSession, User] 
 
 
 def current_user(
-    request: Request, session: SessionDep,
+    request: Request,
+    session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> User:
     """The caller of a REST endpoint, by API token or by portal session cookie.
@@ -157,8 +161,10 @@ async def check_csrf(request: Request, user: WebUser) -> None:
     form = await request.form()
     sent = form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER) or ""
     if not isinstance(sent, str) or not same(sent, request.state.csrf_token):
-        raise Forbidden("this form has expired or did not come from the portal (CSRF check); "
-                        "reload the page and try again")
+        raise Forbidden(
+            "this form has expired or did not come from the portal (CSRF check); "
+            "reload the page and try again"
+        )
 
 
 CsrfCheck = Depends(check_csrf)

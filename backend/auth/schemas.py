@@ -15,14 +15,25 @@ Email = Annotated[
     AfterValidator(str.lower),
 ]
 Password = Annotated[
-    str, Field(min_length=8, max_length=256, description="at least 8 characters",
-               examples=["correct horse battery staple"])
+    str,
+    Field(
+        min_length=8,
+        max_length=256,
+        description="at least 8 characters",
+        examples=["correct horse battery staple"],
+    ),
 ]
 TokenName = Annotated[str, Field(min_length=1, max_length=100, examples=["laptop CLI"])]
 ExpiresInDays = Annotated[
-    int | None, Field(default=None, ge=1, le=3650, description="days until the token expires; "
-                      "null: the default (POLYTRAIN_TOKEN_DEFAULT_EXPIRY_DAYS, 90)",
-                      examples=[90])
+    int | None,
+    Field(
+        default=None,
+        ge=1,
+        le=3650,
+        description="days until the token expires; "
+        "null: the default (POLYTRAIN_TOKEN_DEFAULT_EXPIRY_DAYS, 90)",
+        examples=[90],
+    ),
 ]
 
 
@@ -38,20 +49,36 @@ class UserCreate(StrictModel):
 class UserUpdate(StrictModel):
     """Changes to an account (admins only); omitted fields stay as they are."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [{"role": "admin"},
-                                                              {"is_active": False}]})
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"role": "admin"}, {"is_active": False}]}
+    )
 
     name: str | None = Field(default=None, max_length=100)
     role: UserRole | None = None
-    is_active: bool | None = Field(default=None, description="false: the user cannot log in "
-                                   "and every token and session stops working")
+    is_active: bool | None = Field(
+        default=None,
+        description="false: the user cannot log in and every token and session stops working",
+    )
     password: Password | None = None
 
 
 class UserRead(BaseModel):
-    model_config = ConfigDict(from_attributes=True, json_schema_extra={"examples": [{
-        "id": 2, "email": "ada@example.org", "name": "Ada Lovelace", "role": "member",
-        "is_active": True, "created_at": "2026-11-22T06:00:00", "last_login_at": None}]})
+    model_config = ConfigDict(
+        from_attributes=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 2,
+                    "email": "ada@example.org",
+                    "name": "Ada Lovelace",
+                    "role": "member",
+                    "is_active": True,
+                    "created_at": "2026-11-22T06:00:00",
+                    "last_login_at": None,
+                }
+            ]
+        },
+    )
 
     id: int
     email: str
@@ -102,11 +129,23 @@ class TokenRead(BaseModel):
 class TokenCreated(TokenRead):
     """A token just created: `token` is shown this once and never again."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "id": 3, "name": "laptop CLI", "prefix": "pt_Vx3kQ9", "token": "pt_Vx3kQ9...",
-        "created_at": "2026-11-22T06:00:00", "expires_at": "2027-02-20T06:00:00",
-        "last_used_at": None, "revoked_at": None, "user": UserRead.model_config[
-            "json_schema_extra"]["examples"][0]}]})  # type: ignore[index]
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 3,
+                    "name": "laptop CLI",
+                    "prefix": "pt_Vx3kQ9",
+                    "token": "pt_Vx3kQ9...",
+                    "created_at": "2026-11-22T06:00:00",
+                    "expires_at": "2027-02-20T06:00:00",
+                    "last_used_at": None,
+                    "revoked_at": None,
+                    "user": UserRead.model_config["json_schema_extra"]["examples"][0],  # type: ignore[index]
+                }
+            ]
+        }
+    )
 
     token: str = Field(description="send as `Authorization: Bearer <token>`; shown only once")
     user: UserRead

@@ -33,8 +33,12 @@ def create(session: Session, *, data: UserCreate) -> User:
     """Create an account. Raises Conflict if the email is taken."""
     if get_by_email(session, email=data.email):
         raise Conflict(f"a user with email '{data.email}' already exists", field="email")
-    user = User(email=data.email, name=data.name, role=data.role,
-                password_hash=security.hash_password(data.password))
+    user = User(
+        email=data.email,
+        name=data.name,
+        role=data.role,
+        password_hash=security.hash_password(data.password),
+    )
     session.add(user)
     session.commit()
     return user
@@ -73,15 +77,22 @@ def count(session: Session) -> int:
     return session.scalar(select(func.count(User.id))) or 0
 
 
-def update(session: Session, *, user: User, data: UserUpdate, acting: User,
-           keep: tokens.Credential | None = None) -> User:
+def update(
+    session: Session,
+    *,
+    user: User,
+    data: UserUpdate,
+    acting: User,
+    keep: tokens.Credential | None = None,
+) -> User:
     """Apply an admin's changes. An admin cannot demote or disable themself (Conflict),
     so the platform never loses its last way in. A password reset ends every session and
     API token of the user (but `keep`, the acting admin's own credential, when an admin
     resets their own password)."""
     changes = data.model_dump(exclude_unset=True, exclude_none=True)
-    if user.id == acting.id and (changes.get("role") == UserRole.MEMBER
-                                 or changes.get("is_active") is False):
+    if user.id == acting.id and (
+        changes.get("role") == UserRole.MEMBER or changes.get("is_active") is False
+    ):
         raise Conflict("you cannot demote or disable your own account", field="role")
     if "password" in changes:
         user.password_hash = security.hash_password(changes.pop("password"))
@@ -93,8 +104,15 @@ def update(session: Session, *, user: User, data: UserUpdate, acting: User,
     return user
 
 
-async def change_password(session: Session, *, user: User, current: str, new: str,
-                          gate: HashGate, keep: tokens.Credential | None = None) -> None:
+async def change_password(
+    session: Session,
+    *,
+    user: User,
+    current: str,
+    new: str,
+    gate: HashGate,
+    keep: tokens.Credential | None = None,
+) -> None:
     """Set a new password after checking the current one, and end every other session and
     API token of the user (`keep`: the credential this change was made with). Both hashes
     go through `gate`, as a login's do; the caller rate-limits the attempt.
@@ -123,8 +141,10 @@ def ensure_admin(session: Session, *, email: str, password: str) -> tuple[User, 
     user = get_by_email(session, email=email)
     if user is None:
         try:
-            user = create(session, data=UserCreate(email=email, password=password,
-                                                   name="admin", role=UserRole.ADMIN))
+            user = create(
+                session,
+                data=UserCreate(email=email, password=password, name="admin", role=UserRole.ADMIN),
+            )
         except (Conflict, IntegrityError):  # another API process created it just now
             session.rollback()
             user = get_by_email(session, email=email)

@@ -66,15 +66,19 @@ class LoginLimiter:
             TooManyRequests: this address or this account tried too often lately
                 (`Retry-After`: seconds until the window lets one more in).
         """
-        checks = ((self._per_address, "address", address, None),
-                  (self._per_account, "account", email.strip().lower(), "email"))
+        checks = (
+            (self._per_address, "address", address, None),
+            (self._per_account, "account", email.strip().lower(), "email"),
+        )
         for item, kind, key, field in checks:
             if not self._limiter.hit(item, "login", kind, key):
                 reset = self._limiter.get_window_stats(item, "login", kind, key).reset_time
                 wait = math.ceil(max(1.0, reset - time.time()))
                 raise TooManyRequests(
                     f"too many login attempts for this {kind}; try again in {wait} s",
-                    retry_after_s=wait, field=field)
+                    retry_after_s=wait,
+                    field=field,
+                )
 
 
 class HashGate:

@@ -28,8 +28,11 @@ class Credential:
 
 def _live(user_id: int):  # type: ignore[no-untyped-def]
     now = utcnow()
-    return (ApiToken.user_id == user_id, ApiToken.revoked_at.is_(None),
-            or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > now))
+    return (
+        ApiToken.user_id == user_id,
+        ApiToken.revoked_at.is_(None),
+        or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > now),
+    )
 
 
 def _make_room(session: Session, *, user: User, rotate: bool) -> None:
@@ -39,14 +42,17 @@ def _make_room(session: Session, *, user: User, rotate: bool) -> None:
     if len(live) < cap:
         return
     if not rotate:
-        raise Conflict(f"you have {len(live)} live API tokens, the most allowed; revoke one "
-                       "first", field="name")
-    for token in live[:len(live) - cap + 1]:
+        raise Conflict(
+            f"you have {len(live)} live API tokens, the most allowed; revoke one first",
+            field="name",
+        )
+    for token in live[: len(live) - cap + 1]:
         token.revoked_at = utcnow()
 
 
-def issue(session: Session, *, user: User, name: str, expires_in_days: int | None,
-          rotate: bool = False) -> tuple[ApiToken, str]:
+def issue(
+    session: Session, *, user: User, name: str, expires_in_days: int | None, rotate: bool = False
+) -> tuple[ApiToken, str]:
     """Create a token for `user`; returns the row and the token itself (shown once).
 
     `expires_in_days` None means the default expiry (`token_default_expiry_days`): every
@@ -59,8 +65,13 @@ def issue(session: Session, *, user: User, name: str, expires_in_days: int | Non
     _make_room(session, user=user, rotate=rotate)
     plain = security.new_api_token()
     days = expires_in_days or get_settings().token_default_expiry_days
-    token = ApiToken(user_id=user.id, name=name, token_hash=security.digest(plain),
-                     prefix=plain[:PREFIX_CHARS], expires_at=utcnow() + timedelta(days=days))
+    token = ApiToken(
+        user_id=user.id,
+        name=name,
+        token_hash=security.digest(plain),
+        prefix=plain[:PREFIX_CHARS],
+        expires_at=utcnow() + timedelta(days=days),
+    )
     session.add(token)
     session.commit()
     return token, plain
@@ -73,8 +84,9 @@ def revoke_all(session: Session, *, user: User, keep: Credential | None = None) 
     tokens = update(ApiToken).where(ApiToken.user_id == user.id, ApiToken.revoked_at.is_(None))
     if keep.api_token:
         tokens = tokens.where(ApiToken.token_hash != security.digest(keep.api_token))
-    sessions = update(WebSession).where(WebSession.user_id == user.id,
-                                        WebSession.revoked_at.is_(None))
+    sessions = update(WebSession).where(
+        WebSession.user_id == user.id, WebSession.revoked_at.is_(None)
+    )
     if keep.session_cookie:
         sessions = sessions.where(WebSession.token_hash != security.digest(keep.session_cookie))
     session.execute(tokens.values(revoked_at=now))
@@ -94,8 +106,10 @@ def authenticate(session: Session, *, plain: str) -> tuple[ApiToken, User]:
         raise Unauthorized(f"API token '{token.name}' was revoked")
     now = utcnow()
     if token.expires_at is not None and token.expires_at <= now:
-        raise Unauthorized(f"API token '{token.name}' expired at {token.expires_at:%Y-%m-%d %H:%M} "
-                           "UTC; log in again")
+        raise Unauthorized(
+            f"API token '{token.name}' expired at {token.expires_at:%Y-%m-%d %H:%M} "
+            "UTC; log in again"
+        )
     user = session.get_one(User, token.user_id)
     if not user.is_active:
         raise Unauthorized("this account is disabled")
@@ -124,9 +138,12 @@ def revoke(session: Session, *, user: User, token_id: int) -> ApiToken:
 def start_session(session: Session, *, user: User) -> tuple[WebSession, str]:
     """A new browser session; returns the row and the cookie value."""
     cookie = security.new_secret()
-    web = WebSession(user_id=user.id, token_hash=security.digest(cookie),
-                     csrf_token=security.new_secret(),
-                     expires_at=utcnow() + timedelta(days=SESSION_DAYS))
+    web = WebSession(
+        user_id=user.id,
+        token_hash=security.digest(cookie),
+        csrf_token=security.new_secret(),
+        expires_at=utcnow() + timedelta(days=SESSION_DAYS),
+    )
     session.add(web)
     session.commit()
     return web, cookie

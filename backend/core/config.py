@@ -41,26 +41,39 @@ class Settings(BaseSettings):
     )
     # Running behind a TLS-terminating proxy (docs/security.md).
     cookie_secure: bool = Field(
-        default=False, description="mark session cookies Secure even when the API itself "
-        "is reached over plain HTTP (set it behind a TLS proxy)")
+        default=False,
+        description="mark session cookies Secure even when the API itself "
+        "is reached over plain HTTP (set it behind a TLS proxy)",
+    )
     forwarded_allow_ips: str | None = Field(
-        default=None, description="comma-separated proxy addresses (or '*') whose "
-        "X-Forwarded-For/-Proto headers are trusted; unset: none are")
+        default=None,
+        description="comma-separated proxy addresses (or '*') whose "
+        "X-Forwarded-For/-Proto headers are trusted; unset: none are",
+    )
     docs_enabled: bool = Field(default=True, description="serve /docs, /redoc and /openapi.json")
     # Request bodies: refused with 413 before they are read (bytes).
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
     max_internal_body_bytes: int = Field(
-        default=512 * 1024 * 1024, ge=1024, description="bodies on /internal/v1 (checkpoints)")
+        default=512 * 1024 * 1024, ge=1024, description="bodies on /internal/v1 (checkpoints)"
+    )
     # Sign-in abuse (limits' rate strings, e.g. "10/minute").
     login_rate_per_account: str = "10/minute"
     login_rate_per_address: str = "30/minute"
     rate_limit_storage_url: str | None = Field(
-        default=None, description="where login counters live: unset, this process's memory; "
-        "'redis://host:6379/1' to share them among several API processes")
-    hash_concurrency: int = Field(default=1, ge=1, description="argon2 hashes run at once "
-                                  "(one already runs its 4 lanes on parallel threads)")
-    hash_queue: int = Field(default=8, ge=0, description="logins that may wait for a hash slot "
-                            "(more are answered 503 at once)")
+        default=None,
+        description="where login counters live: unset, this process's memory; "
+        "'redis://host:6379/1' to share them among several API processes",
+    )
+    hash_concurrency: int = Field(
+        default=1,
+        ge=1,
+        description="argon2 hashes run at once (one already runs its 4 lanes on parallel threads)",
+    )
+    hash_queue: int = Field(
+        default=8,
+        ge=0,
+        description="logins that may wait for a hash slot (more are answered 503 at once)",
+    )
     hash_wait_s: float = Field(default=5.0, gt=0, description="longest wait for a hash slot")
     token_default_expiry_days: int = Field(default=90, ge=1, le=3650)
     token_cap_per_user: int = Field(default=20, ge=1, description="live API tokens per user")

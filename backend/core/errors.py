@@ -113,13 +113,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def _service(_: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse(error_body(exc.code, exc.message, exc.field), status_code=exc.status,
-                            headers=exc.headers)
+        return JSONResponse(
+            error_body(exc.code, exc.message, exc.field),
+            status_code=exc.status,
+            headers=exc.headers,
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(
-            error_body("http_error", str(exc.detail)), status_code=exc.status_code,
+            error_body("http_error", str(exc.detail)),
+            status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )
 
@@ -127,20 +131,21 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DataError)
     async def _out_of_range(_: Request, exc: Exception) -> JSONResponse:
         # An id or number beyond what the database stores names nothing that exists.
-        return JSONResponse(error_body("invalid", "a number in the request is out of range"),
-                            status_code=422)
+        return JSONResponse(
+            error_body("invalid", "a number in the request is out of range"), status_code=422
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         # Starlette still logs the traceback; the caller gets the shared shape, no details.
-        return JSONResponse(error_body("internal", "internal error; it has been logged"),
-                            status_code=500)
+        return JSONResponse(
+            error_body("internal", "internal error; it has been logged"), status_code=500
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [
-            {"field": _field_of(tuple(e["loc"])), "message": _message_of(e)}
-            for e in exc.errors()
+            {"field": _field_of(tuple(e["loc"])), "message": _message_of(e)} for e in exc.errors()
         ]
         first = errors[0] if errors else {"field": "", "message": "invalid request"}
         message = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
@@ -152,18 +157,32 @@ def install_error_handlers(app: FastAPI) -> None:
 class ErrorDetail(BaseModel):
     code: str = Field(examples=["invalid"], description="machine-readable kind of error")
     message: str = Field(examples=["resource group 'gpu-x' does not exist"])
-    field: str | None = Field(default=None, examples=["resource_groups.1.name"],
-                              description="the faulty input, dotted (absent if none)")
+    field: str | None = Field(
+        default=None,
+        examples=["resource_groups.1.name"],
+        description="the faulty input, dotted (absent if none)",
+    )
     errors: list[dict[str, Any]] | None = Field(
-        default=None, description="every invalid field (request validation only)")
+        default=None, description="every invalid field (request validation only)"
+    )
 
 
 class ErrorResponse(BaseModel):
     """The one shape of every error answer of the API."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [{"error": {
-        "code": "invalid", "message": "resource group 'gpu-x' does not exist",
-        "field": "resource_groups.1.name"}}]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "error": {
+                        "code": "invalid",
+                        "message": "resource group 'gpu-x' does not exist",
+                        "field": "resource_groups.1.name",
+                    }
+                }
+            ]
+        }
+    )
 
     error: ErrorDetail
 

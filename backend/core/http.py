@@ -13,9 +13,11 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # The portal's own scripts and styles only (no inline script, style or event handler).
-PORTAL_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-              "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
-              "form-action 'self'; frame-ancestors 'none'")
+PORTAL_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
 # Swagger UI and ReDoc load their bundles from a CDN: no CSP there, but never framed.
 DOC_PATHS = ("/docs", "/redoc")
 
@@ -35,9 +37,17 @@ def _error(status: int, message: str) -> bytes:
 
 async def _answer(send: Send, status: int, message: str) -> None:
     body = _error(status, message)
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -92,8 +102,11 @@ class BodyLimitMiddleware:
 def security_headers(content_type: str, *, docs: bool = False) -> dict[str, str]:
     """The security headers of an answer of this content type (lower-case names); HTML
     other than the API docs gets the portal's CSP and `no-store`."""
-    headers = {"x-content-type-options": "nosniff", "referrer-policy": "same-origin",
-               "x-frame-options": "DENY"}
+    headers = {
+        "x-content-type-options": "nosniff",
+        "referrer-policy": "same-origin",
+        "x-frame-options": "DENY",
+    }
     if content_type.startswith("text/html") and not docs:
         headers |= {"content-security-policy": PORTAL_CSP, "cache-control": "no-store"}
     return headers
@@ -118,9 +131,11 @@ class SecurityHeadersMiddleware:
                 headers = list(message.get("headers", []))
                 content_type = dict(headers).get(b"content-type", b"").decode("latin-1")
                 names = {name.lower() for name, _ in headers}
-                headers += [(k.encode(), v.encode()) for k, v in
-                            security_headers(content_type, docs=docs).items()
-                            if k.encode() not in names]
+                headers += [
+                    (k.encode(), v.encode())
+                    for k, v in security_headers(content_type, docs=docs).items()
+                    if k.encode() not in names
+                ]
                 message = {**message, "headers": headers}
             await send(message)
 

@@ -30,4 +30,4 @@ Page = Annotated[PageParams, Depends(page_params)]
 def paginated(items: list[T], page: PageParams, response: Response) -> list[T]:
     """The page's slice of a short list held in memory; the full length goes in X-Total-Count."""
     response.headers[TOTAL_HEADER] = str(len(items))
-    return items[page.offset: page.offset + page.limit]
+    return items[page.offset : page.offset + page.limit]

@@ -20,5 +20,7 @@ def asset(relative: str) -> Path:
     for base in (PACKAGE_ASSETS, CHECKOUT):
         if (base / relative).exists():
             return base / relative
-    raise FileNotFoundError(f"{relative} is neither in {PACKAGE_ASSETS} (an installed "
-                            f"polytrain) nor in {CHECKOUT} (a checkout)")
+    raise FileNotFoundError(
+        f"{relative} is neither in {PACKAGE_ASSETS} (an installed "
+        f"polytrain) nor in {CHECKOUT} (a checkout)"
+    )

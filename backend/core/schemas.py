@@ -27,8 +27,10 @@ def _utc_iso(value: datetime) -> str:
 UtcDateTime = Annotated[
     datetime,
     PlainSerializer(_utc_iso, return_type=str, when_used="json"),
-    WithJsonSchema({"type": "string", "format": "date-time", "examples": ["2026-11-22T06:00:00Z"]},
-                   mode="serialization"),
+    WithJsonSchema(
+        {"type": "string", "format": "date-time", "examples": ["2026-11-22T06:00:00Z"]},
+        mode="serialization",
+    ),
 ]
 
 

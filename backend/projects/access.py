@@ -14,8 +14,9 @@ def is_member(session: Session, *, user: User, project: Project) -> bool:
     """Whether `user` owns the project or is one of its members."""
     if project.owner_id == user.id:
         return True
-    query = select(ProjectMember.id).where(ProjectMember.project_id == project.id,
-                                           ProjectMember.user_id == user.id)
+    query = select(ProjectMember.id).where(
+        ProjectMember.project_id == project.id, ProjectMember.user_id == user.id
+    )
     return session.scalar(query) is not None
 
 
@@ -54,8 +55,9 @@ def writable_project(session: Session, *, user: User, project_id: int) -> Projec
     """
     project = readable_project(session, user=user, project_id=project_id)
     if project.archived_at is not None:
-        raise Conflict(f"project '{project.name}' is archived; unarchive it first",
-                       field="project_id")
+        raise Conflict(
+            f"project '{project.name}' is archived; unarchive it first", field="project_id"
+        )
     return project
 
 
@@ -75,7 +77,8 @@ def managed_project(session: Session, *, user: User, project_id: int) -> Project
 def readable_version(session: Session, *, user: User, version_id: int) -> CodeVersion:
     """The code version, if `user` may see its project. Raises NotFound otherwise."""
     version = session.get(CodeVersion, version_id)
-    if version is None or not can_read(session, user=user,
-                                       project=session.get_one(Project, version.project_id)):
+    if version is None or not can_read(
+        session, user=user, project=session.get_one(Project, version.project_id)
+    ):
         raise NotFound(f"code version {version_id} does not exist", field="code_version_id")
     return version

@@ -63,15 +63,17 @@ def example_path(name: str) -> Path:
     available = list_examples()
     if name not in available:
         shown = name.encode("unicode_escape").decode()[:100]
-        raise Invalid(f"no bundled example '{shown}' (available: {', '.join(available)})",
-                      field="example")
+        raise Invalid(
+            f"no bundled example '{shown}' (available: {', '.join(available)})", field="example"
+        )
     return EXAMPLES_DIR / f"{name}.py"
 
 
 def list_examples() -> list[str]:
     """The names of the bundled examples: `examples/*.py` not starting with `_`, sorted."""
-    return sorted(p.stem for p in EXAMPLES_DIR.glob("*.py")
-                  if not p.stem.startswith("_") and p.is_file())
+    return sorted(
+        p.stem for p in EXAMPLES_DIR.glob("*.py") if not p.stem.startswith("_") and p.is_file()
+    )
 
 
 ARCHIVE_SUFFIXES = (".zip", ".tar.gz", ".tgz")
@@ -100,14 +102,17 @@ def _tar_files(content: bytes, max_bytes: int) -> dict[str, bytes]:
         if any(not m.isfile() for m in members):
             raise Invalid("archives may hold only files and folders (no links)", field="file")
         _check_sizes(len(members), sum(m.size for m in members), max_bytes)
-        return {_safe_name(m.name): archive.extractfile(m).read()  # type: ignore[union-attr]
-                for m in members}
+        return {
+            _safe_name(m.name): archive.extractfile(m).read()  # type: ignore[union-attr]
+            for m in members
+        }
 
 
 def _check_sizes(members: int, total: int, max_bytes: int) -> None:
     if members > MAX_ARCHIVE_MEMBERS:
-        raise Invalid(f"archive holds {members} files; the limit is {MAX_ARCHIVE_MEMBERS}",
-                      field="file")
+        raise Invalid(
+            f"archive holds {members} files; the limit is {MAX_ARCHIVE_MEMBERS}", field="file"
+        )
     if total > max_bytes:
         raise Invalid(f"archive unpacks to {total} bytes; the limit is {max_bytes}", field="file")
 
@@ -135,8 +140,11 @@ def _entrypoint(files: dict[str, bytes], wanted: str | None) -> str:
     if len(modules) == 1:
         return modules[0]
     listed = ", ".join(modules[:10]) or "none"
-    raise Invalid("name the entrypoint module: the archive has no train.py or main.py and "
-                  f"its .py files are: {listed}", field="entrypoint")
+    raise Invalid(
+        "name the entrypoint module: the archive has no train.py or main.py and "
+        f"its .py files are: {listed}",
+        field="entrypoint",
+    )
 
 
 def read_archive(
@@ -222,7 +230,8 @@ def loader_module(archive: bytes, *, entrypoint: str, filename: str) -> bytes:
     for archives without changing them.
     """
     return _LOADER.format(
-        filename=filename.replace('"', "'"), entrypoint=entrypoint,
+        filename=filename.replace('"', "'"),
+        entrypoint=entrypoint,
         archive=base64.b64encode(archive).decode(),
         digest=hashlib.sha256(archive).hexdigest()[:16],
     ).encode()

@@ -47,16 +47,21 @@ ManagedProjectDep = Annotated[Project, Depends(managed_project)]
 
 @router.get("", response_model=list[ProjectRead])
 def list_projects(
-    session: SessionDep, user: CurrentUser, response: Response,
-    offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    session: SessionDep,
+    user: CurrentUser,
+    response: Response,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
     include_archived: Annotated[bool, Query(description="list archived projects too")] = True,
 ) -> list[Project]:
     """The projects the caller owns or is a member of (every project for an admin)."""
     ids = access.visible_project_ids(session, user=user)
-    response.headers[TOTAL_HEADER] = str(service.count(
-        session, project_ids=ids, include_archived=include_archived))
-    return service.list_all(session, offset=offset, limit=limit, project_ids=ids,
-                            include_archived=include_archived)
+    response.headers[TOTAL_HEADER] = str(
+        service.count(session, project_ids=ids, include_archived=include_archived)
+    )
+    return service.list_all(
+        session, offset=offset, limit=limit, project_ids=ids, include_archived=include_archived
+    )
 
 
 @router.post("", response_model=ProjectRead, status_code=status.HTTP_201_CREATED)
@@ -71,8 +76,7 @@ def get_project(project: ProjectDep) -> Project:
 
 
 @router.patch("/{project_id}", response_model=ProjectRead)
-def update_project(data: ProjectUpdate, project: ManagedProjectDep, session: SessionDep
-                   ) -> Project:
+def update_project(data: ProjectUpdate, project: ManagedProjectDep, session: SessionDep) -> Project:
     """Rename or re-describe a project (owner or admin)."""
     return service.update(session, project=project, data=data)
 
@@ -89,14 +93,14 @@ def unarchive_project(project: ManagedProjectDep, session: SessionDep) -> Projec
 
 
 @router.get("/{project_id}/members", response_model=list[MemberRead])
-def list_members(project: ProjectDep, session: SessionDep, page: Page, response: Response
-                 ) -> list:
+def list_members(project: ProjectDep, session: SessionDep, page: Page, response: Response) -> list:
     """The project's owner and members."""
     return paginated(service.member_rows(session, project=project), page, response)
 
 
-@router.post("/{project_id}/members", response_model=ShareResult,
-             status_code=status.HTTP_202_ACCEPTED)
+@router.post(
+    "/{project_id}/members", response_model=ShareResult, status_code=status.HTTP_202_ACCEPTED
+)
 def add_member(data: MemberAdd, project: ManagedProjectDep, session: SessionDep) -> ShareResult:
     """Share the project with the account that has this email (owner or admin).
 
@@ -115,36 +119,62 @@ def remove_member(user_id: int, project: ManagedProjectDep, session: SessionDep)
 
 
 @router.get("/{project_id}/code-versions", response_model=list[CodeVersionRead])
-def list_code_versions(project: ProjectDep, session: SessionDep, page: Page,
-                       response: Response) -> list:
+def list_code_versions(
+    project: ProjectDep, session: SessionDep, page: Page, response: Response
+) -> list:
     """The project's code versions, newest first."""
     return paginated(service.list_versions(session, project_id=project.id), page, response)
 
 
-@router.post("/{project_id}/code-versions", response_model=CodeVersionRead,
-             status_code=status.HTTP_201_CREATED)
-def create_example_version(data: CodeVersionCreate, project: WritableProjectDep,
-                           session: SessionDep) -> CodeVersion:
+@router.post(
+    "/{project_id}/code-versions",
+    response_model=CodeVersionRead,
+    status_code=status.HTTP_201_CREATED,
+)
+def create_example_version(
+    data: CodeVersionCreate, project: WritableProjectDep, session: SessionDep
+) -> CodeVersion:
     """A new code version from a bundled example (`examples/NAME.py`)."""
     return service.add_example_version(session, project=project, example=data.example)
 
 
-@router.post("/{project_id}/code-versions/upload", response_model=CodeVersionRead,
-             status_code=status.HTTP_201_CREATED,
-             responses={413: {"model": ErrorResponse,
-                              "description": "the file is over the upload limit"},
-                        415: {"model": ErrorResponse, "description":
-                              "neither a .py module nor a .zip/.tar.gz archive"}})
+@router.post(
+    "/{project_id}/code-versions/upload",
+    response_model=CodeVersionRead,
+    status_code=status.HTTP_201_CREATED,
+    responses={
+        413: {"model": ErrorResponse, "description": "the file is over the upload limit"},
+        415: {
+            "model": ErrorResponse,
+            "description": "neither a .py module nor a .zip/.tar.gz archive",
+        },
+    },
+)
 def upload_version(
-    file: UploadFile, project: WritableProjectDep, session: SessionDep, settings: SettingsDep,
-    entrypoint: Annotated[str | None, Form(max_length=300, examples=["train.py"], description=(
-        "for an archive: the module with the contract's functions (default train.py, main.py "
-        "or the only .py file)"))] = None,
+    file: UploadFile,
+    project: WritableProjectDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    entrypoint: Annotated[
+        str | None,
+        Form(
+            max_length=300,
+            examples=["train.py"],
+            description=(
+                "for an archive: the module with the contract's functions "
+                "(default train.py, main.py or the only .py file)"
+            ),
+        ),
+    ] = None,
 ) -> CodeVersion:
     """Upload a `.py` training module, or a `.zip`/`.tar.gz` archive with an entrypoint
     module; each upload is a new immutable version, checked against the contract first."""
     content = file.file.read(settings.max_upload_bytes + 1)
     return service.add_uploaded_version(
-        session, settings=settings, project=project, filename=file.filename or "",
-        content=content, entrypoint=entrypoint or None,
+        session,
+        settings=settings,
+        project=project,
+        filename=file.filename or "",
+        content=content,
+        entrypoint=entrypoint or None,
     )

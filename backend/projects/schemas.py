@@ -1,4 +1,3 @@
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from backend.core.schemas import UtcDateTime
@@ -9,30 +8,45 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 _.-]*$"
 
 class ProjectCreate(StrictModel):
     name: str = Field(min_length=1, max_length=100, pattern=NAME_PATTERN, examples=["mnist"])
-    description: str = Field(default="", max_length=5000,
-                             examples=["MNIST digits across two CPU groups"])
+    description: str = Field(
+        default="", max_length=5000, examples=["MNIST digits across two CPU groups"]
+    )
 
 
 class ProjectUpdate(StrictModel):
     """Changes to a project (owner or admin); omitted fields stay as they are."""
 
-    name: str | None = Field(default=None, min_length=1, max_length=100, pattern=NAME_PATTERN,
-                             examples=["mnist-v2"])
+    name: str | None = Field(
+        default=None, min_length=1, max_length=100, pattern=NAME_PATTERN, examples=["mnist-v2"]
+    )
     description: str | None = Field(default=None, max_length=5000)
 
 
 class ProjectRead(BaseModel):
-    model_config = ConfigDict(from_attributes=True, json_schema_extra={"examples": [{
-        "id": 1, "name": "mnist", "description": "MNIST digits", "owner_id": 2,
-        "created_at": "2026-11-22T06:00:00", "archived_at": None}]})
+    model_config = ConfigDict(
+        from_attributes=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 1,
+                    "name": "mnist",
+                    "description": "MNIST digits",
+                    "owner_id": 2,
+                    "created_at": "2026-11-22T06:00:00",
+                    "archived_at": None,
+                }
+            ]
+        },
+    )
 
     id: int
     name: str
     description: str
     owner_id: int | None
     created_at: UtcDateTime
-    archived_at: UtcDateTime | None = Field(description="set while the project is archived "
-                                         "(read-only)")
+    archived_at: UtcDateTime | None = Field(
+        description="set while the project is archived (read-only)"
+    )
 
 
 class MemberAdd(StrictModel):

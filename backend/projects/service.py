@@ -20,8 +20,9 @@ from backend.projects.models import CodeVersion, Project, ProjectMember
 from backend.projects.schemas import ProjectCreate, ProjectUpdate
 
 
-def _check_name_free(session: Session, *, name: str, owner_id: int | None,
-                     project_id: int | None = None) -> None:
+def _check_name_free(
+    session: Session, *, name: str, owner_id: int | None, project_id: int | None = None
+) -> None:
     query = select(Project.id).where(Project.name == name, Project.owner_id == owner_id)
     found = session.scalar(query)
     if found is not None and found != project_id:
@@ -41,8 +42,9 @@ def update(session: Session, *, project: Project, data: ProjectUpdate) -> Projec
     """Rename or re-describe a project. Raises Conflict if the owner has that name."""
     changes = data.model_dump(exclude_unset=True, exclude_none=True)
     if "name" in changes:
-        _check_name_free(session, name=changes["name"], owner_id=project.owner_id,
-                         project_id=project.id)
+        _check_name_free(
+            session, name=changes["name"], owner_id=project.owner_id, project_id=project.id
+        )
     for key, value in changes.items():
         setattr(project, key, value)
     session.commit()
@@ -66,8 +68,9 @@ def members(session: Session, *, project_id: int) -> list[ProjectMember]:
 
 def add_member(session: Session, *, project: Project, user_id: int) -> ProjectMember:
     """Share the project with a user. Raises Conflict if they own it or already are one."""
-    if user_id == project.owner_id or any(m.user_id == user_id
-                                          for m in members(session, project_id=project.id)):
+    if user_id == project.owner_id or any(
+        m.user_id == user_id for m in members(session, project_id=project.id)
+    ):
         raise Conflict("that user is already a member of this project", field="email")
     member = ProjectMember(project_id=project.id, user_id=user_id)
     session.add(member)
@@ -92,8 +95,9 @@ def share(session: Session, *, project: Project, email: str) -> None:
 
 def remove_member(session: Session, *, project: Project, user_id: int) -> None:
     """Stop sharing the project with a user. Raises NotFound if they are no member."""
-    member = next((m for m in members(session, project_id=project.id)
-                   if m.user_id == user_id), None)
+    member = next(
+        (m for m in members(session, project_id=project.id) if m.user_id == user_id), None
+    )
     if member is None:
         raise NotFound(f"user {user_id} is not a member of this project", field="user_id")
     session.delete(member)
@@ -117,7 +121,11 @@ def _listing(project_ids: list[int] | None, include_archived: bool):  # type: ig
 
 
 def list_all(
-    session: Session, *, offset: int = 0, limit: int = 100, project_ids: list[int] | None = None,
+    session: Session,
+    *,
+    offset: int = 0,
+    limit: int = 100,
+    project_ids: list[int] | None = None,
     include_archived: bool = True,
 ) -> list[Project]:
     """Projects, newest first; only `project_ids` if given, archived ones unless excluded."""
@@ -125,8 +133,9 @@ def list_all(
     return list(session.scalars(query.offset(offset).limit(limit)))
 
 
-def count(session: Session, *, project_ids: list[int] | None = None,
-          include_archived: bool = True) -> int:
+def count(
+    session: Session, *, project_ids: list[int] | None = None, include_archived: bool = True
+) -> int:
     query = _listing(project_ids, include_archived).subquery()
     return session.scalar(select(func.count()).select_from(query)) or 0
 
@@ -148,8 +157,10 @@ def add_example_version(
     """
     source = example_path(example).read_bytes()
     version = CodeVersion(
-        project_id=project.id, version=_next_version(session, project.id),
-        source=f"example:{example}", filename=f"{example}.py",
+        project_id=project.id,
+        version=_next_version(session, project.id),
+        source=f"example:{example}",
+        filename=f"{example}.py",
         sha256=hashlib.sha256(source).hexdigest(),
     )
     session.add(version)
@@ -163,15 +174,23 @@ def _check_upload(settings: Settings, filename: str, content: bytes) -> bool:
     if not filename.endswith(".py") and not is_archive:
         raise UnsupportedType(
             f"{filename!r} is neither a Python module (.py) nor an archive "
-            f"({', '.join(ARCHIVE_SUFFIXES)})", field="file")
+            f"({', '.join(ARCHIVE_SUFFIXES)})",
+            field="file",
+        )
     if len(content) > settings.max_upload_bytes:
-        raise TooLarge(f"{filename!r} is over the limit of {settings.max_upload_bytes} bytes",
-                       field="file")
+        raise TooLarge(
+            f"{filename!r} is over the limit of {settings.max_upload_bytes} bytes", field="file"
+        )
     return is_archive
 
 
 def add_uploaded_version(
-    session: Session, *, settings: Settings, project: Project, filename: str, content: bytes,
+    session: Session,
+    *,
+    settings: Settings,
+    project: Project,
+    filename: str,
+    content: bytes,
     entrypoint: str | None = None,
 ) -> CodeVersion:
     """Store an uploaded `.py` module, or an archive with an entrypoint module, as a new
@@ -184,8 +203,12 @@ def add_uploaded_version(
     """
     entry = None
     if _check_upload(settings, filename, content):
-        content, entry = read_archive(content, filename=filename, entrypoint=entrypoint,
-                                      max_bytes=10 * settings.max_upload_bytes)
+        content, entry = read_archive(
+            content,
+            filename=filename,
+            entrypoint=entrypoint,
+            max_bytes=10 * settings.max_upload_bytes,
+        )
     else:
         check_contract(content, filename=filename)
     digest = hashlib.sha256(content).hexdigest()
@@ -193,9 +216,13 @@ def add_uploaded_version(
     path.write_bytes(content)
     private_file(path)
     version = CodeVersion(
-        project_id=project.id, version=_next_version(session, project.id),
-        source="archive" if entry else "upload", filename=filename, path=str(path.resolve()),
-        sha256=digest, entrypoint=entry,
+        project_id=project.id,
+        version=_next_version(session, project.id),
+        source="archive" if entry else "upload",
+        filename=filename,
+        path=str(path.resolve()),
+        sha256=digest,
+        entrypoint=entry,
     )
     session.add(version)
     session.commit()
@@ -231,10 +258,10 @@ def member_rows(session: Session, *, project: Project) -> list[dict]:
     rows = []
     if project.owner_id is not None:
         owner = session.get_one(User, project.owner_id)
-        rows.append({"user_id": owner.id, "email": owner.email, "name": owner.name,
-                     "role": "owner"})
+        rows.append(
+            {"user_id": owner.id, "email": owner.email, "name": owner.name, "role": "owner"}
+        )
     for member in members(session, project_id=project.id):
         user = session.get_one(User, member.user_id)
-        rows.append({"user_id": user.id, "email": user.email, "name": user.name,
-                     "role": "member"})
+        rows.append({"user_id": user.id, "email": user.email, "name": user.name, "role": "member"})
     return rows

@@ -30,9 +30,13 @@ class ResourceGroup(Base):
 
     __tablename__ = "resource_group"
     __table_args__ = (
-        Index("uq_resource_group_live_name", "name", unique=True,
-              postgresql_where=text("deleted_at IS NULL"),
-              sqlite_where=text("deleted_at IS NULL")),
+        Index(
+            "uq_resource_group_live_name",
+            "name",
+            unique=True,
+            postgresql_where=text("deleted_at IS NULL"),
+            sqlite_where=text("deleted_at IS NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -44,7 +48,8 @@ class ResourceGroup(Base):
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     state: Mapped[GroupState] = mapped_column(
         Enum(GroupState, native_enum=False, length=16, validate_strings=True),
-        default=GroupState.ACTIVE, server_default="ACTIVE",
+        default=GroupState.ACTIVE,
+        server_default="ACTIVE",
     )
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
 

@@ -11,13 +11,11 @@ from backend.resource_groups.schemas import (
 )
 
 # Every user reads groups (to submit tasks); only admins create, edit, drain or delete them.
-router = APIRouter(prefix="/resource-groups", tags=["resource groups"],
-                   dependencies=[AdminWrites])
+router = APIRouter(prefix="/resource-groups", tags=["resource groups"], dependencies=[AdminWrites])
 
 
 @router.get("", response_model=list[ResourceGroupRead])
-def list_groups(session: SessionDep, page: Page, response: Response
-                ) -> list[ResourceGroupRead]:
+def list_groups(session: SessionDep, page: Page, response: Response) -> list[ResourceGroupRead]:
     return paginated(service.list_all(session), page, response)
 
 

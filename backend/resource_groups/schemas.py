@@ -1,4 +1,3 @@
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from backend.core.schemas import UtcDateTime
@@ -26,8 +25,11 @@ class ResourceGroupCreate(StrictModel):
 class ResourceGroupUpdate(StrictModel):
     """Fields to change; `state` drains (`draining`), disables or re-activates the group."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [
-        {"state": "draining"}, {"capacity": 4, "labels": {"zone": "a"}}]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"state": "draining"}, {"capacity": 4, "labels": {"zone": "a"}}]
+        }
+    )
 
     device_type: DeviceType | None = None
     description: str | None = Field(default=None, max_length=2000)

@@ -32,8 +32,11 @@ def get_by_name(session: Session, *, name: str) -> ResourceGroup:
 def _check_labels(labels: dict[str, str] | None) -> None:
     for key, value in (labels or {}).items():
         if not re.match(LABEL_KEY, key) or len(value) > 200:
-            raise Invalid(f"label '{key}' is not a valid key (letters, digits, _ . - /) "
-                          f"with a value of at most 200 characters", field=f"labels.{key}")
+            raise Invalid(
+                f"label '{key}' is not a valid key (letters, digits, _ . - /) "
+                f"with a value of at most 200 characters",
+                field=f"labels.{key}",
+            )
 
 
 def create(session: Session, *, data: ResourceGroupCreate) -> ResourceGroup:
@@ -59,12 +62,18 @@ def update(session: Session, *, group: ResourceGroup, data: ResourceGroupUpdate)
     _check_labels(changes.get("labels"))
     running = running_tasks(session, group_id=group.id)
     if changes.get("state") is GroupState.DISABLED and running:
-        raise Conflict(f"resource group '{group.name}' still runs {running} task(s); "
-                       f"set state 'draining' first and disable it once they end", field="state")
+        raise Conflict(
+            f"resource group '{group.name}' still runs {running} task(s); "
+            f"set state 'draining' first and disable it once they end",
+            field="state",
+        )
     if changes.get("device_type", group.device_type) != group.device_type and in_use(
-            session, group=group):
-        raise Conflict(f"resource group '{group.name}' is in use; its device type cannot change",
-                       field="device_type")
+        session, group=group
+    ):
+        raise Conflict(
+            f"resource group '{group.name}' is in use; its device type cannot change",
+            field="device_type",
+        )
     for key, value in changes.items():
         setattr(group, key, value)
     session.commit()
@@ -79,12 +88,17 @@ def delete(session: Session, *, group: ResourceGroup) -> None:
             or an agent serving it is online.
     """
     if in_use(session, group=group):
-        raise Conflict(f"resource group '{group.name}' is in use by a task that has not ended; "
-                       f"drain it and wait for its tasks to end", field="name")
+        raise Conflict(
+            f"resource group '{group.name}' is in use by a task that has not ended; "
+            f"drain it and wait for its tasks to end",
+            field="name",
+        )
     agents = online_agents(session, group_id=group.id)
     if agents:
-        raise Conflict(f"resource group '{group.name}' has {len(agents)} agent(s) online; "
-                       f"stop them first", field="name")
+        raise Conflict(
+            f"resource group '{group.name}' has {len(agents)} agent(s) online; stop them first",
+            field="name",
+        )
     group.deleted_at, group.state = utcnow(), GroupState.DISABLED
     session.commit()
 
@@ -100,10 +114,14 @@ def in_use(session: Session, *, group: ResourceGroup) -> bool:
 
 def running_tasks(session: Session, *, group_id: int) -> int:
     """Tasks holding nodes on the group now."""
-    return session.scalar(
-        select(func.count(func.distinct(Allocation.task_id))).where(
-            Allocation.resource_group_id == group_id, Allocation.released_at.is_(None))
-    ) or 0
+    return (
+        session.scalar(
+            select(func.count(func.distinct(Allocation.task_id))).where(
+                Allocation.resource_group_id == group_id, Allocation.released_at.is_(None)
+            )
+        )
+        or 0
+    )
 
 
 def online_agents(session: Session, *, group_id: int) -> list[Agent]:

@@ -41,12 +41,19 @@ from backend.tasks.models import (
 # another transaction holds (a cancellation under way) is skipped, as is one no longer queued.
 _CLAIM = (
     update(Task)
-    .where(Task.id == bindparam("task_id"), Task.attempt == bindparam("task_attempt"),
-           QUEUE_FILTER,
-           Task.id.in_(select(Task.id).where(Task.id == bindparam("task_id"))
-                       .with_for_update(skip_locked=True)))
-    .values(status=bindparam("to_status"), status_reason=bindparam("reason"),
-            spec=bindparam("new_spec", type_=Task.spec.type))
+    .where(
+        Task.id == bindparam("task_id"),
+        Task.attempt == bindparam("task_attempt"),
+        QUEUE_FILTER,
+        Task.id.in_(
+            select(Task.id).where(Task.id == bindparam("task_id")).with_for_update(skip_locked=True)
+        ),
+    )
+    .values(
+        status=bindparam("to_status"),
+        status_reason=bindparam("reason"),
+        spec=bindparam("new_spec", type_=Task.spec.type),
+    )
     .returning(Task)
     .execution_options(synchronize_session=False, populate_existing=True)
 )
@@ -94,8 +101,9 @@ SELECT id FROM claimed
 """
 
 
-def allocate(session: Session, queued: Queued, chosen: placement.Plan,
-             free: dict[str, GroupFree]) -> int | None:
+def allocate(
+    session: Session, queued: Queued, chosen: placement.Plan, free: dict[str, GroupFree]
+) -> int | None:
     """Book `chosen` for the task and commit; returns the task id, or None (rolled back) if
     the task is no longer queued.
 
@@ -106,11 +114,17 @@ def allocate(session: Session, queued: Queued, chosen: placement.Plan,
     total = sum(p.workers for p in chosen)
     detail = ", ".join(f"{p.name}×{p.workers}" for p in chosen)
     scheduled = lifecycle.change(
-        queued.id, TaskStatus.QUEUED, TaskStatus.SCHEDULED,
-        f"attempt {queued.attempt}: allocated parameter server and {total} workers: {detail}")
+        queued.id,
+        TaskStatus.QUEUED,
+        TaskStatus.SCHEDULED,
+        f"attempt {queued.attempt}: allocated parameter server and {total} workers: {detail}",
+    )
     assert not scheduled.has_side_effects  # nothing to release, settle or wake
-    claim = {**scheduled.event_row(), "task_attempt": queued.attempt,
-             "new_spec": queued.spec.model_copy(update={"groups": chosen}).stored()}
+    claim = {
+        **scheduled.event_row(),
+        "task_attempt": queued.attempt,
+        "new_spec": queued.spec.model_copy(update={"groups": chosen}).stored(),
+    }
     layout = _booking_layout(chosen, free, now=scheduled.at)
     if session.get_bind().dialect.name == "postgresql":
         task_id = _book_postgresql(session, {**claim, **layout})
@@ -135,8 +149,10 @@ def _book_postgresql(session: Session, params: dict[str, Any]) -> int | None:
     caller's `session.commit()` then finds the transaction ended (no round trip).
     """
     connection = driver(session)
-    params = {key: value.name if isinstance(value, enum.Enum) else value  # stored by name
-              for key, value in params.items()}
+    params = {
+        key: value.name if isinstance(value, enum.Enum) else value  # stored by name
+        for key, value in params.items()
+    }
     params["new_spec"] = Json(params["new_spec"])
     with connection.cursor() as book, connection.cursor() as commit:
         with connection.pipeline():
@@ -146,43 +162,69 @@ def _book_postgresql(session: Session, params: dict[str, Any]) -> int | None:
     return int(row[0]) if row else None
 
 
-def _booking_layout(chosen: placement.Plan, fresh: dict[str, GroupFree], *, now: datetime
-                    ) -> dict[str, Any]:
+def _booking_layout(
+    chosen: placement.Plan, fresh: dict[str, GroupFree], *, now: datetime
+) -> dict[str, Any]:
     """Where a booking's nodes and sub-tasks go (`_BOOK_PG`'s parameters; `_book` builds its
     rows from the same): the task manager and the parameter server (rank 0) on the first
     group, compute ranks 1.. group after group, one sub-task per group in plan order."""
     ids = [fresh[item.name].id for item in chosen]
     workers = [item.workers for item in chosen]
     worker_groups = [g for g, n in zip(ids, workers, strict=True) for _ in range(n)]
-    return {"first_group": ids[0], "now": now, "worker_groups": worker_groups,
-            "worker_ranks": list(range(1, len(worker_groups) + 1)),
-            "sub_groups": ids, "sub_workers": workers}
+    return {
+        "first_group": ids[0],
+        "now": now,
+        "worker_groups": worker_groups,
+        "worker_ranks": list(range(1, len(worker_groups) + 1)),
+        "sub_groups": ids,
+        "sub_workers": workers,
+    }
 
 
-def _book(session: Session, task: Task, layout: dict[str, Any],
-          scheduled: lifecycle.Change) -> None:
+def _book(
+    session: Session, task: Task, layout: dict[str, Any], scheduled: lifecycle.Change
+) -> None:
     """Insert the nodes, the sub-tasks and the SCHEDULED event laid out by `_booking_layout`."""
     now = layout["now"]
-    base = {"task_id": task.id, "attempt": task.attempt, "created_at": now,
-            "host": None, "last_heartbeat_at": None, "released_at": None}
+    base = {
+        "task_id": task.id,
+        "attempt": task.attempt,
+        "created_at": now,
+        "host": None,
+        "last_heartbeat_at": None,
+        "released_at": None,
+    }
     first = layout["first_group"]
-    nodes = [{**base, "role": NodeRole.TASK_MANAGER, "resource_group_id": first, "rank": None},
-             {**base, "role": NodeRole.PARAMETER_SERVER, "resource_group_id": first, "rank": 0}]
-    nodes += [{**base, "role": NodeRole.COMPUTE, "resource_group_id": group_id, "rank": rank}
-              for group_id, rank in zip(layout["worker_groups"], layout["worker_ranks"],
-                                        strict=True)]
-    subs = [{"task_id": task.id, "resource_group_id": group_id, "group_index": index,
-             "workers": workers, "hosts_parameter_server": index == 0,
-             "attempt": task.attempt, "status": SubTaskStatus.PENDING, "detail": "",
-             "agent_id": None, "updated_at": now, "dispatched_at": None}
-            for index, (group_id, workers) in enumerate(
-                zip(layout["sub_groups"], layout["sub_workers"], strict=True))]
+    nodes = [
+        {**base, "role": NodeRole.TASK_MANAGER, "resource_group_id": first, "rank": None},
+        {**base, "role": NodeRole.PARAMETER_SERVER, "resource_group_id": first, "rank": 0},
+    ]
+    nodes += [
+        {**base, "role": NodeRole.COMPUTE, "resource_group_id": group_id, "rank": rank}
+        for group_id, rank in zip(layout["worker_groups"], layout["worker_ranks"], strict=True)
+    ]
+    subs = [
+        {
+            "task_id": task.id,
+            "resource_group_id": group_id,
+            "group_index": index,
+            "workers": workers,
+            "hosts_parameter_server": index == 0,
+            "attempt": task.attempt,
+            "status": SubTaskStatus.PENDING,
+            "detail": "",
+            "agent_id": None,
+            "updated_at": now,
+            "dispatched_at": None,
+        }
+        for index, (group_id, workers) in enumerate(
+            zip(layout["sub_groups"], layout["sub_workers"], strict=True)
+        )
+    ]
     connection = session.connection()
     connection.execute(_INSERT_NODES, nodes)
     connection.execute(_INSERT_SUBS, subs)
     connection.execute(_INSERT_EVENT, [scheduled.event_row()])
-
-
 
 
 def driver(session: Session) -> Any:

@@ -37,8 +37,9 @@ class GroupFree:
     def free(self) -> int:
         if self.state is not GroupState.ACTIVE:
             return 0
-        return max(0, min(self.capacity - self.held,
-                          self.online - (self.held - self.held_inactive)))
+        return max(
+            0, min(self.capacity - self.held, self.online - (self.held - self.held_inactive))
+        )
 
     def matches(self, labels: dict[str, str]) -> bool:
         return all(self.labels.get(k) == v for k, v in labels.items())
@@ -46,13 +47,16 @@ class GroupFree:
 
 def allocated_workers(session: Session, *, group_id: int) -> int:
     """Compute workers held by running or scheduled tasks on the group."""
-    return session.scalar(
-        select(func.count(Allocation.id)).where(
-            Allocation.resource_group_id == group_id,
-            Allocation.role == NodeRole.COMPUTE,
-            Allocation.released_at.is_(None),
+    return (
+        session.scalar(
+            select(func.count(Allocation.id)).where(
+                Allocation.resource_group_id == group_id,
+                Allocation.role == NodeRole.COMPUTE,
+                Allocation.released_at.is_(None),
+            )
         )
-    ) or 0
+        or 0
+    )
 
 
 ALLOCATION_LOCK = 0x706F6C79  # "poly": the advisory lock key of allocation
@@ -72,32 +76,50 @@ def lock_allocation(session: Session) -> None:
 
 
 # Per-group totals, each computed once for all groups (one scan, not one per group).
-_ONLINE = (select(Agent.resource_group_id.label("group_id"),
-                  func.sum(Agent.workers).label("workers"))
-           .where(SERVING)
-           .group_by(Agent.resource_group_id).subquery("online"))
-_HELD = (select(Allocation.resource_group_id.label("group_id"),
-                func.count(Allocation.id).label("nodes"))
-         .where(Allocation.released_at.is_(None), Allocation.role == NodeRole.COMPUTE)
-         .group_by(Allocation.resource_group_id).subquery("held"))
+_ONLINE = (
+    select(Agent.resource_group_id.label("group_id"), func.sum(Agent.workers).label("workers"))
+    .where(SERVING)
+    .group_by(Agent.resource_group_id)
+    .subquery("online")
+)
+_HELD = (
+    select(Allocation.resource_group_id.label("group_id"), func.count(Allocation.id).label("nodes"))
+    .where(Allocation.released_at.is_(None), Allocation.role == NodeRole.COMPUTE)
+    .group_by(Allocation.resource_group_id)
+    .subquery("held")
+)
 # Driven from the (few) agents an admin drained or disabled: nothing to join while all are
 # active.
 _HELD_INACTIVE = (
-    select(SubTask.resource_group_id.label("group_id"),
-           func.count(Allocation.id).label("nodes"))
+    select(SubTask.resource_group_id.label("group_id"), func.count(Allocation.id).label("nodes"))
     .select_from(Agent)
     .join(SubTask, SubTask.agent_id == Agent.id)
-    .join(Allocation, (Allocation.task_id == SubTask.task_id)
-          & (Allocation.attempt == SubTask.attempt)
-          & (Allocation.resource_group_id == SubTask.resource_group_id))
-    .where(Agent.state != AgentState.ACTIVE, Allocation.released_at.is_(None),
-           Allocation.role == NodeRole.COMPUTE)
-    .group_by(SubTask.resource_group_id).subquery("held_inactive"))
+    .join(
+        Allocation,
+        (Allocation.task_id == SubTask.task_id)
+        & (Allocation.attempt == SubTask.attempt)
+        & (Allocation.resource_group_id == SubTask.resource_group_id),
+    )
+    .where(
+        Agent.state != AgentState.ACTIVE,
+        Allocation.released_at.is_(None),
+        Allocation.role == NodeRole.COMPUTE,
+    )
+    .group_by(SubTask.resource_group_id)
+    .subquery("held_inactive")
+)
 FREE = (
-    select(ResourceGroup.id, ResourceGroup.name, ResourceGroup.device_type,
-           ResourceGroup.state, ResourceGroup.capacity, ResourceGroup.labels,
-           func.coalesce(_ONLINE.c.workers, 0), func.coalesce(_HELD.c.nodes, 0),
-           func.coalesce(_HELD_INACTIVE.c.nodes, 0))
+    select(
+        ResourceGroup.id,
+        ResourceGroup.name,
+        ResourceGroup.device_type,
+        ResourceGroup.state,
+        ResourceGroup.capacity,
+        ResourceGroup.labels,
+        func.coalesce(_ONLINE.c.workers, 0),
+        func.coalesce(_HELD.c.nodes, 0),
+        func.coalesce(_HELD_INACTIVE.c.nodes, 0),
+    )
     .outerjoin(_ONLINE, _ONLINE.c.group_id == ResourceGroup.id)
     .outerjoin(_HELD, _HELD.c.group_id == ResourceGroup.id)
     .outerjoin(_HELD_INACTIVE, _HELD_INACTIVE.c.group_id == ResourceGroup.id)
@@ -105,8 +127,7 @@ FREE = (
 )
 
 
-def free_capacity(session: Session, group_ids: Iterable[int] | None = None
-                  ) -> dict[str, GroupFree]:
+def free_capacity(session: Session, group_ids: Iterable[int] | None = None) -> dict[str, GroupFree]:
     """Each live group's free workers, by name, in one statement (held nodes by a partial index).
 
     Run after `lock` it sees every allocation committed before the lock was
@@ -122,12 +143,18 @@ def free_from_rows(rows: Iterable[Sequence[Any]]) -> dict[str, GroupFree]:
     """`GroupFree` by name from rows of `FREE`, typed by SQLAlchemy or as the driver returns
     them (the state's stored name, labels as JSON text or decoded)."""
     free = {}
-    for (id_, name, device_type, state, capacity, labels, online, held, held_inactive) in rows:
+    for id_, name, device_type, state, capacity, labels, online, held, held_inactive in rows:
         if isinstance(labels, str):
             labels = json.loads(labels)
         free[name] = GroupFree(
-            id=id_, name=name, device_type=device_type,
+            id=id_,
+            name=name,
+            device_type=device_type,
             state=state if isinstance(state, GroupState) else GroupState[state],
-            capacity=capacity, online=int(online), held=int(held), labels=dict(labels or {}),
-            held_inactive=int(held_inactive))
+            capacity=capacity,
+            online=int(online),
+            held=int(held),
+            labels=dict(labels or {}),
+            held_inactive=int(held_inactive),
+        )
     return free

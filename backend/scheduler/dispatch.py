@@ -34,9 +34,12 @@ def producer_app() -> Celery:
     """A Celery app used only to publish (the agents define the consumer side)."""
     broker = get_settings().resolved_broker_url()
     app = Celery("polytrain-api", broker=broker)
-    app.conf.update(task_serializer="json", accept_content=["json"],
-                    broker_connection_retry_on_startup=True,
-                    broker_transport_options=broker_options(broker))
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_retry_on_startup=True,
+        broker_transport_options=broker_options(broker),
+    )
     return app
 
 
@@ -49,15 +52,23 @@ class CeleryDispatcher:
 
     def send(self, payload: SubTaskPayload) -> None:
         producer_app().send_task(
-            RUN_SUBTASK, args=[payload.model_dump(mode="json")],
-            queue=queue_name(payload.group.name), task_id=str(payload.sub_task_id),
-            retry=True, retry_policy={"max_retries": 2, "interval_start": 0.2,
-                                      "interval_step": 0.5, "interval_max": 1.0},
+            RUN_SUBTASK,
+            args=[payload.model_dump(mode="json")],
+            queue=queue_name(payload.group.name),
+            task_id=str(payload.sub_task_id),
+            retry=True,
+            retry_policy={
+                "max_retries": 2,
+                "interval_start": 0.2,
+                "interval_step": 0.5,
+                "interval_max": 1.0,
+            },
         )
 
 
-def payload_for(task: Task, sub: SubTask, *, resume_checkpoint_id: int | None = None
-                ) -> SubTaskPayload:
+def payload_for(
+    task: Task, sub: SubTask, *, resume_checkpoint_id: int | None = None
+) -> SubTaskPayload:
     """The message for one sub-task of the task's current attempt: the placed groups (with
     their speed factors), the engine options and the checkpoint to resume from.
 
@@ -69,11 +80,18 @@ def payload_for(task: Task, sub: SubTask, *, resume_checkpoint_id: int | None = 
         raise ValueError(f"task {task.id}'s spec has no epochs or global batch size")
     groups = [g.model_copy(update={"speed_factor": spec.speed_factor(g)}) for g in spec.groups]
     return SubTaskPayload(
-        task_id=task.id, sub_task_id=sub.id, group_index=sub.group_index,
-        hosts_parameter_server=sub.hosts_parameter_server, epochs=spec.epochs,
-        global_batch_size=spec.global_batch_size, seed=spec.seed,
-        split_policy=spec.split_policy, groups=groups, engine=spec.engine_options(),
-        attempt=sub.attempt, resume_checkpoint_id=resume_checkpoint_id,
+        task_id=task.id,
+        sub_task_id=sub.id,
+        group_index=sub.group_index,
+        hosts_parameter_server=sub.hosts_parameter_server,
+        epochs=spec.epochs,
+        global_batch_size=spec.global_batch_size,
+        seed=spec.seed,
+        split_policy=spec.split_policy,
+        groups=groups,
+        engine=spec.engine_options(),
+        attempt=sub.attempt,
+        resume_checkpoint_id=resume_checkpoint_id,
         limits=spec.limits or TaskLimits(),
     )
 
@@ -81,8 +99,11 @@ def payload_for(task: Task, sub: SubTask, *, resume_checkpoint_id: int | None = 
 def last_checkpoint(session: Session, *, task_id: int) -> Checkpoint | None:
     """The task's newest checkpoint (most steps), from any attempt."""
     return session.scalar(
-        select(Checkpoint).where(Checkpoint.task_id == task_id)
-        .order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(1))
+        select(Checkpoint)
+        .where(Checkpoint.task_id == task_id)
+        .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
+        .limit(1)
+    )
 
 
 def make_durable(session: Session) -> None:
@@ -99,8 +120,7 @@ def make_durable(session: Session) -> None:
         session.commit()
 
 
-def dispatch_pending(session: Session, dispatcher: Dispatcher, *,
-                     redispatch_after_s: float) -> int:
+def dispatch_pending(session: Session, dispatcher: Dispatcher, *, redispatch_after_s: float) -> int:
     """Publish each current-attempt sub-task never published, or unclaimed for too long.
 
     A message lost with a broker restart is sent again; a duplicate is
@@ -108,10 +128,14 @@ def dispatch_pending(session: Session, dispatcher: Dispatcher, *,
     """
     stale = utcnow() - timedelta(seconds=redispatch_after_s)
     rows = session.execute(
-        select(Task, SubTask).join(SubTask, SubTask.task_id == Task.id)
-        .where(Task.status.in_(ACTIVE), SubTask.attempt == Task.attempt,
-               SubTask.status == SubTaskStatus.PENDING,
-               (SubTask.dispatched_at.is_(None)) | (SubTask.dispatched_at < stale))
+        select(Task, SubTask)
+        .join(SubTask, SubTask.task_id == Task.id)
+        .where(
+            Task.status.in_(ACTIVE),
+            SubTask.attempt == Task.attempt,
+            SubTask.status == SubTaskStatus.PENDING,
+            (SubTask.dispatched_at.is_(None)) | (SubTask.dispatched_at < stale),
+        )
         .order_by(SubTask.id)
     ).all()
     if rows:
@@ -120,8 +144,9 @@ def dispatch_pending(session: Session, dispatcher: Dispatcher, *,
     for task, sub in rows:
         resume = last_checkpoint(session, task_id=task.id) if task.attempt > 1 else None
         try:
-            dispatcher.send(payload_for(task, sub,
-                                        resume_checkpoint_id=resume.id if resume else None))
+            dispatcher.send(
+                payload_for(task, sub, resume_checkpoint_id=resume.id if resume else None)
+            )
         except Exception:  # broker down: stays undispatched, sent again next pass
             log.warning("publishing sub-task %s failed; retrying next pass", sub.id, exc_info=True)
             session.rollback()

@@ -79,9 +79,11 @@ class SchedulerLoop:
         """One scheduling pass now, on this thread; returns how many tasks were scheduled."""
         # One connection for the whole pass (checked out and pinged once, not per
         # decision); each decision is its own transaction on it.
-        with get_engine().connect() as connection, \
-                get_sessionmaker()(bind=connection) as session:
-            return schedule_once(session, self.dispatcher,
-                                 heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
-                                 interval_s=self.settings.scheduler_interval_s,
-                                 watching_since=self.started_at)
+        with get_engine().connect() as connection, get_sessionmaker()(bind=connection) as session:
+            return schedule_once(
+                session,
+                self.dispatcher,
+                heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
+                interval_s=self.settings.scheduler_interval_s,
+                watching_since=self.started_at,
+            )

@@ -21,8 +21,13 @@ from backend.tasks.models import ACTIVE, SubTask, SubTaskStatus, Task
 log = logging.getLogger(__name__)
 
 
-def mark_stale_agents(session: Session, *, timeout_s: float, interval_s: float = 0.0,
-                      watching_since: datetime | None = None) -> int:
+def mark_stale_agents(
+    session: Session,
+    *,
+    timeout_s: float,
+    interval_s: float = 0.0,
+    watching_since: datetime | None = None,
+) -> int:
     """Mark agents offline whose last heartbeat is older than `timeout_s - interval_s` seconds.
 
     The margin of one scheduler interval makes a pass running every
@@ -38,7 +43,8 @@ def mark_stale_agents(session: Session, *, timeout_s: float, interval_s: float =
     if watching_since is not None and watching_since >= cutoff:
         return 0  # not watched for a full timeout yet: no heartbeat can be overdue
     result = session.execute(
-        update(Agent).where(Agent.online.is_(True), Agent.last_heartbeat_at < cutoff)
+        update(Agent)
+        .where(Agent.online.is_(True), Agent.last_heartbeat_at < cutoff)
         .values(online=False)
     )
     session.commit()
@@ -53,27 +59,48 @@ def _cutoff(timeout_s: float, interval_s: float) -> datetime:
 def _lost_sub_tasks(session: Session, *, pending_before: object) -> list[tuple[Task, str]]:
     """Current-attempt sub-tasks whose agent is offline, or unclaimed with no agent online."""
     running = session.execute(
-        select(Task, Agent).join(SubTask, SubTask.task_id == Task.id)
+        select(Task, Agent)
+        .join(SubTask, SubTask.task_id == Task.id)
         .join(Agent, Agent.id == SubTask.agent_id)
-        .where(Task.status.in_(ACTIVE), SubTask.attempt == Task.attempt,
-               SubTask.status == SubTaskStatus.RUNNING, Agent.online.is_(False))
+        .where(
+            Task.status.in_(ACTIVE),
+            SubTask.attempt == Task.attempt,
+            SubTask.status == SubTaskStatus.RUNNING,
+            Agent.online.is_(False),
+        )
     ).all()
-    lost = [(task, f"agent '{agent.name}' on {agent.host} stopped sending heartbeats")
-            for task, agent in running]
-    online = select(Agent.id).where(Agent.resource_group_id == SubTask.resource_group_id,
-                                    SERVING).exists()
+    lost = [
+        (task, f"agent '{agent.name}' on {agent.host} stopped sending heartbeats")
+        for task, agent in running
+    ]
+    online = (
+        select(Agent.id)
+        .where(Agent.resource_group_id == SubTask.resource_group_id, SERVING)
+        .exists()
+    )
     unclaimed = session.scalars(
-        select(Task).join(SubTask, SubTask.task_id == Task.id)
-        .where(Task.status.in_(ACTIVE), SubTask.attempt == Task.attempt,
-               SubTask.status == SubTaskStatus.PENDING, SubTask.dispatched_at < pending_before,
-               ~online)
+        select(Task)
+        .join(SubTask, SubTask.task_id == Task.id)
+        .where(
+            Task.status.in_(ACTIVE),
+            SubTask.attempt == Task.attempt,
+            SubTask.status == SubTaskStatus.PENDING,
+            SubTask.dispatched_at < pending_before,
+            ~online,
+        )
     ).all()
-    return lost + [(task, "no active agent of its group is online to start it")
-                   for task in unclaimed]
+    return lost + [
+        (task, "no active agent of its group is online to start it") for task in unclaimed
+    ]
 
 
-def check(session: Session, *, timeout_s: float, interval_s: float = 1.0,
-          watching_since: datetime | None = None) -> int:
+def check(
+    session: Session,
+    *,
+    timeout_s: float,
+    interval_s: float = 1.0,
+    watching_since: datetime | None = None,
+) -> int:
     """Detect dead agents and restart (or fail) their tasks; returns tasks handled.
 
     `watching_since` (naive UTC, the scheduler's start): until this scheduler
@@ -86,8 +113,9 @@ def check(session: Session, *, timeout_s: float, interval_s: float = 1.0,
     """
     if watching_since is not None and watching_since >= _cutoff(timeout_s, interval_s):
         return 0
-    mark_stale_agents(session, timeout_s=timeout_s, interval_s=interval_s,
-                      watching_since=watching_since)
+    mark_stale_agents(
+        session, timeout_s=timeout_s, interval_s=interval_s, watching_since=watching_since
+    )
     pending_before = utcnow() - timedelta(seconds=timeout_s)
     handled: set[int] = set()
     for task, reason in _lost_sub_tasks(session, pending_before=pending_before):

@@ -21,8 +21,9 @@ from contracts.task_spec import RequestItem
 Plan = list[GroupPlan]
 
 
-def plan(request: list[RequestItem], free: dict[str, GroupFree],
-         previous: Plan | None = None) -> Plan | None:
+def plan(
+    request: list[RequestItem], free: dict[str, GroupFree], previous: Plan | None = None
+) -> Plan | None:
     """Named groups with workers for `request` given `free`, or None if it does not fit now.
 
     Every group appears once; named items are placed first, then device items
@@ -32,20 +33,30 @@ def plan(request: list[RequestItem], free: dict[str, GroupFree],
     placed: dict[str, int] = {}
     named = [item for item in request if item.name]
     for position, item in enumerate(named + [i for i in request if not i.name]):
-        shares = (_named(item, position, free, remaining, placed, previous)
-                  if item.name else _by_device(item, free, remaining, placed))
+        shares = (
+            _named(item, position, free, remaining, placed, previous)
+            if item.name
+            else _by_device(item, free, remaining, placed)
+        )
         if shares is None:
             return None
         for name, workers in shares.items():
             placed[name] = workers
             remaining[name] -= workers
-    return [GroupPlan.model_validate({"name": n, "device_type": free[n].device_type,
-                                      "workers": w}) for n, w in placed.items()]
+    return [
+        GroupPlan.model_validate({"name": n, "device_type": free[n].device_type, "workers": w})
+        for n, w in placed.items()
+    ]
 
 
-def _named(item: RequestItem, position: int, free: dict[str, GroupFree],
-           remaining: dict[str, int], placed: dict[str, int], previous: Plan | None
-           ) -> dict[str, int] | None:
+def _named(
+    item: RequestItem,
+    position: int,
+    free: dict[str, GroupFree],
+    remaining: dict[str, int],
+    placed: dict[str, int],
+    previous: Plan | None,
+) -> dict[str, int] | None:
     workers = item.workers
     name = str(item.name)
     if previous is not None and position < len(previous):
@@ -55,24 +66,39 @@ def _named(item: RequestItem, position: int, free: dict[str, GroupFree],
     if previous is None or name not in free:
         return None
     wanted = free[name]
-    compatible = [g for g in free.values() if g.device_type == wanted.device_type
-                  and g.name not in placed and remaining[g.name] >= workers]
+    compatible = [
+        g
+        for g in free.values()
+        if g.device_type == wanted.device_type
+        and g.name not in placed
+        and remaining[g.name] >= workers
+    ]
     if not compatible:
         return None
     best = max(compatible, key=lambda g: (remaining[g.name], g.name == item.name, g.name))
     return {best.name: workers}
 
 
-def eligible(item: RequestItem, free: dict[str, GroupFree], remaining: dict[str, int],
-             placed: dict[str, int]) -> list[GroupFree]:
+def eligible(
+    item: RequestItem, free: dict[str, GroupFree], remaining: dict[str, int], placed: dict[str, int]
+) -> list[GroupFree]:
     """Groups a device item may use: its device type and labels, not yet used, free room."""
-    return sorted((g for g in free.values()
-                   if g.device_type == item.device_type and g.matches(item.labels)
-                   and g.name not in placed and remaining[g.name] > 0), key=lambda g: g.name)
+    return sorted(
+        (
+            g
+            for g in free.values()
+            if g.device_type == item.device_type
+            and g.matches(item.labels)
+            and g.name not in placed
+            and remaining[g.name] > 0
+        ),
+        key=lambda g: g.name,
+    )
 
 
-def _by_device(item: RequestItem, free: dict[str, GroupFree], remaining: dict[str, int],
-               placed: dict[str, int]) -> dict[str, int] | None:
+def _by_device(
+    item: RequestItem, free: dict[str, GroupFree], remaining: dict[str, int], placed: dict[str, int]
+) -> dict[str, int] | None:
     groups = eligible(item, free, remaining, placed)
     workers = item.workers
     room = {g.name: remaining[g.name] for g in groups}

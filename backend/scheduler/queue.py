@@ -37,8 +37,14 @@ class Queued:
         return list(self.spec.groups) if self.attempt > 1 else None
 
 
-HEAD = (select(Task.id, cast(Task.spec, Text), Task.attempt).where(QUEUE_FILTER)
-         .order_by(Task.priority.desc(), Task.id).limit(bindparam("limit")))
+HEAD = (
+    select(Task.id, cast(Task.spec, Text), Task.attempt)
+    .where(QUEUE_FILTER)
+    .order_by(Task.priority.desc(), Task.id)
+    .limit(bindparam("limit"))
+)
+
+
 def queue_head(session: Session, *, limit: int = WINDOW) -> list[Queued]:
     """The first `limit` runnable queued tasks: priority high first, then oldest."""
     rows = session.connection().execute(HEAD, {"limit": limit})

@@ -39,9 +39,11 @@ RETRIES = 3  # decisions made again after a task stopped being queued, at most
 # (a decision is made durable before anything outside the database acts on it: see
 # `dispatch.make_durable`). Plain index scans for the capacity join: they mark the
 # entries of released allocations dead as they pass, a bitmap scan does not.
-_BEGIN_PG = select(func.set_config("synchronous_commit", "off", True),
-                   func.set_config("enable_bitmapscan", "off", True),
-                   func.pg_advisory_xact_lock(capacity.ALLOCATION_LOCK))
+_BEGIN_PG = select(
+    func.set_config("synchronous_commit", "off", True),
+    func.set_config("enable_bitmapscan", "off", True),
+    func.pg_advisory_xact_lock(capacity.ALLOCATION_LOCK),
+)
 
 
 def _read(session: Session) -> tuple[dict[str, GroupFree], list[Queued]]:
@@ -58,8 +60,11 @@ def _compiled(statement: Any, dialect: Any) -> str:
 @cache
 def _pipelined_reads(dialect: Any) -> tuple[str, str, str]:
     """The lock, capacity and queue-head statements as the driver's SQL (compiled once)."""
-    return (_compiled(_BEGIN_PG, dialect), _compiled(capacity.FREE, dialect),
-            _compiled(HEAD.limit(WINDOW), dialect))
+    return (
+        _compiled(_BEGIN_PG, dialect),
+        _compiled(capacity.FREE, dialect),
+        _compiled(HEAD.limit(WINDOW), dialect),
+    )
 
 
 def _read_postgresql(session: Session) -> tuple[dict[str, GroupFree], list[Queued]]:
@@ -75,8 +80,7 @@ def _read_postgresql(session: Session) -> tuple[dict[str, GroupFree], list[Queue
             lock.execute(lock_sql, prepare=True)
             free.execute(free_sql, prepare=True)
             head.execute(head_sql, prepare=True)
-        return (capacity.free_from_rows(free.fetchall()),
-                [Queued(*row) for row in head.fetchall()])
+        return (capacity.free_from_rows(free.fetchall()), [Queued(*row) for row in head.fetchall()])
 
 
 def schedule_next(session: Session) -> int | None:
@@ -101,8 +105,9 @@ def schedule_next(session: Session) -> int | None:
     return None
 
 
-def _first_fit(free: dict[str, GroupFree], head: list[Queued], skipped: set[int]
-               ) -> tuple[Queued, placement.Plan] | None:
+def _first_fit(
+    free: dict[str, GroupFree], head: list[Queued], skipped: set[int]
+) -> tuple[Queued, placement.Plan] | None:
     """The first task of the queue head that fits the free workers now, with its placement."""
     if not any(g.free for g in free.values()):
         return None
@@ -114,19 +119,27 @@ def _first_fit(free: dict[str, GroupFree], head: list[Queued], skipped: set[int]
     return None
 
 
-def schedule_once(session: Session, dispatcher: Dispatcher, *, heartbeat_timeout_s: float,
-                  interval_s: float = 1.0, watching_since: datetime | None = None) -> int:
+def schedule_once(
+    session: Session,
+    dispatcher: Dispatcher,
+    *,
+    heartbeat_timeout_s: float,
+    interval_s: float = 1.0,
+    watching_since: datetime | None = None,
+) -> int:
     """One scheduler pass: detect failures, schedule what fits, publish messages.
 
     `watching_since` is when the scheduler started (naive UTC): no agent is
     timed out before it has had a full heartbeat timeout to reach it
     (`monitor.check`). Returns how many tasks were scheduled.
     """
-    monitor.check(session, timeout_s=heartbeat_timeout_s, interval_s=interval_s,
-                  watching_since=watching_since)
+    monitor.check(
+        session, timeout_s=heartbeat_timeout_s, interval_s=interval_s, watching_since=watching_since
+    )
     scheduled = 0
     while scheduled < MAX_PER_PASS and schedule_next(session) is not None:
         scheduled += 1
-    dispatch.dispatch_pending(session, dispatcher,
-                              redispatch_after_s=max(30.0, 2 * heartbeat_timeout_s))
+    dispatch.dispatch_pending(
+        session, dispatcher, redispatch_after_s=max(30.0, 2 * heartbeat_timeout_s)
+    )
     return scheduled

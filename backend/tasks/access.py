@@ -16,7 +16,8 @@ def readable_task(session: Session, *, user: User, task_id: int) -> Task:
     """The task, if `user` may see its project. Raises NotFound otherwise."""
     task = session.get(Task, task_id)
     if task is None or not project_access.can_read(
-            session, user=user, project=session.get_one(Project, task.project_id)):
+        session, user=user, project=session.get_one(Project, task.project_id)
+    ):
         raise NotFound(f"task {task_id} does not exist", field="task_id")
     return task
 

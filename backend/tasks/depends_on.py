@@ -19,8 +19,9 @@ def _owner_of(session: Session, project_id: int) -> int | None:
     return getattr(project, "owner_id", None) if project else None
 
 
-def check(session: Session, *, project_id: int, depends_on: Iterable[int],
-          task_id: int | None = None) -> list[Task]:
+def check(
+    session: Session, *, project_id: int, depends_on: Iterable[int], task_id: int | None = None
+) -> list[Task]:
     """The dependency tasks, locked against a concurrent status change until commit.
 
     Raises:
@@ -28,8 +29,12 @@ def check(session: Session, *, project_id: int, depends_on: Iterable[int],
             already failed or been cancelled, or (for `task_id`) closes a cycle.
     """
     ids = sorted(set(depends_on))
-    found = {t.id: t for t in session.scalars(
-        select(Task).where(Task.id.in_(ids)).with_for_update().order_by(Task.id))}
+    found = {
+        t.id: t
+        for t in session.scalars(
+            select(Task).where(Task.id.in_(ids)).with_for_update().order_by(Task.id)
+        )
+    }
     owner = _owner_of(session, project_id)
     for index, dep_id in enumerate(ids):
         field = f"depends_on.{index}"
@@ -39,8 +44,10 @@ def check(session: Session, *, project_id: int, depends_on: Iterable[int],
         if owner is not None and _owner_of(session, dep.project_id) not in (None, owner):
             raise Invalid(f"dependency task {dep_id} belongs to another user", field=field)
         if dep.status in BAD_END:
-            raise Invalid(f"dependency task {dep_id} is {dep.status.value}; this task could "
-                          f"never start", field=field)
+            raise Invalid(
+                f"dependency task {dep_id} is {dep.status.value}; this task could never start",
+                field=field,
+            )
     if task_id is not None:
         _check_cycle(session, task_id, ids)
     return [found[i] for i in ids]
@@ -66,8 +73,9 @@ def _path(session: Session, start: int, goal: int) -> list[int] | None:
             while parents[chain[-1]] is not None:
                 chain.append(parents[chain[-1]])  # type: ignore[arg-type]
             return chain[::-1]
-        for nxt in session.scalars(select(TaskDependency.depends_on_id)
-                                   .where(TaskDependency.task_id == node)):
+        for nxt in session.scalars(
+            select(TaskDependency.depends_on_id).where(TaskDependency.task_id == node)
+        ):
             if nxt not in parents:
                 parents[nxt] = node
                 frontier.append(nxt)

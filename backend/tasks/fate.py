@@ -50,25 +50,43 @@ def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
         if sub.status is SubTaskStatus.PENDING:
             sub.dispatched_at = None
             session.commit()
-        raise Conflict(f"agent '{agent.name}' is {agent.state.value}: it takes no new sub-tasks",
-                       field="agent_id")
+        raise Conflict(
+            f"agent '{agent.name}' is {agent.state.value}: it takes no new sub-tasks",
+            field="agent_id",
+        )
     task = session.get_one(Task, sub.task_id, with_for_update=True)
-    if (sub.status is not SubTaskStatus.PENDING or not task.status.active
-            or sub.attempt != task.attempt or data.attempt != sub.attempt):
-        raise Conflict(f"sub-task {sub.id} (attempt {sub.attempt}) is {sub.status.value}; "
-                       f"task is {task.status.value} in attempt {task.attempt}")
+    if (
+        sub.status is not SubTaskStatus.PENDING
+        or not task.status.active
+        or sub.attempt != task.attempt
+        or data.attempt != sub.attempt
+    ):
+        raise Conflict(
+            f"sub-task {sub.id} (attempt {sub.attempt}) is {sub.status.value}; "
+            f"task is {task.status.value} in attempt {task.attempt}"
+        )
     lifecycle.move_sub_task(sub, SubTaskStatus.RUNNING)
     sub.agent_id = data.agent_id
-    roles = [NodeRole.COMPUTE] + ([NodeRole.PARAMETER_SERVER, NodeRole.TASK_MANAGER]
-                                   if sub.hosts_parameter_server else [])
+    roles = [NodeRole.COMPUTE] + (
+        [NodeRole.PARAMETER_SERVER, NodeRole.TASK_MANAGER] if sub.hosts_parameter_server else []
+    )
     session.execute(
-        update(Allocation).where(Allocation.task_id == task.id, Allocation.attempt == sub.attempt,
-                                 Allocation.resource_group_id == sub.resource_group_id,
-                                 Allocation.role.in_(roles)).values(host=data.host)
+        update(Allocation)
+        .where(
+            Allocation.task_id == task.id,
+            Allocation.attempt == sub.attempt,
+            Allocation.resource_group_id == sub.resource_group_id,
+            Allocation.role.in_(roles),
+        )
+        .values(host=data.host)
     )
     if task.status is TaskStatus.SCHEDULED:
-        lifecycle.transition(session, task, TaskStatus.RUNNING,
-                             f"agent on {data.host} started group {sub.group_index}")
+        lifecycle.transition(
+            session,
+            task,
+            TaskStatus.RUNNING,
+            f"agent on {data.host} started group {sub.group_index}",
+        )
     session.commit()
     return sub
 
@@ -89,13 +107,22 @@ def peer_hosts(session: Session, task: Task) -> tuple[list[str], bool]:
     """The hosts the agents of `task`'s current attempt claimed its sub-tasks from (sorted),
     and whether every sub-task of the attempt is claimed."""
     hosts = session.scalars(
-        select(Allocation.host).where(Allocation.task_id == task.id,
-                                      Allocation.attempt == task.attempt,
-                                      Allocation.host.is_not(None)).distinct()
+        select(Allocation.host)
+        .where(
+            Allocation.task_id == task.id,
+            Allocation.attempt == task.attempt,
+            Allocation.host.is_not(None),
+        )
+        .distinct()
     ).all()
     pending = session.scalar(
-        select(SubTask.id).where(SubTask.task_id == task.id, SubTask.attempt == task.attempt,
-                                 SubTask.status == SubTaskStatus.PENDING).limit(1)
+        select(SubTask.id)
+        .where(
+            SubTask.task_id == task.id,
+            SubTask.attempt == task.attempt,
+            SubTask.status == SubTaskStatus.PENDING,
+        )
+        .limit(1)
     )
     return sorted(h for h in hosts if h), pending is None
 
@@ -111,8 +138,10 @@ def finish(session: Session, *, sub: SubTask, data: Finished) -> Task:
     task = session.get_one(Task, sub.task_id, with_for_update=True)
     if sub.status is not SubTaskStatus.ABORTED:
         lifecycle.move_sub_task(
-            sub, SubTaskStatus.SUCCEEDED if data.succeeded else SubTaskStatus.FAILED,
-            detail=data.detail)
+            sub,
+            SubTaskStatus.SUCCEEDED if data.succeeded else SubTaskStatus.FAILED,
+            detail=data.detail,
+        )
     if task.status.active and sub.attempt == task.attempt:
         decide(session, task, sub, data)
     session.commit()
@@ -142,12 +171,21 @@ def _all(session: Session, task: Task, statuses: set[SubTaskStatus]) -> bool:
 
 def restart_tasks_of(session: Session, *, agent: Agent, reason: str) -> int:
     """Restart (or fail) the tasks whose current sub-task runs on `agent`; the caller commits."""
-    tasks = session.scalars(
-        select(Task).join(SubTask, SubTask.task_id == Task.id)
-        .where(SubTask.agent_id == agent.id, SubTask.attempt == Task.attempt,
-               SubTask.status == SubTaskStatus.RUNNING, Task.status.in_(ACTIVE))
-        .with_for_update(of=Task)
-    ).unique().all()
+    tasks = (
+        session.scalars(
+            select(Task)
+            .join(SubTask, SubTask.task_id == Task.id)
+            .where(
+                SubTask.agent_id == agent.id,
+                SubTask.attempt == Task.attempt,
+                SubTask.status == SubTaskStatus.RUNNING,
+                Task.status.in_(ACTIVE),
+            )
+            .with_for_update(of=Task)
+        )
+        .unique()
+        .all()
+    )
     for task in tasks:
         lifecycle.restart_or_fail(session, task, reason)
     return len(tasks)

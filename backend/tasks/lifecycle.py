@@ -132,9 +132,14 @@ class Change:
 
     def event_row(self) -> dict[str, Any]:
         """The task_event row recording this change."""
-        return {"task_id": self.task_id, "from_status": self.from_status,
-                "to_status": self.to_status, "reason": self.reason, "created_at": self.at,
-                "kind": EventKind.STATUS}
+        return {
+            "task_id": self.task_id,
+            "from_status": self.from_status,
+            "to_status": self.to_status,
+            "reason": self.reason,
+            "created_at": self.at,
+            "kind": EventKind.STATUS,
+        }
 
 
 def change(task_id: int, current: TaskStatus, to: TaskStatus, reason: str) -> Change:
@@ -144,8 +149,9 @@ def change(task_id: int, current: TaskStatus, to: TaskStatus, reason: str) -> Ch
         Conflict: `to` is not reachable from `current` (field `status`).
     """
     if to not in ALLOWED[current]:
-        raise Conflict(f"task {task_id} is {current.value}; it cannot become {to.value}",
-                       field="status")
+        raise Conflict(
+            f"task {task_id} is {current.value}; it cannot become {to.value}", field="status"
+        )
     return Change(task_id, current, to, reason, utcnow())
 
 
@@ -183,8 +189,9 @@ def move_sub_task(sub: SubTask, to: SubTaskStatus, *, detail: str | None = None)
         Conflict: `to` is not reachable from the sub-task's status (field `status`).
     """
     if to not in SUB_ALLOWED[sub.status]:
-        raise Conflict(f"sub-task {sub.id} is {sub.status.value}; it cannot become {to.value}",
-                       field="status")
+        raise Conflict(
+            f"sub-task {sub.id} is {sub.status.value}; it cannot become {to.value}", field="status"
+        )
     sub.status = to
     if detail is not None:
         sub.detail = detail[-4000:]
@@ -193,22 +200,37 @@ def move_sub_task(sub: SubTask, to: SubTaskStatus, *, detail: str | None = None)
 def abort_sub_tasks(session: Session, task: Task, reason: str) -> None:
     """Abort every sub-task of `task`'s current attempt that has not ended (one statement)."""
     session.execute(
-        update(SubTask).where(SubTask.task_id == task.id, SubTask.attempt == task.attempt,
-                              SubTask.status.in_(ABORTABLE))
+        update(SubTask)
+        .where(
+            SubTask.task_id == task.id,
+            SubTask.attempt == task.attempt,
+            SubTask.status.in_(ABORTABLE),
+        )
         .values(status=Sub.ABORTED, detail=f"aborted: {reason}")
     )
 
 
 def attempt_sub_statuses(session: Session, task: Task) -> list[SubTaskStatus]:
     """The statuses of the sub-tasks of `task`'s current attempt."""
-    return list(session.scalars(select(SubTask.status).where(
-        SubTask.task_id == task.id, SubTask.attempt == task.attempt)).all())
+    return list(
+        session.scalars(
+            select(SubTask.status).where(
+                SubTask.task_id == task.id, SubTask.attempt == task.attempt
+            )
+        ).all()
+    )
 
 
 def alarm(session: Session, task: Task, reason: str) -> TaskEvent:
     """Record an alarm: a failure the monitor detected (the status does not change)."""
-    event = TaskEvent(task_id=task.id, from_status=task.status, to_status=task.status,
-                      reason=reason, kind=EventKind.ALARM, created_at=utcnow())
+    event = TaskEvent(
+        task_id=task.id,
+        from_status=task.status,
+        to_status=task.status,
+        reason=reason,
+        kind=EventKind.ALARM,
+        created_at=utcnow(),
+    )
     session.add(event)
     return event
 
@@ -225,44 +247,57 @@ def restart_or_fail(session: Session, task: Task, reason: str) -> bool:
         return False
     alarm(session, task, f"alarm: {reason}")
     if task.attempt - 1 >= task.max_restarts:
-        transition(session, task, S.FAILED,
-                   f"{reason}; no restart left (max_restarts={task.max_restarts})")
+        transition(
+            session, task, S.FAILED, f"{reason}; no restart left (max_restarts={task.max_restarts})"
+        )
         return False
     transition(session, task, S.RESTARTING, f"{reason}; restarting")
     abort_sub_tasks(session, task, reason)
     task.attempt += 1
     task.master_addr, task.master_port = None, None
-    transition(session, task, S.QUEUED,
-               f"attempt {task.attempt} of {task.max_restarts + 1} queued after: {reason}")
+    transition(
+        session,
+        task,
+        S.QUEUED,
+        f"attempt {task.attempt} of {task.max_restarts + 1} queued after: {reason}",
+    )
     return True
 
 
 def _settle_dependents(session: Session, task: Task) -> None:
     """Release the dependents of a succeeded task, or fail those of a failed one."""
     dependents = session.scalars(
-        select(Task).join(TaskDependency, TaskDependency.task_id == Task.id)
+        select(Task)
+        .join(TaskDependency, TaskDependency.task_id == Task.id)
         .where(TaskDependency.depends_on_id == task.id, Task.status == S.QUEUED)
         .order_by(Task.id)
     ).all()
     for dependent in dependents:
         if task.status is not S.SUCCEEDED:
-            transition(session, dependent, S.FAILED,
-                       f"dependency task {task.id} is {task.status.value}: "
-                       f"{task.status_reason}"[:2000])
+            transition(
+                session,
+                dependent,
+                S.FAILED,
+                f"dependency task {task.id} is {task.status.value}: {task.status_reason}"[:2000],
+            )
         elif not unfinished_dependencies(session, task_id=dependent.id):
             dependent.waiting = False
 
 
 def unfinished_dependencies(session: Session, *, task_id: int) -> list[int]:
     """Ids of the tasks `task_id` depends on that have not succeeded yet."""
-    return list(session.scalars(
-        select(Task.id).join(TaskDependency, TaskDependency.depends_on_id == Task.id)
-        .where(TaskDependency.task_id == task_id, Task.status != S.SUCCEEDED)
-    ).all())
+    return list(
+        session.scalars(
+            select(Task.id)
+            .join(TaskDependency, TaskDependency.depends_on_id == Task.id)
+            .where(TaskDependency.task_id == task_id, Task.status != S.SUCCEEDED)
+        ).all()
+    )
 
 
 def record_creation(session: Session, task: Task) -> None:
     """The first event of a task: its submission."""
-    session.add(TaskEvent(task_id=task.id, from_status=None, to_status=S.QUEUED,
-                          reason="submitted"))
+    session.add(
+        TaskEvent(task_id=task.id, from_status=None, to_status=S.QUEUED, reason="submitted")
+    )
     _wake_after_commit(session)

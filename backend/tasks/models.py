@@ -74,9 +74,13 @@ class Task(Base):
     __tablename__ = "task"
     # The scheduler's queue: an index scan by priority then age, never the whole table.
     __table_args__ = (
-        Index("ix_task_queue", text("priority DESC"), "id",
-              postgresql_where=text("status = 'QUEUED' AND NOT waiting"),
-              sqlite_where=text("status = 'QUEUED' AND NOT waiting")),
+        Index(
+            "ix_task_queue",
+            text("priority DESC"),
+            "id",
+            postgresql_where=text("status = 'QUEUED' AND NOT waiting"),
+            sqlite_where=text("status = 'QUEUED' AND NOT waiting"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -127,8 +131,9 @@ class TaskEvent(Base):
     to_status: Mapped[TaskStatus] = mapped_column(_enum(TaskStatus))
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    kind: Mapped[EventKind] = mapped_column(_enum(EventKind), default=EventKind.STATUS,
-                                            server_default="STATUS")
+    kind: Mapped[EventKind] = mapped_column(
+        _enum(EventKind), default=EventKind.STATUS, server_default="STATUS"
+    )
 
 
 class SubTask(Base):
@@ -164,9 +169,12 @@ class Allocation(Base):
     __tablename__ = "allocation"
     # Capacity accounting counts held nodes only, however long the history grows.
     __table_args__ = (
-        Index("ix_allocation_held", "resource_group_id",
-              postgresql_where=text("released_at IS NULL"),
-              sqlite_where=text("released_at IS NULL")),
+        Index(
+            "ix_allocation_held",
+            "resource_group_id",
+            postgresql_where=text("released_at IS NULL"),
+            sqlite_where=text("released_at IS NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

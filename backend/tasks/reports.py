@@ -19,13 +19,19 @@ def add_logs(session: Session, *, task_id: int, batch: LogBatch) -> int:
     keys = {(line.attempt, line.node, line.seq) for line in batch.lines}
     if not keys:
         return 0
-    existing = set(session.execute(
-        select(LogLine.attempt, LogLine.node, LogLine.seq).where(
-            LogLine.task_id == task_id,
-            tuple_(LogLine.attempt, LogLine.node, LogLine.seq).in_(list(keys)))
-    ).all())
-    new = [LogLine(task_id=task_id, **line.model_dump()) for line in batch.lines
-           if (line.attempt, line.node, line.seq) not in existing]
+    existing = set(
+        session.execute(
+            select(LogLine.attempt, LogLine.node, LogLine.seq).where(
+                LogLine.task_id == task_id,
+                tuple_(LogLine.attempt, LogLine.node, LogLine.seq).in_(list(keys)),
+            )
+        ).all()
+    )
+    new = [
+        LogLine(task_id=task_id, **line.model_dump())
+        for line in batch.lines
+        if (line.attempt, line.node, line.seq) not in existing
+    ]
     session.add_all(new)
     session.commit()
     return len(new)
@@ -42,7 +48,14 @@ def set_progress(session: Session, *, task: Task, data: Progress) -> None:
 
 
 def save_checkpoint(
-    session: Session, *, task: Task, directory: Path, name: str, epoch: int, step: int, body: bytes,
+    session: Session,
+    *,
+    task: Task,
+    directory: Path,
+    name: str,
+    epoch: int,
+    step: int,
+    body: bytes,
     attempt: int = 1,
 ) -> Checkpoint:
     """Store an uploaded checkpoint file as `directory/task-<id>/<name>` (`attempt-<n>/` after 1).
@@ -62,14 +75,26 @@ def save_checkpoint(
     path = (folder / name).resolve()
     if not _write_new(path, body):
         if path.read_bytes() != body:
-            raise Conflict(f"checkpoint '{name}' of attempt {attempt} already exists with "
-                           "other content; it is kept", field="name")
-        stored = session.scalar(select(Checkpoint).where(
-            Checkpoint.task_id == task.id, Checkpoint.path == str(path)).limit(1))
+            raise Conflict(
+                f"checkpoint '{name}' of attempt {attempt} already exists with "
+                "other content; it is kept",
+                field="name",
+            )
+        stored = session.scalar(
+            select(Checkpoint)
+            .where(Checkpoint.task_id == task.id, Checkpoint.path == str(path))
+            .limit(1)
+        )
         if stored is not None:
             return stored
-    checkpoint = Checkpoint(task_id=task.id, epoch=epoch, step=step, path=str(path),
-                            size_bytes=len(body), attempt=attempt)
+    checkpoint = Checkpoint(
+        task_id=task.id,
+        epoch=epoch,
+        step=step,
+        path=str(path),
+        size_bytes=len(body),
+        attempt=attempt,
+    )
     session.add(checkpoint)
     session.commit()
     return checkpoint
@@ -82,8 +107,11 @@ def check_checkpoint_name(name: str) -> None:
         Invalid: naming the field `name`.
     """
     if not CHECKPOINT_NAME.fullmatch(name):
-        raise Invalid(f"checkpoint name {name!r} is not a file name: use letters, digits, '.', "
-                      "'_' and '-', not starting with '.' (e.g. 'epoch-3.pt')", field="name")
+        raise Invalid(
+            f"checkpoint name {name!r} is not a file name: use letters, digits, '.', "
+            "'_' and '-', not starting with '.' (e.g. 'epoch-3.pt')",
+            field="name",
+        )
 
 
 def _write_new(path: Path, body: bytes) -> bool:
@@ -105,8 +133,11 @@ def node_heartbeats(session: Session, *, running: list[RunningRanks]) -> None:
     now = utcnow()
     for entry in running:
         session.execute(
-            update(Allocation).where(Allocation.task_id == entry.task_id,
-                                     Allocation.rank.in_(entry.ranks),
-                                     Allocation.released_at.is_(None))
+            update(Allocation)
+            .where(
+                Allocation.task_id == entry.task_id,
+                Allocation.rank.in_(entry.ranks),
+                Allocation.released_at.is_(None),
+            )
             .values(last_heartbeat_at=now)
         )

@@ -17,30 +17,49 @@ def _named(session: Session, item: GroupRequest, field: str) -> dict[str, Any]:
     if group is None:
         raise Invalid(f"resource group '{item.name}' does not exist", field=f"{field}.name")
     if group.state is not GroupState.ACTIVE:
-        raise Invalid(f"resource group '{group.name}' is {group.state.value}; it accepts no "
-                      f"new tasks", field=f"{field}.name")
+        raise Invalid(
+            f"resource group '{group.name}' is {group.state.value}; it accepts no new tasks",
+            field=f"{field}.name",
+        )
     if item.workers > group.capacity:
-        raise Invalid(f"resource group '{group.name}' has {group.capacity} worker(s); "
-                      f"{item.workers} requested", field=f"{field}.workers")
+        raise Invalid(
+            f"resource group '{group.name}' has {group.capacity} worker(s); "
+            f"{item.workers} requested",
+            field=f"{field}.workers",
+        )
     return {"name": group.name, "device_type": group.device_type, "workers": item.workers}
 
 
 def _by_device(session: Session, item: GroupRequest, field: str) -> dict[str, Any]:
-    groups = session.scalars(select(ResourceGroup).where(
-        LIVE, ResourceGroup.device_type == item.device_type,
-        ResourceGroup.state == GroupState.ACTIVE)).all()
-    matching = [g for g in groups
-                if all((g.labels or {}).get(k) == v for k, v in item.labels.items())]
+    groups = session.scalars(
+        select(ResourceGroup).where(
+            LIVE,
+            ResourceGroup.device_type == item.device_type,
+            ResourceGroup.state == GroupState.ACTIVE,
+        )
+    ).all()
+    matching = [
+        g for g in groups if all((g.labels or {}).get(k) == v for k, v in item.labels.items())
+    ]
     if not matching:
         labels = f" with labels {item.labels}" if item.labels else ""
-        raise Invalid(f"no active resource group has device type '{item.device_type}'{labels}",
-                      field=f"{field}.device_type")
+        raise Invalid(
+            f"no active resource group has device type '{item.device_type}'{labels}",
+            field=f"{field}.device_type",
+        )
     capacity = sum(g.capacity for g in matching)
     if item.workers > capacity:
-        raise Invalid(f"resource groups of device type '{item.device_type}' have {capacity} "
-                      f"worker(s) in all; {item.workers} requested", field=f"{field}.workers")
-    return {"device_type": item.device_type, "workers": item.workers,
-            "placement": item.placement or "resource_state", "labels": dict(item.labels)}
+        raise Invalid(
+            f"resource groups of device type '{item.device_type}' have {capacity} "
+            f"worker(s) in all; {item.workers} requested",
+            field=f"{field}.workers",
+        )
+    return {
+        "device_type": item.device_type,
+        "workers": item.workers,
+        "placement": item.placement or "resource_state",
+        "labels": dict(item.labels),
+    }
 
 
 def resolve(session: Session, items: list[GroupRequest]) -> tuple[list[dict], list[dict]]:
@@ -51,8 +70,11 @@ def resolve(session: Session, items: list[GroupRequest]) -> tuple[list[dict], li
         Invalid: a group does not exist, is draining or disabled, or is too small;
             no active group has the device type (and labels), or they are too small.
     """
-    request = [_named(session, item, f"resource_groups.{i}") if item.name
-               else _by_device(session, item, f"resource_groups.{i}")
-               for i, item in enumerate(items)]
+    request = [
+        _named(session, item, f"resource_groups.{i}")
+        if item.name
+        else _by_device(session, item, f"resource_groups.{i}")
+        for i, item in enumerate(items)
+    ]
     named_only = all("name" in r for r in request)
     return request, ([dict(r) for r in request] if named_only else [])

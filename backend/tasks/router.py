@@ -54,16 +54,29 @@ def submit_task(data: TaskCreate, session: SessionDep, user: CurrentUser) -> Tas
 
 @router.get("", response_model=list[TaskRead])
 def list_tasks(
-    session: SessionDep, user: CurrentUser, response: Response, project_id: int | None = None,
-    status: TaskStatus | None = None, offset: Annotated[int, Query(ge=0)] = 0,
+    session: SessionDep,
+    user: CurrentUser,
+    response: Response,
+    project_id: int | None = None,
+    status: TaskStatus | None = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> list[Task]:
     """Tasks of the projects the caller may see, newest first."""
     ids = project_access.visible_project_ids(session, user=user)
-    response.headers[TOTAL_HEADER] = str(service.count_tasks(
-        session, project_id=project_id, status=status, project_ids=ids))
-    return list(service.list_tasks(session, project_id=project_id, status=status,
-                                   offset=offset, limit=limit, project_ids=ids))
+    response.headers[TOTAL_HEADER] = str(
+        service.count_tasks(session, project_id=project_id, status=status, project_ids=ids)
+    )
+    return list(
+        service.list_tasks(
+            session,
+            project_id=project_id,
+            status=status,
+            offset=offset,
+            limit=limit,
+            project_ids=ids,
+        )
+    )
 
 
 @router.get("/{task_id}", response_model=TaskRead)
@@ -72,8 +85,7 @@ def get_task(task: TaskDep) -> Task:
 
 
 @router.patch("/{task_id}", response_model=TaskRead)
-def update_task(data: TaskUpdate, task: TaskDep, session: SessionDep, user: CurrentUser
-                ) -> Task:
+def update_task(data: TaskUpdate, task: TaskDep, session: SessionDep, user: CurrentUser) -> Task:
     """Change a queued task's priority or `depends_on` (a cycle is refused; a dependency
     the caller cannot see is answered like one that does not exist, 404)."""
     access.check_dependencies(session, user=user, depends_on=data.depends_on or [])
@@ -101,27 +113,35 @@ def task_events(task: TaskDep, session: SessionDep, page: Page, response: Respon
 
 
 @router.get("/{task_id}/allocations", response_model=list[AllocationRead])
-def task_allocations(task: TaskDep, session: SessionDep, page: Page, response: Response
-                     ) -> list[AllocationRead]:
+def task_allocations(
+    task: TaskDep, session: SessionDep, page: Page, response: Response
+) -> list[AllocationRead]:
     """The task's nodes: role, resource group, rank and host."""
     return paginated(service.allocations(session, task_id=task.id), page, response)
 
 
 @router.get("/{task_id}/sub-tasks", response_model=list[SubTaskRead])
-def task_sub_tasks(task: TaskDep, session: SessionDep, page: Page, response: Response
-                   ) -> list[SubTaskRead]:
+def task_sub_tasks(
+    task: TaskDep, session: SessionDep, page: Page, response: Response
+) -> list[SubTaskRead]:
     return paginated(service.sub_tasks(session, task_id=task.id), page, response)
 
 
 @router.get("/{task_id}/metrics", response_model=list[MetricRead])
 def task_metrics(
-    task: TaskDep, session: SessionDep, response: Response, name: str | None = None,
+    task: TaskDep,
+    session: SessionDep,
+    response: Response,
+    name: str | None = None,
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> list:
     """Reported scalars: per epoch (rank null) and per worker (samples_per_s), oldest first."""
-    return paginated(list(service.metrics(session, task_id=task.id, name=name)),
-                     PageParams(offset=offset, limit=limit), response)
+    return paginated(
+        list(service.metrics(session, task_id=task.id, name=name)),
+        PageParams(offset=offset, limit=limit),
+        response,
+    )
 
 
 @router.get("/{task_id}/throughput", response_model=ThroughputRead)
@@ -132,8 +152,11 @@ def task_throughput(task: TaskDep, session: SessionDep) -> ThroughputRead:
 
 @router.get("/{task_id}/logs", response_model=list[LogLineRead])
 def task_logs(
-    task: TaskDep, session: SessionDep, after_id: Annotated[int, Query(ge=0)] = 0,
-    node: str | None = None, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    task: TaskDep,
+    session: SessionDep,
+    after_id: Annotated[int, Query(ge=0)] = 0,
+    node: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> list:
     """Log lines after the cursor `after_id`, optionally of one node (e.g. `ps`, `rank-1`)."""
     return list(service.logs(session, task_id=task.id, after_id=after_id, node=node, limit=limit))
@@ -164,13 +187,26 @@ async def _log_stream(task_id: int, after_id: int, node: str | None) -> AsyncIte
             await asyncio.sleep(LOG_POLL_S)
 
 
-@router.get("/{task_id}/logs/stream", response_class=StreamingResponse, responses={200: {
-    "content": {"text/event-stream": {"example": 'id: 42\nevent: log\ndata: {"id": 42, '
-                                      '"node": "rank-1", "seq": 7, "time": "...", '
-                                      '"text": "epoch 1 ..."}\n\n'}},
-    "description": "server-sent events: `log` (one per line) and `end` (task over)"}})
+@router.get(
+    "/{task_id}/logs/stream",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {
+                "text/event-stream": {
+                    "example": 'id: 42\nevent: log\ndata: {"id": 42, '
+                    '"node": "rank-1", "seq": 7, "time": "...", '
+                    '"text": "epoch 1 ..."}\n\n'
+                }
+            },
+            "description": "server-sent events: `log` (one per line) and `end` (task over)",
+        }
+    },
+)
 def stream_logs(
-    task: TaskDep, session: SessionDep, after_id: Annotated[int, Query(ge=0)] = 0,
+    task: TaskDep,
+    session: SessionDep,
+    after_id: Annotated[int, Query(ge=0)] = 0,
     node: str | None = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> StreamingResponse:
@@ -179,13 +215,15 @@ def stream_logs(
     resume = last_event_id or ""
     cursor = max(after_id, int(resume) if resume.isdigit() else 0)
     session.close()  # the stream polls with sessions of its own
-    return StreamingResponse(_log_stream(task.id, cursor, node), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        _log_stream(task.id, cursor, node),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 @router.get("/{task_id}/checkpoints", response_model=list[CheckpointRead])
-def task_checkpoints(task: TaskDep, session: SessionDep, page: Page, response: Response
-                     ) -> list:
+def task_checkpoints(task: TaskDep, session: SessionDep, page: Page, response: Response) -> list:
     return paginated(list(service.checkpoints(session, task_id=task.id)), page, response)
 
 
@@ -193,5 +231,8 @@ def task_checkpoints(task: TaskDep, session: SessionDep, page: Page, response: R
 def download_checkpoint(task: TaskDep, checkpoint_id: int, session: SessionDep) -> FileResponse:
     """The checkpoint file (`torch.save` of model and optimizer state dicts)."""
     checkpoint = service.get_checkpoint(session, task_id=task.id, checkpoint_id=checkpoint_id)
-    return FileResponse(checkpoint.path, media_type="application/octet-stream",
-                        filename=f"task{task.id}-{Path(checkpoint.path).name}")
+    return FileResponse(
+        checkpoint.path,
+        media_type="application/octet-stream",
+        filename=f"task{task.id}-{Path(checkpoint.path).name}",
+    )

@@ -25,8 +25,11 @@ class GroupRequest(StrictModel):
     placement: Literal["uniform", "resource_state"] | None = None
     labels: dict[str, str] = Field(default_factory=dict, max_length=32)
     speed_factor: float = Field(
-        default=1.0, gt=0.0, le=1.0,
-        description="emulation only: the group computes this fraction as fast (1 = real speed)")
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description="emulation only: the group computes this fraction as fast (1 = real speed)",
+    )
 
     @model_validator(mode="after")
     def _one_form(self) -> "GroupRequest":
@@ -45,53 +48,98 @@ class TaskCreate(StrictModel):
     name: str = Field(default="", max_length=200)
     resource_groups: list[GroupRequest] = Field(min_length=1, max_length=16)
     epochs: int = Field(default=5, ge=1, le=10_000)
-    global_batch_size: int = Field(default=64, ge=1, le=1_000_000,
-                                   description="samples per optimizer step across all workers")
+    global_batch_size: int = Field(
+        default=64, ge=1, le=1_000_000, description="samples per optimizer step across all workers"
+    )
     split_policy: SplitPolicy = Field(
-        default="even", description="`weighted`: shares of data and batch follow measured "
-        "samples/s, re-balanced online")
+        default="even",
+        description="`weighted`: shares of data and batch follow measured "
+        "samples/s, re-balanced online",
+    )
     sync_strategy: SyncStrategy = Field(
-        default="sync", description="cross-group sync at the parameter server: every step, "
-        "model averaging every `sync_period` steps, or once `quorum` groups reported")
+        default="sync",
+        description="cross-group sync at the parameter server: every step, "
+        "model averaging every `sync_period` steps, or once `quorum` groups reported",
+    )
     sync_period: int = Field(default=1, ge=1, le=10_000)
-    quorum: int | None = Field(default=None, ge=1, le=16,
-                               description="groups a quorum update waits for (default M - 1)")
-    max_staleness: int = Field(default=2, ge=0, le=1000,
-                               description="quorum: oldest gradient version an update may use")
+    quorum: int | None = Field(
+        default=None, ge=1, le=16, description="groups a quorum update waits for (default M - 1)"
+    )
+    max_staleness: int = Field(
+        default=2, ge=0, le=1000, description="quorum: oldest gradient version an update may use"
+    )
     exchange_fraction: float = Field(
-        default=0.0, ge=0.0, le=1.0,
-        description="fraction of each worker's shard passed to its ring neighbour per epoch")
-    checkpoint_every: int | None = Field(default=None, ge=1, le=10_000_000,
-                                         description="also checkpoint every N steps")
-    rebalance_every: int = Field(default=10, ge=0, le=10_000_000,
-                                 description="steps between load-balance checks (0: epoch ends)")
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="fraction of each worker's shard passed to its ring neighbour per epoch",
+    )
+    checkpoint_every: int | None = Field(
+        default=None, ge=1, le=10_000_000, description="also checkpoint every N steps"
+    )
+    rebalance_every: int = Field(
+        default=10,
+        ge=0,
+        le=10_000_000,
+        description="steps between load-balance checks (0: epoch ends)",
+    )
     on_nonfinite: Literal["fail", "skip_step"] = Field(
-        default="fail", description="a non-finite loss or gradient on any worker: `fail` ends "
+        default="fail",
+        description="a non-finite loss or gradient on any worker: `fail` ends "
         "the task naming epoch, step, rank and group; `skip_step` skips that optimizer step "
-        "everywhere and counts it in the `skipped_steps` metric")
+        "everywhere and counts it in the `skipped_steps` metric",
+    )
     preprocess: list[PreprocessStep] = Field(
-        default_factory=list, max_length=16,
-        description="run once before sharding: resize, normalize, augment, tokenize")
+        default_factory=list,
+        max_length=16,
+        description="run once before sharding: resize, normalize, augment, tokenize",
+    )
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    priority: int = Field(default=0, ge=-100, le=100,
-                          description="higher runs first; equal priorities run oldest first")
-    depends_on: list[int] = Field(default_factory=list, max_length=64,
-                                  description="tasks that must succeed before this one starts")
-    max_restarts: int = Field(default=2, ge=0, le=20,
-                              description="restarts after an agent or process failure")
+    priority: int = Field(
+        default=0,
+        ge=-100,
+        le=100,
+        description="higher runs first; equal priorities run oldest first",
+    )
+    depends_on: list[int] = Field(
+        default_factory=list,
+        max_length=64,
+        description="tasks that must succeed before this one starts",
+    )
+    max_restarts: int = Field(
+        default=2, ge=0, le=20, description="restarts after an agent or process failure"
+    )
     max_runtime_s: int = Field(
-        default=DEFAULT_MAX_RUNTIME_S, ge=1, le=30 * 86_400,
-        description="wall-clock seconds each attempt may run; beyond it the task FAILS")
+        default=DEFAULT_MAX_RUNTIME_S,
+        ge=1,
+        le=30 * 86_400,
+        description="wall-clock seconds each attempt may run; beyond it the task FAILS",
+    )
     memory_limit_mb: int = Field(
-        default=DEFAULT_MEMORY_LIMIT_MB, ge=128, le=1_048_576,
+        default=DEFAULT_MEMORY_LIMIT_MB,
+        ge=128,
+        le=1_048_576,
         description="data memory of each rank process in MiB (torch itself takes about "
-                    "300); an allocation beyond it FAILS the task")
+        "300); an allocation beyond it FAILS the task",
+    )
 
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "project_id": 1, "code_version_id": 1, "name": "mnist across two groups",
-        "resource_groups": [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
-        "epochs": 5, "global_batch_size": 64,
-    }]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "project_id": 1,
+                    "code_version_id": 1,
+                    "name": "mnist across two groups",
+                    "resource_groups": [
+                        {"name": "cpu-a", "workers": 2},
+                        {"name": "cpu-b", "workers": 1},
+                    ],
+                    "epochs": 5,
+                    "global_batch_size": 64,
+                }
+            ]
+        }
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "TaskCreate":
@@ -106,8 +154,9 @@ class TaskCreate(StrictModel):
         groups = info.data.get("resource_groups") or []
         workers = sum(g.workers for g in groups)
         if value < workers:
-            raise ValueError(f"global_batch_size ({value}) is smaller than the number of "
-                             f"workers ({workers})")
+            raise ValueError(
+                f"global_batch_size ({value}) is smaller than the number of workers ({workers})"
+            )
         return value
 
     @field_validator("quorum")
@@ -133,8 +182,17 @@ class TaskCreate(StrictModel):
 
     def engine_options(self) -> dict[str, Any]:
         """The training-engine settings stored in the task's spec (see worker.engine.spec)."""
-        keys = ("split_policy", "sync_strategy", "sync_period", "quorum", "max_staleness",
-                "exchange_fraction", "checkpoint_every", "rebalance_every", "on_nonfinite")
+        keys = (
+            "split_policy",
+            "sync_strategy",
+            "sync_period",
+            "quorum",
+            "max_staleness",
+            "exchange_fraction",
+            "checkpoint_every",
+            "rebalance_every",
+            "on_nonfinite",
+        )
         options = {key: getattr(self, key) for key in keys}
         options["preprocess"] = [step.model_dump() for step in self.preprocess]
         return options
@@ -147,8 +205,9 @@ class TaskCreate(StrictModel):
 class TaskUpdate(StrictModel):
     """What may change while a task is queued: its priority and its dependencies."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [
-        {"priority": 10}, {"depends_on": [3, 4]}]})
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"priority": 10}, {"depends_on": [3, 4]}]}
+    )
 
     priority: int | None = Field(default=None, ge=-100, le=100)
     depends_on: list[int] | None = Field(default=None, max_length=64)
@@ -233,7 +292,8 @@ class MetricRead(BaseModel):
     name: str
     value: float | None = Field(description="null when the value was not finite")
     nonfinite: Literal["nan", "inf", "-inf"] | None = Field(
-        default=None, description="the value when it was NaN or infinite (JSON has no NaN)")
+        default=None, description="the value when it was NaN or infinite (JSON has no NaN)"
+    )
     rank: int | None
 
 

@@ -47,21 +47,32 @@ def submit(session: Session, *, data: TaskCreate) -> Task:
     project = projects.get(session, project_id=data.project_id)
     version = projects.get_version(session, version_id=data.code_version_id)
     if version.project_id != project.id:
-        raise Invalid(f"code version {version.id} belongs to another project",
-                      field="code_version_id")
+        raise Invalid(
+            f"code version {version.id} belongs to another project", field="code_version_id"
+        )
     request, groups = requests.resolve(session, data.resource_groups)
     for item, asked in zip(request, data.resource_groups, strict=True):
         if asked.speed_factor != 1.0:
             item["speed_factor"] = asked.speed_factor  # emulation; see worker.engine.emulation
-    spec = TaskSpec.model_validate({
-        "epochs": data.epochs, "global_batch_size": data.global_batch_size,
-        "seed": data.seed, "groups": groups, "request": request, **data.engine_options(),
-        "limits": data.limits().model_dump(),
-    })
+    spec = TaskSpec.model_validate(
+        {
+            "epochs": data.epochs,
+            "global_batch_size": data.global_batch_size,
+            "seed": data.seed,
+            "groups": groups,
+            "request": request,
+            **data.engine_options(),
+            "limits": data.limits().model_dump(),
+        }
+    )
     deps = depends_on.check(session, project_id=project.id, depends_on=data.depends_on)
-    task = Task(project_id=project.id, code_version_id=version.id,
-                name=data.name or f"{project.name} v{version.version}", priority=data.priority,
-                max_restarts=data.max_restarts)
+    task = Task(
+        project_id=project.id,
+        code_version_id=version.id,
+        name=data.name or f"{project.name} v{version.version}",
+        priority=data.priority,
+        max_restarts=data.max_restarts,
+    )
     write_spec(task, spec)
     session.add(task)
     session.flush()
@@ -89,8 +100,13 @@ def _task_filter(query, project_id, status, project_ids):  # type: ignore[no-unt
 
 
 def list_tasks(
-    session: Session, *, project_id: int | None = None, status: TaskStatus | None = None,
-    offset: int = 0, limit: int = 50, project_ids: list[int] | None = None,
+    session: Session,
+    *,
+    project_id: int | None = None,
+    status: TaskStatus | None = None,
+    offset: int = 0,
+    limit: int = 50,
+    project_ids: list[int] | None = None,
 ) -> Sequence[Task]:
     """Tasks, newest first; of one project, one status, or only `project_ids` if given."""
     query = _task_filter(select(Task), project_id, status, project_ids)
@@ -98,7 +114,10 @@ def list_tasks(
 
 
 def count_tasks(
-    session: Session, *, project_id: int | None = None, status: TaskStatus | None = None,
+    session: Session,
+    *,
+    project_id: int | None = None,
+    status: TaskStatus | None = None,
     project_ids: list[int] | None = None,
 ) -> int:
     query = _task_filter(select(func.count(Task.id)), project_id, status, project_ids)
@@ -114,19 +133,38 @@ def retry(session: Session, *, task: Task) -> Task:
         Invalid: a group it named is gone, draining, disabled or now too small.
     """
     if not task.status.terminal:
-        raise Conflict(f"task {task.id} is {task.status.value}; only an ended task is retried",
-                       field="status")
+        raise Conflict(
+            f"task {task.id} is {task.status.value}; only an ended task is retried", field="status"
+        )
     spec = read_spec(task)
-    asked = [GroupRequest.model_validate(item.model_dump(
-        include=set(GroupRequest.model_fields), exclude_unset=True, exclude_none=True,
-        exclude={"device_type"} if item.name else None)) for item in spec.requested()]
+    asked = [
+        GroupRequest.model_validate(
+            item.model_dump(
+                include=set(GroupRequest.model_fields),
+                exclude_unset=True,
+                exclude_none=True,
+                exclude={"device_type"} if item.name else None,
+            )
+        )
+        for item in spec.requested()
+    ]
     request, groups = requests.resolve(session, asked)
-    copy = Task(project_id=task.project_id, code_version_id=task.code_version_id,
-                name=f"{task.name} (retry of {task.id})"[-200:],
-                priority=task.priority, max_restarts=task.max_restarts)
-    write_spec(copy, spec.model_copy(update={
-        "request": [RequestItem.model_validate(r) for r in request],
-        "groups": [GroupPlan.model_validate(g) for g in groups]}))
+    copy = Task(
+        project_id=task.project_id,
+        code_version_id=task.code_version_id,
+        name=f"{task.name} (retry of {task.id})"[-200:],
+        priority=task.priority,
+        max_restarts=task.max_restarts,
+    )
+    write_spec(
+        copy,
+        spec.model_copy(
+            update={
+                "request": [RequestItem.model_validate(r) for r in request],
+                "groups": [GroupPlan.model_validate(g) for g in groups],
+            }
+        ),
+    )
     session.add(copy)
     session.flush()
     lifecycle.record_creation(session, copy)
@@ -142,13 +180,15 @@ def update(session: Session, *, task: Task, data: TaskUpdate) -> Task:
         Invalid: a dependency is missing, another user's, failed, or makes a cycle.
     """
     if task.status is not TaskStatus.QUEUED:
-        raise Conflict(f"task {task.id} is {task.status.value}; only a queued task changes",
-                       field="status")
+        raise Conflict(
+            f"task {task.id} is {task.status.value}; only a queued task changes", field="status"
+        )
     if data.priority is not None:
         task.priority = data.priority
     if data.depends_on is not None:
-        deps = depends_on.check(session, project_id=task.project_id,
-                                depends_on=data.depends_on, task_id=task.id)
+        deps = depends_on.check(
+            session, project_id=task.project_id, depends_on=data.depends_on, task_id=task.id
+        )
         depends_on.record(session, task=task, deps=deps)
     session.commit()
     return task
@@ -170,7 +210,8 @@ def allocations(session: Session, *, task_id: int) -> list[AllocationRead]:
     rows = session.execute(
         select(Allocation, ResourceGroup.name)
         .join(ResourceGroup, ResourceGroup.id == Allocation.resource_group_id)
-        .where(Allocation.task_id == task_id).order_by(Allocation.id)
+        .where(Allocation.task_id == task_id)
+        .order_by(Allocation.id)
     )
     return [
         AllocationRead.model_validate({**_columns(a), "resource_group": name}) for a, name in rows
@@ -181,7 +222,8 @@ def sub_tasks(session: Session, *, task_id: int) -> list[SubTaskRead]:
     rows = session.execute(
         select(SubTask, ResourceGroup.name)
         .join(ResourceGroup, ResourceGroup.id == SubTask.resource_group_id)
-        .where(SubTask.task_id == task_id).order_by(SubTask.group_index)
+        .where(SubTask.task_id == task_id)
+        .order_by(SubTask.group_index)
     )
     return [SubTaskRead.model_validate({**_columns(s), "resource_group": name}) for s, name in rows]
 
@@ -191,7 +233,11 @@ def _columns(row: object) -> dict:
 
 
 def logs(
-    session: Session, *, task_id: int, after_id: int = 0, node: str | None = None,
+    session: Session,
+    *,
+    task_id: int,
+    after_id: int = 0,
+    node: str | None = None,
     limit: int = 1000,
 ) -> Sequence[LogLine]:
     """Log lines with id > `after_id` in arrival order (the id is the stream cursor)."""
@@ -235,24 +281,37 @@ def throughput(session: Session, *, task: Task) -> ThroughputRead:
     Ranks map to groups as the engine lays them out: compute ranks from 1, each
     group a contiguous block in the order of the spec's groups.
     """
-    rows = session.scalars(select(Metric).where(
-        Metric.task_id == task.id, Metric.name.in_(WORKER_METRICS)).order_by(Metric.id))
+    rows = session.scalars(
+        select(Metric)
+        .where(Metric.task_id == task.id, Metric.name.in_(WORKER_METRICS))
+        .order_by(Metric.id)
+    )
     latest: dict[tuple[str, int | None], float | None] = {(m.name, m.rank): m.value for m in rows}
     workers, groups, rank = [], [], 1
     for group in read_spec(task).groups:
-        members = [WorkerThroughput(
-            rank=r, group=group.name,
-            **{name: latest.get((name, r)) for name in WORKER_METRICS})
-            for r in range(rank, rank + group.workers)]
+        members = [
+            WorkerThroughput(
+                rank=r, group=group.name, **{name: latest.get((name, r)) for name in WORKER_METRICS}
+            )
+            for r in range(rank, rank + group.workers)
+        ]
         rank += len(members)
         workers.extend(members)
-        groups.append(GroupThroughput(
-            name=group.name, device_type=group.device_type, workers=len(members),
-            idle_fraction=_group_mean([w.idle_fraction for w in members]),
-            **{name: _group_sum([getattr(w, name) for w in members])
-               for name in THROUGHPUT_METRICS}))
-    return ThroughputRead(samples_per_s=latest.get(("samples_per_s", None)),
-                          workers=workers, groups=groups)
+        groups.append(
+            GroupThroughput(
+                name=group.name,
+                device_type=group.device_type,
+                workers=len(members),
+                idle_fraction=_group_mean([w.idle_fraction for w in members]),
+                **{
+                    name: _group_sum([getattr(w, name) for w in members])
+                    for name in THROUGHPUT_METRICS
+                },
+            )
+        )
+    return ThroughputRead(
+        samples_per_s=latest.get(("samples_per_s", None)), workers=workers, groups=groups
+    )
 
 
 def checkpoints(session: Session, *, task_id: int) -> Sequence[Checkpoint]:
@@ -282,8 +341,11 @@ def busy_workers_by_agent(session: Session) -> dict[int, int]:
     rows = session.execute(
         select(SubTask.agent_id, func.sum(SubTask.workers))
         .join(Task, Task.id == SubTask.task_id)
-        .where(SubTask.agent_id.is_not(None), SubTask.status == SubTaskStatus.RUNNING,
-               Task.status == TaskStatus.RUNNING)
+        .where(
+            SubTask.agent_id.is_not(None),
+            SubTask.status == SubTaskStatus.RUNNING,
+            Task.status == TaskStatus.RUNNING,
+        )
         .group_by(SubTask.agent_id)
     )
     return {int(agent_id or 0): int(total or 0) for agent_id, total in rows}

@@ -37,14 +37,25 @@ def secure_cookies(request: Request) -> bool:
     return get_settings().cookie_secure or request.url.scheme == "https"
 
 
-def _login_page(request: Request, form: LoginForm, errors: dict, status_code: int,
-                headers: dict[str, str] | None = None) -> Response:
+def _login_page(
+    request: Request,
+    form: LoginForm,
+    errors: dict,
+    status_code: int,
+    headers: dict[str, str] | None = None,
+) -> Response:
     token = security.new_secret()
     context = {"form": form.model_copy(update={"csrf_token": token}), "errors": errors}
     response = render(request, "login.html", context, status_code=status_code)
     response.headers.update(headers or {})
-    response.set_cookie(LOGIN_CSRF_COOKIE, token, httponly=True, samesite="strict", path="/login",
-                        secure=secure_cookies(request))
+    response.set_cookie(
+        LOGIN_CSRF_COOKIE,
+        token,
+        httponly=True,
+        samesite="strict",
+        path="/login",
+        secure=secure_cookies(request),
+    )
     if status_code == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="polytrain"'
     return response
@@ -57,8 +68,9 @@ def login_page(request: Request, next: str = "/") -> Response:
 
 
 @router.post("/login")
-async def login(request: Request, session: SessionDep, form: Annotated[LoginForm, Form()]
-                ) -> Response:
+async def login(
+    request: Request, session: SessionDep, form: Annotated[LoginForm, Form()]
+) -> Response:
     """Check the password (rate limited, bounded hashing: see `backend.auth.throttle`),
     start a session (HttpOnly cookie) and go where the user was going."""
     expected = request.cookies.get(LOGIN_CSRF_COOKIE, "")
@@ -67,16 +79,28 @@ async def login(request: Request, session: SessionDep, form: Annotated[LoginForm
         return _login_page(request, form.model_copy(update={"password": ""}), errors, 403)
     state = request.app.state
     user, errors, status, headers = await forms.login(
-        session, form, limiter=state.login_limiter, gate=state.hash_gate,
-        address=client_address(request))
+        session,
+        form,
+        limiter=state.login_limiter,
+        gate=state.hash_gate,
+        address=client_address(request),
+    )
     if user is None:
-        return _login_page(request, form.model_copy(update={"password": ""}), errors, status,
-                           headers)
+        return _login_page(
+            request, form.model_copy(update={"password": ""}), errors, status, headers
+        )
     request.state.user = user  # the audit log's actor of this login
     _, cookie = await run_in_threadpool(lambda: tokens.start_session(session, user=user))
     response = redirect(_safe_next(form.next))
-    response.set_cookie(SESSION_COOKIE, cookie, httponly=True, samesite="lax", path="/",
-                        max_age=tokens.SESSION_DAYS * 86400, secure=secure_cookies(request))
+    response.set_cookie(
+        SESSION_COOKIE,
+        cookie,
+        httponly=True,
+        samesite="lax",
+        path="/",
+        max_age=tokens.SESSION_DAYS * 86400,
+        secure=secure_cookies(request),
+    )
     response.delete_cookie(LOGIN_CSRF_COOKIE, path="/login")
     return response
 
@@ -90,10 +114,16 @@ def logout(request: Request, session: SessionDep, user: WebUser) -> Response:
     return response
 
 
-def _account(request: Request, session: SessionDep, user: User, *, status_code: int = 200,
-             **context: Any) -> Response:
-    base = {"tokens": tokens.list_for(session, user=user), "token_form": TokenForm(),
-            "password_form": PasswordForm(), "errors": {}, "new_token": None}
+def _account(
+    request: Request, session: SessionDep, user: User, *, status_code: int = 200, **context: Any
+) -> Response:
+    base = {
+        "tokens": tokens.list_for(session, user=user),
+        "token_form": TokenForm(),
+        "password_form": PasswordForm(),
+        "errors": {},
+        "new_token": None,
+    }
     return render(request, "account.html", {**base, **context}, status_code=status_code)
 
 
@@ -104,22 +134,31 @@ def account(request: Request, session: SessionDep, user: WebUser) -> Response:
 
 
 @router.post("/account/password", dependencies=[CsrfCheck])
-async def change_password(request: Request, session: SessionDep, user: WebUser,
-                          form: Annotated[PasswordForm, Form()]) -> Response:
+async def change_password(
+    request: Request, session: SessionDep, user: WebUser, form: Annotated[PasswordForm, Form()]
+) -> Response:
     keep = tokens.Credential(session_cookie=request.cookies.get(SESSION_COOKIE))
     state = request.app.state
     errors, status = await forms.change_password(
-        session, user, form, limiter=state.login_limiter, gate=state.hash_gate,
-        address=client_address(request), keep=keep)
+        session,
+        user,
+        form,
+        limiter=state.login_limiter,
+        gate=state.hash_gate,
+        address=client_address(request),
+        keep=keep,
+    )
     if errors:
-        return await run_in_threadpool(_account, request, session, user, errors=errors,
-                                       status_code=status)
+        return await run_in_threadpool(
+            _account, request, session, user, errors=errors, status_code=status
+        )
     return redirect("/account", flash="Password changed.")
 
 
 @router.post("/account/tokens", dependencies=[CsrfCheck])
-def create_token(request: Request, session: SessionDep, user: WebUser,
-                 form: Annotated[TokenForm, Form()]) -> Response:
+def create_token(
+    request: Request, session: SessionDep, user: WebUser, form: Annotated[TokenForm, Form()]
+) -> Response:
     """Create a token and show its secret on this page, once."""
     created, errors = forms.create_token(session, user, form)
     if created is None:
@@ -133,10 +172,15 @@ def revoke_token(token_id: int, session: SessionDep, user: WebUser) -> Response:
     return redirect("/account", flash=f"Token '{token.name}' revoked.")
 
 
-def _users(request: Request, session: SessionDep, *, status_code: int = 200,
-           **context: Any) -> Response:
-    base = {"users": users.list_all(session, limit=500), "form": UserForm(), "errors": {},
-            "row_errors": {}}
+def _users(
+    request: Request, session: SessionDep, *, status_code: int = 200, **context: Any
+) -> Response:
+    base = {
+        "users": users.list_all(session, limit=500),
+        "form": UserForm(),
+        "errors": {},
+        "row_errors": {},
+    }
     return render(request, "users.html", {**base, **context}, status_code=status_code)
 
 
@@ -153,26 +197,40 @@ def user_list(request: Request, session: SessionDep, user: WebUser) -> Response:
 
 
 @router.post("/admin/users", dependencies=[CsrfCheck])
-def create_user(request: Request, session: SessionDep, user: WebUser,
-                form: Annotated[UserForm, Form()]) -> Response:
+def create_user(
+    request: Request, session: SessionDep, user: WebUser, form: Annotated[UserForm, Form()]
+) -> Response:
     _admin(user)
     created, errors = forms.create_user(session, form)
     if created is None:
         status = 409 if "already exists" in errors.get("email", "") else 422
-        return _users(request, session, form=form.model_copy(update={"password": ""}),
-                      errors=errors, status_code=status)
+        return _users(
+            request,
+            session,
+            form=form.model_copy(update={"password": ""}),
+            errors=errors,
+            status_code=status,
+        )
     return redirect("/admin/users", flash=f"User {created.email} created.")
 
 
 @router.post("/admin/users/{user_id}", dependencies=[CsrfCheck])
-def update_user(request: Request, user_id: int, session: SessionDep, user: WebUser,
-                form: Annotated[UserEditForm, Form()]) -> Response:
+def update_user(
+    request: Request,
+    user_id: int,
+    session: SessionDep,
+    user: WebUser,
+    form: Annotated[UserEditForm, Form()],
+) -> Response:
     _admin(user)
     target = users.get(session, user_id=user_id)
     keep = tokens.Credential(session_cookie=request.cookies.get(SESSION_COOKIE))
     errors = forms.update_user(session, target, user, form, keep)
     if errors:
-        return _users(request, session, row_errors={user_id: next(iter(errors.values()))},
-                      status_code=409 if "own account" in str(errors) else 422)
+        return _users(
+            request,
+            session,
+            row_errors={user_id: next(iter(errors.values()))},
+            status_code=409 if "own account" in str(errors) else 422,
+        )
     return redirect("/admin/users", flash=f"User {target.email} updated.")
-

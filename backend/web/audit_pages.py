@@ -47,30 +47,44 @@ def _offset(raw: str | None) -> int:
 
 def _links(form: AuditFilterForm, offset: int, total: int) -> dict[str, str | None]:
     """Query strings of the newer and older pages (None at either end), filters kept."""
+
     def at(start: int) -> str:
         return "?" + urlencode({**form.given(), "offset": start} if start else form.given())
 
-    return {"newer": at(max(0, offset - PAGE_SIZE)) if offset else None,
-            "older": at(offset + PAGE_SIZE) if offset + PAGE_SIZE < total else None}
+    return {
+        "newer": at(max(0, offset - PAGE_SIZE)) if offset else None,
+        "older": at(offset + PAGE_SIZE) if offset + PAGE_SIZE < total else None,
+    }
 
 
-def audit_page(session: SessionDep, form: AuditFilterForm, offset: int) -> tuple[
-        dict[str, Any], int]:
+def audit_page(
+    session: SessionDep, form: AuditFilterForm, offset: int
+) -> tuple[dict[str, Any], int]:
     """What the page shows for the entered filters, and its status (422 if one is invalid)."""
     errors: FieldErrors = {}
     try:
         filters = AuditFilter.model_validate(form.given())
     except ValidationError as exc:
         errors, filters = validation_errors(exc), None
-    events = audit.list_events(session, filters=filters, offset=offset, limit=PAGE_SIZE) \
-        if filters else []
+    events = (
+        audit.list_events(session, filters=filters, offset=offset, limit=PAGE_SIZE)
+        if filters
+        else []
+    )
     total = audit.count(session, filters=filters) if filters else 0
     accounts = users.list_all(session, limit=USER_LIMIT)
-    context = {"events": events, "total": total, "offset": offset, "form": form,
-               "errors": errors, "users": accounts,
-               "emails": {account.id: account.email for account in accounts},
-               "outcomes": [o.value for o in AuditOutcome], **audit.known_values(session),
-               **_links(form, offset, total)}
+    context = {
+        "events": events,
+        "total": total,
+        "offset": offset,
+        "form": form,
+        "errors": errors,
+        "users": accounts,
+        "emails": {account.id: account.email for account in accounts},
+        "outcomes": [o.value for o in AuditOutcome],
+        **audit.known_values(session),
+        **_links(form, offset, total),
+    }
     return context, 422 if errors else 200
 
 
@@ -80,8 +94,8 @@ def audit_log(request: Request, session: SessionDep, user: WebUser) -> Response:
     if not user.is_admin:
         raise Forbidden("only admins read the audit log")
     params = request.query_params
-    form = AuditFilterForm.model_validate({k: params.get(k, "")
-                                           for k in AuditFilterForm.model_fields})
+    form = AuditFilterForm.model_validate(
+        {k: params.get(k, "") for k in AuditFilterForm.model_fields}
+    )
     context, status = audit_page(session, form, _offset(params.get("offset")))
     return render(request, "audit.html", context, status_code=status)
-

@@ -51,8 +51,9 @@ def _admin(user: User) -> None:
 
 
 def _refused(request: Request, session: SessionDep, status: int, **context: Any) -> Response:
-    return render(request, "resource_groups.html", cluster_page(session, **context),
-                  status_code=status)
+    return render(
+        request, "resource_groups.html", cluster_page(session, **context), status_code=status
+    )
 
 
 def _apply(session: SessionDep, action: Callable[[], object]) -> tuple[FieldErrors, int]:
@@ -76,14 +77,21 @@ def cluster(request: Request, session: SessionDep, user: WebUser) -> Response:
 
 
 @router.post(PAGE, dependencies=[CsrfCheck])
-def create_group(request: Request, session: SessionDep, user: WebUser,
-                 form: Annotated[GroupForm, Form()]) -> Response:
+def create_group(
+    request: Request, session: SessionDep, user: WebUser, form: Annotated[GroupForm, Form()]
+) -> Response:
     _admin(user)
 
     def create() -> None:
-        data = ResourceGroupCreate.model_validate({
-            "name": form.name.strip(), "device_type": form.device_type, "capacity": form.capacity,
-            "description": form.description, "labels": parse_labels(form.labels)})
+        data = ResourceGroupCreate.model_validate(
+            {
+                "name": form.name.strip(),
+                "device_type": form.device_type,
+                "capacity": form.capacity,
+                "description": form.description,
+                "labels": parse_labels(form.labels),
+            }
+        )
         groups.create(session, data=data)
 
     errors, status = _apply(session, create)
@@ -93,16 +101,25 @@ def create_group(request: Request, session: SessionDep, user: WebUser,
 
 
 @router.post(PAGE + "/{name}/edit", dependencies=[CsrfCheck])
-def edit_group(request: Request, name: str, session: SessionDep, user: WebUser,
-               form: Annotated[GroupForm, Form()]) -> Response:
+def edit_group(
+    request: Request,
+    name: str,
+    session: SessionDep,
+    user: WebUser,
+    form: Annotated[GroupForm, Form()],
+) -> Response:
     """Change a group's capacity, description and labels."""
     _admin(user)
     group = groups.get_by_name(session, name=name)
 
     def update() -> None:
-        data = ResourceGroupUpdate.model_validate({
-            "capacity": form.capacity, "description": form.description,
-            "labels": parse_labels(form.labels)})
+        data = ResourceGroupUpdate.model_validate(
+            {
+                "capacity": form.capacity,
+                "description": form.description,
+                "labels": parse_labels(form.labels),
+            }
+        )
         groups.update(session, group=group, data=data)
 
     errors, status = _apply(session, update)
@@ -112,13 +129,24 @@ def edit_group(request: Request, name: str, session: SessionDep, user: WebUser,
 
 
 @router.post(PAGE + "/{name}/state", dependencies=[CsrfCheck])
-def set_state(request: Request, name: str, session: SessionDep, user: WebUser,
-              state: Annotated[str, Form()] = "") -> Response:
+def set_state(
+    request: Request,
+    name: str,
+    session: SessionDep,
+    user: WebUser,
+    state: Annotated[str, Form()] = "",
+) -> Response:
     """Drain (finish running tasks, take no new ones), disable, or re-activate a group."""
     _admin(user)
     group = groups.get_by_name(session, name=name)
-    errors, status = _apply(session, lambda: groups.update(
-        session, group=group, data=ResourceGroupUpdate(state=state)))  # type: ignore[arg-type]
+    errors, status = _apply(
+        session,
+        lambda: groups.update(
+            session,
+            group=group,
+            data=ResourceGroupUpdate(state=state),  # type: ignore[arg-type]
+        ),
+    )
     if errors:
         return _refused(request, session, status, row_errors={name: errors})
     return redirect(PAGE, flash=f"Resource group '{name}' is now {state}.")
@@ -134,28 +162,45 @@ def delete_group(request: Request, name: str, session: SessionDep, user: WebUser
     return redirect(PAGE, flash=f"Resource group '{name}' deleted.")
 
 
-def _update_agent(request: Request, session: SessionDep, user: User, agent_id: int,
-                  changes: dict[str, str], done: str) -> Response:
+def _update_agent(
+    request: Request,
+    session: SessionDep,
+    user: User,
+    agent_id: int,
+    changes: dict[str, str],
+    done: str,
+) -> Response:
     """Apply an admin's change to an agent; the page with the error next to it if refused."""
     _admin(user)
     agent = agents.get(session, agent_id=agent_id)
-    errors, status = _apply(session, lambda: agents.update(
-        session, agent=agent, data=AgentUpdate.model_validate(changes)))
+    errors, status = _apply(
+        session,
+        lambda: agents.update(session, agent=agent, data=AgentUpdate.model_validate(changes)),
+    )
     if errors:
         return _refused(request, session, status, agent_errors={agent.id: errors})
     return redirect(PAGE, flash=f"Agent '{agent.name}' {done}.")
 
 
 @router.post(PAGE + "/agents/{agent_id}/state", dependencies=[CsrfCheck])
-def set_agent_state(request: Request, agent_id: int, session: SessionDep, user: WebUser,
-                    state: Annotated[str, Form()] = "") -> Response:
+def set_agent_state(
+    request: Request,
+    agent_id: int,
+    session: SessionDep,
+    user: WebUser,
+    state: Annotated[str, Form()] = "",
+) -> Response:
     """Drain (finish what it runs, claim nothing new), disable, or re-activate an agent."""
     return _update_agent(request, session, user, agent_id, {"state": state}, f"is now {state}")
 
 
 @router.post(PAGE + "/agents/{agent_id}/edit", dependencies=[CsrfCheck])
-def edit_agent(request: Request, agent_id: int, session: SessionDep, user: WebUser,
-               description: Annotated[str, Form()] = "") -> Response:
+def edit_agent(
+    request: Request,
+    agent_id: int,
+    session: SessionDep,
+    user: WebUser,
+    description: Annotated[str, Form()] = "",
+) -> Response:
     """Change an agent's description (a note for the other admins)."""
-    return _update_agent(request, session, user, agent_id, {"description": description},
-                         "updated")
+    return _update_agent(request, session, user, agent_id, {"description": description}, "updated")

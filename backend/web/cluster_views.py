@@ -28,8 +28,7 @@ def hardware_summary(hardware: dict[str, Any]) -> str:
     return " · ".join(parts) or "—"
 
 
-def _agent_row(agent: Agent, group_names: dict[int, str], busy: dict[int, int]
-               ) -> dict[str, Any]:
+def _agent_row(agent: Agent, group_names: dict[int, str], busy: dict[int, int]) -> dict[str, Any]:
     return {
         "id": agent.id,
         "name": agent.name,
@@ -46,9 +45,14 @@ def _agent_row(agent: Agent, group_names: dict[int, str], busy: dict[int, int]
     }
 
 
-def cluster_page(session: Session, *, form: dict | None = None,
-                 errors: FieldErrors | None = None, row_errors: dict | None = None,
-                 agent_errors: dict | None = None) -> dict[str, Any]:
+def cluster_page(
+    session: Session,
+    *,
+    form: dict | None = None,
+    errors: FieldErrors | None = None,
+    row_errors: dict | None = None,
+    agent_errors: dict | None = None,
+) -> dict[str, Any]:
     """Every resource group with its live use, every agent, and the admin forms' state."""
     group_list = groups.list_all(session)
     names = {g.id: g.name for g in group_list}
@@ -57,8 +61,8 @@ def cluster_page(session: Session, *, form: dict | None = None,
         "groups": group_list,
         "agents": [_agent_row(a, names, busy) for a in agents.list_all(session)],
         "states": [s.value for s in GroupState],
-        "form": form or {"name": "", "device_type": "cpu", "capacity": "1", "description": "",
-                         "labels": ""},
+        "form": form
+        or {"name": "", "device_type": "cpu", "capacity": "1", "description": "", "labels": ""},
         "errors": errors or {},
         "row_errors": row_errors or {},
         "agent_errors": agent_errors or {},

@@ -45,8 +45,9 @@ def service_errors(exc: ServiceError) -> FieldErrors:
     return {exc.field or FORM_ERROR: exc.message}
 
 
-def create_project(session: Session, form: ProjectForm, owner_id: int
-                   ) -> tuple[Project | None, FieldErrors]:
+def create_project(
+    session: Session, form: ProjectForm, owner_id: int
+) -> tuple[Project | None, FieldErrors]:
     """Validate and create the project; on refusal return the errors instead."""
     try:
         data = ProjectCreate(name=form.name.strip(), description=form.description)
@@ -83,7 +84,10 @@ def add_example_version(
 
 
 def add_uploaded_version(
-    session: Session, settings: Settings, project: Project, upload: UploadFile | None,
+    session: Session,
+    settings: Settings,
+    project: Project,
+    upload: UploadFile | None,
     entrypoint: str = "",
 ) -> tuple[CodeVersion | None, FieldErrors, int]:
     """Store an uploaded module or archive as a new code version, or return the error
@@ -93,8 +97,12 @@ def add_uploaded_version(
     content = upload.file.read(settings.max_upload_bytes + 1)
     try:
         version = projects.add_uploaded_version(
-            session, settings=settings, project=project, filename=upload.filename,
-            content=content, entrypoint=entrypoint.strip() or None,
+            session,
+            settings=settings,
+            project=project,
+            filename=upload.filename,
+            content=content,
+            entrypoint=entrypoint.strip() or None,
         )
     except ServiceError as exc:
         session.rollback()

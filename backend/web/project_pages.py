@@ -23,23 +23,33 @@ from backend.web.templating import redirect, render
 router = APIRouter(include_in_schema=False)
 
 
-def _project_page(request: Request, session: SessionDep, user: User, project: Project, *,
-                  status_code: int = 200, **context: Any) -> Response:
+def _project_page(
+    request: Request,
+    session: SessionDep,
+    user: User,
+    project: Project,
+    *,
+    status_code: int = 200,
+    **context: Any,
+) -> Response:
     page = views.project_page(session, user, project, **context)
     return render(request, "project.html", page, status_code=status_code)
 
 
 @router.get("/projects")
-def project_list(request: Request, session: SessionDep, user: WebUser,
-                 archived: bool = False) -> Response:
+def project_list(
+    request: Request, session: SessionDep, user: WebUser, archived: bool = False
+) -> Response:
     """The user's projects and the create-project form."""
-    return render(request, "projects.html", views.projects_page(session, user,
-                                                                show_archived=archived))
+    return render(
+        request, "projects.html", views.projects_page(session, user, show_archived=archived)
+    )
 
 
 @router.post("/projects", dependencies=[CsrfCheck])
-def create_project(request: Request, session: SessionDep, user: WebUser,
-                   form: Annotated[ProjectForm, Form()]) -> Response:
+def create_project(
+    request: Request, session: SessionDep, user: WebUser, form: Annotated[ProjectForm, Form()]
+) -> Response:
     """Create a project owned by the user and open it; a refused one shows the form again."""
     project, errors = forms.create_project(session, form, owner_id=user.id)
     if project is None:
@@ -50,27 +60,35 @@ def create_project(request: Request, session: SessionDep, user: WebUser,
 
 
 @router.get("/projects/{project_id}")
-def project_detail(request: Request, project_id: int, session: SessionDep, user: WebUser
-                   ) -> Response:
+def project_detail(
+    request: Request, project_id: int, session: SessionDep, user: WebUser
+) -> Response:
     """A project's code versions, members and tasks, and the task submission form."""
     project = project_access.readable_project(session, user=user, project_id=project_id)
     return _project_page(request, session, user, project)
 
 
 @router.post("/projects/{project_id}/edit", dependencies=[CsrfCheck])
-def edit_project(request: Request, project_id: int, session: SessionDep, user: WebUser,
-                 form: Annotated[ProjectForm, Form()]) -> Response:
+def edit_project(
+    request: Request,
+    project_id: int,
+    session: SessionDep,
+    user: WebUser,
+    form: Annotated[ProjectForm, Form()],
+) -> Response:
     project = project_access.managed_project(session, user=user, project_id=project_id)
     errors = forms.update_project(session, project, form)
     if errors:
-        return _project_page(request, session, user, project, edit_form=form,
-                             edit_errors=errors, status_code=422)
+        return _project_page(
+            request, session, user, project, edit_form=form, edit_errors=errors, status_code=422
+        )
     return redirect(f"/projects/{project.id}", flash="Project updated.")
 
 
 @router.post("/projects/{project_id}/archive", dependencies=[CsrfCheck])
-def archive_project(project_id: int, session: SessionDep, user: WebUser,
-                    archived: Annotated[str, Form()] = "true") -> Response:
+def archive_project(
+    project_id: int, session: SessionDep, user: WebUser, archived: Annotated[str, Form()] = "true"
+) -> Response:
     """Archive (read-only) or unarchive the project; `archived` is `true` or `false`."""
     project = project_access.managed_project(session, user=user, project_id=project_id)
     if archived not in ("true", "false"):
@@ -81,66 +99,100 @@ def archive_project(project_id: int, session: SessionDep, user: WebUser,
 
 
 @router.post("/projects/{project_id}/members", dependencies=[CsrfCheck])
-def add_member(request: Request, project_id: int, session: SessionDep, user: WebUser,
-               email: Annotated[str, Form()] = "") -> Response:
+def add_member(
+    request: Request,
+    project_id: int,
+    session: SessionDep,
+    user: WebUser,
+    email: Annotated[str, Form()] = "",
+) -> Response:
     """Share the project with the account that has this email; the answer does not tell
     whether one has (no email enumeration)."""
     project = project_access.managed_project(session, user=user, project_id=project_id)
     try:
         data = MemberAdd(email=email.strip())
     except ValidationError as exc:
-        return _project_page(request, session, user, project,
-                             member_errors=validation_errors(exc), status_code=422)
+        return _project_page(
+            request, session, user, project, member_errors=validation_errors(exc), status_code=422
+        )
     projects.share(session, project=project, email=data.email)
-    return redirect(f"/projects/{project.id}",
-                    flash=f"Shared with {data.email.lower()}: {SHARED_MESSAGE}.")
+    return redirect(
+        f"/projects/{project.id}", flash=f"Shared with {data.email.lower()}: {SHARED_MESSAGE}."
+    )
 
 
 @router.post("/projects/{project_id}/members/{user_id}/remove", dependencies=[CsrfCheck])
-def remove_member(project_id: int, user_id: int, session: SessionDep, user: WebUser
-                  ) -> Response:
+def remove_member(project_id: int, user_id: int, session: SessionDep, user: WebUser) -> Response:
     project = project_access.managed_project(session, user=user, project_id=project_id)
     projects.remove_member(session, project=project, user_id=user_id)
     return redirect(f"/projects/{project.id}", flash="Member removed.")
 
 
 @router.post("/projects/{project_id}/code-versions", dependencies=[CsrfCheck])
-def add_example_version(request: Request, project_id: int, session: SessionDep, user: WebUser,
-                        example: Annotated[str, Form()] = "") -> Response:
+def add_example_version(
+    request: Request,
+    project_id: int,
+    session: SessionDep,
+    user: WebUser,
+    example: Annotated[str, Form()] = "",
+) -> Response:
     """Add a bundled example as the project's next code version."""
     project = project_access.writable_project(session, user=user, project_id=project_id)
     version, errors = forms.add_example_version(session, project, example)
     if version is None:
-        return _project_page(request, session, user, project, errors=errors, example=example,
-                             status_code=422)
-    return redirect(f"/projects/{project.id}",
-                    flash=f"Code version v{version.version} added ({version.filename}).")
+        return _project_page(
+            request, session, user, project, errors=errors, example=example, status_code=422
+        )
+    return redirect(
+        f"/projects/{project.id}",
+        flash=f"Code version v{version.version} added ({version.filename}).",
+    )
 
 
 @router.post("/projects/{project_id}/code-versions/upload", dependencies=[CsrfCheck])
 def upload_version(
-    request: Request, project_id: int, session: SessionDep, settings: SettingsDep, user: WebUser,
+    request: Request,
+    project_id: int,
+    session: SessionDep,
+    settings: SettingsDep,
+    user: WebUser,
     file: Annotated[UploadFile | None, File()] = None,
     entrypoint: Annotated[str, Form()] = "",
 ) -> Response:
     """Upload a `.py` module or an archive as the project's next code version."""
     project = project_access.writable_project(session, user=user, project_id=project_id)
-    version, errors, status = forms.add_uploaded_version(session, settings, project, file,
-                                                         entrypoint)
+    version, errors, status = forms.add_uploaded_version(
+        session, settings, project, file, entrypoint
+    )
     if version is None:
-        return _project_page(request, session, user, project, errors=errors,
-                             entrypoint=entrypoint, status_code=status)
-    return redirect(f"/projects/{project.id}",
-                    flash=f"Code version v{version.version} added ({version.filename}).")
+        return _project_page(
+            request,
+            session,
+            user,
+            project,
+            errors=errors,
+            entrypoint=entrypoint,
+            status_code=status,
+        )
+    return redirect(
+        f"/projects/{project.id}",
+        flash=f"Code version v{version.version} added ({version.filename}).",
+    )
 
 
 @router.post("/projects/{project_id}/tasks", dependencies=[CsrfCheck])
-def submit(request: Request, project_id: int, session: SessionDep, user: WebUser,
-           form: Annotated[TaskForm, Form()]) -> Response:
+def submit(
+    request: Request,
+    project_id: int,
+    session: SessionDep,
+    user: WebUser,
+    form: Annotated[TaskForm, Form()],
+) -> Response:
     """Queue a task from the submission form and open its page; refusals show inline."""
     project = project_access.writable_project(session, user=user, project_id=project_id)
     task, errors = submit_task(session, project, form)
     if task is None:
-        return _project_page(request, session, user, project, form=form, errors=errors,
-                             status_code=422)
+        return _project_page(
+            request, session, user, project, form=form, errors=errors, status_code=422
+        )
     return redirect(f"/tasks/{task.id}", flash=f"Task {task.id} submitted.")

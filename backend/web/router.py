@@ -62,16 +62,19 @@ def install_html_errors(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         if not is_page(request):
             return await json_http(request, exc)  # type: ignore[misc]
-        context = {"title": HTTP_TITLES.get(exc.status_code, "Refused"),
-                   "message": "there is no such page" if exc.status_code == 404
-                   else str(exc.detail)}
+        context = {
+            "title": HTTP_TITLES.get(exc.status_code, "Refused"),
+            "message": "there is no such page" if exc.status_code == 404 else str(exc.detail),
+        }
         return render(request, "error.html", context, status_code=exc.status_code)
 
     async def unexpected(request: Request, exc: Exception) -> Response:
         if not is_page(request):
             return await json_unexpected(request, exc)  # type: ignore[misc]
-        context = {"title": "Something went wrong",
-                   "message": "an internal error occurred; it has been logged"}
+        context = {
+            "title": "Something went wrong",
+            "message": "an internal error occurred; it has been logged",
+        }
         page = render(request, "error.html", context, status_code=500)
         # A 500 leaves by Starlette's outermost middleware, past SecurityHeadersMiddleware.
         page.headers.update(security_headers("text/html"))

@@ -88,9 +88,15 @@ def _field(name: str, info: FieldInfo) -> FormField | None:
     if widget is None:
         return None
     label = info.title or name.rsplit(".", 1)[-1].replace("_", " ").capitalize()
-    return FormField(name=name, label=label, kind=widget[0], default=_default(info),
-                     options=widget[1], attrs=widget[2],
-                     hint=(info.description or "").replace("`", ""))
+    return FormField(
+        name=name,
+        label=label,
+        kind=widget[0],
+        default=_default(info),
+        options=widget[1],
+        attrs=widget[2],
+        hint=(info.description or "").replace("`", ""),
+    )
 
 
 def task_fields() -> list[FormField]:
@@ -101,8 +107,11 @@ def task_fields() -> list[FormField]:
             continue
         kind = _plain(info.annotation)
         if isinstance(kind, type) and issubclass(kind, BaseModel):
-            found.extend(f for sub, sub_info in kind.model_fields.items()
-                         if (f := _field(f"{name}.{sub}", sub_info)))
+            found.extend(
+                f
+                for sub, sub_info in kind.model_fields.items()
+                if (f := _field(f"{name}.{sub}", sub_info))
+            )
         elif (form_field := _field(name, info)) is not None:
             found.append(form_field)
     return found
@@ -137,8 +146,10 @@ def _group_requests(form: TaskForm) -> tuple[list[dict], FieldErrors]:
     """The groups asked for (workers > 0, blank = 0) and errors of unreadable entries."""
     requests, errors = [], {}
     if len(form.group) != len(form.workers):
-        return [], {"resource_groups": f"{len(form.group)} groups but {len(form.workers)} "
-                    "worker counts: give one count per group"}
+        return [], {
+            "resource_groups": f"{len(form.group)} groups but {len(form.workers)} "
+            "worker counts: give one count per group"
+        }
     for name, raw in zip(form.group, form.workers, strict=True):
         try:
             workers = int(raw.strip() or "0")
@@ -177,10 +188,16 @@ def _settings(form: TaskForm) -> dict[str, Any]:
     return payload
 
 
-def _payload(project_id: int, version_id: int | str, form: TaskForm, requests: list[dict]
-             ) -> dict[str, Any]:
-    payload = {**_settings(form), "project_id": project_id, "code_version_id": version_id,
-               "name": form.name, "resource_groups": requests}
+def _payload(
+    project_id: int, version_id: int | str, form: TaskForm, requests: list[dict]
+) -> dict[str, Any]:
+    payload = {
+        **_settings(form),
+        "project_id": project_id,
+        "code_version_id": version_id,
+        "name": form.name,
+        "resource_groups": requests,
+    }
     if has_dependencies():
         payload["depends_on"] = [v for v in form.depends_on if v.strip()]
     return payload
@@ -226,8 +243,9 @@ def submit_task(
     try:
         if form.code_version_id.startswith(EXAMPLE_PREFIX):
             example = form.code_version_id.removeprefix(EXAMPLE_PREFIX)
-            version = projects.add_example_version(session, project=project, example=example,
-                                                   commit=False)
+            version = projects.add_example_version(
+                session, project=project, example=example, commit=False
+            )
             data = data.model_copy(update={"code_version_id": version.id})
         return tasks.submit(session, data=data), {}
     except ServiceError as exc:

@@ -22,16 +22,14 @@ def task_list(request: Request, session: SessionDep, user: WebUser) -> Response:
 
 
 @router.get("/tasks/{task_id}")
-def task_detail(request: Request, task_id: int, session: SessionDep, user: WebUser
-                ) -> Response:
+def task_detail(request: Request, task_id: int, session: SessionDep, user: WebUser) -> Response:
     """A task: status, timeline, nodes, metrics charts, live logs, checkpoints."""
     task = task_access.readable_task(session, user=user, task_id=task_id)
     return render(request, "task.html", views.task_page(session, user, task))
 
 
 @router.post("/tasks/{task_id}/cancel", dependencies=[CsrfCheck])
-def cancel_task(request: Request, task_id: int, session: SessionDep, user: WebUser
-                ) -> Response:
+def cancel_task(request: Request, task_id: int, session: SessionDep, user: WebUser) -> Response:
     """Cancel the task and return to its page; a task that has ended says so in a flash."""
     task = task_access.readable_task(session, user=user, task_id=task_id)
     try:
@@ -43,8 +41,7 @@ def cancel_task(request: Request, task_id: int, session: SessionDep, user: WebUs
 
 
 @router.post("/tasks/{task_id}/retry", dependencies=[CsrfCheck])
-def retry_task(request: Request, task_id: int, session: SessionDep, user: WebUser
-               ) -> Response:
+def retry_task(request: Request, task_id: int, session: SessionDep, user: WebUser) -> Response:
     """Submit a copy of the ended task and open the new one."""
     task = task_access.readable_task(session, user=user, task_id=task_id)
     try:

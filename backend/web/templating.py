@@ -48,8 +48,9 @@ def format_duration(seconds: float | None) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
-templates.env.filters.update(time=format_time, bytes=format_bytes, percent=percent,
-                             duration=format_duration)
+templates.env.filters.update(
+    time=format_time, bytes=format_bytes, percent=percent, duration=format_duration
+)
 
 
 def render(
@@ -61,9 +62,12 @@ def render(
     which each form that changes something sends back.
     """
     flash = read_flash(request)
-    base = {"flash": flash, "user": getattr(request.state, "user", None),
-            "csrf_token": getattr(request.state, "csrf_token", ""),
-            "docs_enabled": request.app.docs_url is not None}
+    base = {
+        "flash": flash,
+        "user": getattr(request.state, "user", None),
+        "csrf_token": getattr(request.state, "csrf_token", ""),
+        "docs_enabled": request.app.docs_url is not None,
+    }
     response = templates.TemplateResponse(
         request, name, {**base, **context}, status_code=status_code
     )

@@ -31,8 +31,7 @@ PROJECT_LIMIT = 500
 def tasks_page(session: Session, user: User) -> dict[str, Any]:
     """The newest tasks the user may see, with the name of each one's project."""
     ids = project_access.visible_project_ids(session, user=user)
-    names = {p.id: p.name for p in projects.list_all(session, limit=PROJECT_LIMIT,
-                                                     project_ids=ids)}
+    names = {p.id: p.name for p in projects.list_all(session, limit=PROJECT_LIMIT, project_ids=ids)}
     return {
         "tasks": tasks.list_tasks(session, limit=TASK_LIST_LIMIT, project_ids=ids),
         "project_names": names,
@@ -41,16 +40,20 @@ def tasks_page(session: Session, user: User) -> dict[str, Any]:
 
 
 def projects_page(
-    session: Session, user: User, form: ProjectForm | None = None,
-    errors: FieldErrors | None = None, show_archived: bool = False,
+    session: Session,
+    user: User,
+    form: ProjectForm | None = None,
+    errors: FieldErrors | None = None,
+    show_archived: bool = False,
 ) -> dict[str, Any]:
     """The user's projects (archived ones on request), and the create-project form."""
     ids = project_access.visible_project_ids(session, user=user)
     return {
-        "projects": projects.list_all(session, limit=PROJECT_LIMIT, project_ids=ids,
-                                      include_archived=show_archived),
-        "archived_count": projects.count(session, project_ids=ids) - projects.count(
-            session, project_ids=ids, include_archived=False),
+        "projects": projects.list_all(
+            session, limit=PROJECT_LIMIT, project_ids=ids, include_archived=show_archived
+        ),
+        "archived_count": projects.count(session, project_ids=ids)
+        - projects.count(session, project_ids=ids, include_archived=False),
         "show_archived": show_archived,
         "form": form or ProjectForm(),
         "errors": errors or {},
@@ -61,9 +64,13 @@ def group_rows(session: Session, form: TaskForm) -> list[dict[str, Any]]:
     """One submission-form row per resource group: capacity, free and online workers, state."""
     return [
         {
-            "name": g.name, "device_type": g.device_type, "capacity": g.capacity,
-            "free": g.free_workers, "online_workers": g.online_workers,
-            "agents_online": g.agents_online, "state": g.state.value,
+            "name": g.name,
+            "device_type": g.device_type,
+            "capacity": g.capacity,
+            "free": g.free_workers,
+            "online_workers": g.online_workers,
+            "agents_online": g.agents_online,
+            "state": g.state.value,
             "workers": form.workers_of(g.name),
         }
         for g in groups.list_all(session)
@@ -71,8 +78,14 @@ def group_rows(session: Session, form: TaskForm) -> list[dict[str, Any]]:
 
 
 def project_page(
-    session: Session, user: User, project: Project, *, form: TaskForm | None = None,
-    errors: FieldErrors | None = None, example: str = "", **extra: Any,
+    session: Session,
+    user: User,
+    project: Project,
+    *,
+    form: TaskForm | None = None,
+    errors: FieldErrors | None = None,
+    example: str = "",
+    **extra: Any,
 ) -> dict[str, Any]:
     """A project's code versions, members and tasks; the submission, upload and edit forms."""
     form = form or TaskForm()
@@ -82,14 +95,22 @@ def project_page(
         form = form.model_copy(update={"code_version_id": first})
     project_tasks = tasks.list_tasks(session, project_id=project.id, limit=TASK_LIST_LIMIT)
     context = {
-        "project": project, "versions": versions, "examples": list_examples(),
-        "example": example, "tasks": project_tasks, "groups": group_rows(session, form),
-        "form": form, "errors": errors or {}, "fields": task_fields(),
-        "dependencies": has_dependencies(), "can_manage": project_access.can_manage(user, project),
+        "project": project,
+        "versions": versions,
+        "examples": list_examples(),
+        "example": example,
+        "tasks": project_tasks,
+        "groups": group_rows(session, form),
+        "form": form,
+        "errors": errors or {},
+        "fields": task_fields(),
+        "dependencies": has_dependencies(),
+        "can_manage": project_access.can_manage(user, project),
         "archived": project.archived_at is not None,
         "members": projects.member_rows(session, project=project),
         "edit_form": ProjectForm(name=project.name, description=project.description),
-        "edit_errors": {}, "member_errors": {},
+        "edit_errors": {},
+        "member_errors": {},
     }
     return {**context, **extra}
 
@@ -104,15 +125,19 @@ def spec_summary(spec: TaskSpec) -> dict[str, Any]:
     plans = _plans(spec)
     shown = {"groups", "request", "epochs", "global_batch_size", "split_policy", "seed"}
     return {
-        "groups": [f"{g.name or (g.device_type or '?') + ' (any group)'} × "
-                   f"{g.workers}" for g in plans],
+        "groups": [
+            f"{g.name or (g.device_type or '?') + ' (any group)'} × {g.workers}" for g in plans
+        ],
         "workers": sum(g.workers for g in plans),
         "epochs": spec.epochs,
         "global_batch_size": spec.global_batch_size,
         "split_policy": spec.split_policy,
         "seed": spec.seed,
-        "extra": {k: "—" if v is None else v for k, v in spec.stored().items()
-                  if k not in shown and not isinstance(v, dict | list)},
+        "extra": {
+            k: "—" if v is None else v
+            for k, v in spec.stored().items()
+            if k not in shown and not isinstance(v, dict | list)
+        },
     }
 
 
@@ -120,8 +145,7 @@ def group_shares(spec: TaskSpec) -> list[dict[str, Any]]:
     """Each group's workers and planned share of the global batch (workers / all workers,
     as the `even` split gives; the page replaces it with measured shares when reported)."""
     total = sum(g.workers for g in spec.groups) or 1
-    return [{"name": g.name, "workers": g.workers, "share": g.workers / total}
-            for g in spec.groups]
+    return [{"name": g.name, "workers": g.workers, "share": g.workers / total} for g in spec.groups]
 
 
 def log_nodes(spec: TaskSpec) -> list[str]:

@@ -29,53 +29,99 @@ def upgrade() -> None:
         "task_dependency",
         sa.Column("task_id", sa.Integer(), nullable=False),
         sa.Column("depends_on_id", sa.Integer(), nullable=False),
-        sa.ForeignKeyConstraint(["depends_on_id"], ["task.id"], ondelete="CASCADE",
-                                name=op.f("fk_task_dependency_depends_on_id_task")),
-        sa.ForeignKeyConstraint(["task_id"], ["task.id"], ondelete="CASCADE",
-                                name=op.f("fk_task_dependency_task_id_task")),
+        sa.ForeignKeyConstraint(
+            ["depends_on_id"],
+            ["task.id"],
+            ondelete="CASCADE",
+            name=op.f("fk_task_dependency_depends_on_id_task"),
+        ),
+        sa.ForeignKeyConstraint(
+            ["task_id"],
+            ["task.id"],
+            ondelete="CASCADE",
+            name=op.f("fk_task_dependency_task_id_task"),
+        ),
         sa.PrimaryKeyConstraint("task_id", "depends_on_id", name=op.f("pk_task_dependency")),
     )
-    op.create_index(op.f("ix_task_dependency_depends_on_id"), "task_dependency",
-                    ["depends_on_id"], unique=False)
+    op.create_index(
+        op.f("ix_task_dependency_depends_on_id"), "task_dependency", ["depends_on_id"], unique=False
+    )
     for table in ("allocation", "checkpoint"):
         with op.batch_alter_table(table) as batch_op:
             batch_op.add_column(_attempt())
-    op.create_index("ix_allocation_held", "allocation", ["resource_group_id"],
-                    postgresql_where=HELD, sqlite_where=HELD)
+    op.create_index(
+        "ix_allocation_held",
+        "allocation",
+        ["resource_group_id"],
+        postgresql_where=HELD,
+        sqlite_where=HELD,
+    )
     with op.batch_alter_table("log_line") as batch_op:
         batch_op.add_column(_attempt())
         batch_op.drop_constraint("uq_log_line_task_id", type_="unique")
-        batch_op.create_unique_constraint("uq_log_line_task_id",
-                                          ["task_id", "attempt", "node", "seq"])
+        batch_op.create_unique_constraint(
+            "uq_log_line_task_id", ["task_id", "attempt", "node", "seq"]
+        )
     with op.batch_alter_table("resource_group") as batch_op:
-        batch_op.add_column(sa.Column("labels", sa.JSON(), server_default=sa.text("'{}'"),
-                                      nullable=False))
-        batch_op.add_column(sa.Column(
-            "state", sa.Enum("ACTIVE", "DRAINING", "DISABLED", name="groupstate",
-                             native_enum=False, length=16),
-            server_default="ACTIVE", nullable=False))
+        batch_op.add_column(
+            sa.Column("labels", sa.JSON(), server_default=sa.text("'{}'"), nullable=False)
+        )
+        batch_op.add_column(
+            sa.Column(
+                "state",
+                sa.Enum(
+                    "ACTIVE",
+                    "DRAINING",
+                    "DISABLED",
+                    name="groupstate",
+                    native_enum=False,
+                    length=16,
+                ),
+                server_default="ACTIVE",
+                nullable=False,
+            )
+        )
         batch_op.add_column(sa.Column("deleted_at", sa.DateTime(), nullable=True))
         batch_op.drop_constraint("uq_resource_group_name", type_="unique")
-    op.create_index("uq_resource_group_live_name", "resource_group", ["name"], unique=True,
-                    postgresql_where=LIVE, sqlite_where=LIVE)
+    op.create_index(
+        "uq_resource_group_live_name",
+        "resource_group",
+        ["name"],
+        unique=True,
+        postgresql_where=LIVE,
+        sqlite_where=LIVE,
+    )
     with op.batch_alter_table("sub_task") as batch_op:
         batch_op.add_column(_attempt())
         batch_op.add_column(sa.Column("dispatched_at", sa.DateTime(), nullable=True))
         batch_op.drop_constraint("uq_sub_task_task_id", type_="unique")
-        batch_op.create_unique_constraint("uq_sub_task_task_id",
-                                          ["task_id", "attempt", "group_index"])
+        batch_op.create_unique_constraint(
+            "uq_sub_task_task_id", ["task_id", "attempt", "group_index"]
+        )
     with op.batch_alter_table("task") as batch_op:
         batch_op.add_column(_attempt())
-        batch_op.add_column(sa.Column("max_restarts", sa.Integer(), server_default="2",
-                                      nullable=False))
-        batch_op.add_column(sa.Column("waiting", sa.Boolean(), server_default=sa.false(),
-                                      nullable=False))
-    op.create_index("ix_task_queue", "task", [sa.text("priority DESC"), "id"],
-                    postgresql_where=QUEUED, sqlite_where=QUEUED)
+        batch_op.add_column(
+            sa.Column("max_restarts", sa.Integer(), server_default="2", nullable=False)
+        )
+        batch_op.add_column(
+            sa.Column("waiting", sa.Boolean(), server_default=sa.false(), nullable=False)
+        )
+    op.create_index(
+        "ix_task_queue",
+        "task",
+        [sa.text("priority DESC"), "id"],
+        postgresql_where=QUEUED,
+        sqlite_where=QUEUED,
+    )
     with op.batch_alter_table("task_event") as batch_op:
-        batch_op.add_column(sa.Column(
-            "kind", sa.Enum("STATUS", "ALARM", name="eventkind", native_enum=False, length=16),
-            server_default="STATUS", nullable=False))
+        batch_op.add_column(
+            sa.Column(
+                "kind",
+                sa.Enum("STATUS", "ALARM", name="eventkind", native_enum=False, length=16),
+                server_default="STATUS",
+                nullable=False,
+            )
+        )
 
 
 def downgrade() -> None:

@@ -18,12 +18,22 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table("agent") as batch_op:
-        batch_op.add_column(sa.Column(
-            "state", sa.Enum("ACTIVE", "DRAINING", "DISABLED", name="agentstate",
-                             native_enum=False, length=16),
-            server_default="ACTIVE", nullable=False))
-        batch_op.add_column(sa.Column("description", sa.Text(), server_default="",
-                                      nullable=False))
+        batch_op.add_column(
+            sa.Column(
+                "state",
+                sa.Enum(
+                    "ACTIVE",
+                    "DRAINING",
+                    "DISABLED",
+                    name="agentstate",
+                    native_enum=False,
+                    length=16,
+                ),
+                server_default="ACTIVE",
+                nullable=False,
+            )
+        )
+        batch_op.add_column(sa.Column("description", sa.Text(), server_default="", nullable=False))
 
 
 def downgrade() -> None:

@@ -29,8 +29,11 @@ def upgrade() -> None:
         sa.Column("method", sa.String(length=8), nullable=False),
         sa.Column("path", sa.String(length=500), nullable=False),
         sa.Column("status_code", sa.Integer(), nullable=False),
-        sa.Column("outcome", sa.Enum("OK", "REFUSED", "FAILED", name="auditoutcome",
-                                     native_enum=False, length=16), nullable=False),
+        sa.Column(
+            "outcome",
+            sa.Enum("OK", "REFUSED", "FAILED", name="auditoutcome", native_enum=False, length=16),
+            nullable=False,
+        ),
         sa.Column("client_address", sa.String(length=64), nullable=True),
         sa.Column("request_id", sa.String(length=64), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_audit_event")),
@@ -41,8 +44,9 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f("ix_audit_event_request_id"), ["request_id"])
         batch_op.create_index("ix_audit_event_actor_user_id_at", ["actor_user_id", "at"])
         batch_op.create_index("ix_audit_event_action_at", ["action", "at"])
-        batch_op.create_index("ix_audit_event_object_type_object_id_at",
-                              ["object_type", "object_id", "at"])
+        batch_op.create_index(
+            "ix_audit_event_object_type_object_id_at", ["object_type", "object_id", "at"]
+        )
         batch_op.create_index("ix_audit_event_outcome_at", ["outcome", "at"])
 
 

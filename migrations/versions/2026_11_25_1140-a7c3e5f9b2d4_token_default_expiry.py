@@ -22,10 +22,14 @@ DEFAULT_EXPIRY = timedelta(days=90)  # POLYTRAIN_TOKEN_DEFAULT_EXPIRY_DAYS' defa
 
 def upgrade() -> None:
     expires = datetime.now(UTC).replace(tzinfo=None) + DEFAULT_EXPIRY
-    token = sa.table("api_token", sa.column("expires_at", sa.DateTime()),
-                     sa.column("revoked_at", sa.DateTime()))
-    op.execute(token.update().where(token.c.expires_at.is_(None), token.c.revoked_at.is_(None))
-               .values(expires_at=expires))
+    token = sa.table(
+        "api_token", sa.column("expires_at", sa.DateTime()), sa.column("revoked_at", sa.DateTime())
+    )
+    op.execute(
+        token.update()
+        .where(token.c.expires_at.is_(None), token.c.revoked_at.is_(None))
+        .values(expires_at=expires)
+    )
 
 
 def downgrade() -> None:

@@ -21,8 +21,10 @@ class ClientError(Exception):
 
 
 def config_path() -> Path:
-    return Path(os.environ.get("POLYTRAIN_CONFIG")
-                or Path.home() / ".config" / "polytrain" / "credentials.json")
+    return Path(
+        os.environ.get("POLYTRAIN_CONFIG")
+        or Path.home() / ".config" / "polytrain" / "credentials.json"
+    )
 
 
 def load_credentials() -> dict[str, str]:
@@ -64,9 +66,12 @@ class Api:
     @classmethod
     def resolve(cls, url: str | None = None, token: str | None = None) -> "Api":
         saved = load_credentials()
-        return cls(url=(url or os.environ.get("POLYTRAIN_API_URL") or saved.get("api_url")
-                        or DEFAULT_URL).rstrip("/"),
-                   token=token or os.environ.get("POLYTRAIN_TOKEN") or saved.get("token"))
+        return cls(
+            url=(
+                url or os.environ.get("POLYTRAIN_API_URL") or saved.get("api_url") or DEFAULT_URL
+            ).rstrip("/"),
+            token=token or os.environ.get("POLYTRAIN_TOKEN") or saved.get("token"),
+        )
 
     def client(self, timeout: float | None = 30) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -97,8 +102,10 @@ class Api:
         """
         headers = {"Last-Event-ID": str(last_id)} if last_id else {}
         try:
-            with self.client(timeout=None) as client, client.stream(
-                    "GET", path, headers=headers) as response:
+            with (
+                self.client(timeout=None) as client,
+                client.stream("GET", path, headers=headers) as response,
+            ):
                 if response.status_code >= 400:
                     response.read()
                     raise ClientError(error_message(response))

@@ -56,16 +56,16 @@ def code_version_id(api: Api, project: int, spec: dict[str, Any], base: Path) ->
     if "code_version_id" in spec:
         return int(spec["code_version_id"])
     if "example" in spec:
-        version = api.post(f"/projects/{project}/code-versions",
-                           json={"example": spec["example"]})
+        version = api.post(f"/projects/{project}/code-versions", json={"example": spec["example"]})
         return int(version["id"])
     path = (base / spec["code"]).resolve()
     if not path.is_file():
         raise ClientError(f"code file {path} does not exist")
     data = {"entrypoint": spec["entrypoint"]} if spec.get("entrypoint") else {}
     with path.open("rb") as fh:
-        version = api.post(f"/projects/{project}/code-versions/upload",
-                           files={"file": (path.name, fh)}, data=data)
+        version = api.post(
+            f"/projects/{project}/code-versions/upload", files={"file": (path.name, fh)}, data=data
+        )
     return int(version["id"])
 
 

@@ -15,17 +15,30 @@ from backend.tasks.schemas import TaskCreate
 from contracts.agent_api import Claim
 
 
-def group(session: Session, name: str, capacity: int, *, device_type: str = "cpu",
-          online: int | None = None, labels: dict[str, str] | None = None) -> ResourceGroup:
+def group(
+    session: Session,
+    name: str,
+    capacity: int,
+    *,
+    device_type: str = "cpu",
+    online: int | None = None,
+    labels: dict[str, str] | None = None,
+) -> ResourceGroup:
     """A group and one online agent with `online` workers (default: the capacity)."""
-    row = ResourceGroup(name=name, device_type=device_type, capacity=capacity,
-                        labels=labels or {})
+    row = ResourceGroup(name=name, device_type=device_type, capacity=capacity, labels=labels or {})
     session.add(row)
     session.flush()
     workers = capacity if online is None else online
     if workers:
-        session.add(Agent(name=f"agent-{name}", host="10.77.0.9", resource_group_id=row.id,
-                          workers=workers, hardware={"cpu_cores": 2}))
+        session.add(
+            Agent(
+                name=f"agent-{name}",
+                host="10.77.0.9",
+                resource_group_id=row.id,
+                workers=workers,
+                hardware={"cpu_cores": 2},
+            )
+        )
     session.commit()
     return row
 
@@ -34,17 +47,29 @@ def version(session: Session, owner_id: int | None = None, name: str = "p") -> C
     project = Project(name=name, owner_id=owner_id)
     session.add(project)
     session.flush()
-    row = CodeVersion(project_id=project.id, version=1, source="example:tiny_regression",
-                      filename="tiny_regression.py", sha256="0" * 64)
+    row = CodeVersion(
+        project_id=project.id,
+        version=1,
+        source="example:tiny_regression",
+        filename="tiny_regression.py",
+        sha256="0" * 64,
+    )
     session.add(row)
     session.commit()
     return row
 
 
-def submit(session: Session, code: CodeVersion, request: list[dict[str, Any]], **extra: Any
-           ) -> Task:
-    data = {"project_id": code.project_id, "code_version_id": code.id,
-            "resource_groups": request, "epochs": 1, "global_batch_size": 64, **extra}
+def submit(
+    session: Session, code: CodeVersion, request: list[dict[str, Any]], **extra: Any
+) -> Task:
+    data = {
+        "project_id": code.project_id,
+        "code_version_id": code.id,
+        "resource_groups": request,
+        "epochs": 1,
+        "global_batch_size": 64,
+        **extra,
+    }
     return tasks.submit(session, data=TaskCreate.model_validate(data))
 
 
@@ -59,11 +84,18 @@ def finish(session: Session, task: Task, status: TaskStatus = TaskStatus.SUCCEED
 
 def held(session: Session, group_name: str) -> int:
     """Compute workers held on the group now."""
-    return session.scalar(
-        select(func.count(Allocation.id)).join(
-            ResourceGroup, ResourceGroup.id == Allocation.resource_group_id)
-        .where(ResourceGroup.name == group_name, Allocation.released_at.is_(None),
-               Allocation.role == NodeRole.COMPUTE)) or 0
+    return (
+        session.scalar(
+            select(func.count(Allocation.id))
+            .join(ResourceGroup, ResourceGroup.id == Allocation.resource_group_id)
+            .where(
+                ResourceGroup.name == group_name,
+                Allocation.released_at.is_(None),
+                Allocation.role == NodeRole.COMPUTE,
+            )
+        )
+        or 0
+    )
 
 
 class RecordingDispatcher:
@@ -84,13 +116,19 @@ def running_task(session: Session, **extra: Any) -> Task:
     groups' agents claimed: RUNNING."""
     from backend.scheduler.service import schedule_next
 
-    task = submit(session, version(session),
-                  [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}], **extra)
+    task = submit(
+        session,
+        version(session),
+        [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
+        **extra,
+    )
     assert schedule_next(session) is not None
-    for sub in session.scalars(select(SubTask).where(SubTask.task_id == task.id,
-                                                     SubTask.attempt == task.attempt)):
-        agent = session.scalar(select(Agent).where(
-            Agent.resource_group_id == sub.resource_group_id))
+    for sub in session.scalars(
+        select(SubTask).where(SubTask.task_id == task.id, SubTask.attempt == task.attempt)
+    ):
+        agent = session.scalar(
+            select(Agent).where(Agent.resource_group_id == sub.resource_group_id)
+        )
         fate.claim(session, sub=sub, data=Claim(agent_id=agent.id, host=agent.host))
     session.refresh(task)
     assert task.status is TaskStatus.RUNNING

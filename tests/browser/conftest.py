@@ -21,19 +21,33 @@ BROWSER_TESTS = Path(__file__).resolve().parent
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Browser tests selected without Chromium: stop the run before any test starts."""
     if not Path(CHROMIUM).is_file() and any(
-            Path(item.path).resolve().is_relative_to(BROWSER_TESTS) for item in items):
-        pytest.exit(f"{CHROMIUM} is missing and the browser tests need it: run `{INSTALL}` "
-                    f"(`make test` does it when run as root)", returncode=4)
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update"]
+        Path(item.path).resolve().is_relative_to(BROWSER_TESTS) for item in items
+    ):
+        pytest.exit(
+            f"{CHROMIUM} is missing and the browser tests need it: run `{INSTALL}` "
+            f"(`make test` does it when run as root)",
+            returncode=4,
+        )
+
+
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+]
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    groups = [GroupSetup("cpu-a", 2, description="CPU pool A"),
-              GroupSetup("cpu-b", 1, description="CPU pool B")]
-    with LocalStack(data_dir=tmp_path_factory.mktemp("browser"), port=free_port(),
-                    groups=groups) as running:
+    groups = [
+        GroupSetup("cpu-a", 2, description="CPU pool A"),
+        GroupSetup("cpu-b", 1, description="CPU pool B"),
+    ]
+    with LocalStack(
+        data_dir=tmp_path_factory.mktemp("browser"), port=free_port(), groups=groups
+    ) as running:
         yield running
 
 
@@ -54,8 +68,12 @@ def page(browser: Browser) -> Iterator[Page]:
     context.set_default_timeout(30_000)
     opened = context.new_page()
     blocked: list[str] = []  # what the portal's Content-Security-Policy refused, if anything
-    opened.on("console", lambda message: blocked.append(message.text)
-              if "Content Security Policy" in message.text else None)
+    opened.on(
+        "console",
+        lambda message: (
+            blocked.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
     yield opened
     context.close()
     assert not blocked, f"the page broke its own CSP: {blocked}"
@@ -67,8 +85,9 @@ def api(stack: LocalStack) -> Iterator[httpx.Client]:
         yield client
 
 
-def log_in(page: Page, stack: LocalStack, email: str | None = None,
-           password: str | None = None) -> None:
+def log_in(
+    page: Page, stack: LocalStack, email: str | None = None, password: str | None = None
+) -> None:
     """Log in through the login form and land on the task list."""
     page.goto(f"{stack.url}/")
     page.wait_for_url("**/login?next=*")

@@ -53,7 +53,8 @@ def _watch(page: Page, api: httpx.Client) -> None:
     first = int(loss.get_attribute("data-points") or 0)
     expect(loss).not_to_have_attribute("data-points", str(first), timeout=30_000)  # it grows
     expect(page.locator("#throughput-chart")).to_have_attribute(
-        "data-points", re.compile(r"[1-9]\d*"))
+        "data-points", re.compile(r"[1-9]\d*")
+    )
     idle = page.locator("#throughput tbody tr").first.locator("td").nth(4)
     expect(idle).to_have_text(re.compile(r"^\d+\.\d%$"))  # rank-1's idle part of its epoch
     expect(page.locator("#task-timing")).to_contain_text("left")
@@ -62,8 +63,11 @@ def _watch(page: Page, api: httpx.Client) -> None:
     expect(page.locator("#nonfinite-table tbody tr").first).to_contain_text("NaN")
     expect(page.locator("#allocations tbody tr")).to_have_count(5)
     metrics = api.get("/metrics").text
-    rates = re.findall(r'polytrain_group_throughput_samples_per_second\{resource_group="cpu-a"\}'
-                       r" ([\d.e+]+)", metrics)
+    rates = re.findall(
+        r'polytrain_group_throughput_samples_per_second\{resource_group="cpu-a"\}'
+        r" ([\d.e+]+)",
+        metrics,
+    )
     assert rates and float(rates[0]) > 0, metrics
 
 
@@ -86,8 +90,9 @@ def test_log_in_create_upload_submit_watch_and_cancel(
     expect(page.locator("#log-state")).to_contain_text("log complete", timeout=30_000)
 
 
-def test_admin_drains_a_group_and_an_agent(page: Page, stack: LocalStack, api: httpx.Client
-                                           ) -> None:
+def test_admin_drains_a_group_and_an_agent(
+    page: Page, stack: LocalStack, api: httpx.Client
+) -> None:
     log_in(page, stack)
     page.click("nav >> text=Cluster")
     row = page.locator("tr[data-group='cpu-b']")
@@ -108,7 +113,8 @@ def test_admin_drains_a_group_and_an_agent(page: Page, stack: LocalStack, api: h
     expect(page.locator("tr[data-group='cpu-a'] td").nth(7)).to_have_text("0")  # free workers
     agent.locator("button[data-action='active']").click()
     expect(page.locator("#agent-table tr[data-agent='agent-cpu-a'] [data-state]")).to_have_text(
-        "active")
+        "active"
+    )
 
 
 def test_wrong_password_is_refused_in_the_form(page: Page, stack: LocalStack) -> None:

@@ -49,18 +49,23 @@ def _imported_modules(path: Path) -> set[str]:
 
 def test_core_imports_no_domain() -> None:
     """`backend/core/` is what every domain builds on, so it reaches none of them."""
-    found = [(str(path.relative_to(REPO)), name)
-             for path in sorted((REPO / "backend" / "core").rglob("*.py"))
-             for name in sorted(_imported_modules(path))
-             if name.startswith("backend.") and not name.startswith("backend.core.")]
+    found = [
+        (str(path.relative_to(REPO)), name)
+        for path in sorted((REPO / "backend" / "core").rglob("*.py"))
+        for name in sorted(_imported_modules(path))
+        if name.startswith("backend.") and not name.startswith("backend.core.")
+    ]
     assert found == []
 
 
 def test_contracts_load_without_the_deployables_or_a_database() -> None:
-    code = ("import sys, contracts.agent_api, contracts.messaging, contracts.payload, "
-            "contracts.plan, contracts.preprocess, contracts.strict\n"
-            "print(sorted(m for m in ('backend', 'worker', 'sqlalchemy', 'fastapi') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=REPO)
+    code = (
+        "import sys, contracts.agent_api, contracts.messaging, contracts.payload, "
+        "contracts.plan, contracts.preprocess, contracts.strict\n"
+        "print(sorted(m for m in ('backend', 'worker', 'sqlalchemy', 'fastapi') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
     assert out.stdout.strip() == "[]"

@@ -6,18 +6,42 @@ from contracts.plan import GroupPlan
 from contracts.task_spec import TaskSpec
 
 SUBMITTED = {
-    "epochs": 2, "global_batch_size": 64, "seed": 0, "groups": [],
-    "request": [{"device_type": "cpu", "workers": 3, "placement": "uniform", "labels": {},
-                 "speed_factor": 0.5}],
-    "split_policy": "even", "sync_strategy": "quorum", "sync_period": 1, "quorum": 4,
-    "max_staleness": 2, "exchange_fraction": 0.0, "checkpoint_every": None,
-    "rebalance_every": 10, "on_nonfinite": "fail",
-    "preprocess": [{"op": "resize", "size": [28, 28]},
-                   {"op": "normalize", "mean": None, "std": None}],
-    "limits": {"max_runtime_s": 86400, "memory_limit_mb": 4096}, "depends_on": [],
+    "epochs": 2,
+    "global_batch_size": 64,
+    "seed": 0,
+    "groups": [],
+    "request": [
+        {
+            "device_type": "cpu",
+            "workers": 3,
+            "placement": "uniform",
+            "labels": {},
+            "speed_factor": 0.5,
+        }
+    ],
+    "split_policy": "even",
+    "sync_strategy": "quorum",
+    "sync_period": 1,
+    "quorum": 4,
+    "max_staleness": 2,
+    "exchange_fraction": 0.0,
+    "checkpoint_every": None,
+    "rebalance_every": 10,
+    "on_nonfinite": "fail",
+    "preprocess": [
+        {"op": "resize", "size": [28, 28]},
+        {"op": "normalize", "mean": None, "std": None},
+    ],
+    "limits": {"max_runtime_s": 86400, "memory_limit_mb": 4096},
+    "depends_on": [],
 }
-OLD = {"epochs": 1, "global_batch_size": 8, "seed": 0, "split_policy": "even",
-       "groups": [{"name": "cpu-a", "device_type": "cpu", "workers": 2}]}
+OLD = {
+    "epochs": 1,
+    "global_batch_size": 8,
+    "seed": 0,
+    "split_policy": "even",
+    "groups": [{"name": "cpu-a", "device_type": "cpu", "workers": 2}],
+}
 
 
 def test_stored_json_round_trips() -> None:
@@ -30,8 +54,10 @@ def test_stored_json_round_trips() -> None:
 def test_placing_groups_keeps_the_rest_of_the_spec() -> None:
     placed = GroupPlan.model_validate({"name": "cpu-a", "device_type": "cpu", "workers": 3})
     spec = TaskSpec.model_validate(SUBMITTED).model_copy(update={"groups": [placed]})
-    assert spec.stored() == {**SUBMITTED, "groups": [
-        {"name": "cpu-a", "device_type": "cpu", "workers": 3}]}
+    assert spec.stored() == {
+        **SUBMITTED,
+        "groups": [{"name": "cpu-a", "device_type": "cpu", "workers": 3}],
+    }
     assert spec.speed_factor(spec.groups[0]) == 0.5  # from the device-type request item
     assert spec.engine_options()["quorum"] == 1  # no more than the placed groups
     assert "checkpoint_every" not in spec.engine_options()

@@ -36,9 +36,11 @@ def _env_names(settings_cls: type) -> set[str]:
 
 def _environment(service: str) -> dict[str, str]:
     """The service's variables with `${VAR:?...}` / `${VAR:-default}` given test values."""
+
     def value(match: re.Match[str]) -> str:
         default = re.search(r":-([^}]*)", match.group(0))
         return default.group(1) if default else f"test-{match.group(1).lower()}"
+
     return {k: PLACEHOLDER.sub(value, str(v)) for k, v in SERVICES[service]["environment"].items()}
 
 
@@ -52,8 +54,10 @@ def _settings(cls: type, service: str, monkeypatch: pytest.MonkeyPatch):  # type
 
 def _groups() -> dict[str, dict[str, str]]:
     """Groups init-groups creates: name -> {device_type, capacity}."""
-    found = re.findall(r"groups ensure (\S+) --device-type (\S+) --capacity (\d+)",
-                       SERVICES["init-groups"]["command"])
+    found = re.findall(
+        r"groups ensure (\S+) --device-type (\S+) --capacity (\d+)",
+        SERVICES["init-groups"]["command"],
+    )
     return {name: {"device_type": device, "capacity": capacity} for name, device, capacity in found}
 
 
@@ -81,7 +85,10 @@ def test_api_settings_point_at_the_compose_servers(monkeypatch: pytest.MonkeyPat
     pg = _environment("postgres")
     assert database.scheme == "postgresql+psycopg" and database.hostname == "postgres"
     assert (database.username, database.password, database.path) == (
-        pg["POSTGRES_USER"], pg["POSTGRES_PASSWORD"], f"/{pg['POSTGRES_DB']}")
+        pg["POSTGRES_USER"],
+        pg["POSTGRES_PASSWORD"],
+        f"/{pg['POSTGRES_DB']}",
+    )
     broker = urlsplit(settings.resolved_broker_url())
     assert (broker.scheme, broker.hostname, broker.port) == ("redis", "redis", 6379)
     assert settings.heartbeat_timeout_s == 15.0 and settings.admin_password is not None
@@ -124,8 +131,9 @@ def test_postgres_password_comes_from_the_environment() -> None:
     assert _required(pg["POSTGRES_PASSWORD"], "POSTGRES_PASSWORD")
     for service in ("api", "init-groups"):
         url = SERVICES[service]["environment"]["DATABASE_URL"]
-        password = re.fullmatch(r"postgresql\+psycopg://polytrain:(.+)@postgres:5432/polytrain",
-                                url)
+        password = re.fullmatch(
+            r"postgresql\+psycopg://polytrain:(.+)@postgres:5432/polytrain", url
+        )
         assert password and _required(password.group(1), "POSTGRES_PASSWORD"), url
 
 
@@ -153,8 +161,11 @@ def test_redis_command_refuses_clients_without_the_password(tmp_path: Path) -> N
     import redis as redis_client
 
     if shutil.which("redis-server") is None:
-        pytest.fail("redis-server is missing: run `apt-get install -y redis-server` "
-                    "(`make test` does it when run as root)", pytrace=False)
+        pytest.fail(
+            "redis-server is missing: run `apt-get install -y redis-server` "
+            "(`make test` does it when run as root)",
+            pytrace=False,
+        )
     port = free_port()
     args = shlex.split(SERVICES["redis"]["command"].replace("$$", "$"))
     args[-1] += f" --port {port} --bind 127.0.0.1 --dir {tmp_path}"
@@ -172,8 +183,9 @@ def test_redis_command_refuses_clients_without_the_password(tmp_path: Path) -> N
             except redis_client.ConnectionError:
                 assert time.monotonic() < deadline and server.poll() is None, "redis did not start"
                 time.sleep(0.1)
-        broker = PLACEHOLDER.sub(lambda m: env.get(m.group(1), ""),
-                                 str(SERVICES["api"]["environment"]["BROKER_URL"]))
+        broker = PLACEHOLDER.sub(
+            lambda m: env.get(m.group(1), ""), str(SERVICES["api"]["environment"]["BROKER_URL"])
+        )
         broker = broker.replace("@redis:6379", f"@127.0.0.1:{port}")
         assert redis_client.Redis.from_url(broker, socket_timeout=5).ping() is True
     finally:

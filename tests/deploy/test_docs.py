@@ -16,8 +16,11 @@ def test_every_document_the_code_cites_exists() -> None:
                 for name in CITATION.findall(path.read_text()):
                     cited.setdefault(name, []).append(str(path.relative_to(REPO)))
     assert "docs/architecture.md" in cited  # the training-code contract is cited
-    missing = {name: where for name, where in cited.items()
-               if not (REPO / name).is_file() and not (REPO / "docs" / name).is_file()}
+    missing = {
+        name: where
+        for name, where in cited.items()
+        if not (REPO / name).is_file() and not (REPO / "docs" / name).is_file()
+    }
     assert not missing, f"cited but not in the repository: {missing}"
 
 
@@ -48,25 +51,40 @@ def _list_endpoints() -> dict[str, tuple[str, int, int]]:
     found = {}
     for path, operations in spec["paths"].items():
         get = operations.get("get")
-        schema = (get or {}).get("responses", {}).get("200", {}).get("content", {}).get(
-            "application/json", {}).get("schema", {})
+        schema = (
+            (get or {})
+            .get("responses", {})
+            .get("200", {})
+            .get("content", {})
+            .get("application/json", {})
+            .get("schema", {})
+        )
         if not path.startswith("/api/v1/") or schema.get("type") != "array":
             continue
         query = {p["name"]: p["schema"] for p in get["parameters"] if p["in"] == "query"}
         paging = "offset" if "offset" in query else "after_id" if "after_id" in query else "none"
         limit = query["limit"]
         found[re.sub(r"\{[^}]+\}", "{}", path.removeprefix("/api/v1"))] = (
-            paging, limit["default"], limit["maximum"])
+            paging,
+            limit["default"],
+            limit["maximum"],
+        )
     return found
 
 
 def test_readme_pagination_table_matches_the_routers(service_env: Path) -> None:
     readme = (REPO / "README.md").read_text()
-    rows = {re.sub(r"\{[^}]+\}", "{}", path): (how, int(default), int(maximum))
-            for path, how, default, maximum in re.findall(
-                r"^\| `GET ([^`]+)` \| ([^|]+) \| (\d+) \((\d+)\) \|$", readme, re.MULTILINE)}
-    other = re.search(r"^\| every other list: [^|]+ \| `offset`, `limit` \| (\d+) \((\d+)\) \|$",
-                      readme, re.MULTILINE)
+    rows = {
+        re.sub(r"\{[^}]+\}", "{}", path): (how, int(default), int(maximum))
+        for path, how, default, maximum in re.findall(
+            r"^\| `GET ([^`]+)` \| ([^|]+) \| (\d+) \((\d+)\) \|$", readme, re.MULTILINE
+        )
+    }
+    other = re.search(
+        r"^\| every other list: [^|]+ \| `offset`, `limit` \| (\d+) \((\d+)\) \|$",
+        readme,
+        re.MULTILINE,
+    )
     assert rows and other
     endpoints = _list_endpoints()
     assert len(endpoints) >= 10
@@ -90,12 +108,13 @@ def _layout_section() -> str:
 def test_readme_layout_names_every_top_level_folder_and_backend_domain() -> None:
     """A newcomer finds every folder of the tree, and every backend domain, in the Layout."""
     layout = _layout_section()
-    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout.split()
-    folders = {path.split("/")[0] for path in tracked
-               if "/" in path and not path.startswith(".")}
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    folders = {path.split("/")[0] for path in tracked if "/" in path and not path.startswith(".")}
     missing = sorted(f for f in folders if f"`{f}/" not in layout)
     assert not missing, f"README's Layout does not name: {missing}"
-    domains = sorted(p.parent.name for p in (REPO / "backend").glob("*/__init__.py")
-                     if p.parent.name != "core")
+    domains = sorted(
+        p.parent.name for p in (REPO / "backend").glob("*/__init__.py") if p.parent.name != "core"
+    )
     assert not [d for d in domains if d not in layout], (domains, layout)

@@ -14,9 +14,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_make_test_runs_the_set_up_before_pytest() -> None:
-    plan = subprocess.run(["make", "-n", "-s", "test", "BIN=.venv/bin"], cwd=REPO,
-                          capture_output=True, text=True, check=True,
-                          env={**os.environ, "MAKEFLAGS": ""}).stdout.splitlines()
+    plan = subprocess.run(
+        ["make", "-n", "-s", "test", "BIN=.venv/bin"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "MAKEFLAGS": ""},
+    ).stdout.splitlines()
     setup = next(i for i, line in enumerate(plan) if "scripts/test_setup.sh" in line)
     tests = next(i for i, line in enumerate(plan) if "-m pytest" in line)
     assert setup < tests
@@ -24,9 +29,17 @@ def test_make_test_runs_the_set_up_before_pytest() -> None:
 
 def test_set_up_without_chromium_stops_with_the_command(tmp_path: Path) -> None:
     result = subprocess.run(
-        ["scripts/test_setup.sh"], cwd=REPO, capture_output=True, text=True, timeout=60,
-        env={**os.environ, "POLYTRAIN_CHROMIUM": str(tmp_path / "no-chromium"),
-             "POLYTRAIN_NO_INSTALL": "1"})
+        ["scripts/test_setup.sh"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **os.environ,
+            "POLYTRAIN_CHROMIUM": str(tmp_path / "no-chromium"),
+            "POLYTRAIN_NO_INSTALL": "1",
+        },
+    )
     assert result.returncode == 1
     assert "chromium missing" in result.stderr
     assert "apt-get install -y chromium" in result.stderr
@@ -35,8 +48,12 @@ def test_set_up_without_chromium_stops_with_the_command(tmp_path: Path) -> None:
 def test_browser_tests_without_chromium_fail_before_any_test(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/browser"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "POLYTRAIN_CHROMIUM": str(tmp_path / "no-chromium")})
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "POLYTRAIN_CHROMIUM": str(tmp_path / "no-chromium")},
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 4, output
     assert "apt-get update && apt-get install -y chromium" in output

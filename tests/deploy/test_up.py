@@ -34,7 +34,7 @@ def _children(pid: int) -> dict[int, str]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[1]) == pid and fields[0] != "Z":
             found[int(entry.name)] = cmdline
     return found
@@ -69,14 +69,29 @@ def _child(up: subprocess.Popen, role: str) -> int | None:
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str, Path]]:
     port = free_port()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("POLYTRAIN_") and k not in ("DATABASE_URL", "BROKER_URL")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("POLYTRAIN_") and k not in ("DATABASE_URL", "BROKER_URL")
+    }
     data_dir = tmp_path / "up"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "polytrain.cli", "up", "--port", str(port),
-         "--data-dir", str(data_dir)],
-        cwd=REPO, env=env, start_new_session=True,  # its own process group, like `make up`
-        stdout=open(tmp_path / "up.log", "wb"), stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "polytrain.cli",
+            "up",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+        ],
+        cwd=REPO,
+        env=env,
+        start_new_session=True,  # its own process group, like `make up`
+        stdout=open(tmp_path / "up.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         yield proc, f"http://127.0.0.1:{port}", data_dir
     finally:
@@ -92,10 +107,14 @@ def up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str, Path]]:
 
 
 def _agents_online(url: str, token: str) -> dict[str, dict]:
-    response = httpx.get(f"{url}/api/v1/agents", headers={"Authorization": f"Bearer {token}"},
-                         timeout=10)
-    return {a["name"]: a for a in response.json() if a["online"]} \
-        if response.status_code == 200 else {}
+    response = httpx.get(
+        f"{url}/api/v1/agents", headers={"Authorization": f"Bearer {token}"}, timeout=10
+    )
+    return (
+        {a["name"]: a for a in response.json() if a["online"]}
+        if response.status_code == 200
+        else {}
+    )
 
 
 def test_up_restarts_a_dead_child_and_stops_all_on_sigterm_to_its_group(up) -> None:
@@ -108,21 +127,36 @@ def test_up_restarts_a_dead_child_and_stops_all_on_sigterm_to_its_group(up) -> N
             return False
 
     _wait(lambda: health() and (data_dir / "admin-password").is_file(), "the API", up=proc)
-    token = httpx.post(f"{url}/api/v1/auth/login", timeout=30, json={
-        "email": "admin@polytrain.local", "password": (data_dir / "admin-password").read_text(),
-        "token_name": "test"}).json()["token"]
-    _wait(lambda: {"agent-cpu-a", "agent-cpu-b"} <= set(_agents_online(url, token)),
-          "both agents online", up=proc)
-    _wait(lambda: "polytrain portal:" in (data_dir.parent / "up.log").read_text(),
-          "up reporting the portal ready", up=proc)
+    token = httpx.post(
+        f"{url}/api/v1/auth/login",
+        timeout=30,
+        json={
+            "email": "admin@polytrain.local",
+            "password": (data_dir / "admin-password").read_text(),
+            "token_name": "test",
+        },
+    ).json()["token"]
+    _wait(
+        lambda: {"agent-cpu-a", "agent-cpu-b"} <= set(_agents_online(url, token)),
+        "both agents online",
+        up=proc,
+    )
+    _wait(
+        lambda: "polytrain portal:" in (data_dir.parent / "up.log").read_text(),
+        "up reporting the portal ready",
+        up=proc,
+    )
 
     # The API dies: it is started again, the agents keep running.
     api_pid = _child(proc, " api ")
     agent_pids = {pid for pid, cmd in _children(proc.pid).items() if " agent " in cmd}
     assert api_pid is not None and len(agent_pids) == 2
     os.killpg(api_pid, signal.SIGKILL)
-    new_api = _wait(lambda: (pid := _child(proc, " api ")) not in (None, api_pid) and pid,
-                    "a new API process", up=proc)
+    new_api = _wait(
+        lambda: (pid := _child(proc, " api ")) not in (None, api_pid) and pid,
+        "a new API process",
+        up=proc,
+    )
     _wait(health, "the restarted API answering", up=proc)
     assert all(_alive(pid) for pid in agent_pids)
 
@@ -130,11 +164,20 @@ def test_up_restarts_a_dead_child_and_stops_all_on_sigterm_to_its_group(up) -> N
     agent_b = _child(proc, "agent-cpu-b")
     assert agent_b is not None
     os.killpg(agent_b, signal.SIGKILL)
-    new_b = _wait(lambda: (pid := _child(proc, "agent-cpu-b")) not in (None, agent_b) and pid,
-                  "a new agent-cpu-b process", up=proc)
+    new_b = _wait(
+        lambda: (pid := _child(proc, "agent-cpu-b")) not in (None, agent_b) and pid,
+        "a new agent-cpu-b process",
+        up=proc,
+    )
     before = _agents_online(url, token)["agent-cpu-b"]["last_heartbeat_at"]
-    _wait(lambda: _agents_online(url, token).get("agent-cpu-b", {}).get(
-        "last_heartbeat_at", before) > before, "agent-cpu-b heartbeating again", up=proc)
+    _wait(
+        lambda: (
+            _agents_online(url, token).get("agent-cpu-b", {}).get("last_heartbeat_at", before)
+            > before
+        ),
+        "agent-cpu-b heartbeating again",
+        up=proc,
+    )
     assert "refused" not in (data_dir / "agent-cpu-b.log").read_text()
     assert _alive(new_api) and _alive(new_b) and proc.poll() is None
 

@@ -15,7 +15,7 @@ TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
 # A tiny training module that trains: a linear model on random sums (tests change a part).
-TINY = '''
+TINY = """
 import torch
 
 def build_model():
@@ -30,7 +30,7 @@ def build_optimizer(params):
 
 def loss_fn(output, target):
     return torch.nn.functional.mse_loss(output.squeeze(-1), target)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +47,7 @@ def api(stack: LocalStack) -> Iterator[httpx.Client]:
         yield client
 
 
-def wait_for(api: httpx.Client, task_id: int, statuses: set[str], timeout_s: float = 180
-             ) -> dict:
+def wait_for(api: httpx.Client, task_id: int, statuses: set[str], timeout_s: float = 180) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         task = api.get(f"/api/v1/tasks/{task_id}").json()
@@ -94,23 +93,31 @@ def training_processes(data_dir: Path, task_id: int, attempt: int | None = None)
 
 
 def submit(api: httpx.Client, version: dict, **overrides: object) -> dict:
-    spec = {"project_id": version["project_id"], "code_version_id": version["id"],
-            "resource_groups": [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
-            "epochs": 2, "global_batch_size": 16}
+    spec = {
+        "project_id": version["project_id"],
+        "code_version_id": version["id"],
+        "resource_groups": [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
+        "epochs": 2,
+        "global_batch_size": 16,
+    }
     spec.update(overrides)
     response = api.post("/api/v1/tasks", json=spec)
     assert response.status_code == 201, response.text
     return dict(response.json())
 
 
-def new_version(api: httpx.Client, *, example: str | None = None,
-                source: bytes | None = None) -> dict:
+def new_version(
+    api: httpx.Client, *, example: str | None = None, source: bytes | None = None
+) -> dict:
     project = api.post("/api/v1/projects", json={"name": f"p{time.monotonic_ns()}"}).json()
     if example:
-        response = api.post(f"/api/v1/projects/{project['id']}/code-versions",
-                            json={"example": example})
+        response = api.post(
+            f"/api/v1/projects/{project['id']}/code-versions", json={"example": example}
+        )
     else:
-        response = api.post(f"/api/v1/projects/{project['id']}/code-versions/upload",
-                            files={"file": ("train.py", source or b"", "text/x-python")})
+        response = api.post(
+            f"/api/v1/projects/{project['id']}/code-versions/upload",
+            files={"file": ("train.py", source or b"", "text/x-python")},
+        )
     assert response.status_code == 201, response.text
     return dict(response.json())

@@ -26,11 +26,17 @@ ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    env = {"POLYTRAIN_HEARTBEAT_TIMEOUT_S": str(TIMEOUT_S),
-           "POLYTRAIN_HEARTBEAT_INTERVAL_S": "1", "POLYTRAIN_SCHEDULER_INTERVAL_S": "0.5"}
-    with LocalStack(data_dir=tmp_path_factory.mktemp("restart"), port=free_port(),
-                    groups=[GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1)],
-                    extra_env=env) as running:
+    env = {
+        "POLYTRAIN_HEARTBEAT_TIMEOUT_S": str(TIMEOUT_S),
+        "POLYTRAIN_HEARTBEAT_INTERVAL_S": "1",
+        "POLYTRAIN_SCHEDULER_INTERVAL_S": "0.5",
+    }
+    with LocalStack(
+        data_dir=tmp_path_factory.mktemp("restart"),
+        port=free_port(),
+        groups=[GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1)],
+        extra_env=env,
+    ) as running:
         yield running
 
 
@@ -53,16 +59,33 @@ def test_api_down_longer_than_the_heartbeat_timeout_raises_no_alarm(stack: Local
         assert {a["name"] for a in agents if a["online"]} == {"agent-cpu-a", "agent-cpu-b"}
 
 
-def test_second_agent_with_a_live_name_exits_naming_the_clash(stack: LocalStack,
-                                                              tmp_path: Path) -> None:
-    args = [sys.executable, "-m", "polytrain.cli", "agent", "--resource-group", "cpu-a",
-            "--workers", "1", "--name", "agent-cpu-a"]
+def test_second_agent_with_a_live_name_exits_naming_the_clash(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    args = [
+        sys.executable,
+        "-m",
+        "polytrain.cli",
+        "agent",
+        "--resource-group",
+        "cpu-a",
+        "--workers",
+        "1",
+        "--name",
+        "agent-cpu-a",
+    ]
     # Another host (its own data dir): the API refuses the name while agent-cpu-a lives.
-    elsewhere = subprocess.run(args, env={**stack.env(), "POLYTRAIN_DATA_DIR": str(tmp_path)},
-                               capture_output=True, text=True, timeout=120)
+    elsewhere = subprocess.run(
+        args,
+        env={**stack.env(), "POLYTRAIN_DATA_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert elsewhere.returncode == 2, elsewhere.stderr
     assert "agent refused: agent name 'agent-cpu-a' is in use by a live agent on" in (
-        elsewhere.stderr)
+        elsewhere.stderr
+    )
     # This host, same data dir: refused before it even asks the API.
     here = subprocess.run(args, env=stack.env(), capture_output=True, text=True, timeout=120)
     assert here.returncode == 2, here.stderr

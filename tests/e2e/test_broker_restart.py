@@ -35,9 +35,22 @@ class RedisServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -54,16 +67,21 @@ class RedisServer:
 
 
 @pytest.fixture(scope="module")
-def broker_stack(tmp_path_factory: pytest.TempPathFactory
-                 ) -> Iterator[tuple[LocalStack, RedisServer]]:
+def broker_stack(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[LocalStack, RedisServer]]:
     if shutil.which("redis-server") is None:
         pytest.fail("redis-server is needed (Debian package redis-server)")
     server = RedisServer(tmp_path_factory.mktemp("redis"))
     server.start()
     database = production.fresh_database(migrated=False) if production.enabled() else None
-    stack = LocalStack(data_dir=tmp_path_factory.mktemp("rs"), port=free_port(),
-                       groups=[GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1)],
-                       database_url=database, broker_url=server.url)
+    stack = LocalStack(
+        data_dir=tmp_path_factory.mktemp("rs"),
+        port=free_port(),
+        groups=[GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1)],
+        database_url=database,
+        broker_url=server.url,
+    )
     try:
         with stack:
             yield stack, server

@@ -34,9 +34,13 @@ def ft_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """API and one agent per group: cpu-a, cpu-b, and cpu-c as spare capacity."""
     on_production = production.enabled()
     database = production.fresh_database(migrated=False) if on_production else None
-    stack = LocalStack(data_dir=tmp_path_factory.mktemp("ft"), port=free_port(), groups=GROUPS,
-                       database_url=database,
-                       broker_url=production.fresh_broker() if on_production else None)
+    stack = LocalStack(
+        data_dir=tmp_path_factory.mktemp("ft"),
+        port=free_port(),
+        groups=GROUPS,
+        database_url=database,
+        broker_url=production.fresh_broker() if on_production else None,
+    )
     with stack:
         yield stack
     if database:
@@ -58,8 +62,9 @@ def assert_logs_gap_free(api: httpx.Client, task_id: int) -> dict[tuple[int, str
     """Per attempt and node, seq runs 0, 1, 2, ... in arrival order; returns line counts."""
     seqs: dict[tuple[int, str], list[int]] = defaultdict(list)
     after = 0
-    while batch := api.get(f"/api/v1/tasks/{task_id}/logs",
-                           params={"after_id": after, "limit": 10_000}).json():
+    while batch := api.get(
+        f"/api/v1/tasks/{task_id}/logs", params={"after_id": after, "limit": 10_000}
+    ).json():
         for line in batch:
             seqs[(line["attempt"], line["node"])].append(line["seq"])
         after = batch[-1]["id"]
@@ -111,8 +116,11 @@ def test_chaos_agent_killed_mid_training(ft_api: httpx.Client, ft_stack: LocalSt
     killed_at = datetime.now(UTC).replace(tzinfo=None)
     ft_stack.kill_agent("agent-cpu-a")  # hosts the parameter server and ranks 1-2
     time.sleep(3)
-    orphans = [p for p in training_processes(ft_stack.data_dir, task["id"], attempt=1)
-               if _rank_of(p) in (0, 1, 2)]
+    orphans = [
+        p
+        for p in training_processes(ft_stack.data_dir, task["id"], attempt=1)
+        if _rank_of(p) in (0, 1, 2)
+    ]
     assert orphans == [], "the killed agent's training processes outlived it"
 
     done = wait_for(ft_api, task["id"], ENDED, 150)
@@ -126,15 +134,19 @@ def test_chaos_agent_killed_mid_training(ft_api: httpx.Client, ft_stack: LocalSt
     statuses = [e["to_status"] for e in events if e["kind"] == "status"]
     assert statuses[-5:] == ["RESTARTING", "QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED"]
     assert [g["name"] for g in done["spec"]["groups"]] == ["cpu-c", "cpu-b"]  # migrated
-    resumed = [line["text"] for line in ft_api.get(
-        f"/api/v1/tasks/{task['id']}/logs", params={"limit": 10_000}).json()
-        if line["attempt"] == 2 and "resumed at epoch" in line["text"]]
+    resumed = [
+        line["text"]
+        for line in ft_api.get(f"/api/v1/tasks/{task['id']}/logs", params={"limit": 10_000}).json()
+        if line["attempt"] == 2 and "resumed at epoch" in line["text"]
+    ]
     assert resumed, "the second attempt did not resume from a checkpoint"
 
     accuracy = epoch_metrics(ft_api, task["id"], "val_accuracy")
     last = max(expected)
-    print(f"chaos: detected after {detected_s:.1f} s; val_accuracy undisturbed "
-          f"{expected[last]:.4f}, disturbed {accuracy[last]:.4f}")
+    print(
+        f"chaos: detected after {detected_s:.1f} s; val_accuracy undisturbed "
+        f"{expected[last]:.4f}, disturbed {accuracy[last]:.4f}"
+    )
     assert abs(accuracy[last] - expected[last]) <= 0.005, (accuracy, expected)
     counts = assert_logs_gap_free(ft_api, task["id"])
     assert {node for attempt, node in counts if attempt == 2} >= {"ps", "rank-1", "rank-3"}
@@ -166,8 +178,9 @@ def _rank_pid(stack: LocalStack, task_id: int, rank: int) -> int:
 
 
 @pytest.mark.parametrize("rank", [3, 0], ids=["worker", "parameter_server"])
-def test_killed_process_restarts_the_task(ft_api: httpx.Client, ft_stack: LocalStack,
-                                          rank: int) -> None:
+def test_killed_process_restarts_the_task(
+    ft_api: httpx.Client, ft_stack: LocalStack, rank: int
+) -> None:
     version = new_version(ft_api, example="mnist_cnn")
     task = submit(ft_api, version, epochs=3, global_batch_size=64)
     wait_checkpoints(ft_api, task["id"], 1)
@@ -175,8 +188,9 @@ def test_killed_process_restarts_the_task(ft_api: httpx.Client, ft_stack: LocalS
     done = wait_for(ft_api, task["id"], ENDED, 150)
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     assert done["attempt"] == 2
-    alarm = next(e for e in ft_api.get(f"/api/v1/tasks/{task['id']}/events").json()
-                 if e["kind"] == "alarm")
+    alarm = next(
+        e for e in ft_api.get(f"/api/v1/tasks/{task['id']}/events").json() if e["kind"] == "alarm"
+    )
     assert "exited with code -9" in alarm["reason"]
     assert_logs_gap_free(ft_api, task["id"])
     assert_released(ft_api, ft_stack, done)

@@ -20,7 +20,9 @@ from polytrain.stack import LocalStack
 from tests.e2e.conftest import TINY, new_version, rank_dirs, submit, wait_for
 from worker.agent import netpolicy
 
-PROBE = TINY.replace("def build_datasets():", '''import json, os, urllib.request
+PROBE = TINY.replace(
+    "def build_datasets():",
+    '''import json, os, urllib.request
 
 import socket
 
@@ -86,12 +88,13 @@ def _forge_checkpoints():
 
 def build_datasets():
     _probe()
-    _forge_checkpoints()''')
+    _forge_checkpoints()''',
+)
 
 
 def probe_result(api: httpx.Client, task_id: int) -> dict:
     lines = [line["text"] for line in api.get(f"/api/v1/tasks/{task_id}/logs").json()]
-    found = [json.loads(text[len("@@probe "):]) for text in lines if text.startswith("@@probe ")]
+    found = [json.loads(text[len("@@probe ") :]) for text in lines if text.startswith("@@probe ")]
     assert len(found) == 1, lines[-30:]
     return dict(found[0])
 
@@ -102,12 +105,14 @@ def member(stack: LocalStack, api: httpx.Client) -> httpx.Client:
     created = api.post("/api/v1/users", json={"email": email, "password": "member-pass-123"})
     assert created.status_code == 201, created.text
     token = stack.login(email, "member-pass-123")
-    return httpx.Client(base_url=stack.url, timeout=30,
-                        headers={"Authorization": f"Bearer {token}"})
+    return httpx.Client(
+        base_url=stack.url, timeout=30, headers={"Authorization": f"Bearer {token}"}
+    )
 
 
 def test_user_code_finds_no_secret_and_every_internal_call_is_refused(
-        api: httpx.Client, member: httpx.Client, stack: LocalStack) -> None:
+    api: httpx.Client, member: httpx.Client, stack: LocalStack
+) -> None:
     victim = submit(api, new_version(api, example="tiny_regression"), epochs=1)
     assert wait_for(api, victim["id"], {"SUCCEEDED", "FAILED"})["status"] == "SUCCEEDED"
     victim_checkpoints = api.get(f"/api/v1/tasks/{victim['id']}/checkpoints").json()
@@ -115,16 +120,28 @@ def test_user_code_finds_no_secret_and_every_internal_call_is_refused(
     victim_rank_dirs = rank_dirs(stack.data_dir, victim["id"])
     assert victim_rank_dirs
     data = stack.data_dir
-    paths = [str(data / "polytrain.db"), str(data / "broker.db"), str(data / "admin-password"),
-             str(data / "api.log"), str(data / "agent-cpu-a.log"), str(data),
-             str(data / "checkpoints" / f"task-{victim['id']}" / "final.pt"),
-             str(data / "agent"), str(data / "agent" / "ranks"),
-             *[f"{d}/checkpoints/final.pt" for d in victim_rank_dirs], *victim_rank_dirs,
-             "/proc/1/environ", "/etc/shadow"]
+    paths = [
+        str(data / "polytrain.db"),
+        str(data / "broker.db"),
+        str(data / "admin-password"),
+        str(data / "api.log"),
+        str(data / "agent-cpu-a.log"),
+        str(data),
+        str(data / "checkpoints" / f"task-{victim['id']}" / "final.pt"),
+        str(data / "agent"),
+        str(data / "agent" / "ranks"),
+        *[f"{d}/checkpoints/final.pt" for d in victim_rank_dirs],
+        *victim_rank_dirs,
+        "/proc/1/environ",
+        "/etc/shadow",
+    ]
     service = _service_on_a_fixed_port()  # as a database or broker listens, reachable by root
-    source = (PROBE.replace("PATHS_JSON", repr(json.dumps(paths)))
-              .replace("VICTIM_ID", str(victim["id"])).replace("API_URL", repr(stack.url))
-              .replace("SERVICE_PORT_NUMBER", str(service.getsockname()[1])))
+    source = (
+        PROBE.replace("PATHS_JSON", repr(json.dumps(paths)))
+        .replace("VICTIM_ID", str(victim["id"]))
+        .replace("API_URL", repr(stack.url))
+        .replace("SERVICE_PORT_NUMBER", str(service.getsockname()[1]))
+    )
     probe = submit(member, new_version(member, source=source.encode()), epochs=1)
     with service:
         socket.create_connection(service.getsockname(), timeout=5).close()
@@ -135,15 +152,21 @@ def test_user_code_finds_no_secret_and_every_internal_call_is_refused(
     env = result["env"]
     secrets = {stack.token, stack.admin_password, stack.admin_token}
     assert not secrets & set(env.values())
-    assert not [k for k in env if k in ("DATABASE_URL", "BROKER_URL") or "TOKEN" in k
-                or "PASSWORD" in k or "SECRET" in k]
-    assert {k for k in env if k.startswith("POLYTRAIN_")} <= {"POLYTRAIN_DIST_TIMEOUT_S",
-                                                               "POLYTRAIN_NUM_THREADS"}
+    assert not [
+        k
+        for k in env
+        if k in ("DATABASE_URL", "BROKER_URL") or "TOKEN" in k or "PASSWORD" in k or "SECRET" in k
+    ]
+    assert {k for k in env if k.startswith("POLYTRAIN_")} <= {
+        "POLYTRAIN_DIST_TIMEOUT_S",
+        "POLYTRAIN_NUM_THREADS",
+    }
     assert set(result["files"]) == set(paths)
     # The folders above its own rank directory exist in its sandbox, holding only the way down.
     own_way = {f"listed: {part}" for part in Path(result["cwd"]).parts}
-    readable = {p: v for p, v in result["files"].items()
-                if not v.startswith("refused") and v not in own_way}
+    readable = {
+        p: v for p, v in result["files"].items() if not v.startswith("refused") and v not in own_way
+    }
     assert readable == {}, readable
     assert result["uid"] != 0
     assert result["service"] == "refused: ConnectionRefusedError", result["service"]
@@ -176,15 +199,22 @@ def _service_on_a_fixed_port() -> socket.socket:
 
 
 def one_group() -> dict:
-    return {"resource_groups": [{"name": "cpu-b", "workers": 1}], "epochs": 1,
-            "global_batch_size": 8, "max_restarts": 2}
+    return {
+        "resource_groups": [{"name": "cpu-b", "workers": 1}],
+        "epochs": 1,
+        "global_batch_size": 8,
+        "max_restarts": 2,
+    }
 
 
 def test_memory_limit_fails_the_task_naming_the_limit(api: httpx.Client) -> None:
-    hog = TINY.replace("def loss_fn(output, target):", '''HOARD = []
+    hog = TINY.replace(
+        "def loss_fn(output, target):",
+        """HOARD = []
 
 def loss_fn(output, target):
-    HOARD.append(torch.ones(2**27))  # 512 MiB on each call''')
+    HOARD.append(torch.ones(2**27))  # 512 MiB on each call""",
+    )
     version = new_version(api, source=hog.encode())
     task = submit(api, version, **one_group(), memory_limit_mb=700)
     done = wait_for(api, task["id"], {"SUCCEEDED", "FAILED"})
@@ -194,10 +224,13 @@ def loss_fn(output, target):
 
 
 def test_wall_clock_limit_fails_the_task_naming_the_limit(api: httpx.Client) -> None:
-    slow = TINY.replace("def loss_fn(output, target):", '''import time
+    slow = TINY.replace(
+        "def loss_fn(output, target):",
+        """import time
 
 def loss_fn(output, target):
-    time.sleep(3)''')
+    time.sleep(3)""",
+    )
     version = new_version(api, source=slow.encode())
     task = submit(api, version, **one_group(), max_runtime_s=4)
     done = wait_for(api, task["id"], {"SUCCEEDED", "FAILED"})
@@ -209,8 +242,14 @@ def loss_fn(output, target):
 def test_limits_are_validated_naming_the_field(api: httpx.Client) -> None:
     version = new_version(api, example="tiny_regression")
     for field, value in (("memory_limit_mb", 1), ("max_runtime_s", 0)):
-        response = api.post("/api/v1/tasks", json={
-            "project_id": version["project_id"], "code_version_id": version["id"],
-            "resource_groups": [{"name": "cpu-b", "workers": 1}], field: value})
+        response = api.post(
+            "/api/v1/tasks",
+            json={
+                "project_id": version["project_id"],
+                "code_version_id": version["id"],
+                "resource_groups": [{"name": "cpu-b", "workers": 1}],
+                field: value,
+            },
+        )
         assert response.status_code == 422, response.text
         assert field in response.text

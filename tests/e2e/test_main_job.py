@@ -15,12 +15,15 @@ FAILING_MODEL = TINY.replace(
 ).encode()
 
 
-FAILING_STEP = TINY.encode().replace(b"def loss_fn(output, target):", b"""CALLS = [0]
+FAILING_STEP = TINY.encode().replace(
+    b"def loss_fn(output, target):",
+    b"""CALLS = [0]
 
 def loss_fn(output, target):
     CALLS[0] += 1
     if CALLS[0] == 5:
-        raise ValueError("loss exploded at call 5")""")
+        raise ValueError("loss exploded at call 5")""",
+)
 
 
 def assert_released(api: httpx.Client, stack: LocalStack, task_id: int) -> None:
@@ -43,8 +46,9 @@ def test_task_spans_two_groups_and_succeeds(api: httpx.Client, stack: LocalStack
     assert [e["to_status"] for e in events] == ["QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED"]
 
     allocations = api.get(f"/api/v1/tasks/{task['id']}/allocations").json()
-    compute = sorted((a["resource_group"], a["rank"]) for a in allocations
-                     if a["role"] == "compute")
+    compute = sorted(
+        (a["resource_group"], a["rank"]) for a in allocations if a["role"] == "compute"
+    )
     assert compute == [("cpu-a", 1), ("cpu-a", 2), ("cpu-b", 3)]
     assert {a["role"] for a in allocations} == {"task_manager", "parameter_server", "compute"}
 
@@ -54,8 +58,9 @@ def test_task_spans_two_groups_and_succeeds(api: httpx.Client, stack: LocalStack
     metrics = api.get(f"/api/v1/tasks/{task['id']}/metrics").json()
     val_loss = [m for m in metrics if m["name"] == "val_loss" and m["rank"] is None]
     assert [m["epoch"] for m in val_loss] == [0, 1] or [m["epoch"] for m in val_loss] == [1, 2]
-    throughput_ranks = {m["rank"] for m in metrics if m["name"] == "samples_per_s"
-                        and m["rank"] is not None}
+    throughput_ranks = {
+        m["rank"] for m in metrics if m["name"] == "samples_per_s" and m["rank"] is not None
+    }
     assert throughput_ranks == {1, 2, 3}
     assert_released(api, stack, task["id"])
 
@@ -120,11 +125,14 @@ def test_agents_registered_with_hardware(api: httpx.Client) -> None:
     assert all(a["hardware"]["cpu_cores"] >= 1 for a in agents)
 
 
-NAN_ON_RANK_2 = FAILING_STEP.replace(b'''    if CALLS[0] == 5:
-        raise ValueError("loss exploded at call 5")''', b'''    import os
+NAN_ON_RANK_2 = FAILING_STEP.replace(
+    b"""    if CALLS[0] == 5:
+        raise ValueError("loss exploded at call 5")""",
+    b"""    import os
     # 6 profiling calls, steps 1-2, one validation call after epoch 0, step 3, then step 4
     if os.environ["RANK"] == "2" and CALLS[0] == 6 + 2 + 1 + 2:
-        return torch.nn.functional.mse_loss(output.squeeze(-1), target) * float("nan")''')
+        return torch.nn.functional.mse_loss(output.squeeze(-1), target) * float("nan")""",
+)
 
 
 def test_nan_loss_on_one_rank_fails_the_task_naming_where(
@@ -134,8 +142,9 @@ def test_nan_loss_on_one_rank_fails_the_task_naming_where(
     task = submit(api, version, epochs=3, checkpoint_every=3)  # 2 steps per epoch
     done = wait_for(api, task["id"], {"SUCCEEDED", "FAILED", "CANCELLED"})
     assert done["status"] == "FAILED", done["status_reason"]
-    assert ("NonFiniteError: non-finite loss and gradient on rank 2 (group 'cpu-a') at epoch 1,"
-            " step 4") in done["status_reason"]
+    assert (
+        "NonFiniteError: non-finite loss and gradient on rank 2 (group 'cpu-a') at epoch 1, step 4"
+    ) in done["status_reason"]
     checkpoints = api.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()
     assert [c["step"] for c in checkpoints] == [2, 3]  # the last good one is kept
     assert_released(api, stack, task["id"])

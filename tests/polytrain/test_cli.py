@@ -66,7 +66,8 @@ def test_login_submit_status_logs_cancel(run, server: str, tmp_path: Path) -> No
     (tmp_path / "train.py").write_bytes(GOOD)
     (tmp_path / "task.yaml").write_text(
         "project: digits\ncode: train.py\nname: from yaml\nepochs: 2\n"
-        "global_batch_size: 8\nresource_groups:\n  - {name: cpu-a, workers: 2}\n")
+        "global_batch_size: 8\nresource_groups:\n  - {name: cpu-a, workers: 2}\n"
+    )
     submitted = run("submit", str(tmp_path / "task.yaml"))
     assert submitted.exit_code == 0, submitted.output
     assert "task 1 submitted: from yaml (QUEUED)" in submitted.output
@@ -74,8 +75,15 @@ def test_login_submit_status_logs_cancel(run, server: str, tmp_path: Path) -> No
     status = run("status", "1")
     assert "QUEUED" in status.output and "cpu-a×2" in status.output
 
-    httpx.post(f"{server}/internal/v1/tasks/1/logs", headers=agent_headers(), json={"lines": [
-        {"node": "ps", "seq": 0, "time": "2026-01-01T00:00:00", "text": "hello from ps"}]})
+    httpx.post(
+        f"{server}/internal/v1/tasks/1/logs",
+        headers=agent_headers(),
+        json={
+            "lines": [
+                {"node": "ps", "seq": 0, "time": "2026-01-01T00:00:00", "text": "hello from ps"}
+            ]
+        },
+    )
     assert "hello from ps" in run("logs", "1").output
     cancelled = run("cancel", "1")
     assert "task 1 CANCELLED" in cancelled.output
@@ -99,8 +107,10 @@ def test_refusals_are_clear(run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert bad.exit_code == 1 and "at least 'project'" in bad.output
 
 
-def test_first_admin_from_the_cli_then_groups_ensure(run, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
-                                                     ) -> None:
+def test_first_admin_from_the_cli_then_groups_ensure(
+    run,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
     created = run("users", "create-admin", "root@example.org", "--password", "long enough")
     assert created.exit_code == 0 and "created" in created.output
     anonymous = run("groups", "ensure", "cpu-b")

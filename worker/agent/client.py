@@ -36,12 +36,21 @@ def without_nul(value: Any) -> Any:
 class InternalApi:
     """Typed calls of `/internal/v1`; every call carries the agent token."""
 
-    def __init__(self, base_url: str, token: str, *, retries: int = 5,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        retries: int = 5,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         """`transport`: httpx's default (the network) unless given, e.g. a fake API in tests."""
-        self._http = httpx.Client(base_url=base_url.rstrip("/") + "/internal/v1", timeout=30.0,
-                                  headers={"Authorization": f"Bearer {token}"},
-                                  transport=transport)
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/") + "/internal/v1",
+            timeout=30.0,
+            headers={"Authorization": f"Bearer {token}"},
+            transport=transport,
+        )
         self._retries = retries
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -77,13 +86,20 @@ class InternalApi:
         self._call("POST", f"/agents/{agent_id}/deregister")
 
     def claim(self, sub_task_id: int, *, agent_id: int, host: str, attempt: int = 1) -> None:
-        self._call("POST", f"/sub-tasks/{sub_task_id}/claim",
-                   json={"agent_id": agent_id, "host": host, "attempt": attempt})
+        self._call(
+            "POST",
+            f"/sub-tasks/{sub_task_id}/claim",
+            json={"agent_id": agent_id, "host": host, "attempt": attempt},
+        )
 
-    def finished(self, sub_task_id: int, *, succeeded: bool, detail: str,
-                 cause: str = "user") -> None:
-        self._call("POST", f"/sub-tasks/{sub_task_id}/finished",
-                   json={"succeeded": succeeded, "detail": detail, "cause": cause})
+    def finished(
+        self, sub_task_id: int, *, succeeded: bool, detail: str, cause: str = "user"
+    ) -> None:
+        self._call(
+            "POST",
+            f"/sub-tasks/{sub_task_id}/finished",
+            json={"succeeded": succeeded, "detail": detail, "cause": cause},
+        )
 
     def task_state(self, task_id: int) -> tuple[str, int]:
         """The task's status and current attempt."""
@@ -98,8 +114,11 @@ class InternalApi:
         return self._call("GET", f"/tasks/{task_id}/code").content
 
     def set_rendezvous(self, task_id: int, addr: str, port: int, *, attempt: int = 1) -> None:
-        self._call("PUT", f"/tasks/{task_id}/rendezvous",
-                   json={"master_addr": addr, "master_port": port, "attempt": attempt})
+        self._call(
+            "PUT",
+            f"/tasks/{task_id}/rendezvous",
+            json={"master_addr": addr, "master_port": port, "attempt": attempt},
+        )
 
     def rendezvous(self, task_id: int) -> dict[str, Any]:
         return dict(self._call("GET", f"/tasks/{task_id}/rendezvous").json())
@@ -111,10 +130,16 @@ class InternalApi:
         self._call("POST", f"/tasks/{task_id}/metrics", json={"metrics": metrics})
 
     def progress(self, task_id: int, progress: float, epoch: int) -> None:
-        self._call("POST", f"/tasks/{task_id}/progress",
-                   json={"progress": progress, "epoch": epoch})
+        self._call(
+            "POST", f"/tasks/{task_id}/progress", json={"progress": progress, "epoch": epoch}
+        )
 
-    def checkpoint(self, task_id: int, *, name: str, epoch: int, step: int, body: bytes,
-                   attempt: int = 1) -> None:
-        self._call("POST", f"/tasks/{task_id}/checkpoints", content=body,
-                   params={"name": name, "epoch": epoch, "step": step, "attempt": attempt})
+    def checkpoint(
+        self, task_id: int, *, name: str, epoch: int, step: int, body: bytes, attempt: int = 1
+    ) -> None:
+        self._call(
+            "POST",
+            f"/tasks/{task_id}/checkpoints",
+            content=body,
+            params={"name": name, "epoch": epoch, "step": step, "attempt": attempt},
+        )

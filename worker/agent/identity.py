@@ -61,9 +61,11 @@ def _lock(path: Path, name: str, data_dir: str | Path) -> IO[str]:
         lock.seek(0)
         holder = lock.read().strip() or "?"
         lock.close()
-        raise NameClash(f"agent name '{name}' is in use by another agent on this host "
-                        f"(pid {holder}, data dir {Path(data_dir).resolve()}); start this agent "
-                        f"with another --name, or stop that one first") from None
+        raise NameClash(
+            f"agent name '{name}' is in use by another agent on this host "
+            f"(pid {holder}, data dir {Path(data_dir).resolve()}); start this agent "
+            f"with another --name, or stop that one first"
+        ) from None
     lock.truncate(0)
     lock.write(str(os.getpid()))
     lock.flush()

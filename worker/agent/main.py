@@ -37,8 +37,13 @@ def detect_hardware() -> dict[str, Any]:
     except (OSError, ValueError, IndexError):
         pass
     cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return {"cpu_cores": os.cpu_count(), "memory_bytes": memory, "cuda_devices": cuda,
-            "platform": platform.platform(), "torch": torch.__version__}
+    return {
+        "cpu_cores": os.cpu_count(),
+        "memory_bytes": memory,
+        "cuda_devices": cuda,
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+    }
 
 
 def make_celery(settings: AgentSettings, runner: SubTaskRunner) -> Celery:
@@ -51,10 +56,15 @@ def make_celery(settings: AgentSettings, runner: SubTaskRunner) -> Celery:
     broker = settings.resolved_broker_url()
     app = Celery("polytrain-agent", broker=broker)
     app.conf.update(
-        task_serializer="json", accept_content=["json"], task_acks_late=True,
-        worker_prefetch_multiplier=1, task_reject_on_worker_lost=True,
-        broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
-        broker_transport_options=broker_options(broker), broker_connection_max_retries=None,
+        task_serializer="json",
+        accept_content=["json"],
+        task_acks_late=True,
+        worker_prefetch_multiplier=1,
+        task_reject_on_worker_lost=True,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        broker_transport_options=broker_options(broker),
+        broker_connection_max_retries=None,
         worker_cancel_long_running_tasks_on_connection_loss=False,
     )
 
@@ -76,14 +86,18 @@ def run_validated(runner: SubTaskRunner, message_id: str | None, raw: Any) -> st
         log.error("dropping invalid sub-task message %s: %s", message_id, exc)
         return "invalid"
     if message_id is not None and message_id != str(payload.sub_task_id):
-        log.error("dropping message %s: it carries sub-task %s", message_id,
-                  payload.sub_task_id)
+        log.error("dropping message %s: it carries sub-task %s", message_id, payload.sub_task_id)
         return "invalid"
     return runner.run(payload)
 
 
-def _heartbeats(api: InternalApi, agent_id: int, interval_s: float, stop: threading.Event,
-                registry: RunningRegistry) -> None:
+def _heartbeats(
+    api: InternalApi,
+    agent_id: int,
+    interval_s: float,
+    stop: threading.Event,
+    registry: RunningRegistry,
+) -> None:
     while not stop.wait(interval_s):
         try:
             api.heartbeat(agent_id, registry.snapshot())
@@ -103,19 +117,25 @@ def choose_gloo_interface(advertise_addr: str) -> None:
     """
     if os.environ.get("GLOO_SOCKET_IFNAME"):
         return
-    wanted = set(netpolicy.addresses([advertise_addr], ipv6=False)
-                 + netpolicy.addresses([advertise_addr], ipv6=True))
+    wanted = set(
+        netpolicy.addresses([advertise_addr], ipv6=False)
+        + netpolicy.addresses([advertise_addr], ipv6=True)
+    )
     for interface, entries in psutil.net_if_addrs().items():
         if any(entry.address.split("%")[0] in wanted for entry in entries):
             os.environ["GLOO_SOCKET_IFNAME"] = interface
             log.info("ranks' gloo traffic uses %s (holds %s)", interface, advertise_addr)
             return
-    log.warning("no interface of this host holds POLYTRAIN_ADVERTISE_ADDR=%s: set "
-                "GLOO_SOCKET_IFNAME, or peers may not let this host's ranks in", advertise_addr)
+    log.warning(
+        "no interface of this host holds POLYTRAIN_ADVERTISE_ADDR=%s: set "
+        "GLOO_SOCKET_IFNAME, or peers may not let this host's ranks in",
+        advertise_addr,
+    )
 
 
-def run_agent(settings: AgentSettings, *, resource_group: str, workers: int,
-              name: str | None = None) -> None:
+def run_agent(
+    settings: AgentSettings, *, resource_group: str, workers: int, name: str | None = None
+) -> None:
     """Register with the backend, heartbeat, and consume `rg.<group>` until stopped.
 
     Raises:
@@ -125,22 +145,48 @@ def run_agent(settings: AgentSettings, *, resource_group: str, workers: int,
             this host cannot sandbox ranks (docs/security.md).
     """
     choose_gloo_interface(settings.advertise_addr)
-    sandbox = Sandbox.detect(user=settings.sandbox_user, data_dir=settings.data_dir,
-                             uids=UidPool(settings.sandbox_uid_first, settings.sandbox_uid_count))
+    sandbox = Sandbox.detect(
+        user=settings.sandbox_user,
+        data_dir=settings.data_dir,
+        uids=UidPool(settings.sandbox_uid_first, settings.sandbox_uid_count),
+    )
     api = InternalApi(settings.api_url, settings.agent_token.get_secret_value(), retries=30)
     name = name or f"{socket.gethostname()}-{resource_group}-{os.getpid()}"
     instance_id = claim_instance_id(settings.data_dir, name)
-    agent_id = api.register(name=name, instance_id=instance_id, host=settings.advertise_addr,
-                            resource_group=resource_group, workers=workers,
-                            hardware=detect_hardware())
+    agent_id = api.register(
+        name=name,
+        instance_id=instance_id,
+        host=settings.advertise_addr,
+        resource_group=resource_group,
+        workers=workers,
+        hardware=detect_hardware(),
+    )
     stop, registry = threading.Event(), RunningRegistry()
-    threading.Thread(target=_heartbeats, daemon=True,
-                     args=(api, agent_id, settings.heartbeat_interval_s, stop, registry)).start()
+    threading.Thread(
+        target=_heartbeats,
+        daemon=True,
+        args=(api, agent_id, settings.heartbeat_interval_s, stop, registry),
+    ).start()
     pool = WarmPool(workers + 1, sandbox)  # one rank per worker, and the parameter server
     runner = SubTaskRunner(settings, api, agent_id, sandbox, registry, pool)
-    argv = ["worker", "-Q", queue_name(resource_group), "-n", f"{name}@%h",
-            "--pool", "threads", "--concurrency", str(workers), "--prefetch-multiplier", "1",
-            "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"]
+    argv = [
+        "worker",
+        "-Q",
+        queue_name(resource_group),
+        "-n",
+        f"{name}@%h",
+        "--pool",
+        "threads",
+        "--concurrency",
+        str(workers),
+        "--prefetch-multiplier",
+        "1",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--loglevel",
+        "INFO",
+    ]
     try:
         while not _consume(make_celery(settings, runner), argv):
             # The consumer gave up (e.g. a broker restart hit a kombu error): start it again;
@@ -156,8 +202,9 @@ def run_agent(settings: AgentSettings, *, resource_group: str, workers: int,
 def _deregister(settings: AgentSettings, agent_id: int) -> None:
     """Go offline at once if the API answers; else the heartbeat timeout does it."""
     try:
-        InternalApi(settings.api_url, settings.agent_token.get_secret_value(),
-                    retries=1).deregister(agent_id)
+        InternalApi(
+            settings.api_url, settings.agent_token.get_secret_value(), retries=1
+        ).deregister(agent_id)
     except Exception:  # the API may be gone already
         log.warning("could not deregister; the API will time the agent out")
 

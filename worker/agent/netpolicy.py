@@ -70,12 +70,15 @@ def uid_chain(uid: int) -> str:
 
 def _reject(ipv6: bool) -> list[list[str]]:
     icmp = "icmp6-port-unreachable" if ipv6 else "icmp-port-unreachable"
-    return [["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"],
-            ["-j", "REJECT", "--reject-with", icmp]]
+    return [
+        ["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"],
+        ["-j", "REJECT", "--reject-with", icmp],
+    ]
 
 
-def admitted_rules(task_id: int, ports: tuple[int, int], peers: Sequence[str] = (), *,
-                   ipv6: bool = False) -> list[list[str]]:
+def admitted_rules(
+    task_id: int, ports: tuple[int, int], peers: Sequence[str] = (), *, ipv6: bool = False
+) -> list[list[str]]:
     """The rules of a uid admitted to task `task_id` whose ranks on other hosts are at the
     addresses `peers` (of this rule set's family), spelt as `iptables -S` prints them.
 
@@ -88,19 +91,56 @@ def admitted_rules(task_id: int, ports: tuple[int, int], peers: Sequence[str] = 
     if not 1 <= task_id <= MAX_MARK:
         raise ValueError(f"task id {task_id} is outside the conntrack mark range 1..{MAX_MARK}")
     mark, width = hex(task_id), 128 if ipv6 else 32
-    places = [["-m", "addrtype", "--dst-type", "LOCAL"],
-              *(["-d", f"{peer}/{width}"] for peer in peers)]
-    new = ["-p", "tcp", "-m", "conntrack", "--ctstate", "NEW", "-m", "tcp", "--dport",
-           f"{ports[0]}:{ports[1]}"]
-    reply = ["-p", "tcp", "-m", "conntrack", "--ctstate", "ESTABLISHED", "--ctdir", "REPLY",
-             "-m", "connmark", "--mark", "0x0"]
+    places = [
+        ["-m", "addrtype", "--dst-type", "LOCAL"],
+        *(["-d", f"{peer}/{width}"] for peer in peers),
+    ]
+    new = [
+        "-p",
+        "tcp",
+        "-m",
+        "conntrack",
+        "--ctstate",
+        "NEW",
+        "-m",
+        "tcp",
+        "--dport",
+        f"{ports[0]}:{ports[1]}",
+    ]
+    reply = [
+        "-p",
+        "tcp",
+        "-m",
+        "conntrack",
+        "--ctstate",
+        "ESTABLISHED",
+        "--ctdir",
+        "REPLY",
+        "-m",
+        "connmark",
+        "--mark",
+        "0x0",
+    ]
     rules = []
     for place in places:
-        rules += [[*new[:2], *place, *new[2:], "-j", "CONNMARK", "--set-xmark",
-                   f"{mark}/0xffffffff"],
-                  [*new[:2], *place, *new[2:], "-j", "RETURN"]]
-    rules.append(["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-m", "connmark",
-                  "--mark", mark, "-j", "RETURN"])
+        rules += [
+            [*new[:2], *place, *new[2:], "-j", "CONNMARK", "--set-xmark", f"{mark}/0xffffffff"],
+            [*new[:2], *place, *new[2:], "-j", "RETURN"],
+        ]
+    rules.append(
+        [
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "RELATED,ESTABLISHED",
+            "-m",
+            "connmark",
+            "--mark",
+            mark,
+            "-j",
+            "RETURN",
+        ]
+    )
     rules += [[*reply[:2], *place, *reply[2:], "-j", "RETURN"] for place in places]
     return [*rules, [*new, "-j", "DROP"], [*reply, "-j", "DROP"], *_reject(ipv6)]
 
@@ -112,8 +152,7 @@ def closed_rules(*, ipv6: bool = False) -> list[list[str]]:
 
 def main_rules(uids: range, *, ipv6: bool = False) -> list[list[str]]:
     """The rules of :data:`CHAIN`: each pool uid to its own chain, anything else rejected."""
-    return [*(_goto(uid) for uid in uids),
-            *_reject(ipv6)]
+    return [*(_goto(uid) for uid in uids), *_reject(ipv6)]
 
 
 def install(uids: range) -> None:
@@ -129,12 +168,16 @@ def install(uids: range) -> None:
     for tool in TOOLS:
         binary = _binary(tool)
         ipv6 = tool == "ip6tables"
-        chains = {line.split()[1] for line in _run(binary, "-S").stdout.splitlines()
-                  if line.startswith("-N ")}
+        chains = {
+            line.split()[1]
+            for line in _run(binary, "-S").stdout.splitlines()
+            if line.startswith("-N ")
+        }
         missing = [uid for uid in uids if uid_chain(uid) not in chains]
         declare = [f":{uid_chain(uid)} - [0:0]" for uid in missing]
-        rules = [_append(uid_chain(uid), rule) for uid in missing
-                 for rule in closed_rules(ipv6=ipv6)]
+        rules = [
+            _append(uid_chain(uid), rule) for uid in missing for rule in closed_rules(ipv6=ipv6)
+        ]
         expected = [f"-N {CHAIN}", *(_append(CHAIN, r) for r in main_rules(uids, ipv6=ipv6))]
         if CHAIN not in chains or _run(binary, "-S", CHAIN).stdout.splitlines() != expected:
             declare.append(f":{CHAIN} - [0:0]")
@@ -160,15 +203,18 @@ def admit(uid: int, task_id: int, uids: range, peers: Sequence[str] = ()) -> Non
     ports = ephemeral_ports()
     for tool in TOOLS:
         ipv6 = tool == "ip6tables"
-        _set_chain(tool, uid, admitted_rules(task_id, ports, addresses(peers, ipv6=ipv6),
-                                             ipv6=ipv6))
+        _set_chain(
+            tool, uid, admitted_rules(task_id, ports, addresses(peers, ipv6=ipv6), ipv6=ipv6)
+        )
 
 
 def _jumps_in_place(binary: str, uid: int, uids: range) -> bool:
     """Whether OUTPUT still jumps to :data:`CHAIN` for the pool and :data:`CHAIN` still sends
     `uid` to its own chain (two `-C` checks, instead of :func:`install`'s listing)."""
-    return all(_run(binary, "-C", *rule, check=False).returncode == 0
-               for rule in (_output_jump(uids), [CHAIN, *_goto(uid)]))
+    return all(
+        _run(binary, "-C", *rule, check=False).returncode == 0
+        for rule in (_output_jump(uids), [CHAIN, *_goto(uid)])
+    )
 
 
 def _output_jump(uids: range) -> list[str]:
@@ -222,12 +268,14 @@ def _restore(tool: str, lines: list[str]) -> None:
     first; nothing else is touched)."""
     binary = _binary(f"{tool}-restore")
     script = "\n".join(["*filter", *lines, "COMMIT", ""])
-    done = subprocess.run([binary, "--noflush", "-w", "10"], input=script, capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        [binary, "--noflush", "-w", "10"], input=script, capture_output=True, text=True
+    )
     if done.returncode != 0:
         raise NetworkPolicyUnavailable(
             f"{Path(binary).name} failed: {done.stderr.strip()} (the agent needs root and a "
-            "kernel with the owner, conntrack and connmark matches)")
+            "kernel with the owner, conntrack and connmark matches)"
+        )
 
 
 def _run(binary: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -235,5 +283,6 @@ def _run(binary: str, *args: str, check: bool = True) -> subprocess.CompletedPro
     if check and done.returncode != 0:
         raise NetworkPolicyUnavailable(
             f"{Path(binary).name} {' '.join(args)} failed: {done.stderr.strip()} "
-            "(the agent needs root and a kernel with the owner and conntrack matches)")
+            "(the agent needs root and a kernel with the owner and conntrack matches)"
+        )
     return done

@@ -43,8 +43,15 @@ class Slot:
     rank_dir: Path
     lease: Lease
 
-    def begin(self, spec_path: Path, env: Mapping[str, str], *, task_id: int,
-              peers: Sequence[str], memory_limit_mb: int) -> bool:
+    def begin(
+        self,
+        spec_path: Path,
+        env: Mapping[str, str],
+        *,
+        task_id: int,
+        peers: Sequence[str],
+        memory_limit_mb: int,
+    ) -> bool:
         """Hand the slot its rank of task `task_id`: open the slot's network to that task's
         ranks (here and on the hosts `peers`), then run the spec with `env` (RANK, ...)
         under the memory limit.
@@ -63,8 +70,12 @@ class Slot:
             if self.popen.poll() is not None:
                 return False
             raise
-        order = {"argv": ["--spec", str(spec_path)], "env": dict(env), "cwd": str(self.rank_dir),
-                 "memory_limit_bytes": memory_limit_mb * 1024 * 1024}
+        order = {
+            "argv": ["--spec", str(spec_path)],
+            "env": dict(env),
+            "cwd": str(self.rank_dir),
+            "memory_limit_bytes": memory_limit_mb * 1024 * 1024,
+        }
         try:
             self.popen.stdin.write(json.dumps(order) + "\n")
             self.popen.stdin.close()
@@ -90,13 +101,18 @@ def start_slot(sandbox: Sandbox, *, warm: bool = False) -> Slot:
         argv = ["-m", "worker.agent.warm", *([] if warm else ["--cold"])]
         # Started from the pool's long-lived thread (or the runner's), so the parent-death
         # signal fires when the agent dies, not when a short-lived thread ends.
-        popen = spawn(sandbox.command(rank_dir, argv, lease.uid),
-                      rank_environment({}, rank_dir), stdin=True, die_with_parent=True)
+        popen = spawn(
+            sandbox.command(rank_dir, argv, lease.uid),
+            rank_environment({}, rank_dir),
+            stdin=True,
+            die_with_parent=True,
+        )
     except BaseException:
         lease.release()
         raise
-    threading.Thread(target=_release_when_done, args=(popen, lease), name="uid-lease",
-                     daemon=True).start()
+    threading.Thread(
+        target=_release_when_done, args=(popen, lease), name="uid-lease", daemon=True
+    ).start()
     return Slot(popen, rank_dir, lease)
 
 
@@ -136,8 +152,9 @@ class WarmPool:
                 continue
             # Interpreters warm up side by side (each mostly imports: a few seconds), so a
             # pool emptied by one task is full again in about one interpreter's start.
-            threading.Thread(target=self._await_ready, args=(slot,), name="warm-wait",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._await_ready, args=(slot,), name="warm-wait", daemon=True
+            ).start()
 
     def _await_ready(self, slot: Slot) -> None:
         assert slot.popen.stdout is not None
@@ -168,8 +185,15 @@ class WarmPool:
             shutil.rmtree(slot.rank_dir, ignore_errors=True)
 
 
-PEER_ERRORS = ("DistBackendError", "Connection closed by peer", "Connection reset by peer",
-               "Broken pipe", "Connection refused", "DistNetworkError", "DistStoreError")
+PEER_ERRORS = (
+    "DistBackendError",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "Connection refused",
+    "DistNetworkError",
+    "DistStoreError",
+)
 
 
 def error_summary(tail: list[str]) -> str:

@@ -29,7 +29,12 @@ class Reporter:
     """
 
     def __init__(
-        self, api: InternalApi, task_id: int, *, group: str, interval_s: float = 0.5,
+        self,
+        api: InternalApi,
+        task_id: int,
+        *,
+        group: str,
+        interval_s: float = 0.5,
         attempt: int = 1,
     ) -> None:
         self.api, self.task_id, self.group, self.interval_s = api, task_id, group, interval_s
@@ -72,8 +77,10 @@ class Reporter:
             try:
                 self._handle(node, event)
             except (KeyError, TypeError, ValueError) as exc:  # rank output is untrusted input
-                self.agent_line(f"ignored a malformed {str(event.get('type'))[:40]!r} event "
-                                f"from {node}: {str(exc)[:200]}")
+                self.agent_line(
+                    f"ignored a malformed {str(event.get('type'))[:40]!r} event "
+                    f"from {node}: {str(exc)[:200]}"
+                )
         if time.monotonic() - self._last_flush >= self.interval_s:
             self.flush()
 
@@ -127,8 +134,10 @@ class Reporter:
         except httpx.HTTPStatusError as exc:
             if not exc.response.is_client_error:
                 raise
-            self.agent_line(f"refused checkpoint {path.name!r} from {node}: "
-                            f"{exc.response.status_code} {exc.response.text[:200]}")
+            self.agent_line(
+                f"refused checkpoint {path.name!r} from {node}: "
+                f"{exc.response.status_code} {exc.response.text[:200]}"
+            )
 
     def flush(self) -> None:
         """Send everything buffered now."""

@@ -28,8 +28,7 @@ log = logging.getLogger(__name__)
 LIVE = {"SCHEDULED", "RUNNING"}
 Outcome = tuple[bool, str, str]  # (succeeded, detail, cause)
 # How an allocation beyond RLIMIT_DATA shows in a rank's output (Python, torch, C++).
-MEMORY_ERRORS = ("MemoryError", "can't allocate memory", "Cannot allocate memory",
-                 "std::bad_alloc")
+MEMORY_ERRORS = ("MemoryError", "can't allocate memory", "Cannot allocate memory", "std::bad_alloc")
 
 
 class Peers:
@@ -88,9 +87,15 @@ class SubTaskRunner:
     RUNNING in this attempt (cancelled, failed, or restarted elsewhere).
     """
 
-    def __init__(self, settings: AgentSettings, api: InternalApi, agent_id: int,
-                 sandbox: Sandbox, registry: RunningRegistry | None = None,
-                 pool: WarmPool | None = None) -> None:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        api: InternalApi,
+        agent_id: int,
+        sandbox: Sandbox,
+        registry: RunningRegistry | None = None,
+        pool: WarmPool | None = None,
+    ) -> None:
         self.settings, self.api, self.agent_id = settings, api, agent_id
         self.sandbox = sandbox
         self.registry = registry or RunningRegistry()
@@ -100,8 +105,12 @@ class SubTaskRunner:
         """Run one payload (validated by the caller, once) to its end; "ignored" for a
         sub-task already taken."""
         try:
-            self.api.claim(payload.sub_task_id, agent_id=self.agent_id,
-                           host=self.settings.advertise_addr, attempt=payload.attempt)
+            self.api.claim(
+                payload.sub_task_id,
+                agent_id=self.agent_id,
+                host=self.settings.advertise_addr,
+                attempt=payload.attempt,
+            )
         except Conflict as exc:
             log.info("ignoring sub-task %s: %s", payload.sub_task_id, exc)
             if exc.field == "agent_id":
@@ -112,8 +121,9 @@ class SubTaskRunner:
         # An earlier attempt's processes of this task on this host end first.
         self.registry.wait_gone(payload.task_id, timeout_s=30.0)
         procs = ProcessSet()
-        reporter = Reporter(self.api, payload.task_id, group=payload.group.name,
-                            attempt=payload.attempt)
+        reporter = Reporter(
+            self.api, payload.task_id, group=payload.group.name, attempt=payload.attempt
+        )
         self.registry.add(payload.task_id, procs)
         try:
             succeeded, detail, cause = self._run_claimed(payload, procs, reporter)
@@ -165,12 +175,15 @@ class SubTaskRunner:
         for rank in payload.ranks:
             start(rank, addr, port)
         ranks = ([0] if payload.hosts_parameter_server else []) + payload.ranks
-        reporter.agent_line(f"attempt {payload.attempt}: started ranks {ranks} on "
-                            f"{self.settings.advertise_addr}, rendezvous {addr}:{port}")
+        reporter.agent_line(
+            f"attempt {payload.attempt}: started ranks {ranks} on "
+            f"{self.settings.advertise_addr}, rendezvous {addr}:{port}"
+        )
         return self._watch(payload, procs, reporter, peers)
 
-    def _await_rendezvous(self, payload: SubTaskPayload, procs: ProcessSet,
-                          reporter: Reporter) -> int | None:
+    def _await_rendezvous(
+        self, payload: SubTaskPayload, procs: ProcessSet, reporter: Reporter
+    ) -> int | None:
         """The port rank 0's rendezvous store listens on, from its `rendezvous` event;
         None if rank 0 ended first. Every other line is reported as it comes.
 
@@ -192,27 +205,44 @@ class SubTaskRunner:
                     if isinstance(port, int) and 0 < port < 65536:
                         return port
                 seen.put((node, text))
-            raise TimeoutError(f"rank 0 reported no rendezvous port within "
-                               f"{self.settings.rendezvous_timeout_s:.0f} s")
+            raise TimeoutError(
+                f"rank 0 reported no rendezvous port within "
+                f"{self.settings.rendezvous_timeout_s:.0f} s"
+            )
         finally:
             try:
                 reporter.pump(seen)
             except Exception:  # never hide why the wait ended
                 log.exception("task %s: rank output not sent", payload.task_id)
 
-    def _begin(self, payload: SubTaskPayload, slot: Slot, rank: int, code: bytes, addr: str,
-               port: int, peers: list[str]) -> None:
+    def _begin(
+        self,
+        payload: SubTaskPayload,
+        slot: Slot,
+        rank: int,
+        code: bytes,
+        addr: str,
+        port: int,
+        peers: list[str],
+    ) -> None:
         """Write the rank's code and spec into its directory and start it."""
         spec = self._spec(payload, slot, rank, code)
-        spec_path = write_rank_file(slot.rank_dir, "spec.json",
-                                    spec.model_dump_json(indent=2).encode())
+        spec_path = write_rank_file(
+            slot.rank_dir, "spec.json", spec.model_dump_json(indent=2).encode()
+        )
         env = rank_env(spec, rank, addr, port)
         env["POLYTRAIN_DIST_TIMEOUT_S"] = str(self.settings.dist_timeout_s)
-        slot.begin(spec_path, env, task_id=payload.task_id, peers=peers,
-                   memory_limit_mb=payload.limits.memory_limit_mb)
+        slot.begin(
+            spec_path,
+            env,
+            task_id=payload.task_id,
+            peers=peers,
+            memory_limit_mb=payload.limits.memory_limit_mb,
+        )
 
-    def _watch(self, payload: SubTaskPayload, procs: ProcessSet, reporter: Reporter,
-               peers: Peers) -> Outcome:
+    def _watch(
+        self, payload: SubTaskPayload, procs: ProcessSet, reporter: Reporter, peers: Peers
+    ) -> Outcome:
         last_status_check = 0.0
         deadline = time.monotonic() + payload.limits.max_runtime_s
         while True:
@@ -231,8 +261,10 @@ class SubTaskRunner:
                 last_status_check = time.monotonic()
                 status, attempt = self.api.task_state(payload.task_id)
                 if status not in LIVE or attempt != payload.attempt:
-                    reporter.agent_line(f"task is {status} in attempt {attempt}: stopping "
-                                        f"attempt {payload.attempt} of this group's processes")
+                    reporter.agent_line(
+                        f"task is {status} in attempt {attempt}: stopping "
+                        f"attempt {payload.attempt} of this group's processes"
+                    )
                     return False, f"stopped: task is {status} in attempt {attempt}", "stopped"
             time.sleep(0.1)
 
@@ -240,8 +272,9 @@ class SubTaskRunner:
     def _failure(payload: SubTaskPayload, procs: ProcessSet, failed: RankProcess) -> Outcome:
         """The outcome of a failed rank; one that ran out of its memory limit is named so."""
         summary = error_summary(failed.tail)
-        detail = (f"{failed.node} exited with code {failed.returncode}: {summary}\n"
-                  + "\n".join(failed.tail[-20:]))
+        detail = f"{failed.node} exited with code {failed.returncode}: {summary}\n" + "\n".join(
+            failed.tail[-20:]
+        )
         if any(marker in line for line in failed.tail for marker in MEMORY_ERRORS):
             limit = f"memory_limit_mb={payload.limits.memory_limit_mb} exceeded"
             return False, f"{limit} on {failed.node}: {detail}", "user"
@@ -259,15 +292,24 @@ class SubTaskRunner:
         code_path = write_rank_file(slot.rank_dir, "code.py", code)
         resume = None
         if rank == 0 and payload.resume_checkpoint_id is not None:
-            resume = str(write_rank_file(
-                slot.rank_dir, f"resume-{payload.resume_checkpoint_id}.pt",
-                self.api.fetch_checkpoint(payload.task_id, payload.resume_checkpoint_id)))
+            resume = str(
+                write_rank_file(
+                    slot.rank_dir,
+                    f"resume-{payload.resume_checkpoint_id}.pt",
+                    self.api.fetch_checkpoint(payload.task_id, payload.resume_checkpoint_id),
+                )
+            )
         return RunSpec(
-            task_id=payload.task_id, code=str(code_path), epochs=payload.epochs,
-            global_batch_size=payload.global_batch_size, seed=payload.seed,
+            task_id=payload.task_id,
+            code=str(code_path),
+            epochs=payload.epochs,
+            global_batch_size=payload.global_batch_size,
+            seed=payload.seed,
             groups=payload.groups,
-            split_policy=payload.split_policy, **payload.engine,
-            checkpoint_dir=str(slot.rank_dir / "checkpoints"), resume_from=resume,
+            split_policy=payload.split_policy,
+            **payload.engine,
+            checkpoint_dir=str(slot.rank_dir / "checkpoints"),
+            resume_from=resume,
         )
 
     def _rendezvous(self, payload: SubTaskPayload) -> tuple[str, int]:
@@ -275,11 +317,14 @@ class SubTaskRunner:
         deadline = time.monotonic() + self.settings.rendezvous_timeout_s
         while time.monotonic() < deadline:
             found = self.api.rendezvous(payload.task_id)
-            if found["status"] not in LIVE or found.get("attempt", payload.attempt) != \
-                    payload.attempt:
+            if (
+                found["status"] not in LIVE
+                or found.get("attempt", payload.attempt) != payload.attempt
+            ):
                 raise RuntimeError(f"task is {found['status']} before rendezvous")
             if found["master_port"]:
                 return str(found["master_addr"]), int(found["master_port"])
             time.sleep(0.1)
-        raise TimeoutError(f"no parameter server rendezvous within "
-                           f"{self.settings.rendezvous_timeout_s:.0f} s")
+        raise TimeoutError(
+            f"no parameter server rendezvous within {self.settings.rendezvous_timeout_s:.0f} s"
+        )

@@ -38,21 +38,55 @@ from worker.agent.netpolicy import NetworkPolicyUnavailable
 from worker.engine.ranks import REPO_ROOT
 
 INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (make install does it)"
-USER_HINT = ("create the sandbox user: `useradd --system --user-group --no-create-home "
-             "--shell /usr/sbin/nologin {user}` (make install does it as root)")
+USER_HINT = (
+    "create the sandbox user: `useradd --system --user-group --no-create-home "
+    "--shell /usr/sbin/nologin {user}` (make install does it as root)"
+)
 
 # Passed through from the agent's environment when set: locale, thread counts, devices and
 # network interfaces. Anything else (POLYTRAIN_* settings, DATABASE_URL, BROKER_URL, tokens,
 # passwords) never reaches user code.
-ALLOWED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-               "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
-               "NCCL_SOCKET_IFNAME", "LD_LIBRARY_PATH", "POLYTRAIN_NUM_THREADS")
+ALLOWED_ENV = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "GLOO_SOCKET_IFNAME",
+    "TP_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
+    "LD_LIBRARY_PATH",
+    "POLYTRAIN_NUM_THREADS",
+)
 # What the engine itself reads (worker.engine.launch), set by the agent per rank.
-RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
-            "POLYTRAIN_DIST_TIMEOUT_S", "PYTHONUNBUFFERED")
-ETC_FILES = ("group", "hosts", "resolv.conf", "nsswitch.conf", "host.conf",
-             "gai.conf", "protocols", "services", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
-             "localtime", "ssl", "ca-certificates", "alternatives")
+RANK_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "LOCAL_RANK",
+    "POLYTRAIN_DIST_TIMEOUT_S",
+    "PYTHONUNBUFFERED",
+)
+ETC_FILES = (
+    "group",
+    "hosts",
+    "resolv.conf",
+    "nsswitch.conf",
+    "host.conf",
+    "gai.conf",
+    "protocols",
+    "services",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "ssl",
+    "ca-certificates",
+    "alternatives",
+)
 # The top-level packages of this checkout a rank process imports (docs/architecture.md, Layout).
 RANK_PACKAGES = ("worker", "contracts")
 TMP_SIZE_BYTES = 512 * 1024 * 1024
@@ -67,8 +101,9 @@ class SandboxUnavailable(RuntimeError):
     """The sandbox cannot be set up on this host; the message names the command that fixes it."""
 
 
-def rank_environment(rank_env: Mapping[str, str], rank_dir: Path,
-                     environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def rank_environment(
+    rank_env: Mapping[str, str], rank_dir: Path, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The whole environment of a rank: allow-listed host variables plus its place in the task.
 
     Raises KeyError for a variable in `rank_env` outside :data:`RANK_ENV` (so a
@@ -79,8 +114,15 @@ def rank_environment(rank_env: Mapping[str, str], rank_dir: Path,
     env = {k: source[k] for k in ALLOWED_ENV if k in source}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env.update(rank_env)
-    env.update({"HOME": str(rank_dir), "TMPDIR": "/tmp", "PYTHONPATH": str(REPO_ROOT),
-                "PYTHONNOUSERSITE": "1", "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "HOME": str(rank_dir),
+            "TMPDIR": "/tmp",
+            "PYTHONPATH": str(REPO_ROOT),
+            "PYTHONNOUSERSITE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
 
 
@@ -160,7 +202,8 @@ class UidPool:
             return Lease(uid, fd, self.uids)
         raise SandboxUnavailable(
             f"all {self.count} sandbox uids ({self.first}..{self.first + self.count - 1}) are "
-            "in use on this host: raise POLYTRAIN_SANDBOX_UID_COUNT")
+            "in use on this host: raise POLYTRAIN_SANDBOX_UID_COUNT"
+        )
 
     def check_unowned(self) -> None:
         """Raise SandboxUnavailable if an account of this host owns a uid of the pool (its
@@ -172,12 +215,16 @@ class UidPool:
                 continue
             raise SandboxUnavailable(
                 f"sandbox uid {uid} belongs to the account '{owner}': move the pool with "
-                "POLYTRAIN_SANDBOX_UID_FIRST to uids no account uses")
+                "POLYTRAIN_SANDBOX_UID_FIRST to uids no account uses"
+            )
 
     def passwd_lines(self, gid: int) -> list[str]:
         """passwd entries naming the pool's uids, for the sandbox's /etc/passwd."""
-        return [f"polytrain-run-{uid - self.first}:x:{uid}:{gid}:polytrain rank:/nonexistent:"
-                "/usr/sbin/nologin" for uid in self.uids]
+        return [
+            f"polytrain-run-{uid - self.first}:x:{uid}:{gid}:polytrain rank:/nonexistent:"
+            "/usr/sbin/nologin"
+            for uid in self.uids
+        ]
 
 
 @dataclass(frozen=True)
@@ -196,8 +243,9 @@ class Sandbox:
     ranks_dir: Path
 
     @classmethod
-    def detect(cls, *, user: str, data_dir: str | os.PathLike[str],
-               uids: UidPool | None = None) -> Sandbox:
+    def detect(
+        cls, *, user: str, data_dir: str | os.PathLike[str], uids: UidPool | None = None
+    ) -> Sandbox:
         """Check this host can sandbox ranks and prepare `data_dir/agent/ranks`.
 
         `user` (an unprivileged account) gives the ranks' group; `uids` the
@@ -245,18 +293,52 @@ class Sandbox:
 
     def command(self, rank_dir: Path, argv: list[str], uid: int) -> list[str]:
         """The command line running `python argv...` as `uid` in `rank_dir` inside the sandbox."""
-        return [self.bwrap, *self._mounts(rank_dir), "--chdir", str(rank_dir),
-                "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                "--die-with-parent", "--",
-                self.setpriv, f"--reuid={uid}", f"--regid={self.gid}", "--clear-groups",
-                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
-                sys.executable, *argv]
+        return [
+            self.bwrap,
+            *self._mounts(rank_dir),
+            "--chdir",
+            str(rank_dir),
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+            "--",
+            self.setpriv,
+            f"--reuid={uid}",
+            f"--regid={self.gid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+            sys.executable,
+            *argv,
+        ]
 
     def _mounts(self, rank_dir: Path) -> list[str]:
-        args = ["--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev",
-                "--perms", "1777", "--size", str(TMP_SIZE_BYTES), "--tmpfs", "/tmp",
-                "--perms", "0755", "--dir", "/etc",
-                "--ro-bind", str(self.ranks_dir.parent / "passwd"), "/etc/passwd"]
+        args = [
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--perms",
+            "1777",
+            "--size",
+            str(TMP_SIZE_BYTES),
+            "--tmpfs",
+            "/tmp",
+            "--perms",
+            "0755",
+            "--dir",
+            "/etc",
+            "--ro-bind",
+            str(self.ranks_dir.parent / "passwd"),
+            "/etc/passwd",
+        ]
         for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
             if os.path.islink(top):
                 args += ["--symlink", os.readlink(top), top]
@@ -270,8 +352,12 @@ class Sandbox:
             args += ["--dev-bind", device, device]
         # Of a checkout, only what a rank imports: the engine and the contracts (not the API's
         # `backend/` or the deployment tools' `polytrain/`).
-        read_only = {Path(sys.base_prefix), Path(sys.prefix), Path(sys.exec_prefix),
-                     *(REPO_ROOT / package for package in RANK_PACKAGES)}
+        read_only = {
+            Path(sys.base_prefix),
+            Path(sys.prefix),
+            Path(sys.exec_prefix),
+            *(REPO_ROOT / package for package in RANK_PACKAGES),
+        }
         for path in sorted(p.resolve() for p in read_only):
             if not str(path).startswith("/usr/"):
                 args += [*_parents(path), "--ro-bind", str(path), str(path)]
@@ -287,8 +373,9 @@ def _parents(path: Path) -> list[str]:
     return args
 
 
-def read_rank_file(rank_dir: Path, folder: str, name: str,
-                   max_bytes: int = MAX_CHECKPOINT_BYTES) -> bytes:
+def read_rank_file(
+    rank_dir: Path, folder: str, name: str, max_bytes: int = MAX_CHECKPOINT_BYTES
+) -> bytes:
     """The bytes of regular file `rank_dir/folder/name`, written by user code, read safely.
 
     Neither `folder` nor `name` may be a symlink, and `name` must be a plain
@@ -318,16 +405,16 @@ def read_rank_file(rank_dir: Path, folder: str, name: str,
         if info.st_size <= max_bytes:  # a sparse file costs the rank no disk, the agent memory
             body = fh.read(max_bytes + 1)
         if info.st_size > max_bytes or len(body) > max_bytes:
-            raise PermissionError(f"{folder}/{name} holds more than the {max_bytes} bytes a "
-                                  "checkpoint may")
+            raise PermissionError(
+                f"{folder}/{name} holds more than the {max_bytes} bytes a checkpoint may"
+            )
         return body
 
 
 def write_rank_file(rank_dir: Path, name: str, body: bytes) -> Path:
     """Create `rank_dir/name` (readable by the sandbox user) with `body`; never overwrites."""
     path = rank_dir / name
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     with os.fdopen(fd, "wb") as fh:
         fh.write(body)
     return path

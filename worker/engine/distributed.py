@@ -119,8 +119,14 @@ def rendezvous_store(env: ClusterEnv, timeout: timedelta) -> dist.TCPStore:
     Raises DistNetworkError if the port cannot be bound or reached in time.
     """
     host = env.rank == 0
-    store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, host,
-                          timeout=timeout, wait_for_workers=False)
+    store = dist.TCPStore(
+        env.master_addr,
+        env.master_port,
+        env.world_size,
+        host,
+        timeout=timeout,
+        wait_for_workers=False,
+    )
     if host and env.master_port == 0:
         report.emit({"type": "rendezvous", "port": store.port})
     return store

@@ -77,7 +77,10 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def spawn(
-    command: list[str], env: Mapping[str, str], *, stdin: bool = False,
+    command: list[str],
+    env: Mapping[str, str],
+    *,
+    stdin: bool = False,
     die_with_parent: bool = False,
 ) -> subprocess.Popen[str]:
     """Start ``command`` with exactly ``env``, leading a new session.
@@ -89,8 +92,13 @@ def spawn(
     """
     parent = os.getpid()
     return subprocess.Popen(
-        command, env=dict(env), stdin=subprocess.PIPE if stdin else None,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        command,
+        env=dict(env),
+        stdin=subprocess.PIPE if stdin else None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
         start_new_session=True,
         preexec_fn=(lambda: _die_with_parent(parent)) if die_with_parent else None,
     )
@@ -150,7 +158,7 @@ class RankSet:
             if self.keep is None:
                 proc.tail.append(line)
             else:
-                proc.tail = (proc.tail + [line])[-self.keep:]
+                proc.tail = (proc.tail + [line])[-self.keep :]
             self.lines.put((proc.node, line))
 
     def alive_ranks(self) -> list[int]:

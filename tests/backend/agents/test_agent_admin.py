@@ -23,9 +23,18 @@ HARDWARE = {"cpu_cores": 4, "memory_bytes": 8 * 2**30, "cuda_devices": []}
 
 
 def _register(client: TestClient, name: str, workers: int = 2) -> dict:
-    response = client.post("/internal/v1/agents/register", headers=agent_headers(), json={
-        "name": name, "host": "10.77.0.4", "resource_group": "cpu-a", "workers": workers,
-        "hardware": HARDWARE, "instance_id": f"{name}-instance"})  # the same agent each time
+    response = client.post(
+        "/internal/v1/agents/register",
+        headers=agent_headers(),
+        json={
+            "name": name,
+            "host": "10.77.0.4",
+            "resource_group": "cpu-a",
+            "workers": workers,
+            "hardware": HARDWARE,
+            "instance_id": f"{name}-instance",
+        },
+    )  # the same agent each time
     assert response.status_code == 200, response.text
     return dict(response.json())
 
@@ -38,14 +47,20 @@ def test_drained_agent_leaves_free_capacity_and_comes_back(client: TestClient) -
     make_group(client, "cpu-a", 8)
     first, second = _register(client, "a1", workers=2), _register(client, "a2", workers=3)
     assert _free(client) == 5
-    drained = client.patch(f"/api/v1/agents/{first['id']}",
-                           json={"state": "draining", "description": "fan noise, rack 3"})
+    drained = client.patch(
+        f"/api/v1/agents/{first['id']}",
+        json={"state": "draining", "description": "fan noise, rack 3"},
+    )
     assert drained.status_code == 200, drained.text
-    assert (drained.json()["state"], drained.json()["description"]) == ("draining",
-                                                                        "fan noise, rack 3")
+    assert (drained.json()["state"], drained.json()["description"]) == (
+        "draining",
+        "fan noise, rack 3",
+    )
     assert _free(client) == 3
-    assert client.patch(f"/api/v1/agents/{second['id']}",
-                        json={"state": "disabled"}).json()["state"] == "disabled"
+    assert (
+        client.patch(f"/api/v1/agents/{second['id']}", json={"state": "disabled"}).json()["state"]
+        == "disabled"
+    )
     assert _free(client) == 0
     # A restarted agent keeps the state its admin gave it.
     assert _register(client, "a2", workers=3)["state"] == "disabled"
@@ -72,8 +87,9 @@ def test_only_admins_change_agents(client: TestClient) -> None:
     make_group(client, "cpu-a", 2)
     agent = _register(client, "a1")
     member = add_account("member@example.org")
-    refused = client.patch(f"/api/v1/agents/{agent['id']}", headers=member.headers,
-                           json={"state": "disabled"})
+    refused = client.patch(
+        f"/api/v1/agents/{agent['id']}", headers=member.headers, json={"state": "disabled"}
+    )
     assert refused.status_code == 403
     seen = client.get(f"/api/v1/agents/{agent['id']}", headers=member.headers)
     assert seen.status_code == 200 and seen.json()["state"] == "active"
@@ -100,8 +116,7 @@ def test_draining_agent_finishes_its_work_and_is_disabled_once_idle(session: Ses
     assert free_capacity(session)["cpu-a"].free == 0
 
 
-def test_a_drained_agent_cannot_claim_and_the_sub_task_is_published_again(
-        session: Session) -> None:
+def test_a_drained_agent_cannot_claim_and_the_sub_task_is_published_again(session: Session) -> None:
     group(session, "cpu-a", 2)
     drained = session.scalar(select(Agent))
     task = submit(session, version(session), [{"name": "cpu-a", "workers": 2}])
@@ -114,8 +129,13 @@ def test_a_drained_agent_cannot_claim_and_the_sub_task_is_published_again(
         fate.claim(session, sub=sub, data=Claim(agent_id=drained.id, host=drained.host))
     session.refresh(sub)
     assert (sub.status, sub.agent_id, sub.dispatched_at) == (SubTaskStatus.PENDING, None, None)
-    other = Agent(name="agent-2", host="10.77.0.8", resource_group_id=drained.resource_group_id,
-                  workers=2, hardware={"cpu_cores": 2})
+    other = Agent(
+        name="agent-2",
+        host="10.77.0.8",
+        resource_group_id=drained.resource_group_id,
+        workers=2,
+        hardware={"cpu_cores": 2},
+    )
     session.add(other)
     session.commit()
     fate.claim(session, sub=sub, data=Claim(agent_id=other.id, host=other.host))

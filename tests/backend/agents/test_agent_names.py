@@ -20,8 +20,13 @@ from worker.agent.identity import NameClash, claim_instance_id
 
 
 def _register(client: TestClient, instance_id: str | None, host: str = "10.0.0.1"):
-    body = {"name": "gpu-box", "host": host, "resource_group": "cpu-a", "workers": 1,
-            "hardware": {"cpu_cores": 2, "memory_bytes": 1}}
+    body = {
+        "name": "gpu-box",
+        "host": host,
+        "resource_group": "cpu-a",
+        "workers": 1,
+        "hardware": {"cpu_cores": 2, "memory_bytes": 1},
+    }
     if instance_id is not None:
         body["instance_id"] = instance_id
     return client.post("/internal/v1/agents/register", headers=agent_headers(), json=body)
@@ -49,8 +54,7 @@ def test_name_of_an_offline_agent_can_be_taken(client: TestClient) -> None:
     make_group(client)
     agent_id = _register(client, "a" * 32).json()["id"]
     with db.get_sessionmaker()() as session:  # silent for longer than the heartbeat timeout
-        session.execute(update(Agent).values(
-            last_heartbeat_at=utcnow() - timedelta(seconds=60)))
+        session.execute(update(Agent).values(last_heartbeat_at=utcnow() - timedelta(seconds=60)))
         session.commit()
     moved = _register(client, "b" * 32, host="10.0.0.2")
     assert moved.status_code == 200 and moved.json()["host"] == "10.0.0.2"
@@ -72,11 +76,17 @@ def test_second_process_on_the_same_data_dir_exits_naming_the_clash(tmp_path: Pa
     import sys
 
     claim_instance_id(tmp_path, "agent-z")
-    code = ("import sys; from worker.agent.identity import claim_instance_id, NameClash\n"
-            "try: claim_instance_id(sys.argv[1], 'agent-z')\n"
-            "except NameClash as exc: print(exc); sys.exit(3)\n")
-    other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
-                           text=True, cwd=Path(__file__).parents[3])
+    code = (
+        "import sys; from worker.agent.identity import claim_instance_id, NameClash\n"
+        "try: claim_instance_id(sys.argv[1], 'agent-z')\n"
+        "except NameClash as exc: print(exc); sys.exit(3)\n"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[3],
+    )
     assert other.returncode == 3, other.stderr
     assert "agent name 'agent-z' is in use by another agent on this host" in other.stdout
     assert NameClash.__doc__

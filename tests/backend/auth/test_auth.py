@@ -14,8 +14,11 @@ from tests.conftest import PASSWORD, add_account
 
 
 def _login(client: TestClient, email: str, password: str = PASSWORD, **extra: object):
-    return client.post("/api/v1/auth/login", headers={"Authorization": ""},
-                       json={"email": email, "password": password, **extra})
+    return client.post(
+        "/api/v1/auth/login",
+        headers={"Authorization": ""},
+        json={"email": email, "password": password, **extra},
+    )
 
 
 def test_login_gives_a_token_shown_once_and_stored_hashed(client: TestClient) -> None:
@@ -41,8 +44,11 @@ def test_wrong_password_and_unknown_email_get_the_same_401(client: TestClient) -
     unknown = _login(client, "nobody@example.org")
     for response in (wrong, unknown):
         assert response.status_code == 401
-        assert response.json()["error"] == {"code": "unauthorized", "field": "password",
-                                             "message": "wrong email or password"}
+        assert response.json()["error"] == {
+            "code": "unauthorized",
+            "field": "password",
+            "message": "wrong email or password",
+        }
         assert response.headers["www-authenticate"] == "Bearer"
 
 
@@ -56,8 +62,11 @@ def test_disabled_account_cannot_log_in_and_its_tokens_stop(client: TestClient) 
 
 def test_revoked_token_is_refused_at_once(client: TestClient) -> None:
     account = add_account("ada@example.org")
-    created = client.post("/api/v1/users/me/tokens", headers=account.headers,
-                          json={"name": "ci", "expires_in_days": 30}).json()
+    created = client.post(
+        "/api/v1/users/me/tokens",
+        headers=account.headers,
+        json={"name": "ci", "expires_in_days": 30},
+    ).json()
     as_ci = {"Authorization": f"Bearer {created['token']}"}
     assert client.get("/api/v1/projects", headers=as_ci).status_code == 200
     revoked = client.delete(f"/api/v1/users/me/tokens/{created['id']}", headers=account.headers)
@@ -90,12 +99,14 @@ def test_logout_revokes_the_calling_token(client: TestClient) -> None:
 
 
 def test_admin_creates_users_and_cannot_lock_themself_out(client: TestClient) -> None:
-    created = client.post("/api/v1/users", json={"email": "new@example.org",
-                                                  "password": "long enough pw"})
+    created = client.post(
+        "/api/v1/users", json={"email": "new@example.org", "password": "long enough pw"}
+    )
     assert created.status_code == 201 and created.json()["role"] == "member"
     assert _login(client, "new@example.org", "long enough pw").status_code == 201
-    again = client.post("/api/v1/users", json={"email": "NEW@example.org",
-                                                "password": "long enough pw"})
+    again = client.post(
+        "/api/v1/users", json={"email": "NEW@example.org", "password": "long enough pw"}
+    )
     assert again.status_code == 409 and again.json()["error"]["field"] == "email"
     short = client.post("/api/v1/users", json={"email": "x@example.org", "password": "short"})
     assert short.status_code == 422 and short.json()["error"]["field"] == "password"
@@ -106,11 +117,17 @@ def test_admin_creates_users_and_cannot_lock_themself_out(client: TestClient) ->
 
 def test_password_change_checks_the_current_one(client: TestClient) -> None:
     account = add_account("ada@example.org")
-    wrong = client.post("/api/v1/users/me/password", headers=account.headers,
-                        json={"current_password": "nope", "new_password": "a new password"})
+    wrong = client.post(
+        "/api/v1/users/me/password",
+        headers=account.headers,
+        json={"current_password": "nope", "new_password": "a new password"},
+    )
     assert wrong.status_code == 401
-    done = client.post("/api/v1/users/me/password", headers=account.headers,
-                       json={"current_password": PASSWORD, "new_password": "a new password"})
+    done = client.post(
+        "/api/v1/users/me/password",
+        headers=account.headers,
+        json={"current_password": PASSWORD, "new_password": "a new password"},
+    )
     assert done.status_code == 204
     assert _login(client, account.email, "a new password").status_code == 201
 
@@ -137,8 +154,9 @@ def test_portal_session_may_call_the_api_with_its_csrf_token(client: TestClient)
     assert client.get("/api/v1/projects").status_code == 200
     refused = client.post("/api/v1/projects", json={"name": "p"})
     assert refused.status_code == 403 and "CSRF" in refused.json()["error"]["message"]
-    created = client.post("/api/v1/projects", json={"name": "p"},
-                          headers={"X-CSRF-Token": account.csrf})
+    created = client.post(
+        "/api/v1/projects", json={"name": "p"}, headers={"X-CSRF-Token": account.csrf}
+    )
     assert created.status_code == 201
 
 
@@ -159,8 +177,9 @@ def _app_with(monkeypatch: pytest.MonkeyPatch, **env: str) -> TestClient:
 def test_logins_from_one_address_are_rate_limited(service_env, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     with _app_with(monkeypatch, login_rate_per_address="3/minute") as app:
         add_account("ada@example.org")
-        answers = [_login(app, f"user{i}@example.org", "wrong password").status_code
-                   for i in range(3)]
+        answers = [
+            _login(app, f"user{i}@example.org", "wrong password").status_code for i in range(3)
+        ]
         assert answers == [401, 401, 401]
         limited = _login(app, "ada@example.org")  # even the right password, from this address
         assert limited.status_code == 429
@@ -169,14 +188,17 @@ def test_logins_from_one_address_are_rate_limited(service_env, monkeypatch) -> N
 
 
 def test_logins_to_one_account_are_rate_limited_whatever_the_address(  # type: ignore[no-untyped-def]
-        service_env, monkeypatch) -> None:
-    with _app_with(monkeypatch, login_rate_per_account="2/minute",
-                   forwarded_allow_ips="*") as app:
+    service_env, monkeypatch
+) -> None:
+    with _app_with(monkeypatch, login_rate_per_account="2/minute", forwarded_allow_ips="*") as app:
         add_account("ada@example.org")
 
         def attempt(address: str, email: str = "ADA@example.org", password: str = "guess 1"):
-            return app.post("/api/v1/auth/login", json={"email": email, "password": password},
-                            headers={"X-Forwarded-For": address, "Authorization": ""})
+            return app.post(
+                "/api/v1/auth/login",
+                json={"email": email, "password": password},
+                headers={"X-Forwarded-For": address, "Authorization": ""},
+            )
 
         assert [attempt(f"10.0.0.{i}").status_code for i in (1, 2)] == [401, 401]
         limited = attempt("10.0.0.3", password=PASSWORD)
@@ -186,15 +208,19 @@ def test_logins_to_one_account_are_rate_limited_whatever_the_address(  # type: i
 
 
 def test_guessing_the_current_password_is_rate_limited_like_a_login(  # type: ignore[no-untyped-def]
-        service_env, monkeypatch) -> None:
+    service_env, monkeypatch
+) -> None:
     """A stolen token cannot guess the current password without limit: a password change
     counts against the account's login limit (and hashes through the same bounded gate)."""
     with _app_with(monkeypatch, login_rate_per_account="2/minute") as app:
         account = add_account("ada@example.org")
 
         def change(current: str):
-            return app.post("/api/v1/users/me/password", headers=account.headers,
-                            json={"current_password": current, "new_password": "new pass 1234"})
+            return app.post(
+                "/api/v1/users/me/password",
+                headers=account.headers,
+                json={"current_password": current, "new_password": "new pass 1234"},
+            )
 
         assert [change(f"guess {i}").status_code for i in (1, 2)] == [401, 401]
         limited = change(PASSWORD)
@@ -211,8 +237,11 @@ def test_portal_login_is_rate_limited_too(service_env, monkeypatch) -> None:  # 
         for _ in range(2):
             page = parse(app.get("/login").text)
             csrf = page.find("input", name="csrf_token").attrs["value"]
-            answer = app.post("/login", follow_redirects=False, data={
-                "email": "ada@example.org", "password": PASSWORD, "csrf_token": csrf})
+            answer = app.post(
+                "/login",
+                follow_redirects=False,
+                data={"email": "ada@example.org", "password": PASSWORD, "csrf_token": csrf},
+            )
             statuses.append(answer.status_code)
         assert statuses == [303, 429]
         assert "too many login attempts" in answer.text and "retry-after" in answer.headers
@@ -274,8 +303,11 @@ def test_a_full_hash_gate_answers_503_with_retry_after(service_env, monkeypatch)
 def test_password_change_ends_every_other_session_and_token(client: TestClient) -> None:
     account = add_account("ada@example.org")
     other = _login(client, account.email).json()["token"]
-    changed = client.post("/api/v1/users/me/password", headers=account.headers,
-                          json={"current_password": PASSWORD, "new_password": "a new password"})
+    changed = client.post(
+        "/api/v1/users/me/password",
+        headers=account.headers,
+        json={"current_password": PASSWORD, "new_password": "a new password"},
+    )
     assert changed.status_code == 204
     assert client.get("/api/v1/users/me", headers=account.headers).status_code == 200  # kept
     refused = client.get("/api/v1/users/me", headers={"Authorization": f"Bearer {other}"})
@@ -290,9 +322,18 @@ def test_portal_password_change_keeps_this_browser_only(client: TestClient) -> N
 
     account = add_account("ada@example.org")
     browser = login_as(TestClient(client.app), account)
-    done = browser.post("/account/password", follow_redirects=False, data=with_csrf(browser, {
-        "current_password": PASSWORD, "new_password": "a new password",
-        "confirm_password": "a new password"}))
+    done = browser.post(
+        "/account/password",
+        follow_redirects=False,
+        data=with_csrf(
+            browser,
+            {
+                "current_password": PASSWORD,
+                "new_password": "a new password",
+                "confirm_password": "a new password",
+            },
+        ),
+    )
     assert done.status_code == 303
     assert browser.get("/account", follow_redirects=False).status_code == 200
     assert client.get("/api/v1/users/me", headers=account.headers).status_code == 401
@@ -312,31 +353,40 @@ def test_admin_password_reset_ends_the_users_sessions_and_tokens(client: TestCli
 
 def test_tokens_without_an_expiry_get_the_default(client: TestClient) -> None:
     account = add_account("ada@example.org")
-    created = client.post("/api/v1/users/me/tokens", headers=account.headers,
-                          json={"name": "ci"})
+    created = client.post("/api/v1/users/me/tokens", headers=account.headers, json={"name": "ci"})
     assert created.status_code == 201
     expires = datetime.fromisoformat(created.json()["expires_at"]).replace(tzinfo=None)
     assert abs(expires - (utcnow() + timedelta(days=90))) < timedelta(minutes=5)
-    null = client.post("/api/v1/users/me/tokens", headers=account.headers,
-                       json={"name": "ci", "expires_in_days": None}).json()
+    null = client.post(
+        "/api/v1/users/me/tokens",
+        headers=account.headers,
+        json={"name": "ci", "expires_in_days": None},
+    ).json()
     assert null["expires_at"] is not None
 
 
 def test_token_cap_refuses_new_tokens_and_login_rotates_the_oldest(  # type: ignore[no-untyped-def]
-        service_env, monkeypatch) -> None:
+    service_env, monkeypatch
+) -> None:
     with _app_with(monkeypatch, token_cap_per_user="3") as app:
         account = add_account("ada@example.org")  # holds one token already
         for name in ("a", "b"):
-            app.post("/api/v1/users/me/tokens", headers=account.headers,
-                     json={"name": name}).raise_for_status()
-        refused = app.post("/api/v1/users/me/tokens", headers=account.headers,
-                           json={"name": "c"})
+            app.post(
+                "/api/v1/users/me/tokens", headers=account.headers, json={"name": name}
+            ).raise_for_status()
+        refused = app.post("/api/v1/users/me/tokens", headers=account.headers, json={"name": "c"})
         assert refused.status_code == 409 and refused.json()["error"]["field"] == "name"
         assert "revoke one" in refused.json()["error"]["message"]
         fresh = _login(app, account.email)
         assert fresh.status_code == 201
         # the login revoked the oldest live token (the account's first) to stay at the cap
         assert app.get("/api/v1/users/me", headers=account.headers).status_code == 401
-        live = [t for t in app.get("/api/v1/users/me/tokens", headers={
-            "Authorization": f"Bearer {fresh.json()['token']}"}).json() if not t["revoked_at"]]
+        live = [
+            t
+            for t in app.get(
+                "/api/v1/users/me/tokens",
+                headers={"Authorization": f"Bearer {fresh.json()['token']}"},
+            ).json()
+            if not t["revoked_at"]
+        ]
         assert sorted(t["name"] for t in live) == ["a", "b", "cli"]

@@ -46,19 +46,29 @@ def _internal_operations(world: World) -> list:
     return [result.ok() for result in schema.get_all_operations()]
 
 
-def _fuzz(operation, session, headers: dict[str, str], errors: list[str],  # type: ignore[no-untyped-def]
-          pin: Callable[[Any], None] = lambda case: None) -> None:
+def _fuzz(
+    operation,
+    session,
+    headers: dict[str, str],
+    errors: list[str],  # type: ignore[no-untyped-def]
+    pin: Callable[[Any], None] = lambda case: None,
+) -> None:
     """Up to MAX_EXAMPLES generated calls of one operation; its first failure goes to `errors`.
     `pin` may change a generated case before it is sent (e.g. point it at existing rows)."""
 
     @given(case=operation.as_strategy())
-    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate],
+    )
     def run(case) -> None:  # type: ignore[no-untyped-def]
         pin(case)
         response = case.call(session=session, headers=headers)
-        case.validate_response(response, checks=[not_a_server_error,
-                                                  response_schema_conformance])
+        case.validate_response(response, checks=[not_a_server_error, response_schema_conformance])
 
     try:
         run()
@@ -80,18 +90,30 @@ def test_generated_requests_never_fail_the_service(world: World) -> None:
 def _agent_world(world: World) -> dict[str, int]:
     """Rows the internal API acts on: a registered agent and the world's task scheduled
     onto it (so it has a sub-task), besides the task's checkpoint."""
-    registered = world.client.post("/internal/v1/agents/register", headers=agent_headers(),
-                                   json={"name": "fuzz-agent", "host": "h", "workers": 2,
-                                         "resource_group": "cpu-a",
-                                         "hardware": {"cpu_cores": 2, "memory_bytes": 1}})
+    registered = world.client.post(
+        "/internal/v1/agents/register",
+        headers=agent_headers(),
+        json={
+            "name": "fuzz-agent",
+            "host": "h",
+            "workers": 2,
+            "resource_group": "cpu-a",
+            "hardware": {"cpu_cores": 2, "memory_bytes": 1},
+        },
+    )
     registered.raise_for_status()
     with get_sessionmaker()() as session:
         assert schedule_next(session) == world.task["id"]
-        sub_task_id = session.scalars(select(SubTask.id).where(
-            SubTask.task_id == world.task["id"])).first()
+        sub_task_id = session.scalars(
+            select(SubTask.id).where(SubTask.task_id == world.task["id"])
+        ).first()
     assert sub_task_id is not None
-    return {"agent_id": registered.json()["id"], "task_id": world.task["id"],
-            "sub_task_id": sub_task_id, "checkpoint_id": world.checkpoint["id"]}
+    return {
+        "agent_id": registered.json()["id"],
+        "task_id": world.task["id"],
+        "sub_task_id": sub_task_id,
+        "checkpoint_id": world.checkpoint["id"],
+    }
 
 
 @pytest.mark.timeout(240)
@@ -106,9 +128,10 @@ def test_generated_agent_requests_never_fail_the_service(world: World) -> None:
     ids = _agent_world(world)
 
     def pin(case: Any) -> None:
-        case.path_parameters = {**(case.path_parameters or {}),
-                                **{k: v for k, v in ids.items() if k in
-                                   (case.path_parameters or {})}}
+        case.path_parameters = {
+            **(case.path_parameters or {}),
+            **{k: v for k, v in ids.items() if k in (case.path_parameters or {})},
+        }
         if case.operation.path.endswith("/register") and isinstance(case.body, dict):
             case.body = {**case.body, "resource_group": "cpu-a"}
 

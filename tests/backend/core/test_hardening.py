@@ -27,14 +27,22 @@ def test_a_declared_huge_body_is_refused_before_any_of_it_is_read(client: TestCl
             taken += 1
             yield b"x" * MB
 
-    answer = client.post("/api/v1/auth/login", content=body(), headers={
-        "Content-Length": str(200 * MB), "Content-Type": "application/json"})
+    answer = client.post(
+        "/api/v1/auth/login",
+        content=body(),
+        headers={"Content-Length": str(200 * MB), "Content-Type": "application/json"},
+    )
     assert answer.status_code == 413 and answer.json()["error"]["code"] == "too_large"
     assert taken == 0
 
 
-def _stream_to_app(app, path: str, chunks: int, chunk: bytes,  # type: ignore[no-untyped-def]
-                   headers: tuple[tuple[bytes, bytes], ...] = ()) -> tuple[int, int]:
+def _stream_to_app(
+    app,
+    path: str,
+    chunks: int,
+    chunk: bytes,  # type: ignore[no-untyped-def]
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+) -> tuple[int, int]:
     """Send a body without Content-Length in `chunks` pieces straight to the ASGI app, as a
     chunked upload arrives; (status answered, pieces the app took)."""
     taken, status = 0, 0
@@ -49,13 +57,25 @@ def _stream_to_app(app, path: str, chunks: int, chunk: bytes,  # type: ignore[no
         if message["type"] == "http.response.start":
             status = message["status"]
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": path.partition("?")[0],
-             "raw_path": path.partition("?")[0].encode(), "root_path": "",
-             "query_string": path.partition("?")[2].encode(), "client": ("127.0.0.1", 1),
-             "server": ("testserver", 80),
-             "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
-                         (b"transfer-encoding", b"chunked"), *headers]}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path.partition("?")[0],
+        "raw_path": path.partition("?")[0].encode(),
+        "root_path": "",
+        "query_string": path.partition("?")[2].encode(),
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+        "headers": [
+            (b"host", b"testserver"),
+            (b"content-type", b"application/json"),
+            (b"transfer-encoding", b"chunked"),
+            *headers,
+        ],
+    }
     asyncio.run(app(scope, receive, send))
     return status, taken
 
@@ -121,16 +141,21 @@ def test_session_cookies_are_secure_when_told(service_env, monkeypatch) -> None:
         assert "secure" in form.headers["set-cookie"].lower()
         csrf = parse(form.text).find("input", name="csrf_token").attrs["value"]
         app.cookies.set("polytrain_login_csrf", csrf)  # the test client keeps no Secure cookie
-        done = app.post("/login", follow_redirects=False, data={
-            "email": "ada@example.org", "password": PASSWORD, "csrf_token": csrf})
+        done = app.post(
+            "/login",
+            follow_redirects=False,
+            data={"email": "ada@example.org", "password": PASSWORD, "csrf_token": csrf},
+        )
         assert done.status_code == 303
-        session_cookie = [c for c in done.headers.get_list("set-cookie")
-                          if c.startswith("polytrain_session=")]
+        session_cookie = [
+            c for c in done.headers.get_list("set-cookie") if c.startswith("polytrain_session=")
+        ]
         assert session_cookie and "secure" in session_cookie[0].lower()
 
 
 def test_forwarded_headers_are_trusted_only_from_the_configured_proxies(  # type: ignore[no-untyped-def]
-        service_env, monkeypatch) -> None:
+    service_env, monkeypatch
+) -> None:
     from backend.core import config
     from backend.main import create_app
 
@@ -170,8 +195,10 @@ def test_the_data_dir_and_its_files_are_private(client: TestClient, service_env:
 
     project = client.post("/api/v1/projects", json={"name": "p"}).json()
     module = (Path(__file__).parents[3] / "examples" / "tiny_regression.py").read_bytes()
-    client.post(f"/api/v1/projects/{project['id']}/code-versions/upload",
-                files={"file": ("train.py", module)}).raise_for_status()
+    client.post(
+        f"/api/v1/projects/{project['id']}/code-versions/upload",
+        files={"file": ("train.py", module)},
+    ).raise_for_status()
     settings = get_settings()
     assert _mode(settings.data_dir) == 0o700
     database = settings.data_dir / "polytrain.db"
@@ -190,8 +217,9 @@ def test_the_first_admin_password_file_is_private(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("url", ["/no/such/page", "/projects/999999/nothing"])
-def test_an_unknown_page_is_html_and_an_unknown_api_path_is_json(client: TestClient,
-                                                                 url: str) -> None:
+def test_an_unknown_page_is_html_and_an_unknown_api_path_is_json(
+    client: TestClient, url: str
+) -> None:
     page = client.get(url)
     assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
     assert "Not found" in page.text and "content-security-policy" in page.headers
@@ -200,7 +228,8 @@ def test_an_unknown_page_is_html_and_an_unknown_api_path_is_json(client: TestCli
 
 
 def test_an_unexpected_failure_is_html_on_pages_and_json_on_the_api(  # type: ignore[no-untyped-def]
-        client: TestClient, monkeypatch) -> None:
+    client: TestClient, monkeypatch
+) -> None:
     def broken(*_: object, **__: object) -> None:
         raise RuntimeError("boom")
 
@@ -214,8 +243,9 @@ def test_an_unexpected_failure_is_html_on_pages_and_json_on_the_api(  # type: ig
     assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
     api = quiet.get("/api/v1/users/me/tokens")
     assert api.status_code == 500
-    assert api.json() == {"error": {"code": "internal",
-                                    "message": "internal error; it has been logged"}}
+    assert api.json() == {
+        "error": {"code": "internal", "message": "internal error; it has been logged"}
+    }
 
 
 def test_the_internal_limit_needs_the_agent_token(client: TestClient) -> None:
@@ -225,6 +255,7 @@ def test_the_internal_limit_needs_the_agent_token(client: TestClient) -> None:
     status, taken = _stream_to_app(client.app, "/internal/v1/agents/register", 200, b"x" * MB)
     assert status == 413
     assert taken <= 3
-    declared = client.post("/internal/v1/agents/register",
-                           headers={"Content-Length": str(500 * MB)}, content=b"")
+    declared = client.post(
+        "/internal/v1/agents/register", headers={"Content-Length": str(500 * MB)}, content=b""
+    )
     assert declared.status_code == 413

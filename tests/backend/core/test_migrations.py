@@ -49,8 +49,11 @@ def test_models_match_the_migrations(empty_url: str) -> None:
 
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
-        diff = [d for d in compare_metadata(context, Base.metadata)
-                if not (d[0] in ("add_index", "remove_index") and d[1].name == "ix_task_queue")]
+        diff = [
+            d
+            for d in compare_metadata(context, Base.metadata)
+            if not (d[0] in ("add_index", "remove_index") and d[1].name == "ix_task_queue")
+        ]
     engine.dispose()
     assert diff == []
 
@@ -65,16 +68,26 @@ def test_tokens_without_an_expiry_get_the_default_one(empty_url: str) -> None:
     engine = make_engine(empty_url)
     try:
         with engine.begin() as connection:
-            connection.execute(text(
-                "INSERT INTO \"user\" (id, email, name, password_hash, role, is_active, "
-                "created_at) VALUES (1, 'a@example.org', '', 'x', 'MEMBER', true, :now)"),
-                {"now": datetime(2026, 1, 1)})
+            connection.execute(
+                text(
+                    'INSERT INTO "user" (id, email, name, password_hash, role, is_active, '
+                    "created_at) VALUES (1, 'a@example.org', '', 'x', 'MEMBER', true, :now)"
+                ),
+                {"now": datetime(2026, 1, 1)},
+            )
             for token_id, revoked in ((1, None), (2, datetime(2026, 1, 2))):
-                connection.execute(text(
-                    "INSERT INTO api_token (id, user_id, name, token_hash, prefix, created_at, "
-                    "revoked_at) VALUES (:id, 1, 'cli', :hash, 'pt_', :now, :revoked)"),
-                    {"id": token_id, "hash": str(token_id) * 64, "now": datetime(2026, 1, 1),
-                     "revoked": revoked})
+                connection.execute(
+                    text(
+                        "INSERT INTO api_token (id, user_id, name, token_hash, prefix, created_at, "
+                        "revoked_at) VALUES (:id, 1, 'cli', :hash, 'pt_', :now, :revoked)"
+                    ),
+                    {
+                        "id": token_id,
+                        "hash": str(token_id) * 64,
+                        "now": datetime(2026, 1, 1),
+                        "revoked": revoked,
+                    },
+                )
         upgrade(empty_url)
         with engine.connect() as connection:
             rows = dict(connection.execute(text("SELECT id, expires_at FROM api_token")).all())

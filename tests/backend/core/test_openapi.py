@@ -7,8 +7,12 @@ ERROR = "#/components/schemas/ErrorResponse"
 
 
 def _operations(doc: dict) -> list[tuple[str, str, dict]]:
-    return [(method, path, op) for path, ops in doc["paths"].items()
-            if path.startswith("/api/v1/") for method, op in ops.items()]
+    return [
+        (method, path, op)
+        for path, ops in doc["paths"].items()
+        if path.startswith("/api/v1/")
+        for method, op in ops.items()
+    ]
 
 
 def _has_examples(doc: dict, ref: str) -> bool:

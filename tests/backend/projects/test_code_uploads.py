@@ -72,8 +72,11 @@ def test_zip_with_a_folder_and_helpers_is_a_version(upload) -> None:  # type: ig
     response = upload("job.zip", _zip({"job/train.py": MODEL, "job/helpers.py": HELPERS}))
     assert response.status_code == 201, response.text
     body = response.json()
-    assert (body["filename"], body["entrypoint"], body["source"]) == ("job.zip", "train.py",
-                                                                       "archive")
+    assert (body["filename"], body["entrypoint"], body["source"]) == (
+        "job.zip",
+        "train.py",
+        "archive",
+    )
 
 
 def test_tar_gz_with_a_named_entrypoint(upload) -> None:  # type: ignore[no-untyped-def]
@@ -83,19 +86,34 @@ def test_tar_gz_with_a_named_entrypoint(upload) -> None:  # type: ignore[no-unty
     assert response.json()["entrypoint"] == "src/model_def.py"
 
 
-@pytest.mark.parametrize(("name", "content", "data", "status", "field", "words"), [
-    ("job.zip", _zip({"a.py": MODEL, "b.py": HELPERS}), {}, 422, "entrypoint",
-     "name the entrypoint module"),
-    ("job.zip", _zip({"train.py": HELPERS}), {}, 422, "file", "missing def build_model"),
-    ("job.zip", _zip({"../evil.py": MODEL}), {}, 422, "file", "unsafe path"),
-    ("job.zip", b"not a zip at all", {}, 422, "file", "not a readable archive"),
-    ("job.zip", _zip({"train.py": MODEL}), {"entrypoint": "nope.py"}, 422, "entrypoint",
-     "has no 'nope.py'"),
-    ("train.py", b"def (:", {}, 422, "file", "not valid Python"),
-    ("train.py", b"\xff\xfe binary", {}, 422, "file", "not valid Python"),
-    ("data.csv", MODEL, {}, 415, "file", "neither a Python module"),
-    ("train.py", b"#" * 1_000_001, {}, 413, "file", "over the limit of 1000000 bytes"),
-])
+@pytest.mark.parametrize(
+    ("name", "content", "data", "status", "field", "words"),
+    [
+        (
+            "job.zip",
+            _zip({"a.py": MODEL, "b.py": HELPERS}),
+            {},
+            422,
+            "entrypoint",
+            "name the entrypoint module",
+        ),
+        ("job.zip", _zip({"train.py": HELPERS}), {}, 422, "file", "missing def build_model"),
+        ("job.zip", _zip({"../evil.py": MODEL}), {}, 422, "file", "unsafe path"),
+        ("job.zip", b"not a zip at all", {}, 422, "file", "not a readable archive"),
+        (
+            "job.zip",
+            _zip({"train.py": MODEL}),
+            {"entrypoint": "nope.py"},
+            422,
+            "entrypoint",
+            "has no 'nope.py'",
+        ),
+        ("train.py", b"def (:", {}, 422, "file", "not valid Python"),
+        ("train.py", b"\xff\xfe binary", {}, 422, "file", "not valid Python"),
+        ("data.csv", MODEL, {}, 415, "file", "neither a Python module"),
+        ("train.py", b"#" * 1_000_001, {}, 413, "file", "over the limit of 1000000 bytes"),
+    ],
+)
 def test_bad_uploads_are_refused_with_the_reason(  # type: ignore[no-untyped-def]
     upload, name: str, content: bytes, data: dict, status: int, field: str, words: str
 ) -> None:
@@ -124,9 +142,14 @@ def test_agents_get_the_loader_for_an_archive_version(client: TestClient, upload
 
     version = upload("job.zip", _zip({"train.py": MODEL, "helpers.py": HELPERS})).json()
     make_group(client, "cpu-a", capacity=1)
-    task = client.post("/api/v1/tasks", json={
-        "project_id": version["project_id"], "code_version_id": version["id"],
-        "resource_groups": [{"name": "cpu-a", "workers": 1}]}).json()
+    task = client.post(
+        "/api/v1/tasks",
+        json={
+            "project_id": version["project_id"],
+            "code_version_id": version["id"],
+            "resource_groups": [{"name": "cpu-a", "workers": 1}],
+        },
+    ).json()
     code = client.get(f"/internal/v1/tasks/{task['id']}/code", headers=agent_headers())
     assert code.status_code == 200 and b"_ARCHIVE = base64.b64decode(" in code.content
     compile(code.content, "code-0.py", "exec")
@@ -134,11 +157,14 @@ def test_agents_get_the_loader_for_an_archive_version(client: TestClient, upload
 
 def test_portal_upload_too_large_is_413_inline(client: TestClient) -> None:
     project = client.post("/api/v1/projects", json={"name": "p"}).json()
-    response = client.post(f"/projects/{project['id']}/code-versions/upload",
-                           data=with_csrf(client, {}),
-                           files={"file": ("train.py", b"#" * 1_000_001)})
+    response = client.post(
+        f"/projects/{project['id']}/code-versions/upload",
+        data=with_csrf(client, {}),
+        files={"file": ("train.py", b"#" * 1_000_001)},
+    )
     assert response.status_code == 413
     assert "over the limit" in parse(response.text).find(data_field="file").text()
-    none = client.post(f"/projects/{project['id']}/code-versions/upload",
-                       data=with_csrf(client, {}))
+    none = client.post(
+        f"/projects/{project['id']}/code-versions/upload", data=with_csrf(client, {})
+    )
     assert none.status_code == 422 and parse(none.text).find(data_field="file")

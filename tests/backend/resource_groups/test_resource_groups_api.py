@@ -9,33 +9,57 @@ pytestmark = pytest.mark.stack
 HARDWARE = {"cpu_cores": 8, "memory_bytes": 16 * 2**30, "cuda_devices": []}
 
 
-def _register(client: TestClient, group: str, workers: int = 2, name: str = "a1",
-              **hardware: object) -> dict:
-    response = client.post("/internal/v1/agents/register", headers=agent_headers(), json={
-        "name": name, "host": "10.77.0.3", "resource_group": group, "workers": workers,
-        "hardware": {**HARDWARE, **hardware}})
+def _register(
+    client: TestClient, group: str, workers: int = 2, name: str = "a1", **hardware: object
+) -> dict:
+    response = client.post(
+        "/internal/v1/agents/register",
+        headers=agent_headers(),
+        json={
+            "name": name,
+            "host": "10.77.0.3",
+            "resource_group": group,
+            "workers": workers,
+            "hardware": {**HARDWARE, **hardware},
+        },
+    )
     assert response.status_code == 200, response.text
     return dict(response.json())
 
 
 def _submit(client: TestClient, version: dict, groups: list[dict]) -> object:
-    return client.post("/api/v1/tasks", json={
-        "project_id": version["project_id"], "code_version_id": version["id"],
-        "resource_groups": groups, "epochs": 1, "global_batch_size": 8})
+    return client.post(
+        "/api/v1/tasks",
+        json={
+            "project_id": version["project_id"],
+            "code_version_id": version["id"],
+            "resource_groups": groups,
+            "epochs": 1,
+            "global_batch_size": 8,
+        },
+    )
 
 
 def test_create_edit_labels_and_read_capacity(client: TestClient) -> None:
-    response = client.post("/api/v1/resource-groups", json={
-        "name": "gpu-a", "device_type": "cuda", "capacity": 4, "labels": {"model": "a100"}})
+    response = client.post(
+        "/api/v1/resource-groups",
+        json={"name": "gpu-a", "device_type": "cuda", "capacity": 4, "labels": {"model": "a100"}},
+    )
     assert response.status_code == 201, response.text
     group = response.json()
-    assert (group["state"], group["labels"], group["free_workers"]) == ("active",
-                                                                        {"model": "a100"}, 0)
-    edited = client.patch("/api/v1/resource-groups/gpu-a",
-                          json={"capacity": 8, "labels": {"model": "h100"}}).json()
+    assert (group["state"], group["labels"], group["free_workers"]) == (
+        "active",
+        {"model": "a100"},
+        0,
+    )
+    edited = client.patch(
+        "/api/v1/resource-groups/gpu-a", json={"capacity": 8, "labels": {"model": "h100"}}
+    ).json()
     assert (edited["capacity"], edited["labels"]) == (8, {"model": "h100"})
-    bad = client.post("/api/v1/resource-groups", json={
-        "name": "x", "device_type": "cpu", "capacity": 1, "labels": {"bad key!": "v"}})
+    bad = client.post(
+        "/api/v1/resource-groups",
+        json={"name": "x", "device_type": "cpu", "capacity": 1, "labels": {"bad key!": "v"}},
+    )
     assert bad.status_code == 422 and "label 'bad key!'" in bad.json()["error"]["message"]
 
 
@@ -53,8 +77,11 @@ def test_capacity_follows_agents_online(client: TestClient) -> None:
 
 def test_registration_without_hardware_is_refused(client: TestClient) -> None:
     make_group(client, "cpu-a", 2)
-    response = client.post("/internal/v1/agents/register", headers=agent_headers(), json={
-        "name": "a1", "host": "h", "resource_group": "cpu-a", "workers": 1, "hardware": {}})
+    response = client.post(
+        "/internal/v1/agents/register",
+        headers=agent_headers(),
+        json={"name": "a1", "host": "h", "resource_group": "cpu-a", "workers": 1, "hardware": {}},
+    )
     assert response.status_code == 422
     assert response.json()["error"]["field"].startswith("hardware")
 
@@ -69,11 +96,14 @@ def test_drain_refuses_new_tasks_and_disable_waits_for_running_ones(client: Test
     refused = _submit(client, version, [{"name": "cpu-a", "workers": 1}])
     assert refused.status_code == 422
     assert refused.json()["error"]["message"] == (
-        "resource group 'cpu-a' is draining; it accepts no new tasks")
+        "resource group 'cpu-a' is draining; it accepts no new tasks"
+    )
     by_type = _submit(client, version, [{"device_type": "cpu", "workers": 1}])
     assert "no active resource group has device type 'cpu'" in by_type.json()["error"]["message"]
-    assert client.patch("/api/v1/resource-groups/cpu-a", json={"state": "disabled"}).json()[
-        "state"] == "disabled"  # nothing runs on it: a queued task holds no node
+    assert (
+        client.patch("/api/v1/resource-groups/cpu-a", json={"state": "disabled"}).json()["state"]
+        == "disabled"
+    )  # nothing runs on it: a queued task holds no node
     active = client.patch("/api/v1/resource-groups/cpu-a", json={"state": "active"})
     assert active.status_code == 200
 
@@ -96,6 +126,9 @@ def test_delete_refused_while_in_use(client: TestClient) -> None:
 
 def test_only_admins_manage_groups(client: TestClient) -> None:
     member = add_account("member@example.org")
-    response = client.post("/api/v1/resource-groups", headers=member.headers,
-                           json={"name": "cpu-z", "device_type": "cpu", "capacity": 1})
+    response = client.post(
+        "/api/v1/resource-groups",
+        headers=member.headers,
+        json={"name": "cpu-z", "device_type": "cpu", "capacity": 1},
+    )
     assert response.status_code == 403

@@ -28,10 +28,20 @@ def broker_url(db_backend: str, service_env: object, monkeypatch: pytest.MonkeyP
 
 
 def test_message_on_the_group_queue_with_the_sub_task_id(broker_url: str) -> None:
-    payload = SubTaskPayload(task_id=4, sub_task_id=17, group_index=1, hosts_parameter_server=False,
-                             epochs=1, global_batch_size=8, attempt=2, resume_checkpoint_id=3,
-                             groups=[GroupPlan(name="cpu-a", device_type="cpu", workers=1),
-                                     GroupPlan(name="cpu-b", device_type="cpu", workers=1)])
+    payload = SubTaskPayload(
+        task_id=4,
+        sub_task_id=17,
+        group_index=1,
+        hosts_parameter_server=False,
+        epochs=1,
+        global_batch_size=8,
+        attempt=2,
+        resume_checkpoint_id=3,
+        groups=[
+            GroupPlan(name="cpu-a", device_type="cpu", workers=1),
+            GroupPlan(name="cpu-b", device_type="cpu", workers=1),
+        ],
+    )
     CeleryDispatcher().send(payload)
     with Connection(broker_url, transport_options=broker_options(broker_url)) as conn:
         message = conn.SimpleQueue("rg.cpu-b").get(timeout=10)
@@ -43,7 +53,8 @@ def test_message_on_the_group_queue_with_the_sub_task_id(broker_url: str) -> Non
 
 @pytest.mark.parametrize("broker", ["redis://broker.invalid:6379/0", None])
 def test_producer_and_consumers_share_the_broker_options(
-        broker: str | None, service_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    broker: str | None, service_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The API's producer and the agents' consumer app use one set of transport options; on
     Redis its visibility timeout (after which an unacknowledged message, i.e. a sub-task still
     running, is delivered again) outlasts a run at the default wall-clock limit."""
@@ -52,8 +63,12 @@ def test_producer_and_consumers_share_the_broker_options(
     if broker:
         monkeypatch.setenv("BROKER_URL", broker)
     _clear_caches()
-    agent = AgentSettings(_env_file=None, agent_token="t", broker_url=broker,  # type: ignore[call-arg]
-                          data_dir=str(service_env))
+    agent = AgentSettings(
+        _env_file=None,
+        agent_token="t",
+        broker_url=broker,  # type: ignore[call-arg]
+        data_dir=str(service_env),
+    )
     produced = producer_app().conf.broker_transport_options
     consumed = make_celery(agent, runner=None).conf.broker_transport_options  # type: ignore[arg-type]
     assert produced == consumed

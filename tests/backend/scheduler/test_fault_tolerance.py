@@ -27,20 +27,28 @@ pytestmark = pytest.mark.stack
 
 
 def _subs(session: Session, task: Task) -> list[SubTask]:
-    return list(session.scalars(select(SubTask).where(SubTask.task_id == task.id,
-                                                      SubTask.attempt == task.attempt)
-                                .order_by(SubTask.group_index)))
+    return list(
+        session.scalars(
+            select(SubTask)
+            .where(SubTask.task_id == task.id, SubTask.attempt == task.attempt)
+            .order_by(SubTask.group_index)
+        )
+    )
 
 
 def _events(session: Session, task: Task) -> list[tuple[str, str]]:
-    rows = session.scalars(select(TaskEvent).where(TaskEvent.task_id == task.id)
-                           .order_by(TaskEvent.id))
+    rows = session.scalars(
+        select(TaskEvent).where(TaskEvent.task_id == task.id).order_by(TaskEvent.id)
+    )
     return [(e.kind.value, e.to_status.value) for e in rows]
 
 
 def _silence(session: Session, agent_name: str, seconds: float = 60) -> None:
-    session.execute(update(Agent).where(Agent.name == agent_name)
-                    .values(last_heartbeat_at=utcnow() - timedelta(seconds=seconds)))
+    session.execute(
+        update(Agent)
+        .where(Agent.name == agent_name)
+        .values(last_heartbeat_at=utcnow() - timedelta(seconds=seconds))
+    )
     session.commit()
 
 
@@ -48,8 +56,7 @@ def test_dead_agent_alarms_restarts_and_migrates_to_a_compatible_group(session: 
     for name, capacity in (("cpu-a", 2), ("cpu-b", 1), ("cpu-c", 2)):
         group(session, name, capacity)
     task = running_task(session)
-    session.add(Checkpoint(task_id=task.id, epoch=1, step=20, path="/x/epoch-1.pt",
-                           size_bytes=1))
+    session.add(Checkpoint(task_id=task.id, epoch=1, step=20, path="/x/epoch-1.pt", size_bytes=1))
     session.commit()
     _silence(session, "agent-cpu-a")
     dispatcher = RecordingDispatcher()
@@ -57,8 +64,11 @@ def test_dead_agent_alarms_restarts_and_migrates_to_a_compatible_group(session: 
     session.refresh(task)
     assert task.status is S.SCHEDULED and task.attempt == 2
     assert _events(session, task)[-4:] == [
-        ("alarm", "RUNNING"), ("status", "RESTARTING"), ("status", "QUEUED"),
-        ("status", "SCHEDULED")]
+        ("alarm", "RUNNING"),
+        ("status", "RESTARTING"),
+        ("status", "QUEUED"),
+        ("status", "SCHEDULED"),
+    ]
     alarm = session.scalar(select(TaskEvent).where(TaskEvent.kind == EventKind.ALARM))
     assert "agent 'agent-cpu-a'" in alarm.reason and "stopped sending heartbeats" in alarm.reason
     assert [g["name"] for g in task.spec["groups"]] == ["cpu-c", "cpu-b"]
@@ -73,8 +83,11 @@ def test_restart_repairs_in_the_same_group_when_it_has_room(session: Session) ->
     group(session, "cpu-b", 1)
     task = running_task(session)
     sub = _subs(session, task)[1]
-    fate.finish(session, sub=sub, data=Finished(succeeded=False, cause="infra",
-                                                    detail="rank-3 exited with code -9"))
+    fate.finish(
+        session,
+        sub=sub,
+        data=Finished(succeeded=False, cause="infra", detail="rank-3 exited with code -9"),
+    )
     session.refresh(task)
     assert task.status is S.QUEUED and task.attempt == 2
     assert "rank-3 exited with code -9" in task.status_reason
@@ -87,8 +100,11 @@ def test_restarts_stop_at_max_restarts(session: Session) -> None:
     group(session, "cpu-a", 2)
     group(session, "cpu-b", 1)
     task = running_task(session, max_restarts=0)
-    fate.finish(session, sub=_subs(session, task)[0],
-                    data=Finished(succeeded=False, cause="infra", detail="ps killed"))
+    fate.finish(
+        session,
+        sub=_subs(session, task)[0],
+        data=Finished(succeeded=False, cause="infra", detail="ps killed"),
+    )
     session.refresh(task)
     assert task.status is S.FAILED
     assert "no restart left (max_restarts=0)" in task.status_reason
@@ -100,12 +116,16 @@ def test_user_error_fails_and_peer_errors_wait_for_the_root_cause(session: Sessi
     group(session, "cpu-b", 1)
     task = running_task(session)
     first, second = _subs(session, task)
-    fate.finish(session, sub=second, data=Finished(succeeded=False, cause="peer",
-                                                       detail="Connection closed by peer"))
+    fate.finish(
+        session,
+        sub=second,
+        data=Finished(succeeded=False, cause="peer", detail="Connection closed by peer"),
+    )
     session.refresh(task)
     assert task.status is S.RUNNING
-    fate.finish(session, sub=first, data=Finished(succeeded=False, cause="user",
-                                                      detail="ValueError: bad"))
+    fate.finish(
+        session, sub=first, data=Finished(succeeded=False, cause="user", detail="ValueError: bad")
+    )
     session.refresh(task)
     assert task.status is S.FAILED and "ValueError: bad" in task.status_reason
 
@@ -115,8 +135,11 @@ def test_only_peer_errors_everywhere_restart(session: Session) -> None:
     group(session, "cpu-b", 1)
     task = running_task(session)
     for sub in _subs(session, task):
-        fate.finish(session, sub=sub, data=Finished(succeeded=False, cause="peer",
-                                                        detail="Connection reset by peer"))
+        fate.finish(
+            session,
+            sub=sub,
+            data=Finished(succeeded=False, cause="peer", detail="Connection reset by peer"),
+        )
     session.refresh(task)
     assert task.status is S.QUEUED and "every group lost its peers" in task.status_reason
 
@@ -128,8 +151,9 @@ def test_reports_of_an_old_attempt_are_ignored(session: Session) -> None:
     old_first, old_second = _subs(session, task)
     fate.finish(session, sub=old_first, data=Finished(succeeded=False, cause="infra"))
     schedule_next(session)
-    fate.finish(session, sub=old_second, data=Finished(succeeded=False, cause="stopped",
-                                                           detail="stopped"))
+    fate.finish(
+        session, sub=old_second, data=Finished(succeeded=False, cause="stopped", detail="stopped")
+    )
     session.refresh(task)
     assert task.status is S.SCHEDULED and task.attempt == 2
     with pytest.raises(Exception, match="attempt 1"):
@@ -165,11 +189,18 @@ def test_agent_that_registers_again_restarts_its_tasks(session: Session) -> None
     group(session, "cpu-a", 2)
     group(session, "cpu-b", 1)
     task = running_task(session)
-    session.execute(update(Agent).where(Agent.name == "agent-cpu-b")
-                    .values(instance_id="0" * 32))
-    agents.register(session, data=AgentRegister(  # the same agent (instance id), restarted
-        name="agent-cpu-b", instance_id="0" * 32, host="10.77.0.9", resource_group="cpu-b",
-        workers=1, hardware={"cpu_cores": 2, "memory_bytes": 1}))
+    session.execute(update(Agent).where(Agent.name == "agent-cpu-b").values(instance_id="0" * 32))
+    agents.register(
+        session,
+        data=AgentRegister(  # the same agent (instance id), restarted
+            name="agent-cpu-b",
+            instance_id="0" * 32,
+            host="10.77.0.9",
+            resource_group="cpu-b",
+            workers=1,
+            hardware={"cpu_cores": 2, "memory_bytes": 1},
+        ),
+    )
     session.refresh(task)
     assert task.status is S.QUEUED and task.attempt == 2
     assert "agent 'agent-cpu-b' restarted" in task.status_reason

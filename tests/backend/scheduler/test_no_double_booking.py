@@ -39,7 +39,8 @@ def _held_by_group(session: db.Session) -> dict[str, int]:
         select(ResourceGroup.name, func.count(Allocation.id))
         .join(Allocation, Allocation.resource_group_id == ResourceGroup.id)
         .where(Allocation.released_at.is_(None), Allocation.role == NodeRole.COMPUTE)
-        .group_by(ResourceGroup.name)).all()
+        .group_by(ResourceGroup.name)
+    ).all()
     return {name: count for name, count in rows}
 
 
@@ -57,6 +58,7 @@ class Run:
             except BaseException as exc:  # reported by the test
                 self.errors.append(exc)
                 self.stop.set()
+
         return threading.Thread(target=body, daemon=True)
 
 
@@ -115,8 +117,11 @@ def test_concurrent_submissions_never_exceed_capacity(session: db.Session) -> No
         thread.join(timeout=120)
     total = SUBMITTERS * PER_SUBMITTER
     deadline = time.monotonic() + 120
-    while session.scalar(select(func.count(Task.id)).where(
-            Task.status == TaskStatus.SUCCEEDED)) < total and not run.stop.is_set():
+    while (
+        session.scalar(select(func.count(Task.id)).where(Task.status == TaskStatus.SUCCEEDED))
+        < total
+        and not run.stop.is_set()
+    ):
         assert time.monotonic() < deadline, "tasks were left unscheduled"
         time.sleep(0.1)
         session.commit()
@@ -129,9 +134,14 @@ def test_concurrent_submissions_never_exceed_capacity(session: db.Session) -> No
     assert any(run.peak[name] == CAPACITY[name] for name in CAPACITY), run.peak  # it was busy
     scheduled = session.execute(
         select(TaskEvent.task_id, func.count(TaskEvent.id))
-        .where(TaskEvent.to_status == TaskStatus.SCHEDULED).group_by(TaskEvent.task_id)).all()
+        .where(TaskEvent.to_status == TaskStatus.SCHEDULED)
+        .group_by(TaskEvent.task_id)
+    ).all()
     assert len(scheduled) == total and all(count == 1 for _, count in scheduled)
     for task in session.scalars(select(Task)):
-        compute = session.scalar(select(func.count(Allocation.id)).where(
-            Allocation.task_id == task.id, Allocation.role == NodeRole.COMPUTE))
+        compute = session.scalar(
+            select(func.count(Allocation.id)).where(
+                Allocation.task_id == task.id, Allocation.role == NodeRole.COMPUTE
+            )
+        )
         assert compute == sum(g["workers"] for g in task.spec["groups"])

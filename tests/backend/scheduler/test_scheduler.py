@@ -39,8 +39,12 @@ def test_gang_allocation_holds_nothing_partial_and_backfills(session: Session) -
     code = version(session)
     blocker = submit(session, code, [{"name": "cpu-b", "workers": 1}], priority=9)
     assert schedule_next(session) == blocker.id
-    big = submit(session, code, [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
-                 priority=5)
+    big = submit(
+        session,
+        code,
+        [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
+        priority=5,
+    )
     small = submit(session, code, [{"name": "cpu-a", "workers": 1}])
     assert schedule_next(session) == small.id  # big waits for cpu-b: no partial hold
     assert session.scalars(select(Allocation).where(Allocation.task_id == big.id)).all() == []
@@ -49,8 +53,10 @@ def test_gang_allocation_holds_nothing_partial_and_backfills(session: Session) -
     finish(session, small)
     assert schedule_next(session) == big.id
     assert (held(session, "cpu-a"), held(session, "cpu-b")) == (2, 1)
-    roles = sorted(a.role.value for a in session.scalars(
-        select(Allocation).where(Allocation.task_id == big.id)))
+    roles = sorted(
+        a.role.value
+        for a in session.scalars(select(Allocation).where(Allocation.task_id == big.id))
+    )
     assert roles == ["compute"] * 3 + ["parameter_server", "task_manager"]
 
 
@@ -62,25 +68,46 @@ def test_booking_writes_every_node_sub_task_and_event_of_the_decision(session: S
     assert schedule_next(session) == task.id
     session.refresh(task)
     assert task.status is TaskStatus.SCHEDULED
-    assert task.status_reason == ("attempt 1: allocated parameter server and 3 workers: "
-                                  "cpu-a×2, cpu-b×1")
+    assert task.status_reason == (
+        "attempt 1: allocated parameter server and 3 workers: cpu-a×2, cpu-b×1"
+    )
     assert [(g["name"], g["workers"]) for g in task.spec["groups"]] == [("cpu-a", 2), ("cpu-b", 1)]
-    nodes = session.scalars(select(Allocation).where(Allocation.task_id == task.id)
-                            .order_by(Allocation.rank.nulls_first())).all()
+    nodes = session.scalars(
+        select(Allocation)
+        .where(Allocation.task_id == task.id)
+        .order_by(Allocation.rank.nulls_first())
+    ).all()
     rows = [(n.role.value, n.resource_group_id, n.rank, n.attempt, n.released_at) for n in nodes]
     assert rows == [
-        ("task_manager", a.id, None, 1, None), ("parameter_server", a.id, 0, 1, None),
-        ("compute", a.id, 1, 1, None), ("compute", a.id, 2, 1, None),
-        ("compute", b.id, 3, 1, None)]
-    subs = session.scalars(select(SubTask).where(SubTask.task_id == task.id)
-                           .order_by(SubTask.group_index)).all()
-    assert [(s.resource_group_id, s.group_index, s.workers, s.hosts_parameter_server,
-             s.status.value, s.agent_id, s.dispatched_at) for s in subs] == [
-        (a.id, 0, 2, True, "PENDING", None, None), (b.id, 1, 1, False, "PENDING", None, None)]
-    events = session.scalars(select(TaskEvent).where(TaskEvent.task_id == task.id)
-                             .order_by(TaskEvent.id)).all()
+        ("task_manager", a.id, None, 1, None),
+        ("parameter_server", a.id, 0, 1, None),
+        ("compute", a.id, 1, 1, None),
+        ("compute", a.id, 2, 1, None),
+        ("compute", b.id, 3, 1, None),
+    ]
+    subs = session.scalars(
+        select(SubTask).where(SubTask.task_id == task.id).order_by(SubTask.group_index)
+    ).all()
+    assert [
+        (
+            s.resource_group_id,
+            s.group_index,
+            s.workers,
+            s.hosts_parameter_server,
+            s.status.value,
+            s.agent_id,
+            s.dispatched_at,
+        )
+        for s in subs
+    ] == [(a.id, 0, 2, True, "PENDING", None, None), (b.id, 1, 1, False, "PENDING", None, None)]
+    events = session.scalars(
+        select(TaskEvent).where(TaskEvent.task_id == task.id).order_by(TaskEvent.id)
+    ).all()
     assert [(e.from_status, e.to_status, e.reason) for e in events][-1] == (
-        TaskStatus.QUEUED, TaskStatus.SCHEDULED, task.status_reason)
+        TaskStatus.QUEUED,
+        TaskStatus.SCHEDULED,
+        task.status_reason,
+    )
 
 
 def test_a_task_no_longer_queued_is_not_booked(session: Session) -> None:
@@ -115,7 +142,10 @@ def test_uniform_spreads_over_every_group_of_the_device_type(session: Session) -
     schedule_next(session)
     session.refresh(task)
     assert {g["name"]: g["workers"] for g in task.spec["groups"]} == {
-        "cpu-a": 2, "cpu-b": 2, "cpu-c": 1}
+        "cpu-a": 2,
+        "cpu-b": 2,
+        "cpu-c": 1,
+    }
 
 
 def test_resource_state_takes_largest_free_group_first(session: Session) -> None:
@@ -123,8 +153,9 @@ def test_resource_state_takes_largest_free_group_first(session: Session) -> None
     group(session, "cpu-b", 4)
     group(session, "cpu-c", 3)
     code = version(session)
-    task = submit(session, code, [{"device_type": "cpu", "workers": 5,
-                                   "placement": "resource_state"}])
+    task = submit(
+        session, code, [{"device_type": "cpu", "workers": 5, "placement": "resource_state"}]
+    )
     schedule_next(session)
     session.refresh(task)
     assert [(g["name"], g["workers"]) for g in task.spec["groups"]] == [("cpu-b", 4), ("cpu-c", 1)]
@@ -161,8 +192,9 @@ def test_pass_dispatches_one_message_per_group_with_sub_task_id(session: Session
     task = submit(session, code, [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}])
     dispatcher = RecordingDispatcher()
     assert schedule_once(session, dispatcher, heartbeat_timeout_s=15) == 1
-    subs = session.scalars(select(SubTask).where(SubTask.task_id == task.id)
-                           .order_by(SubTask.group_index)).all()
+    subs = session.scalars(
+        select(SubTask).where(SubTask.task_id == task.id).order_by(SubTask.group_index)
+    ).all()
     assert [p.sub_task_id for p in dispatcher.sent] == [s.id for s in subs]
     assert [p.ranks for p in dispatcher.sent] == [[1, 2], [3]]
     assert all(s.dispatched_at for s in subs)
@@ -186,8 +218,9 @@ def test_dependent_starts_only_after_its_dependency_succeeded(session: Session) 
     group(session, "cpu-a", 2)
     code = version(session)
     first = submit(session, code, [{"name": "cpu-a", "workers": 1}])
-    second = submit(session, code, [{"name": "cpu-a", "workers": 1}], priority=10,
-                    depends_on=[first.id])
+    second = submit(
+        session, code, [{"name": "cpu-a", "workers": 1}], priority=10, depends_on=[first.id]
+    )
     assert second.waiting
     assert schedule_next(session) == first.id  # the dependent waits despite its priority
     assert schedule_next(session) is None

@@ -30,14 +30,19 @@ def _running(session: Session) -> Task:
 
 
 def _last_heartbeats(session: Session, seconds_ago: float) -> None:
-    session.execute(update(Agent).values(
-        last_heartbeat_at=utcnow() - timedelta(seconds=seconds_ago)))
+    session.execute(
+        update(Agent).values(last_heartbeat_at=utcnow() - timedelta(seconds=seconds_ago))
+    )
     session.commit()
 
 
 def _alarms(session: Session, task: Task) -> list[str]:
-    return [e.reason for e in session.scalars(select(TaskEvent).where(
-        TaskEvent.task_id == task.id, TaskEvent.kind == EventKind.ALARM))]
+    return [
+        e.reason
+        for e in session.scalars(
+            select(TaskEvent).where(TaskEvent.task_id == task.id, TaskEvent.kind == EventKind.ALARM)
+        )
+    ]
 
 
 def test_restarted_scheduler_gives_agents_a_full_timeout(session: Session) -> None:
@@ -60,8 +65,7 @@ def test_restarted_scheduler_gives_agents_a_full_timeout(session: Session) -> No
     assert session.get(Task, task.id).status is S.RUNNING and _alarms(session, task) == []
 
 
-def test_silent_agent_is_still_timed_out_after_a_full_timeout_of_watching(session: Session
-                                                                          ) -> None:
+def test_silent_agent_is_still_timed_out_after_a_full_timeout_of_watching(session: Session) -> None:
     task = _running(session)
     timeout = get_settings().heartbeat_timeout_s
     loop = SchedulerLoop(get_settings(), RecordingDispatcher())
@@ -78,15 +82,14 @@ def test_staleness_clock_starts_at_the_watch_start(session: Session) -> None:
     group(session, "cpu-a", 2)
     _last_heartbeats(session, seconds_ago=600)
     start = utcnow() - timedelta(seconds=10)
-    assert monitor.mark_stale_agents(session, timeout_s=15, interval_s=1,
-                                     watching_since=start) == 0
+    assert monitor.mark_stale_agents(session, timeout_s=15, interval_s=1, watching_since=start) == 0
     start = utcnow() - timedelta(seconds=14.5)  # past timeout - interval: a pass now is due
-    assert monitor.mark_stale_agents(session, timeout_s=15, interval_s=1,
-                                     watching_since=start) == 1
+    assert monitor.mark_stale_agents(session, timeout_s=15, interval_s=1, watching_since=start) == 1
 
 
 def test_agents_cleared_by_the_previous_process_are_not_judged_during_the_watch(
-        session: Session) -> None:
+    session: Session,
+) -> None:
     """The old API, draining its connections on shutdown, heard no heartbeats and marked
     the agents offline. The new scheduler restarts nothing before it has watched a full
     timeout; by then the live agents have heartbeated and are online again."""
@@ -94,8 +97,12 @@ def test_agents_cleared_by_the_previous_process_are_not_judged_during_the_watch(
     session.execute(update(Agent).values(online=False))  # the old process's last verdict
     session.commit()
     timeout = get_settings().heartbeat_timeout_s
-    assert monitor.check(session, timeout_s=timeout, interval_s=1,
-                         watching_since=utcnow() - timedelta(seconds=1)) == 0
+    assert (
+        monitor.check(
+            session, timeout_s=timeout, interval_s=1, watching_since=utcnow() - timedelta(seconds=1)
+        )
+        == 0
+    )
     session.expire_all()
     assert session.get(Task, task.id).status is S.RUNNING and _alarms(session, task) == []
     assert session.get(Task, task.id).attempt == 1

@@ -30,8 +30,11 @@ def test_the_booked_event_is_the_lifecycle_change(session: Session) -> None:
     group(session, "cpu-a", 2)
     task = submit(session, version(session), [{"name": "cpu-a", "workers": 2}])
     assert schedule_next(session) == task.id
-    event = session.scalars(select(TaskEvent).where(
-        TaskEvent.task_id == task.id, TaskEvent.to_status == TaskStatus.SCHEDULED)).one()
+    event = session.scalars(
+        select(TaskEvent).where(
+            TaskEvent.task_id == task.id, TaskEvent.to_status == TaskStatus.SCHEDULED
+        )
+    ).one()
     assert (event.from_status, event.kind.value) == (TaskStatus.QUEUED, "status")
     assert event.reason == "attempt 1: allocated parameter server and 2 workers: cpu-a×2"
     session.refresh(task)
@@ -51,8 +54,7 @@ def test_a_sub_task_moves_only_forward(session: Session) -> None:
     assert set(lifecycle.ABORTABLE) == {SubTaskStatus.PENDING, SubTaskStatus.RUNNING}
 
 
-def test_submitting_cancelling_and_retrying_wake_the_scheduler_once_each(
-        session: Session) -> None:
+def test_submitting_cancelling_and_retrying_wake_the_scheduler_once_each(session: Session) -> None:
     group(session, "cpu-a", 1)
     woken: list[int] = []
     lifecycle.add_waker(lambda: woken.append(1))
@@ -69,14 +71,20 @@ def test_submitting_cancelling_and_retrying_wake_the_scheduler_once_each(
 
 def _calls(path: Path, names: set[str]) -> bool:
     tree = ast.parse(path.read_text(), str(path))
-    return any(isinstance(node, ast.Attribute) and node.attr in names
-               or isinstance(node, ast.Name) and node.id in names for node in ast.walk(tree))
+    return any(
+        isinstance(node, ast.Attribute)
+        and node.attr in names
+        or isinstance(node, ast.Name)
+        and node.id in names
+        for node in ast.walk(tree)
+    )
 
 
 def test_only_dispatch_publishes_and_only_the_lifecycle_wakes_the_scheduler() -> None:
     backend = sorted((REPO / "backend").rglob("*.py"))
-    publishers = [str(p.relative_to(REPO)) for p in backend
-                  if _calls(p, {"send_task", "apply_async"})]
+    publishers = [
+        str(p.relative_to(REPO)) for p in backend if _calls(p, {"send_task", "apply_async"})
+    ]
     assert publishers == ["backend/scheduler/dispatch.py"]
     wakers = [str(p.relative_to(REPO)) for p in backend if _calls(p, {"wake"})]
     # loop.py registers its `wake` with the lifecycle, which calls it after a commit.

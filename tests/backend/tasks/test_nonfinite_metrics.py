@@ -21,13 +21,17 @@ from worker.engine import report
 def _agent_api(client: TestClient) -> InternalApi:
     """The agent's client, talking to the app in process."""
     api = InternalApi("http://testserver", TOKEN)
-    api._http = TestClient(client.app, base_url="http://testserver/internal/v1",  # noqa: SLF001
-                           headers={"Authorization": f"Bearer {TOKEN}"})
+    api._http = TestClient(
+        client.app,
+        base_url="http://testserver/internal/v1",  # noqa: SLF001
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
     return api
 
 
 def test_nonfinite_values_show_in_rest_and_on_the_task_page(
-    world: World, capsys,  # type: ignore[no-untyped-def]
+    world: World,
+    capsys,  # type: ignore[no-untyped-def]
 ) -> None:
     client, task_id = world.client, world.task["id"]
     report.metric("train_loss", math.nan, step=4, epoch=1, rank=0)
@@ -42,8 +46,14 @@ def test_nonfinite_values_show_in_rest_and_on_the_task_page(
 
     metrics = client.get(f"/api/v1/tasks/{task_id}/metrics", headers=world.owner.headers).json()
     by_name = {m["name"]: m for m in metrics}
-    assert by_name["train_loss"] == {"step": 4, "epoch": 1, "name": "train_loss", "value": None,
-                                     "nonfinite": "nan", "rank": None}
+    assert by_name["train_loss"] == {
+        "step": 4,
+        "epoch": 1,
+        "name": "train_loss",
+        "value": None,
+        "nonfinite": "nan",
+        "rank": None,
+    }
     assert by_name["val_loss"]["value"] is None and by_name["val_loss"]["nonfinite"] == "inf"
     assert by_name["samples_per_s"]["value"] == 812.5
     assert by_name["samples_per_s"]["nonfinite"] is None
@@ -64,10 +74,14 @@ def test_a_page_without_nonfinite_values_hides_the_list(world: World) -> None:
 
 def test_a_metric_without_value_or_kind_is_refused_naming_the_field(world: World) -> None:
     url = f"/internal/v1/tasks/{world.task['id']}/metrics"
-    missing = world.client.post(url, headers=agent_headers(), json={"metrics": [
-        {"name": "train_loss", "value": None}]})
+    missing = world.client.post(
+        url, headers=agent_headers(), json={"metrics": [{"name": "train_loss", "value": None}]}
+    )
     assert missing.status_code == 422
     assert "value" in missing.text
-    wrong = world.client.post(url, headers=agent_headers(), json={"metrics": [
-        {"name": "train_loss", "value": None, "nonfinite": "huge"}]})
+    wrong = world.client.post(
+        url,
+        headers=agent_headers(),
+        json={"metrics": [{"name": "train_loss", "value": None, "nonfinite": "huge"}]},
+    )
     assert wrong.status_code == 422 and "nonfinite" in wrong.text

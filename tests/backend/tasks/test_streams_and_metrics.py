@@ -10,18 +10,29 @@ def _events(text: str) -> list[tuple[str, str, str]]:
     """(id, event, data) of each server-sent event in `text`."""
     found = []
     for block in text.strip().split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line
-                      and not line.startswith(":"))
+        fields = dict(
+            line.split(": ", 1)
+            for line in block.splitlines()
+            if ": " in line and not line.startswith(":")
+        )
         if "event" in fields:
             found.append((fields.get("id", ""), fields["event"], fields["data"]))
     return found
 
 
 def _add_lines(client: TestClient, task_id: int, count: int) -> None:
-    lines = [{"node": f"rank-{1 + i % 2}", "seq": 1 + i, "time": "2026-01-01T00:00:00",
-              "text": f"line {i}"} for i in range(count)]
-    client.post(f"/internal/v1/tasks/{task_id}/logs", headers=agent_headers(),
-                json={"lines": lines}).raise_for_status()
+    lines = [
+        {
+            "node": f"rank-{1 + i % 2}",
+            "seq": 1 + i,
+            "time": "2026-01-01T00:00:00",
+            "text": f"line {i}",
+        }
+        for i in range(count)
+    ]
+    client.post(
+        f"/internal/v1/tasks/{task_id}/logs", headers=agent_headers(), json={"lines": lines}
+    ).raise_for_status()
 
 
 def test_stream_resumes_after_last_event_id_and_ends_with_the_task(world: World) -> None:
@@ -42,9 +53,17 @@ def test_stream_resumes_after_last_event_id_and_ends_with_the_task(world: World)
 
 def test_metrics_report_states_queue_agents_and_group_throughput(world: World) -> None:
     client = world.client
-    agent = client.post("/internal/v1/agents/register", headers=agent_headers(), json={
-        "name": "a1", "host": "h1", "resource_group": "cpu-a", "workers": 2,
-        "hardware": {"cpu_cores": 2, "memory_bytes": 2**30}}).json()
+    agent = client.post(
+        "/internal/v1/agents/register",
+        headers=agent_headers(),
+        json={
+            "name": "a1",
+            "host": "h1",
+            "resource_group": "cpu-a",
+            "workers": 2,
+            "hardware": {"cpu_cores": 2, "memory_bytes": 2**30},
+        },
+    ).json()
     assert agent["online"]
     text = TestClient(client.app).get("/metrics").text  # Prometheus scrapes without a login
     assert 'polytrain_tasks{state="QUEUED"} 1.0' in text

@@ -9,9 +9,13 @@ pytestmark = pytest.mark.stack
 
 
 def _spec(version: dict, **overrides: object) -> dict:
-    spec = {"project_id": version["project_id"], "code_version_id": version["id"],
-            "resource_groups": [{"name": "cpu-a", "workers": 1}], "epochs": 1,
-            "global_batch_size": 8}
+    spec = {
+        "project_id": version["project_id"],
+        "code_version_id": version["id"],
+        "resource_groups": [{"name": "cpu-a", "workers": 1}],
+        "epochs": 1,
+        "global_batch_size": 8,
+    }
     spec.update(overrides)
     return spec
 
@@ -27,20 +31,27 @@ def _refused(client: TestClient, spec: dict, status: int = 422) -> dict:
 def test_device_type_request_and_unknown_device_type(client: TestClient) -> None:
     make_group(client, "cpu-a", 2)
     _, version = make_project(client)
-    task = client.post("/api/v1/tasks", json=_spec(version, resource_groups=[
-        {"device_type": "cpu", "workers": 2, "placement": "uniform"}])).json()
+    task = client.post(
+        "/api/v1/tasks",
+        json=_spec(
+            version, resource_groups=[{"device_type": "cpu", "workers": 2, "placement": "uniform"}]
+        ),
+    ).json()
     assert task["spec"]["request"][0]["placement"] == "uniform" and task["spec"]["groups"] == []
-    error = _refused(client, _spec(version, resource_groups=[{"device_type": "npu",
-                                                               "workers": 1}]))
-    assert error == {"code": "invalid", "field": "resource_groups.0.device_type",
-                     "message": "no active resource group has device type 'npu'"}
-    error = _refused(client, _spec(version, resource_groups=[{"device_type": "cpu",
-                                                               "workers": 3}]))
-    assert error["message"] == ("resource groups of device type 'cpu' have 2 worker(s) in all; "
-                                "3 requested")
-    error = _refused(client, _spec(version, resource_groups=[{"name": "cpu-a",
-                                                               "device_type": "cpu",
-                                                               "workers": 1}]))
+    error = _refused(client, _spec(version, resource_groups=[{"device_type": "npu", "workers": 1}]))
+    assert error == {
+        "code": "invalid",
+        "field": "resource_groups.0.device_type",
+        "message": "no active resource group has device type 'npu'",
+    }
+    error = _refused(client, _spec(version, resource_groups=[{"device_type": "cpu", "workers": 3}]))
+    assert error["message"] == (
+        "resource groups of device type 'cpu' have 2 worker(s) in all; 3 requested"
+    )
+    error = _refused(
+        client,
+        _spec(version, resource_groups=[{"name": "cpu-a", "device_type": "cpu", "workers": 1}]),
+    )
     assert "give either a group name or a device_type" in error["message"]
 
 
@@ -55,8 +66,11 @@ def test_missing_dependency(client: TestClient) -> None:
     make_group(client, "cpu-a", 2)
     _, version = make_project(client)
     error = _refused(client, _spec(version, depends_on=[999]), status=404)
-    assert error == {"code": "not_found", "field": "depends_on.0",
-                     "message": "task 999 does not exist"}
+    assert error == {
+        "code": "not_found",
+        "field": "depends_on.0",
+        "message": "task 999 does not exist",
+    }
 
 
 def test_dependency_on_another_users_task(client: TestClient) -> None:
@@ -99,11 +113,15 @@ def test_failed_dependency_fails_dependents_with_a_reason(client: TestClient) ->
     client.post(f"/api/v1/tasks/{first['id']}/cancel")
     second = client.get(f"/api/v1/tasks/{second['id']}").json()
     assert second["status"] == "FAILED"
-    assert second["status_reason"] == (f"dependency task {first['id']} is CANCELLED: "
-                                       f"cancelled by user")
+    assert second["status_reason"] == (
+        f"dependency task {first['id']} is CANCELLED: cancelled by user"
+    )
     third = client.get(f"/api/v1/tasks/{third['id']}").json()
-    assert third["status"] == "FAILED" and f"dependency task {second['id']} is FAILED" in third[
-        "status_reason"]
+    assert (
+        third["status"] == "FAILED"
+        and f"dependency task {second['id']} is FAILED" in third["status_reason"]
+    )
     error = _refused(client, _spec(version, depends_on=[first["id"]]))
-    assert error["message"] == (f"dependency task {first['id']} is CANCELLED; this task could "
-                                f"never start")
+    assert error["message"] == (
+        f"dependency task {first['id']} is CANCELLED; this task could never start"
+    )

@@ -11,9 +11,13 @@ from tests.conftest import agent_headers, make_group, make_project
 
 
 def _spec(version: dict, **overrides) -> dict:
-    spec = {"project_id": version["project_id"], "code_version_id": version["id"],
-            "resource_groups": [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
-            "epochs": 2, "global_batch_size": 32}
+    spec = {
+        "project_id": version["project_id"],
+        "code_version_id": version["id"],
+        "resource_groups": [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
+        "epochs": 2,
+        "global_batch_size": 32,
+    }
     spec.update(overrides)
     return spec
 
@@ -26,19 +30,38 @@ def version(client: TestClient) -> dict:
 
 
 def test_heterogeneity_options_reach_the_task_spec(client: TestClient, version: dict) -> None:
-    groups = [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1,
-                                                 "speed_factor": 0.25}]
+    groups = [
+        {"name": "cpu-a", "workers": 2},
+        {"name": "cpu-b", "workers": 1, "speed_factor": 0.25},
+    ]
     steps = [{"op": "resize", "size": [14, 14]}, {"op": "normalize"}]
-    response = client.post("/api/v1/tasks", json=_spec(
-        version, resource_groups=groups, split_policy="weighted", sync_strategy="quorum",
-        quorum=1, max_staleness=3, exchange_fraction=0.1, checkpoint_every=50, preprocess=steps,
-        on_nonfinite="skip_step"))
+    response = client.post(
+        "/api/v1/tasks",
+        json=_spec(
+            version,
+            resource_groups=groups,
+            split_policy="weighted",
+            sync_strategy="quorum",
+            quorum=1,
+            max_staleness=3,
+            exchange_fraction=0.1,
+            checkpoint_every=50,
+            preprocess=steps,
+            on_nonfinite="skip_step",
+        ),
+    )
     assert response.status_code == 201, response.text
     spec = response.json()["spec"]
     assert (spec["split_policy"], spec["sync_strategy"], spec["quorum"]) == (
-        "weighted", "quorum", 1)
+        "weighted",
+        "quorum",
+        1,
+    )
     assert (spec["max_staleness"], spec["exchange_fraction"], spec["checkpoint_every"]) == (
-        3, 0.1, 50)
+        3,
+        0.1,
+        50,
+    )
     assert [s["op"] for s in spec["preprocess"]] == ["resize", "normalize"]
     # what the agents receive
     assert TaskSpec.model_validate(spec).engine_options()["on_nonfinite"] == "skip_step"
@@ -48,35 +71,68 @@ def test_heterogeneity_options_reach_the_task_spec(client: TestClient, version: 
 def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> None:
     spec = client.post("/api/v1/tasks", json=_spec(version)).json()["spec"]
     assert (spec["split_policy"], spec["sync_strategy"], spec["exchange_fraction"]) == (
-        "even", "sync", 0.0)
+        "even",
+        "sync",
+        0.0,
+    )
     assert spec["on_nonfinite"] == "fail"
 
 
-@pytest.mark.parametrize("overrides,field,words", [
-    ({"resource_groups": [{"name": "cpu-a", "workers": 2, "speed_factor": 0}]},
-     "resource_groups.0.speed_factor", "greater than 0"),
-    ({"resource_groups": [{"name": "cpu-a", "workers": 2},
-                          {"name": "cpu-b", "workers": 1, "speed_factor": 1.5}]},
-     "resource_groups.1.speed_factor", "less than or equal to 1"),
-    ({"exchange_fraction": 1.5}, "exchange_fraction", "less than or equal to 1"),
-    ({"exchange_fraction": -0.2}, "exchange_fraction", "greater than or equal to 0"),
-    ({"sync_strategy": "quorum", "quorum": 3}, "quorum", "larger than the number of groups (2)"),
-    ({"quorum": 1}, "quorum", "sync_strategy 'quorum'"),
-    ({"global_batch_size": 2}, "global_batch_size", "smaller than the number of workers (3)"),
-    ({"sync_period": 5}, "sync_period", "sync_strategy 'periodic'"),
-    ({"split_policy": "fastest"}, "split_policy", "'even' or 'weighted'"),
-    ({"on_nonfinite": "ignore"}, "on_nonfinite", "'fail' or 'skip_step'"),
-    ({"preprocess": [{"op": "rotate"}]}, "preprocess.0", "tag"),
-    ({"preprocess": [{"op": "resize", "size": [0, 4]}]}, "preprocess.0.resize", "positive"),
-    ({"split": "weighted"}, "split", "unknown field"),
-    ({"resource_groups": [{"name": "cpu-a", "workers": 2, "speed": 0.5}]},
-     "resource_groups.0.speed", "unknown field"),
-    ({"preprocess": [{"op": "augment", "copies": 2, "flip": True}]},
-     "preprocess.0.augment.flip", "unknown field"),
-    ({"name": "run\x00one"}, "name", "must not contain NUL"),
-    ({"resource_groups": [{"device_type": "cpu", "workers": 2, "labels": {"zone\x00": "a"}}]},
-     "resource_groups.0.labels", "must not contain NUL"),
-])
+@pytest.mark.parametrize(
+    "overrides,field,words",
+    [
+        (
+            {"resource_groups": [{"name": "cpu-a", "workers": 2, "speed_factor": 0}]},
+            "resource_groups.0.speed_factor",
+            "greater than 0",
+        ),
+        (
+            {
+                "resource_groups": [
+                    {"name": "cpu-a", "workers": 2},
+                    {"name": "cpu-b", "workers": 1, "speed_factor": 1.5},
+                ]
+            },
+            "resource_groups.1.speed_factor",
+            "less than or equal to 1",
+        ),
+        ({"exchange_fraction": 1.5}, "exchange_fraction", "less than or equal to 1"),
+        ({"exchange_fraction": -0.2}, "exchange_fraction", "greater than or equal to 0"),
+        (
+            {"sync_strategy": "quorum", "quorum": 3},
+            "quorum",
+            "larger than the number of groups (2)",
+        ),
+        ({"quorum": 1}, "quorum", "sync_strategy 'quorum'"),
+        ({"global_batch_size": 2}, "global_batch_size", "smaller than the number of workers (3)"),
+        ({"sync_period": 5}, "sync_period", "sync_strategy 'periodic'"),
+        ({"split_policy": "fastest"}, "split_policy", "'even' or 'weighted'"),
+        ({"on_nonfinite": "ignore"}, "on_nonfinite", "'fail' or 'skip_step'"),
+        ({"preprocess": [{"op": "rotate"}]}, "preprocess.0", "tag"),
+        ({"preprocess": [{"op": "resize", "size": [0, 4]}]}, "preprocess.0.resize", "positive"),
+        ({"split": "weighted"}, "split", "unknown field"),
+        (
+            {"resource_groups": [{"name": "cpu-a", "workers": 2, "speed": 0.5}]},
+            "resource_groups.0.speed",
+            "unknown field",
+        ),
+        (
+            {"preprocess": [{"op": "augment", "copies": 2, "flip": True}]},
+            "preprocess.0.augment.flip",
+            "unknown field",
+        ),
+        ({"name": "run\x00one"}, "name", "must not contain NUL"),
+        (
+            {
+                "resource_groups": [
+                    {"device_type": "cpu", "workers": 2, "labels": {"zone\x00": "a"}}
+                ]
+            },
+            "resource_groups.0.labels",
+            "must not contain NUL",
+        ),
+    ],
+)
 def test_bad_input_is_refused_naming_the_field(
     client: TestClient, version: dict, overrides: dict, field: str, words: str
 ) -> None:
@@ -90,21 +146,36 @@ def test_bad_input_is_refused_naming_the_field(
 
 def test_throughput_per_worker_and_group(client: TestClient, version: dict) -> None:
     task = client.post("/api/v1/tasks", json=_spec(version)).json()
-    reported = [("profiled_samples_per_s", 1, 300.0), ("profiled_samples_per_s", 2, 280.0),
-                ("profiled_samples_per_s", 3, 100.0), ("samples_per_s", 1, 90.0),
-                ("samples_per_s", 1, 310.0), ("samples_per_s", 3, 95.0),
-                ("batch_share", 1, 0.4), ("batch_share", 2, 0.4), ("batch_share", 3, 0.2),
-                ("idle_fraction", 1, 0.02), ("idle_fraction", 2, 0.06),
-                ("samples_per_s", None, 640.0)]
-    batch = {"metrics": [{"name": n, "rank": r, "value": v, "epoch": 0, "step": 5}
-                         for n, r, v in reported]}
-    sent = client.post(f"/internal/v1/tasks/{task['id']}/metrics", json=batch,
-                       headers=agent_headers())
+    reported = [
+        ("profiled_samples_per_s", 1, 300.0),
+        ("profiled_samples_per_s", 2, 280.0),
+        ("profiled_samples_per_s", 3, 100.0),
+        ("samples_per_s", 1, 90.0),
+        ("samples_per_s", 1, 310.0),
+        ("samples_per_s", 3, 95.0),
+        ("batch_share", 1, 0.4),
+        ("batch_share", 2, 0.4),
+        ("batch_share", 3, 0.2),
+        ("idle_fraction", 1, 0.02),
+        ("idle_fraction", 2, 0.06),
+        ("samples_per_s", None, 640.0),
+    ]
+    batch = {
+        "metrics": [
+            {"name": n, "rank": r, "value": v, "epoch": 0, "step": 5} for n, r, v in reported
+        ]
+    }
+    sent = client.post(
+        f"/internal/v1/tasks/{task['id']}/metrics", json=batch, headers=agent_headers()
+    )
     assert sent.status_code == 204, sent.text
     body = client.get(f"/api/v1/tasks/{task['id']}/throughput").json()
     assert body["samples_per_s"] == 640.0
     assert [(w["rank"], w["group"], w["samples_per_s"]) for w in body["workers"]] == [
-        (1, "cpu-a", 310.0), (2, "cpu-a", None), (3, "cpu-b", 95.0)]
+        (1, "cpu-a", 310.0),
+        (2, "cpu-a", None),
+        (3, "cpu-b", 95.0),
+    ]
     cpu_a, cpu_b = body["groups"]
     assert (cpu_a["name"], cpu_a["workers"], cpu_a["profiled_samples_per_s"]) == ("cpu-a", 2, 580.0)
     assert cpu_a["batch_share"] == pytest.approx(0.8) and cpu_b["samples_per_s"] == 95.0

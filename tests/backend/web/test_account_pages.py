@@ -15,8 +15,10 @@ def _anonymous(client: TestClient) -> TestClient:
 
 def _login_form(browser: TestClient, next_url: str = "/") -> dict:
     page = parse(browser.get(f"/login?next={next_url}").text)
-    return {"csrf_token": page.find("input", name="csrf_token").attrs["value"],
-            "next": page.find("input", name="next").attrs["value"]}
+    return {
+        "csrf_token": page.find("input", name="csrf_token").attrs["value"],
+        "next": page.find("input", name="next").attrs["value"],
+    }
 
 
 def test_pages_send_a_logged_out_browser_to_log_in(client: TestClient) -> None:
@@ -30,8 +32,9 @@ def test_login_starts_a_session_and_returns_to_the_page(client: TestClient) -> N
     add_account("ada@example.org")
     browser = _anonymous(client)
     form = _login_form(browser, "/projects")
-    response = browser.post("/login", data={**form, "email": "ada@example.org",
-                                            "password": PASSWORD})
+    response = browser.post(
+        "/login", data={**form, "email": "ada@example.org", "password": PASSWORD}
+    )
     assert response.status_code == 303 and response.headers["location"] == "/projects"
     cookie = response.headers["set-cookie"]
     assert SESSION_COOKIE in cookie and "HttpOnly" in cookie and "SameSite=lax" in cookie
@@ -42,8 +45,9 @@ def test_login_starts_a_session_and_returns_to_the_page(client: TestClient) -> N
 def test_wrong_password_is_shown_on_the_form_with_401(client: TestClient) -> None:
     add_account("ada@example.org")
     browser = _anonymous(client)
-    response = browser.post("/login", data={**_login_form(browser), "email": "ada@example.org",
-                                            "password": "wrong"})
+    response = browser.post(
+        "/login", data={**_login_form(browser), "email": "ada@example.org", "password": "wrong"}
+    )
     assert response.status_code == 401
     page = parse(response.text)
     assert page.find(data_field="password").text() == "wrong email or password"
@@ -55,10 +59,13 @@ def test_login_refuses_missing_fields_and_a_forged_form(client: TestClient) -> N
     browser = _anonymous(client)
     missing = browser.post("/login", data={**_login_form(browser), "email": "", "password": ""})
     assert missing.status_code == 422
-    assert {n.attrs["data-field"] for n in parse(missing.text).find_all(class_="field-error")} \
-        == {"email", "password"}
-    forged = _anonymous(client).post("/login", data={"email": "a@b", "password": "x",
-                                                     "csrf_token": "guess"})
+    assert {n.attrs["data-field"] for n in parse(missing.text).find_all(class_="field-error")} == {
+        "email",
+        "password",
+    }
+    forged = _anonymous(client).post(
+        "/login", data={"email": "a@b", "password": "x", "csrf_token": "guess"}
+    )
     assert forged.status_code == 403
 
 
@@ -66,8 +73,9 @@ def test_login_never_redirects_to_another_site(client: TestClient) -> None:
     add_account("ada@example.org")
     browser = _anonymous(client)
     form = _login_form(browser, "//evil.example/")
-    response = browser.post("/login", data={**form, "email": "ada@example.org",
-                                            "password": PASSWORD})
+    response = browser.post(
+        "/login", data={**form, "email": "ada@example.org", "password": PASSWORD}
+    )
     assert response.headers["location"] == "/"
 
 
@@ -90,8 +98,9 @@ def test_logout_ends_the_session(client: TestClient) -> None:
 
 
 def test_account_page_shows_a_new_token_once_and_revokes_it(client: TestClient) -> None:
-    created = client.post("/account/tokens",
-                          data=with_csrf(client, {"name": "laptop", "expires_in_days": "30"}))
+    created = client.post(
+        "/account/tokens", data=with_csrf(client, {"name": "laptop", "expires_in_days": "30"})
+    )
     assert created.status_code == 201
     secret = parse(created.text).by_id("new-token-value").text()
     assert re.fullmatch(r"pt_[\w-]{43}", secret)
@@ -99,16 +108,15 @@ def test_account_page_shows_a_new_token_once_and_revokes_it(client: TestClient) 
     assert secret not in again and "laptop" in again
     headers = {"Authorization": f"Bearer {secret}"}
     assert client.get("/api/v1/users/me", headers=headers).status_code == 200
-    row = [r for r in parse(again).by_id("token-table").find_all("tr")
-           if "laptop" in r.text()][0]
-    client.post(f"/account/tokens/{row.attrs['data-token-id']}/revoke",
-                data=with_csrf(client, {}))
+    row = [r for r in parse(again).by_id("token-table").find_all("tr") if "laptop" in r.text()][0]
+    client.post(f"/account/tokens/{row.attrs['data-token-id']}/revoke", data=with_csrf(client, {}))
     assert client.get("/api/v1/users/me", headers=headers).status_code == 401
 
 
 def test_token_form_errors_are_inline(client: TestClient) -> None:
-    response = client.post("/account/tokens", data=with_csrf(client, {"name": "",
-                                                                      "expires_in_days": "x"}))
+    response = client.post(
+        "/account/tokens", data=with_csrf(client, {"name": "", "expires_in_days": "x"})
+    )
     assert response.status_code == 422
     assert parse(response.text).find(data_field="expires_in_days")
 
@@ -116,33 +124,72 @@ def test_token_form_errors_are_inline(client: TestClient) -> None:
 def test_users_page_is_for_admins(client: TestClient) -> None:
     page = parse(client.get("/admin/users").text)
     assert page.find("tr", data_user="admin@example.org")
-    created = client.post("/admin/users", data=with_csrf(client, {
-        "email": "grace@example.org", "name": "Grace", "password": "long enough", "role": "member"
-    }), follow_redirects=False)
+    created = client.post(
+        "/admin/users",
+        data=with_csrf(
+            client,
+            {
+                "email": "grace@example.org",
+                "name": "Grace",
+                "password": "long enough",
+                "role": "member",
+            },
+        ),
+        follow_redirects=False,
+    )
     assert created.status_code == 303
-    duplicate = client.post("/admin/users", data=with_csrf(client, {
-        "email": "grace@example.org", "password": "long enough"}))
+    duplicate = client.post(
+        "/admin/users",
+        data=with_csrf(client, {"email": "grace@example.org", "password": "long enough"}),
+    )
     assert duplicate.status_code == 409 and parse(duplicate.text).find(data_field="email")
     member = login_as(_anonymous(client), add_account("bob@example.org"))
     assert member.get("/admin/users").status_code == 403
-    refused = member.post("/admin/users", data=with_csrf(member, {"email": "x@example.org",
-                                                                   "password": "long enough"}))
+    refused = member.post(
+        "/admin/users",
+        data=with_csrf(member, {"email": "x@example.org", "password": "long enough"}),
+    )
     assert refused.status_code == 403
 
 
 def test_password_form_says_what_is_wrong(client: TestClient) -> None:
     account = add_account("ada@example.org")
     browser = login_as(TestClient(client.app), account)
-    wrong = browser.post("/account/password", data=with_csrf(browser, {
-        "current_password": "nope", "new_password": "a new password",
-        "confirm_password": "a new password"}))
+    wrong = browser.post(
+        "/account/password",
+        data=with_csrf(
+            browser,
+            {
+                "current_password": "nope",
+                "new_password": "a new password",
+                "confirm_password": "a new password",
+            },
+        ),
+    )
     assert wrong.status_code == 401
     assert parse(wrong.text).find(data_field="current_password")
-    differ = browser.post("/account/password", data=with_csrf(browser, {
-        "current_password": PASSWORD, "new_password": "a new password",
-        "confirm_password": "another one"}))
+    differ = browser.post(
+        "/account/password",
+        data=with_csrf(
+            browser,
+            {
+                "current_password": PASSWORD,
+                "new_password": "a new password",
+                "confirm_password": "another one",
+            },
+        ),
+    )
     assert differ.status_code == 422 and parse(differ.text).find(data_field="confirm_password")
-    done = browser.post("/account/password", data=with_csrf(browser, {
-        "current_password": PASSWORD, "new_password": "a new password",
-        "confirm_password": "a new password"}), follow_redirects=False)
+    done = browser.post(
+        "/account/password",
+        data=with_csrf(
+            browser,
+            {
+                "current_password": PASSWORD,
+                "new_password": "a new password",
+                "confirm_password": "a new password",
+            },
+        ),
+        follow_redirects=False,
+    )
     assert done.status_code == 303

@@ -27,7 +27,9 @@ def test_the_page_lists_portal_and_api_writes_newest_first(client: TestClient) -
     page = parse(client.get("/admin/audit").text)
     rows = page.by_id("audit-table").find("tbody").find_all("tr")
     assert [(r.attrs["data-action"], r.attrs["data-outcome"]) for r in rows[:2]] == [
-        ("resource_group.create", "refused"), ("project.create", "ok")]
+        ("resource_group.create", "refused"),
+        ("project.create", "ok"),
+    ]
     assert "bob@example.org" in rows[0].text() and "API token" in rows[0].text()
     assert "admin@example.org" in rows[1].text() and "portal session" in rows[1].text()
     assert rows[1].find("a").attrs["href"].startswith("/projects/")
@@ -37,12 +39,17 @@ def test_filters_keep_their_values(client: TestClient) -> None:
     bob = _member(client)
     bob.post("/api/v1/resource-groups", json={"name": "x", "device_type": "cpu", "capacity": 1})
     client.post("/api/v1/projects", json={"name": "fine"})
-    query = {"outcome": "refused", "actor_user_id": str(bob.account.id),  # type: ignore
-             "action": "resource_group.*", "since": "2020-01-01T00:00:00"}
+    query = {
+        "outcome": "refused",
+        "actor_user_id": str(bob.account.id),  # type: ignore
+        "action": "resource_group.*",
+        "since": "2020-01-01T00:00:00",
+    }
     answer = client.get("/admin/audit", params=query)
     page = parse(answer.text)
-    assert [r.attrs["data-action"] for r in page.by_id("audit-table").find("tbody")
-            .find_all("tr")] == ["resource_group.create"]
+    assert [
+        r.attrs["data-action"] for r in page.by_id("audit-table").find("tbody").find_all("tr")
+    ] == ["resource_group.create"]
     form = page.by_id("audit-filter")
     assert form.by_id("audit-outcome").find("option", selected="").attrs["value"] == "refused"
     assert form.by_id("audit-actor").find("option", selected="").text() == "bob@example.org"
@@ -51,9 +58,10 @@ def test_filters_keep_their_values(client: TestClient) -> None:
 
 
 def test_a_bad_filter_is_named_and_kept(client: TestClient) -> None:
-    answer = client.get("/admin/audit", params={"status_code": "abc",
-                                                "since": "2026-02-01T00:00",
-                                                "until": "2026-01-01T00:00"})
+    answer = client.get(
+        "/admin/audit",
+        params={"status_code": "abc", "since": "2026-02-01T00:00", "until": "2026-01-01T00:00"},
+    )
     assert answer.status_code == 422
     page = parse(answer.text)
     assert page.find(data_field="status_code")
@@ -84,15 +92,20 @@ def test_portal_logins_and_logouts_are_listed(client: TestClient) -> None:
     def login(password: str) -> int:
         page = parse(browser.get("/login").text)
         token = page.find("input", name="csrf_token").attrs["value"]
-        return browser.post("/login", data={"csrf_token": token, "next": "/",
-                                            "email": ada.email, "password": password}
-                            ).status_code
+        return browser.post(
+            "/login",
+            data={"csrf_token": token, "next": "/", "email": ada.email, "password": password},
+        ).status_code
 
     assert (login("not the password"), login(PASSWORD)) == (401, 303)
     csrf = parse(browser.get("/").text).find("meta", name="csrf-token").attrs["content"]
     assert browser.post("/logout", data={"csrf_token": csrf}).status_code == 303
-    rows = parse(client.get("/admin/audit", params={"action": "auth.*"}).text).by_id(
-        "audit-table").find("tbody").find_all("tr")
-    assert [(r.attrs["data-action"], r.attrs["data-outcome"], ada.email in r.text())
-            for r in rows] == [("auth.logout", "ok", True), ("auth.login", "ok", True),
-                               ("auth.login", "refused", False)]
+    rows = (
+        parse(client.get("/admin/audit", params={"action": "auth.*"}).text)
+        .by_id("audit-table")
+        .find("tbody")
+        .find_all("tr")
+    )
+    assert [
+        (r.attrs["data-action"], r.attrs["data-outcome"], ada.email in r.text()) for r in rows
+    ] == [("auth.logout", "ok", True), ("auth.login", "ok", True), ("auth.login", "refused", False)]

@@ -8,8 +8,12 @@ from backend.projects.code import EXAMPLES_DIR
 from tests.backend.web.dom import parse
 from tests.conftest import add_account, make_group, make_project, with_csrf
 
-OUTSIDE = ["../backend/main", str(EXAMPLES_DIR.parent / "backend" / "main"), "__init__",
-           "examples/mnist_cnn"]
+OUTSIDE = [
+    "../backend/main",
+    str(EXAMPLES_DIR.parent / "backend" / "main"),
+    "__init__",
+    "examples/mnist_cnn",
+]
 
 
 def _versions(client: TestClient, project_id: int) -> list:
@@ -19,8 +23,9 @@ def _versions(client: TestClient, project_id: int) -> list:
 @pytest.mark.parametrize("example", OUTSIDE)
 def test_add_example_form_takes_only_a_listed_name(client: TestClient, example: str) -> None:
     project_id = client.post("/api/v1/projects", json={"name": "mnist"}).json()["id"]
-    refused = client.post(f"/projects/{project_id}/code-versions",
-                          data=with_csrf(client, {"example": example}))
+    refused = client.post(
+        f"/projects/{project_id}/code-versions", data=with_csrf(client, {"example": example})
+    )
     assert refused.status_code == 422
     error = parse(refused.text).find(data_field="example").text()
     assert "no bundled example" in error and "mnist_cnn" in error
@@ -31,8 +36,12 @@ def test_add_example_form_takes_only_a_listed_name(client: TestClient, example: 
 def test_task_form_takes_only_a_listed_example(client: TestClient, example: str) -> None:
     make_group(client, "cpu-a", capacity=2)
     project_id = client.post("/api/v1/projects", json={"name": "mnist"}).json()["id"]
-    form = {"code_version_id": f"example:{example}", "group": ["cpu-a"], "workers": ["1"],
-            "global_batch_size": "8"}
+    form = {
+        "code_version_id": f"example:{example}",
+        "group": ["cpu-a"],
+        "workers": ["1"],
+        "global_batch_size": "8",
+    }
     refused = client.post(f"/projects/{project_id}/tasks", data=with_csrf(client, form))
     assert refused.status_code == 422
     assert "no bundled example" in parse(refused.text).find(data_field="code_version_id").text()
@@ -40,21 +49,32 @@ def test_task_form_takes_only_a_listed_example(client: TestClient, example: str)
 
 
 def _task_form(version: dict, **fields: str | list[str]) -> dict:
-    return {"code_version_id": str(version["id"]), "name": "my run", "group": ["cpu-a"],
-            "workers": ["1"], "global_batch_size": "8", **fields}
+    return {
+        "code_version_id": str(version["id"]),
+        "name": "my run",
+        "group": ["cpu-a"],
+        "workers": ["1"],
+        "global_batch_size": "8",
+        **fields,
+    }
 
 
-@pytest.mark.parametrize(("field", "value", "words"), [
-    ("split_policy", "fastest", "'even' or 'weighted'"),
-    ("sync_strategy", "../sync", "'sync', 'periodic' or 'quorum'"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("split_policy", "fastest", "'even' or 'weighted'"),
+        ("sync_strategy", "../sync", "'sync', 'periodic' or 'quorum'"),
+    ],
+)
 def test_task_form_select_outside_its_options_is_refused_at_the_field(
     client: TestClient, field: str, value: str, words: str
 ) -> None:
     make_group(client, "cpu-a", capacity=2)
     project, version = make_project(client)
-    refused = client.post(f"/projects/{project['id']}/tasks",
-                          data=with_csrf(client, _task_form(version, **{field: value})))
+    refused = client.post(
+        f"/projects/{project['id']}/tasks",
+        data=with_csrf(client, _task_form(version, **{field: value})),
+    )
     assert refused.status_code == 422
     page = parse(refused.text)
     assert words in page.find(data_field=field).text()
@@ -65,8 +85,10 @@ def test_task_form_select_outside_its_options_is_refused_at_the_field(
 def test_task_form_field_it_does_not_have_is_refused_by_name(client: TestClient) -> None:
     make_group(client, "cpu-a", capacity=2)
     project, version = make_project(client)
-    refused = client.post(f"/projects/{project['id']}/tasks", data=with_csrf(
-        client, _task_form(version, split="weighted", split_policy="weighted")))
+    refused = client.post(
+        f"/projects/{project['id']}/tasks",
+        data=with_csrf(client, _task_form(version, split="weighted", split_policy="weighted")),
+    )
     assert refused.status_code == 422
     page = parse(refused.text)
     assert page.by_id("error-__all__").text() == "split: not a field of this form"
@@ -79,18 +101,23 @@ def test_task_form_groups_without_a_worker_count_are_refused(client: TestClient)
     make_group(client, "cpu-a", capacity=2)
     make_group(client, "cpu-b", capacity=2)
     project, version = make_project(client)
-    refused = client.post(f"/projects/{project['id']}/tasks", data=with_csrf(
-        client, _task_form(version, group=["cpu-a", "cpu-b"], workers=["1"])))
+    refused = client.post(
+        f"/projects/{project['id']}/tasks",
+        data=with_csrf(client, _task_form(version, group=["cpu-a", "cpu-b"], workers=["1"])),
+    )
     assert refused.status_code == 422
-    assert "2 groups but 1 worker counts" in parse(refused.text).find(
-        data_field="resource_groups").text()
+    assert (
+        "2 groups but 1 worker counts"
+        in parse(refused.text).find(data_field="resource_groups").text()
+    )
     assert client.get("/api/v1/tasks").json() == []
 
 
 def test_user_active_choice_outside_true_false_is_refused(client: TestClient) -> None:
     other = add_account("other@example.org")
-    refused = client.post(f"/admin/users/{other.id}",
-                          data=with_csrf(client, {"role": "member", "is_active": "nope"}))
+    refused = client.post(
+        f"/admin/users/{other.id}", data=with_csrf(client, {"role": "member", "is_active": "nope"})
+    )
     assert refused.status_code == 422
     assert "is_active must be true or false" in refused.text
     assert client.get(f"/api/v1/users/{other.id}").json()["is_active"] is True

@@ -137,9 +137,11 @@ def test_task_page_shows_shares_timing_and_the_settings_form(client: TestClient)
     location = _submit(client, {"cpu-a": "2", "cpu-b": "1"}).headers["location"]
     page = parse(client.get(location).text)
     assert page.find("canvas", id="throughput-chart")
-    shares = {r.attrs["data-group"]: [td.text() for td in r.find_all("td")]
-              for r in page.by_id("group-throughput").find_all("tr")
-              if "data-group" in r.attrs}
+    shares = {
+        r.attrs["data-group"]: [td.text() for td in r.find_all("td")]
+        for r in page.by_id("group-throughput").find_all("tr")
+        if "data-group" in r.attrs
+    }
     assert shares == {"cpu-a": ["cpu-a", "2", "—", "67%"], "cpu-b": ["cpu-b", "1", "—", "33%"]}
     assert "hidden" in page.by_id("retry-form").attrs  # a queued task is not retried
     assert page.by_id("task-timing").text() == ""  # not started: no time left to estimate
@@ -157,7 +159,11 @@ def test_eta_comes_from_progress_and_running_time() -> None:
     from backend.tasks.models import TaskStatus
     from backend.web.views import timing
 
-    task = Task(spec={}, progress=0.25, status=TaskStatus.RUNNING,
-                started_at=utcnow() - timedelta(seconds=60))
+    task = Task(
+        spec={},
+        progress=0.25,
+        status=TaskStatus.RUNNING,
+        started_at=utcnow() - timedelta(seconds=60),
+    )
     estimate = timing(task)
     assert 59 < estimate["elapsed_s"] < 62 and 179 < estimate["eta_s"] < 184

@@ -24,8 +24,12 @@ from worker.engine.report import PREFIX
 
 TOKEN = "agent-token"
 BODIES: dict[str, type[BaseModel]] = {  # what each route's body must be, as the API checks
-    "claim": schemas.Claim, "finished": schemas.Finished, "heartbeat": schemas.Heartbeat,
-    "logs": schemas.LogBatch, "metrics": schemas.MetricBatch, "progress": schemas.Progress,
+    "claim": schemas.Claim,
+    "finished": schemas.Finished,
+    "heartbeat": schemas.Heartbeat,
+    "logs": schemas.LogBatch,
+    "metrics": schemas.MetricBatch,
+    "progress": schemas.Progress,
     "rendezvous": schemas.Rendezvous,
 }
 
@@ -59,8 +63,9 @@ class FakeApi:
         self.requests: list[httpx.Request] = []
 
     def client(self, retries: int = 2) -> InternalApi:
-        return InternalApi("http://api.test", TOKEN, retries=retries,
-                           transport=httpx.MockTransport(self.handle))
+        return InternalApi(
+            "http://api.test", TOKEN, retries=retries, transport=httpx.MockTransport(self.handle)
+        )
 
     def calls(self, route: str) -> list[httpx.Request]:
         """Every answered request to `route` (the path's last word), in order."""
@@ -96,9 +101,15 @@ class FakeApi:
         if route == "claim":
             claim = json.loads(request.content)
             if self.claimed_by or claim["attempt"] != self.attempt:
-                return httpx.Response(409, json={"error": {
-                    "message": f"taken by {self.claimed_by} in attempt {self.attempt}",
-                    "field": self.refuse_field}})
+                return httpx.Response(
+                    409,
+                    json={
+                        "error": {
+                            "message": f"taken by {self.claimed_by} in attempt {self.attempt}",
+                            "field": self.refuse_field,
+                        }
+                    },
+                )
             self.peer_hosts = sorted({*self.peer_hosts, claim["host"]})
             return httpx.Response(200, json={})
         if route == "code":
@@ -113,15 +124,23 @@ class FakeApi:
             return httpx.Response(204)
         if route == "rendezvous":
             addr, port = self.master or (None, None)
-            return httpx.Response(200, json={
-                "master_addr": addr, "master_port": port, "status": self.status,
-                "attempt": self.attempt, "peer_hosts": self.peer_hosts,
-                "peers_complete": self.peers_complete})
+            return httpx.Response(
+                200,
+                json={
+                    "master_addr": addr,
+                    "master_port": port,
+                    "status": self.status,
+                    "attempt": self.attempt,
+                    "peer_hosts": self.peer_hosts,
+                    "peers_complete": self.peers_complete,
+                },
+            )
         if route == "finished":
             return httpx.Response(200, json={"status": "RUNNING"})
         if re.fullmatch(r"heartbeat|deregister|logs|metrics|progress|checkpoints", route):
-            return httpx.Response(200 if route == "logs" else 204,
-                                  json={"stored": 0} if route == "logs" else None)
+            return httpx.Response(
+                200 if route == "logs" else 204, json={"stored": 0} if route == "logs" else None
+            )
         return httpx.Response(404, json={"error": {"message": f"no route {route}"}})
 
 
@@ -146,12 +165,25 @@ class FakeSlot:
         self.rank_dir, self.scripts, self.lease = rank_dir, scripts, FakeLease()
         self.env: dict[str, str] = {}
         self.popen = subprocess.Popen(
-            ["sh", "-c", "read -r go && exec sh ./run.sh"], cwd=rank_dir, text=True, bufsize=1,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            ["sh", "-c", "read -r go && exec sh ./run.sh"],
+            cwd=rank_dir,
+            text=True,
+            bufsize=1,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
-    def begin(self, spec_path: Path, env: Mapping[str, str], *, task_id: int,
-              peers: Sequence[str], memory_limit_mb: int) -> bool:
+    def begin(
+        self,
+        spec_path: Path,
+        env: Mapping[str, str],
+        *,
+        task_id: int,
+        peers: Sequence[str],
+        memory_limit_mb: int,
+    ) -> bool:
         assert spec_path.parent == self.rank_dir and memory_limit_mb >= 1
         self.env = dict(env)
         self.lease.admit(task_id, peers)

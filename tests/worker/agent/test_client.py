@@ -45,8 +45,13 @@ def test_a_client_error_is_raised_at_once(api: FakeApi) -> None:
 
 
 def test_nul_characters_in_rank_output_still_arrive(api: FakeApi) -> None:
-    line = {"attempt": 1, "node": "rank-1", "seq": 0, "time": "2026-01-01T00:00:00",
-            "text": "bad\x00byte"}
+    line = {
+        "attempt": 1,
+        "node": "rank-1",
+        "seq": 0,
+        "time": "2026-01-01T00:00:00",
+        "text": "bad\x00byte",
+    }
     api.client().logs(4, [line])
     assert api.bodies("logs")[0]["lines"][0]["text"] == "bad\ufffdbyte"
 

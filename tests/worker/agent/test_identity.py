@@ -26,12 +26,22 @@ def test_a_corrupt_id_file_gets_a_new_id(tmp_path: Path) -> None:
 
 def test_a_second_process_cannot_take_a_held_name(tmp_path: Path) -> None:
     claim_instance_id(tmp_path, "held")
-    claim = ("import sys; from worker.agent.identity import claim_instance_id; "
-             "print(claim_instance_id(sys.argv[1], sys.argv[2]))")
-    other = subprocess.run([sys.executable, "-c", claim, str(tmp_path), "held"],
-                           capture_output=True, text=True, timeout=60)
+    claim = (
+        "import sys; from worker.agent.identity import claim_instance_id; "
+        "print(claim_instance_id(sys.argv[1], sys.argv[2]))"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", claim, str(tmp_path), "held"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert other.returncode != 0
     assert "NameClash" in other.stderr and "another --name" in other.stderr
-    free = subprocess.run([sys.executable, "-c", claim, str(tmp_path), "free"],
-                          capture_output=True, text=True, timeout=60)
+    free = subprocess.run(
+        [sys.executable, "-c", claim, str(tmp_path), "free"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert free.returncode == 0 and len(free.stdout.strip()) == 32

@@ -35,11 +35,14 @@ def test_a_valid_message_reaches_the_runner_as_a_payload() -> None:
     assert runner.runs == [payload] and isinstance(runner.runs[0], SubTaskPayload)
 
 
-@pytest.mark.parametrize(("message_id", "change"), [
-    ("17", {"epochs": 0}),
-    ("17", {"groups": []}),
-    ("99", {}),  # the Celery id is not the sub-task it carries
-])
+@pytest.mark.parametrize(
+    ("message_id", "change"),
+    [
+        ("17", {"epochs": 0}),
+        ("17", {"groups": []}),
+        ("99", {}),  # the Celery id is not the sub-task it carries
+    ],
+)
 def test_an_invalid_message_is_dropped_unrun(message_id: str, change: dict[str, Any]) -> None:
     runner = Runner()
     raw = {**make_payload().model_dump(mode="json"), **change}
@@ -61,8 +64,9 @@ def test_the_consumer_app_runs_a_sub_task_message(settings: AgentSettings) -> No
 
 def test_heartbeats_carry_the_running_ranks_and_survive_an_api_outage(api: FakeApi) -> None:
     registry, procs = RunningRegistry(), ProcessSet()
-    alive = subprocess.Popen(["sleep", "30"], stdout=subprocess.PIPE, text=True,
-                             start_new_session=True)
+    alive = subprocess.Popen(
+        ["sleep", "30"], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     ended = subprocess.Popen(["true"], stdout=subprocess.PIPE, text=True)
     ended.wait()
     procs.add(2, alive)
@@ -77,8 +81,9 @@ def test_heartbeats_carry_the_running_ranks_and_survive_an_api_outage(api: FakeA
             stop.set()
 
     api.before = stop_after_two
-    beating = threading.Thread(target=main._heartbeats,
-                               args=(api.client(retries=0), 7, 0.01, stop, registry))
+    beating = threading.Thread(
+        target=main._heartbeats, args=(api.client(retries=0), 7, 0.01, stop, registry)
+    )
     try:
         beating.start()
         beating.join(timeout=10)

@@ -11,7 +11,8 @@ from worker.engine.report import parse_event
 
 
 def test_rank_0_binds_a_port_the_kernel_picks_and_reports_it(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     env = ClusterEnv(rank=0, world_size=2, master_addr="127.0.0.1", master_port=0)
     store = rendezvous_store(env, timedelta(seconds=10))
     events = [parse_event(line) for line in capsys.readouterr().out.splitlines()]
@@ -21,7 +22,8 @@ def test_rank_0_binds_a_port_the_kernel_picks_and_reports_it(
         squatter.bind(("", store.port))
     peer = rendezvous_store(
         ClusterEnv(rank=1, world_size=2, master_addr="127.0.0.1", master_port=store.port),
-        timedelta(seconds=10))
+        timedelta(seconds=10),
+    )
     peer.set("hello", "world")
     assert store.get("hello") == b"world"
     assert capsys.readouterr().out == ""  # only rank 0 with port 0 reports

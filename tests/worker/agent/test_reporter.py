@@ -30,7 +30,11 @@ def test_logs_are_numbered_per_node_and_sent_in_batches(api: FakeApi) -> None:
     reporter.flush()
     sent = [line for batch in api.bodies("logs") for line in batch["lines"]]
     assert [(x["node"], x["seq"], x["text"]) for x in sent] == [
-        ("ps", 0, "one"), ("rank-1", 0, "two"), ("ps", 1, "three"), ("rank-1", 1, "four")]
+        ("ps", 0, "one"),
+        ("rank-1", 0, "two"),
+        ("ps", 1, "three"),
+        ("rank-1", 1, "four"),
+    ]
     assert {x["attempt"] for x in sent} == {2}
 
 
@@ -43,26 +47,32 @@ def test_logs_survive_a_503(api: FakeApi) -> None:
     assert api.bodies("logs")[0]["lines"][0]["node"] == "agent-a"
 
 
-def test_metrics_keep_their_rank_and_the_parameter_server_reports_global_ones(
-        api: FakeApi) -> None:
+def test_metrics_keep_their_rank_and_the_parameter_server_reports_global_ones(api: FakeApi) -> None:
     reporter = Reporter(api.client(), 4, group="a")
-    reporter.pump(lines(
-        ("ps", ev(type="metric", name="loss", value=0.5, step=3, epoch=1, rank=0)),
-        ("rank-2", ev(type="metric", name="loss", value=0.7, step=3, epoch=1, rank=2)),
-        ("rank-2", ev(type="metric", name="loss", value=None, nonfinite="nan", step=4, rank=2)),
-    ))
+    reporter.pump(
+        lines(
+            ("ps", ev(type="metric", name="loss", value=0.5, step=3, epoch=1, rank=0)),
+            ("rank-2", ev(type="metric", name="loss", value=0.7, step=3, epoch=1, rank=2)),
+            ("rank-2", ev(type="metric", name="loss", value=None, nonfinite="nan", step=4, rank=2)),
+        )
+    )
     (batch,) = api.bodies("metrics")
     assert [(m["rank"], m["value"], m["nonfinite"]) for m in batch["metrics"]] == [
-        (None, 0.5, None), (2, 0.7, None), (2, None, "nan")]
+        (None, 0.5, None),
+        (2, 0.7, None),
+        (2, None, "nan"),
+    ]
 
 
 def test_a_malformed_event_is_logged_and_loses_nothing_else(api: FakeApi) -> None:
     reporter = Reporter(api.client(), 4, group="a")
-    reporter.pump(lines(
-        ("rank-1", ev(type="metric", name="x" * 500, value=1.0)),  # refused by the API schema
-        ("rank-1", ev(type="progress", step=1)),  # fields missing
-        ("rank-1", ev(type="metric", name="acc", value=0.9, rank=1)),
-    ))
+    reporter.pump(
+        lines(
+            ("rank-1", ev(type="metric", name="x" * 500, value=1.0)),  # refused by the API schema
+            ("rank-1", ev(type="progress", step=1)),  # fields missing
+            ("rank-1", ev(type="metric", name="acc", value=0.9, rank=1)),
+        )
+    )
     assert [m["name"] for m in api.bodies("metrics")[0]["metrics"]] == ["acc"]
     texts = [x["text"] for x in api.bodies("logs")[0]["lines"]]
     assert len(texts) == 2 and all(t.startswith("ignored a malformed") for t in texts)
@@ -71,13 +81,13 @@ def test_a_malformed_event_is_logged_and_loses_nothing_else(api: FakeApi) -> Non
 def test_the_first_progress_is_sent_at_once(api: FakeApi) -> None:
     reporter = Reporter(api.client(), 4, group="a", interval_s=60.0)
     reporter.flush()
-    reporter.pump(lines(("ps", ev(type="progress", step=5, epochs=2, steps_per_epoch=10,
-                                  epoch=0))))
+    reporter.pump(lines(("ps", ev(type="progress", step=5, epochs=2, steps_per_epoch=10, epoch=0))))
     assert api.bodies("progress") == [{"progress": 0.25, "epoch": 0}]
 
 
 def test_checkpoints_are_uploaded_only_from_the_ranks_own_folder(
-        api: FakeApi, tmp_path: Path) -> None:
+    api: FakeApi, tmp_path: Path
+) -> None:
     rank_dir = tmp_path / "rank"
     (rank_dir / "checkpoints").mkdir(parents=True)
     (rank_dir / "checkpoints" / "ep1.pt").write_bytes(b"weights")
@@ -86,18 +96,45 @@ def test_checkpoints_are_uploaded_only_from_the_ranks_own_folder(
     (rank_dir / "checkpoints" / "link.pt").symlink_to(secret)
     reporter = Reporter(api.client(), 4, group="a", attempt=3)
     reporter.rank_dirs["ps"] = rank_dir
-    reporter.pump(lines(
-        ("ps", ev(type="checkpoint", path=str(rank_dir / "checkpoints" / "ep1.pt"),
-                  epoch=1, step=10)),
-        ("ps", ev(type="checkpoint", path=str(secret), epoch=1, step=10)),
-        ("ps", ev(type="checkpoint", path=str(rank_dir / "checkpoints" / "link.pt"),
-                  epoch=1, step=10)),
-        ("rank-1", ev(type="checkpoint", path=str(rank_dir / "checkpoints" / "ep1.pt"),
-                      epoch=1, step=10)),
-    ))
+    reporter.pump(
+        lines(
+            (
+                "ps",
+                ev(
+                    type="checkpoint",
+                    path=str(rank_dir / "checkpoints" / "ep1.pt"),
+                    epoch=1,
+                    step=10,
+                ),
+            ),
+            ("ps", ev(type="checkpoint", path=str(secret), epoch=1, step=10)),
+            (
+                "ps",
+                ev(
+                    type="checkpoint",
+                    path=str(rank_dir / "checkpoints" / "link.pt"),
+                    epoch=1,
+                    step=10,
+                ),
+            ),
+            (
+                "rank-1",
+                ev(
+                    type="checkpoint",
+                    path=str(rank_dir / "checkpoints" / "ep1.pt"),
+                    epoch=1,
+                    step=10,
+                ),
+            ),
+        )
+    )
     uploads = [r for r in api.requests if r.url.path.endswith("/checkpoints")]
     assert len(uploads) == 1 and uploads[0].content == b"weights"
-    assert dict(uploads[0].url.params) == {"name": "ep1.pt", "epoch": "1", "step": "10",
-                                           "attempt": "3"}
+    assert dict(uploads[0].url.params) == {
+        "name": "ep1.pt",
+        "epoch": "1",
+        "step": "10",
+        "attempt": "3",
+    }
     refused = [x["text"] for x in api.bodies("logs")[0]["lines"]]
     assert len(refused) == 3 and all(t.startswith("refused checkpoint") for t in refused)

@@ -35,19 +35,21 @@ def test_a_message_of_an_earlier_attempt_is_refused(api: FakeApi, run_with: Run)
 
 
 def test_the_parameter_server_host_publishes_the_rendezvous_and_succeeds(
-        api: FakeApi, run_with: Run) -> None:
+    api: FakeApi, run_with: Run
+) -> None:
     outcome, pool = run_with({0: f"echo ps up; {RENDEZVOUS}", 1: "echo r1 done"})
     assert outcome == "succeeded"
-    assert api.bodies("rendezvous") == [{"master_addr": HOST, "master_port": 4242,
-                                         "attempt": 1}]
+    assert api.bodies("rendezvous") == [{"master_addr": HOST, "master_port": 4242, "attempt": 1}]
     ranks = pool.by_rank()
     assert sorted(ranks) == [0, 1, 2]
     assert ranks[0].env["MASTER_PORT"] == "0"  # rank 0 picks its own port
     assert {(s.env["MASTER_ADDR"], s.env["MASTER_PORT"]) for r, s in ranks.items() if r} == {
-        (HOST, "4242")}
+        (HOST, "4242")
+    }
     assert all(s.env["WORLD_SIZE"] == "4" for s in ranks.values())
-    assert api.bodies("finished") == [{"succeeded": True, "detail": "all processes exited "
-                                       "cleanly", "cause": "user"}]
+    assert api.bodies("finished") == [
+        {"succeeded": True, "detail": "all processes exited cleanly", "cause": "user"}
+    ]
     assert {"ps up", "r1 done"} <= set(logged(api))
 
 
@@ -73,18 +75,25 @@ def test_another_group_waits_for_the_published_rendezvous(api: FakeApi, run_with
     assert outcome == "succeeded"
     (slot,) = pool.slots
     assert (slot.env["RANK"], slot.env["MASTER_ADDR"], slot.env["MASTER_PORT"]) == (
-        "3", "10.0.0.9", "5151")
+        "3",
+        "10.0.0.9",
+        "5151",
+    )
     assert "10.0.0.9" in slot.lease.admitted[0][1]  # its rank may reach the parameter server
 
 
-@pytest.mark.parametrize(("script", "cause", "summary"), [
-    ("echo 'Traceback'; echo 'ValueError: bad batch'; exit 3", "user", "ValueError: bad batch"),
-    ("echo 'DistBackendError: Connection closed by peer'; exit 1", "peer", "DistBackendError"),
-    ("kill -9 $$", "infra", "exited with code -9"),
-    ("echo 'MemoryError'; exit 1", "user", "memory_limit_mb=4096 exceeded"),
-])
+@pytest.mark.parametrize(
+    ("script", "cause", "summary"),
+    [
+        ("echo 'Traceback'; echo 'ValueError: bad batch'; exit 3", "user", "ValueError: bad batch"),
+        ("echo 'DistBackendError: Connection closed by peer'; exit 1", "peer", "DistBackendError"),
+        ("kill -9 $$", "infra", "exited with code -9"),
+        ("echo 'MemoryError'; exit 1", "user", "memory_limit_mb=4096 exceeded"),
+    ],
+)
 def test_a_failed_rank_is_reported_with_its_cause(
-        api: FakeApi, run_with: Run, script: str, cause: str, summary: str) -> None:
+    api: FakeApi, run_with: Run, script: str, cause: str, summary: str
+) -> None:
     outcome, _ = run_with({0: f"{RENDEZVOUS}; sleep 30", 2: script, 1: "sleep 30"})
     assert outcome == "failed"
     (finished,) = api.bodies("finished")
@@ -104,7 +113,8 @@ def test_an_agent_error_is_an_infra_failure_and_is_logged(api: FakeApi, run_with
 
 @pytest.mark.parametrize(("status", "attempt"), [("CANCELLED", 1), ("RUNNING", 2)])
 def test_ranks_stop_when_the_task_is_cancelled_or_restarted(
-        api: FakeApi, run_with: Run, status: str, attempt: int) -> None:
+    api: FakeApi, run_with: Run, status: str, attempt: int
+) -> None:
     def change_after_start(route: str) -> None:
         if route == "state":
             api.status, api.attempt = status, attempt
@@ -114,8 +124,7 @@ def test_ranks_stop_when_the_task_is_cancelled_or_restarted(
     assert outcome == "failed"
     assert all(slot.popen.poll() is not None for slot in pool.slots)
     (finished,) = api.bodies("finished")
-    assert finished["cause"] == "stopped" and f"{status} in attempt {attempt}" in \
-        finished["detail"]
+    assert finished["cause"] == "stopped" and f"{status} in attempt {attempt}" in finished["detail"]
 
 
 def test_a_rank_beyond_its_wall_clock_limit_fails_the_task(api: FakeApi, run_with: Run) -> None:
@@ -142,7 +151,8 @@ class Lease:
 
 
 def test_peers_admit_each_new_host_until_every_sub_task_is_claimed(
-        api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(Peers, "REFRESH_S", 0.0)
     peers, lease = Peers(api.client(), 4, 1, [HOST]), Lease()
     peers.leases.append(lease)  # type: ignore[arg-type]
@@ -160,8 +170,9 @@ def test_peers_admit_each_new_host_until_every_sub_task_is_claimed(
     assert lease.admitted[-1] == sorted([HOST, "10.0.0.8", "10.0.0.9"])
 
 
-def test_peers_stop_following_another_attempt(api: FakeApi,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_peers_stop_following_another_attempt(
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(Peers, "REFRESH_S", 0.0)
     peers, lease = Peers(api.client(), 4, 1, [HOST]), Lease()
     peers.leases.append(lease)  # type: ignore[arg-type]

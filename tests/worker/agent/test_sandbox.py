@@ -60,9 +60,15 @@ def leases(sandbox: Sandbox) -> Iterator[Callable[[], Lease]]:
 
 
 def test_rank_environment_is_allow_listed(tmp_path: Path) -> None:
-    host = {"POLYTRAIN_AGENT_TOKEN": "t0ken", "POLYTRAIN_ADMIN_PASSWORD": "pw",
-            "DATABASE_URL": "postgresql://u:p@db/x", "BROKER_URL": "redis://:p@r",
-            "AWS_SECRET_ACCESS_KEY": "k", "PATH": "/usr/bin", "GLOO_SOCKET_IFNAME": "lo"}
+    host = {
+        "POLYTRAIN_AGENT_TOKEN": "t0ken",
+        "POLYTRAIN_ADMIN_PASSWORD": "pw",
+        "DATABASE_URL": "postgresql://u:p@db/x",
+        "BROKER_URL": "redis://:p@r",
+        "AWS_SECRET_ACCESS_KEY": "k",
+        "PATH": "/usr/bin",
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
     env = rank_environment({"RANK": "1", "WORLD_SIZE": "2"}, tmp_path, host)
     assert not {"t0ken", "pw", "postgresql://u:p@db/x", "redis://:p@r", "k"} & set(env.values())
     assert env["RANK"] == "1" and env["GLOO_SOCKET_IFNAME"] == "lo" and env["PATH"] == "/usr/bin"
@@ -72,7 +78,8 @@ def test_rank_environment_is_allow_listed(tmp_path: Path) -> None:
 
 
 def test_rank_runs_unprivileged_and_sees_only_its_own_folder(
-        sandbox: Sandbox, leases: Callable[[], Lease], tmp_path: Path) -> None:
+    sandbox: Sandbox, leases: Callable[[], Lease], tmp_path: Path
+) -> None:
     secret = tmp_path / "polytrain.db"
     secret.write_text("agent secrets")
     secret.chmod(0o644)  # world-readable on purpose: the mount namespace alone must hide it
@@ -80,13 +87,20 @@ def test_rank_runs_unprivileged_and_sees_only_its_own_folder(
     other = sandbox.new_rank_dir(theirs.uid)
     write_rank_file(other, "final.pt", b"another task's checkpoint")
     mine = sandbox.new_rank_dir(ours.uid)
-    code = (PROBE.replace("SECRET", repr(str(secret)))
-            .replace("OTHER", repr(str(other / "final.pt")))
-            .replace("AGENT_PID", str(os.getpid()))
-            .replace("CHECKOUT", repr(str(Path(__file__).resolve().parents[3]))))
+    code = (
+        PROBE.replace("SECRET", repr(str(secret)))
+        .replace("OTHER", repr(str(other / "final.pt")))
+        .replace("AGENT_PID", str(os.getpid()))
+        .replace("CHECKOUT", repr(str(Path(__file__).resolve().parents[3])))
+    )
     env = rank_environment({}, mine, {**os.environ, "POLYTRAIN_AGENT_TOKEN": "t0ken"})
-    done = subprocess.run(sandbox.command(mine, ["-c", code], ours.uid), env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        sandbox.command(mine, ["-c", code], ours.uid),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert seen["uid"] == ours.uid != theirs.uid
@@ -113,15 +127,20 @@ def test_agent_reads_user_files_without_following_links(sandbox: Sandbox, tmp_pa
     os.mkfifo(rank / "checkpoints" / "fifo.pt")
     (rank / "elsewhere").symlink_to(tmp_path)
     assert read_rank_file(rank, "checkpoints", "step-1.pt") == b"weights"
-    for folder, name in (("checkpoints", "linked.pt"), ("checkpoints", "fifo.pt"),
-                         ("elsewhere", "polytrain.db"), ("checkpoints", "../../polytrain.db"),
-                         ("checkpoints", "..")):
+    for folder, name in (
+        ("checkpoints", "linked.pt"),
+        ("checkpoints", "fifo.pt"),
+        ("elsewhere", "polytrain.db"),
+        ("checkpoints", "../../polytrain.db"),
+        ("checkpoints", ".."),
+    ):
         with pytest.raises(PermissionError):
             read_rank_file(rank, folder, name)
 
 
 def test_missing_bubblewrap_or_user_fails_fast_naming_the_fix(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(SandboxUnavailable, match="useradd"):
         Sandbox.detect(user="no-such-polytrain-user", data_dir=tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -135,11 +154,20 @@ def test_a_pool_overlapping_an_account_is_refused_naming_the_setting(tmp_path: P
 
 
 def test_agent_without_bubblewrap_stops_at_once_naming_the_install(tmp_path: Path) -> None:
-    env = {"PATH": str(tmp_path), "POLYTRAIN_AGENT_TOKEN": "t0ken",
-           "POLYTRAIN_DATA_DIR": str(tmp_path), "POLYTRAIN_API_URL": "http://127.0.0.1:9"}
-    done = subprocess.run([sys.executable, "-m", "polytrain.cli", "agent", "--resource-group",
-                           "cpu-a"], env=env, capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path)
+    env = {
+        "PATH": str(tmp_path),
+        "POLYTRAIN_AGENT_TOKEN": "t0ken",
+        "POLYTRAIN_DATA_DIR": str(tmp_path),
+        "POLYTRAIN_API_URL": "http://127.0.0.1:9",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "polytrain.cli", "agent", "--resource-group", "cpu-a"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert done.returncode == 2, done.stderr
     assert "apt-get install -y bubblewrap" in done.stderr
 
@@ -150,18 +178,23 @@ def test_network_filter_is_installed_once_and_kept(sandbox: Sandbox) -> None:
     uids = sandbox.pool.uids
     netpolicy.install(uids)
     for tool, ipv6 in (("iptables", False), ("ip6tables", True)):
+
         def listed(chain: str, tool: str = tool) -> list[str]:
-            return subprocess.run([tool, "-S", chain], capture_output=True, text=True,
-                                  check=True).stdout.splitlines()
+            return subprocess.run(
+                [tool, "-S", chain], capture_output=True, text=True, check=True
+            ).stdout.splitlines()
 
         main = netpolicy.main_rules(uids, ipv6=ipv6)
         assert listed(netpolicy.CHAIN) == [
-            f"-N {netpolicy.CHAIN}", *(f"-A {netpolicy.CHAIN} " + " ".join(r) for r in main)]
+            f"-N {netpolicy.CHAIN}",
+            *(f"-A {netpolicy.CHAIN} " + " ".join(r) for r in main),
+        ]
         jump = f"-A OUTPUT -m owner --uid-owner {uids[0]}-{uids[-1]} -j {netpolicy.CHAIN}"
         assert listed("OUTPUT").count(jump) == 1
         chain = netpolicy.uid_chain(uids[-1])  # not leased here: closed
-        assert listed(chain)[1:] == [f"-A {chain} " + " ".join(r)
-                                     for r in netpolicy.closed_rules(ipv6=ipv6)]
+        assert listed(chain)[1:] == [
+            f"-A {chain} " + " ".join(r) for r in netpolicy.closed_rules(ipv6=ipv6)
+        ]
 
 
 CONNECT = """
@@ -186,18 +219,19 @@ with socket.socket() as server:
 
 
 def test_admitting_a_slot_puts_back_a_filter_someone_removed(
-        sandbox: Sandbox, leases: Callable[[], Lease]) -> None:
+    sandbox: Sandbox, leases: Callable[[], Lease]
+) -> None:
     """A firewall reload that drops the OUTPUT jump must not let the next rank run unfiltered."""
     uids = sandbox.pool.uids
-    jump = ["OUTPUT", "-m", "owner", "--uid-owner", f"{uids[0]}-{uids[-1]}", "-j",
-            netpolicy.CHAIN]
+    jump = ["OUTPUT", "-m", "owner", "--uid-owner", f"{uids[0]}-{uids[-1]}", "-j", netpolicy.CHAIN]
     subprocess.run(["iptables", "-D", *jump], check=True)
     leases().admit(3)
     assert subprocess.run(["iptables", "-C", *jump]).returncode == 0
 
 
 def test_a_rank_reaches_only_ranks_of_its_own_task(
-        sandbox: Sandbox, leases: Callable[[], Lease]) -> None:
+    sandbox: Sandbox, leases: Callable[[], Lease]
+) -> None:
     """Two tasks on one host: a rank of task 1 connects to task 1's listening rank; a rank of
     task 2 is refused, as is a slot not yet given a task, and one whose task has ended."""
     listener, peer, stranger, idle = leases(), leases(), leases(), leases()
@@ -209,11 +243,20 @@ def test_a_rank_reaches_only_ranks_of_its_own_task(
         return sandbox.command(rank_dir, ["-c", code, *args], lease.uid)
 
     def connect(lease: Lease, port: str) -> str:
-        return subprocess.run(python(lease, CONNECT, port), capture_output=True, text=True,
-                              timeout=60, env=rank_environment({}, Path("/tmp"))).stdout.strip()
+        return subprocess.run(
+            python(lease, CONNECT, port),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=rank_environment({}, Path("/tmp")),
+        ).stdout.strip()
 
-    server = subprocess.Popen(python(listener, LISTEN), stdout=subprocess.PIPE, text=True,
-                              env=rank_environment({}, Path("/tmp")))
+    server = subprocess.Popen(
+        python(listener, LISTEN),
+        stdout=subprocess.PIPE,
+        text=True,
+        env=rank_environment({}, Path("/tmp")),
+    )
     try:
         assert server.stdout is not None
         port = server.stdout.readline().strip()
@@ -262,7 +305,8 @@ def test_uid_pool_hands_each_uid_to_one_slot_at_a_time(sandbox: Sandbox, tmp_pat
 
 
 def test_ranks_gloo_traffic_leaves_from_the_advertised_address(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Peers let a host's ranks in by its advertised address, so gloo must use that one."""
     from worker.agent.main import choose_gloo_interface
 
@@ -297,8 +341,10 @@ class _Lease:
 def test_peers_are_admitted_as_agents_claim_until_complete() -> None:
     from worker.agent.runner import Peers
 
-    api = _Api({"attempt": 1, "peer_hosts": ["10.0.0.1"], "peers_complete": False},
-               {"attempt": 1, "peer_hosts": ["10.0.0.1", "10.0.0.2"], "peers_complete": True})
+    api = _Api(
+        {"attempt": 1, "peer_hosts": ["10.0.0.1"], "peers_complete": False},
+        {"attempt": 1, "peer_hosts": ["10.0.0.1", "10.0.0.2"], "peers_complete": True},
+    )
     peers = Peers(api, 7, 1, ["10.0.0.1"])  # type: ignore[arg-type]
     lease = _Lease()
     peers.leases.append(lease)  # type: ignore[arg-type]

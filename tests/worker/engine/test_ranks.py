@@ -20,8 +20,9 @@ def test_a_failed_rank_is_judged_on_its_whole_output() -> None:
     failed; the failure (cause, summary) is judged only once they are read."""
     ranks = SlowReader()
     script = "echo 'DistBackendError: Connection closed by peer'; exit 1"
-    popen = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    popen = subprocess.Popen(
+        ["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     ranks.add(1, popen)
     popen.wait()
     failed = ranks.failed()

@@ -55,8 +55,10 @@ PROFILED = re.compile(
 def profiles(lines: list[str]) -> list[tuple[list[int], list[int]]]:
     """(shares profiled at, shares proposed) of each profiling round the parameter server logged."""
     found = [m for m in map(PROFILED.search, lines) if m]
-    return [([int(x) for x in m.group(1).split(",")], [int(x) for x in m.group(2).split(",")])
-            for m in found]
+    return [
+        ([int(x) for x in m.group(1).split(",")], [int(x) for x in m.group(2).split(",")])
+        for m in found
+    ]
 
 
 def test_weighted_split_profiles_again_at_the_shares_it_will_train_with(

@@ -46,8 +46,6 @@ def test_a_name_is_taken_once() -> None:
 def test_what_each_strategy_decides_outside_its_epochs() -> None:
     ps: Any = SimpleNamespace(is_ps=True, am_i_leader=False)
     leader: Any = SimpleNamespace(is_ps=False, am_i_leader=True)
-    counters = {name: [strategy_for(name).counts_skips(t) for t in (ps, leader)]
-                for name in NAMES}
-    assert counters == {"sync": [True, False], "periodic": [False, True],
-                        "quorum": [False, True]}
+    counters = {name: [strategy_for(name).counts_skips(t) for t in (ps, leader)] for name in NAMES}
+    assert counters == {"sync": [True, False], "periodic": [False, True], "quorum": [False, True]}
     assert {name for name in NAMES if strategy_for(name).group_optimizers} == {"periodic"}
