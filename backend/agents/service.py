@@ -12,7 +12,7 @@ from backend.core.db import utcnow
 from backend.core.errors import Conflict, NotFound
 from backend.resource_groups import service as groups
 from backend.tasks import fate
-from backend.tasks.models import ACTIVE, SubTask, SubTaskStatus, Task
+from backend.tasks.models import SubTask, Task
 
 
 def register(session: Session, *, data: AgentRegister, live_within_s: float = 15.0) -> Agent:
@@ -101,12 +101,7 @@ def running_sub_tasks(session: Session, *, agent: Agent) -> int:
         session.scalar(
             select(func.count(SubTask.id))
             .join(Task, Task.id == SubTask.task_id)
-            .where(
-                SubTask.agent_id == agent.id,
-                SubTask.status == SubTaskStatus.RUNNING,
-                SubTask.attempt == Task.attempt,
-                Task.status.in_(ACTIVE),
-            )
+            .where(*fate.running_on(agent.id))
         )
         or 0
     )

@@ -6,7 +6,7 @@ calls these functions and nothing else decides whether a task succeeds, fails
 or restarts.
 """
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
 from backend.agents.models import Agent, AgentState
@@ -169,18 +169,24 @@ def _all(session: Session, task: Task, statuses: set[SubTaskStatus]) -> bool:
     return all(s in statuses for s in lifecycle.attempt_sub_statuses(session, task))
 
 
+def running_on(agent_id: int) -> tuple[ColumnElement[bool], ...]:
+    """Where-clauses (SubTask joined to Task): the sub-task runs on agent `agent_id` in its
+    task's current attempt, and the task is active."""
+    return (
+        SubTask.agent_id == agent_id,
+        SubTask.status == SubTaskStatus.RUNNING,
+        SubTask.attempt == Task.attempt,
+        Task.status.in_(ACTIVE),
+    )
+
+
 def restart_tasks_of(session: Session, *, agent: Agent, reason: str) -> int:
     """Restart (or fail) the tasks whose current sub-task runs on `agent`; the caller commits."""
     tasks = (
         session.scalars(
             select(Task)
             .join(SubTask, SubTask.task_id == Task.id)
-            .where(
-                SubTask.agent_id == agent.id,
-                SubTask.attempt == Task.attempt,
-                SubTask.status == SubTaskStatus.RUNNING,
-                Task.status.in_(ACTIVE),
-            )
+            .where(*running_on(agent.id))
             .with_for_update(of=Task)
         )
         .unique()

@@ -8,6 +8,7 @@ from contracts.payload import DEFAULT_MAX_RUNTIME_S, DEFAULT_MEMORY_LIMIT_MB, Ta
 from contracts.plan import DeviceType, SplitPolicy, SyncStrategy
 from contracts.preprocess import PreprocessStep
 from contracts.strict import StrictModel
+from contracts.task_spec import ENGINE_OPTIONS
 
 
 class GroupRequest(StrictModel):
@@ -182,17 +183,7 @@ class TaskCreate(StrictModel):
 
     def engine_options(self) -> dict[str, Any]:
         """The training-engine settings stored in the task's spec (see worker.engine.spec)."""
-        keys = (
-            "split_policy",
-            "sync_strategy",
-            "sync_period",
-            "quorum",
-            "max_staleness",
-            "exchange_fraction",
-            "checkpoint_every",
-            "rebalance_every",
-            "on_nonfinite",
-        )
+        keys = ("split_policy", *(key for key in ENGINE_OPTIONS if key != "preprocess"))
         options = {key: getattr(self, key) for key in keys}
         options["preprocess"] = [step.model_dump() for step in self.preprocess]
         return options
