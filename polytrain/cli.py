@@ -70,7 +70,7 @@ def agent(
     from worker.agent.client import Conflict
     from worker.agent.identity import NameClash
     from worker.agent.main import run_agent
-    from worker.agent.sandbox import SandboxUnavailable
+    from worker.agent.uids import SandboxUnavailable
     from worker.config import AgentSettings
 
     try:

@@ -19,7 +19,8 @@ from worker.agent.client import InternalApi
 from worker.agent.identity import claim_instance_id
 from worker.agent.processes import RunningRegistry, WarmPool
 from worker.agent.runner import SubTaskRunner
-from worker.agent.sandbox import Sandbox, UidPool
+from worker.agent.sandbox import Sandbox
+from worker.agent.uids import UidPool
 from worker.config import AgentSettings
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Ranks share the host's network namespace (their peers sit on other hosts), so
 the filter is the kernel's, with iptables and ip6tables. Every rank slot runs
-as its own user from a pool of sandbox uids (`worker.agent.sandbox.UidPool`);
+as its own user from a pool of sandbox uids (`worker.agent.uids.UidPool`);
 each of their packets jumps from OUTPUT (`-m owner --uid-owner FIRST-LAST`) to
 the chain :data:`CHAIN`, which sends each uid on to its own chain
 (``POLYTRAIN-U<uid>``, with goto: a RETURN there ends the filter's verdict

@@ -17,12 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from worker.agent.sandbox import (
-    Lease,
-    Sandbox,
-    check_rank_env,
-    rank_environment,
-)
+from worker.agent.sandbox import Sandbox, check_rank_env, rank_environment
+from worker.agent.uids import Lease
 from worker.engine.ranks import RankProcess, RankSet, spawn
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,8 @@ from worker.agent.processes import (
     start_slot,
 )
 from worker.agent.reporter import Reporter
-from worker.agent.sandbox import Lease, Sandbox, write_rank_file
+from worker.agent.sandbox import Sandbox, write_rank_file
+from worker.agent.uids import Lease
 from worker.config import AgentSettings
 from worker.engine.ranks import RankProcess, node_name, rank_env
 from worker.engine.report import parse_event

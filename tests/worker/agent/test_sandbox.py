@@ -10,15 +10,8 @@ from pathlib import Path
 import pytest
 
 from worker.agent import netpolicy
-from worker.agent.sandbox import (
-    Lease,
-    Sandbox,
-    SandboxUnavailable,
-    UidPool,
-    rank_environment,
-    read_rank_file,
-    write_rank_file,
-)
+from worker.agent.sandbox import Sandbox, rank_environment, read_rank_file, write_rank_file
+from worker.agent.uids import Lease, SandboxUnavailable, UidPool
 
 PROBE = """
 import json, os
