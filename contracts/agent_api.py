@@ -17,6 +17,11 @@ CHECKPOINT_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}$"
 CHECKPOINT_NAME = re.compile(CHECKPOINT_NAME_PATTERN)
 """A checkpoint's file name: one visible name (not `.`, `..` or `.x`), no folders."""
 
+ACTIVE_STATUSES = frozenset({"SCHEDULED", "RUNNING"})
+"""The task statuses (`TaskState.status`) in which the agents run the task's current attempt;
+the backend's `ACTIVE` set is built from these names, and an agent stops its ranks in any
+other status."""
+
 
 class Claim(StrictModel):
     agent_id: int

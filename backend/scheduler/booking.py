@@ -119,7 +119,10 @@ def allocate(
         TaskStatus.SCHEDULED,
         f"attempt {queued.attempt}: allocated parameter server and {total} workers: {detail}",
     )
-    assert not scheduled.has_side_effects  # nothing to release, settle or wake
+    if scheduled.has_side_effects or set(scheduled.task_values()) != {"status", "status_reason"}:
+        # The statement below writes exactly these columns and nothing else: a lifecycle rule
+        # that asks more of QUEUED -> SCHEDULED must be written here too.
+        raise RuntimeError(f"booking cannot apply {scheduled}")
     claim = {
         **scheduled.event_row(),
         "task_attempt": queued.attempt,

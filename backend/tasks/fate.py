@@ -133,10 +133,12 @@ def finish(session: Session, *, sub: SubTask, data: Finished) -> Task:
     Only the current attempt's reports count. The task succeeds when every
     group has succeeded; fails at a `user` error (the training code raised);
     restarts (or fails when no restart is left) at an `infra` failure, or once
-    every group has ended on `peer` errors alone.
+    every group has ended on `peer` errors alone. The same report again (the
+    agent's client resends when an answer is lost) changes nothing and answers
+    the same: a sub-task that has ended or was aborted keeps its status.
     """
     task = session.get_one(Task, sub.task_id, with_for_update=True)
-    if sub.status is not SubTaskStatus.ABORTED:
+    if sub.status is SubTaskStatus.RUNNING:
         lifecycle.move_sub_task(
             sub,
             SubTaskStatus.SUCCEEDED if data.succeeded else SubTaskStatus.FAILED,

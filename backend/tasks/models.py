@@ -9,6 +9,7 @@ from sqlalchemy import JSON, Enum, Float, ForeignKey, Index, String, Text, Uniqu
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.core.db import Base, utcnow
+from contracts.agent_api import ACTIVE_STATUSES
 
 
 class TaskStatus(enum.StrEnum):
@@ -32,7 +33,7 @@ class TaskStatus(enum.StrEnum):
 
 TERMINAL = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED})
 # The one set of active statuses (the lifecycle, the monitor, claims and dispatch use it).
-ACTIVE = frozenset({TaskStatus.SCHEDULED, TaskStatus.RUNNING})
+ACTIVE = frozenset(TaskStatus(name) for name in ACTIVE_STATUSES)
 
 
 class NodeRole(enum.StrEnum):

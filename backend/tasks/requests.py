@@ -6,10 +6,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.core.errors import Invalid
-from backend.resource_groups.models import GroupState, ResourceGroup
+from backend.resource_groups.models import LIVE, GroupState, ResourceGroup
 from backend.tasks.schemas import GroupRequest
-
-LIVE = ResourceGroup.deleted_at.is_(None)
 
 
 def _named(session: Session, item: GroupRequest, field: str) -> dict[str, Any]:

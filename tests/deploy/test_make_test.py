@@ -8,6 +8,7 @@ pytest; browser tests selected without Chromium stop the run before any test
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,3 +59,18 @@ def test_browser_tests_without_chromium_fail_before_any_test(tmp_path: Path) -> 
     assert result.returncode == 4, output
     assert "apt-get update && apt-get install -y chromium" in output
     assert "skipped" not in output and "passed" not in output
+
+
+def test_pytest_collects_every_test_folder() -> None:
+    """`testpaths` orders the folders for the two test processes; a folder it misses would
+    silently never run."""
+    listed = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"][
+            "testpaths"
+        ]
+    )
+    folders = {
+        f"tests/{p.parent.relative_to(REPO / 'tests').parts[0]}"
+        for p in (REPO / "tests").rglob("test_*.py")
+    }
+    assert folders <= listed, sorted(folders - listed)

@@ -6,6 +6,7 @@ import time
 import traceback
 from pathlib import Path
 
+from contracts.agent_api import ACTIVE_STATUSES
 from contracts.payload import SubTaskPayload
 from worker.agent.client import Conflict, InternalApi
 from worker.agent.netpolicy import NetworkPolicyUnavailable
@@ -26,7 +27,6 @@ from worker.engine.report import parse_event
 from worker.engine.spec import RunSpec
 
 log = logging.getLogger(__name__)
-LIVE = {"SCHEDULED", "RUNNING"}
 Outcome = tuple[bool, str, str]  # (succeeded, detail, cause)
 # How an allocation beyond RLIMIT_DATA shows in a rank's output (Python, torch, C++).
 MEMORY_ERRORS = ("MemoryError", "can't allocate memory", "Cannot allocate memory", "std::bad_alloc")
@@ -261,7 +261,7 @@ class SubTaskRunner:
             if time.monotonic() - last_status_check > 1.0:
                 last_status_check = time.monotonic()
                 status, attempt = self.api.task_state(payload.task_id)
-                if status not in LIVE or attempt != payload.attempt:
+                if status not in ACTIVE_STATUSES or attempt != payload.attempt:
                     reporter.agent_line(
                         f"task is {status} in attempt {attempt}: stopping "
                         f"attempt {payload.attempt} of this group's processes"
@@ -319,7 +319,7 @@ class SubTaskRunner:
         while time.monotonic() < deadline:
             found = self.api.rendezvous(payload.task_id)
             if (
-                found["status"] not in LIVE
+                found["status"] not in ACTIVE_STATUSES
                 or found.get("attempt", payload.attempt) != payload.attempt
             ):
                 raise RuntimeError(f"task is {found['status']} before rendezvous")

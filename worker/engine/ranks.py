@@ -166,12 +166,13 @@ class RankSet:
 
     def exited_with_error(self, read_timeout_s: float = 5.0) -> list[RankProcess]:
         """The processes that have exited with a non-zero code, in start order, each with its
-        output read to the end (up to `read_timeout_s` each): a process can exit before its
-        reader has taken its last lines, the ones that say why it failed."""
+        output read to the end (waiting up to `read_timeout_s` in all): a process can exit
+        before its reader has taken its last lines, the ones that say why it failed."""
         failed = [p for p in self.procs if p.popen.poll() not in (None, 0)]
+        deadline = time.monotonic() + read_timeout_s
         for proc in failed:
             if proc.reader is not None:
-                proc.reader.join(timeout=read_timeout_s)
+                proc.reader.join(timeout=max(0.0, deadline - time.monotonic()))
         return failed
 
     def all_succeeded(self) -> bool:

@@ -10,10 +10,11 @@ from sqlalchemy.orm import Session
 
 from backend.core.errors import Conflict
 from backend.scheduler.service import schedule_next
-from backend.tasks import lifecycle
+from backend.tasks import fate, lifecycle
 from backend.tasks import service as tasks
 from backend.tasks.models import SubTask, SubTaskStatus, TaskEvent, TaskStatus
-from tests.backend.scheduling import group, submit, version
+from contracts.agent_api import Finished
+from tests.backend.scheduling import group, running_task, submit, version
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -89,3 +90,21 @@ def test_only_dispatch_publishes_and_only_the_lifecycle_wakes_the_scheduler() ->
     wakers = [str(p.relative_to(REPO)) for p in backend if _calls(p, {"wake"})]
     # loop.py registers its `wake` with the lifecycle, which calls it after a commit.
     assert wakers == ["backend/scheduler/loop.py", "backend/tasks/lifecycle.py"]
+
+
+@pytest.mark.parametrize("succeeded", [True, False])
+def test_the_same_finished_report_again_changes_nothing(session: Session, succeeded: bool) -> None:
+    """The agent's client sends a report again when its answer was lost: the second one is
+    answered like the first and changes no status."""
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    first, second = session.scalars(
+        select(SubTask).where(SubTask.task_id == task.id).order_by(SubTask.group_index)
+    ).all()
+    report = Finished(succeeded=succeeded, cause="user", detail="done" if succeeded else "boom")
+    for _ in range(2):
+        assert fate.finish(session, sub=first, data=report) is task
+    assert first.status is (SubTaskStatus.SUCCEEDED if succeeded else SubTaskStatus.FAILED)
+    assert task.status is (TaskStatus.RUNNING if succeeded else TaskStatus.FAILED)
+    assert second.status is (SubTaskStatus.RUNNING)
