@@ -5,11 +5,16 @@ import os
 from pathlib import Path
 from typing import Any
 
+from contracts.payload import MAX_RUNTIME_S
+
 RUN_SUBTASK = "polytrain.run_sub_task"
 """The Celery task name of one sub-task message (its one argument: a `SubTaskPayload` as JSON)."""
 
-# Redis redelivers a message not acknowledged within this time; no run lasts this long.
-VISIBILITY_TIMEOUT_S = 7 * 24 * 3600
+# Redis redelivers a message not acknowledged within this time: longer than any run may last
+# (the longest wall-clock limit, plus a day), so a running sub-task's message is never sent
+# again. A message an agent took and lost (the agent died) needs no redelivery: the scheduler
+# restarts the task, and publishes again a sub-task nobody claimed.
+VISIBILITY_TIMEOUT_S = MAX_RUNTIME_S + 86_400
 
 
 def queue_name(group: str) -> str:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from contracts.plan import GroupPlan, SplitPolicy
 
 DEFAULT_MAX_RUNTIME_S = 86_400
+MAX_RUNTIME_S = 30 * 86_400  # the longest wall-clock limit a task may ask for
 DEFAULT_MEMORY_LIMIT_MB = 4096
 
 

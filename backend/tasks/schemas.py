@@ -4,7 +4,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from backend.core.schemas import UtcDateTime
 from backend.tasks.models import EventKind, NodeRole, SubTaskStatus, TaskStatus
-from contracts.payload import DEFAULT_MAX_RUNTIME_S, DEFAULT_MEMORY_LIMIT_MB, TaskLimits
+from contracts.payload import (
+    DEFAULT_MAX_RUNTIME_S,
+    DEFAULT_MEMORY_LIMIT_MB,
+    MAX_RUNTIME_S,
+    TaskLimits,
+)
 from contracts.plan import DeviceType, SplitPolicy, SyncStrategy
 from contracts.preprocess import PreprocessStep
 from contracts.strict import StrictModel
@@ -113,7 +118,7 @@ class TaskCreate(StrictModel):
     max_runtime_s: int = Field(
         default=DEFAULT_MAX_RUNTIME_S,
         ge=1,
-        le=30 * 86_400,
+        le=MAX_RUNTIME_S,
         description="wall-clock seconds each attempt may run; beyond it the task FAILS",
     )
     memory_limit_mb: int = Field(

@@ -51,7 +51,7 @@ def make_celery(settings: AgentSettings, runner: SubTaskRunner) -> Celery:
     """The consumer app: late acks and prefetch 1, so a message is only taken when it can run.
 
     On Redis a message is redelivered only if unacknowledged for longer than
-    the longest run (the visibility timeout, 7 days); a redelivered message
+    the longest run (the visibility timeout, 31 days); a redelivered message
     for a sub-task already taken is ignored (the claim refuses it).
     """
     broker = settings.resolved_broker_url()

@@ -8,7 +8,7 @@ from kombu import Connection
 from backend.core.config import get_settings
 from backend.scheduler.dispatch import CeleryDispatcher, producer_app
 from contracts.messaging import broker_options
-from contracts.payload import SubTaskPayload, TaskLimits
+from contracts.payload import MAX_RUNTIME_S, SubTaskPayload
 from contracts.plan import GroupPlan
 from worker.agent.main import make_celery
 from worker.config import AgentSettings
@@ -57,7 +57,7 @@ def test_producer_and_consumers_share_the_broker_options(
 ) -> None:
     """The API's producer and the agents' consumer app use one set of transport options; on
     Redis its visibility timeout (after which an unacknowledged message, i.e. a sub-task still
-    running, is delivered again) outlasts a run at the default wall-clock limit."""
+    running, is delivered again) outlasts the longest wall-clock limit a task may ask for."""
     from tests.conftest import _clear_caches
 
     if broker:
@@ -73,4 +73,4 @@ def test_producer_and_consumers_share_the_broker_options(
     consumed = make_celery(agent, runner=None).conf.broker_transport_options  # type: ignore[arg-type]
     assert produced == consumed
     if broker:
-        assert consumed["visibility_timeout"] > TaskLimits().max_runtime_s
+        assert consumed["visibility_timeout"] > MAX_RUNTIME_S
