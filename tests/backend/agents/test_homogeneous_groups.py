@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.backend.web.dom import parse
-from tests.conftest import agent_headers, make_group, with_csrf
+from tests.conftest import agent_headers, make_group, register_agent, with_csrf
 
 pytestmark = pytest.mark.stack
 EPYC = "AMD EPYC 7763 64-Core Processor"
@@ -26,17 +26,7 @@ def _register(
         "cpu_cores": 8,
         "memory_bytes": 16 * 2**30,
     }
-    return client.post(
-        "/internal/v1/agents/register",
-        headers=agent_headers(),
-        json={
-            "name": name,
-            "host": "10.77.0.3",
-            "resource_group": group,
-            "workers": 2,
-            "hardware": hardware,
-        },
-    )
+    return register_agent(client, group, hardware, name=name)
 
 
 def _error(response: httpx.Response) -> dict[str, str]:
