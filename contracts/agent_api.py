@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from contracts.plan import DeviceType
 from contracts.strict import StrictModel
 
 CHECKPOINT_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}$"
@@ -21,6 +22,39 @@ ACTIVE_STATUSES = frozenset({"SCHEDULED", "RUNNING"})
 """The task statuses (`TaskState.status`) in which the agents run the task's current attempt;
 the backend's `ACTIVE` set is built from these names, and an agent stops its ranks in any
 other status."""
+
+
+class Hardware(StrictModel):
+    """What an agent detected on its host for the device type of the group it serves
+    (docs/architecture.md, "Homogeneous groups").
+
+    `device_type` and `device_model` are what the group is checked against: the CPU model
+    name for a `cpu` group, the GPU's (`torch.cuda.get_device_name`) for `cuda`, the NPU's
+    for `npu`. `device_memory_mb` is that device's memory (host RAM for `cpu`). An agent
+    that reports no device (an older one) counts as a `cpu` agent of model `unknown`.
+    The rest is informative: cores, host RAM (bytes), every CUDA device's name, the OS
+    platform string and the torch version.
+    """
+
+    device_type: DeviceType = "cpu"
+    device_model: str = Field(
+        default="unknown", min_length=1, max_length=200, examples=["NVIDIA A100-SXM4-40GB"]
+    )
+    device_memory_mb: int = Field(default=0, ge=0)
+    cpu_cores: int = Field(ge=1, le=100_000)
+    memory_bytes: int = Field(ge=0)
+    cuda_devices: list[str] = Field(default_factory=list, max_length=1024)
+    platform: str = Field(default="", max_length=500, examples=["Linux-6.1.0-x86_64"])
+    torch: str = Field(default="", max_length=100, examples=["2.13.0+cpu"])
+
+
+class GroupDevice(BaseModel):
+    """What an agent learns of its group before registering: the device type it must serve
+    it with, and the device models it accepts (empty: the first agent's model is adopted)."""
+
+    name: str
+    device_type: DeviceType
+    accepted_models: list[str] = []
 
 
 class Claim(StrictModel):

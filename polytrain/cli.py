@@ -68,6 +68,7 @@ def agent(
     import httpx
 
     from worker.agent.client import Conflict
+    from worker.agent.hardware import NoDevice
     from worker.agent.identity import NameClash
     from worker.agent.main import run_agent
     from worker.agent.uids import SandboxUnavailable
@@ -85,6 +86,9 @@ def agent(
         raise typer.Exit(2) from exc
     except SandboxUnavailable as exc:
         typer.echo(f"agent cannot sandbox training code: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    except NoDevice as exc:
+        typer.echo(f"agent cannot serve group '{resource_group}': {exc}", err=True)
         raise typer.Exit(2) from exc
     except httpx.HTTPStatusError as exc:
         message = exc.response.json().get("error", {}).get("message", exc.response.text)

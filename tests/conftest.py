@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -202,6 +203,23 @@ def make_project(
 
 def agent_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKEN}"}
+
+
+def register_agent(
+    client: TestClient, group: str, hardware: dict, *, name: str = "a1", workers: int = 2
+) -> httpx.Response:
+    """The internal API's answer to agent `name` registering with `group`."""
+    return client.post(
+        "/internal/v1/agents/register",
+        headers=agent_headers(),
+        json={
+            "name": name,
+            "host": "10.77.0.3",
+            "resource_group": group,
+            "workers": workers,
+            "hardware": hardware,
+        },
+    )
 
 
 os.environ.setdefault("POLYTRAIN_AGENT_TOKEN", TOKEN)

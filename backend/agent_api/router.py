@@ -17,6 +17,7 @@ from backend.agents.schemas import AgentRead, AgentRegister
 from backend.auth.dependencies import AgentAuth
 from backend.core.dependencies import SessionDep, SettingsDep
 from backend.projects import service as projects
+from backend.resource_groups import service as groups
 from backend.tasks import fate, reports
 from backend.tasks import service as tasks
 from backend.tasks.models import Checkpoint
@@ -25,6 +26,7 @@ from contracts.agent_api import (
     CHECKPOINT_NAME_PATTERN,
     Claim,
     Finished,
+    GroupDevice,
     Heartbeat,
     LogBatch,
     MetricBatch,
@@ -37,9 +39,17 @@ from contracts.agent_api import (
 router = APIRouter(prefix="/internal/v1", tags=["internal (agents)"], dependencies=[AgentAuth])
 
 
+@router.get("/resource-groups/{name}", response_model=GroupDevice)
+def group_device(name: str, session: SessionDep) -> GroupDevice:
+    """The device type an agent serves group `name` with, and the models it accepts."""
+    return GroupDevice.model_validate(groups.get_by_name(session, name=name), from_attributes=True)
+
+
 @router.post("/agents/register", response_model=AgentRead)
 def register_agent(data: AgentRegister, session: SessionDep, settings: SettingsDep) -> Agent:
-    """Register an agent; 409 (field `name`) while a live agent of another instance holds it."""
+    """Register an agent; 409 (field `name`) while a live agent of another instance holds it,
+    409 (field `hardware.device_type` / `hardware.device_model`) if its hardware differs
+    from its group's."""
     return agents.register(session, data=data, live_within_s=settings.heartbeat_timeout_s)
 
 

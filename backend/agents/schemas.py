@@ -4,18 +4,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from backend.agents.models import AgentState
 from backend.core.schemas import UtcDateTime
+from contracts.agent_api import Hardware
 from contracts.strict import StrictModel
-
-
-class Hardware(StrictModel):
-    """What an agent detected on its host: CPU cores, memory (bytes), CUDA device names,
-    the OS platform string and the torch version."""
-
-    cpu_cores: int = Field(ge=1, le=100_000)
-    memory_bytes: int = Field(ge=0)
-    cuda_devices: list[str] = Field(default_factory=list, max_length=1024)
-    platform: str = Field(default="", max_length=500, examples=["Linux-6.1.0-x86_64"])
-    torch: str = Field(default="", max_length=100, examples=["2.13.0+cpu"])
 
 
 class AgentRegister(StrictModel):

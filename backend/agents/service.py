@@ -11,8 +11,10 @@ from backend.agents.schemas import AgentRegister, AgentUpdate
 from backend.core.db import utcnow
 from backend.core.errors import Conflict, NotFound
 from backend.resource_groups import service as groups
+from backend.resource_groups.models import ResourceGroup
 from backend.tasks import fate
 from backend.tasks.models import SubTask, Task
+from contracts.agent_api import Hardware
 
 
 def register(session: Session, *, data: AgentRegister, live_within_s: float = 15.0) -> Agent:
@@ -23,11 +25,18 @@ def register(session: Session, *, data: AgentRegister, live_within_s: float = 15
     name only once its holder is offline: deregistered, or silent for
     `live_within_s` seconds (the heartbeat timeout).
 
+    The agent's hardware must match its group's (docs/architecture.md, "Homogeneous
+    groups"): the same device type, and a device model the group accepts; a group that
+    accepts none yet adopts this agent's model. A refused agent changes nothing.
+
     Raises:
         NotFound: the resource group does not exist (an admin creates groups).
-        Conflict: (field `name`) a live agent with another instance id holds the name.
+        Conflict: (field `name`) a live agent with another instance id holds the name;
+            (field `hardware.device_type` or `hardware.device_model`) the agent's hardware
+            differs from its group's, naming both and what an admin can do.
     """
     group = groups.get_by_name(session, name=data.resource_group)
+    _check_hardware(session, group, data.hardware)
     agent = session.scalar(select(Agent).where(Agent.name == data.name))
     if (
         agent is not None
@@ -51,10 +60,39 @@ def register(session: Session, *, data: AgentRegister, live_within_s: float = 15
         session.add(agent)
     agent.host, agent.resource_group_id, agent.workers = data.host, group.id, data.workers
     agent.hardware = data.hardware.model_dump()
+    if not group.accepted_models:
+        group.accepted_models = [data.hardware.device_model]  # the first agent pins the group
     agent.online, agent.last_heartbeat_at = True, utcnow()
     agent.instance_id = data.instance_id
     session.commit()
     return agent
+
+
+def _check_hardware(session: Session, group: ResourceGroup, hardware: Hardware) -> None:
+    """Refuse (Conflict) an agent whose device type or model differs from `group`'s."""
+    if hardware.device_type != group.device_type:
+        missing = {"cuda": "a usable GPU", "npu": "a usable NPU (torch_npu)"}
+        needs = missing.get(group.device_type, f"a {group.device_type} device")
+        raise Conflict(
+            f"resource group '{group.name}' is a {group.device_type} group but this agent's "
+            f"hardware is {hardware.device_type} ({hardware.device_model}); a "
+            f"{group.device_type} group needs {needs} on the agent's host: start the agent "
+            f"on such a host, or join a {hardware.device_type} group",
+            field="hardware.device_type",
+        )
+    if not group.accepted_models:
+        # The first agent pins the model: lock the row so that two first agents serialize.
+        session.refresh(group, with_for_update=True)
+    accepted = group.accepted_models
+    if accepted and hardware.device_model not in accepted:
+        models = ", ".join(f"'{model}'" for model in accepted)
+        raise Conflict(
+            f"resource group '{group.name}' accepts device model(s) {models} but this agent's "
+            f"is '{hardware.device_model}'; an admin can add '{hardware.device_model}' to the "
+            f"group's accepted models (PATCH /api/v1/resource-groups/{group.name} with "
+            f"accepted_models, or the cluster page) if it is interchangeable",
+            field="hardware.device_model",
+        )
 
 
 def _is_live(agent: Agent, live_within_s: float) -> bool:

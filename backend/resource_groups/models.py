@@ -22,6 +22,10 @@ class GroupState(enum.StrEnum):
 class ResourceGroup(Base):
     """A pool of identical hardware (same device type and model).
 
+    `accepted_models` are the device models its agents may report (an agent of another
+    model is refused); empty, the first agent's model is adopted, pinning the group to it.
+    An admin widens a group by adding models (docs/architecture.md, "Homogeneous groups").
+
     `capacity` is the most compute workers the group runs at once; what it can
     run now also depends on the agents online. `labels` are free key/value
     tags a request can select on. A deleted group keeps its row (`deleted_at`)
@@ -46,6 +50,7 @@ class ResourceGroup(Base):
     capacity: Mapped[int]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    accepted_models: Mapped[list[str]] = mapped_column(JSON, default=list)
     state: Mapped[GroupState] = mapped_column(
         Enum(GroupState, native_enum=False, length=16, validate_strings=True),
         default=GroupState.ACTIVE,

@@ -1,3 +1,5 @@
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from backend.core.schemas import UtcDateTime
@@ -10,6 +12,13 @@ LABEL_KEY = r"^[a-zA-Z0-9][a-zA-Z0-9_.\-/]{0,62}$"
 Labels = dict[str, str]
 
 
+DeviceModel = Annotated[str, Field(min_length=1, max_length=200)]
+ACCEPTED_MODELS_HELP = (
+    "device models its agents may report (an agent of another model is refused); "
+    "empty: the first agent's model is adopted"
+)
+
+
 def _labels_field() -> Labels:
     return Field(default_factory=dict, max_length=32, examples=[{"zone": "a", "model": "xeon"}])
 
@@ -20,6 +29,9 @@ class ResourceGroupCreate(StrictModel):
     description: str = Field(default="", max_length=2000)
     capacity: int = Field(ge=1, le=4096, description="most compute workers at once")
     labels: Labels = _labels_field()
+    accepted_models: list[DeviceModel] = Field(
+        default_factory=list, max_length=64, description=ACCEPTED_MODELS_HELP
+    )
 
 
 class ResourceGroupUpdate(StrictModel):
@@ -27,7 +39,11 @@ class ResourceGroupUpdate(StrictModel):
 
     model_config = ConfigDict(
         json_schema_extra={
-            "examples": [{"state": "draining"}, {"capacity": 4, "labels": {"zone": "a"}}]
+            "examples": [
+                {"state": "draining"},
+                {"capacity": 4, "labels": {"zone": "a"}},
+                {"accepted_models": ["NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB"]},
+            ]
         }
     )
 
@@ -35,6 +51,11 @@ class ResourceGroupUpdate(StrictModel):
     description: str | None = Field(default=None, max_length=2000)
     capacity: int | None = Field(default=None, ge=1, le=4096)
     labels: Labels | None = Field(default=None, max_length=32)
+    accepted_models: list[DeviceModel] | None = Field(
+        default=None,
+        max_length=64,
+        description=ACCEPTED_MODELS_HELP + "; a new device type without it empties it",
+    )
     state: GroupState | None = None
 
 
@@ -47,6 +68,7 @@ class ResourceGroupRead(BaseModel):
     description: str
     capacity: int
     labels: Labels
+    accepted_models: list[str] = Field(default_factory=list, description=ACCEPTED_MODELS_HELP)
     state: GroupState
     created_at: UtcDateTime
     agents_online: int = 0

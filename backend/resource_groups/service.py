@@ -57,6 +57,9 @@ def update(session: Session, *, group: ResourceGroup, data: ResourceGroupUpdate)
         Invalid: a bad label.
         Conflict: disabling a group that still runs tasks (drain it first), or
             changing the device type of a group in use.
+
+    `accepted_models` replaces the list: adding a model widens the group; removing one
+    refuses that model's next registrations (agents online stay).
     """
     changes = data.model_dump(exclude_unset=True, exclude_none=True)
     _check_labels(changes.get("labels"))
@@ -74,6 +77,8 @@ def update(session: Session, *, group: ResourceGroup, data: ResourceGroupUpdate)
             f"resource group '{group.name}' is in use; its device type cannot change",
             field="device_type",
         )
+    if changes.get("device_type", group.device_type) != group.device_type:
+        changes.setdefault("accepted_models", [])  # the old type's models mean nothing now
     for key, value in changes.items():
         setattr(group, key, value)
     session.commit()

@@ -32,6 +32,14 @@ class GroupForm(BaseModel):
     capacity: str = "1"
     description: str = ""
     labels: str = ""
+    accepted_models: str | None = None
+
+
+def parse_models(text: str | None) -> list[str] | None:
+    """One device model a line -> the list (None: the form did not send the field)."""
+    if text is None:
+        return None
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def parse_labels(text: str) -> dict[str, str]:
@@ -108,7 +116,7 @@ def edit_group(
     user: WebUser,
     form: Annotated[GroupForm, Form()],
 ) -> Response:
-    """Change a group's capacity, description and labels."""
+    """Change a group's capacity, description, labels and accepted device models."""
     _admin(user)
     group = groups.get_by_name(session, name=name)
 
@@ -118,6 +126,7 @@ def edit_group(
                 "capacity": form.capacity,
                 "description": form.description,
                 "labels": parse_labels(form.labels),
+                "accepted_models": parse_models(form.accepted_models),
             }
         )
         groups.update(session, group=group, data=data)

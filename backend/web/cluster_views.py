@@ -15,12 +15,16 @@ from backend.web.forms import FieldErrors
 
 
 def hardware_summary(hardware: dict[str, Any]) -> str:
-    """An agent's reported hardware in a few words, e.g. `8 cores · 15.5 GiB · 2× A100`."""
+    """An agent's reported hardware in a few words, e.g. `8 cores · 15.5 GiB · 2× A100`
+    (the device model it serves its group with too, unless it is a CUDA device listed)."""
     parts = []
     if hardware.get("cpu_cores"):
         parts.append(f"{hardware['cpu_cores']} cores")
     if hardware.get("memory_bytes"):
         parts.append(f"{hardware['memory_bytes'] / 2**30:.1f} GiB")
+    model = hardware.get("device_model")
+    if model and model != "unknown" and hardware.get("device_type") != "cuda":
+        parts.append(str(model))
     devices = Counter(hardware.get("cuda_devices") or [])
     parts.extend(f"{count}× {name}" for name, count in devices.items())
     if hardware.get("torch"):

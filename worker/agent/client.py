@@ -5,6 +5,8 @@ from typing import Any
 
 import httpx
 
+from contracts.agent_api import GroupDevice
+
 
 class Conflict(Exception):
     """The backend refused a state change (e.g. a sub-task already claimed).
@@ -75,6 +77,12 @@ class InternalApi:
             response.raise_for_status()
             return response
         raise AssertionError("unreachable")
+
+    def group_device(self, resource_group: str) -> GroupDevice:
+        """The device type `resource_group` is served with, and the models it accepts."""
+        return GroupDevice.model_validate(
+            self._call("GET", f"/resource-groups/{resource_group}").json()
+        )
 
     def register(self, **agent: Any) -> int:
         return int(self._call("POST", "/agents/register", json=agent).json()["id"])

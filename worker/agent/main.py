@@ -2,7 +2,6 @@
 
 import logging
 import os
-import platform
 import socket
 import threading
 import time
@@ -16,6 +15,7 @@ from contracts.messaging import RUN_SUBTASK, broker_options, queue_name
 from contracts.payload import SubTaskPayload
 from worker.agent import netpolicy
 from worker.agent.client import InternalApi
+from worker.agent.hardware import detect_hardware
 from worker.agent.identity import claim_instance_id
 from worker.agent.processes import RunningRegistry, WarmPool
 from worker.agent.runner import SubTaskRunner
@@ -25,26 +25,6 @@ from worker.config import AgentSettings
 
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)
-
-
-def detect_hardware() -> dict[str, Any]:
-    """CPU cores, memory (bytes) and CUDA devices of this host."""
-    import torch
-
-    memory = 0
-    try:
-        with open("/proc/meminfo") as fh:
-            memory = int(fh.readline().split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return {
-        "cpu_cores": os.cpu_count(),
-        "memory_bytes": memory,
-        "cuda_devices": cuda,
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-    }
 
 
 def make_celery(settings: AgentSettings, runner: SubTaskRunner) -> Celery:
@@ -144,6 +124,10 @@ def run_agent(
         Conflict: (field `name`) the backend knows a live agent of that name elsewhere.
         SandboxUnavailable: (naming the command that fixes it) before registering, if
             this host cannot sandbox ranks (docs/security.md).
+        NoDevice: before registering, if this host cannot serve the group's device type
+            (a `cuda` group without a usable GPU; docs/architecture.md, "Homogeneous groups").
+        Conflict: (field `hardware.device_type` / `hardware.device_model`) the backend
+            refused this host's hardware for the group.
     """
     choose_gloo_interface(settings.advertise_addr)
     sandbox = Sandbox.detect(
@@ -152,6 +136,7 @@ def run_agent(
         uids=UidPool(settings.sandbox_uid_first, settings.sandbox_uid_count),
     )
     api = InternalApi(settings.api_url, settings.agent_token.get_secret_value(), retries=30)
+    hardware = detect_hardware(api.group_device(resource_group).device_type)
     name = name or f"{socket.gethostname()}-{resource_group}-{os.getpid()}"
     instance_id = claim_instance_id(settings.data_dir, name)
     agent_id = api.register(
@@ -160,7 +145,7 @@ def run_agent(
         host=settings.advertise_addr,
         resource_group=resource_group,
         workers=workers,
-        hardware=detect_hardware(),
+        hardware=hardware,
     )
     stop, registry = threading.Event(), RunningRegistry()
     threading.Thread(

@@ -97,3 +97,37 @@ def test_tokens_without_an_expiry_get_the_default_one(empty_url: str) -> None:
     now = datetime.now(UTC).replace(tzinfo=None)
     assert abs(expires - (now + timedelta(days=90))) < timedelta(hours=1)
     assert rows[2] is None  # a revoked token stays as it was
+
+
+def test_existing_groups_accept_the_next_agents_model(empty_url: str) -> None:
+    """Groups made before homogeneous groups get no accepted models (the next agent's is
+    adopted); the downgrade drops the column and keeps the groups."""
+    import json
+    from datetime import datetime
+
+    from sqlalchemy import text
+
+    upgrade(empty_url, "9879ba3bbc45")
+    engine = make_engine(empty_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO resource_group (id, name, device_type, description, capacity, "
+                    "created_at, labels, state) VALUES (1, 'cpu-a', 'cpu', '', 2, :now, '{}', "
+                    "'ACTIVE')"
+                ),
+                {"now": datetime(2026, 1, 1)},
+            )
+        upgrade(empty_url)
+        with engine.connect() as connection:
+            models = connection.execute(text("SELECT accepted_models FROM resource_group")).scalar()
+        assert (json.loads(models) if isinstance(models, str) else models) == []
+        downgrade(empty_url, "9879ba3bbc45")
+        with engine.connect() as connection:
+            assert connection.execute(text("SELECT name FROM resource_group")).scalar() == "cpu-a"
+        assert "accepted_models" not in {
+            column["name"] for column in inspect(engine).get_columns("resource_group")
+        }
+    finally:
+        engine.dispose()

@@ -294,7 +294,7 @@ def test_an_agent_reports_through_the_strict_schemas(world: World, tmp_path: Pat
     import queue
 
     from worker.agent.client import InternalApi
-    from worker.agent.main import detect_hardware
+    from worker.agent.hardware import detect_hardware
     from worker.agent.reporter import Reporter
     from worker.engine.report import PREFIX
 

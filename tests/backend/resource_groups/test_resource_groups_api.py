@@ -3,7 +3,7 @@
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.conftest import add_account, agent_headers, make_group, make_project
+from tests.conftest import add_account, agent_headers, make_group, make_project, register_agent
 
 pytestmark = pytest.mark.stack
 HARDWARE = {"cpu_cores": 8, "memory_bytes": 16 * 2**30, "cuda_devices": []}
@@ -12,17 +12,7 @@ HARDWARE = {"cpu_cores": 8, "memory_bytes": 16 * 2**30, "cuda_devices": []}
 def _register(
     client: TestClient, group: str, workers: int = 2, name: str = "a1", **hardware: object
 ) -> dict:
-    response = client.post(
-        "/internal/v1/agents/register",
-        headers=agent_headers(),
-        json={
-            "name": name,
-            "host": "10.77.0.3",
-            "resource_group": group,
-            "workers": workers,
-            "hardware": {**HARDWARE, **hardware},
-        },
-    )
+    response = register_agent(client, group, {**HARDWARE, **hardware}, name=name, workers=workers)
     assert response.status_code == 200, response.text
     return dict(response.json())
 
