@@ -17,7 +17,15 @@ from sqlalchemy.orm import Session
 from backend.agents.models import Agent
 from backend.core.db import get_sessionmaker
 from backend.resource_groups.models import ResourceGroup
-from backend.tasks.models import Allocation, Metric, NodeRole, Task, TaskStatus
+from backend.tasks.models import (
+    ACTIVE,
+    RESOURCE_METRICS,
+    Allocation,
+    Metric,
+    NodeRole,
+    Task,
+    TaskStatus,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -83,6 +91,40 @@ def _latest_rates(session: Session, *, task_ids: set[int]) -> dict[tuple[int, in
     return {(task_id, rank): value for task_id, rank, value in rows if value is not None}
 
 
+def rank_usage(session: Session) -> dict[tuple[int, int, str], float]:
+    """The latest resource sample (`RESOURCE_METRICS`) of each rank of the active tasks, by
+    (task id, rank, metric name)."""
+    active = select(Task.id).where(Task.status.in_(ACTIVE))
+    newest = (
+        select(func.max(Metric.id))
+        .where(
+            Metric.task_id.in_(active),
+            Metric.name.in_(RESOURCE_METRICS),
+            Metric.rank.is_not(None),
+            Metric.value.is_not(None),
+        )
+        .group_by(Metric.task_id, Metric.rank, Metric.name)
+    )
+    rows = session.execute(
+        select(Metric.task_id, Metric.rank, Metric.name, Metric.value).where(Metric.id.in_(newest))
+    )
+    return {
+        (task_id, rank, name): value
+        for task_id, rank, name, value in rows
+        if rank is not None and value is not None
+    }
+
+
+RANK_GAUGES = {
+    "rank_cpu_percent": ("polytrain_rank_cpu_percent", "CPU of a rank's processes (% of one core)"),
+    "rank_rss_mb": ("polytrain_rank_memory_rss_mib", "Resident memory of a rank's processes (MiB)"),
+    "rank_gpu_util": ("polytrain_rank_gpu_utilization_percent", "GPU utilization of a rank (%)"),
+    "rank_gpu_mem_mb": ("polytrain_rank_gpu_memory_mib", "GPU memory of a rank's processes (MiB)"),
+}
+"""The gauge (name, help) of each resource metric: the latest sample of each active task's
+ranks, labelled task and rank."""
+
+
 class DatabaseCollector(Collector):
     """Collects the platform's gauges with one short database session per scrape."""
 
@@ -91,6 +133,7 @@ class DatabaseCollector(Collector):
             states = tasks_by_state(session)
             agents = agents_online(session)
             rates = throughput_per_group(session)
+            usage = rank_usage(session)
         tasks = GaugeMetricFamily("polytrain_tasks", "Tasks by lifecycle state", labels=["state"])
         for state, count in states.items():
             tasks.add_metric([state], count)
@@ -114,6 +157,16 @@ class DatabaseCollector(Collector):
         for group, rate in rates.items():
             throughput.add_metric([group], rate)
         yield throughput
+        yield from _rank_gauges(usage)
+
+
+def _rank_gauges(usage: dict[tuple[int, int, str], float]) -> Iterator[GaugeMetricFamily]:
+    for metric, (name, documentation) in RANK_GAUGES.items():
+        gauge = GaugeMetricFamily(name, documentation, labels=["task", "rank"])
+        for (task_id, rank, found), value in sorted(usage.items()):
+            if found == metric:
+                gauge.add_metric([str(task_id), str(rank)], value)
+        yield gauge
 
 
 def render_metrics() -> bytes:

@@ -1,5 +1,6 @@
 """The internal API's bodies: what an agent sends about its sub-tasks (claim, rendezvous,
-progress, metrics, logs, checkpoints, finished, heartbeat) and what the backend answers.
+progress, metrics, logs, checkpoints, finished, heartbeat with the ranks' resource use) and
+what the backend answers.
 
 Request bodies derive from `StrictModel` (unknown fields and NUL characters refused by name).
 """
@@ -146,9 +147,25 @@ class TaskState(BaseModel):
     attempt: int = 1
 
 
+class RankSample(StrictModel):
+    """One rank's resource use, summed over its process tree: CPU in percent of one core
+    (over the time since the previous sample), resident memory (RSS) in MiB and, on a GPU
+    host, the utilization (percent) and memory (MiB) of the GPUs its processes use."""
+
+    rank: int
+    cpu_percent: float = Field(ge=0)
+    rss_mb: float = Field(ge=0)
+    gpu_util: float | None = Field(default=None, ge=0, le=100)
+    gpu_mem_mb: float | None = Field(default=None, ge=0)
+
+
 class RunningRanks(StrictModel):
+    """A task's ranks alive on the agent and, every few heartbeats, their resource use
+    (`samples`; an agent that does not measure it sends none)."""
+
     task_id: int
     ranks: list[int] = Field(max_length=4096)
+    samples: list[RankSample] = Field(default_factory=list, max_length=4096)
 
 
 class Heartbeat(StrictModel):

@@ -226,6 +226,11 @@ class Metric(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+RESOURCE_METRICS = ("rank_cpu_percent", "rank_rss_mb", "rank_gpu_util", "rank_gpu_mem_mb")
+"""The metrics an agent measures of each rank (its heartbeats' samples), not the training code:
+CPU percent of one core, resident memory (MiB), GPU utilization (percent) and memory (MiB)."""
+
+
 class Checkpoint(Base):
     __tablename__ = "checkpoint"
 

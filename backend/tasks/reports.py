@@ -1,5 +1,5 @@
 """What agents report besides a task's fate: log lines, metrics, progress, checkpoints and
-the ranks they saw alive."""
+the ranks they saw alive, with their resource use (and its alarm)."""
 
 import os
 import tempfile
@@ -10,8 +10,32 @@ from sqlalchemy.orm import Session
 
 from backend.core.db import utcnow
 from backend.core.errors import Conflict, Invalid
-from backend.tasks.models import Allocation, Checkpoint, LogLine, Metric, Task
-from contracts.agent_api import CHECKPOINT_NAME, LogBatch, MetricBatch, Progress, RunningRanks
+from backend.tasks import lifecycle
+from backend.tasks.models import (
+    ACTIVE,
+    RESOURCE_METRICS,
+    Allocation,
+    Checkpoint,
+    EventKind,
+    LogLine,
+    Metric,
+    NodeRole,
+    Task,
+    TaskEvent,
+)
+from backend.tasks.spec import read_spec
+from contracts.agent_api import (
+    CHECKPOINT_NAME,
+    LogBatch,
+    MetricBatch,
+    Progress,
+    RankSample,
+    RunningRanks,
+)
+from contracts.payload import TaskLimits
+
+MEMORY_ALARM_FRACTION = 0.9
+"""A rank whose resident memory reaches this part of its `memory_limit_mb` raises an alarm."""
 
 
 def add_logs(session: Session, *, task_id: int, batch: LogBatch) -> int:
@@ -129,7 +153,8 @@ def _write_new(path: Path, body: bytes) -> bool:
 
 
 def node_heartbeats(session: Session, *, running: list[RunningRanks]) -> None:
-    """Stamp the held allocations of ranks whose processes an agent saw alive."""
+    """Stamp the held allocations of ranks whose processes an agent saw alive, and store
+    their resource samples (`record_usage`)."""
     now = utcnow()
     for entry in running:
         session.execute(
@@ -140,4 +165,57 @@ def node_heartbeats(session: Session, *, running: list[RunningRanks]) -> None:
                 Allocation.released_at.is_(None),
             )
             .values(last_heartbeat_at=now)
+        )
+        if entry.samples:
+            record_usage(session, task_id=entry.task_id, samples=entry.samples)
+
+
+def record_usage(session: Session, *, task_id: int, samples: list[RankSample]) -> None:
+    """Store the resource samples of an active task's held ranks (rank 0: the parameter
+    server) as metrics (`RESOURCE_METRICS`, with the rank and the task's current epoch;
+    step 0), and raise one alarm per rank and attempt whose memory (RSS) reaches
+    `MEMORY_ALARM_FRACTION` of the task's memory limit. Samples of a task not active, or
+    of a rank it does not hold, are dropped. The caller commits."""
+    task = session.get(Task, task_id)
+    if task is None or task.status not in ACTIVE:
+        return
+    held = {
+        0 if role is NodeRole.PARAMETER_SERVER else rank
+        for role, rank in session.execute(
+            select(Allocation.role, Allocation.rank).where(
+                Allocation.task_id == task_id,
+                Allocation.role.in_([NodeRole.PARAMETER_SERVER, NodeRole.COMPUTE]),
+                Allocation.released_at.is_(None),
+            )
+        )
+    }
+    limit_mb = (read_spec(task).limits or TaskLimits()).memory_limit_mb
+    for sample in (s for s in samples if s.rank in held):
+        values = (sample.cpu_percent, sample.rss_mb, sample.gpu_util, sample.gpu_mem_mb)
+        session.add_all(
+            Metric(
+                task_id=task_id, name=name, value=value, rank=sample.rank, epoch=task.epoch, step=0
+            )
+            for name, value in zip(RESOURCE_METRICS, values, strict=True)
+            if value is not None
+        )
+        if sample.rss_mb >= MEMORY_ALARM_FRACTION * limit_mb:
+            _memory_alarm(session, task, rank=sample.rank, rss_mb=sample.rss_mb, limit_mb=limit_mb)
+
+
+def _memory_alarm(session: Session, task: Task, *, rank: int, rss_mb: float, limit_mb: int) -> None:
+    """Alarm that the rank's memory nears its limit, unless already done in this attempt."""
+    said = f"alarm: rank {rank} of attempt {task.attempt} is near its memory limit"
+    done = session.scalar(
+        select(TaskEvent.id)
+        .where(
+            TaskEvent.task_id == task.id,
+            TaskEvent.kind == EventKind.ALARM,
+            TaskEvent.reason.startswith(said, autoescape=True),
+        )
+        .limit(1)
+    )
+    if done is None:
+        lifecycle.alarm(
+            session, task, f"{said}: {rss_mb:.0f} MiB resident of memory_limit_mb={limit_mb}"
         )

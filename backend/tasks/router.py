@@ -133,12 +133,20 @@ def task_metrics(
     session: SessionDep,
     response: Response,
     name: str | None = None,
+    resources: Annotated[
+        bool | None,
+        Query(
+            description="true: only the ranks' resource use (rank_cpu_percent, rank_rss_mb, "
+            "rank_gpu_util, rank_gpu_mem_mb, measured by the agents); false: all but those"
+        ),
+    ] = None,
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> list:
-    """Reported scalars: per epoch (rank null) and per worker (samples_per_s), oldest first."""
+    """Reported scalars, oldest first: per epoch (rank null), per worker (samples_per_s) and
+    each rank's resource use (with the time it was measured)."""
     return paginated(
-        list(service.metrics(session, task_id=task.id, name=name)),
+        list(service.metrics(session, task_id=task.id, name=name, resources=resources)),
         PageParams(offset=offset, limit=limit),
         response,
     )

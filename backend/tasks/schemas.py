@@ -291,6 +291,7 @@ class MetricRead(BaseModel):
         default=None, description="the value when it was NaN or infinite (JSON has no NaN)"
     )
     rank: int | None
+    created_at: UtcDateTime = Field(description="when the API received it")
 
 
 class WorkerThroughput(BaseModel):

@@ -10,6 +10,7 @@ from backend.projects import service as projects
 from backend.resource_groups.models import ResourceGroup
 from backend.tasks import depends_on, lifecycle, requests
 from backend.tasks.models import (
+    RESOURCE_METRICS,
     Allocation,
     Checkpoint,
     LogLine,
@@ -247,10 +248,17 @@ def logs(
     return session.scalars(query.order_by(LogLine.id).limit(limit)).all()
 
 
-def metrics(session: Session, *, task_id: int, name: str | None = None) -> Sequence[Metric]:
+def metrics(
+    session: Session, *, task_id: int, name: str | None = None, resources: bool | None = None
+) -> Sequence[Metric]:
+    """The task's metrics, oldest first; `resources` True: only the ranks' resource use
+    (`RESOURCE_METRICS`), False: all but those, None: all."""
     query = select(Metric).where(Metric.task_id == task_id)
     if name:
         query = query.where(Metric.name == name)
+    if resources is not None:
+        listed = Metric.name.in_(RESOURCE_METRICS)
+        query = query.where(listed if resources else ~listed)
     return session.scalars(query.order_by(Metric.id)).all()
 
 
@@ -330,7 +338,7 @@ def summary(session: Session, *, task: Task) -> dict:
     """The latest value of each epoch metric, e.g. {"val_accuracy": 0.97, ...}; None when
     it was not finite."""
     latest: dict[str, float | None] = {}
-    for metric in metrics(session, task_id=task.id):
+    for metric in metrics(session, task_id=task.id, resources=False):
         if metric.rank is None:
             latest[metric.name] = metric.value
     return latest

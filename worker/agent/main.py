@@ -17,6 +17,7 @@ from worker.agent import netpolicy
 from worker.agent.client import InternalApi
 from worker.agent.hardware import detect_hardware
 from worker.agent.identity import claim_instance_id
+from worker.agent.monitoring import ResourceSampler
 from worker.agent.processes import RunningRegistry, WarmPool
 from worker.agent.runner import SubTaskRunner
 from worker.agent.sandbox import Sandbox
@@ -78,10 +79,13 @@ def _heartbeats(
     interval_s: float,
     stop: threading.Event,
     registry: RunningRegistry,
+    sampler: ResourceSampler | None = None,
 ) -> None:
+    """Every `interval_s`: the ranks alive, with their resource use when `sampler` has a
+    sample due."""
     while not stop.wait(interval_s):
         try:
-            api.heartbeat(agent_id, registry.snapshot())
+            api.heartbeat(agent_id, registry.snapshot(sampler))
         except Exception:  # keep beating through a backend restart
             log.warning("heartbeat failed", exc_info=True)
 
@@ -151,7 +155,7 @@ def run_agent(
     threading.Thread(
         target=_heartbeats,
         daemon=True,
-        args=(api, agent_id, settings.heartbeat_interval_s, stop, registry),
+        args=(api, agent_id, settings.heartbeat_interval_s, stop, registry, ResourceSampler()),
     ).start()
     pool = WarmPool(workers + 1, sandbox)  # one rank per worker, and the parameter server
     runner = SubTaskRunner(settings, api, agent_id, sandbox, registry, pool)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from worker.agent.monitoring import ResourceSampler
 from worker.agent.sandbox import Sandbox, check_rank_env, rank_environment
 from worker.agent.uids import Lease
 from worker.engine.ranks import RankProcess, RankSet, spawn
@@ -251,8 +252,21 @@ class RunningRegistry:
             time.sleep(0.1)
         return False
 
-    def snapshot(self) -> list[dict[str, object]]:
-        """`[{"task_id", "ranks"}]` of the ranks alive now."""
+    def snapshot(self, sampler: ResourceSampler | None = None) -> list[dict[str, object]]:
+        """`[{"task_id", "ranks"}]` of the ranks alive now; with `sampler`, when a sample is
+        due, also each rank's resource use (`samples`, :mod:`worker.agent.monitoring`)."""
         with self._lock:
             sets = list(self._sets.items())
-        return [{"task_id": t, "ranks": p.alive_ranks()} for t, p in sets if p.alive_ranks()]
+        alive = {t: [q for q in p.procs if q.popen.poll() is None] for t, p in sets}
+        alive = {t: procs for t, procs in alive.items() if procs}
+        entries: list[dict[str, object]] = [
+            {"task_id": t, "ranks": [q.rank for q in procs]} for t, procs in alive.items()
+        ]
+        if sampler is not None and sampler.due():
+            pids = {(t, q.rank): q.popen.pid for t, procs in alive.items() for q in procs}
+            found = sampler.sample(pids)
+            for entry, (t, procs) in zip(entries, alive.items(), strict=True):
+                entry["samples"] = [
+                    {"rank": q.rank, **found[(t, q.rank)]} for q in procs if (t, q.rank) in found
+                ]
+        return entries
