@@ -1,5 +1,6 @@
-/* Task page: loss, accuracy and per-group throughput charts (Chart.js), the throughput and
- * batch-share tables. `TaskCharts.refresh(rankGroups)` redraws them from the API. */
+/* Task page: loss, accuracy and per-group throughput charts (Chart.js), each worker's CPU and
+ * memory over time (the agents' samples), the throughput and batch-share tables.
+ * `TaskCharts.refresh(rankGroups)` redraws them from the API. */
 "use strict";
 
 window.TaskCharts = (function () {
@@ -74,6 +75,52 @@ window.TaskCharts = (function () {
     chart.canvas.dataset.points = String(labels.length);
   }
 
+  /** A line chart over time: x in minutes since the task's first sample, one line per rank. */
+  function makeTimeChart(canvasId, yTitle) {
+    if (typeof window.Chart === "undefined") return null;
+    return new window.Chart($(canvasId), {
+      type: "line",
+      data: { datasets: [] },
+      options: {
+        animation: false, responsive: true, maintainAspectRatio: false, parsing: false,
+        interaction: { mode: "nearest", axis: "x", intersect: false },
+        plugins: { legend: { position: "bottom" } },
+        scales: {
+          x: { type: "linear", title: { display: true, text: "minutes" } },
+          y: { beginAtZero: true, title: { display: true, text: yTitle } },
+        },
+      },
+    });
+  }
+
+  /** Map(worker -> [{x: minutes since `start`, y}]) of one resource metric's samples. */
+  function perWorker(samples, name, start) {
+    const series = new Map();
+    samples.filter((m) => m.name === name && m.rank !== null && m.value !== null).forEach((m) => {
+      const worker = m.rank === 0 ? "ps" : `rank-${m.rank}`;
+      if (!series.has(worker)) series.set(worker, []);
+      series.get(worker).push({ x: (Date.parse(m.created_at) - start) / 60000, y: m.value });
+    });
+    return series;
+  }
+
+  function updateTimeChart(chart, series) {
+    if (!chart) return;
+    const workers = [...series.keys()].sort((a, b) => (a === "ps" ? -1 : b === "ps" ? 1
+      : Number(a.slice(5)) - Number(b.slice(5))));
+    chart.data.datasets = workers.map((worker, i) => ({
+      ...dataset(worker, PALETTE[i % PALETTE.length]), data: series.get(worker), pointRadius: 0 }));
+    chart.update("none");
+    chart.canvas.dataset.points = String(workers.reduce((n, w) => n + series.get(w).length, 0));
+  }
+
+  /** Each worker's CPU (% of one core) and resident memory (MiB), as its agent sampled them. */
+  function renderUsage(samples) {
+    const start = samples.reduce((first, m) => Math.min(first, Date.parse(m.created_at)), Infinity);
+    updateTimeChart(charts.cpu, perWorker(samples, "rank_cpu_percent", start));
+    updateTimeChart(charts.memory, perWorker(samples, "rank_rss_mb", start));
+  }
+
   const fmtRate = (v) => (v === null || v === undefined ? "—" : v.toFixed(1));
   const fmtShare = (v) => (v === null || v === undefined ? "—" : `${(v * 100).toFixed(0)}%`);
   const fmtIdle = (v) => (v === null || v === undefined ? "—" : `${(v * 100).toFixed(1)}%`);
@@ -98,6 +145,8 @@ window.TaskCharts = (function () {
   charts.accuracy = makeChart("accuracy-chart", ["val_accuracy"],
     { suggestedMin: 0, suggestedMax: 1, title: { display: true, text: "accuracy" } });
   charts.throughput = makeChart("throughput-chart", [], { beginAtZero: true, title: { display: true, text: "samples/s" } });
+  charts.cpu = makeTimeChart("cpu-chart", "CPU % of one core");
+  charts.memory = makeTimeChart("memory-chart", "RSS (MiB)");
 
   const SHOW = { nan: "NaN", inf: "+Infinity", "-inf": "-Infinity" };
 
@@ -112,14 +161,17 @@ window.TaskCharts = (function () {
   }
 
   async function refresh(rankGroups) {
-    const [metrics, throughput] = await Promise.all([
-      P.getJSON(`${api}/metrics`), P.getJSON(`${api}/throughput`)]);
+    const usage = ["rank_cpu_percent", "rank_rss_mb"].map(
+      (name) => P.getJSON(`${api}/metrics?name=${name}&limit=100000`));
+    const [metrics, throughput, cpu, memory] = await Promise.all([
+      P.getJSON(`${api}/metrics?resources=false`), P.getJSON(`${api}/throughput`), ...usage]);
     renderNonFinite(metrics);
     const series = perEpoch(metrics);
     updateChart(charts.loss, series, false);
     updateChart(charts.accuracy, series, false);
     updateChart(charts.throughput, groupThroughput(metrics, rankGroups), true);
     renderThroughput(throughput);
+    renderUsage([...cpu, ...memory]);
   }
 
   return { refresh };

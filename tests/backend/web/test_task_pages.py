@@ -137,6 +137,7 @@ def test_task_page_shows_shares_timing_and_the_settings_form(client: TestClient)
     location = _submit(client, {"cpu-a": "2", "cpu-b": "1"}).headers["location"]
     page = parse(client.get(location).text)
     assert page.find("canvas", id="throughput-chart")
+    assert page.find("canvas", id="cpu-chart") and page.find("canvas", id="memory-chart")
     shares = {
         r.attrs["data-group"]: [td.text() for td in r.find_all("td")]
         for r in page.by_id("group-throughput").find_all("tr")
