@@ -152,11 +152,11 @@ class RankSample(StrictModel):
     (over the time since the previous sample), resident memory (RSS) in MiB and, on a GPU
     host, the utilization (percent) and memory (MiB) of the GPUs its processes use."""
 
-    rank: int
-    cpu_percent: float = Field(ge=0)
-    rss_mb: float = Field(ge=0)
+    rank: int = Field(ge=0)
+    cpu_percent: float = Field(ge=0, allow_inf_nan=False)
+    rss_mb: float = Field(ge=0, allow_inf_nan=False)
     gpu_util: float | None = Field(default=None, ge=0, le=100)
-    gpu_mem_mb: float | None = Field(default=None, ge=0)
+    gpu_mem_mb: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class RunningRanks(StrictModel):

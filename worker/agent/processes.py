@@ -264,7 +264,11 @@ class RunningRegistry:
         ]
         if sampler is not None and sampler.due():
             pids = {(t, q.rank): q.popen.pid for t, procs in alive.items() for q in procs}
-            found = sampler.sample(pids)
+            try:
+                found = sampler.sample(pids)
+            except Exception:  # a failed measurement must not cost the heartbeat
+                log.warning("could not measure the ranks' resource use", exc_info=True)
+                return entries
             for entry, (t, procs) in zip(entries, alive.items(), strict=True):
                 entry["samples"] = [
                     {"rank": q.rank, **found[(t, q.rank)]} for q in procs if (t, q.rank) in found

@@ -104,3 +104,15 @@ def test_a_heartbeat_without_samples_is_still_accepted(
     _beat(client, session, {"running": [{"task_id": task.id, "ranks": ranks}]})
     _beat(client, session, {})
     assert client.get(f"/api/v1/tasks/{task.id}/metrics").json() == []
+
+
+def test_samples_of_a_task_no_longer_active_are_dropped(
+    client: TestClient, session: Session
+) -> None:
+    task, ranks = _task(session)
+    client.post(f"/api/v1/tasks/{task.id}/cancel").raise_for_status()
+    running = [{"task_id": task.id, "ranks": ranks, "samples": [_sample(ranks[0], 990.0)]}]
+    _beat(client, session, {"running": running})
+    assert client.get(f"/api/v1/tasks/{task.id}/metrics").json() == []
+    session.expire_all()
+    assert _alarms(session, task) == []
