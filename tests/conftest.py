@@ -189,6 +189,19 @@ def make_group(
     return response.json()
 
 
+def task_request(version: dict, **overrides: object) -> dict:
+    """A `POST /api/v1/tasks` body for code `version` across cpu-a ×2 and cpu-b ×1, 2 epochs of
+    global batch 32; `overrides` replace or add fields."""
+    return {
+        "project_id": version["project_id"],
+        "code_version_id": version["id"],
+        "resource_groups": [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
+        "epochs": 2,
+        "global_batch_size": 32,
+        **overrides,
+    }
+
+
 def make_project(
     client: TestClient, name: str = "mnist", example: str = "mnist_cnn"
 ) -> tuple[dict, dict]:
@@ -206,15 +219,21 @@ def agent_headers() -> dict[str, str]:
 
 
 def register_agent(
-    client: TestClient, group: str, hardware: dict, *, name: str = "a1", workers: int = 2
+    client: TestClient,
+    group: str,
+    hardware: dict,
+    *,
+    name: str = "a1",
+    workers: int = 2,
+    host: str = "10.77.0.3",
 ) -> httpx.Response:
-    """The internal API's answer to agent `name` registering with `group`."""
+    """The internal API's answer to agent `name` on `host` registering with `group`."""
     return client.post(
         "/internal/v1/agents/register",
         headers=agent_headers(),
         json={
             "name": name,
-            "host": "10.77.0.3",
+            "host": host,
             "resource_group": group,
             "workers": workers,
             "hardware": hardware,

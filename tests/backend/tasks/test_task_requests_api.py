@@ -3,21 +3,19 @@
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.conftest import add_account, login_as, make_group, make_project
+from tests.conftest import add_account, login_as, make_group, make_project, task_request
 
 pytestmark = pytest.mark.stack
 
 
 def _spec(version: dict, **overrides: object) -> dict:
-    spec = {
-        "project_id": version["project_id"],
-        "code_version_id": version["id"],
+    """A small request: cpu-a ×1, one epoch of global batch 8."""
+    small = {
         "resource_groups": [{"name": "cpu-a", "workers": 1}],
         "epochs": 1,
         "global_batch_size": 8,
     }
-    spec.update(overrides)
-    return spec
+    return task_request(version, **{**small, **overrides})
 
 
 def _refused(client: TestClient, spec: dict, status: int = 422) -> dict:

@@ -7,19 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from contracts.task_spec import TaskSpec
-from tests.conftest import agent_headers, make_group, make_project
-
-
-def _spec(version: dict, **overrides) -> dict:
-    spec = {
-        "project_id": version["project_id"],
-        "code_version_id": version["id"],
-        "resource_groups": [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
-        "epochs": 2,
-        "global_batch_size": 32,
-    }
-    spec.update(overrides)
-    return spec
+from tests.conftest import agent_headers, make_group, make_project, task_request
 
 
 @pytest.fixture
@@ -37,7 +25,7 @@ def test_heterogeneity_options_reach_the_task_spec(client: TestClient, version: 
     steps = [{"op": "resize", "size": [14, 14]}, {"op": "normalize"}]
     response = client.post(
         "/api/v1/tasks",
-        json=_spec(
+        json=task_request(
             version,
             resource_groups=groups,
             split_policy="weighted",
@@ -69,7 +57,7 @@ def test_heterogeneity_options_reach_the_task_spec(client: TestClient, version: 
 
 
 def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> None:
-    spec = client.post("/api/v1/tasks", json=_spec(version)).json()["spec"]
+    spec = client.post("/api/v1/tasks", json=task_request(version)).json()["spec"]
     assert (spec["split_policy"], spec["sync_strategy"], spec["exchange_fraction"]) == (
         "even",
         "sync",
@@ -136,7 +124,7 @@ def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> Non
 def test_bad_input_is_refused_naming_the_field(
     client: TestClient, version: dict, overrides: dict, field: str, words: str
 ) -> None:
-    response = client.post("/api/v1/tasks", json=_spec(version, **overrides))
+    response = client.post("/api/v1/tasks", json=task_request(version, **overrides))
     assert response.status_code == 422, response.text
     error = response.json()["error"]
     assert error["field"] == field, error
@@ -145,7 +133,7 @@ def test_bad_input_is_refused_naming_the_field(
 
 
 def test_throughput_per_worker_and_group(client: TestClient, version: dict) -> None:
-    task = client.post("/api/v1/tasks", json=_spec(version)).json()
+    task = client.post("/api/v1/tasks", json=task_request(version)).json()
     reported = [
         ("profiled_samples_per_s", 1, 300.0),
         ("profiled_samples_per_s", 2, 280.0),

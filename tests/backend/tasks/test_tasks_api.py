@@ -2,26 +2,14 @@
 
 from fastapi.testclient import TestClient
 
-from tests.conftest import make_group, make_project
-
-
-def _spec(version: dict, **overrides) -> dict:
-    spec = {
-        "project_id": version["project_id"],
-        "code_version_id": version["id"],
-        "resource_groups": [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
-        "epochs": 2,
-        "global_batch_size": 32,
-    }
-    spec.update(overrides)
-    return spec
+from tests.conftest import make_group, make_project, task_request
 
 
 def test_submit_records_queued_task_with_event(client: TestClient) -> None:
     make_group(client, "cpu-a", 2)
     make_group(client, "cpu-b", 1)
     _, version = make_project(client)
-    response = client.post("/api/v1/tasks", json=_spec(version))
+    response = client.post("/api/v1/tasks", json=task_request(version))
     assert response.status_code == 201, response.text
     task = response.json()
     assert task["status"] == "QUEUED"
@@ -35,10 +23,10 @@ def test_submit_records_queued_task_with_event(client: TestClient) -> None:
 def test_malformed_spec_names_the_field(client: TestClient) -> None:
     make_group(client, "cpu-a", 2)
     _, version = make_project(client)
-    response = client.post("/api/v1/tasks", json=_spec(version, epochs=0))
+    response = client.post("/api/v1/tasks", json=task_request(version, epochs=0))
     assert response.status_code == 422
     assert response.json()["error"]["field"] == "epochs"
-    response = client.post("/api/v1/tasks", json=_spec(version, global_batch_size="big"))
+    response = client.post("/api/v1/tasks", json=task_request(version, global_batch_size="big"))
     assert response.json()["error"]["field"] == "global_batch_size"
     assert client.get("/api/v1/tasks").json() == []
 
@@ -46,12 +34,13 @@ def test_malformed_spec_names_the_field(client: TestClient) -> None:
 def test_unknown_group_and_too_many_workers_are_refused(client: TestClient) -> None:
     make_group(client, "cpu-a", 2)
     _, version = make_project(client)
-    unknown = client.post("/api/v1/tasks", json=_spec(version))
+    unknown = client.post("/api/v1/tasks", json=task_request(version))
     assert unknown.status_code == 422
     assert unknown.json()["error"]["field"] == "resource_groups.1.name"
     assert "'cpu-b' does not exist" in unknown.json()["error"]["message"]
     too_many = client.post(
-        "/api/v1/tasks", json=_spec(version, resource_groups=[{"name": "cpu-a", "workers": 3}])
+        "/api/v1/tasks",
+        json=task_request(version, resource_groups=[{"name": "cpu-a", "workers": 3}]),
     )
     assert too_many.status_code == 422
     assert too_many.json()["error"]["field"] == "resource_groups.0.workers"
@@ -64,7 +53,9 @@ def test_global_batch_smaller_than_workers_is_refused(client: TestClient) -> Non
     _, version = make_project(client)
     response = client.post(
         "/api/v1/tasks",
-        json=_spec(version, resource_groups=[{"name": "cpu-a", "workers": 2}], global_batch_size=1),
+        json=task_request(
+            version, resource_groups=[{"name": "cpu-a", "workers": 2}], global_batch_size=1
+        ),
     )
     assert response.status_code == 422
     assert "smaller than the number of workers" in response.json()["error"]["message"]
@@ -74,7 +65,8 @@ def test_cancel_is_recorded_and_final(client: TestClient) -> None:
     make_group(client, "cpu-a", 2)
     _, version = make_project(client)
     task = client.post(
-        "/api/v1/tasks", json=_spec(version, resource_groups=[{"name": "cpu-a", "workers": 1}])
+        "/api/v1/tasks",
+        json=task_request(version, resource_groups=[{"name": "cpu-a", "workers": 1}]),
     ).json()
     assert client.post(f"/api/v1/tasks/{task['id']}/cancel").json()["status"] == "CANCELLED"
     again = client.post(f"/api/v1/tasks/{task['id']}/cancel")

@@ -7,10 +7,10 @@ from backend.tasks import service as tasks
 from tests.backend.web.dom import parse
 from tests.conftest import (
     add_account,
-    agent_headers,
     login_as,
     make_group,
     make_project,
+    register_agent,
     with_csrf,
 )
 
@@ -154,16 +154,9 @@ def test_admin_drains_edits_and_deletes_a_group(client: TestClient) -> None:
 
 def test_admin_drains_describes_and_disables_an_agent(client: TestClient) -> None:
     make_group(client, "cpu-a", capacity=4)
-    agent = client.post(
-        "/internal/v1/agents/register",
-        headers=agent_headers(),
-        json={
-            "name": "host1-cpu-a",
-            "host": "host1",
-            "resource_group": "cpu-a",
-            "workers": 2,
-            "hardware": {"cpu_cores": 4, "memory_bytes": 2**33, "cuda_devices": []},
-        },
+    hardware = {"cpu_cores": 4, "memory_bytes": 2**33, "cuda_devices": []}
+    agent = register_agent(
+        client, "cpu-a", hardware, name="host1-cpu-a", host="host1", workers=2
     ).json()
     url = f"/resource-groups/agents/{agent['id']}"
     drained = parse(client.post(f"{url}/state", data=with_csrf(client, {"state": "draining"})).text)

@@ -5,22 +5,15 @@ import json
 from fastapi.testclient import TestClient
 
 from tests.backend.web.dom import parse
-from tests.conftest import agent_headers, make_group
+from tests.conftest import make_group, register_agent
 
 
 def test_lists_groups_and_agents(client: TestClient) -> None:
     make_group(client, "cpu-a", capacity=4)
     make_group(client, "gpu-a100", capacity=8, device_type="cuda")
-    registered = client.post(
-        "/internal/v1/agents/register",
-        headers=agent_headers(),
-        json={
-            "name": "host1-cpu-a",
-            "host": "host1",
-            "resource_group": "cpu-a",
-            "workers": 3,
-            "hardware": {"cpu_cores": 16, "memory_bytes": 32 * 2**30, "cuda_devices": []},
-        },
+    hardware = {"cpu_cores": 16, "memory_bytes": 32 * 2**30, "cuda_devices": []}
+    registered = register_agent(
+        client, "cpu-a", hardware, name="host1-cpu-a", host="host1", workers=3
     )
     assert registered.status_code == 200, registered.text
 
