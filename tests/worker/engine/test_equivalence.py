@@ -4,7 +4,9 @@ Real gloo processes on CPU: a parameter server and two groups (2 + 1
 workers). Per-worker batches are unequal (an odd global batch; a weighted
 split with one emulated slow group; shares that the online controller
 changes mid-epoch), and every step must still be the single-process step on
-that step's global batch, to 1e-5. The parameter server records the global
+that step's global batch, to 1e-5. The first two read their shards on the
+streaming path (DataLoader processes reading ahead, re-planned after every
+rebalance and exchange), the others on the in-memory path. The parameter server records the global
 batches it served (``RunSpec.debug_dump_dir``) for the reference.
 """
 
@@ -25,6 +27,8 @@ SLOW_B = [
     {"name": "a", "device_type": "cpu", "workers": 2},
     {"name": "b", "device_type": "cpu", "workers": 1, "speed_factor": 0.25},
 ]
+# The streaming data path with one loader process per worker reading ahead.
+STREAMING = {"path": "streaming", "num_workers": 1}
 
 
 def assert_matches_reference(run_spec: RunSpec, dump: Path) -> tuple[LocalRun, list[float]]:
@@ -48,7 +52,8 @@ def assert_matches_reference(run_spec: RunSpec, dump: Path) -> tuple[LocalRun, l
 def test_uneven_even_split_with_exchange_equals_one_process(
     make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:
-    spec = make_spec(exchange_fraction=0.25)  # 7 samples over 3 workers: 3 + 2 + 2
+    # 7 samples over 3 workers: 3 + 2 + 2, each worker streaming its shard through a DataLoader
+    spec = make_spec(exchange_fraction=0.25, data=STREAMING)
     run, epoch_losses = assert_matches_reference(spec, tmp_path / "params")
     for got, want in zip(finite(run.metrics("train_loss")), epoch_losses, strict=True):
         assert math.isclose(got, want, rel_tol=1e-5)
@@ -58,7 +63,11 @@ def test_weighted_split_with_mid_epoch_rebalancing_equals_one_process(
     make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:
     spec = make_spec(
-        split_policy="weighted", groups=SLOW_B, global_batch_size=12, rebalance_every=3
+        split_policy="weighted",
+        groups=SLOW_B,
+        global_batch_size=12,
+        rebalance_every=3,
+        data=STREAMING,
     )
     run, _ = assert_matches_reference(spec, tmp_path / "params")
     shares = [finite(run.metrics("batch_share", rank=r))[0] for r in (1, 2, 3)]
