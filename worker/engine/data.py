@@ -124,7 +124,7 @@ def stack_dataset(dataset: Any) -> TensorData:
 
     A :class:`Prepared` dataset without stages over a TensorDataset is not copied either.
     An empty dataset gives an empty TensorData. Raises ValueError if the items do not
-    collate to tensors.
+    collate to tensors (:func:`collate`).
     """
     if isinstance(dataset, Prepared) and not dataset.stages:
         dataset = dataset.base
@@ -133,10 +133,7 @@ def stack_dataset(dataset: Any) -> TensorData:
     items = [dataset[i] for i in range(len(dataset))]
     if not items:
         return TensorData([], pytree.tree_flatten(())[1])
-    try:
-        return TensorData.from_batch(default_collate(items))
-    except (TypeError, RuntimeError) as exc:
-        raise ValueError(f"dataset items do not stack into tensors: {exc}") from exc
+    return TensorData.from_batch(collate(items))
 
 
 class _Joined(Dataset):
@@ -185,6 +182,7 @@ class Stream:
             prefetch_factor=options.prefetch_factor if workers else None,
             persistent_workers=options.persistent_workers and workers > 0,
             pin_memory=options.pin_memory if options.pin_memory is not None else cuda,
+            collate_fn=collate,
         )
         self.expected: deque[Tensor] = deque()
         self.iterator: Iterator[Any] | None = None
@@ -207,7 +205,7 @@ class Stream:
             self.expected.popleft()
             return next(self.iterator)
         self.direct += 1
-        return default_collate([self.joined[int(i)] for i in indices])
+        return collate([self.joined[int(i)] for i in indices])
 
 
 @dataclass
@@ -317,7 +315,7 @@ class DataSources:
     path: str
 
 
-def _check_map_style(dataset: Any, which: str) -> None:
+def check_map_style(dataset: Any, which: str) -> None:
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
         raise ContractError(
             f"build_datasets returned an iterable {which} dataset ({type(dataset).__name__}): "
@@ -330,25 +328,27 @@ def _check_map_style(dataset: Any, which: str) -> None:
         raise ContractError(f"the {which} dataset has no length: define __len__") from exc
 
 
-def _check_collates(dataset: Any, which: str) -> None:
-    """Refuse a dataset whose first two items do not collate into tensors (names the item)."""
-    if len(dataset) == 0:
-        return
-    items = [dataset[i] for i in range(min(2, len(dataset)))]
+def collate(items: list[Any]) -> Any:
+    """``default_collate`` of ``items``, refusing items that do not make a batch of tensors.
+
+    Raises ValueError describing the first item (e.g. ``(Tensor(3,) torch.float32, int)``)
+    and what to return instead.
+    """
     try:
         batch = default_collate(items)
     except (TypeError, RuntimeError, ValueError) as exc:
         raise ValueError(
-            f"the {which} dataset's items do not collate into a batch ({exc}); item 0 is "
+            f"dataset items do not collate into a batch ({exc}); item 0 of the batch is "
             f"{_describe(items[0])}: return tensors or numbers of one shape per part "
             "(text needs a tokenize preprocessing step)"
         ) from exc
     leaves = pytree.tree_leaves(batch)
     if not leaves or not all(isinstance(leaf, Tensor) for leaf in leaves):
         raise ValueError(
-            f"the {which} dataset's items do not collate into tensors; item 0 is "
+            f"dataset items do not collate into tensors; item 0 of the batch is "
             f"{_describe(items[0])} (text needs a tokenize preprocessing step)"
         )
+    return batch
 
 
 def _describe(item: Any) -> str:
@@ -380,8 +380,9 @@ def prepare_data(
     Compute workers build the user's datasets (global generators seeded with ``seed``
     first), fit the preprocessing statistics together and open their source; the
     parameter server only takes part in the statistics and learns the item counts.
-    Raises ContractError for a dataset that is not map-style, ValueError for items that
-    do not collate or ``num_workers`` beyond the host's cores, PreprocessError for a step
+    Raises ContractError for a dataset that is not map-style, ValueError for
+    ``num_workers`` beyond the host's cores (items that do not collate raise ValueError
+    when the first batch is read, :func:`collate`), PreprocessError for a step
     that does not fit, and whatever ``build_datasets`` raises.
     """
     from worker.engine.launch import seed_everything
@@ -390,8 +391,8 @@ def prepare_data(
     if not topo.is_ps:
         seed_everything(seed)
         train, val = code.build_datasets()
-        _check_map_style(train, "training")
-        _check_map_style(val, "validation")
+        check_map_style(train, "training")
+        check_map_style(val, "validation")
     fitter = WorldFitter(topo, options)
     train_stages, val_stages = build_stages(steps, train, seed, fitter)
     if topo.is_ps:
@@ -402,8 +403,6 @@ def prepare_data(
         )
         return DataSources(counts[0], counts[1], None, None, counts[2])
     prepared = Prepared(train, train_stages), Prepared(val, val_stages)
-    _check_collates(prepared[0], "training")
-    _check_collates(prepared[1], "validation")
     path = choose_path(options, train, val, steps)
     broadcast_object((len(prepared[0]), len(prepared[1]), path), src=1)
     sources: tuple[Source, Source]
