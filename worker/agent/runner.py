@@ -233,6 +233,8 @@ class SubTaskRunner:
         )
         env = rank_env(spec, rank, addr, port)
         env["POLYTRAIN_DIST_TIMEOUT_S"] = str(self.settings.dist_timeout_s)
+        if self.settings.datasets_dir:
+            env["POLYTRAIN_DATASETS"] = str(Path(self.settings.datasets_dir).resolve())
         slot.begin(
             spec_path,
             env,

@@ -149,7 +149,9 @@ def test_bad_datasets_and_loader_settings_are_refused_naming_what_to_fix() -> No
     with pytest.raises(ValueError, match="tokenize"):
         collate([("a text", 1), ("another", 0)])
     ragged = [(torch.zeros(3), 0), (torch.zeros(4), 1)]
-    with pytest.raises(ValueError, match=r"item 0 of the batch is \(Tensor\(3,\) torch.float32, int\)"):
+    with pytest.raises(
+        ValueError, match=r"item 0 of the batch is \(Tensor\(3,\) torch.float32, int\)"
+    ):
         collate(ragged)
     cores = os.cpu_count() or 1
     with pytest.raises(ValueError, match="data.num_workers is .* this host has"):
