@@ -26,6 +26,8 @@ BENCHMARKS = (
     "bench.accuracy_parity",
     # numerical faults (issue 17)
     "bench.nonfinite_check",
+    # the data path (issue 19)
+    "bench.data_path",
     # scheduling and the production stack (issue 4)
     "bench.schedule_decision",
     "bench.submit_to_first_step",

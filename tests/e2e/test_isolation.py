@@ -87,8 +87,9 @@ def _forge_checkpoints():
 
 
 def build_datasets():
-    _probe()
-    _forge_checkpoints()''',
+    if os.environ.get("RANK") == "1":  # every compute worker builds the datasets: probe once
+        _probe()
+        _forge_checkpoints()''',
 )
 
 

@@ -151,13 +151,14 @@ class _Joined(Dataset):
 
 
 class _Planned:
-    """A DataLoader batch sampler whose batches are set from outside before each iteration."""
+    """A DataLoader batch sampler whose batches (int64 tensors) are set from outside before
+    each iteration; each becomes a list only when the loader asks for it."""
 
     def __init__(self) -> None:
-        self.batches: list[list[int]] = []
+        self.batches: list[Tensor] = []
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(list(self.batches))
+        return (batch.tolist() for batch in list(self.batches))
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -191,7 +192,7 @@ class Stream:
     def plan(self, batches: Sequence[Tensor]) -> None:
         """Start reading ``batches`` (global indices into the joined set) ahead."""
         wanted = [b for b in batches if len(b)]
-        self.sampler.batches = [b.tolist() for b in wanted]
+        self.sampler.batches = wanted
         self.expected = deque(wanted)
         self.iterator = iter(self.loader) if wanted else None
         self.replans += 1
@@ -223,10 +224,12 @@ class StreamView:
         return self.stream.take(torch.as_tensor(indices, dtype=torch.int64) + self.offset)
 
     def expects(self, indices: Tensor) -> bool:
-        return self.stream.expects(indices + self.offset)
+        return self.stream.expects(indices + self.offset if self.offset else indices)
 
     def plan(self, batches: Sequence[Tensor]) -> None:
-        self.stream.plan([torch.as_tensor(b, dtype=torch.int64) + self.offset for b in batches])
+        if self.offset:
+            batches = [torch.as_tensor(b, dtype=torch.int64) + self.offset for b in batches]
+        self.stream.plan(batches)
 
 
 def loader_workers(options: DataOptions, device: Any) -> int:
