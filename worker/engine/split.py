@@ -29,6 +29,12 @@ from torch import Tensor
 from worker.engine.sharding import apportion, even_shares, steps_per_epoch
 
 
+def index_dtype(n_items: int) -> torch.dtype:
+    """int32 for item indices below 2**31 (half the memory of int64: every rank holds every
+    worker's shard), else int64. The permutations are the same in either."""
+    return torch.int32 if n_items < 2**31 else torch.int64
+
+
 def _generator(*parts: int) -> torch.Generator:
     seed = 0
     for part in parts:
@@ -40,7 +46,7 @@ def _generator(*parts: int) -> torch.Generator:
 class SplitState:
     """Shards, shares and the data position within the current epoch.
 
-    ``shards[i]`` (int64 ``[n_i]``) is worker ``i``'s shard in the order it is
+    ``shards[i]`` (``[n_i]``, :func:`index_dtype`) is worker ``i``'s shard in the order it is
     consumed this epoch; ``used[i]`` how many it has taken; ``step`` the
     optimizer steps done this epoch (``0 .. steps_per_epoch``).
     """
@@ -61,7 +67,7 @@ class SplitState:
         batch = sum(shares)
         if batch < 1 or min(shares) < 0:
             raise ValueError(f"bad shares {shares}")
-        order = torch.randperm(n_items, generator=_generator(seed, 7))
+        order = torch.randperm(n_items, generator=_generator(seed, 7), dtype=index_dtype(n_items))
         state = cls(n_items, batch, list(shares), [], [0] * len(shares))
         sizes = state.needs_from(0)
         bounds = [0, *torch.tensor(sizes).cumsum(0).tolist()]
@@ -69,7 +75,7 @@ class SplitState:
         return state
 
     def first_shard(self, worker: int, n_workers: int, seed: int) -> Tensor:
-        """Worker ``worker``'s shard (int64) under :meth:`initial` with even shares of this
+        """Worker ``worker``'s shard under :meth:`initial` with even shares of this
         state's batch: the items it profiles on before the shares are chosen."""
         even = SplitState.initial(self.n_items, even_shares(self.batch, n_workers), seed)
         return even.shards[worker]
@@ -103,7 +109,7 @@ class SplitState:
         return [full * s + (last[i] if last else 0) for i, s in enumerate(self.shares)]
 
     def take(self, worker: int) -> Tensor:
-        """Indices (int64 ``[counts(step)[worker]]``) worker ``worker`` trains on this step."""
+        """Indices (``[counts(step)[worker]]``) worker ``worker`` trains on this step."""
         start = self.used[worker]
         return self.shards[worker][start : start + self.counts(self.step)[worker]]
 
@@ -140,6 +146,8 @@ class SplitState:
         self._redistribute(self.needs_from(self.step))
 
     def _redistribute(self, needs: list[int]) -> None:
+        if all(len(s) - u == n for s, u, n in zip(self.shards, self.used, needs, strict=True)):
+            return  # every worker holds what it needs: nothing moves, nothing is copied
         remaining = [s[u:] for s, u in zip(self.shards, self.used, strict=True)]
         surplus = []
         for i, need in enumerate(needs):
@@ -158,7 +166,13 @@ class SplitState:
         self.step = 0
         self._redistribute(self.needs_from(0))
         self.shards = [
-            shard[torch.randperm(len(shard), generator=_generator(seed, epoch, i, 1))]
+            shard[
+                torch.randperm(
+                    len(shard),
+                    generator=_generator(seed, epoch, i, 1),
+                    dtype=index_dtype(len(shard)),
+                )
+            ]
             for i, shard in enumerate(self.shards)
         ]
 
