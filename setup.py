@@ -24,8 +24,12 @@ class BuildWithAssets(build_py):
         for name in ASSETS:
             source, dest = ROOT / name, target / name
             if source.is_dir():
-                shutil.copytree(source, dest, dirs_exist_ok=True,
-                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                shutil.copytree(
+                    source,
+                    dest,
+                    dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                )
             else:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, dest)
