@@ -165,3 +165,38 @@ def test_an_agent_of_another_group_cannot_claim_a_part(session: Session) -> None
         SubTaskStatus.PENDING,
         agent_named(session, "agent-cpu-a").id,
     )
+
+
+def test_a_part_of_a_lost_agent_goes_to_another_and_a_lost_running_part_restarts_the_task(
+    session: Session,
+) -> None:
+    a = group(session, "cpu-a", 3, online=1)
+    a2 = add_agent(session, a, "a2", workers=1)
+    a1 = agent_named(session, "agent-cpu-a")
+    task = submit(session, version(session), [{"name": "cpu-a", "workers": 2}])
+    dispatcher = RecordingDispatcher()
+    schedule_once(session, dispatcher, heartbeat_timeout_s=15)
+    assert [(p.agent_id, p.ranks) for p in dispatcher.sent] == [(a1.id, [1]), (a2.id, [2])]
+    first, second = _parts(session, task)
+    fate.claim(session, sub=first, data=Claim(agent_id=a1.id, host=a1.host))
+    # a2 goes offline before it claims: its part is booked for a3, which joined meanwhile.
+    a2.online = False
+    session.commit()
+    a3 = add_agent(session, a, "a3", workers=1)
+    schedule_once(session, dispatcher, heartbeat_timeout_s=15)
+    assert [(p.agent_id, p.sub_task_id, p.ranks) for p in dispatcher.sent[2:]] == [
+        (a3.id, second.id, [2])
+    ]
+    (_, second) = _parts(session, task)
+    fate.claim(session, sub=second, data=Claim(agent_id=a3.id, host=a3.host))
+    # a3 is lost while it runs its part: the task restarts, on the agents still serving.
+    a3.online = False
+    a2.online = True
+    session.commit()
+    schedule_once(session, dispatcher, heartbeat_timeout_s=15)
+    session.refresh(task)
+    assert task.attempt == 2 and task.status is TaskStatus.SCHEDULED
+    assert [(p.agent_id, p.first_rank, p.workers) for p in _parts(session, task)] == [
+        (a1.id, 1, 1),
+        (a2.id, 2, 1),
+    ]
