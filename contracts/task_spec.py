@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.data import DataOptions
 from contracts.payload import TaskLimits
 from contracts.plan import DeviceType, GroupPlan, SplitPolicy
 from contracts.preprocess import PreprocessStep
@@ -29,6 +30,7 @@ ENGINE_OPTIONS = (
     "rebalance_every",
     "preprocess",
     "on_nonfinite",
+    "data",
 )
 
 
@@ -69,6 +71,7 @@ class TaskSpec(BaseModel):
     rebalance_every: int | None = None
     on_nonfinite: str | None = None
     preprocess: list[PreprocessStep] | None = None
+    data: DataOptions | None = None
     limits: TaskLimits | None = None
     depends_on: list[int] = Field(default_factory=list)
 

@@ -46,6 +46,12 @@ class AgentSettings(BaseSettings):
         le=2**31 - 2**16,
         description="first uid of the pool ranks run as, one each",
     )
+    datasets_dir: str | None = Field(
+        default=None,
+        description="a folder of datasets on this host (e.g. an image folder on NFS) that "
+        "ranks may read, mounted read-only in their sandbox at the same path and named to "
+        "them in POLYTRAIN_DATASETS; nothing else of the host is visible to them",
+    )
     sandbox_uid_count: int = Field(
         default=64,
         ge=1,

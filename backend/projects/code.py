@@ -22,8 +22,12 @@ def check_contract(source: bytes, *, filename: str) -> None:
 
     The module is parsed, never executed, here: it runs only on the agents.
 
+    A class deriving from `IterableDataset` is refused too: the engine shards datasets by
+    index (docs/architecture.md, "Data path").
+
     Raises:
-        Invalid: not UTF-8, a syntax error, or a missing function (named).
+        Invalid: not UTF-8, a syntax error, a missing function (named), or an
+            IterableDataset class (named).
     """
     try:
         tree = ast.parse(source.decode("utf-8"), filename=filename)
@@ -37,6 +41,28 @@ def check_contract(source: bytes, *, filename: str) -> None:
             + ", ".join(f"def {m}(...)" for m in missing),
             field="file",
         )
+    iterable = _iterable_datasets(tree)
+    if iterable:
+        raise Invalid(
+            f"{filename} defines {', '.join(iterable)} as an IterableDataset: polytrain gives "
+            "each worker the indices of its shard, so datasets must be map-style "
+            "(subclass torch.utils.data.Dataset with __len__ and __getitem__)",
+            field="file",
+        )
+
+
+def _iterable_datasets(tree: ast.Module) -> list[str]:
+    """Classes of the module that derive from `IterableDataset` (by name)."""
+
+    def named(base: ast.expr) -> bool:
+        name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+        return name == "IterableDataset"
+
+    return [
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and any(named(b) for b in node.bases)
+    ]
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:

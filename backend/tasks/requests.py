@@ -5,6 +5,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from backend.agents.models import SERVING, Agent
 from backend.core.errors import Invalid
 from backend.resource_groups.models import LIVE, GroupState, ResourceGroup
 from backend.tasks.schemas import GroupRequest
@@ -76,3 +77,30 @@ def resolve(session: Session, items: list[GroupRequest]) -> tuple[list[dict], li
     ]
     named_only = all("name" in r for r in request)
     return request, ([dict(r) for r in request] if named_only else [])
+
+
+def check_loader_workers(session: Session, request: list[dict], num_workers: int | None) -> None:
+    """Refuse `data.num_workers` above the cores of a host in a named group of the request.
+
+    Hosts are the group's serving agents that reported their hardware; a group without
+    one is checked on the agent when the task starts (the engine refuses it there too).
+
+    Raises:
+        Invalid: naming `data.num_workers`, the group, the agent and its cores.
+    """
+    names = [item["name"] for item in request if "name" in item]
+    if num_workers is None or not names:
+        return
+    rows = session.execute(
+        select(ResourceGroup.name, Agent.name, Agent.hardware)
+        .join(Agent, Agent.resource_group_id == ResourceGroup.id)
+        .where(ResourceGroup.name.in_(names), LIVE, SERVING)
+    ).all()
+    for group, agent, hardware in rows:
+        cores = (hardware or {}).get("cpu_cores")
+        if isinstance(cores, int) and num_workers > cores:
+            raise Invalid(
+                f"data.num_workers is {num_workers} but agent '{agent}' of resource group "
+                f"'{group}' has {cores} cores: ask for at most {cores}",
+                field="data.num_workers",
+            )

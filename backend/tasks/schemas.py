@@ -4,6 +4,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from backend.core.schemas import UtcDateTime
 from backend.tasks.models import EventKind, NodeRole, SubTaskStatus, TaskStatus
+from contracts.data import DataOptions
 from contracts.payload import (
     DEFAULT_MAX_RUNTIME_S,
     DEFAULT_MEMORY_LIMIT_MB,
@@ -100,6 +101,11 @@ class TaskCreate(StrictModel):
         max_length=16,
         description="run once before sharding: resize, normalize, augment, tokenize",
     )
+    data: DataOptions = Field(
+        default_factory=DataOptions,
+        description="how each worker reads its shard: `path` streaming (DataLoader) or "
+        "memory, `num_workers`, `prefetch_factor`, `persistent_workers`, `pin_memory`",
+    )
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     priority: int = Field(
         default=0,
@@ -188,9 +194,11 @@ class TaskCreate(StrictModel):
 
     def engine_options(self) -> dict[str, Any]:
         """The training-engine settings stored in the task's spec (see worker.engine.spec)."""
-        keys = ("split_policy", *(key for key in ENGINE_OPTIONS if key != "preprocess"))
+        models = ("preprocess", "data")
+        keys = ("split_policy", *(key for key in ENGINE_OPTIONS if key not in models))
         options = {key: getattr(self, key) for key in keys}
         options["preprocess"] = [step.model_dump() for step in self.preprocess]
+        options["data"] = self.data.model_dump()
         return options
 
     def limits(self) -> TaskLimits:

@@ -52,6 +52,7 @@ def submit(session: Session, *, data: TaskCreate) -> Task:
             f"code version {version.id} belongs to another project", field="code_version_id"
         )
     request, groups = requests.resolve(session, data.resource_groups)
+    requests.check_loader_workers(session, request, data.data.num_workers)
     for item, asked in zip(request, data.resource_groups, strict=True):
         if asked.speed_factor != 1.0:
             item["speed_factor"] = asked.speed_factor  # emulation; see worker.engine.emulation

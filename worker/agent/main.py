@@ -140,6 +140,7 @@ def run_agent(
         user=settings.sandbox_user,
         data_dir=settings.data_dir,
         uids=UidPool(settings.sandbox_uid_first, settings.sandbox_uid_count),
+        datasets_dir=settings.datasets_dir,
     )
     api = InternalApi(settings.api_url, settings.agent_token.get_secret_value(), retries=30)
     hardware = detect_hardware(api.group_device(resource_group).device_type)

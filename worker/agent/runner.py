@@ -236,6 +236,8 @@ class SubTaskRunner:
         if rank != 0:  # its index among this host's ranks of the group (a group spans hosts)
             env["LOCAL_RANK"] = str(payload.ranks.index(rank))
         env["POLYTRAIN_DIST_TIMEOUT_S"] = str(self.settings.dist_timeout_s)
+        if self.settings.datasets_dir:
+            env["POLYTRAIN_DATASETS"] = str(Path(self.settings.datasets_dir).resolve())
         slot.begin(
             spec_path,
             env,

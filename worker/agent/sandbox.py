@@ -7,7 +7,8 @@ started as
         -- setpriv --reuid <its own sandbox uid> ... -- python -m worker.agent.warm
 
 so it sees only the files it needs (no data directory, database, agent token
-file or other task's folders), runs with no capabilities as a user of its
+file or other task's folders; when the agent names one, the host's datasets
+folder, read-only: `AgentSettings.datasets_dir`), runs with no capabilities as a user of its
 own, leased from a pool of sandbox uids (:class:`worker.agent.uids.UidPool`) shared by the
 agents of the host, in its own PID, IPC and UTS namespaces, and gets only the
 environment variables in :data:`ALLOWED_ENV`. Its directory belongs to that
@@ -59,7 +60,8 @@ ALLOWED_ENV = (
     "LD_LIBRARY_PATH",
     "POLYTRAIN_NUM_THREADS",
 )
-# What the engine itself reads (worker.engine.launch), set by the agent per rank.
+# What the engine itself reads (worker.engine.launch), set by the agent per rank, and the
+# datasets folder the agent mounts for training code (`AgentSettings.datasets_dir`).
 RANK_ENV = (
     "RANK",
     "WORLD_SIZE",
@@ -68,6 +70,7 @@ RANK_ENV = (
     "LOCAL_RANK",
     "POLYTRAIN_DIST_TIMEOUT_S",
     "PYTHONUNBUFFERED",
+    "POLYTRAIN_DATASETS",
 )
 ETC_FILES = (
     "group",
@@ -89,6 +92,9 @@ ETC_FILES = (
 # The top-level packages of this checkout a rank process imports (docs/architecture.md, Layout).
 RANK_PACKAGES = ("worker", "contracts")
 TMP_SIZE_BYTES = 512 * 1024 * 1024
+# The rank's own /dev/shm: DataLoader processes hand batches and semaphores to the rank there
+# (bwrap's minimal /dev has no writable one). Pages count only once written.
+SHM_SIZE_BYTES = 1024 * 1024 * 1024
 # The API's default `max_internal_body_bytes`: a larger checkpoint would be refused anyway.
 MAX_CHECKPOINT_BYTES = 512 * 1024 * 1024
 
@@ -139,19 +145,27 @@ class Sandbox:
     pool: UidPool
     gid: int
     ranks_dir: Path
+    datasets_dir: Path | None = None
 
     @classmethod
     def detect(
-        cls, *, user: str, data_dir: str | os.PathLike[str], uids: UidPool | None = None
+        cls,
+        *,
+        user: str,
+        data_dir: str | os.PathLike[str],
+        uids: UidPool | None = None,
+        datasets_dir: str | os.PathLike[str] | None = None,
     ) -> Sandbox:
         """Check this host can sandbox ranks and prepare `data_dir/agent/ranks`.
 
         `user` (an unprivileged account) gives the ranks' group; `uids` the
-        pool of rank uids (default: 64 from 2100000000). Installs the ranks'
+        pool of rank uids (default: 64 from 2100000000); `datasets_dir` a folder
+        of datasets ranks may read (mounted read-only). Installs the ranks'
         network filter (`worker.agent.netpolicy`). Raises SandboxUnavailable
         naming the fix: bubblewrap or iptables missing, the sandbox user
-        missing, or the agent not running as root (only root can start
-        processes as another user and filter their packets).
+        missing, the agent not running as root (only root can start
+        processes as another user and filter their packets), or no folder
+        `datasets_dir`.
         """
         pool = uids or UidPool(DEFAULT_UID_FIRST, DEFAULT_UID_COUNT)
         bwrap, setpriv = shutil.which("bwrap"), shutil.which("setpriv")
@@ -180,7 +194,10 @@ class Sandbox:
         staged = ranks_dir.parent / f"passwd.{os.getpid()}"  # replaced whole: agents share it
         staged.write_text("\n".join([*passwd, *pool.passwd_lines(entry.pw_gid)]) + "\n")
         staged.replace(ranks_dir.parent / "passwd")
-        return cls(bwrap, setpriv, pool, entry.pw_gid, ranks_dir)
+        datasets = Path(datasets_dir).resolve() if datasets_dir else None
+        if datasets is not None and not datasets.is_dir():
+            raise SandboxUnavailable(f"the datasets folder {datasets} does not exist")
+        return cls(bwrap, setpriv, pool, entry.pw_gid, ranks_dir, datasets)
 
     def new_rank_dir(self, uid: int) -> Path:
         """A fresh empty directory for one rank, owned by sandbox uid `uid` (mode 0700)."""
@@ -226,6 +243,12 @@ class Sandbox:
             "--perms",
             "1777",
             "--size",
+            str(SHM_SIZE_BYTES),
+            "--tmpfs",
+            "/dev/shm",
+            "--perms",
+            "1777",
+            "--size",
             str(TMP_SIZE_BYTES),
             "--tmpfs",
             "/tmp",
@@ -259,6 +282,8 @@ class Sandbox:
         for path in sorted(p.resolve() for p in read_only):
             if not str(path).startswith("/usr/"):
                 args += [*_parents(path), "--ro-bind", str(path), str(path)]
+        if self.datasets_dir is not None:  # the admin's shared datasets, read-only
+            args += [*_parents(self.datasets_dir), "--ro-bind", *[str(self.datasets_dir)] * 2]
         return args + [*_parents(rank_dir), "--bind", str(rank_dir), str(rank_dir)]
 
 

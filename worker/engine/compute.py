@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from worker.engine.contract import TrainingCode
-from worker.engine.data import TensorData
+from worker.engine.data import Source
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import grads_to_vector, params_of
 from worker.engine.state import ModelState
@@ -32,7 +32,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
 def local_gradient(
     code: TrainingCode,
     model: torch.nn.Module,
-    data: TensorData,
+    data: Source,
     indices: Tensor,
     device: Any,
     state: ModelState | None = None,
@@ -110,30 +110,38 @@ class Work:
 def profile_throughput(
     code: TrainingCode,
     model: torch.nn.Module,
-    data: TensorData,
+    data: Source,
     batch_size: int,
     emulator: SpeedEmulator,
     *,
     steps: int,
     seed: int,
+    pool: Tensor | None = None,
 ) -> float:
     """Measured samples/s of forward/backward on ``batch_size`` training samples.
 
-    One warm-up step, then ``steps`` timed steps on seeded random samples; the
+    One warm-up step, then ``steps`` timed steps on seeded random samples of
+    ``pool`` (int64 item indices; default every item), read as training reads
+    them (planned ahead on the streaming path); the
     rate uses the median step time, so one step disturbed by another process
     does not skew it. The model's parameters, buffers (e.g. BatchNorm
     statistics) and torch's random state are left as they were. Returns 0.0
     for an empty batch.
     """
-    if batch_size < 1 or len(data) == 0:
+    pool = torch.arange(len(data)) if pool is None else pool
+    if batch_size < 1 or len(pool) == 0:
         return 0.0
     saved = copy.deepcopy(model.state_dict())
     rng = torch.get_rng_state()
     generator = torch.Generator().manual_seed(seed)
     times = []
     device = next(model.parameters()).device
-    for _ in range(steps + 1):
-        indices = torch.randint(0, len(data), (batch_size,), generator=generator)
+    batches = [
+        pool[torch.randint(0, len(pool), (batch_size,), generator=generator)]
+        for _ in range(steps + 1)
+    ]
+    data.plan(batches)
+    for indices in batches:
         _, seconds = emulator.run(
             lambda idx=indices: local_gradient(code, model, data, idx, device),  # type: ignore[misc]
             batch_size,

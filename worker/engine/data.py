@@ -1,26 +1,85 @@
-"""The data distribution stage: preprocess once on the parameter server, send to every worker.
+"""The data path: every compute worker reads only the items of its shard (docs/architecture.md).
 
-Rank 0 calls the user's ``build_datasets`` once, runs the task's
-preprocessing steps (:mod:`worker.engine.preprocess`) once, and stacks every
-item into tensors (:class:`TensorData`). It then broadcasts those tensors to
-every worker over torch.distributed, so workers never build, preprocess or
-load the data themselves and nothing assumes a shared file system. Each worker
-holds the preprocessed set; its shard (:mod:`worker.engine.split`) is a set of
-indices into it, so rebalancing and the neighbour exchange move assignments,
-not bytes.
+Each compute worker calls the user's ``build_datasets`` itself (seeded, lazily: the
+contract does not change) and sees it through the task's preprocessing stages
+(:class:`worker.engine.preprocess.Prepared`). Dataset-level statistics (normalize's
+mean and standard deviation, the tokenizer's vocabulary) are computed once, shared over
+the workers (:class:`WorldFitter`), and shipped instead of the data. The parameter server
+never builds or reads training data: it learns the item count and keeps the split state
+(:mod:`worker.engine.split`) like every rank.
+
+Two ways to read, chosen per task (:class:`contracts.data.DataOptions`, ``auto`` by
+default, the choice logged):
+
+- **streaming** (:class:`Stream`): a ``torch.utils.data.DataLoader`` over the prepared
+  training and validation sets, whose batch sampler yields exactly the indices the split
+  assigns this worker, step by step (:meth:`worker.engine.split.SplitState.upcoming`), so
+  the loader processes read and preprocess ahead of the step that needs them, and read
+  nothing outside the shard. When the split changes (rebalancing, the neighbour exchange,
+  a new epoch) the batch read ahead no longer matches and the worker plans again from
+  the new assignment;
+- **memory** (:class:`TensorData`): the worker reads and preprocesses every item once
+  and keeps them stacked; a step indexes tensors. Fastest for small in-memory datasets
+  (a ``TensorDataset`` without preprocessing is used as is, without a copy).
+
+Both give a step the same batch: ``default_collate`` of the prepared items in the
+split's order, so a step is the same on either path to the bit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import os
+from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 from torch.utils import _pytree as pytree
-from torch.utils.data import TensorDataset, default_collate
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
+from typing_extensions import override
+
+from contracts.data import MEMORY_PATH_MAX_BYTES, DataOptions
+from contracts.preprocess import PreprocessStep, Tokenize
+from worker.engine import report
+from worker.engine.contract import ContractError, TrainingCode
+from worker.engine.distributed import Topology
+from worker.engine.exchange import broadcast_object, sum_over_world
+from worker.engine.preprocess import (
+    Fitter,
+    Prepared,
+    build_stages,
+    bytes_of,
+    channel_sums,
+    image_of,
+    stats_from_sums,
+    texts_of,
+    train_tokenizer,
+)
+from worker.engine.sharding import contiguous_shard
+
+#: Items per batch when a worker reads its part of the training set for a statistic.
+STATS_BATCH = 256
+
+
+class Source(Protocol):
+    """Where a worker's steps read their batches: :class:`TensorData` or a :class:`StreamView`."""
+
+    def __len__(self) -> int: ...
+
+    def take(self, indices: Tensor | Sequence[int]) -> Any:
+        """The collated batch of items ``indices`` (int64 ``[b]``, ``b >= 1``)."""
+        ...
+
+    def expects(self, indices: Tensor) -> bool:
+        """Whether ``indices`` are the next batch planned (always True without a plan)."""
+        ...
+
+    def plan(self, batches: Sequence[Tensor]) -> None:
+        """The batches :meth:`take` will be asked for next, in order (empty ones skipped)."""
+        ...
 
 
 @dataclass
@@ -42,6 +101,13 @@ class TensorData:
         index = torch.as_tensor(indices, dtype=torch.int64)
         return pytree.tree_unflatten([leaf[index] for leaf in self.leaves], self.spec)
 
+    def expects(self, indices: Tensor) -> bool:
+        """Always True: every item is at hand."""
+        return True
+
+    def plan(self, batches: Sequence[Tensor]) -> None:
+        """Nothing to read ahead."""
+
     @classmethod
     def from_batch(cls, batch: Any) -> TensorData:
         """Wrap one collated batch of all items (e.g. ``(inputs [N, ...], targets [N])``)."""
@@ -56,58 +122,309 @@ class TensorData:
 def stack_dataset(dataset: Any) -> TensorData:
     """All items of ``dataset`` as one :class:`TensorData` (TensorDatasets without copying).
 
-    An empty dataset gives an empty TensorData. Raises ValueError if the items
-    do not collate to tensors.
+    A :class:`Prepared` dataset without stages over a TensorDataset is not copied either.
+    An empty dataset gives an empty TensorData. Raises ValueError if the items do not
+    collate to tensors (:func:`collate`).
     """
+    if isinstance(dataset, Prepared) and not dataset.stages:
+        dataset = dataset.base
     if isinstance(dataset, TensorDataset):
         return TensorData.from_batch(tuple(dataset.tensors))
     items = [dataset[i] for i in range(len(dataset))]
     if not items:
         return TensorData([], pytree.tree_flatten(())[1])
-    try:
-        return TensorData.from_batch(default_collate(items))
-    except TypeError as exc:
-        raise ValueError(f"dataset items do not stack into tensors: {exc}") from exc
+    return TensorData.from_batch(collate(items))
 
 
-def _broadcast_tensor(tensor: Tensor | None, shape: torch.Size, dtype: torch.dtype) -> Tensor:
-    """Broadcast one tensor from rank 0 over the world as raw bytes (any dtype, gloo-safe)."""
-    if tensor is None:
-        tensor = torch.empty(shape, dtype=dtype)
-    raw = tensor.contiguous().reshape(-1).view(torch.uint8)
-    if raw.numel():
-        dist.broadcast(raw, src=0)
-    return raw.view(dtype).reshape(shape)
+class _Joined(Dataset):
+    """The training items followed by the validation items: one loader reads both."""
+
+    def __init__(self, train: Dataset, val: Dataset) -> None:
+        self.train, self.val, self.split = train, val, len(train)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return self.split + len(self.val)  # type: ignore[arg-type]
+
+    @override
+    def __getitem__(self, index: int) -> Any:
+        return self.train[index] if index < self.split else self.val[index - self.split]
 
 
-def _spec_out(spec: pytree.TreeSpec) -> str | pytree.TreeSpec:
-    """The structure as JSON where torch can serialise it (not, e.g., unregistered namedtuples)."""
-    try:
-        return pytree.treespec_dumps(spec)
-    except (NotImplementedError, TypeError, ValueError):
-        return spec
+class _Planned:
+    """A DataLoader batch sampler whose batches are set from outside before each iteration."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(list(self.batches))
+
+    def __len__(self) -> int:
+        return len(self.batches)
 
 
-def _spec_in(sent: str | pytree.TreeSpec) -> pytree.TreeSpec:
-    return pytree.treespec_loads(sent) if isinstance(sent, str) else sent
+class Stream:
+    """One DataLoader over a worker's prepared (training, validation) items, reading planned
+    batches ahead in ``num_workers`` processes (0: in this process, nothing ahead).
 
-
-def share_data(data: TensorData | None) -> TensorData:
-    """Rank 0 passes its :class:`TensorData`; every rank returns the same data.
-
-    One ``broadcast_object_list`` carries the structure (as
-    :func:`torch.utils._pytree.treespec_dumps` JSON: unpickling a TreeSpec
-    raises a torch FutureWarning in every rank's log), shapes and dtypes, then
-    one byte broadcast per tensor. Call on every rank of the world.
+    ``replans`` counts the plans started; ``direct`` the batches read without a plan.
     """
-    meta: list[Any] = [None]
-    if dist.get_rank() == 0:
-        if data is None:
-            raise ValueError("rank 0 must pass the data")
-        meta = [(_spec_out(data.spec), [(leaf.shape, leaf.dtype) for leaf in data.leaves])]
-    dist.broadcast_object_list(meta, src=0)
-    spec, layout = _spec_in(meta[0][0]), meta[0][1]
-    mine = data.leaves if data is not None else [None] * len(layout)
-    pairs = zip(mine, layout, strict=True)
-    leaves = [_broadcast_tensor(t, shape, dtype) for t, (shape, dtype) in pairs]
-    return TensorData(leaves, spec)
+
+    def __init__(self, train: Dataset, val: Dataset, options: DataOptions, device: Any) -> None:
+        self.joined = _Joined(train, val)
+        self.sampler = _Planned()
+        workers = loader_workers(options, device)
+        cuda = torch.device(device).type == "cuda"
+        self.loader = DataLoader(
+            self.joined,
+            batch_sampler=self.sampler,
+            num_workers=workers,
+            prefetch_factor=options.prefetch_factor if workers else None,
+            persistent_workers=options.persistent_workers and workers > 0,
+            pin_memory=options.pin_memory if options.pin_memory is not None else cuda,
+            collate_fn=collate,
+        )
+        self.expected: deque[Tensor] = deque()
+        self.iterator: Iterator[Any] | None = None
+        self.replans = self.direct = 0
+
+    def plan(self, batches: Sequence[Tensor]) -> None:
+        """Start reading ``batches`` (global indices into the joined set) ahead."""
+        wanted = [b for b in batches if len(b)]
+        self.sampler.batches = [b.tolist() for b in wanted]
+        self.expected = deque(wanted)
+        self.iterator = iter(self.loader) if wanted else None
+        self.replans += 1
+
+    def expects(self, indices: Tensor) -> bool:
+        return bool(self.expected) and torch.equal(self.expected[0], indices)
+
+    def take(self, indices: Tensor) -> Any:
+        """The batch of ``indices``: the next planned one when it matches, else read here."""
+        if self.iterator is not None and self.expects(indices):
+            self.expected.popleft()
+            return next(self.iterator)
+        self.direct += 1
+        return collate([self.joined[int(i)] for i in indices])
+
+
+@dataclass
+class StreamView:
+    """The training (``offset`` 0) or validation part of a :class:`Stream`."""
+
+    stream: Stream
+    offset: int
+    length: int
+
+    def __len__(self) -> int:
+        return self.length
+
+    def take(self, indices: Tensor | Sequence[int]) -> Any:
+        return self.stream.take(torch.as_tensor(indices, dtype=torch.int64) + self.offset)
+
+    def expects(self, indices: Tensor) -> bool:
+        return self.stream.expects(indices + self.offset)
+
+    def plan(self, batches: Sequence[Tensor]) -> None:
+        self.stream.plan([torch.as_tensor(b, dtype=torch.int64) + self.offset for b in batches])
+
+
+def loader_workers(options: DataOptions, device: Any) -> int:
+    """DataLoader processes of one compute worker: ``options.num_workers``, by default 1 on
+    CPU and 2 on CUDA. Raises ValueError naming the field when it exceeds this host's cores."""
+    cores = os.cpu_count() or 1
+    if options.num_workers is not None and options.num_workers > cores:
+        raise ValueError(
+            f"data.num_workers is {options.num_workers} but this host has {cores} cores: "
+            f"ask for at most {cores}"
+        )
+    if options.num_workers is not None:
+        return options.num_workers
+    return 2 if torch.device(device).type == "cuda" else 1
+
+
+class WorldFitter(Fitter):
+    """Dataset-level statistics computed once for the whole task (every rank calls each
+    method in the same order; the parameter server passes no data and receives the result).
+
+    The tokenizer is trained by the first compute worker on every training text and sent
+    to all ranks as JSON; channel statistics are summed over every compute worker's
+    contiguous part of the training set (float64, one allreduce), read in
+    :data:`STATS_BATCH` batches through a DataLoader.
+    """
+
+    def __init__(self, topo: Topology, options: DataOptions) -> None:
+        self.topo, self.options = topo, options
+
+    @override
+    def vocabulary(self, step: Tokenize, train: Any) -> str:
+        built = None
+        if self.topo.rank == 1:
+            built = train_tokenizer(step, texts_of(train, range(len(train))))
+        return str(broadcast_object(built, src=1))
+
+    @override
+    def channel_stats(self, prefix: Prepared | None) -> tuple[Tensor, Tensor]:
+        totals: dict[str, tuple[float, float]] = {}
+        if prefix is not None and not self.topo.is_ps:
+            part = contiguous_shard(len(prefix), self.topo.n_workers, self.topo.worker_index)
+            sums = self._sums(prefix, list(part))
+            for c in range(sums.shape[1]):
+                totals[f"{c:06d}:sum"] = (float(sums[1, c]), float(sums[0, c]))
+                totals[f"{c:06d}:squares"] = (float(sums[2, c]), float(sums[0, c]))
+        summed = sum_over_world(totals)
+        channels = len(summed) // 2
+        if channels == 0:
+            raise ValueError("normalize: the training set has no images to compute mean/std")
+        table = torch.zeros(3, channels, dtype=torch.float64)
+        for c in range(channels):
+            table[1, c], table[0, c] = summed[f"{c:06d}:sum"]
+            table[2, c] = summed[f"{c:06d}:squares"][0]
+        return stats_from_sums(table)
+
+    def _sums(self, prefix: Prepared, indices: list[int]) -> Tensor:
+        batches = [indices[i : i + STATS_BATCH] for i in range(0, len(indices), STATS_BATCH)]
+        workers = loader_workers(self.options, "cpu")
+        loader = DataLoader(
+            prefix,
+            batch_sampler=batches,
+            num_workers=workers,
+            collate_fn=_stack_images,
+        )
+        sums = torch.zeros(3, 0, dtype=torch.float64)
+        for images in loader:
+            part = channel_sums(images)
+            sums = part if sums.numel() == 0 else sums + part
+        return sums
+
+
+def _stack_images(items: list[Any]) -> Tensor:
+    """The images of ``items`` as one batch ``[b, C, H, W]`` (a DataLoader collate_fn)."""
+    return torch.stack([image_of(item, "normalize") for item in items])
+
+
+@dataclass
+class DataSources:
+    """What :func:`prepare_data` gives a rank: the item counts, and on compute workers the
+    training and validation sources."""
+
+    n_train: int
+    n_val: int
+    train: Source | None
+    val: Source | None
+    path: str
+
+
+def check_map_style(dataset: Any, which: str) -> None:
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+        raise ContractError(
+            f"build_datasets returned an iterable {which} dataset ({type(dataset).__name__}): "
+            "polytrain gives every worker the indices of its shard, so both datasets must be "
+            "map-style (define __len__ and __getitem__)"
+        )
+    try:
+        len(dataset)
+    except TypeError as exc:
+        raise ContractError(f"the {which} dataset has no length: define __len__") from exc
+
+
+def collate(items: list[Any]) -> Any:
+    """``default_collate`` of ``items``, refusing items that do not make a batch of tensors.
+
+    Raises ValueError describing the first item (e.g. ``(Tensor(3,) torch.float32, int)``)
+    and what to return instead.
+    """
+    try:
+        batch = default_collate(items)
+    except (TypeError, RuntimeError, ValueError) as exc:
+        raise ValueError(
+            f"dataset items do not collate into a batch ({exc}); item 0 of the batch is "
+            f"{_describe(items[0])}: return tensors or numbers of one shape per part "
+            "(text needs a tokenize preprocessing step)"
+        ) from exc
+    leaves = pytree.tree_leaves(batch)
+    if not leaves or not all(isinstance(leaf, Tensor) for leaf in leaves):
+        raise ValueError(
+            f"dataset items do not collate into tensors; item 0 of the batch is "
+            f"{_describe(items[0])} (text needs a tokenize preprocessing step)"
+        )
+    return batch
+
+
+def _describe(item: Any) -> str:
+    if isinstance(item, Tensor):
+        return f"Tensor{tuple(item.shape)} {item.dtype}"
+    if isinstance(item, tuple | list):
+        return "(" + ", ".join(_describe(part) for part in item) + ")"
+    return type(item).__name__
+
+
+def choose_path(options: DataOptions, train: Any, val: Any, steps: list[PreprocessStep]) -> str:
+    """``memory`` or ``streaming`` (``auto``: memory for TensorDatasets of at most
+    :data:`contracts.data.MEMORY_PATH_MAX_BYTES` together)."""
+    if options.path != "auto":
+        return options.path
+    size = bytes_of(train) + bytes_of(val)
+    return "memory" if math.isfinite(size) and size <= MEMORY_PATH_MAX_BYTES else "streaming"
+
+
+def prepare_data(
+    code: TrainingCode,
+    topo: Topology,
+    steps: list[PreprocessStep],
+    options: DataOptions,
+    seed: int,
+) -> DataSources:
+    """The data stage of every rank (collectives in the same order on each).
+
+    Compute workers build the user's datasets (global generators seeded with ``seed``
+    first), fit the preprocessing statistics together and open their source; the
+    parameter server only takes part in the statistics and learns the item counts.
+    Raises ContractError for a dataset that is not map-style, ValueError for
+    ``num_workers`` beyond the host's cores (items that do not collate raise ValueError
+    when the first batch is read, :func:`collate`), PreprocessError for a step
+    that does not fit, and whatever ``build_datasets`` raises.
+    """
+    from worker.engine.launch import seed_everything
+
+    train = val = None
+    if not topo.is_ps:
+        seed_everything(seed)
+        train, val = code.build_datasets()
+        check_map_style(train, "training")
+        check_map_style(val, "validation")
+    fitter = WorldFitter(topo, options)
+    train_stages, val_stages = build_stages(steps, train, seed, fitter)
+    if topo.is_ps:
+        counts = broadcast_object(None, src=1)
+        report.log(
+            f"data: {counts[0]} training and {counts[1]} validation items after "
+            f"{len(steps)} preprocessing step(s), {counts[2]} path on the workers"
+        )
+        return DataSources(counts[0], counts[1], None, None, counts[2])
+    prepared = Prepared(train, train_stages), Prepared(val, val_stages)
+    path = choose_path(options, train, val, steps)
+    broadcast_object((len(prepared[0]), len(prepared[1]), path), src=1)
+    sources: tuple[Source, Source]
+    if path == "memory":
+        sources = stack_dataset(prepared[0]), stack_dataset(prepared[1])
+    else:
+        stream = Stream(prepared[0], prepared[1], options, topo.device)
+        sources = (
+            StreamView(stream, 0, len(prepared[0])),
+            StreamView(stream, len(prepared[0]), len(prepared[1])),
+        )
+    if topo.rank == 1:
+        report.log(f"data path: {path} ({_why(options, train, val)})")
+    return DataSources(len(prepared[0]), len(prepared[1]), sources[0], sources[1], path)
+
+
+def _why(options: DataOptions, train: Any, val: Any) -> str:
+    if options.path != "auto":
+        return "set by the task's data.path"
+    size = bytes_of(train) + bytes_of(val)
+    if not math.isfinite(size):
+        return "auto: the datasets are not in-memory TensorDatasets"
+    return (
+        f"auto: TensorDatasets of {size / 2**20:.1f} MiB, limit {MEMORY_PATH_MAX_BYTES >> 20} MiB"
+    )

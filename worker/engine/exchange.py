@@ -246,8 +246,9 @@ def gather_work(
     return table[0].tolist(), table[1].tolist()
 
 
-def broadcast_object(obj: Any) -> Any:
-    """A picklable object from rank 0 to every rank of the world (``obj`` ignored elsewhere)."""
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """A picklable object from rank ``src`` to every rank of the world (``obj`` ignored
+    elsewhere)."""
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=src)
     return box[0]

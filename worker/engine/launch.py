@@ -20,16 +20,14 @@ import random
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from worker.engine import distributed, report
-from worker.engine.contract import TrainingCode, load_training_code
-from worker.engine.data import share_data
-from worker.engine.distributed import ClusterEnv, Topology
-from worker.engine.preprocess import run_pipeline
+from worker.engine.contract import load_training_code
+from worker.engine.data import prepare_data
+from worker.engine.distributed import ClusterEnv
 from worker.engine.ps import run_parameter_server
 from worker.engine.spec import RunSpec
 from worker.engine.trainer import run_worker
@@ -42,32 +40,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def prepare_data(spec: RunSpec, code: TrainingCode, topo: Topology) -> tuple[Any, Any]:
-    """The data distribution stage: rank 0 builds and preprocesses once, every rank receives.
-
-    Returns ``(train, validation)`` as :class:`worker.engine.data.TensorData`.
-    Raises whatever ``build_datasets`` raises and PreprocessError for a step
-    that does not fit the data (on rank 0; the others see the broken connection).
-    """
-    built = None
-    if topo.is_ps:
-        seed_everything(spec.seed)
-        train, val = code.build_datasets()
-        built = run_pipeline(spec.preprocess, train, val, spec.seed)
-        report.log(
-            f"data: {len(built[0])} training and {len(built[1])} validation items after "
-            f"{len(spec.preprocess)} preprocessing step(s)"
-        )
-    return share_data(built[0] if built else None), share_data(built[1] if built else None)
-
-
 def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
     """Take part in the task as rank ``env.rank``; returns its final parameters and buffers [P + B].
 
     The global generators are reset to ``spec.seed`` before ``build_model``
     (so every rank builds the same model) and before ``build_datasets`` (run
-    on rank 0 only), then to ``spec.seed * 1000 + rank`` for training
-    (dropout differs by worker).
+    on every compute worker, :func:`worker.engine.data.prepare_data`), then to
+    ``spec.seed * 1000 + rank`` for training (dropout differs by worker).
     """
     topo = distributed.init(env, spec, timeout_s)
     # Loaded after joining, so a rank that fails here breaks its peers' connections at once.
@@ -78,7 +57,7 @@ def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
     )
     seed_everything(spec.seed)
     model = code.build_model()
-    data = prepare_data(spec, code, topo)
+    data = prepare_data(code, topo, spec.preprocess, spec.data, spec.seed)
     seed_everything(spec.seed * 1000 + env.rank)
     if topo.is_ps:
         final = run_parameter_server(spec, code, topo, model, data)

@@ -20,7 +20,7 @@ from torch import Tensor
 from worker.engine import report, session
 from worker.engine.checkpoint import load_checkpoint, resume_package, save_checkpoint
 from worker.engine.contract import TrainingCode
-from worker.engine.data import TensorData
+from worker.engine.data import DataSources
 from worker.engine.distributed import Topology
 from worker.engine.run import Run
 from worker.engine.spec import RunSpec
@@ -65,7 +65,7 @@ def run_parameter_server(
     code: TrainingCode,
     topo: Topology,
     model: torch.nn.Module,
-    data: tuple[TensorData, TensorData],
+    data: DataSources,
 ) -> Tensor:
     """Run rank 0 until the last epoch: returns the final parameters and buffers [P + B].
 
@@ -84,7 +84,7 @@ def run_parameter_server(
         if state["optimizer"] is not None:
             optimizer.load_state_dict(state["optimizer"])
         package = resume_package(state)
-    run, under_way = session.start(spec, code, topo, model, optimizer, data[0], package)
+    run, under_way = session.start(spec, code, topo, model, optimizer, data, package)
     if spec.debug_dump_dir:
         run.batches = []
     session.train(run, under_way, lambda r: {}, report_server_epoch)

@@ -26,7 +26,7 @@ from worker.engine.balance import Balancer, imbalance, rates_of
 from worker.engine.checkpoint import gather_worker_states, save_checkpoint
 from worker.engine.compute import Work, local_gradient
 from worker.engine.contract import TrainingCode
-from worker.engine.data import TensorData
+from worker.engine.data import Source
 from worker.engine.distributed import Topology
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import gather_work, params_of
@@ -49,7 +49,7 @@ class Run:
     optimizer: torch.optim.Optimizer | None
     split: SplitState
     balancer: Balancer
-    train: TensorData | None = None
+    train: Source | None = None
     emulator: SpeedEmulator | None = None
     epoch: int = 0
     step: int = 0
@@ -82,11 +82,15 @@ class Run:
         for this step (:func:`worker.engine.compute.local_gradient`), timed and emulated.
 
         Keeps the buffers from before the forward pass in ``buffer_base`` and
-        this worker's loss sum in ``local_loss``.
+        this worker's loss sum in ``local_loss``. On the streaming path the batch was
+        read ahead; when the split changed since (a rebalance, an exchange, a new epoch)
+        the worker plans its remaining steps again first.
         """
         train, emulator = self.train, self.emulator
         assert train is not None and emulator is not None
         indices = self.split.take(self.topo.worker_index)
+        if len(indices) and not train.expects(indices):
+            train.plan(self.split.upcoming(self.topo.worker_index))
         base = self.buffer_base = self.state.snapshot()
         vector, seconds = emulator.run(
             lambda: local_gradient(

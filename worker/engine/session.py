@@ -27,7 +27,7 @@ from worker.engine import report
 from worker.engine.balance import Balancer
 from worker.engine.compute import Work, profile_throughput
 from worker.engine.contract import TrainingCode
-from worker.engine.data import TensorData
+from worker.engine.data import DataSources, Source
 from worker.engine.distributed import Topology
 from worker.engine.emulation import Pace, SpeedEmulator
 from worker.engine.exchange import (
@@ -44,7 +44,7 @@ from worker.engine.state import sync_state
 SKIPPED = "skipped_steps"
 
 
-def initial_shares(run: Run, train: TensorData) -> list[int]:
+def initial_shares(run: Run, train: Source | None) -> list[int]:
     """Fresh start: workers profile their samples/s, every rank picks the same shares from them.
 
     Every worker profiles at the even share first. With the ``weighted``
@@ -53,6 +53,9 @@ def initial_shares(run: Run, train: TensorData) -> list[int]:
     on the batch (a small batch costs more per sample, a large one may leave
     the cache), so a rate measured at the batch a worker will train with
     predicts its step time better. The rates reported are the last profile's.
+    Profiling reads items of the worker's shard under the even split only
+    (:meth:`worker.engine.split.SplitState.first_shard`), so a worker reads no
+    item outside the block it starts from.
     """
     shares = even_shares(run.spec.global_batch_size, run.topo.n_workers)
     passes = 2 if run.spec.split_policy == "weighted" and run.topo.n_workers > 1 else 1
@@ -61,13 +64,13 @@ def initial_shares(run: Run, train: TensorData) -> list[int]:
     return shares
 
 
-def _profiled_shares(run: Run, train: TensorData, shares: list[int], *, last: bool) -> list[int]:
+def _profiled_shares(run: Run, train: Source | None, shares: list[int], *, last: bool) -> list[int]:
     """One profiling round: each worker measures its samples/s at its share in ``shares``;
     every rank learns all the rates and picks the same new shares from them."""
     spec, topo = run.spec, run.topo
     seconds, samples = 0.0, 0
     if not topo.is_ps:
-        assert run.emulator is not None
+        assert run.emulator is not None and train is not None
         share = shares[topo.worker_index]
         rate = profile_throughput(
             run.code,
@@ -77,6 +80,7 @@ def _profiled_shares(run: Run, train: TensorData, shares: list[int], *, last: bo
             run.emulator,
             steps=spec.profile_steps,
             seed=spec.seed * 1000 + topo.rank,
+            pool=run.split.first_shard(topo.worker_index, topo.n_workers, spec.seed),
         )
         if last:
             report.metric("profiled_samples_per_s", rate, step=0, epoch=0, rank=topo.rank)
@@ -114,16 +118,20 @@ def start(
     topo: Topology,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
-    train: TensorData,
+    data: DataSources,
     package: dict[str, Any] | None,
 ) -> tuple[Run, bool]:
-    """Steps 1-2 above. Returns the run and whether its first epoch is already under way."""
+    """Steps 1-2 above. Returns the run and whether its first epoch is already under way.
+
+    ``data`` gives the training set's item count (every rank) and, on compute workers,
+    its source."""
     pace = Pace(spec.emulation_pace) if spec.emulation_pace else None
     emulator = (
         None if topo.is_ps else SpeedEmulator(spec.speed_factor_of(topo.rank), topo.device, pace)
     )
     balancer = Balancer(spec.split_policy, spec.global_batch_size)
-    placeholder = SplitState(len(train), spec.global_batch_size, [], [], [])
+    train = data.train
+    placeholder = SplitState(data.n_train, spec.global_batch_size, [], [], [])
     run = Run(spec, code, topo, model, optimizer, placeholder, balancer, train, emulator)
     sync_state(topo, run.state)
     package = broadcast_object(package)
@@ -134,7 +142,7 @@ def start(
         run.epoch = int(package["epoch"]) + (1 if package["epoch_complete"] else 0)
         run.step = run.last_progress = int(package["step"])
         report.log(f"checkpoint split does not fit this layout; epoch {run.epoch} from its start")
-    run.split = SplitState.initial(len(train), initial_shares(run, train), spec.seed)
+    run.split = SplitState.initial(data.n_train, initial_shares(run, train), spec.seed)
     return run, False
 
 
@@ -145,7 +153,7 @@ def fits(package: dict[str, Any], run: Run) -> bool:
         split is not None
         and len(split["shares"]) == run.topo.n_workers
         and int(split["batch"]) == run.spec.global_batch_size
-        and int(split["n_items"]) == len(run.train or [])
+        and int(split["n_items"]) == run.split.n_items
         and (
             package["group_optimizers"] is None
             or len(package["group_optimizers"]) == len(run.spec.groups)

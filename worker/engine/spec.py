@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from contracts.data import DataOptions
 from contracts.plan import GroupPlan, SplitPolicy, SyncStrategy
 from contracts.preprocess import PreprocessStep
 
@@ -37,6 +38,8 @@ class RunSpec(BaseModel):
     reported, late gradients at most ``max_staleness`` updates old).
     ``exchange_fraction`` of each worker's shard moves to its ring neighbour
     after every epoch. ``checkpoint_every`` adds a checkpoint every N steps.
+    ``data`` says how compute workers read their shards (:class:`contracts.data.DataOptions`:
+    streaming through a DataLoader or stacked in memory, loader processes, prefetch).
     ``on_nonfinite``: a non-finite loss, gradient or buffer on any worker ends
     the task (``fail``, :class:`worker.engine.numerics.NonFiniteError` naming
     epoch, step, rank and group) or skips that optimizer step (``skip_step``).
@@ -69,6 +72,7 @@ class RunSpec(BaseModel):
     checkpoint_every: int | None = Field(default=None, ge=1)
     on_nonfinite: OnNonFinite = "fail"
     preprocess: list[PreprocessStep] = Field(default_factory=list)
+    data: DataOptions = Field(default_factory=DataOptions)
     checkpoint_dir: str
     resume_from: str | None = None
     emulation_pace: (

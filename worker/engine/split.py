@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from worker.engine.sharding import apportion, steps_per_epoch
+from worker.engine.sharding import apportion, even_shares, steps_per_epoch
 
 
 def _generator(*parts: int) -> torch.Generator:
@@ -68,6 +68,12 @@ class SplitState:
         state.shards = [order[bounds[i] : bounds[i + 1]] for i in range(len(shares))]
         return state
 
+    def first_shard(self, worker: int, n_workers: int, seed: int) -> Tensor:
+        """Worker ``worker``'s shard (int64) under :meth:`initial` with even shares of this
+        state's batch: the items it profiles on before the shares are chosen."""
+        even = SplitState.initial(self.n_items, even_shares(self.batch, n_workers), seed)
+        return even.shards[worker]
+
     @property
     def n_workers(self) -> int:
         """Number of compute workers."""
@@ -100,6 +106,16 @@ class SplitState:
         """Indices (int64 ``[counts(step)[worker]]``) worker ``worker`` trains on this step."""
         start = self.used[worker]
         return self.shards[worker][start : start + self.counts(self.step)[worker]]
+
+    def upcoming(self, worker: int) -> list[Tensor]:
+        """Worker ``worker``'s indices for every remaining step of the epoch, from this one
+        on, as the current shares assign them (a share change reassigns them)."""
+        batches, start = [], self.used[worker]
+        for step in range(self.step, self.steps_per_epoch):
+            count = self.counts(step)[worker]
+            batches.append(self.shards[worker][start : start + count])
+            start += count
+        return batches
 
     def global_batch(self) -> Tensor:
         """All workers' indices of this step, in worker order: the step's global batch."""

@@ -19,7 +19,7 @@ from torch import Tensor
 from worker.engine import report, session
 from worker.engine.compute import to_device
 from worker.engine.contract import TrainingCode, default_metrics
-from worker.engine.data import TensorData
+from worker.engine.data import DataSources, Source
 from worker.engine.distributed import Topology
 from worker.engine.run import Run
 from worker.engine.sharding import contiguous_shard
@@ -29,19 +29,26 @@ from worker.engine.strategy import strategy_for
 
 @torch.no_grad()
 def validate(
-    code: TrainingCode, topo: Topology, model: torch.nn.Module, data: TensorData, batch_size: int
+    code: TrainingCode, topo: Topology, model: torch.nn.Module, data: Source, batch_size: int
 ) -> dict[str, tuple[float, float]]:
     """This worker's share of validation: ``name -> (value * count, count)`` summed over batches.
 
     Names are ``val_loss`` and ``val_<key>`` for each key of the user's
-    ``metrics`` (or :func:`default_metrics`), weighted by batch size.
+    ``metrics`` (or :func:`default_metrics`), weighted by batch size. The worker's part
+    is a contiguous block of the validation set (:func:`worker.engine.sharding.contiguous_shard`),
+    read in batches of ``batch_size`` planned ahead; the sums over every worker are the
+    sample-weighted means over the whole set.
     """
     metrics_fn = code.metrics or default_metrics
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     shard = contiguous_shard(len(data), topo.n_workers, topo.worker_index)
+    batches = [
+        torch.arange(start, min(start + batch_size, shard.stop), dtype=torch.int64)
+        for start in range(shard.start, shard.stop, batch_size)
+    ]
+    data.plan(batches)
     model.eval()
-    for start in range(0, len(shard), batch_size):
-        indices = list(shard[start : start + batch_size])
+    for indices in batches:
         inputs, target = to_device(data.take(indices), topo.device)
         output = model(inputs)
         values = {"loss": float(code.loss_fn(output, target)), **metrics_fn(output, target)}
@@ -78,18 +85,19 @@ def run_worker(
     code: TrainingCode,
     topo: Topology,
     model: torch.nn.Module,
-    data: tuple[TensorData, TensorData],
+    data: DataSources,
 ) -> Tensor:
     """Train as compute rank ``topo.rank`` until the last epoch; returns final parameters and
     buffers [P + B].
 
     Raises whatever the user's code raises.
     """
-    train_data, val_data = data
+    val_data = data.val
+    assert val_data is not None
     model.to(topo.device)
     per_group = strategy_for(spec.sync_strategy).group_optimizers
     optimizer = code.build_optimizer(model.parameters()) if per_group else None
-    run, under_way = session.start(spec, code, topo, model, optimizer, train_data, None)
+    run, under_way = session.start(spec, code, topo, model, optimizer, data, None)
     share = run.split.shares[topo.worker_index] / run.split.batch
     report.metric("batch_share", share, step=run.step, epoch=run.epoch, rank=topo.rank)
     session.train(

@@ -7,7 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from contracts.task_spec import TaskSpec
-from tests.conftest import agent_headers, make_group, make_project, task_request
+from tests.conftest import agent_headers, make_group, make_project, register_agent, task_request
 
 
 @pytest.fixture
@@ -36,6 +36,7 @@ def test_heterogeneity_options_reach_the_task_spec(client: TestClient, version: 
             checkpoint_every=50,
             preprocess=steps,
             on_nonfinite="skip_step",
+            data={"path": "streaming", "num_workers": 2, "prefetch_factor": 4},
         ),
     )
     assert response.status_code == 201, response.text
@@ -52,7 +53,15 @@ def test_heterogeneity_options_reach_the_task_spec(client: TestClient, version: 
     )
     assert [s["op"] for s in spec["preprocess"]] == ["resize", "normalize"]
     # what the agents receive
-    assert TaskSpec.model_validate(spec).engine_options()["on_nonfinite"] == "skip_step"
+    engine = TaskSpec.model_validate(spec).engine_options()
+    assert engine["on_nonfinite"] == "skip_step"
+    assert engine["data"] == {
+        "path": "streaming",
+        "num_workers": 2,
+        "prefetch_factor": 4,
+        "persistent_workers": True,
+        "pin_memory": None,
+    }
     assert spec["request"][1]["speed_factor"] == 0.25
 
 
@@ -99,6 +108,9 @@ def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> Non
         ({"preprocess": [{"op": "rotate"}]}, "preprocess.0", "tag"),
         ({"preprocess": [{"op": "resize", "size": [0, 4]}]}, "preprocess.0.resize", "positive"),
         ({"split": "weighted"}, "split", "unknown field"),
+        ({"data": {"path": "disk"}}, "data.path", "'auto', 'memory' or 'streaming'"),
+        ({"data": {"num_workers": 65}}, "data.num_workers", "less than or equal to 64"),
+        ({"data": {"workers": 2}}, "data.workers", "unknown field"),
         (
             {"resource_groups": [{"name": "cpu-a", "workers": 2, "speed": 0.5}]},
             "resource_groups.0.speed",
@@ -130,6 +142,21 @@ def test_bad_input_is_refused_naming_the_field(
     assert error["field"] == field, error
     assert words in error["message"] and error["message"].startswith(field)
     assert client.get("/api/v1/tasks").json() == []
+
+
+def test_loader_processes_beyond_a_hosts_cores_are_refused(
+    client: TestClient, version: dict
+) -> None:
+    hardware = {"cpu_cores": 4, "memory_bytes": 2**33}
+    assert register_agent(client, "cpu-a", hardware).status_code == 200
+    response = client.post("/api/v1/tasks", json=task_request(version, data={"num_workers": 5}))
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["field"] == "data.num_workers"
+    assert "agent 'a1' of resource group 'cpu-a' has 4 cores" in error["message"]
+    assert client.get("/api/v1/tasks").json() == []
+    fits = client.post("/api/v1/tasks", json=task_request(version, data={"num_workers": 4}))
+    assert fits.status_code == 201, fits.text
 
 
 def test_throughput_per_worker_and_group(client: TestClient, version: dict) -> None:

@@ -359,3 +359,54 @@ def test_peers_of_another_attempt_are_not_admitted() -> None:
     peers.leases.append(lease)  # type: ignore[arg-type]
     peers.refresh()
     assert lease.admitted == [] and peers.hosts == ["10.0.0.1"] and peers.complete
+
+
+DATASET_PROBE = """
+import json, os
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+root = os.environ["POLYTRAIN_DATASETS"]
+try:
+    open(os.path.join(root, "mine.txt"), "w")
+    wrote = "ok"
+except OSError as exc:
+    wrote = "refused: " + type(exc).__name__
+loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4, num_workers=2)
+print(json.dumps({
+    "read": open(os.path.join(root, "digits", "0.txt")).read(),
+    "wrote": wrote,
+    "batches": [float(batch[0].sum()) for batch in loader],
+}))
+"""
+
+
+def test_ranks_read_the_hosts_datasets_folder_and_run_dataloader_processes(
+    tmp_path: Path,
+) -> None:
+    datasets = tmp_path / "datasets"
+    (datasets / "digits").mkdir(parents=True)
+    (datasets / "digits" / "0.txt").write_text("zero")
+    for path in (datasets, datasets / "digits", datasets / "digits" / "0.txt"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    sandbox = Sandbox.detect(user="polytrain-run", data_dir=tmp_path, datasets_dir=datasets)
+    lease = sandbox.pool.lease()
+    try:
+        mine = sandbox.new_rank_dir(lease.uid)
+        env = rank_environment({"POLYTRAIN_DATASETS": str(datasets)}, mine, dict(os.environ))
+        done = subprocess.run(
+            sandbox.command(mine, ["-c", DATASET_PROBE], lease.uid),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        lease.release()
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["read"] == "zero" and seen["wrote"].startswith("refused")
+    # Loader processes pass batches through shared memory inside the sandbox.
+    assert seen["batches"] == [6.0, 22.0]
+    with pytest.raises(SandboxUnavailable, match="datasets folder"):
+        Sandbox.detect(user="polytrain-run", data_dir=tmp_path, datasets_dir=tmp_path / "none")

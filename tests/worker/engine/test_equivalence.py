@@ -4,8 +4,11 @@ Real gloo processes on CPU: a parameter server and two groups (2 + 1
 workers). Per-worker batches are unequal (an odd global batch; a weighted
 split with one emulated slow group; shares that the online controller
 changes mid-epoch), and every step must still be the single-process step on
-that step's global batch, to 1e-5. The parameter server records the global
-batches it served (``RunSpec.debug_dump_dir``) for the reference.
+that step's global batch, to 1e-5. The first two read their shards on the
+streaming path (re-planned after every rebalance and exchange; the first with
+a DataLoader process per worker reading ahead), the others on the in-memory
+path. The parameter server records the global batches it served
+(``RunSpec.debug_dump_dir``) for the reference.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ SLOW_B = [
     {"name": "a", "device_type": "cpu", "workers": 2},
     {"name": "b", "device_type": "cpu", "workers": 1, "speed_factor": 0.25},
 ]
+# The streaming data path with one loader process per worker reading ahead.
+STREAMING = {"path": "streaming", "num_workers": 1}
 
 
 def assert_matches_reference(run_spec: RunSpec, dump: Path) -> tuple[LocalRun, list[float]]:
@@ -54,7 +59,8 @@ def assert_matches_reference(run_spec: RunSpec, dump: Path) -> tuple[LocalRun, l
 def test_uneven_even_split_with_exchange_equals_one_process(
     make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:
-    spec = make_spec(exchange_fraction=0.25)  # 7 samples over 3 workers: 3 + 2 + 2
+    # 7 samples over 3 workers: 3 + 2 + 2, each worker streaming its shard through a DataLoader
+    spec = make_spec(exchange_fraction=0.25, data=STREAMING)
     run, epoch_losses = assert_matches_reference(spec, tmp_path / "params")
     # The batches an even run serves follow from its seed alone (scripts/netns_check.py
     # replays a task across hosts with them, having no dump).
@@ -70,7 +76,13 @@ def test_weighted_split_with_mid_epoch_rebalancing_equals_one_process(
     make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:
     spec = make_spec(
-        split_policy="weighted", groups=SLOW_B, global_batch_size=12, rebalance_every=3
+        split_policy="weighted",
+        groups=SLOW_B,
+        global_batch_size=12,
+        rebalance_every=3,
+        # Read in the rank's own process: a loader process per worker on this 2-core host
+        # would make the profiled rates the loaders' and the slow group need not be slowest.
+        data={"path": "streaming", "num_workers": 0},
     )
     run, _ = assert_matches_reference(spec, tmp_path / "params")
     shares = [finite(run.metrics("batch_share", rank=r))[0] for r in (1, 2, 3)]
