@@ -17,9 +17,10 @@ RUN_SUBTASK = "polytrain.run_sub_task"
 VISIBILITY_TIMEOUT_S = MAX_RUNTIME_S + 86_400
 
 
-def queue_name(group: str) -> str:
-    """The Celery queue served by the agents of resource group `group`."""
-    return f"rg.{group}"
+def queue_name(group: str, agent_id: int) -> str:
+    """The Celery queue served by agent `agent_id` of resource group `group`: the parts of
+    the group's sub-tasks booked for that agent (a group spans its agents)."""
+    return f"rg.{group}.agent-{agent_id}"
 
 
 def resolve_broker_url(broker_url: str | None, data_dir: str | os.PathLike[str]) -> str:

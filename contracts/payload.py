@@ -6,7 +6,7 @@ message name are in :mod:`contracts.messaging`.
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from contracts.plan import GroupPlan, SplitPolicy
 
@@ -28,12 +28,14 @@ class TaskLimits(BaseModel):
 
 
 class SubTaskPayload(BaseModel):
-    """What an agent needs to run its group's share of a task.
+    """What an agent needs to run its part of a group's share of a task.
 
     Ranks: 0 is the parameter server; compute ranks start at 1 and each group
-    holds a contiguous block, in the order of `groups`. `attempt` is the
-    task's run (1 = first); a later attempt's parameter server resumes from
-    checkpoint `resume_checkpoint_id`, fetched from the backend.
+    holds a contiguous block, in the order of `groups`. A group spans agents:
+    this part runs `part_workers` of its group's ranks from `first_rank` on
+    (the whole group when they are None). `attempt` is the task's run
+    (1 = first); a later attempt's parameter server resumes from checkpoint
+    `resume_checkpoint_id`, fetched from the backend.
     """
 
     task_id: int
@@ -41,6 +43,12 @@ class SubTaskPayload(BaseModel):
     attempt: int = Field(default=1, ge=1)
     resume_checkpoint_id: int | None = None
     group_index: int = Field(ge=0)
+    part: int = Field(default=0, ge=0)
+    agent_id: int | None = Field(
+        default=None, description="the agent this part is booked for (the only one to claim it)"
+    )
+    first_rank: int | None = Field(default=None, ge=1)
+    part_workers: int | None = Field(default=None, ge=1)
     hosts_parameter_server: bool
     epochs: int = Field(ge=1)
     global_batch_size: int = Field(ge=1)
@@ -65,7 +73,25 @@ class SubTaskPayload(BaseModel):
         return 1 + sum(g.workers for g in self.groups)
 
     @property
-    def ranks(self) -> list[int]:
-        """The global ranks of this group's compute workers."""
+    def group_ranks(self) -> list[int]:
+        """The global ranks of this group's compute workers, on every agent of its parts."""
         first = 1 + sum(g.workers for g in self.groups[: self.group_index])
         return list(range(first, first + self.group.workers))
+
+    @property
+    def ranks(self) -> list[int]:
+        """The global ranks of this part's compute workers (the ones this agent starts)."""
+        if self.first_rank is None or self.part_workers is None:
+            return self.group_ranks
+        return list(range(self.first_rank, self.first_rank + self.part_workers))
+
+    @model_validator(mode="after")
+    def _part_in_group(self) -> "SubTaskPayload":
+        """A part's ranks are some of its group's (`first_rank` and `part_workers` together)."""
+        if self.group_index >= len(self.groups):
+            raise ValueError(f"group_index {self.group_index} names no group of {len(self.groups)}")
+        if (self.first_rank is None) != (self.part_workers is None):
+            raise ValueError("first_rank and part_workers come together")
+        if not set(self.ranks) <= set(self.group_ranks):
+            raise ValueError(f"ranks {self.ranks} are not in group {self.group_ranks}")
+        return self

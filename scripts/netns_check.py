@@ -1,17 +1,37 @@
 """Drive the namespace cluster of `netns_cluster.sh` from the API's host: groups, one task
-across both agents, checks that its nodes ran on the agents' addresses; one JSON line.
+across the three agents (group cpu-a on two hosts), checks that its nodes ran on the agents'
+addresses and that its final parameters equal a single-process replay; one JSON line.
 
-    python scripts/netns_check.py API_URL ADMIN_EMAIL ADMIN_PASSWORD ADDR_A ADDR_B groups|task
+    PYTHONPATH=. python scripts/netns_check.py API_URL ADMIN_EMAIL ADMIN_PASSWORD \
+        ADDR_A1 ADDR_A2 ADDR_B groups|task
+
+Exactness without any debug option a task could set: the split of the `even` policy is a
+pure function of the seed, the epoch and the shares (`worker.engine.split`), so this
+script derives every step's global batch the way the engine's session does
+(`seeded_batches`, checked against the recorded batches by
+tests/worker/engine/test_equivalence.py), trains one process on them in order with the same code
+(tests/worker/engine/reference.py, as the equivalence tests do), and compares the result
+with the task's last checkpoint, downloaded through the REST API.
 """
 
+import io
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
+import torch
+
+from tests.worker.engine.reference import reference_run, seeded_batches
+from worker.engine.contract import load_training_code
+from worker.engine.spec import RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
+EPOCHS, GLOBAL_BATCH_SIZE, SEED = 3, 16, 5
+GROUPS = [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}]
+TOLERANCE = 1e-5
 # netns_cluster.sh listens here, on the broker's host, which runs no rank.
 PROBE_HOST, PROBE_PORT = "10.77.0.2", 45000
 
@@ -71,10 +91,41 @@ def control_probe() -> str:
     return str(scope["_probe"]())  # type: ignore[operator]
 
 
-def run_task(api: httpx.Client, addr_a: str, addr_b: str) -> int:
+def max_difference(api: httpx.Client, task: dict) -> float:
+    """The largest absolute difference between the task's last checkpoint's parameters and a
+    single-process replay of its seeded batches (the example's code, seeded alike)."""
+    checkpoints = api.get(f"/tasks/{task['id']}/checkpoints").json()
+    last = max(checkpoints, key=lambda c: (c["step"], c["id"]))
+    body = api.get(f"/tasks/{task['id']}/checkpoints/{last['id']}/download").content
+    state = torch.load(io.BytesIO(body), weights_only=False)
+    assert last["epoch"] == EPOCHS - 1 and state["epoch_complete"], (last, state["epoch"])
+    spec = RunSpec.model_validate(
+        {
+            "task_id": task["id"],
+            "code": str(ROOT / "examples" / "tiny_regression.py"),
+            "epochs": EPOCHS,
+            "global_batch_size": GLOBAL_BATCH_SIZE,
+            "seed": SEED,
+            "groups": [{**g, "device_type": "cpu"} for g in GROUPS],
+            "checkpoint_dir": tempfile.gettempdir(),  # the replay writes none
+        }
+    )
+    code = load_training_code(spec.code)
+    n_items = len(code.build_datasets()[0])  # type: ignore[arg-type]
+    expected, _ = reference_run(spec, seeded_batches(spec, n_items))
+    model = code.build_model()
+    model.load_state_dict(state["model"])
+    got = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    return float((got - expected).abs().max())
+
+
+def run_task(api: httpx.Client, addr_a1: str, addr_a2: str, addr_b: str) -> int:
     started = time.monotonic()
     wait(
-        lambda: all(g["agents_online"] for g in api.get("/resource-groups").json()),
+        lambda: (
+            {g["name"]: g["agents_online"] for g in api.get("/resource-groups").json()}
+            == {"cpu-a": 2, "cpu-b": 1}
+        ),
         120,
         "agents online",
     )
@@ -91,9 +142,10 @@ def run_task(api: httpx.Client, addr_a: str, addr_b: str) -> int:
         json={
             "project_id": project["id"],
             "code_version_id": version["id"],
-            "epochs": 3,
-            "global_batch_size": 16,
-            "resource_groups": [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
+            "epochs": EPOCHS,
+            "global_batch_size": GLOBAL_BATCH_SIZE,
+            "seed": SEED,
+            "resource_groups": GROUPS,
         },
     ).json()
     done = wait(
@@ -117,6 +169,11 @@ def run_task(api: httpx.Client, addr_a: str, addr_b: str) -> int:
         for a in api.get(f"/tasks/{task['id']}/allocations").json()
         if a["role"] == "compute"
     }
+    parts = [
+        (s["resource_group"], s["part"], s["first_rank"], s["workers"], s["hosts_parameter_server"])
+        for s in api.get(f"/tasks/{task['id']}/sub-tasks").json()
+    ]
+    difference = max_difference(api, task) if done["status"] == "SUCCEEDED" else None
     print(
         json.dumps(
             {
@@ -125,6 +182,8 @@ def run_task(api: httpx.Client, addr_a: str, addr_b: str) -> int:
                 "status_reason": done["status_reason"],
                 "master_addr": done.get("master_addr"),
                 "compute_hosts": sorted(hosts),
+                "parts": sorted(parts),
+                "max_abs_difference": difference,
                 "probes": probes,
                 "control_probe": control_probe(),
                 "wall_s": round(time.monotonic() - started, 1),
@@ -133,19 +192,23 @@ def run_task(api: httpx.Client, addr_a: str, addr_b: str) -> int:
     )
     ok = (
         done["status"] == "SUCCEEDED"
-        and hosts == {("cpu-a", addr_a), ("cpu-b", addr_b)}
-        and done.get("master_addr") == addr_a
+        and hosts == {("cpu-a", addr_a1), ("cpu-a", addr_a2), ("cpu-b", addr_b)}
+        and done.get("master_addr") in (addr_a1, addr_a2)
+        and difference is not None
+        and difference <= TOLERANCE
     )
     return 0 if ok else 1
 
 
-def main(url: str, email: str, password: str, addr_a: str, addr_b: str, step: str) -> int:
+def main(
+    url: str, email: str, password: str, addr_a1: str, addr_a2: str, addr_b: str, step: str
+) -> int:
     api = client(url, email, password)
     if step == "groups":
         create_groups(api)
         return 0
-    return run_task(api, addr_a, addr_b)
+    return run_task(api, addr_a1, addr_a2, addr_b)
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:7]))
+    sys.exit(main(*sys.argv[1:8]))

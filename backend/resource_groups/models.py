@@ -58,10 +58,5 @@ class ResourceGroup(Base):
     )
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
 
-    @property
-    def queue(self) -> str:
-        """The Celery queue that this group's agents consume."""
-        return f"rg.{self.name}"
-
 
 LIVE = ResourceGroup.deleted_at.is_(None)  # not deleted (deleted groups keep their rows)

@@ -2,7 +2,8 @@
 
 A task gets all of its nodes at once or none (gang allocation): the task
 manager and the parameter server (rank 0) on its first group, and every
-compute worker in each group. The status change QUEUED -> SCHEDULED and its
+compute worker in each group, booked as parts across the group's serving agents
+(one sub-task per part, for that agent). The status change QUEUED -> SCHEDULED and its
 event row are the lifecycle's (:func:`backend.tasks.lifecycle.change`), written
 as one guarded UPDATE so that a task no longer queued (a cancellation under
 way) books nothing.
@@ -86,12 +87,17 @@ WITH claimed AS (
     FROM claimed, unnest(%(worker_groups)s::integer[], %(worker_ranks)s::integer[])
          AS node (group_id, rank)
 ), sub_tasks AS (
-    INSERT INTO sub_task (task_id, resource_group_id, group_index, workers,
-                          hosts_parameter_server, attempt, status, detail, updated_at)
-    SELECT claimed.id, sub.group_id, sub.position - 1, sub.workers, sub.position = 1,
-           claimed.attempt, '{SubTaskStatus.PENDING.name}', '', %(now)s
-    FROM claimed, unnest(%(sub_groups)s::integer[], %(sub_workers)s::integer[])
-         WITH ORDINALITY AS sub (group_id, workers, position)
+    INSERT INTO sub_task (task_id, resource_group_id, group_index, part, first_rank, workers,
+                          hosts_parameter_server, agent_id, attempt, status, detail,
+                          updated_at)
+    SELECT claimed.id, sub.group_id, sub.group_index, sub.part, sub.first_rank, sub.workers,
+           sub.position = 1, sub.agent_id, claimed.attempt, '{SubTaskStatus.PENDING.name}',
+           '', %(now)s
+    FROM claimed, unnest(%(sub_groups)s::integer[], %(sub_indexes)s::integer[],
+                         %(sub_parts)s::integer[], %(sub_first_ranks)s::integer[],
+                         %(sub_workers)s::integer[], %(sub_agents)s::integer[])
+         WITH ORDINALITY AS sub (group_id, group_index, part, first_rank, workers, agent_id,
+                                 position)
 ), event AS (
     INSERT INTO task_event (task_id, from_status, to_status, reason, created_at, kind)
     SELECT claimed.id, %(from_status)s, %(to_status)s, %(reason)s, %(created_at)s, %(kind)s
@@ -170,17 +176,29 @@ def _booking_layout(
 ) -> dict[str, Any]:
     """Where a booking's nodes and sub-tasks go (`_BOOK_PG`'s parameters; `_book` builds its
     rows from the same): the task manager and the parameter server (rank 0) on the first
-    group, compute ranks 1.. group after group, one sub-task per group in plan order."""
+    group, compute ranks 1.. group after group; each group's workers split into parts across
+    its serving agents (`placement.parts`), one sub-task per part, ranks contiguous in part
+    order; the first part of the first group hosts the parameter server."""
     ids = [fresh[item.name].id for item in chosen]
     workers = [item.workers for item in chosen]
     worker_groups = [g for g, n in zip(ids, workers, strict=True) for _ in range(n)]
+    subs: dict[str, list[Any]] = {
+        key: [] for key in ("groups", "indexes", "parts", "first_ranks", "workers", "agents")
+    }
+    rank = 1
+    for index, item in enumerate(chosen):
+        for part, (agent_id, count) in enumerate(placement.parts(item.workers, fresh[item.name])):
+            for key, value in zip(
+                subs, (ids[index], index, part, rank, count, agent_id), strict=True
+            ):
+                subs[key].append(value)
+            rank += count
     return {
         "first_group": ids[0],
         "now": now,
         "worker_groups": worker_groups,
         "worker_ranks": list(range(1, len(worker_groups) + 1)),
-        "sub_groups": ids,
-        "sub_workers": workers,
+        **{f"sub_{key}": values for key, values in subs.items()},
     }
 
 
@@ -211,17 +229,27 @@ def _book(
             "task_id": task.id,
             "resource_group_id": group_id,
             "group_index": index,
+            "part": part,
+            "first_rank": first_rank,
             "workers": workers,
-            "hosts_parameter_server": index == 0,
+            "hosts_parameter_server": position == 0,
             "attempt": task.attempt,
             "status": SubTaskStatus.PENDING,
             "detail": "",
-            "agent_id": None,
+            "agent_id": agent_id,
             "updated_at": now,
             "dispatched_at": None,
         }
-        for index, (group_id, workers) in enumerate(
-            zip(layout["sub_groups"], layout["sub_workers"], strict=True)
+        for position, (group_id, index, part, first_rank, workers, agent_id) in enumerate(
+            zip(
+                layout["sub_groups"],
+                layout["sub_indexes"],
+                layout["sub_parts"],
+                layout["sub_first_ranks"],
+                layout["sub_workers"],
+                layout["sub_agents"],
+                strict=True,
+            )
         )
     ]
     connection = session.connection()

@@ -3,7 +3,10 @@
 A group's free workers are `min(capacity, workers of its serving agents)` less
 the compute workers held by allocations (an agent an admin drains or disables
 keeps the workers it runs and offers no new ones: :data:`backend.agents.models.SERVING`);
-draining, disabled and deleted groups offer none.
+draining, disabled and deleted groups offer none. A group spans its agents: each serving
+agent's free workers are its `workers` less those of the parts (sub-tasks) booked for it
+in the current attempts of active tasks, and a group never offers more than its agents'
+free workers together (the booking splits a group's workers across them).
 """
 
 import json
@@ -16,7 +19,20 @@ from sqlalchemy.orm import Session
 
 from backend.agents.models import SERVING, Agent, AgentState
 from backend.resource_groups.models import LIVE, GroupState, ResourceGroup
-from backend.tasks.models import Allocation, NodeRole, SubTask
+from backend.tasks.models import ACTIVE, Allocation, NodeRole, SubTask, Task
+
+
+@dataclass(frozen=True)
+class AgentFree:
+    """A serving agent's free workers: its `workers` less those booked for it."""
+
+    id: int
+    workers: int
+    held: int
+
+    @property
+    def free(self) -> int:
+        return max(0, self.workers - self.held)
 
 
 @dataclass
@@ -32,14 +48,17 @@ class GroupFree:
     held: int
     labels: dict[str, Any] = field(default_factory=dict)
     held_inactive: int = 0  # of `held`, workers run by agents an admin drained or disabled
+    # Its serving agents, by id; None: not read (a group then counts as one unbound part).
+    agents: list[AgentFree] | None = None
 
     @property
     def free(self) -> int:
         if self.state is not GroupState.ACTIVE:
             return 0
-        return max(
-            0, min(self.capacity - self.held, self.online - (self.held - self.held_inactive))
-        )
+        free = min(self.capacity - self.held, self.online - (self.held - self.held_inactive))
+        if self.agents is not None:
+            free = min(free, sum(a.free for a in self.agents))
+        return max(0, free)
 
     def matches(self, labels: dict[str, str]) -> bool:
         return all(self.labels.get(k) == v for k, v in labels.items())
@@ -127,8 +146,35 @@ FREE = (
 )
 
 
+# Workers booked for each agent: its parts in the current attempts of active tasks (their
+# allocations are held until the task ends or restarts).
+_AGENT_HELD = (
+    select(SubTask.agent_id.label("agent_id"), func.sum(SubTask.workers).label("workers"))
+    .join(Task, Task.id == SubTask.task_id)
+    .where(
+        Task.status.in_(sorted(ACTIVE)),
+        SubTask.attempt == Task.attempt,
+        SubTask.agent_id.is_not(None),
+    )
+    .group_by(SubTask.agent_id)
+    .subquery("agent_held")
+)
+AGENTS = (
+    select(
+        Agent.resource_group_id,
+        Agent.id,
+        Agent.workers,
+        func.coalesce(_AGENT_HELD.c.workers, 0),
+    )
+    .outerjoin(_AGENT_HELD, _AGENT_HELD.c.agent_id == Agent.id)
+    .where(SERVING)
+    .order_by(Agent.id)
+)
+
+
 def free_capacity(session: Session, group_ids: Iterable[int] | None = None) -> dict[str, GroupFree]:
-    """Each live group's free workers, by name, in one statement (held nodes by a partial index).
+    """Each live group's free workers, by name, with its serving agents' (two statements; held
+    nodes by a partial index).
 
     Run after `lock` it sees every allocation committed before the lock was
     granted (PostgreSQL takes a new snapshot per statement).
@@ -136,12 +182,17 @@ def free_capacity(session: Session, group_ids: Iterable[int] | None = None) -> d
     query = FREE
     if group_ids is not None:
         query = query.where(ResourceGroup.id.in_(list(group_ids)))
-    return free_from_rows(session.execute(query))
+    return free_from_rows(session.execute(query), session.execute(AGENTS))
 
 
-def free_from_rows(rows: Iterable[Sequence[Any]]) -> dict[str, GroupFree]:
-    """`GroupFree` by name from rows of `FREE`, typed by SQLAlchemy or as the driver returns
-    them (the state's stored name, labels as JSON text or decoded)."""
+def free_from_rows(
+    rows: Iterable[Sequence[Any]], agent_rows: Iterable[Sequence[Any]]
+) -> dict[str, GroupFree]:
+    """`GroupFree` by name from rows of `FREE` and `AGENTS`, typed by SQLAlchemy or as the
+    driver returns them (the state's stored name, labels as JSON text or decoded)."""
+    agents: dict[int, list[AgentFree]] = {}
+    for group_id, agent_id, workers, held in agent_rows:
+        agents.setdefault(group_id, []).append(AgentFree(agent_id, int(workers), int(held)))
     free = {}
     for id_, name, device_type, state, capacity, labels, online, held, held_inactive in rows:
         if isinstance(labels, str):
@@ -156,5 +207,6 @@ def free_from_rows(rows: Iterable[Sequence[Any]]) -> dict[str, GroupFree]:
             held=int(held),
             labels=dict(labels or {}),
             held_inactive=int(held_inactive),
+            agents=agents.get(id_, []),
         )
     return free

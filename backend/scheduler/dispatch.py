@@ -1,9 +1,10 @@
-"""First-level dispatch: one Celery message per resource group, on that group's queue.
+"""First-level dispatch: one Celery message per sub-task (a group's part on one agent), on
+that agent's queue.
 
-The only place that publishes to a group queue. Each scheduler pass publishes
-every current-attempt sub-task not yet published, or unclaimed for too long
-(a message lost with a broker restart), after making the pass's decisions
-durable (:func:`make_durable`).
+The only place that publishes to a group's queues. Each scheduler pass first books the
+parts no agent holds (:func:`rebook_parts`), then publishes every current-attempt sub-task
+not yet published, or unclaimed for too long (a message lost with a broker restart), after
+making the pass's decisions durable (:func:`make_durable`).
 """
 
 import logging
@@ -15,8 +16,10 @@ from celery import Celery
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from backend.agents.models import SERVING, Agent
 from backend.core.config import get_settings
 from backend.core.db import utcnow
+from backend.scheduler import capacity
 from backend.tasks.models import ACTIVE, Checkpoint, SubTask, SubTaskStatus, Task
 from backend.tasks.spec import read_spec
 from contracts.messaging import RUN_SUBTASK, broker_options, queue_name
@@ -51,10 +54,12 @@ class CeleryDispatcher:
     """
 
     def send(self, payload: SubTaskPayload) -> None:
+        if payload.agent_id is None:
+            raise ValueError(f"sub-task {payload.sub_task_id} is booked for no agent")
         producer_app().send_task(
             RUN_SUBTASK,
             args=[payload.model_dump(mode="json")],
-            queue=queue_name(payload.group.name),
+            queue=queue_name(payload.group.name, payload.agent_id),
             task_id=str(payload.sub_task_id),
             retry=True,
             retry_policy={
@@ -70,7 +75,8 @@ def payload_for(
     task: Task, sub: SubTask, *, resume_checkpoint_id: int | None = None
 ) -> SubTaskPayload:
     """The message for one sub-task of the task's current attempt: the placed groups (with
-    their speed factors), the engine options and the checkpoint to resume from.
+    their speed factors), the part's ranks and agent, the engine options and the checkpoint
+    to resume from.
 
     Raises:
         ValueError: the stored spec has no epochs or global batch size.
@@ -83,6 +89,10 @@ def payload_for(
         task_id=task.id,
         sub_task_id=sub.id,
         group_index=sub.group_index,
+        part=sub.part,
+        agent_id=sub.agent_id,
+        first_rank=sub.first_rank,
+        part_workers=sub.workers,
         hosts_parameter_server=sub.hosts_parameter_server,
         epochs=spec.epochs,
         global_batch_size=spec.global_batch_size,
@@ -120,20 +130,79 @@ def make_durable(session: Session) -> None:
         session.commit()
 
 
+_UNCLAIMED = (
+    Task.status.in_(ACTIVE),
+    SubTask.attempt == Task.attempt,
+    SubTask.status == SubTaskStatus.PENDING,
+)
+
+
+def rebook_parts(session: Session) -> int:
+    """Book each unclaimed part whose agent cannot take it (no agent, or one no longer
+    serving: offline, drained, disabled) for a serving agent of its group with enough free
+    workers, the one with the most first; commits. A part no agent has room for stays
+    unbound (tried again next pass; the monitor restarts its task once it waited a full
+    heartbeat timeout). Returns the parts booked.
+    """
+    serving = select(Agent.id).where(Agent.id == SubTask.agent_id, SERVING).exists()
+    parts = session.scalars(
+        select(SubTask)
+        .join(Task, Task.id == SubTask.task_id)
+        .where(*_UNCLAIMED, SubTask.agent_id.is_(None) | ~serving)
+        .order_by(SubTask.id)
+    ).all()
+    if not parts:
+        return 0
+    capacity.lock_allocation(session)
+    for part in parts:
+        part.agent_id = None
+    session.flush()  # their workers leave their former agents' free workers
+    free = {
+        g.id: {a.id: a.free for a in g.agents or []}
+        for g in capacity.free_capacity(session, {p.resource_group_id for p in parts}).values()
+    }
+    # An agent runs at most one part of a task's attempt (its ranks are one process set).
+    siblings = session.execute(
+        select(SubTask.task_id, SubTask.agent_id)
+        .join(Task, Task.id == SubTask.task_id)
+        .where(
+            SubTask.task_id.in_({p.task_id for p in parts}),
+            SubTask.attempt == Task.attempt,
+            SubTask.agent_id.is_not(None),
+        )
+    ).all()
+    taken = {(task_id, agent_id) for task_id, agent_id in siblings}
+    booked = 0
+    for part in parts:
+        room = free.get(part.resource_group_id, {})
+        roomy = sorted(
+            (a for a, n in room.items() if n >= part.workers and (part.task_id, a) not in taken),
+            key=lambda a: -room[a],
+        )
+        if roomy:
+            part.agent_id, part.dispatched_at = roomy[0], None
+            room[roomy[0]] -= part.workers
+            taken.add((part.task_id, roomy[0]))
+            booked += 1
+    session.commit()
+    return booked
+
+
 def dispatch_pending(session: Session, dispatcher: Dispatcher, *, redispatch_after_s: float) -> int:
-    """Publish each current-attempt sub-task never published, or unclaimed for too long.
+    """Book the parts no agent holds (:func:`rebook_parts`), then publish each current-attempt
+    sub-task booked for an agent and never published, or unclaimed for too long.
 
     A message lost with a broker restart is sent again; a duplicate is
     harmless (the agent's claim refuses a taken sub-task). Returns messages sent.
     """
+    rebook_parts(session)
     stale = utcnow() - timedelta(seconds=redispatch_after_s)
     rows = session.execute(
         select(Task, SubTask)
         .join(SubTask, SubTask.task_id == Task.id)
         .where(
-            Task.status.in_(ACTIVE),
-            SubTask.attempt == Task.attempt,
-            SubTask.status == SubTaskStatus.PENDING,
+            *_UNCLAIMED,
+            SubTask.agent_id.is_not(None),
             (SubTask.dispatched_at.is_(None)) | (SubTask.dispatched_at < stale),
         )
         .order_by(SubTask.id)

@@ -10,7 +10,7 @@ on healthy capacity, resumed from the last checkpoint: the lifecycle's
 import logging
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from backend.agents.models import SERVING, Agent
@@ -57,7 +57,8 @@ def _cutoff(timeout_s: float, interval_s: float) -> datetime:
 
 
 def _lost_sub_tasks(session: Session, *, pending_before: object) -> list[tuple[Task, str]]:
-    """Current-attempt sub-tasks whose agent is offline, or unclaimed with no agent online."""
+    """Current-attempt sub-tasks whose agent is offline, or unclaimed with no agent online,
+    or booked for no agent (none has the room) for a full timeout."""
     running = session.execute(
         select(Task, Agent)
         .join(SubTask, SubTask.task_id == Task.id)
@@ -78,19 +79,26 @@ def _lost_sub_tasks(session: Session, *, pending_before: object) -> list[tuple[T
         .where(Agent.resource_group_id == SubTask.resource_group_id, SERVING)
         .exists()
     )
-    unclaimed = session.scalars(
-        select(Task)
+    unclaimed = session.execute(
+        select(Task, online)
         .join(SubTask, SubTask.task_id == Task.id)
         .where(
             Task.status.in_(ACTIVE),
             SubTask.attempt == Task.attempt,
             SubTask.status == SubTaskStatus.PENDING,
-            SubTask.dispatched_at < pending_before,
-            ~online,
+            # Published that long ago; or, booked for no agent (none had room), waiting since.
+            func.coalesce(SubTask.dispatched_at, SubTask.updated_at) < pending_before,
+            ~online | SubTask.agent_id.is_(None),
         )
     ).all()
     return lost + [
-        (task, "no active agent of its group is online to start it") for task in unclaimed
+        (
+            task,
+            "no active agent of its group has the free workers to start a part"
+            if any_online
+            else "no active agent of its group is online to start it",
+        )
+        for task, any_online in unclaimed
     ]
 
 

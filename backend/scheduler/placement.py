@@ -14,11 +14,14 @@ On a restart (`previous` given) a named group that cannot take its workers now
 is replaced by a compatible one: active, same device type, enough free workers.
 """
 
+from typing import TypeVar
+
 from backend.scheduler.capacity import GroupFree
 from contracts.plan import GroupPlan
 from contracts.task_spec import RequestItem
 
 Plan = list[GroupPlan]
+Key = TypeVar("Key", str, int)  # a group's name, or an agent's id
 
 
 def plan(
@@ -127,9 +130,10 @@ def uniform(workers: int, room: dict[str, int]) -> dict[str, int]:
     return {n: w for n, w in shares.items() if w}
 
 
-def largest_first(workers: int, room: dict[str, int]) -> dict[str, int]:
-    """Fill the group with the most free workers first, then the next (resource state)."""
-    shares: dict[str, int] = {}
+def largest_first(workers: int, room: dict[Key, int]) -> dict[Key, int]:
+    """Fill the group (or agent) with the most free workers first, then the next (resource
+    state; ties by name or id). Assumes sum(room) >= workers."""
+    shares: dict[Key, int] = {}
     left = workers
     for name in sorted(room, key=lambda n: (-room[n], n)):
         if left == 0:
@@ -138,3 +142,22 @@ def largest_first(workers: int, room: dict[str, int]) -> dict[str, int]:
         shares[name] = take
         left -= take
     return shares
+
+
+def parts(workers: int, group: GroupFree) -> list[tuple[int | None, int]]:
+    """A group's `workers` split into parts across its serving agents: (agent id, workers),
+    the agent with the most free workers first, never more than an agent has free.
+
+    A group read without its agents (`group.agents` None) is one unbound part (None, workers),
+    booked for an agent when it is dispatched.
+
+    Raises:
+        ValueError: the agents have fewer free workers than `workers` together (capacity
+            bounds a group's free workers by theirs, so placement never asks this).
+    """
+    if group.agents is None:
+        return [(None, workers)]
+    room = {a.id: a.free for a in group.agents if a.free}
+    if sum(room.values()) < workers:
+        raise ValueError(f"group '{group.name}' has {sum(room.values())} free workers < {workers}")
+    return [(agent, n) for agent, n in largest_first(workers, room).items()]

@@ -58,11 +58,13 @@ def _compiled(statement: Any, dialect: Any) -> str:
 
 
 @cache
-def _pipelined_reads(dialect: Any) -> tuple[str, str, str]:
-    """The lock, capacity and queue-head statements as the driver's SQL (compiled once)."""
+def _pipelined_reads(dialect: Any) -> tuple[str, str, str, str]:
+    """The lock, capacity (groups, agents) and queue-head statements as the driver's SQL
+    (compiled once)."""
     return (
         _compiled(_BEGIN_PG, dialect),
         _compiled(capacity.FREE, dialect),
+        _compiled(capacity.AGENTS, dialect),
         _compiled(HEAD.limit(WINDOW), dialect),
     )
 
@@ -71,16 +73,25 @@ def _read_postgresql(session: Session) -> tuple[dict[str, GroupFree], list[Queue
     """`_read` in one round trip: BEGIN, the lock, capacity and queue head sent as one psycopg
     pipeline. PostgreSQL runs them in order and takes a new snapshot per statement, so the
     reads see every allocation committed before the lock was granted."""
-    lock_sql, free_sql, head_sql = _pipelined_reads(session.get_bind().dialect)
+    lock_sql, free_sql, agents_sql, head_sql = _pipelined_reads(session.get_bind().dialect)
     connection = driver(session)
-    with connection.cursor() as lock, connection.cursor() as free, connection.cursor() as head:
+    with (
+        connection.cursor() as lock,
+        connection.cursor() as free,
+        connection.cursor() as agents,
+        connection.cursor() as head,
+    ):
         # Sent, and every result read, at the block's end. Prepared: planned once per
         # connection (planning the capacity join costs more than running it).
         with connection.pipeline():
             lock.execute(lock_sql, prepare=True)
             free.execute(free_sql, prepare=True)
+            agents.execute(agents_sql, prepare=True)
             head.execute(head_sql, prepare=True)
-        return (capacity.free_from_rows(free.fetchall()), [Queued(*row) for row in head.fetchall()])
+        return (
+            capacity.free_from_rows(free.fetchall(), agents.fetchall()),
+            [Queued(*row) for row in head.fetchall()],
+        )
 
 
 def schedule_next(session: Session) -> int | None:

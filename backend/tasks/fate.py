@@ -6,7 +6,7 @@ calls these functions and nothing else decides whether a task succeeds, fails
 or restarts.
 """
 
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.orm import Session
 
 from backend.agents.models import Agent, AgentState
@@ -32,28 +32,28 @@ def get_sub_task(session: Session, *, sub_task_id: int) -> SubTask:
 
 
 def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
-    """An agent takes a sub-task. A redelivered message finds it taken: Conflict.
+    """An agent takes a sub-task (its group's part booked for that agent). A redelivered
+    message finds it taken: Conflict.
 
     A message of an earlier attempt (the task restarted since) is refused too.
-    The first claim moves the task from SCHEDULED to RUNNING. An agent an
-    admin drained or disabled is refused too, and the sub-task is published
-    again at the scheduler's next pass for an active agent to take.
+    The first claim moves the task from SCHEDULED to RUNNING. Only an active
+    agent of the part's group claims it, and only the agent it is booked for (a
+    part booked for none, after its agent could not take it, goes to any). A claim
+    that would make the agent run more workers than its `workers` is refused. An
+    agent an admin drained or disabled, or one short of free workers, hands the part
+    back: it is booked for another agent of the group at the scheduler's next pass
+    (:func:`backend.scheduler.dispatch.rebook_parts`) and published again.
 
     Raises:
         NotFound: `data.agent_id` names no registered agent.
-        Conflict: the sub-task is taken, of another attempt, or the agent is not active.
+        Conflict: (field `agent_id`) the agent is not active, serves another group, or
+            the part is booked for another agent; (field `workers`) the agent runs too
+            many workers to take the part; (no field) the sub-task is taken or of
+            another attempt.
     """
     agent = session.get(Agent, data.agent_id)
     if agent is None:
         raise NotFound(f"agent {data.agent_id} is not registered", field="agent_id")
-    if agent.state is not AgentState.ACTIVE:
-        if sub.status is SubTaskStatus.PENDING:
-            sub.dispatched_at = None
-            session.commit()
-        raise Conflict(
-            f"agent '{agent.name}' is {agent.state.value}: it takes no new sub-tasks",
-            field="agent_id",
-        )
     task = session.get_one(Task, sub.task_id, with_for_update=True)
     if (
         sub.status is not SubTaskStatus.PENDING
@@ -65,18 +65,45 @@ def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
             f"sub-task {sub.id} (attempt {sub.attempt}) is {sub.status.value}; "
             f"task is {task.status.value} in attempt {task.attempt}"
         )
+    if agent.resource_group_id != sub.resource_group_id:
+        raise Conflict(
+            f"agent '{agent.name}' serves another resource group (id {agent.resource_group_id}) "
+            f"than sub-task {sub.id} (id {sub.resource_group_id})",
+            field="agent_id",
+        )
+    if agent.state is not AgentState.ACTIVE:
+        _hand_back(session, sub, agent)
+        raise Conflict(
+            f"agent '{agent.name}' is {agent.state.value}: it takes no new sub-tasks",
+            field="agent_id",
+        )
+    if sub.agent_id is not None and sub.agent_id != agent.id:
+        raise Conflict(
+            f"sub-task {sub.id} is booked for agent {sub.agent_id}, not '{agent.name}'",
+            field="agent_id",
+        )
+    running = running_workers(session, agent_id=agent.id)
+    if running + sub.workers > agent.workers:
+        _hand_back(session, sub, agent)
+        raise Conflict(
+            f"agent '{agent.name}' has workers={agent.workers} and runs {running}: "
+            f"{sub.workers} more would oversubscribe its host",
+            field="workers",
+        )
     lifecycle.move_sub_task(sub, SubTaskStatus.RUNNING)
     sub.agent_id = data.agent_id
-    roles = [NodeRole.COMPUTE] + (
-        [NodeRole.PARAMETER_SERVER, NodeRole.TASK_MANAGER] if sub.hosts_parameter_server else []
+    nodes = (Allocation.role == NodeRole.COMPUTE) & Allocation.rank.between(
+        sub.first_rank, sub.first_rank + sub.workers - 1
     )
+    if sub.hosts_parameter_server:
+        nodes |= Allocation.role.in_([NodeRole.PARAMETER_SERVER, NodeRole.TASK_MANAGER])
     session.execute(
         update(Allocation)
         .where(
             Allocation.task_id == task.id,
             Allocation.attempt == sub.attempt,
             Allocation.resource_group_id == sub.resource_group_id,
-            Allocation.role.in_(roles),
+            nodes,
         )
         .values(host=data.host)
     )
@@ -85,10 +112,31 @@ def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
             session,
             task,
             TaskStatus.RUNNING,
-            f"agent on {data.host} started group {sub.group_index}",
+            f"agent on {data.host} started group {sub.group_index} part {sub.part}",
         )
     session.commit()
     return sub
+
+
+def _hand_back(session: Session, sub: SubTask, agent: Agent) -> None:
+    """Unbook an unclaimed part from `agent`, which cannot take it, for the scheduler to book
+    for another agent of its group and publish again (commits)."""
+    if sub.status is SubTaskStatus.PENDING and sub.agent_id in (None, agent.id):
+        sub.agent_id, sub.dispatched_at = None, None
+        session.commit()
+
+
+def running_workers(session: Session, *, agent_id: int) -> int:
+    """Compute workers agent `agent_id` runs now: its claimed parts of active tasks' current
+    attempts."""
+    return (
+        session.scalar(
+            select(func.sum(SubTask.workers))
+            .join(Task, Task.id == SubTask.task_id)
+            .where(*running_on(agent_id))
+        )
+        or 0
+    )
 
 
 def set_rendezvous(session: Session, *, task: Task, data: Rendezvous) -> None:

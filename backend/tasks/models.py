@@ -138,17 +138,27 @@ class TaskEvent(Base):
 
 
 class SubTask(Base):
-    """A task's share on one resource group in one attempt: first-level dispatch sends one
-    Celery message per sub-task, whose Celery id is the sub-task's id. `dispatched_at` is
-    null until the message is published (it is published again if lost)."""
+    """A task's part of one resource group on one agent, in one attempt.
+
+    A group's workers are booked across its serving agents (docs/architecture.md,
+    "The scheduler and a task's fate"): part `part` (0, 1, ... within the group) holds
+    compute ranks `first_rank` .. `first_rank + workers - 1` and is booked for agent
+    `agent_id`, the only agent that may claim it; a part whose agent cannot take it
+    (drained, offline, or short of free workers) is unbound (`agent_id` null) and booked
+    for another agent of the group at the scheduler's next pass. First-level dispatch
+    sends one Celery message per sub-task, to its agent's queue, whose Celery id is the
+    sub-task's id. `dispatched_at` is null until the message is published (it is published
+    again if lost)."""
 
     __tablename__ = "sub_task"
-    __table_args__ = (UniqueConstraint("task_id", "attempt", "group_index"),)
+    __table_args__ = (UniqueConstraint("task_id", "attempt", "group_index", "part"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"), index=True)
     resource_group_id: Mapped[int] = mapped_column(ForeignKey("resource_group.id"))
     group_index: Mapped[int]
+    part: Mapped[int] = mapped_column(default=0, server_default="0")
+    first_rank: Mapped[int]
     workers: Mapped[int]
     hosts_parameter_server: Mapped[bool] = mapped_column(default=False)
     status: Mapped[SubTaskStatus] = mapped_column(

@@ -270,8 +270,11 @@ class SubTaskRead(BaseModel):
 
     resource_group: str
     group_index: int
+    part: int = 0
+    first_rank: int
     workers: int
     hosts_parameter_server: bool
+    agent_id: int | None = None
     status: SubTaskStatus
     detail: str
     attempt: int = 1

@@ -225,7 +225,7 @@ def sub_tasks(session: Session, *, task_id: int) -> list[SubTaskRead]:
         select(SubTask, ResourceGroup.name)
         .join(ResourceGroup, ResourceGroup.id == SubTask.resource_group_id)
         .where(SubTask.task_id == task_id)
-        .order_by(SubTask.group_index)
+        .order_by(SubTask.attempt, SubTask.group_index, SubTask.part)
     )
     return [SubTaskRead.model_validate({**_columns(s), "resource_group": name}) for s, name in rows]
 

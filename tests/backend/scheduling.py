@@ -43,6 +43,24 @@ def group(
     return row
 
 
+def add_agent(session: Session, group: ResourceGroup, name: str, *, workers: int) -> Agent:
+    """Another online agent of `group` (a group spans hosts), with `workers` workers."""
+    agent = Agent(
+        name=name,
+        host=f"10.77.1.{group.id}",
+        resource_group_id=group.id,
+        workers=workers,
+        hardware={"cpu_cores": 2},
+    )
+    session.add(agent)
+    session.commit()
+    return agent
+
+
+def agent_named(session: Session, name: str) -> Agent:
+    return session.scalars(select(Agent).where(Agent.name == name)).one()
+
+
 def version(session: Session, owner_id: int | None = None, name: str = "p") -> CodeVersion:
     project = Project(name=name, owner_id=owner_id)
     session.add(project)
@@ -126,9 +144,7 @@ def running_task(session: Session, **extra: Any) -> Task:
     for sub in session.scalars(
         select(SubTask).where(SubTask.task_id == task.id, SubTask.attempt == task.attempt)
     ):
-        agent = session.scalar(
-            select(Agent).where(Agent.resource_group_id == sub.resource_group_id)
-        )
+        agent = session.get_one(Agent, sub.agent_id)
         fate.claim(session, sub=sub, data=Claim(agent_id=agent.id, host=agent.host))
     session.refresh(task)
     assert task.status is TaskStatus.RUNNING

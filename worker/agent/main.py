@@ -1,4 +1,5 @@
-"""`polytrain agent`: serve one resource group's queue on this host."""
+"""`polytrain agent`: serve one resource group on this host (the parts of its tasks booked
+for this agent)."""
 
 import logging
 import os
@@ -121,7 +122,8 @@ def choose_gloo_interface(advertise_addr: str) -> None:
 def run_agent(
     settings: AgentSettings, *, resource_group: str, workers: int, name: str | None = None
 ) -> None:
-    """Register with the backend, heartbeat, and consume `rg.<group>` until stopped.
+    """Register with the backend, heartbeat, and consume this agent's queue of its group
+    (`rg.<group>.agent-<id>`: the parts booked for it) until stopped.
 
     Raises:
         NameClash: another agent on this host and data dir runs under `name`.
@@ -163,7 +165,7 @@ def run_agent(
     argv = [
         "worker",
         "-Q",
-        queue_name(resource_group),
+        queue_name(resource_group, agent_id),
         "-n",
         f"{name}@%h",
         "--pool",

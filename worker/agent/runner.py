@@ -1,4 +1,5 @@
-"""Runs one sub-task (a task's share on this agent's group) from claim to result."""
+"""Runs one sub-task (a task's part of this agent's group, booked for this agent) from claim
+to result."""
 
 import logging
 import queue
@@ -232,6 +233,8 @@ class SubTaskRunner:
             slot.rank_dir, "spec.json", spec.model_dump_json(indent=2).encode()
         )
         env = rank_env(spec, rank, addr, port)
+        if rank != 0:  # its index among this host's ranks of the group (a group spans hosts)
+            env["LOCAL_RANK"] = str(payload.ranks.index(rank))
         env["POLYTRAIN_DIST_TIMEOUT_S"] = str(self.settings.dist_timeout_s)
         if self.settings.datasets_dir:
             env["POLYTRAIN_DATASETS"] = str(Path(self.settings.datasets_dir).resolve())

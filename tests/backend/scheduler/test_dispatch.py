@@ -27,11 +27,12 @@ def broker_url(db_backend: str, service_env: object, monkeypatch: pytest.MonkeyP
     return get_settings().resolved_broker_url()
 
 
-def test_message_on_the_group_queue_with_the_sub_task_id(broker_url: str) -> None:
+def test_message_on_its_agents_queue_with_the_sub_task_id(broker_url: str) -> None:
     payload = SubTaskPayload(
         task_id=4,
         sub_task_id=17,
         group_index=1,
+        agent_id=5,
         hosts_parameter_server=False,
         epochs=1,
         global_batch_size=8,
@@ -44,7 +45,7 @@ def test_message_on_the_group_queue_with_the_sub_task_id(broker_url: str) -> Non
     )
     CeleryDispatcher().send(payload)
     with Connection(broker_url, transport_options=broker_options(broker_url)) as conn:
-        message = conn.SimpleQueue("rg.cpu-b").get(timeout=10)
+        message = conn.SimpleQueue("rg.cpu-b.agent-5").get(timeout=10)
         headers, body = message.headers, message.decode()
         message.ack()
     assert headers["id"] == "17" and headers["task"] == "polytrain.run_sub_task"

@@ -12,7 +12,16 @@ from backend.scheduler.service import schedule_next, schedule_once
 from backend.tasks import lifecycle
 from backend.tasks.models import Allocation, SubTask, Task, TaskEvent, TaskStatus
 from contracts.plan import GroupPlan
-from tests.backend.scheduling import RecordingDispatcher, finish, group, held, submit, version
+from tests.backend.scheduling import (
+    RecordingDispatcher,
+    add_agent,
+    agent_named,
+    finish,
+    group,
+    held,
+    submit,
+    version,
+)
 
 pytestmark = pytest.mark.stack
 
@@ -61,17 +70,19 @@ def test_gang_allocation_holds_nothing_partial_and_backfills(session: Session) -
 
 
 def test_booking_writes_every_node_sub_task_and_event_of_the_decision(session: Session) -> None:
-    """The rows a decision books, the same on SQLite and on PostgreSQL (one statement there)."""
-    a, b = group(session, "cpu-a", 2), group(session, "cpu-b", 1)
+    """The rows a decision books, the same on SQLite and on PostgreSQL (one statement there):
+    a group's workers split into parts across its agents, the roomiest first."""
+    a, b = group(session, "cpu-a", 3, online=1), group(session, "cpu-b", 1)
+    a2 = add_agent(session, a, "a2", workers=2)
     code = version(session)
-    task = submit(session, code, [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}])
+    task = submit(session, code, [{"name": "cpu-a", "workers": 3}, {"name": "cpu-b", "workers": 1}])
     assert schedule_next(session) == task.id
     session.refresh(task)
     assert task.status is TaskStatus.SCHEDULED
     assert task.status_reason == (
-        "attempt 1: allocated parameter server and 3 workers: cpu-a×2, cpu-b×1"
+        "attempt 1: allocated parameter server and 4 workers: cpu-a×3, cpu-b×1"
     )
-    assert [(g["name"], g["workers"]) for g in task.spec["groups"]] == [("cpu-a", 2), ("cpu-b", 1)]
+    assert [(g["name"], g["workers"]) for g in task.spec["groups"]] == [("cpu-a", 3), ("cpu-b", 1)]
     nodes = session.scalars(
         select(Allocation)
         .where(Allocation.task_id == task.id)
@@ -83,15 +94,19 @@ def test_booking_writes_every_node_sub_task_and_event_of_the_decision(session: S
         ("parameter_server", a.id, 0, 1, None),
         ("compute", a.id, 1, 1, None),
         ("compute", a.id, 2, 1, None),
-        ("compute", b.id, 3, 1, None),
+        ("compute", a.id, 3, 1, None),
+        ("compute", b.id, 4, 1, None),
     ]
     subs = session.scalars(
-        select(SubTask).where(SubTask.task_id == task.id).order_by(SubTask.group_index)
+        select(SubTask).where(SubTask.task_id == task.id).order_by(SubTask.first_rank)
     ).all()
+    a1, b1 = agent_named(session, "agent-cpu-a"), agent_named(session, "agent-cpu-b")
     assert [
         (
             s.resource_group_id,
             s.group_index,
+            s.part,
+            s.first_rank,
             s.workers,
             s.hosts_parameter_server,
             s.status.value,
@@ -99,7 +114,11 @@ def test_booking_writes_every_node_sub_task_and_event_of_the_decision(session: S
             s.dispatched_at,
         )
         for s in subs
-    ] == [(a.id, 0, 2, True, "PENDING", None, None), (b.id, 1, 1, False, "PENDING", None, None)]
+    ] == [
+        (a.id, 0, 0, 1, 2, True, "PENDING", a2.id, None),
+        (a.id, 0, 1, 3, 1, False, "PENDING", a1.id, None),
+        (b.id, 1, 0, 4, 1, False, "PENDING", b1.id, None),
+    ]
     events = session.scalars(
         select(TaskEvent).where(TaskEvent.task_id == task.id).order_by(TaskEvent.id)
     ).all()

@@ -10,7 +10,9 @@ from torch.utils.data import default_collate
 from worker.engine.contract import load_training_code
 from worker.engine.launch import seed_everything
 from worker.engine.local import LocalRun, launch_local
+from worker.engine.sharding import even_shares
 from worker.engine.spec import RunSpec
+from worker.engine.split import SplitState
 
 TIMEOUT_S = 90.0
 
@@ -49,6 +51,23 @@ def reference_model(
         sum(losses[i : i + spe]) / sum(samples[i : i + spe]) for i in range(0, len(losses), spe)
     ]
     return model, epoch_losses
+
+
+def seeded_batches(spec: RunSpec, n_items: int) -> list[torch.Tensor]:
+    """Every step's global batch (index tensors, in order) of a fresh ``even`` run, derived
+    without running it: the split is a pure function of the seed, the epoch and the shares,
+    walked as :func:`worker.engine.session.train` does (initial shards, then per epoch
+    ``begin_epoch``, the steps, the neighbour exchange)."""
+    workers = sum(g.workers for g in spec.groups)
+    split = SplitState.initial(n_items, even_shares(spec.global_batch_size, workers), spec.seed)
+    batches = []
+    for epoch in range(spec.epochs):
+        split.begin_epoch(spec.seed, epoch)
+        while not split.epoch_done:
+            batches.append(split.global_batch())
+            split.advance()
+        split.exchange(spec.exchange_fraction, spec.seed, epoch)
+    return batches
 
 
 def run_with_dump(

@@ -19,7 +19,13 @@ from pathlib import Path
 
 import torch
 
-from tests.worker.engine.reference import dumped_batches, finite, reference_run, run_with_dump
+from tests.worker.engine.reference import (
+    dumped_batches,
+    finite,
+    reference_run,
+    run_with_dump,
+    seeded_batches,
+)
 from worker.engine.contract import load_training_code
 from worker.engine.local import LocalRun
 from worker.engine.spec import RunSpec
@@ -56,6 +62,12 @@ def test_uneven_even_split_with_exchange_equals_one_process(
     # 7 samples over 3 workers: 3 + 2 + 2, each worker streaming its shard through a DataLoader
     spec = make_spec(exchange_fraction=0.25, data=STREAMING)
     run, epoch_losses = assert_matches_reference(spec, tmp_path / "params")
+    # The batches an even run serves follow from its seed alone (scripts/netns_check.py
+    # replays a task across hosts with them, having no dump).
+    seeded = seeded_batches(spec, 160)
+    recorded = dumped_batches(tmp_path / "params")
+    assert len(seeded) == len(recorded)
+    assert all(torch.equal(s, r) for s, r in zip(seeded, recorded, strict=True))
     for got, want in zip(finite(run.metrics("train_loss")), epoch_losses, strict=True):
         assert math.isclose(got, want, rel_tol=1e-5)
 
