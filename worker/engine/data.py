@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -58,7 +57,7 @@ from worker.engine.preprocess import (
     texts_of,
     train_tokenizer,
 )
-from worker.engine.sharding import contiguous_shard
+from worker.engine.sharding import Batches, contiguous_shard
 
 #: Items per batch when a worker reads its part of the training set for a statistic.
 STATS_BATCH = 256
@@ -151,17 +150,20 @@ class _Joined(Dataset):
 
 
 class _Planned:
-    """A DataLoader batch sampler whose batches (int64 tensors) are set from outside before
-    each iteration; each becomes a list only when the loader asks for it."""
+    """A DataLoader batch sampler whose batches (index tensors, from ``start`` on, empty ones
+    skipped) are set from outside before each iteration; each becomes a list only when the
+    loader asks for it."""
 
     def __init__(self) -> None:
-        self.batches: list[Tensor] = []
+        self.batches: Sequence[Tensor] = []
+        self.start = 0
 
     def __iter__(self) -> Iterator[list[int]]:
-        return (batch.tolist() for batch in list(self.batches))
+        batches, start = self.batches, self.start
+        return (b.tolist() for k in range(start, len(batches)) if len(b := batches[k]))
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return len(self.batches) - self.start
 
 
 class Stream:
@@ -185,25 +187,31 @@ class Stream:
             pin_memory=options.pin_memory if options.pin_memory is not None else cuda,
             collate_fn=collate,
         )
-        self.expected: deque[Tensor] = deque()
+        self.batches: Sequence[Tensor] = []
+        self.cursor = 0  # the next planned batch the steps will ask for
         self.iterator: Iterator[Any] | None = None
         self.replans = self.direct = 0
 
     def plan(self, batches: Sequence[Tensor]) -> None:
         """Start reading ``batches`` (global indices into the joined set) ahead."""
-        wanted = [b for b in batches if len(b)]
-        self.sampler.batches = wanted
-        self.expected = deque(wanted)
-        self.iterator = iter(self.loader) if wanted else None
+        self.batches, self.cursor = batches, 0
+        self._skip_empty()
+        self.sampler.batches, self.sampler.start = batches, self.cursor
+        self.iterator = iter(self.loader) if self.cursor < len(batches) else None
         self.replans += 1
 
+    def _skip_empty(self) -> None:
+        while self.cursor < len(self.batches) and not len(self.batches[self.cursor]):
+            self.cursor += 1
+
     def expects(self, indices: Tensor) -> bool:
-        return bool(self.expected) and torch.equal(self.expected[0], indices)
+        return self.cursor < len(self.batches) and torch.equal(self.batches[self.cursor], indices)
 
     def take(self, indices: Tensor) -> Any:
         """The batch of ``indices``: the next planned one when it matches, else read here."""
         if self.iterator is not None and self.expects(indices):
-            self.expected.popleft()
+            self.cursor += 1
+            self._skip_empty()
             return next(self.iterator)
         self.direct += 1
         return collate([self.joined[int(i)] for i in indices])
@@ -227,8 +235,10 @@ class StreamView:
         return self.stream.expects(indices + self.offset if self.offset else indices)
 
     def plan(self, batches: Sequence[Tensor]) -> None:
-        if self.offset:
-            batches = [torch.as_tensor(b, dtype=torch.int64) + self.offset for b in batches]
+        if self.offset and isinstance(batches, Batches):
+            batches = batches.shifted(self.offset)
+        elif self.offset:
+            batches = [torch.as_tensor(b) + self.offset for b in batches]
         self.stream.plan(batches)
 
 

@@ -10,10 +10,48 @@ The per-worker training shards themselves live in :mod:`worker.engine.split`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import overload
 
 import torch
 from torch import Tensor
+from typing_extensions import override
+
+
+class Batches(Sequence[Tensor]):
+    """Consecutive batches of one index tensor, made on demand: batch ``k`` is the next
+    ``counts[k]`` indices of ``flat`` (a view), plus ``shift``.
+
+    A worker's plan for the rest of an epoch (tens of thousands of steps on a large
+    dataset) is thus one tensor and a list of counts, not a tensor per step.
+    """
+
+    def __init__(self, flat: Tensor, counts: Sequence[int], shift: int = 0) -> None:
+        self.flat, self.counts, self.shift = flat, list(counts), shift
+        self.starts = [0]
+        for count in self.counts[:-1]:
+            self.starts.append(self.starts[-1] + count)
+
+    @override
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    @overload
+    def __getitem__(self, k: int) -> Tensor: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[Tensor]: ...
+
+    @override
+    def __getitem__(self, k: int | slice) -> Tensor | Sequence[Tensor]:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        batch = self.flat[self.starts[k] : self.starts[k] + self.counts[k]]
+        return batch + self.shift if self.shift else batch
+
+    def shifted(self, shift: int) -> Batches:
+        """The same batches with ``shift`` added to every index."""
+        return Batches(self.flat, self.counts, self.shift + shift)
 
 
 def even_shares(n_samples: int, n_workers: int) -> list[int]:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from worker.engine.sharding import apportion, even_shares, steps_per_epoch
+from worker.engine.sharding import Batches, apportion, even_shares, steps_per_epoch
 
 
 def index_dtype(n_items: int) -> torch.dtype:
@@ -113,15 +113,14 @@ class SplitState:
         start = self.used[worker]
         return self.shards[worker][start : start + self.counts(self.step)[worker]]
 
-    def upcoming(self, worker: int) -> list[Tensor]:
+    def upcoming(self, worker: int) -> Batches:
         """Worker ``worker``'s indices for every remaining step of the epoch, from this one
         on, as the current shares assign them (a share change reassigns them)."""
-        batches, start = [], self.used[worker]
-        for step in range(self.step, self.steps_per_epoch):
-            count = self.counts(step)[worker]
-            batches.append(self.shards[worker][start : start + count])
-            start += count
-        return batches
+        last = self.steps_per_epoch - 1
+        counts = [self.shares[worker]] * max(0, last - self.step)
+        if self.step <= last:
+            counts.append(self.counts(last)[worker])
+        return Batches(self.shards[worker][self.used[worker] :], counts)
 
     def global_batch(self) -> Tensor:
         """All workers' indices of this step, in worker order: the step's global batch."""

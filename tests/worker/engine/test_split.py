@@ -90,3 +90,22 @@ def test_state_round_trips_mid_epoch() -> None:
     copy = SplitState.from_state_dict(state.state_dict())
     assert copy.step == 4 and copy.used == state.used and copy.shares == state.shares
     assert torch.equal(copy.global_batch(), state.global_batch())
+
+
+def test_upcoming_batches_are_the_steps_a_worker_will_take_until_shares_change() -> None:
+    state = SplitState.initial(50, [4, 3], seed=1)
+    state.begin_epoch(seed=1, epoch=0)
+    planned = state.upcoming(1)
+    assert len(planned) == state.steps_per_epoch == 8  # the last step splits 50 - 7 * 7 = 1
+    taken = []
+    while state.step < 4:
+        taken.append(state.take(1))
+        state.advance()
+    assert all(torch.equal(p, t) for p, t in zip(planned, taken, strict=False))
+    state.set_shares([2, 5])
+    replanned = state.upcoming(1)
+    assert [len(b) for b in replanned] == [5, 5, 5, 1]  # the last sample: the larger share
+    while not state.epoch_done:
+        assert torch.equal(replanned[state.step - 4], state.take(1))
+        state.advance()
+    assert torch.equal(replanned.shifted(100)[0], replanned[0] + 100)
