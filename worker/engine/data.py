@@ -191,6 +191,10 @@ class Stream:
         self.cursor = 0  # the next planned batch the steps will ask for
         self.iterator: Iterator[Any] | None = None
         self.replans = self.direct = 0
+        if self.loader.persistent_workers:
+            # Start the loader processes now, before the split's index tensors exist: a
+            # process forked later would keep a copy-on-write share of them for good.
+            iter(self.loader)
 
     def plan(self, batches: Sequence[Tensor]) -> None:
         """Start reading ``batches`` (global indices into the joined set) ahead."""

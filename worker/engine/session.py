@@ -17,6 +17,7 @@ Order of collectives, the same on every rank:
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable
 from typing import Any
@@ -179,6 +180,19 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
     return {"val": val, "compute_s": compute_s, "samples": samples, "skipped_steps": skipped}
 
 
+def release_freed_memory() -> None:
+    """Give the heap memory freed so far back to the system (glibc ``malloc_trim``).
+
+    An epoch's start replaces the split's index tensors (4 bytes per item, e.g. 33 MB for
+    8 million items); glibc keeps such freed blocks in the heap, so without this the
+    worker's memory would carry every copy it ever made. A no-op where glibc is absent.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def train(
     run: Run,
     under_way: bool,
@@ -191,6 +205,7 @@ def train(
         run.epoch = epoch
         if not under_way:
             run.split.begin_epoch(run.spec.seed, epoch)
+            release_freed_memory()
         under_way = False
         run.epoch_work, run.loss_sum, run.samples, run.stats = Work(), 0.0, 0, {}
         run.skipped = 0
