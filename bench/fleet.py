@@ -178,15 +178,18 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def summarize(latency: dict[str, list[float]], errors: Counter[str]) -> dict[str, Any]:
-    """Per request kind: count, errors, p50 and p99 in ms (rounded to 0.1)."""
+    """Per request kind: answered count, errors (an error status, or no answer after every
+    try), transport retries, p50 and p99 in ms (rounded to 0.1)."""
     kinds = sorted(set(latency) | {key.split(":")[0] for key in errors})
     out: dict[str, Any] = {}
     for kind in kinds:
         values = latency.get(kind, [])
         p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
+        mine = {key.split(":", 1)[1]: n for key, n in errors.items() if key.split(":")[0] == kind}
         out[kind] = {
             "count": len(values),
-            "errors": sum(n for key, n in errors.items() if key.split(":")[0] == kind),
+            "errors": sum(n for what, n in mine.items() if not what.startswith("retried")),
+            "retries": sum(n for what, n in mine.items() if what.startswith("retried")),
             "p50_ms": None if p50 is None else round(p50, 1),
             "p99_ms": None if p99 is None else round(p99, 1),
         }
@@ -222,13 +225,23 @@ class SimAgent:
         self.rng = random.Random(self.index)
 
     async def call(self, kind: str, method: str, path: str, **kwargs: Any) -> httpx.Response | None:
-        """One request, timed; None on a transport error (recorded as kind:transport)."""
-        started = time.perf_counter()
-        try:
-            response = await self.http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            self.recorder.request(kind, 0.0, type(exc).__name__)
-            return None
+        """One request, timed from its first try to its answer; None if every try failed.
+
+        As the agent's `InternalApi`: a transport error (e.g. the server closed an idle
+        keep-alive connection as the request left) is tried again after 0.5, 1, 2 ... s, up
+        to 5 times; each is counted (`kind:retried`), and the latency includes the waits.
+        """
+        started, delay = time.perf_counter(), 0.5
+        for attempt in range(6):
+            try:
+                response = await self.http.request(method, path, **kwargs)
+                break
+            except httpx.TransportError as exc:
+                self.recorder.request(kind, 0.0, f"retried-{type(exc).__name__}")
+                if attempt == 5:
+                    return None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
         ms = (time.perf_counter() - started) * 1000
         ok = response.status_code < 400 or (kind == "claim" and response.status_code == 409)
         self.recorder.request(kind, ms, None if ok else str(response.status_code))
@@ -265,7 +278,7 @@ class SimAgent:
                 {
                     "rank": rank,
                     "cpu_percent": round(self.rng.uniform(90, 105), 1),
-                    "rss_mb": round(self.rng.uniform(3000, 6000), 1),
+                    "rss_mb": round(self.rng.uniform(1000, 3000), 1),
                     "gpu_util": round(self.rng.uniform(70, 99), 1),
                     "gpu_mem_mb": round(self.rng.uniform(30_000, 70_000), 1),
                 }
