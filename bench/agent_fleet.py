@@ -18,8 +18,8 @@ lines and its progress every 2 s and an epoch's metrics every 30 s (bench/fleet.
 
 Per step one JSON line (`agent_fleet_step`): client-side latency per request kind
 (p50/p99), errors, the heartbeats' rate, API CPU (psutil on the uvicorn processes) in
-seconds per agent per minute, PostgreSQL CPU (the backends of the bench's database, and
-every postgres process of the host), database commits and rows written per second and WAL
+seconds per agent per minute, PostgreSQL CPU (every postgres process of the host, with the
+backends that exited: the server is shared), database commits and rows written per second and WAL
 bytes per second (`pg_stat_database`, `pg_current_wal_lsn`), Redis commands per second and
 CPU (INFO), each generator's CPU and event-loop lag, the host's busy CPU, and what
 saturated (`SATURATED`). Then one summary line: the heartbeat p99 at the largest step
@@ -130,8 +130,8 @@ def generator_main(plan_path: Path, part: int, out: Path) -> int:
             limits=limits,
         )
 
-    report = asyncio.run(
-        simulate(
+    async def run_and_write() -> None:
+        report = await simulate(
             plans,
             client=client,
             broker=lambda: RedisBroker(plan["broker_url"]),
@@ -139,8 +139,11 @@ def generator_main(plan_path: Path, part: int, out: Path) -> int:
             until=plan["until"],
             rates=Rates(),
         )
-    )
-    out.write_text(json.dumps(report))
+        out.write_text(json.dumps(report))
+        # Done: connections left to the OS, so no slow clean-up of a thousand can hang here.
+        os._exit(0)
+
+    asyncio.run(run_and_write())
     return 0
 
 
@@ -204,7 +207,7 @@ def _cpu(proc: psutil.Process) -> float:
 
 class Probe:
     """Counters read at each window's start and end: CPU of the API's processes, of the
-    database's backends and of every postgres process, `pg_stat_database`, WAL position,
+    every postgres process (and of its exited backends), `pg_stat_database`, WAL position,
     Redis INFO, the host's CPU times."""
 
     def __init__(self, api_pid: int, database: str, redis_url: str, redis_pid: int) -> None:
@@ -217,13 +220,6 @@ class Probe:
         api = [self.api, *self.api.children(recursive=True)]
         postgres = [p for p in psutil.process_iter(["name"]) if p.info["name"] == "postgres"]
         with psycopg.connect(_dsn(self.database), autocommit=True) as conn:
-            backends = [
-                row[0]
-                for row in conn.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND pid <> pg_backend_pid()"
-                )
-            ]
             stats = conn.execute(
                 "SELECT xact_commit, xact_rollback, tup_inserted, tup_updated, tup_deleted, "
                 "pg_current_wal_lsn() - '0/0'::pg_lsn, sessions FROM pg_stat_database "
@@ -242,9 +238,6 @@ class Probe:
         return {
             "t": time.time(),
             "api": {p.pid: _cpu(p) for p in api},
-            "backends": {
-                pid: _cpu(psutil.Process(pid)) for pid in backends if psutil.pid_exists(pid)
-            },
             "postgres_all": sum(_cpu(p) for p in postgres) + _exited(postgres),
             "db": [int(v) for v in stats],
             "redis_ops": int(info["total_commands_processed"]),
@@ -282,7 +275,6 @@ def step_line(
     """The step's JSON line from the merged generator window and the two probe reads."""
     seconds = after["t"] - before["t"]
     api = delta_keyed(before["api"], after["api"])
-    backends = delta_keyed(before["backends"], after["backends"])
     db = [b - a for a, b in zip(before["db"], after["db"], strict=True)]
     requests = window["requests"]
     heartbeat = requests.get("heartbeat", {"count": 0, "p50_ms": None, "p99_ms": None, "errors": 0})
@@ -307,8 +299,6 @@ def step_line(
         "api_cpu_ms_per_request": round(
             1000 * sum(api.values()) / max(1, sum(r["count"] for r in requests.values())), 3
         ),
-        "postgres_cpu_cores": round(sum(backends.values()) / seconds, 3),
-        "postgres_backends": len(backends),
         "postgres_all_cpu_cores": round(
             (after["postgres_all"] - before["postgres_all"]) / seconds, 3
         ),
@@ -345,7 +335,7 @@ def step_line(
 
 def saturated(line: dict[str, Any]) -> list[str]:
     """What ran at its limit in the step (`SATURATED`), busiest first: the API (one process,
-    so one core at most), a generator, Redis, the database's backends, or this bench's
+    so one core at most), a generator, Redis, PostgreSQL, or this bench's
     processes together using the host's cores (other users' load on the host is reported as
     `other_cpu_cores`, not counted), or the host's run queue delaying a generator."""
     found: list[tuple[float, str]] = []
@@ -481,7 +471,10 @@ def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
                     time.sleep(max(0.0, mark - time.time()))
                     reads.append(probe.read())
             for proc in generators:
-                proc.wait(timeout=max(60.0, until - time.time() + 60))
+                try:
+                    proc.wait(timeout=max(90.0, until - time.time() + 90))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
             merged = merge([json.loads(out.read_text()) for out in outs])
     finally:
         for proc in generators:

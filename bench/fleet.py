@@ -485,12 +485,15 @@ async def simulate(
     await asyncio.sleep(max(0.0, until - time.time()))
     for job in [*starters, *jobs, ticker]:
         job.cancel()
-    await asyncio.gather(*starters, *jobs, ticker, return_exceptions=True)
-    for close in closers:
-        try:
-            await close()
-        except Exception:  # noqa: BLE001 - closing is best effort at the end
-            pass
+
+    async def close_all() -> None:
+        await asyncio.gather(*starters, *jobs, ticker, return_exceptions=True)
+        await asyncio.gather(*(close() for close in closers), return_exceptions=True)
+
+    try:  # a bounded clean-up: the report must not wait on a thousand slow closes
+        await asyncio.wait_for(close_all(), timeout=10.0)
+    except TimeoutError:
+        pass
     report = []
     for window in windows:
         marks, lag = cpu[window.label], recorder.lag[window.label]
