@@ -36,7 +36,6 @@ import json
 import math
 import os
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,15 +53,11 @@ import redis  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from bench.fleet import AgentPlan, Rates, RedisBroker, Window, merge, simulate  # noqa: E402
+from bench.services import PG_SERVER, example_project, redis_server  # noqa: E402
 from polytrain.stack import LocalStack  # noqa: E402
 from worker.engine.ranks import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-PG_SERVER = (
-    os.environ.get("POLYTRAIN_BENCH_DATABASE_URL")
-    or os.environ.get("POLYTRAIN_TEST_DATABASE_URL")
-    or "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
 GROUPS = 40
 TWO_GROUP_FRACTION = 0.25
 TARGET_P99_MS = 500.0
@@ -367,15 +362,7 @@ def seed(stack: LocalStack, agents: int) -> dict[str, Any]:
                 "/api/v1/resource-groups",
                 json={"name": group_name(g), "device_type": "cuda", "capacity": 8 * per_group},
             ).raise_for_status()
-        project = api.post("/api/v1/projects", json={"name": "fleet"}).raise_for_status().json()
-        version = (
-            api.post(
-                f"/api/v1/projects/{project['id']}/code-versions",
-                json={"example": "tiny_regression"},
-            )
-            .raise_for_status()
-            .json()
-        )
+        project, version = example_project(api, "fleet")
     return {
         "project_id": project["id"],
         "code_version_id": version["id"],
@@ -385,22 +372,7 @@ def seed(stack: LocalStack, agents: int) -> dict[str, Any]:
 
 
 def start_redis(port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--maxclients",
-            "10000",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
+    proc = subprocess.Popen(redis_server(port, "--maxclients", "10000"), stdout=subprocess.DEVNULL)
     client = redis.Redis(port=port)
     for _ in range(50):
         try:
@@ -542,12 +514,9 @@ def main() -> int:
     if args.generator:
         assert args.out is not None
         return generator_main(args.generator, args.part, args.out)
-    workdir = Path(tempfile.mkdtemp(prefix="polytrain-fleet-"))
-    try:
-        for line in run(args, workdir):
-            print(json.dumps(line), flush=True)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="polytrain-fleet-") as workdir:
+        lines = run(args, Path(workdir))
+    print("\n".join(json.dumps(line) for line in lines), flush=True)
     return 0  # a missed target is a result, not a failure to run
 
 

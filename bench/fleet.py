@@ -229,7 +229,8 @@ class SimAgent:
 
         As the agent's `InternalApi`: a transport error (e.g. the server closed an idle
         keep-alive connection as the request left) is tried again after 0.5, 1, 2 ... s, up
-        to 5 times; each is counted (`kind:retried`), and the latency includes the waits.
+        to 5 times; each retry is counted (`kind:retried-<error>`), the latency includes the
+        waits, and a request that failed every try is an error (`kind:<error>`).
         """
         started, delay = time.perf_counter(), 0.5
         for attempt in range(6):
@@ -237,9 +238,10 @@ class SimAgent:
                 response = await self.http.request(method, path, **kwargs)
                 break
             except httpx.TransportError as exc:
-                self.recorder.request(kind, 0.0, f"retried-{type(exc).__name__}")
                 if attempt == 5:
+                    self.recorder.request(kind, 0.0, type(exc).__name__)
                     return None
+                self.recorder.request(kind, 0.0, f"retried-{type(exc).__name__}")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         ms = (time.perf_counter() - started) * 1000
