@@ -19,13 +19,16 @@ lines and its progress every 2 s and an epoch's metrics every 30 s (bench/fleet.
 Per step one JSON line (`agent_fleet_step`): client-side latency per request kind
 (p50/p99), errors, the heartbeats' rate, API CPU (psutil on the uvicorn processes) in
 seconds per agent per minute, PostgreSQL CPU (every postgres process of the host, with the
-backends that exited: the server is shared), database commits and rows written per second and WAL
-bytes per second (`pg_stat_database`, `pg_current_wal_lsn`), Redis commands per second and
-CPU (INFO), each generator's CPU and event-loop lag, the host's busy CPU, and what
-saturated (`SATURATED`). Then one summary line: the heartbeat p99 at the largest step
-(target <= 500 ms) and the first resource that saturated, with its step.
+backends that exited: the server is shared), database commits, rows written and new
+connections per second and WAL bytes per second (`pg_stat_database`, `pg_current_wal_lsn`),
+Redis commands per second and CPU (INFO), each generator's CPU and event-loop lag, the
+host's busy CPU and the part of it not this bench's, and what saturated (`SATURATED`). Then
+one summary line: the heartbeat p99 at the largest step (target <= 500 ms) and the first
+resource that saturated, with its step.
 
-    python -m bench.agent_fleet [--steps 250,500,1000] [--measure-s 60] [--generators 1]
+    python -m bench.agent_fleet [--steps 250,500,1000] [--measure-s 60] [--generators 2]
+
+About 5 minutes; it needs the local PostgreSQL and `redis-server` on the PATH.
 """
 
 from __future__ import annotations
@@ -503,7 +506,7 @@ def main() -> int:
     parser.add_argument("--ramp-s", type=float, default=15.0, help="seconds to add a step's agents")
     parser.add_argument("--settle-s", type=float, default=15.0, help="seconds before measuring")
     parser.add_argument("--measure-s", type=float, default=60.0, help="measured seconds per step")
-    parser.add_argument("--generators", type=int, default=1, help="load-generator processes")
+    parser.add_argument("--generators", type=int, default=2, help="load-generator processes")
     parser.add_argument(
         "--busy-fraction", type=float, default=0.5, help="agents running a sub-task"
     )
