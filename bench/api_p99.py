@@ -27,15 +27,11 @@ import httpx  # noqa: E402
 import psycopg  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
+from bench.services import PG_SERVER, example_project  # noqa: E402
 from polytrain.stack import GroupSetup, LocalStack  # noqa: E402
 from worker.engine.ranks import free_port  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-PG_SERVER = (
-    os.environ.get("POLYTRAIN_BENCH_DATABASE_URL")
-    or os.environ.get("POLYTRAIN_TEST_DATABASE_URL")
-    or "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
 TASKS = 500
 # Users start 0.1 s apart, so their once-a-second requests have independent phases (as
 # separate portals would); started all at once they would fire in lockstep bursts of 50.
@@ -55,15 +51,7 @@ def _admin(sql: str) -> bool:
 def seed(stack: LocalStack) -> list[int]:
     """A project with `TASKS` queued tasks (no agent runs them); their ids."""
     with httpx.Client(base_url=stack.url, timeout=30, headers=stack.headers) as api:
-        project = api.post("/api/v1/projects", json={"name": "bench"}).raise_for_status().json()
-        version = (
-            api.post(
-                f"/api/v1/projects/{project['id']}/code-versions",
-                json={"example": "tiny_regression"},
-            )
-            .raise_for_status()
-            .json()
-        )
+        project, version = example_project(api, "bench")
         return [
             api.post(
                 "/api/v1/tasks",

@@ -32,6 +32,8 @@ BENCHMARKS = (
     "bench.schedule_decision",
     "bench.submit_to_first_step",
     "bench.api_p99",
+    # a thousand agents, simulated (issue 19): about 5 minutes
+    "bench.agent_fleet",
 )
 ROOT = Path(__file__).resolve().parents[1]
 

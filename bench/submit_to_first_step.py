@@ -30,14 +30,10 @@ import httpx  # noqa: E402
 import psycopg  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
+from bench.services import PG_SERVER, example_project, redis_server  # noqa: E402
 from polytrain.stack import GroupSetup, LocalStack  # noqa: E402
 from worker.engine.ranks import free_port  # noqa: E402
 
-PG_SERVER = (
-    os.environ.get("POLYTRAIN_BENCH_DATABASE_URL")
-    or os.environ.get("POLYTRAIN_TEST_DATABASE_URL")
-    or "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
 TARGETS = {"redis": 2.0, "embedded": 5.0}
 GROUPS = [GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1)]
 
@@ -81,15 +77,7 @@ def first_step_s(api: httpx.Client, version: dict) -> float:
 
 def measure(stack: LocalStack, runs: int, pause_s: float) -> list[float]:
     with httpx.Client(base_url=stack.url, timeout=30, headers=stack.headers) as api:
-        project = api.post("/api/v1/projects", json={"name": "bench"}).raise_for_status().json()
-        version = (
-            api.post(
-                f"/api/v1/projects/{project['id']}/code-versions",
-                json={"example": "tiny_regression"},
-            )
-            .raise_for_status()
-            .json()
-        )
+        _, version = example_project(api, "bench")
         timings = []
         for _ in range(runs + 1):  # the first is a warm-up
             time.sleep(pause_s)
@@ -102,20 +90,7 @@ def run_stack(kind: str, runs: int, workdir: Path, pause_s: float) -> dict:
     stack = LocalStack(data_dir=workdir / kind, port=free_port(), groups=GROUPS)
     if kind == "redis":
         port = free_port()
-        redis_proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-        )
+        redis_proc = subprocess.Popen(redis_server(port), stdout=subprocess.DEVNULL)
         name = f"pt_bench_first_{os.getpid()}"
         _admin(f'CREATE DATABASE "{name}"')
         database = make_url(PG_SERVER).set(database=name).render_as_string(hide_password=False)

@@ -15,6 +15,7 @@ from backend.agents import service as agents
 from backend.agents.models import Agent
 from backend.agents.schemas import AgentRead, AgentRegister
 from backend.auth.dependencies import AgentAuth
+from backend.core.db import release
 from backend.core.dependencies import SessionDep, SettingsDep
 from backend.projects import service as projects
 from backend.resource_groups import service as groups
@@ -42,7 +43,11 @@ router = APIRouter(prefix="/internal/v1", tags=["internal (agents)"], dependenci
 @router.get("/resource-groups/{name}", response_model=GroupDevice)
 def group_device(name: str, session: SessionDep) -> GroupDevice:
     """The device type an agent serves group `name` with, and the models it accepts."""
-    return GroupDevice.model_validate(groups.get_by_name(session, name=name), from_attributes=True)
+    device = GroupDevice.model_validate(
+        groups.get_by_name(session, name=name), from_attributes=True
+    )
+    release(session)
+    return device
 
 
 @router.post("/agents/register", response_model=AgentRead)
@@ -82,7 +87,9 @@ def finished(sub_task_id: int, data: Finished, session: SessionDep) -> TaskState
 def task_state(task_id: int, session: SessionDep) -> TaskState:
     """The task's status and attempt: agents stop processes of any other attempt."""
     task = tasks.get(session, task_id=task_id)
-    return TaskState(status=task.status.value, attempt=task.attempt)
+    state = TaskState(status=task.status.value, attempt=task.attempt)
+    release(session)
+    return state
 
 
 @router.get("/tasks/{task_id}/code")
@@ -102,7 +109,7 @@ def set_rendezvous(task_id: int, data: Rendezvous, session: SessionDep) -> None:
 def get_rendezvous(task_id: int, session: SessionDep) -> RendezvousRead:
     task = tasks.get(session, task_id=task_id)
     hosts, complete = fate.peer_hosts(session, task)
-    return RendezvousRead(
+    found = RendezvousRead(
         master_addr=task.master_addr,
         master_port=task.master_port,
         status=task.status.value,
@@ -110,6 +117,8 @@ def get_rendezvous(task_id: int, session: SessionDep) -> RendezvousRead:
         peer_hosts=hosts,
         peers_complete=complete,
     )
+    release(session)
+    return found
 
 
 @router.post("/tasks/{task_id}/logs")

@@ -67,6 +67,20 @@ def get_sessionmaker() -> sessionmaker[Session]:
     return sessionmaker(bind=get_engine(), expire_on_commit=False)
 
 
+def release(session: Session) -> None:
+    """End a read's transaction now, giving its connection back to the pool.
+
+    For a synchronous route that only reads: FastAPI validates such a route's answer in its
+    threadpool before the request's session closes, so without this the connection stays
+    checked out ("idle in transaction") while the request waits for a free thread. Under a
+    burst of requests (e.g. many agents registering at once, each asking its group's device
+    first) every thread could wait for a connection that such requests hold, a deadlock
+    until the pool's timeout (docs/scaling.md). Loaded objects stay usable
+    (`expire_on_commit=False`).
+    """
+    session.commit()
+
+
 def get_session() -> Iterator[Session]:
     """FastAPI dependency: one session per request, closed afterwards."""
     with get_sessionmaker()() as session:

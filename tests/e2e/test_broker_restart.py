@@ -15,6 +15,7 @@ import httpx
 import pytest
 import redis
 
+from bench.services import redis_server
 from polytrain.stack import GroupSetup, LocalStack
 from tests import production
 from tests.e2e.conftest import new_version, submit, wait_for
@@ -35,19 +36,7 @@ class RedisServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-            ],
+            redis_server(self.port, "--dir", str(self.workdir)),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
         )

@@ -1,0 +1,547 @@
+"""Simulated agents: lightweight asyncio clients of the internal API (bench/agent_fleet.py).
+
+Each `SimAgent` makes the calls the real agent (`worker/agent/`) makes, at its rates
+(`Rates`), with bodies of the `contracts.agent_api` shapes: it registers with real
+`Hardware`, heartbeats (with per-rank `samples` every third beat, as the agent's 15 s
+`SAMPLE_EVERY_S` over a 5 s beat), takes sub-task messages from its group's queue
+(`Broker`), claims them, publishes or reads the rendezvous, polls the task's state,
+reports logs, progress and metrics, and reports the sub-task finished. No rank runs: the
+"training" is a sleep of `Rates.task_s` seconds.
+
+One event loop drives every agent of a process; each agent has its own HTTP connection
+pool (as each real agent process has), and each request's latency is timed client-side
+and kept per time window (`Window`) in a `Recorder`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import random
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import httpx
+
+from contracts.agent_api import ACTIVE_STATUSES, Hardware
+from contracts.messaging import queue_name
+from contracts.payload import SubTaskPayload
+
+HARDWARE = Hardware(
+    device_type="cuda",
+    device_model="NVIDIA A100-SXM4-80GB",
+    device_memory_mb=81_920,
+    cpu_cores=128,
+    memory_bytes=2 * 1024**4,
+    cuda_devices=["NVIDIA A100-SXM4-80GB"] * 8,
+    platform="Linux-5.15.0-105-generic-x86_64-with-glibc2.35",
+    torch="2.13.0+cu121",
+)
+"""What every simulated host reports: an 8-GPU A100 server (one agent, 8 workers)."""
+WORKERS = 8
+
+
+@dataclass(frozen=True)
+class Rates:
+    """How often a simulated agent calls the API (seconds unless named otherwise).
+
+    `heartbeat_s`: the beat (issue 19's 5 s; the agent's default `heartbeat_interval_s` is
+    3 s), measured like the real agent's: the wait starts after the previous beat's answer.
+    `sample_every`: beats per resource sample (15 s / 5 s). `state_poll_s`: a running
+    sub-task's `GET /tasks/{id}/state` (`SubTaskRunner._watch` polls every 1 s).
+    `report_s`: one logs POST (`log_lines` lines) and one progress POST per running
+    sub-task (the agent's `Reporter` flushes at most every 0.5 s while output comes; a
+    training loop that logs every few seconds makes one flush every 2 s). `metrics_s`: one
+    metrics POST (per epoch: 3 metrics per worker rank and 4 of the parameter server).
+    `task_s`: how long a claimed sub-task "trains" (uniform in the range).
+    `broker_poll_s`: the BRPOP timeout of an idle agent (kombu's Redis channel: 1 s).
+    """
+
+    heartbeat_s: float = 5.0
+    sample_every: int = 3
+    state_poll_s: float = 1.0
+    report_s: float = 2.0
+    log_lines: int = 4
+    metrics_s: float = 30.0
+    task_s: tuple[float, float] = (60.0, 180.0)
+    broker_poll_s: float = 1.0
+    rendezvous_poll_s: float = 0.5
+
+
+@dataclass(frozen=True)
+class Window:
+    """A measured interval of wall-clock time (`time.time()`, s), labelled (e.g. "250")."""
+
+    label: str
+    start: float
+    end: float
+
+
+class Broker(Protocol):
+    """Where an idle agent takes its group's next sub-task message from."""
+
+    async def take(self, group: str, timeout_s: float) -> dict[str, Any] | None:
+        """The next message's payload (a `SubTaskPayload` as JSON) or None after `timeout_s`."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class MemoryBroker:
+    """An in-process queue per group (tests: the scheduler's payloads `put` here)."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, asyncio.Queue[dict[str, Any]]] = defaultdict(asyncio.Queue)
+
+    def put(self, group: str, payload: dict[str, Any]) -> None:
+        self._queues[group].put_nowait(payload)
+
+    async def take(self, group: str, timeout_s: float) -> dict[str, Any] | None:
+        try:
+            return await asyncio.wait_for(self._queues[group].get(), timeout_s)
+        except TimeoutError:
+            return None
+
+    async def close(self) -> None:
+        return None
+
+
+class RedisBroker:
+    """The group queues of the API's Celery producer on Redis, read as a Celery consumer
+    reads them: one connection per agent, BRPOP on `rg.<group>` with a 1 s timeout (kombu's
+    Redis channel), the payload decoded from Celery's message (protocol 2: a base64 JSON
+    body `[args, kwargs, embed]`, the payload being `args[0]`)."""
+
+    def __init__(self, url: str) -> None:
+        import redis.asyncio as aioredis
+
+        self._redis = aioredis.Redis.from_url(url, single_connection_client=True)
+
+    async def take(self, group: str, timeout_s: float) -> dict[str, Any] | None:
+        found = await self._redis.brpop([queue_name(group)], timeout=max(1, round(timeout_s)))
+        if found is None:
+            return None
+        message = json.loads(found[1])
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        return dict(args[0])
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+class Recorder:
+    """Client-side latencies (ms) and errors per window and request kind, plus the loop's
+    lag (how late a 100 ms timer fires: the generator's own saturation)."""
+
+    def __init__(self, windows: list[Window]) -> None:
+        self.windows = windows
+        self.latency: dict[str, dict[str, list[float]]] = {
+            w.label: defaultdict(list) for w in windows
+        }
+        self.errors: dict[str, Counter[str]] = {w.label: Counter() for w in windows}
+        self.lag: dict[str, list[float]] = {w.label: [] for w in windows}
+        self.totals: Counter[str] = Counter()
+
+    def _window(self, now: float) -> str | None:
+        for window in self.windows:
+            if window.start <= now < window.end:
+                return window.label
+        return None
+
+    def request(self, kind: str, ms: float, error: str | None) -> None:
+        self.totals[kind if error is None else f"{kind}:{error}"] += 1
+        label = self._window(time.time())
+        if label is None:
+            return
+        if error is None:
+            self.latency[label][kind].append(ms)
+        else:
+            self.errors[label][f"{kind}:{error}"] += 1
+
+    def loop_lag(self, ms: float) -> None:
+        label = self._window(time.time())
+        if label is not None:
+            self.lag[label].append(ms)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The `q`-quantile (0..1) of `values`, nearest rank; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summarize(latency: dict[str, list[float]], errors: Counter[str]) -> dict[str, Any]:
+    """Per request kind: answered count, errors (an error status, or no answer after every
+    try), transport retries, p50 and p99 in ms (rounded to 0.1)."""
+    kinds = sorted(set(latency) | {key.split(":")[0] for key in errors})
+    out: dict[str, Any] = {}
+    for kind in kinds:
+        values = latency.get(kind, [])
+        p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
+        mine = {key.split(":", 1)[1]: n for key, n in errors.items() if key.split(":")[0] == kind}
+        out[kind] = {
+            "count": len(values),
+            "errors": sum(n for what, n in mine.items() if not what.startswith("retried")),
+            "retries": sum(n for what, n in mine.items() if what.startswith("retried")),
+            "p50_ms": None if p50 is None else round(p50, 1),
+            "p99_ms": None if p99 is None else round(p99, 1),
+        }
+    return out
+
+
+@dataclass
+class SimAgent:
+    """One simulated host: an agent of `group` with `WORKERS` workers.
+
+    `running` holds the sub-task it runs (task id, ranks) for its heartbeats.
+    """
+
+    index: int
+    group: str
+    http: httpx.AsyncClient
+    recorder: Recorder
+    rates: Rates
+    broker: Broker | None
+    name: str = ""
+    host: str = ""
+    agent_id: int | None = None
+    heartbeats: int = 0
+    running: dict[str, Any] | None = None
+    rng: random.Random = field(default_factory=random.Random)
+
+    def __post_init__(self) -> None:
+        self.name = self.name or f"sim-{self.index:04d}"
+        self.host = (
+            self.host
+            or f"10.{64 + self.index // 65_536}.{self.index // 256 % 256}.{self.index % 256}"
+        )
+        self.rng = random.Random(self.index)
+
+    async def call(self, kind: str, method: str, path: str, **kwargs: Any) -> httpx.Response | None:
+        """One request, timed from its first try to its answer; None if every try failed.
+
+        As the agent's `InternalApi`: a transport error (e.g. the server closed an idle
+        keep-alive connection as the request left) is tried again after 0.5, 1, 2 ... s, up
+        to 5 times; each retry is counted (`kind:retried-<error>`), the latency includes the
+        waits, and a request that failed every try is an error (`kind:<error>`).
+        """
+        started, delay = time.perf_counter(), 0.5
+        for attempt in range(6):
+            try:
+                response = await self.http.request(method, path, **kwargs)
+                break
+            except httpx.TransportError as exc:
+                if attempt == 5:
+                    self.recorder.request(kind, 0.0, type(exc).__name__)
+                    return None
+                self.recorder.request(kind, 0.0, f"retried-{type(exc).__name__}")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        ms = (time.perf_counter() - started) * 1000
+        ok = response.status_code < 400 or (kind == "claim" and response.status_code == 409)
+        self.recorder.request(kind, ms, None if ok else str(response.status_code))
+        return response
+
+    async def register(self) -> bool:
+        """`GET` the group's device, then register; whether the API took the agent."""
+        await self.call("group_device", "GET", f"/resource-groups/{self.group}")
+        response = await self.call(
+            "register",
+            "POST",
+            "/agents/register",
+            json={
+                "name": self.name,
+                "instance_id": f"{self.name}-instance",
+                "host": self.host,
+                "resource_group": self.group,
+                "workers": WORKERS,
+                "hardware": HARDWARE.model_dump(),
+            },
+        )
+        if response is None or response.status_code != 200:
+            return False
+        self.agent_id = int(response.json()["id"])
+        return True
+
+    def _running(self) -> list[dict[str, Any]]:
+        """The heartbeat's `running`, with resource samples every `sample_every` beats."""
+        if self.running is None:
+            return []
+        entry: dict[str, Any] = {"task_id": self.running["task_id"], "ranks": self.running["ranks"]}
+        if self.heartbeats % self.rates.sample_every == 0:
+            entry["samples"] = [
+                {
+                    "rank": rank,
+                    "cpu_percent": round(self.rng.uniform(90, 105), 1),
+                    "rss_mb": round(self.rng.uniform(1000, 3000), 1),
+                    "gpu_util": round(self.rng.uniform(70, 99), 1),
+                    "gpu_mem_mb": round(self.rng.uniform(30_000, 70_000), 1),
+                }
+                for rank in self.running["ranks"]
+            ]
+        return [entry]
+
+    async def beat(self) -> None:
+        """Heartbeat every `heartbeat_s` after the previous answer, as the agent's thread."""
+        while True:
+            await asyncio.sleep(self.rates.heartbeat_s)
+            self.heartbeats += 1
+            await self.call(
+                "heartbeat",
+                "POST",
+                f"/agents/{self.agent_id}/heartbeat",
+                json={"running": self._running()},
+            )
+
+    async def serve(self) -> None:
+        """Take the group's messages one at a time and run each (no message while busy)."""
+        assert self.broker is not None
+        while True:
+            raw = await self.broker.take(self.group, self.rates.broker_poll_s)
+            if raw is not None:
+                await self.run_sub_task(SubTaskPayload.model_validate(raw))
+
+    async def run_sub_task(self, payload: SubTaskPayload) -> None:
+        """Claim, meet at the rendezvous, "train" with the agent's reports, finish."""
+        response = await self.call(
+            "claim",
+            "POST",
+            f"/sub-tasks/{payload.sub_task_id}/claim",
+            json={"agent_id": self.agent_id, "host": self.host, "attempt": payload.attempt},
+        )
+        if response is None or response.status_code != 204:
+            return
+        task = f"/tasks/{payload.task_id}"
+        if payload.hosts_parameter_server:
+            await self.call(
+                "rendezvous",
+                "PUT",
+                f"{task}/rendezvous",
+                json={"master_addr": self.host, "master_port": 29500, "attempt": payload.attempt},
+            )
+        else:
+            await self._await_rendezvous(task)
+        ranks = ([0] if payload.hosts_parameter_server else []) + list(payload.ranks)
+        self.running = {"task_id": payload.task_id, "ranks": ranks}
+        try:
+            outcome = await self._train(task, payload, ranks)
+        finally:
+            self.running = None
+        await self.call(
+            "finished",
+            "POST",
+            f"/sub-tasks/{payload.sub_task_id}/finished",
+            json={
+                "succeeded": outcome == "",
+                "detail": outcome or "done",
+                "cause": "stopped" if outcome else "user",
+            },
+        )
+
+    async def _await_rendezvous(self, task: str) -> None:
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline:
+            response = await self.call("rendezvous", "GET", f"{task}/rendezvous")
+            if (
+                response is not None
+                and response.status_code == 200
+                and response.json()["master_port"]
+            ):
+                return
+            await asyncio.sleep(self.rates.rendezvous_poll_s)
+
+    async def _train(self, task: str, payload: SubTaskPayload, ranks: list[int]) -> str:
+        """Poll the state, report logs/progress/metrics until done; "" or why it stopped."""
+        rates, seq = self.rates, 0
+        started = time.monotonic()
+        duration = self.rng.uniform(*rates.task_s)
+        next_report, next_metrics = started + rates.report_s, started + rates.metrics_s
+        epoch = 0
+        while (now := time.monotonic()) - started < duration:
+            response = await self.call("task_state", "GET", f"{task}/state")
+            if response is not None and response.status_code == 200:
+                state = response.json()
+                if state["status"] not in ACTIVE_STATUSES or state["attempt"] != payload.attempt:
+                    return f"stopped: task is {state['status']}"
+            if now >= next_report:
+                next_report += rates.report_s
+                stamp = datetime.now(UTC).replace(tzinfo=None).isoformat()
+                lines = [
+                    {
+                        "attempt": payload.attempt,
+                        "node": f"worker-{ranks[-1]}",
+                        "seq": seq + i,
+                        "time": stamp,
+                        "text": f"step {seq + i}: loss {self.rng.uniform(0.1, 2.0):.4f}",
+                    }
+                    for i in range(rates.log_lines)
+                ]
+                seq += rates.log_lines
+                await self.call("logs", "POST", f"{task}/logs", json={"lines": lines})
+                done = min(1.0, (now - started) / duration)
+                await self.call(
+                    "progress", "POST", f"{task}/progress", json={"progress": done, "epoch": epoch}
+                )
+            if now >= next_metrics:
+                next_metrics += rates.metrics_s
+                epoch += 1
+                await self.call(
+                    "metrics",
+                    "POST",
+                    f"{task}/metrics",
+                    json={"metrics": self._metrics(ranks, epoch, seq)},
+                )
+            await asyncio.sleep(rates.state_poll_s)
+        return ""
+
+    def _metrics(self, ranks: list[int], epoch: int, step: int) -> list[dict[str, Any]]:
+        """An epoch's metrics: 3 per worker rank, 4 of the parameter server (rank 0)."""
+        per_rank = [
+            {
+                "name": name,
+                "value": round(self.rng.uniform(0, 1), 4),
+                "step": step,
+                "epoch": epoch,
+                "rank": rank,
+            }
+            for rank in ranks
+            if rank > 0
+            for name in ("samples_per_s", "batch_share", "idle_fraction")
+        ]
+        server = [
+            {"name": name, "value": round(self.rng.uniform(0, 1), 4), "step": step, "epoch": epoch}
+            for name in ("train_loss", "val_loss", "val_accuracy", "update_norm")
+            if 0 in ranks
+        ]
+        return per_rank + server
+
+
+@dataclass(frozen=True)
+class AgentPlan:
+    """A simulated agent to start: its index, group and start time (`time.time()`, s)."""
+
+    index: int
+    group: str
+    start_at: float
+
+
+async def simulate(
+    plans: list[AgentPlan],
+    *,
+    client: Callable[[], httpx.AsyncClient],
+    broker: Callable[[], Broker] | None,
+    windows: list[Window],
+    until: float,
+    rates: Rates = Rates(),
+) -> dict[str, Any]:
+    """Run the agents of `plans` until `until` (`time.time()`, s); the report per window.
+
+    `client()` makes one agent's HTTP client (base URL `.../internal/v1`, the agent token);
+    `broker()` one agent's broker connection (None: agents take no sub-tasks). Returns
+    `{"registered", "register_failed", "heartbeats", "windows": [{"label", "latency_ms":
+    {kind: [every latency]}, "errors": {"kind:status": count}, "cpu_s" (this process's CPU
+    seconds in the window), "loop_lag_p99_ms"}], "totals"}` (`merge` pools several).
+    """
+    recorder = Recorder(windows)
+    agents: list[SimAgent] = []
+    closers: list[Callable[[], Any]] = []
+    jobs: list[asyncio.Task[None]] = []
+    cpu: dict[str, list[float]] = {w.label: [] for w in windows}
+    failed = 0
+
+    async def start(plan: AgentPlan) -> None:
+        nonlocal failed
+        await asyncio.sleep(max(0.0, plan.start_at - time.time()))
+        http = client()
+        closers.append(http.aclose)
+        agent = SimAgent(plan.index, plan.group, http, recorder, rates, None)
+        if not await agent.register():
+            failed += 1
+            return
+        agents.append(agent)
+        jobs.append(asyncio.create_task(agent.beat()))
+        if broker is not None:
+            agent.broker = broker()
+            closers.append(agent.broker.close)
+            jobs.append(asyncio.create_task(agent.serve()))
+
+    async def clock() -> None:
+        """Loop lag every 100 ms, and this process's CPU time at each window's ends."""
+        marks = sorted((t, w.label) for w in windows for t in (w.start, w.end))
+        while True:
+            due = time.perf_counter() + 0.1
+            await asyncio.sleep(0.1)
+            recorder.loop_lag((time.perf_counter() - due) * 1000)
+            while marks and time.time() >= marks[0][0]:
+                cpu[marks.pop(0)[1]].append(time.process_time())
+
+    starters = [asyncio.create_task(start(plan)) for plan in plans]
+    ticker = asyncio.create_task(clock())
+    await asyncio.sleep(max(0.0, until - time.time()))
+    for job in [*starters, *jobs, ticker]:
+        job.cancel()
+
+    async def close_all() -> None:
+        await asyncio.gather(*starters, *jobs, ticker, return_exceptions=True)
+        await asyncio.gather(*(close() for close in closers), return_exceptions=True)
+
+    try:  # a bounded clean-up: the report must not wait on a thousand slow closes
+        await asyncio.wait_for(close_all(), timeout=10.0)
+    except TimeoutError:
+        pass
+    report = []
+    for window in windows:
+        marks, lag = cpu[window.label], recorder.lag[window.label]
+        report.append(
+            {
+                "label": window.label,
+                "latency_ms": dict(recorder.latency[window.label]),
+                "errors": dict(recorder.errors[window.label]),
+                "cpu_s": round(marks[1] - marks[0], 3) if len(marks) == 2 else None,
+                "loop_lag_p99_ms": round(percentile(lag, 0.99) or 0.0, 1) if lag else None,
+            }
+        )
+    return {
+        "registered": len(agents),
+        "register_failed": failed,
+        "heartbeats": sum(a.heartbeats for a in agents),
+        "windows": report,
+        "totals": dict(recorder.totals),
+    }
+
+
+def merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """The reports of several generator processes (`simulate`) as one: counts summed, each
+    window's latencies pooled and summarized (`summarize`), its errors summed, each
+    process's CPU seconds and loop lag kept in a list (one entry per process)."""
+    windows = []
+    for i, first in enumerate(reports[0]["windows"]):
+        parts = [r["windows"][i] for r in reports]
+        latency: dict[str, list[float]] = defaultdict(list)
+        errors: Counter[str] = Counter()
+        for part in parts:
+            errors.update(part["errors"])
+            for kind, values in part["latency_ms"].items():
+                latency[kind] += values
+        windows.append(
+            {
+                "label": first["label"],
+                "requests": summarize(latency, errors),
+                "errors": dict(errors),
+                "cpu_s": [part["cpu_s"] for part in parts],
+                "loop_lag_p99_ms": [part["loop_lag_p99_ms"] for part in parts],
+            }
+        )
+    return {
+        "registered": sum(r["registered"] for r in reports),
+        "register_failed": sum(r["register_failed"] for r in reports),
+        "heartbeats": sum(r["heartbeats"] for r in reports),
+        "windows": windows,
+    }

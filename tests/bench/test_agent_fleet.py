@@ -1,0 +1,92 @@
+"""The load test's simulated agents (bench/fleet.py) against the app on SQLite: they register,
+heartbeat, and run a task the scheduler placed from claim to finish, so the benchmark
+(bench/agent_fleet.py) cannot rot."""
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+from fastapi.testclient import TestClient
+
+from bench.fleet import AgentPlan, MemoryBroker, Rates, Window, merge, simulate
+from contracts.payload import SubTaskPayload
+from tests.conftest import TOKEN, make_group, make_project, task_request
+
+FAST = Rates(
+    heartbeat_s=0.3,
+    state_poll_s=0.2,
+    report_s=0.3,
+    metrics_s=0.5,
+    task_s=(1.0, 1.0),
+    rendezvous_poll_s=0.1,
+)
+
+
+class QueueDispatcher:
+    """The scheduler's messages, put on the simulated agents' in-process queues."""
+
+    def __init__(self, broker: MemoryBroker, loop: asyncio.AbstractEventLoop) -> None:
+        self.broker, self.loop = broker, loop
+
+    def send(self, payload: SubTaskPayload) -> None:
+        body = payload.model_dump(mode="json")
+        self.loop.call_soon_threadsafe(self.broker.put, payload.group.name, body)
+
+
+def test_simulated_agents_register_heartbeat_and_run_a_task(
+    client: TestClient, session: Any
+) -> None:
+    from backend.scheduler.service import schedule_once
+
+    make_group(client, "gpu-a", capacity=16, device_type="cuda")
+    make_group(client, "gpu-b", capacity=16, device_type="cuda")
+    _, version = make_project(client, example="tiny_regression")
+    task = client.post(
+        "/api/v1/tasks",
+        json=task_request(
+            version,
+            resource_groups=[{"name": "gpu-a", "workers": 8}, {"name": "gpu-b", "workers": 8}],
+        ),
+    )
+    assert task.status_code == 201, task.text
+
+    async def run() -> dict[str, Any]:
+        broker = MemoryBroker()
+        now = time.time()
+        plans = [AgentPlan(i, "gpu-a" if i % 2 else "gpu-b", now) for i in range(5)]
+        fleet = asyncio.create_task(
+            simulate(
+                plans,
+                client=lambda: httpx.AsyncClient(
+                    transport=httpx.ASGITransport(app=client.app),
+                    base_url="http://api/internal/v1",
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                ),
+                broker=lambda: broker,
+                windows=[Window("all", now, now + 4.5)],
+                until=now + 4.5,
+                rates=FAST,
+            )
+        )
+        await asyncio.sleep(0.5)  # registered by now
+        dispatcher = QueueDispatcher(broker, asyncio.get_running_loop())
+        await asyncio.to_thread(schedule_once, session, dispatcher, heartbeat_timeout_s=15)
+        return merge([await fleet])
+
+    report = asyncio.run(run())
+    assert report["registered"] == 5 and report["register_failed"] == 0
+    assert report["heartbeats"] >= 5
+    (window,) = report["windows"]
+    assert set(window) == {"label", "requests", "errors", "cpu_s", "loop_lag_p99_ms"}
+    requests = window["requests"]
+    assert window["errors"] == {}
+    assert requests["heartbeat"]["count"] >= 5
+    assert {"count", "errors", "p50_ms", "p99_ms"} <= set(requests["heartbeat"])
+    assert requests["claim"]["count"] == 2 and requests["finished"]["count"] == 2
+    for kind in ("task_state", "logs", "progress", "metrics", "rendezvous"):
+        assert requests[kind]["count"] >= 1, kind
+    task_id = task.json()["id"]
+    assert client.get(f"/api/v1/tasks/{task_id}").json()["status"] == "SUCCEEDED"
+    assert client.get(f"/api/v1/tasks/{task_id}/logs").json()
+    assert client.get(f"/api/v1/tasks/{task_id}/metrics", params={"resources": "true"}).json()
