@@ -3,13 +3,17 @@
 ``data_path_ratio``: epoch time on the in-memory path over epoch time on the streaming
 path, same model, data and seed: ``examples/mnist_cnn.py`` (4,000 MNIST digits in a
 TensorDataset, a small CNN), one group of 2 workers, global batch 128 (32 steps an
-epoch), 3 epochs; the streaming path reads each step's items in one DataLoader process
-per worker, 2 batches ahead. Epoch time is the parameter server's ``epoch_time_s``
+epoch), 3 epochs; the streaming path with the engine's loader settings (for a
+TensorDataset without preprocessing: no loader process, each step's batch read through
+the DataLoader in the worker, one index per tensor). ``data_path_ratio_1_loaders`` is
+the same with one DataLoader process per worker reading 2 batches ahead (batches then
+cross processes through shared memory, and on this 2-core host the loaders take CPU
+from the compute). Epoch time is the parameter server's ``epoch_time_s``
 (validation excluded) of the epochs after the first (which starts the loader processes
 and warms up). The two paths run alternately ``--rounds`` times; the value is the ratio
 of the medians, with every epoch time reported. Ideal 1.0 (streaming costs nothing);
-target >= 0.9. Processes: the parameter server (mostly waiting), 2 workers and, when
-streaming, their 2 loader processes, on this 2-core host.
+target >= 0.9. Processes: the parameter server (mostly waiting), 2 workers and, with
+loaders, their 2 loader processes, on this 2-core host.
 
 ``worker_rss_ratio``: the memory of one worker training on a 2 GB memory-mapped array
 over the same worker on a 20 MB one (``examples/memmap_regression.py``, files written by
@@ -47,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MAKE_DATASETS = ROOT / "scripts" / "make_datasets.py"
 
 
-def data_path_ratio(rounds: int) -> dict[str, Any]:
+def data_path_ratio(rounds: int, num_workers: int | None = None) -> dict[str, Any]:
     """Epoch times of both paths, alternating; emits ``data_path_ratio``."""
     times: dict[str, list[float]] = {"memory": [], "streaming": []}
     for _ in range(rounds):
@@ -58,19 +62,23 @@ def data_path_ratio(rounds: int) -> dict[str, Any]:
                     "epochs": 3,
                     "global_batch_size": 128,
                     "groups": [{"name": "a", "device_type": "cpu", "workers": 2}],
-                    "data": {"path": path, "num_workers": 1},
+                    "data": {"path": path, "num_workers": num_workers},
                 }
             )
             times[path] += ps_metric(run, "epoch_time_s")[1:]
     memory, streaming = statistics.median(times["memory"]), statistics.median(times["streaming"])
+    name = "data_path_ratio" if num_workers is None else f"data_path_ratio_{num_workers}_loaders"
     return emit(
-        "data_path_ratio",
+        name,
         memory / streaming,
         ">= 0.9",
         ideal=1.0,
         median_epoch_s={"memory": round(memory, 3), "streaming": round(streaming, 3)},
         epoch_times_s={k: [round(t, 3) for t in v] for k, v in times.items()},
         model="examples/mnist_cnn.py, 4000 items, 1 group x 2 workers, batch 128",
+        loader_processes_per_worker="engine default (0 here)"
+        if num_workers is None
+        else num_workers,
     )
 
 
@@ -201,9 +209,23 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=25.0)
     parser.add_argument("--keep", type=Path, default=None, help="folder for the temporary files")
     parser.add_argument("--only", choices=["data_path_ratio", "worker_rss_ratio"], default=None)
+    parser.add_argument(
+        "--num-workers",
+        type=int,
+        default=None,
+        help="loader processes per worker when streaming (default: the engine's, 0 here)",
+    )
+    parser.add_argument(
+        "--also-num-workers",
+        type=int,
+        default=1,
+        help="a second data_path_ratio line with this many loader processes (-1: none)",
+    )
     args = parser.parse_args()
     if args.only in (None, "data_path_ratio"):
-        data_path_ratio(args.rounds)
+        data_path_ratio(args.rounds, args.num_workers)
+        if args.also_num_workers >= 0:
+            data_path_ratio(args.rounds, args.also_num_workers)
     if args.only in (None, "worker_rss_ratio"):
         worker_rss_ratio(args.seconds, args.keep)
 

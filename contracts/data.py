@@ -42,8 +42,9 @@ class DataOptions(BaseModel):
         default=None,
         ge=0,
         le=MAX_LOADER_WORKERS,
-        description="DataLoader processes per compute worker (streaming); default 1 on CPU, "
-        "2 on CUDA; at most the host's cores",
+        description="DataLoader processes per compute worker (streaming); default 0 for "
+        "TensorDatasets without preprocessing (nothing to read ahead), else 1 on CPU and 2 on "
+        "CUDA; at most the host's cores",
     )
     prefetch_factor: int = Field(
         default=2, ge=1, le=64, description="batches each loader process reads ahead"

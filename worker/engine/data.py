@@ -135,8 +135,20 @@ def stack_dataset(dataset: Any) -> TensorData:
     return TensorData.from_batch(collate(items))
 
 
+@dataclass
+class Collated:
+    """A batch read whole (``_Joined.__getitems__``), which :func:`collate` passes through."""
+
+    batch: Any
+
+
 class _Joined(Dataset):
-    """The training items followed by the validation items: one loader reads both."""
+    """The training items followed by the validation items: one loader reads both.
+
+    A batch of a :class:`Prepared` set without stages over a ``TensorDataset`` is read
+    with one index per tensor (``__getitems__``), as ``default_collate`` of its items
+    would stack it, instead of item by item.
+    """
 
     def __init__(self, train: Dataset, val: Dataset) -> None:
         self.train, self.val, self.split = train, val, len(train)  # type: ignore[arg-type]
@@ -147,6 +159,15 @@ class _Joined(Dataset):
     @override
     def __getitem__(self, index: int) -> Any:
         return self.train[index] if index < self.split else self.val[index - self.split]
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        """Items ``indices`` (all of one part: planned batches never mix the two)."""
+        part, offset = (self.train, 0) if indices[0] < self.split else (self.val, self.split)
+        base = part.base if isinstance(part, Prepared) and not part.stages else None
+        if isinstance(base, TensorDataset):
+            index = torch.as_tensor(indices, dtype=torch.int64) - offset
+            return Collated([tensor[index] for tensor in base.tensors])
+        return [part[i - offset] for i in indices]
 
 
 class _Planned:
@@ -176,7 +197,8 @@ class Stream:
     def __init__(self, train: Dataset, val: Dataset, options: DataOptions, device: Any) -> None:
         self.joined = _Joined(train, val)
         self.sampler = _Planned()
-        workers = loader_workers(options, device)
+        in_memory = all(_tensors_only(part) for part in (train, val))
+        workers = loader_workers(options, device, in_memory=in_memory)
         cuda = torch.device(device).type == "cuda"
         self.loader = DataLoader(
             self.joined,
@@ -246,9 +268,21 @@ class StreamView:
         self.stream.plan(batches)
 
 
-def loader_workers(options: DataOptions, device: Any) -> int:
-    """DataLoader processes of one compute worker: ``options.num_workers``, by default 1 on
-    CPU and 2 on CUDA. Raises ValueError naming the field when it exceeds this host's cores."""
+def _tensors_only(dataset: Any) -> bool:
+    """True for a :class:`Prepared` set without stages over a ``TensorDataset``."""
+    return (
+        isinstance(dataset, Prepared)
+        and not dataset.stages
+        and isinstance(dataset.base, TensorDataset)
+    )
+
+
+def loader_workers(options: DataOptions, device: Any, *, in_memory: bool = False) -> int:
+    """DataLoader processes of one compute worker: ``options.num_workers``; by default 0 for
+    ``in_memory`` data (TensorDatasets without preprocessing: a batch is one index per
+    tensor, nothing to read or decode ahead, so a loader process would only add a copy
+    between processes), else 1 on CPU and 2 on CUDA. Raises ValueError naming the field
+    when it exceeds this host's cores."""
     cores = os.cpu_count() or 1
     if options.num_workers is not None and options.num_workers > cores:
         raise ValueError(
@@ -257,6 +291,8 @@ def loader_workers(options: DataOptions, device: Any) -> int:
         )
     if options.num_workers is not None:
         return options.num_workers
+    if in_memory:
+        return 0
     return 2 if torch.device(device).type == "cuda" else 1
 
 
@@ -345,12 +381,14 @@ def check_map_style(dataset: Any, which: str) -> None:
         raise ContractError(f"the {which} dataset has no length: define __len__") from exc
 
 
-def collate(items: list[Any]) -> Any:
+def collate(items: list[Any] | Collated) -> Any:
     """``default_collate`` of ``items``, refusing items that do not make a batch of tensors.
 
     Raises ValueError describing the first item (e.g. ``(Tensor(3,) torch.float32, int)``)
-    and what to return instead.
+    and what to return instead. A :class:`Collated` batch is returned as it is.
     """
+    if isinstance(items, Collated):
+        return items.batch
     try:
         batch = default_collate(items)
     except (TypeError, RuntimeError, ValueError) as exc:

@@ -19,7 +19,7 @@ from torch import Tensor
 from worker.engine import report, session
 from worker.engine.compute import to_device
 from worker.engine.contract import TrainingCode, default_metrics
-from worker.engine.data import DataSources, Source
+from worker.engine.data import DataSources, Source, StreamView
 from worker.engine.distributed import Topology
 from worker.engine.run import Run
 from worker.engine.sharding import contiguous_shard
@@ -74,9 +74,14 @@ def report_worker_epoch(run: Run, results: dict[str, Any], seconds: float) -> No
     report.metric("samples_per_s", work.rate, step=run.step, epoch=run.epoch, rank=rank)
     report.metric("batch_share", share, step=run.step, epoch=run.epoch, rank=rank)
     report.metric("idle_fraction", idle, step=run.step, epoch=run.epoch, rank=rank)
+    streamed = ""
+    if isinstance(run.train, StreamView):
+        stream = run.train.stream
+        streamed = f"; {stream.replans} read plans, {stream.direct} batches read unplanned so far"
     report.log(
         f"rank {rank} epoch {run.epoch}: {work.samples} samples, {work.compute_s:.2f} s compute "
-        f"of {seconds:.2f} s ({idle:.1%} idle), {work.rate:.1f} samples/s; next share {share:.3f}"
+        f"of {seconds:.2f} s ({idle:.1%} idle), {work.rate:.1f} samples/s; next share "
+        f"{share:.3f}{streamed}"
     )
 
 

@@ -157,3 +157,5 @@ def test_bad_datasets_and_loader_settings_are_refused_naming_what_to_fix() -> No
     with pytest.raises(ValueError, match="data.num_workers is .* this host has"):
         loader_workers(DataOptions(num_workers=cores + 1), "cpu")
     assert loader_workers(DataOptions(), "cpu") == 1
+    assert loader_workers(DataOptions(), "cpu", in_memory=True) == 0  # nothing to read ahead
+    assert loader_workers(DataOptions(num_workers=1), "cpu", in_memory=True) == 1
