@@ -83,9 +83,10 @@ class Window:
 
 
 class Broker(Protocol):
-    """Where an idle agent takes its group's next sub-task message from."""
+    """Where an idle agent takes the next sub-task message of its own queue
+    (`contracts.messaging.queue_name`: the group's parts booked for that agent) from."""
 
-    async def take(self, group: str, timeout_s: float) -> dict[str, Any] | None:
+    async def take(self, queue: str, timeout_s: float) -> dict[str, Any] | None:
         """The next message's payload (a `SubTaskPayload` as JSON) or None after `timeout_s`."""
         ...
 
@@ -93,17 +94,17 @@ class Broker(Protocol):
 
 
 class MemoryBroker:
-    """An in-process queue per group (tests: the scheduler's payloads `put` here)."""
+    """An in-process queue per agent queue name (tests: the scheduler's payloads `put` here)."""
 
     def __init__(self) -> None:
         self._queues: dict[str, asyncio.Queue[dict[str, Any]]] = defaultdict(asyncio.Queue)
 
-    def put(self, group: str, payload: dict[str, Any]) -> None:
-        self._queues[group].put_nowait(payload)
+    def put(self, queue: str, payload: dict[str, Any]) -> None:
+        self._queues[queue].put_nowait(payload)
 
-    async def take(self, group: str, timeout_s: float) -> dict[str, Any] | None:
+    async def take(self, queue: str, timeout_s: float) -> dict[str, Any] | None:
         try:
-            return await asyncio.wait_for(self._queues[group].get(), timeout_s)
+            return await asyncio.wait_for(self._queues[queue].get(), timeout_s)
         except TimeoutError:
             return None
 
@@ -112,18 +113,18 @@ class MemoryBroker:
 
 
 class RedisBroker:
-    """The group queues of the API's Celery producer on Redis, read as a Celery consumer
-    reads them: one connection per agent, BRPOP on `rg.<group>` with a 1 s timeout (kombu's
-    Redis channel), the payload decoded from Celery's message (protocol 2: a base64 JSON
-    body `[args, kwargs, embed]`, the payload being `args[0]`)."""
+    """The agents' queues of the API's Celery producer on Redis, read as a Celery consumer
+    reads them: one connection per agent, BRPOP on `rg.<group>.agent-<id>` with a 1 s
+    timeout (kombu's Redis channel), the payload decoded from Celery's message (protocol 2:
+    a base64 JSON body `[args, kwargs, embed]`, the payload being `args[0]`)."""
 
     def __init__(self, url: str) -> None:
         import redis.asyncio as aioredis
 
         self._redis = aioredis.Redis.from_url(url, single_connection_client=True)
 
-    async def take(self, group: str, timeout_s: float) -> dict[str, Any] | None:
-        found = await self._redis.brpop([queue_name(group)], timeout=max(1, round(timeout_s)))
+    async def take(self, queue: str, timeout_s: float) -> dict[str, Any] | None:
+        found = await self._redis.brpop([queue], timeout=max(1, round(timeout_s)))
         if found is None:
             return None
         message = json.loads(found[1])
@@ -302,9 +303,10 @@ class SimAgent:
 
     async def serve(self) -> None:
         """Take the group's messages one at a time and run each (no message while busy)."""
-        assert self.broker is not None
+        assert self.broker is not None and self.agent_id is not None
+        queue = queue_name(self.group, self.agent_id)
         while True:
-            raw = await self.broker.take(self.group, self.rates.broker_poll_s)
+            raw = await self.broker.take(queue, self.rates.broker_poll_s)
             if raw is not None:
                 await self.run_sub_task(SubTaskPayload.model_validate(raw))
 

@@ -10,6 +10,7 @@ import httpx
 from fastapi.testclient import TestClient
 
 from bench.fleet import AgentPlan, MemoryBroker, Rates, Window, merge, simulate
+from contracts.messaging import queue_name
 from contracts.payload import SubTaskPayload
 from tests.conftest import TOKEN, make_group, make_project, task_request
 
@@ -31,7 +32,9 @@ class QueueDispatcher:
 
     def send(self, payload: SubTaskPayload) -> None:
         body = payload.model_dump(mode="json")
-        self.loop.call_soon_threadsafe(self.broker.put, payload.group.name, body)
+        assert payload.agent_id is not None, "parts are booked for one agent"
+        queue = queue_name(payload.group.name, payload.agent_id)
+        self.loop.call_soon_threadsafe(self.broker.put, queue, body)
 
 
 def test_simulated_agents_register_heartbeat_and_run_a_task(
