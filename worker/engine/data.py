@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
@@ -194,7 +195,9 @@ class Stream:
     ``replans`` counts the plans started; ``direct`` the batches read without a plan.
     """
 
-    def __init__(self, train: Dataset, val: Dataset, options: DataOptions, device: Any) -> None:
+    def __init__(
+        self, train: Dataset, val: Dataset, options: DataOptions, device: Any, seed: int = 0
+    ) -> None:
         self.joined = _Joined(train, val)
         self.sampler = _Planned()
         in_memory = all(_tensors_only(part) for part in (train, val))
@@ -202,6 +205,9 @@ class Stream:
         cuda = torch.device(device).type == "cuda"
         self.loader = DataLoader(
             self.joined,
+            # Its own generator: a new iteration (every plan) would otherwise draw its seed
+            # from the global one, and the model's dropout would depend on the data path.
+            generator=torch.Generator().manual_seed(seed),
             batch_sampler=self.sampler,
             num_workers=workers,
             prefetch_factor=options.prefetch_factor if workers else None,
@@ -340,6 +346,7 @@ class WorldFitter(Fitter):
         workers = loader_workers(self.options, "cpu")
         loader = DataLoader(
             prefix,
+            generator=torch.Generator().manual_seed(0),  # leaves the global generator alone
             batch_sampler=batches,
             num_workers=workers,
             collate_fn=_stack_images,
@@ -423,6 +430,29 @@ def choose_path(options: DataOptions, train: Any, val: Any, steps: list[Preproce
     return "memory" if math.isfinite(size) and size <= MEMORY_PATH_MAX_BYTES else "streaming"
 
 
+def agreed_counts(topo: Topology, mine: tuple[int, int, str] | None) -> tuple[int, int, str]:
+    """Every worker's ``(training items, validation items, path)`` on every rank (one
+    ``all_gather_object``; the parameter server passes None): the workers' must agree.
+
+    Raises ContractError on every rank when they differ, naming each worker's counts:
+    the ranks would otherwise run different numbers of steps and wait on each other
+    until the distributed timeout (e.g. a datasets folder that differs between hosts).
+    """
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    counts = {rank: tuple(c) for rank, c in enumerate(gathered) if c is not None}
+    if len({c[:2] for c in counts.values()}) != 1:
+        listed = ", ".join(f"rank {r}: {c[0]} + {c[1]}" for r, c in sorted(counts.items()))
+        raise ContractError(
+            "the compute workers built datasets of different sizes (training + validation "
+            f"items: {listed}): build_datasets must give every worker the same items; check "
+            "that the datasets folder (POLYTRAIN_DATASETS_DIR of each agent) holds the same "
+            "files on every host"
+        )
+    first = counts[min(counts)]
+    return int(first[0]), int(first[1]), str(first[2])
+
+
 def prepare_data(
     code: TrainingCode,
     topo: Topology,
@@ -451,7 +481,7 @@ def prepare_data(
     fitter = WorldFitter(topo, options)
     train_stages, val_stages = build_stages(steps, train, seed, fitter)
     if topo.is_ps:
-        counts = broadcast_object(None, src=1)
+        counts = agreed_counts(topo, None)
         report.log(
             f"data: {counts[0]} training and {counts[1]} validation items after "
             f"{len(steps)} preprocessing step(s), {counts[2]} path on the workers"
@@ -459,12 +489,12 @@ def prepare_data(
         return DataSources(counts[0], counts[1], None, None, counts[2])
     prepared = Prepared(train, train_stages), Prepared(val, val_stages)
     path = choose_path(options, train, val, steps)
-    broadcast_object((len(prepared[0]), len(prepared[1]), path), src=1)
+    agreed_counts(topo, (len(prepared[0]), len(prepared[1]), path))
     sources: tuple[Source, Source]
     if path == "memory":
         sources = stack_dataset(prepared[0]), stack_dataset(prepared[1])
     else:
-        stream = Stream(prepared[0], prepared[1], options, topo.device)
+        stream = Stream(prepared[0], prepared[1], options, topo.device, seed)
         sources = (
             StreamView(stream, 0, len(prepared[0])),
             StreamView(stream, len(prepared[0]), len(prepared[1])),

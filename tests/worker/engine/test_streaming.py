@@ -20,6 +20,7 @@ from contracts.data import DataOptions
 from tests.worker.engine.reference import dumped_batches, run_with_dump
 from worker.engine.contract import ContractError
 from worker.engine.data import check_map_style, collate, loader_workers
+from worker.engine.local import launch_local
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
 
@@ -96,7 +97,7 @@ def build_datasets():
     return TensorDataset(x[:56], y[:56]), TensorDataset(x[56:], y[56:])
 
 def build_model():
-    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 6 * 6, 4))
+    return nn.Sequential(nn.Flatten(), nn.Dropout(0.3), nn.Linear(3 * 6 * 6, 4))
 
 def build_optimizer(params):
     return torch.optim.SGD(params, lr=0.1)
@@ -128,7 +129,8 @@ def test_streaming_trains_exactly_as_the_in_memory_path_with_preprocessing(
             epochs=1,
             global_batch_size=16,
             preprocess=steps,
-            data={"path": path, "num_workers": 1},
+            # A new loader iteration at every plan: it must not move the dropout's generator.
+            data={"path": path, "num_workers": 1, "persistent_workers": False},
         )
         run, dumped = run_with_dump(spec, tmp_path / path)
         logged = "\n".join(run.output[0] + run.output[1])
@@ -136,6 +138,31 @@ def test_streaming_trains_exactly_as_the_in_memory_path_with_preprocessing(
         assert f"data path: {path}" in logged
         finals[path] = dumped[0]
     assert torch.equal(finals["memory"], finals["streaming"])
+
+
+DIVERGING_MODULE = """
+import os
+from examples.tiny_regression import build_datasets as real, build_model, build_optimizer, loss_fn
+
+def build_datasets():
+    train, val = real()
+    if os.environ["RANK"] == "2":  # as a host whose copy of the data folder differs
+        train = torch.utils.data.Subset(train, range(100))
+    return train, val
+
+import torch.utils.data
+"""
+
+
+def test_workers_whose_datasets_differ_fail_at_once_naming_the_sizes(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    module = tmp_path / "diverging.py"
+    module.write_text(DIVERGING_MODULE)
+    run = launch_local(make_spec(code=str(module)), timeout_s=60)
+    assert not run.ok and not run.timed_out
+    said = "\n".join(line for lines in run.output.values() for line in lines)
+    assert "rank 1: 160 + 40, rank 2: 100 + 40, rank 3: 160 + 40" in said, said[-2000:]
 
 
 class Stream(IterableDataset):
