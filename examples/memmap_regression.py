@@ -49,8 +49,9 @@ def build_datasets() -> tuple[Dataset, Dataset]:
     path = Path(os.environ.get("POLYTRAIN_DATASETS", "datasets")) / "regression.npy"
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} does not exist: write it with "
-            "`scripts/make_datasets.py DEST --memmap-mb MB` and set POLYTRAIN_DATASETS=DEST"
+            f"{path} does not exist: write it with `scripts/make_datasets.py DEST --memmap-mb MB` "
+            "on every host and start its agents with POLYTRAIN_DATASETS_DIR=DEST (local runs: "
+            "POLYTRAIN_DATASETS=DEST)"
         )
     rows = int(np.load(path, mmap_mode="r").shape[0])
     n_val = min(8192, max(1, rows // 50))

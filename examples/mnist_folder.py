@@ -30,8 +30,9 @@ class PngFolder(Dataset):
         self.files = sorted(root.glob("*/*.png"))
         if not self.files:
             raise FileNotFoundError(
-                f"no PNG files under {root}: write them with "
-                "`scripts/make_datasets.py DEST --mnist-png` and set POLYTRAIN_DATASETS=DEST"
+                f"no PNG files under {root}: write them with `scripts/make_datasets.py DEST "
+                "--mnist-png` on every host and start its agents with POLYTRAIN_DATASETS_DIR=DEST "
+                "(local runs: POLYTRAIN_DATASETS=DEST)"
             )
 
     def __len__(self) -> int:

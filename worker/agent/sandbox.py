@@ -195,8 +195,8 @@ class Sandbox:
         staged.write_text("\n".join([*passwd, *pool.passwd_lines(entry.pw_gid)]) + "\n")
         staged.replace(ranks_dir.parent / "passwd")
         datasets = Path(datasets_dir).resolve() if datasets_dir else None
-        if datasets is not None and not datasets.is_dir():
-            raise SandboxUnavailable(f"the datasets folder {datasets} does not exist")
+        if datasets is not None:
+            check_datasets_dir(datasets, Path(data_dir).resolve())
         return cls(bwrap, setpriv, pool, entry.pw_gid, ranks_dir, datasets)
 
     def new_rank_dir(self, uid: int) -> Path:
@@ -285,6 +285,25 @@ class Sandbox:
         if self.datasets_dir is not None:  # the admin's shared datasets, read-only
             args += [*_parents(self.datasets_dir), "--ro-bind", *[str(self.datasets_dir)] * 2]
         return args + [*_parents(rank_dir), "--bind", str(rank_dir), str(rank_dir)]
+
+
+def check_datasets_dir(datasets: Path, data_dir: Path) -> None:
+    """Refuse a datasets folder that is missing or would show ranks more than datasets: the
+    root, or a folder holding the agent's data directory, this checkout or the agent's
+    working directory (its `.env`). Raises SandboxUnavailable naming POLYTRAIN_DATASETS_DIR."""
+    setting = "POLYTRAIN_DATASETS_DIR"
+    if not datasets.is_dir():
+        raise SandboxUnavailable(f"{setting}: the datasets folder {datasets} does not exist")
+    for name, secret in (
+        ("the agent's data directory", data_dir),
+        ("this checkout", REPO_ROOT.resolve()),
+        ("the agent's working directory", Path.cwd().resolve()),
+    ):
+        if secret == datasets or datasets in secret.parents:
+            raise SandboxUnavailable(
+                f"{setting}={datasets} holds {name} ({secret}): ranks would read it; name a "
+                "folder of datasets only"
+            )
 
 
 def _parents(path: Path) -> list[str]:

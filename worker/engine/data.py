@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from typing_extensions import override
 
 from contracts.data import MEMORY_PATH_MAX_BYTES, DataOptions
-from contracts.preprocess import PreprocessStep, Tokenize
+from contracts.preprocess import Augment, PreprocessStep, Tokenize
 from worker.engine import report
 from worker.engine.contract import ContractError, TrainingCode
 from worker.engine.distributed import Topology
@@ -426,7 +426,8 @@ def choose_path(options: DataOptions, train: Any, val: Any, steps: list[Preproce
     :data:`contracts.data.MEMORY_PATH_MAX_BYTES` together)."""
     if options.path != "auto":
         return options.path
-    size = bytes_of(train) + bytes_of(val)
+    grown = math.prod(step.copies + 1 for step in steps if isinstance(step, Augment))
+    size = bytes_of(train) * grown + bytes_of(val)  # what the memory path would stack
     return "memory" if math.isfinite(size) and size <= MEMORY_PATH_MAX_BYTES else "streaming"
 
 

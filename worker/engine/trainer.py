@@ -10,6 +10,7 @@ BatchNorm running statistics) travel with the parameters
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -108,7 +109,11 @@ def run_worker(
     session.train(
         run,
         under_way,
-        lambda r: validate(code, topo, model, val_data, spec.global_batch_size),
+        # In batches of about the worker's share: a global batch per worker could overflow
+        # the loader's shared memory where training never would.
+        lambda r: validate(
+            code, topo, model, val_data, math.ceil(spec.global_batch_size / topo.n_workers)
+        ),
         report_worker_epoch,
     )
     return run.state.vector().cpu()

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from worker.agent import netpolicy
-from worker.agent.sandbox import Sandbox, rank_environment, read_rank_file, write_rank_file
+from worker.agent.sandbox import (
+    Sandbox,
+    check_datasets_dir,
+    rank_environment,
+    read_rank_file,
+    write_rank_file,
+)
 from worker.agent.uids import Lease, SandboxUnavailable, UidPool
 
 PROBE = """
@@ -408,5 +414,8 @@ def test_ranks_read_the_hosts_datasets_folder_and_run_dataloader_processes(
     assert seen["read"] == "zero" and seen["wrote"].startswith("refused")
     # Loader processes pass batches through shared memory inside the sandbox.
     assert seen["batches"] == [6.0, 22.0]
-    with pytest.raises(SandboxUnavailable, match="datasets folder"):
+    with pytest.raises(SandboxUnavailable, match="POLYTRAIN_DATASETS_DIR: the datasets folder"):
         Sandbox.detect(user="polytrain-run", data_dir=tmp_path, datasets_dir=tmp_path / "none")
+    for too_wide in ("/", tmp_path):  # the root; a folder holding the agent's data directory
+        with pytest.raises(SandboxUnavailable, match="holds .* ranks would read it"):
+            check_datasets_dir(Path(too_wide), tmp_path / "agent-data")
