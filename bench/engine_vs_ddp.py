@@ -1,0 +1,186 @@
+"""Benchmark ``engine_vs_ddp_step_ratio``: the engine's step time over plain PyTorch DDP's.
+
+What a user would otherwise run is ``torch.nn.parallel.DistributedDataParallel`` (gloo,
+default buckets) on the same processes. Both train bench/workloads/sized_mlp.py (an MLP
+256 -> H -> H -> 10) with the same data, seed, global batch (128: 64 per worker) and SGD,
+one torch thread per process, on this 2-core host, no throttling, even split:
+
+- **DDP**: 2 ranks; each takes its half of every global batch of a seeded permutation.
+- **engine 1 x 2**: one group of 2 workers (in-group allreduce, then the parameter
+  server's round), sync strategy, even split, plus the parameter server process.
+- **engine 2 x 1**: two groups of 1 worker each (the cross-group path).
+
+Step time: the seconds of the epochs after the first (which warms up), over their steps
+(8 an epoch); for the engine the parameter server's ``epoch_time_s`` (validation
+excluded), for DDP the same measured around its step loop. Sizes: about 37k, 1M, 10M and
+25M parameters. One JSON line per size (``engine_vs_ddp_step_ratio_<size>``) with both
+ratios, then the summary ``engine_vs_ddp_step_ratio`` whose value is the worst 1 x 2 ratio
+(target <= 1.10 at every size; 2 x 1 target <= 1.25). Ideal 1.0: the engine costs what
+DDP costs. The three runs of a size alternate, ``--rounds`` times; medians reported.
+
+    python -m bench.engine_vs_ddp [--rounds 1] [--sizes 100,880,3030,4870]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.common import emit, workload
+from worker.engine.local import launch_local
+from worker.engine.ranks import free_port
+from worker.engine.spec import RunSpec
+
+GLOBAL_BATCH, STEPS, EPOCHS = 128, 8, 3
+ITEMS = GLOBAL_BATCH * STEPS
+
+
+def _env(hidden: int) -> dict[str, str]:
+    return {
+        "POLYTRAIN_BENCH_HIDDEN": str(hidden),
+        "POLYTRAIN_BENCH_ITEMS": str(ITEMS),
+        "POLYTRAIN_NUM_THREADS": "1",
+    }
+
+
+def ddp_rank(rank: int, port: int) -> None:
+    """One DDP rank (run as ``--ddp-rank``): trains EPOCHS epochs, rank 0 prints step times."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    sys.path.insert(0, str(Path(workload("sized_mlp")).parent))
+    import sized_mlp  # type: ignore[import-not-found]
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(sized_mlp.build_model())
+    train, _ = sized_mlp.build_datasets()
+    x, y = train.tensors
+    optimizer = sized_mlp.build_optimizer(model.parameters())
+    per_step = []
+    for epoch in range(EPOCHS):
+        order = torch.randperm(ITEMS, generator=torch.Generator().manual_seed(epoch))
+        dist.barrier()
+        started = time.perf_counter()
+        for step in range(STEPS):
+            batch = order[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH]
+            mine = batch[rank * GLOBAL_BATCH // 2 : (rank + 1) * GLOBAL_BATCH // 2]
+            optimizer.zero_grad(set_to_none=True)
+            sized_mlp.loss_fn(model(x[mine]), y[mine]).backward()
+            optimizer.step()
+        dist.barrier()
+        per_step.append((time.perf_counter() - started) / STEPS)
+    if rank == 0:
+        print(json.dumps({"step_s": per_step[1:]}), flush=True)
+    dist.destroy_process_group()
+
+
+def ddp_step_s(hidden: int) -> list[float]:
+    """Seconds per step of plain DDP on 2 gloo ranks (epochs after the first)."""
+    port = free_port()
+    env = {**os.environ, **_env(hidden)}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.engine_vs_ddp",
+                "--ddp-rank",
+                str(r),
+                "--port",
+                str(port),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    out = [p.communicate(timeout=900)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        sys.exit(f"DDP run failed: {out}")
+    return list(json.loads(out[0].strip().splitlines()[-1])["step_s"])
+
+
+def engine_step_s(hidden: int, groups: list[dict[str, Any]]) -> list[float]:
+    """Seconds per step of the engine (the parameter server's epoch time over its steps)."""
+    with tempfile.TemporaryDirectory(prefix="polytrain-bench-") as tmp:
+        spec = RunSpec.model_validate(
+            {
+                "task_id": 0,
+                "code": workload("sized_mlp"),
+                "epochs": EPOCHS,
+                "global_batch_size": GLOBAL_BATCH,
+                "groups": groups,
+                "checkpoint_dir": str(Path(tmp) / "ck"),
+            }
+        )
+        run = launch_local(spec, timeout_s=900, env_extra=_env(hidden))
+    if not run.ok:
+        for rank in run.output:
+            print(f"--- rank {rank}\n" + "\n".join(run.output[rank][-20:]), file=sys.stderr)
+        sys.exit(1)
+    return [t / STEPS for t in run.metrics("epoch_time_s", rank=0)[1:] if t is not None]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--sizes", default="100,880,3030,4870", help="hidden widths H")
+    parser.add_argument("--ddp-rank", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.ddp_rank is not None:
+        ddp_rank(args.ddp_rank, args.port)
+        return
+    one_group = [{"name": "a", "device_type": "cpu", "workers": 2}]
+    two_groups = [
+        {"name": "a", "device_type": "cpu", "workers": 1},
+        {"name": "b", "device_type": "cpu", "workers": 1},
+    ]
+    worst = {"1x2": 0.0, "2x1": 0.0}
+    for hidden in (int(h) for h in args.sizes.split(",")):
+        params = 256 * hidden + hidden + hidden * hidden + hidden + hidden * 10 + 10
+        times: dict[str, list[float]] = {"ddp": [], "1x2": [], "2x1": []}
+        for _ in range(args.rounds):
+            times["ddp"] += ddp_step_s(hidden)
+            times["1x2"] += engine_step_s(hidden, one_group)
+            times["2x1"] += engine_step_s(hidden, two_groups)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        ratios = {k: med[k] / med["ddp"] for k in ("1x2", "2x1")}
+        worst = {k: max(worst[k], ratios[k]) for k in worst}
+        emit(
+            f"engine_vs_ddp_step_ratio_{params / 1e6:.2g}M",
+            ratios["1x2"],
+            "<= 1.10",
+            ideal=1.0,
+            parameters=params,
+            ratio_2x1=round(ratios["2x1"], 3),
+            target_2x1="<= 1.25",
+            median_step_ms={k: round(v * 1000, 2) for k, v in med.items()},
+            step_ms={k: [round(t * 1000, 2) for t in v] for k, v in times.items()},
+        )
+    emit(
+        "engine_vs_ddp_step_ratio",
+        worst["1x2"],
+        "<= 1.10",
+        ideal=1.0,
+        worst_2x1=round(worst["2x1"], 3),
+        global_batch=GLOBAL_BATCH,
+    )
+
+
+if __name__ == "__main__":
+    main()
