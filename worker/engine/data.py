@@ -52,9 +52,9 @@ from worker.engine.preprocess import (
     Prepared,
     build_stages,
     bytes_of,
-    channel_sums,
-    image_of,
+    stack_images,
     stats_from_sums,
+    summed_channels,
     texts_of,
     train_tokenizer,
 )
@@ -349,18 +349,9 @@ class WorldFitter(Fitter):
             generator=torch.Generator().manual_seed(0),  # leaves the global generator alone
             batch_sampler=batches,
             num_workers=workers,
-            collate_fn=_stack_images,
+            collate_fn=stack_images,
         )
-        sums = torch.zeros(3, 0, dtype=torch.float64)
-        for images in loader:
-            part = channel_sums(images)
-            sums = part if sums.numel() == 0 else sums + part
-        return sums
-
-
-def _stack_images(items: list[Any]) -> Tensor:
-    """The images of ``items`` as one batch ``[b, C, H, W]`` (a DataLoader collate_fn)."""
-    return torch.stack([image_of(item, "normalize") for item in items])
+        return summed_channels(loader)
 
 
 @dataclass
@@ -372,7 +363,6 @@ class DataSources:
     n_val: int
     train: Source | None
     val: Source | None
-    path: str
 
 
 def check_map_style(dataset: Any, which: str) -> None:
@@ -421,14 +411,20 @@ def _describe(item: Any) -> str:
     return type(item).__name__
 
 
-def choose_path(options: DataOptions, train: Any, val: Any, steps: list[PreprocessStep]) -> str:
-    """``memory`` or ``streaming`` (``auto``: memory for TensorDatasets of at most
-    :data:`contracts.data.MEMORY_PATH_MAX_BYTES` together)."""
+def choose_path(
+    options: DataOptions, train: Any, val: Any, steps: list[PreprocessStep]
+) -> tuple[str, str]:
+    """``(memory or streaming, why)``; ``auto``: memory for TensorDatasets of at most
+    :data:`contracts.data.MEMORY_PATH_MAX_BYTES` together, counting augmented copies."""
     if options.path != "auto":
-        return options.path
+        return options.path, "set by the task's data.path"
     grown = math.prod(step.copies + 1 for step in steps if isinstance(step, Augment))
     size = bytes_of(train) * grown + bytes_of(val)  # what the memory path would stack
-    return "memory" if math.isfinite(size) and size <= MEMORY_PATH_MAX_BYTES else "streaming"
+    if not math.isfinite(size):
+        return "streaming", "auto: the datasets are not in-memory TensorDatasets"
+    path = "memory" if size <= MEMORY_PATH_MAX_BYTES else "streaming"
+    limit = MEMORY_PATH_MAX_BYTES >> 20
+    return path, f"auto: TensorDatasets of {size / 2**20:.1f} MiB, limit {limit} MiB"
 
 
 def agreed_counts(topo: Topology, mine: tuple[int, int, str] | None) -> tuple[int, int, str]:
@@ -487,9 +483,9 @@ def prepare_data(
             f"data: {counts[0]} training and {counts[1]} validation items after "
             f"{len(steps)} preprocessing step(s), {counts[2]} path on the workers"
         )
-        return DataSources(counts[0], counts[1], None, None, counts[2])
+        return DataSources(counts[0], counts[1], None, None)
     prepared = Prepared(train, train_stages), Prepared(val, val_stages)
-    path = choose_path(options, train, val, steps)
+    path, why = choose_path(options, train, val, steps)
     agreed_counts(topo, (len(prepared[0]), len(prepared[1]), path))
     sources: tuple[Source, Source]
     if path == "memory":
@@ -501,16 +497,5 @@ def prepare_data(
             StreamView(stream, len(prepared[0]), len(prepared[1])),
         )
     if topo.rank == 1:
-        report.log(f"data path: {path} ({_why(options, train, val)})")
-    return DataSources(len(prepared[0]), len(prepared[1]), sources[0], sources[1], path)
-
-
-def _why(options: DataOptions, train: Any, val: Any) -> str:
-    if options.path != "auto":
-        return "set by the task's data.path"
-    size = bytes_of(train) + bytes_of(val)
-    if not math.isfinite(size):
-        return "auto: the datasets are not in-memory TensorDatasets"
-    return (
-        f"auto: TensorDatasets of {size / 2**20:.1f} MiB, limit {MEMORY_PATH_MAX_BYTES >> 20} MiB"
-    )
+        report.log(f"data path: {path} ({why})")
+    return DataSources(len(prepared[0]), len(prepared[1]), sources[0], sources[1])

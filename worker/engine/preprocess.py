@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,6 +202,20 @@ def channel_sums(items: Any) -> Tensor:
     return torch.stack([count, flat.sum(dim=1), (flat * flat).sum(dim=1)])
 
 
+def stack_images(items: list[Any]) -> Tensor:
+    """The images of ``items`` as one batch ``[b, C, H, W]`` (also a DataLoader collate_fn)."""
+    return torch.stack([image_of(item, "normalize") for item in items])
+
+
+def summed_channels(batches: Iterable[Tensor]) -> Tensor:
+    """:func:`channel_sums` added over image ``batches`` (``[3, 0]`` when there are none)."""
+    sums = torch.zeros(3, 0, dtype=torch.float64)
+    for images in batches:
+        part = channel_sums(images)
+        sums = part if sums.numel() == 0 else sums + part
+    return sums
+
+
 def stats_from_sums(sums: Tensor) -> tuple[Tensor, Tensor]:
     """Mean and (unbiased) standard deviation per channel from :func:`channel_sums` totals,
     each float32 ``[C]``; a zero deviation becomes 1e-12."""
@@ -224,12 +238,11 @@ class Fitter:
     def channel_stats(self, prefix: Prepared | None) -> tuple[Tensor, Tensor]:
         """Per-channel mean and standard deviation of every image of ``prefix``."""
         assert prefix is not None
-        sums = torch.zeros(3, 0, dtype=torch.float64)
-        for start in range(0, len(prefix), 256):
-            batch = [prefix[i] for i in range(start, min(start + 256, len(prefix)))]
-            part = channel_sums(torch.stack([image_of(item, "normalize") for item in batch]))
-            sums = part if sums.numel() == 0 else sums + part
-        return stats_from_sums(sums)
+        batches = (
+            stack_images([prefix[i] for i in range(start, min(start + 256, len(prefix)))])
+            for start in range(0, len(prefix), 256)
+        )
+        return stats_from_sums(summed_channels(batches))
 
 
 def texts_of(dataset: Any, indices: Sequence[int]) -> list[str]:
