@@ -109,6 +109,7 @@ def launch_local(
     timeout_s: float = 600.0,
     fail_grace_s: float = 10.0,
     stop_when: StopWhen | None = None,
+    on_spawn: Callable[[dict[int, int]], None] | None = None,
 ) -> LocalRun:
     """Run every rank of ``spec`` on 127.0.0.1 and wait for all of them.
 
@@ -116,8 +117,12 @@ def launch_local(
     environment. When a rank fails, the others get ``fail_grace_s`` seconds to
     notice and exit before they are killed; at ``timeout_s`` seconds all are
     killed. ``stop_when(event)`` returning True for any rank's event kills
-    every rank at once (an interruption, for resume tests). Never raises for a
-    failed run: inspect the returned LocalRun.
+    every rank at once (an interruption, for resume tests). ``on_spawn(pids)``
+    is called once every rank has started, with each rank's process id, while
+    they are still importing (a second or so; benchmarks place ranks in CPU
+    cgroups with it, bench/throttle.py, before any computes or starts a
+    child); if it raises, every rank is killed and the error propagates.
+    Otherwise never raises for a failed run: inspect the returned LocalRun.
     """
     port = port or free_port()
     started = time.monotonic()
@@ -128,6 +133,12 @@ def launch_local(
         for rank in range(spec.world_size):
             env = {**rank_env(spec, rank, "127.0.0.1", port), **(env_extra or {})}
             ranks.add(rank, spawn(rank_command(spec_path), checkout_env(env)))
+        if on_spawn is not None:
+            try:
+                on_spawn({p.rank: p.popen.pid for p in ranks.procs})
+            except BaseException:
+                ranks.kill_all(grace_s=0.5)
+                raise
         timed_out, stopped = _supervise(ranks, timeout_s, fail_grace_s, stop_when)
         ranks.drain_readers()
         stopped = _stop_requested(ranks, stop_when) or stopped
