@@ -123,10 +123,10 @@ class GradientReducer:
         self.trainable = [p.requires_grad for p in params]
 
     def close(self) -> None:
-        """Remove the hooks."""
+        """Remove the hooks and let go of the vector (at the end of training)."""
         for handle in self.handles:
             handle.remove()
-        self.handles = []
+        self.handles, self.launched, self.flat = [], [], torch.zeros(0)
 
     def begin(self, count: int) -> None:
         """Start a step of ``count`` local samples, every bucket waiting.
@@ -208,6 +208,9 @@ class GradientReducer:
         for work in self.launched:
             if work is not None:
                 work.wait()
+        # No finished work object outlives the step: one holding a tensor at interpreter exit
+        # can abort the process when gloo's threads release it (pytorch/pytorch#179291).
+        self.launched = []
         if self.cross is not None and self.first_stage is not self.cross:
             self._leaders_sum()
         if self.in_group is not None and self.multi_group:
