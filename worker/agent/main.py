@@ -160,7 +160,8 @@ def run_agent(
         daemon=True,
         args=(api, agent_id, settings.heartbeat_interval_s, stop, registry, ResourceSampler()),
     ).start()
-    pool = WarmPool(workers + 1, sandbox)  # one rank per worker, and the parameter server
+    # One warm interpreter per worker, and the parameter server; none when turned off.
+    pool = WarmPool(workers + 1, sandbox) if settings.warm_pool else None
     runner = SubTaskRunner(settings, api, agent_id, sandbox, registry, pool)
     argv = [
         "worker",
@@ -188,7 +189,8 @@ def run_agent(
             time.sleep(2)
     finally:
         stop.set()
-        pool.close()
+        if pool:
+            pool.close()
         _deregister(settings, agent_id)
 
 
