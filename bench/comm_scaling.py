@@ -53,14 +53,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from bench.comm import join_ps_world
 from bench.common import cores, emit
 from bench.stats import paired_ratios, paired_rounds, summary
-from contracts.plan import GroupPlan
 from worker.engine import distributed
-from worker.engine.distributed import ClusterEnv
 from worker.engine.exchange import broadcast_down, gather_at_ps, push_up
 from worker.engine.ranks import free_port
-from worker.engine.spec import RunSpec
 
 MB = 2**20
 SIZES_MB = (0.1, 1.0, 16.0, 64.0)
@@ -142,17 +140,7 @@ def _timed(fn: Callable[[], Any], reps: int) -> Callable[[], float]:
 
 
 def _rank(rank: int, port: int, groups: int, sizes: list[int], rounds: int, out: Any) -> None:
-    torch.set_num_threads(1)
-    spec = RunSpec(
-        task_id=0,
-        code="example:tiny_regression",
-        epochs=1,
-        global_batch_size=groups,
-        groups=[GroupPlan(name=f"g{i}", device_type="cpu", workers=1) for i in range(groups)],
-        checkpoint_dir="/tmp/unused",
-    )
-    env = ClusterEnv(rank=rank, world_size=groups + 1, master_addr="127.0.0.1", master_port=port)
-    topo = distributed.init(env, spec, timeout_s=300)
+    topo = join_ps_world(rank, port, groups, timeout_s=300)
     leaders = dist.new_group(list(range(1, groups + 1)), timeout=timedelta(seconds=300))
     for nbytes in sizes:
         vector = torch.ones(nbytes // 4)
