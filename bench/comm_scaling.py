@@ -19,9 +19,9 @@ the slowest rank's (max over ranks, gathered after the clock stops); below
 16 MB a measurement is the best of 3 such calls, from 16 MB one call. Each
 (G, size) pair runs ``--rounds`` paired rounds (at least 5) after a warm-up,
 the arms' order reversed every other round (:func:`bench.stats.paired_rounds`);
-an arm's figure is its median over rounds, and the reported ratio
-``ps_round / allreduce_world`` is the median of the per-round ratios with a 95 %
-bootstrap interval (:func:`bench.stats.summary`).
+an arm's figure is its median over rounds, and the reported ratios
+``ps_round / allreduce_world`` and ``ps_round / allreduce_leaders`` are medians of
+the per-round ratios with a 95 % bootstrap interval (:func:`bench.stats.summary`).
 
 Fit, per G and arm: ``seconds = alpha + bytes / beta`` over the four sizes by
 least squares of the relative residuals (:func:`fit_latency_bandwidth`); alpha
@@ -179,9 +179,15 @@ def measure_groups(groups: int, sizes: list[int], rounds: int) -> dict[int, dict
     return dict(out)
 
 
+def _by_size(summaries: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``{"<size>MB": {"median", "ci95", "rounds"}}`` of per-size ratio summaries."""
+    keep = ("median", "ci95", "rounds")
+    return {f"{round(n / MB, 2):g}MB": {k: s[k] for k in keep} for n, s in summaries.items()}
+
+
 def report(groups: int, by_size: dict[int, dict[str, list[float]]]) -> dict[str, Any]:
     """The JSON line of one G: per arm the median seconds per size and its fit, the paired
-    ratios ps_round / allreduce_world per size."""
+    ratios ps_round / allreduce_world and ps_round / allreduce_leaders per size."""
     sizes = sorted(by_size)
     arms = [a for a in ARMS if a in by_size[sizes[0]]]
     medians = {a: [float(np.median(by_size[n][a])) for n in sizes] for a in arms}
@@ -189,6 +195,11 @@ def report(groups: int, by_size: dict[int, dict[str, list[float]]]) -> dict[str,
     ratios = {
         n: summary(paired_ratios(by_size[n]["ps_round"], by_size[n]["allreduce_world"]), 3)
         for n in sizes
+    }
+    to_leaders = {
+        n: summary(paired_ratios(by_size[n]["ps_round"], by_size[n]["allreduce_leaders"]), 3)
+        for n in sizes
+        if "allreduce_leaders" in by_size[n]
     }
     busy = groups + 1
     return emit(
@@ -202,10 +213,8 @@ def report(groups: int, by_size: dict[int, dict[str, list[float]]]) -> dict[str,
         sizes_mb=[round(n / MB, 2) for n in sizes],
         median_ms={a: [round(s * 1000, 3) for s in medians[a]] for a in arms},
         fit=fits,
-        ratio_ps_round_to_allreduce_world={
-            f"{round(n / MB, 2):g}MB": {k: ratios[n][k] for k in ("median", "ci95", "rounds")}
-            for n in sizes
-        },
+        ratio_ps_round_to_allreduce_world=_by_size(ratios),
+        ratio_ps_round_to_allreduce_leaders=_by_size(to_leaders),
         load_avg_1m=round(os.getloadavg()[0], 2),
     )
 

@@ -24,9 +24,6 @@ from worker.engine.ranks import RankProcess, RankSet, spawn
 
 log = logging.getLogger(__name__)
 REFILL_RETRY_S = 5.0
-# How long a rank waits for an interpreter that is already warming up before it starts
-# one cold instead (a warming one is normally ready well before a new one could be).
-WARMING_WAIT_S = 30.0
 
 Cause = Literal["user", "infra", "peer"]
 
@@ -124,11 +121,8 @@ def _release_when_done(popen: subprocess.Popen[str], lease: Lease) -> None:
 class WarmPool:
     """Up to `size` warm sandboxed interpreters (`worker.agent.warm`), refilled in the background.
 
-    `acquire` hands out a ready one (milliseconds to start a rank); if none is
-    ready but some are warming up, it waits for the first of them (it started
-    before, so it is ready before a new interpreter would be, and a new one would
-    only share the CPU with them); with none warming, a cold one. Interpreters
-    are forked by one long-lived thread,
+    `acquire` hands out a ready one (milliseconds to start a rank) or, if none
+    is ready, a cold one. Interpreters are forked by one long-lived thread,
     since the parent-death signal fires when the forking thread ends. Each has
     its own empty rank directory from the start, so a warm interpreter never
     sees another task's files.
@@ -137,7 +131,6 @@ class WarmPool:
     def __init__(self, size: int, sandbox: Sandbox) -> None:
         self.size, self.sandbox = size, sandbox
         self._ready: queue.Queue[Slot] = queue.Queue()
-        self._warming, self._lock = 0, threading.Lock()
         self._wanted = threading.Semaphore(size)
         self._stop = threading.Event()
         threading.Thread(target=self._refill, name="warm-pool", daemon=True).start()
@@ -156,35 +149,23 @@ class WarmPool:
                 continue
             # Interpreters warm up side by side (each mostly imports: a few seconds), so a
             # pool emptied by one task is full again in about one interpreter's start.
-            with self._lock:
-                self._warming += 1
             threading.Thread(
                 target=self._await_ready, args=(slot,), name="warm-wait", daemon=True
             ).start()
 
     def _await_ready(self, slot: Slot) -> None:
         assert slot.popen.stdout is not None
-        try:
-            if slot.popen.stdout.readline().strip() == "@@warm ready" and not self._stop.is_set():
-                self._ready.put(slot)  # before it stops counting as warming: never neither
-            else:  # it failed to import (no retry loop: ranks start cold), or the pool closed
-                slot.popen.kill()
-        finally:
-            with self._lock:
-                self._warming -= 1
+        if slot.popen.stdout.readline().strip() == "@@warm ready" and not self._stop.is_set():
+            self._ready.put(slot)
+        else:  # it failed to import (no retry loop: ranks start cold), or the pool closed
+            slot.popen.kill()
 
     def acquire(self) -> Slot:
-        """A sandboxed interpreter awaiting its rank: a ready warm one; else the first of
-        those warming up (waiting at most `WARMING_WAIT_S`); else a cold one."""
-        deadline = time.monotonic() + WARMING_WAIT_S
+        """A sandboxed interpreter awaiting its rank, warm if one is ready."""
         while True:
-            with self._lock:
-                warming = self._warming > 0 and time.monotonic() < deadline
             try:
-                slot = self._ready.get(timeout=0.05) if warming else self._ready.get_nowait()
+                slot = self._ready.get_nowait()
             except queue.Empty:
-                if warming:
-                    continue
                 return start_slot(self.sandbox)
             self._wanted.release()
             if slot.popen.poll() is None:
