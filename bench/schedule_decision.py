@@ -174,13 +174,18 @@ def measure(
         task_id = schedule_next(session)
         timings.append((time.perf_counter() - started) * 1000)
         cpu.append((time.process_time() - cpu_started) * 1000)
-        if task_id is not None:
-            task = session.get_one(Task, task_id)
-            lifecycle.transition(session, task, TaskStatus.RUNNING, "bench")
-            lifecycle.transition(session, task, TaskStatus.SUCCEEDED, "bench")
-        session.execute(insert(Task), _rows(rng, 1, *ids))
-        session.commit()
+        replace(session, task_id, _rows(rng, 1, *ids))
     return timings, cpu
+
+
+def replace(session: Session, task_id: int | None, rows: list[dict]) -> None:
+    """The task a decision placed (if any) runs and ends; ``rows`` join the queue (committed)."""
+    if task_id is not None:
+        task = session.get_one(Task, task_id)
+        lifecycle.transition(session, task, TaskStatus.RUNNING, "bench")
+        lifecycle.transition(session, task, TaskStatus.SUCCEEDED, "bench")
+    session.execute(insert(Task), rows)
+    session.commit()
 
 
 def fill(session: Session, rng: random.Random, ids: tuple[int, int]) -> tuple[list[int], int]:
@@ -286,12 +291,7 @@ def measure_contended(
             placing.append((time.perf_counter() - started) * 1000)
         timings.append((time.perf_counter() - started) * 1000)
         cpu.append((time.process_time() - cpu_started) * 1000)
-        if task_id is not None:
-            task = session.get_one(Task, task_id)
-            lifecycle.transition(session, task, TaskStatus.RUNNING, "bench")
-            lifecycle.transition(session, task, TaskStatus.SUCCEEDED, "bench")
-        session.execute(insert(Task), [backfill(rng, ids)])
-        session.commit()
+        replace(session, task_id, [backfill(rng, ids)])
     return timings, cpu, durable, placing
 
 
