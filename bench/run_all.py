@@ -23,6 +23,8 @@ BENCHMARKS = (
     "bench.weighted_vs_even",
     "bench.hetero_efficiency",
     "bench.comm",
+    # scaling curves (issue 20, item 6): about 1.5 minutes, 9 processes at G = 8
+    "bench.comm_scaling",
     "bench.accuracy_parity",
     # numerical faults (issue 17)
     "bench.nonfinite_check",
