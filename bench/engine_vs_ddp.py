@@ -10,8 +10,8 @@ its own core of this 2-core host (the parameter server, idle during steps, is no
 - **engine 1 x 2**: one group of 2 workers, sync strategy, plus the parameter server.
 - **engine 2 x 1**: two groups of 1 worker each (the cross-group path).
 
-Step time of a run: the median over its epochs after the first (which warms up) of the
-epoch's seconds over its steps (16 an epoch); for the engine the parameter server's
+Step time of a run: its second epoch's seconds over its steps (8 an epoch; the first
+epoch warms up); for the engine the parameter server's
 ``epoch_time_s`` (validation, the epoch-end model transfer and checkpoint excluded), for
 DDP the same measured around its step loop. Every round runs the three arms back to back,
 in reversed order every other round (bench/stats.py); the ratio of a round is its engine
@@ -46,7 +46,7 @@ from worker.engine.local import launch_local
 from worker.engine.ranks import free_port
 from worker.engine.spec import RunSpec
 
-GLOBAL_BATCH, STEPS, EPOCHS = 128, 16, 3
+GLOBAL_BATCH, STEPS, EPOCHS = 128, 8, 2
 CORES = (0, 1)  # compute process i runs on core CORES[i]
 ITEMS = GLOBAL_BATCH * STEPS
 
