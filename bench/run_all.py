@@ -20,8 +20,12 @@ import time
 from pathlib import Path
 
 BENCHMARKS = (
+    # emulated speed (sleep padding)
     "bench.weighted_vs_even",
     "bench.hetero_efficiency",
+    # real CPU throttling, cgroup v1 (issue 20): root only, else they exit 2
+    "bench.hetero_real",
+    "bench.rebalance_tracking",
     "bench.comm",
     "bench.accuracy_parity",
     # numerical faults (issue 17)

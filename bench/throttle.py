@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 100_000
@@ -267,6 +268,22 @@ def place_ranks(groups: dict[int, CpuGroup], pids: dict[int, int]) -> None:
     for rank, pid in pids.items():
         if rank in groups:
             groups[rank].place(pid)
+
+
+def placement(
+    groups: list[dict[str, Any]], cpu: dict[str, CpuGroup]
+) -> Callable[[dict[int, int]], None]:
+    """An ``on_spawn`` for a task on ``groups`` (RunSpec group dicts, in rank order): each
+    compute rank goes to ``cpu[<its group's name>]``; rank 0 (the parameter server) and the
+    ranks of groups not in ``cpu`` stay where they are."""
+    ranks: dict[int, CpuGroup] = {}
+    rank = 1
+    for plan in groups:
+        for _ in range(plan.get("workers", 1)):
+            if plan["name"] in cpu:
+                ranks[rank] = cpu[plan["name"]]
+            rank += 1
+    return lambda pids: place_ranks(ranks, pids)
 
 
 def cores_needed(cores: Iterable[int]) -> None:
