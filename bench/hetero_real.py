@@ -7,8 +7,8 @@ of ``--slow-fraction`` (default 1/3) of that core per 100 ms period. The paramet
 and this process stay unthrottled and unpinned. Three runs of the task per round, each a
 task of its own on these cgroups: the fast group alone, the slow group alone (each with
 the whole global batch) and both together (weighted split). Throughput is training
-samples over the median ``epoch_time_s`` of the parameter server (validation excluded)
-of the epochs after the first, which warms up and lets the balancer settle.
+samples over the ``epoch_time_s`` of the parameter server (validation excluded) of the
+second of 2 epochs (the first warms up and lets the balancer settle).
 
 Per round, from the three throughputs ``r_fast``, ``r_slow`` (alone) and ``together``:
 
@@ -75,12 +75,12 @@ class Model:
 
 
 MODELS = {
-    "34k": Model(workload("hetero_cnn"), samples=4096, batch=256, epochs=3),
+    "34k": Model(workload("hetero_cnn"), samples=4096, batch=256, epochs=2),
     "10M": Model(
         workload("sized_mlp"),
         samples=512,
         batch=64,
-        epochs=3,
+        epochs=2,
         env={"POLYTRAIN_BENCH_HIDDEN": "3030", "POLYTRAIN_BENCH_ITEMS": "512"},
     ),
 }

@@ -10,19 +10,20 @@ two checks) the slow group's quota changes while it runs: 1/3 -> 2/3 of a core (
 2/3 -> 1/3 ("down").
 
 Each round (paired, counterbalanced: ``bench.stats.paired_rounds``) also runs, with the
-same cgroups: the fast group alone and the slow group alone at each quota (standalone
-throughputs ``r_fast``, ``r_slow(q)``; the optimal slow share at quota q is
-``r_slow(q) / (r_fast + r_slow(q))``), and both groups together at each quota held fixed
-(the balancer settled: the *oracle* seconds per step ``tau(q)``, median epoch time after
-the first epoch over its steps). From the parameter server's log of every rebalance
-("rebalance at step N: shares [...] -> [...]") the slow worker's share after each check
-is known:
+same cgroups, the fast group alone and the slow group alone at each quota (standalone
+throughputs ``r_fast``, ``r_slow(q)``, 2 epochs each, the second counted; the optimal slow
+share at quota q is ``r_slow(q) / (r_fast + r_slow(q))``). From the parameter server's log
+of every rebalance ("rebalance at step N: shares [...] -> [...]") the slow worker's share
+after each check is known:
 
 - ``control_points_to_settle``: checks after the change until the slow share is within
   5 % of the new optimum and stays there to the end of the run (None: never); target <= 2.
-- ``lost``: 1 - oracle / actual seconds over epochs 1..E-1 (epoch 0 warms up, alike in
-  every run), where the oracle takes ``tau`` of the quota in force at each step; target
-  <= 5 %. It also carries the host's noise between runs (the spread over rounds shows it).
+- ``lost``: 1 - oracle / actual seconds over epochs 1..E-1 (epoch 0 warms up), where the
+  oracle takes, for each step, the seconds per step ``tau(q)`` of a settled split at the
+  quota q in force: epoch 1 of the run that starts at q (before its change: the balancer
+  has had epoch 0 to settle at q), i.e. epoch 1 of "up" for 1/3 and of "down" for 2/3, in
+  the same round. Target <= 5 %. It also carries the host's noise between the two runs
+  (the spread over rounds shows it).
 
 One line per direction (``rebalance_tracking_up``, ``rebalance_tracking_down``) with each
 round's share trajectory, then ``rebalance_tracking`` whose value is the worst median
@@ -127,20 +128,19 @@ def tracking_run(cpu: dict[str, CpuGroup], start: float, end: float) -> dict[str
 
 
 def rate(cpu: dict[str, CpuGroup], groups: list[dict[str, Any]], fraction: float) -> float:
-    """Samples/s of a run on ``groups`` with the slow quota at ``fraction`` (3 epochs)."""
+    """Samples/s of a run on ``groups`` with the slow quota at ``fraction`` (the second of
+    2 epochs)."""
     cpu["slow"].set_fraction(fraction)
-    run = run_task(task(groups, 3), on_spawn=placement(groups, cpu))
+    run = run_task(task(groups, 2), on_spawn=placement(groups, cpu))
     return SAMPLES / statistics.median(epoch_seconds(run))
 
 
 def measure(cpu: dict[str, CpuGroup], rounds: int) -> dict[str, list[Any]]:
-    """Every run of every round: standalone, fixed-quota together and the two tracking runs."""
+    """Every run of every round: the standalone ones and the two tracking runs."""
     arms: dict[str, Callable[[], Any]] = {
         "fast": lambda: rate(cpu, [FAST], LOW),
         "slow low": lambda: rate(cpu, [SLOW], LOW),
         "slow high": lambda: rate(cpu, [SLOW], HIGH),
-        "together low": lambda: rate(cpu, [FAST, SLOW], LOW),
-        "together high": lambda: rate(cpu, [FAST, SLOW], HIGH),
         "up": lambda: tracking_run(cpu, *DIRECTIONS["up"]),
         "down": lambda: tracking_run(cpu, *DIRECTIONS["down"]),
     }
@@ -160,14 +160,15 @@ def direction_figures(runs: dict[str, list[Any]], direction: str) -> dict[str, A
         optimum = r_slow[end] / (r_fast + r_slow[end])
         optima.append(optimum)
         checks.append(checks_to_settle(tracked["shares"], tracked["changed_at"], optimum))
-        tau = {q: BATCH / runs[f"together {level[q]}"][index] for q in (LOW, HIGH)}
+        settled = {d: runs[d][index]["epoch_s"][0] / STEPS_PER_EPOCH for d in DIRECTIONS}
+        tau = {LOW: settled["up"], HIGH: settled["down"]}  # epoch 1, before the change
         timed = range(STEPS_PER_EPOCH + 1, EPOCHS * STEPS_PER_EPOCH + 1)  # epochs 1..E-1
         oracle = sum(tau[start if step <= tracked["changed_at"] else end] for step in timed)
         lost.append(1 - oracle / sum(tracked["epoch_s"]))
-    settled = [c for c in checks if c is not None]
+    done = [c for c in checks if c is not None]
     return {
         "checks": checks,
-        "checks_median": statistics.median(settled) if len(settled) == len(checks) else None,
+        "checks_median": statistics.median(done) if len(done) == len(checks) else None,
         "lost": summary(lost),
         "optimal_slow_share": summary(optima),
         "slow_share_steps": [r["shares"] for r in runs[direction]],
@@ -192,10 +193,7 @@ def main() -> None:
             runs = measure(cpu, args.rounds)
     except ThrottleError as err:
         exit_unavailable(err, "bench.rebalance_tracking")
-    rates = {
-        name: [round(v, 1) for v in runs[name]]
-        for name in ("fast", "slow low", "slow high", "together low", "together high")
-    }
+    rates = {name: [round(v, 1) for v in runs[name]] for name in ("fast", "slow low", "slow high")}
     lost: list[float] = []
     checks: list[float] = []  # inf: a direction whose share did not settle in some round
     for direction, (start, end) in DIRECTIONS.items():
