@@ -43,6 +43,7 @@ Needs root and the cgroup v1 cpu controller; exits 2 with a message where it is 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,7 +120,8 @@ def measure(size: str, strategy: str, cpu: dict[str, CpuGroup], rounds: int) -> 
     """Paired rounds of fast alone, slow alone and together; the ratios' summaries."""
     model, options = MODELS[size], STRATEGIES[strategy]
     shares: list[list[float]] = []
-    before = {name: group.stat()["nr_throttled"] for name, group in cpu.items()}
+    before = {name: group.stat() for name, group in cpu.items()}
+    load = os.getloadavg()[0]
     rates = paired_rounds(
         {
             "fast": lambda: throughput(model, [FAST], cpu, options),
@@ -141,9 +143,18 @@ def measure(size: str, strategy: str, cpu: dict[str, CpuGroup], rounds: int) -> 
         "r_slow_over_r_fast": summary(speed),
         "samples_per_s": {name: [round(v, 1) for v in values] for name, values in rates.items()},
         "together_slow_share_per_epoch": shares,
-        "slow_periods_throttled": cpu["slow"].stat()["nr_throttled"] - before["slow"],
-        "fast_periods_throttled": cpu["fast"].stat()["nr_throttled"] - before["fast"],
+        # Of the CFS periods in which the slow group ran, those it ran out of quota in:
+        # near 1 when the quota is what limits it, low when other load does.
+        "slow_periods_throttled": throttled_fraction(cpu["slow"], before["slow"]),
+        "load_avg_1min": [round(load, 2), round(os.getloadavg()[0], 2)],
     }
+
+
+def throttled_fraction(group: CpuGroup, before: dict[str, int]) -> float | None:
+    """``nr_throttled / nr_periods`` of ``group`` since ``before`` (its earlier ``stat()``)."""
+    now = group.stat()
+    periods = now["nr_periods"] - before["nr_periods"]
+    return round((now["nr_throttled"] - before["nr_throttled"]) / periods, 3) if periods else None
 
 
 def main() -> None:

@@ -36,13 +36,14 @@ v1 cpu controller; exits 2 with a message where it is missing.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 from collections.abc import Callable
 from typing import Any
 
 from bench.common import emit, ps_metric, run_task, workload
-from bench.stats import paired_rounds, summary
+from bench.stats import paired_ratios, paired_rounds, summary
 from bench.throttle import PERIOD_US, CpuGroup, Throttle, ThrottleError, exit_unavailable, placement
 from worker.engine.local import LocalRun
 
@@ -171,6 +172,8 @@ def direction_figures(runs: dict[str, list[Any]], direction: str) -> dict[str, A
         "checks_median": statistics.median(done) if len(done) == len(checks) else None,
         "lost": summary(lost),
         "optimal_slow_share": summary(optima),
+        # 2.0 when the quota is what limits the slow group (2/3 against 1/3 of a core)
+        "slow_high_over_low": summary(paired_ratios(runs["slow high"], runs["slow low"])),
         "slow_share_steps": [r["shares"] for r in runs[direction]],
         "changed_at_step": [r["changed_at"] for r in runs[direction]],
         "epoch_s": [[round(t, 3) for t in r["epoch_s"]] for r in runs[direction]],
@@ -190,7 +193,9 @@ def main() -> None:
                 "fast": throttle.group("fast", fraction=None, core=FAST_CORE),
                 "slow": throttle.group("slow", fraction=LOW, core=SLOW_CORE),
             }
+            load = os.getloadavg()[0]
             runs = measure(cpu, args.rounds)
+            load_avg = [round(load, 2), round(os.getloadavg()[0], 2)]
     except ThrottleError as err:
         exit_unavailable(err, "bench.rebalance_tracking")
     rates = {name: [round(v, 1) for v in runs[name]] for name in ("fast", "slow low", "slow high")}
@@ -209,6 +214,7 @@ def main() -> None:
             change_at_step=CHANGE_AT,
             rebalance_every=REBALANCE_EVERY,
             steps=EPOCHS * STEPS_PER_EPOCH,
+            load_avg_1min=load_avg,
         )
         lost.append(found["lost"]["median"])
         median = found["checks_median"]

@@ -33,11 +33,13 @@ silent fallback to unthrottled runs.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from types import FrameType, TracebackType
+from typing import Any, NoReturn
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 100_000
@@ -169,9 +171,10 @@ class CpuGroup:
 class Throttle:
     """Makes throttled CPU groups named ``<prefix>-<name>`` under ``root`` and removes them.
 
-    A context manager: on exit, also after an exception or KeyboardInterrupt, the
-    processes still in its groups move back to the root group and the groups are
-    removed. Raises ThrottleError on entry (or from :meth:`group`) where the
+    A context manager: on exit, also after an exception, KeyboardInterrupt or
+    SIGTERM (entered in the main thread, it turns SIGTERM into SystemExit(143) until
+    it exits), the processes still in its groups move back to the root group and the
+    groups are removed. Raises ThrottleError on entry (or from :meth:`group`) where the
     controller is missing or not writable (:func:`check_controller`).
     """
 
@@ -182,9 +185,13 @@ class Throttle:
         self.root = Path(root)
         self.period_us = period_us
         self.groups: dict[str, CpuGroup] = {}
+        self._sigterm: Any = None
 
     def __enter__(self) -> Throttle:
         check_controller(self.root)
+        if threading.current_thread() is threading.main_thread():
+            # SIGTERM (a timeout, a supervisor) ends the benchmark through __exit__ too.
+            self._sigterm = signal.signal(signal.SIGTERM, _terminate)
         return self
 
     def __exit__(
@@ -224,6 +231,9 @@ class Throttle:
 
         Raises ThrottleError if a group cannot be removed (the others are removed first).
         """
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
         failed = []
         for name in list(self.groups):
             group = self.groups.pop(name)
@@ -233,6 +243,10 @@ class Throttle:
                 failed.append(str(err))
         if failed:
             raise ThrottleError("; ".join(failed))
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _remove(path: Path, root: Path) -> None:
@@ -293,7 +307,7 @@ def cores_needed(cores: Iterable[int]) -> None:
         raise ThrottleError(f"cores {sorted(missing)} not available here")
 
 
-def exit_unavailable(err: ThrottleError, benchmark: str) -> None:
+def exit_unavailable(err: ThrottleError, benchmark: str) -> NoReturn:
     """Print why ``benchmark`` cannot throttle and exit with status 2 (no silent fallback)."""
     print(
         f"{benchmark}: real CPU throttling unavailable: {err}. This benchmark measures real, "
