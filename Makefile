@@ -49,7 +49,9 @@ format: install
 	$(BIN)/ruff format $(LINTED)
 	$(BIN)/ruff check --fix $(LINTED)
 
-# Benchmarks (docs/benchmarks.md): one JSON line each, about 10 minutes on this 2-core host (2026-11-25).
+# Benchmarks (docs/benchmarks.md): one JSON line each, about 10 minutes on this 2-core host (2026-11-25),
+# plus bench.hetero_real --rounds 2 and bench.rebalance_tracking --rounds 3 (issue 20, root: CPU
+# cgroups): about 10 minutes at load 2 (2026-11-26; their full 5-round runs about 22 minutes).
 bench: install
 	$(BIN)/python -m bench.run_all
 

@@ -8,6 +8,7 @@ import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from worker.engine.compute import local_gradient
 from worker.engine.contract import load_training_code
 from worker.engine.data import stack_dataset
 from worker.engine.emulation import affine_pace, calibrate_pace
-from worker.engine.local import LocalRun, launch_local
+from worker.engine.local import LocalRun, StopWhen, launch_local
 from worker.engine.spec import RunSpec
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
@@ -82,13 +83,30 @@ def pace_option(args: argparse.Namespace, name: str, sizes: list[int]) -> Any:
     return calibrated_pace(name, sizes) if args.pace == "fixed" else None
 
 
-def run_task(spec_fields: dict[str, Any], timeout_s: float = 600.0) -> LocalRun:
-    """Run one task on 127.0.0.1 (one torch thread per process); exits 1 if it fails."""
+def run_task(
+    spec_fields: dict[str, Any],
+    timeout_s: float = 600.0,
+    *,
+    env: dict[str, str] | None = None,
+    on_spawn: Callable[[dict[int, int]], None] | None = None,
+    stop_when: StopWhen | None = None,
+) -> LocalRun:
+    """Run one task on 127.0.0.1 (one torch thread per process); exits 1 if it fails.
+
+    ``env`` is added to every rank's environment; ``on_spawn`` and ``stop_when`` go to
+    :func:`worker.engine.local.launch_local` (placing ranks in CPU cgroups, watching events).
+    """
     with tempfile.TemporaryDirectory(prefix="polytrain-bench-") as tmp:
         spec = RunSpec.model_validate(
             {"task_id": 0, "seed": 0, "checkpoint_dir": str(Path(tmp) / "ck"), **spec_fields}
         )
-        run = launch_local(spec, timeout_s=timeout_s, env_extra={"POLYTRAIN_NUM_THREADS": "1"})
+        run = launch_local(
+            spec,
+            timeout_s=timeout_s,
+            env_extra={"POLYTRAIN_NUM_THREADS": "1", **(env or {})},
+            on_spawn=on_spawn,
+            stop_when=stop_when,
+        )
     if not run.ok:
         for rank in run.output:
             print(f"--- rank {rank}\n" + "\n".join(run.output[rank][-30:]), file=sys.stderr)

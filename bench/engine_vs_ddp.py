@@ -42,6 +42,7 @@ import torch
 from bench.common import emit, workload
 from bench.stats import paired_ratios, paired_rounds, summary
 from bench.throttle import pin
+from worker.engine.launch import exit_now
 from worker.engine.local import launch_local
 from worker.engine.ranks import free_port
 from worker.engine.spec import RunSpec
@@ -156,7 +157,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.ddp_rank is not None:
         ddp_rank(args.ddp_rank, args.port)
-        return
+        exit_now(0)  # as the engine's ranks end (worker.engine.launch.exit_now)
     one_group = [{"name": "a", "device_type": "cpu", "workers": 2}]
     two_groups = [
         {"name": "a", "device_type": "cpu", "workers": 1},

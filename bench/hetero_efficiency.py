@@ -1,6 +1,12 @@
 """Benchmarks ``hetero_efficiency`` and ``hetero_efficiency_periodic``: throughput of two
 heterogeneous groups trained together over the sum of their standalone throughputs.
 
+EMULATED SPEED: the groups' speeds come from sleep padding (worker.engine.emulation), not
+from real, reduced compute, so co-running contention vanishes into the padding's slack
+and communication is not slowed; what this measures is the engine's coupling overhead
+between perfectly steady devices. The measurement with real throttling (CPU cgroups) is
+bench.hetero_real (``hetero_gain_real``, ``hetero_efficiency_real``).
+
 Two groups of one worker, both emulated (worker.engine.emulation): "fast"
 at 1/2 and "slow" at 1/6 of this CPU's speed, so the slow group has 1/3 of
 the fast one's throughput and each worker keeps a core busy at most half of
@@ -157,6 +163,7 @@ def main() -> None:
                 times[f"fast alone, {strategy}"] += fast
                 times[f"slow alone, {strategy}"] += slow
     raw = {
+        "speed": "emulated (sleep padding), not throttled",
         "speed_factors": [FAST, round(SLOW, 4)],
         "epochs": args.epochs,
         "rounds": args.rounds,

@@ -20,8 +20,14 @@ import time
 from pathlib import Path
 
 BENCHMARKS = (
+    # emulated speed (sleep padding)
     "bench.weighted_vs_even",
     "bench.hetero_efficiency",
+    # real CPU throttling, cgroup v1 (issue 20): root only, else they exit 2. Fewer rounds
+    # than their full runs (5 each, docs/benchmarks.md) to keep `make bench` under 25 minutes:
+    # about 3.5 minutes a round of hetero_real and 1 of rebalance_tracking at load 2.
+    "bench.hetero_real --rounds 2",
+    "bench.rebalance_tracking --rounds 3",
     "bench.comm",
     # scaling curves (issue 20, item 6): about 1.5 minutes, 9 processes at G = 8
     "bench.comm_scaling",
@@ -41,11 +47,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(module: str) -> tuple[list[dict], bool]:
-    """Run ``python -m module``; its JSON lines and whether it exited 0."""
+    """Run ``python -m module`` (arguments may follow the module, after spaces); its JSON lines
+    and whether it exited 0."""
     before = os.getloadavg()[0]
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", module], cwd=ROOT, text=True, capture_output=True, check=False
+        [sys.executable, "-m", *module.split()],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        check=False,
     )
     extra = {
         "seconds": round(time.monotonic() - started, 1),

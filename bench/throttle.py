@@ -33,10 +33,13 @@ silent fallback to unthrottled runs.
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
+from typing import Any, NoReturn
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 100_000
@@ -168,9 +171,10 @@ class CpuGroup:
 class Throttle:
     """Makes throttled CPU groups named ``<prefix>-<name>`` under ``root`` and removes them.
 
-    A context manager: on exit, also after an exception or KeyboardInterrupt, the
-    processes still in its groups move back to the root group and the groups are
-    removed. Raises ThrottleError on entry (or from :meth:`group`) where the
+    A context manager: on exit, also after an exception, KeyboardInterrupt or
+    SIGTERM (entered in the main thread, it turns SIGTERM into SystemExit(143) until
+    it exits), the processes still in its groups move back to the root group and the
+    groups are removed. Raises ThrottleError on entry (or from :meth:`group`) where the
     controller is missing or not writable (:func:`check_controller`).
     """
 
@@ -181,9 +185,13 @@ class Throttle:
         self.root = Path(root)
         self.period_us = period_us
         self.groups: dict[str, CpuGroup] = {}
+        self._sigterm: Any = None
 
     def __enter__(self) -> Throttle:
         check_controller(self.root)
+        if threading.current_thread() is threading.main_thread():
+            # SIGTERM (a timeout, a supervisor) ends the benchmark through __exit__ too.
+            self._sigterm = signal.signal(signal.SIGTERM, _terminate)
         return self
 
     def __exit__(
@@ -223,6 +231,9 @@ class Throttle:
 
         Raises ThrottleError if a group cannot be removed (the others are removed first).
         """
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
         failed = []
         for name in list(self.groups):
             group = self.groups.pop(name)
@@ -232,6 +243,10 @@ class Throttle:
                 failed.append(str(err))
         if failed:
             raise ThrottleError("; ".join(failed))
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _remove(path: Path, root: Path) -> None:
@@ -269,6 +284,22 @@ def place_ranks(groups: dict[int, CpuGroup], pids: dict[int, int]) -> None:
             groups[rank].place(pid)
 
 
+def placement(
+    groups: list[dict[str, Any]], cpu: dict[str, CpuGroup]
+) -> Callable[[dict[int, int]], None]:
+    """An ``on_spawn`` for a task on ``groups`` (RunSpec group dicts, in rank order): each
+    compute rank goes to ``cpu[<its group's name>]``; rank 0 (the parameter server) and the
+    ranks of groups not in ``cpu`` stay where they are."""
+    ranks: dict[int, CpuGroup] = {}
+    rank = 1
+    for plan in groups:
+        for _ in range(plan.get("workers", 1)):
+            if plan["name"] in cpu:
+                ranks[rank] = cpu[plan["name"]]
+            rank += 1
+    return lambda pids: place_ranks(ranks, pids)
+
+
 def cores_needed(cores: Iterable[int]) -> None:
     """Raise ThrottleError unless this process may use every core in ``cores``."""
     missing = set(cores) - os.sched_getaffinity(0)
@@ -276,7 +307,7 @@ def cores_needed(cores: Iterable[int]) -> None:
         raise ThrottleError(f"cores {sorted(missing)} not available here")
 
 
-def exit_unavailable(err: ThrottleError, benchmark: str) -> None:
+def exit_unavailable(err: ThrottleError, benchmark: str) -> NoReturn:
     """Print why ``benchmark`` cannot throttle and exit with status 2 (no silent fallback)."""
     print(
         f"{benchmark}: real CPU throttling unavailable: {err}. This benchmark measures real, "

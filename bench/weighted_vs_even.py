@@ -1,6 +1,10 @@
 """Benchmark ``weighted_vs_even_speedup``: epoch time with an even split over epoch time
 with a weighted split, two groups of one worker each, the second at 1/3 speed.
 
+EMULATED SPEED: both groups' speeds come from sleep padding (worker.engine.emulation), not
+from real, reduced compute (see bench.hetero_real and bench.rebalance_tracking for real
+CPU throttling); the ratio measures the split under perfectly steady emulated devices.
+
 Both groups are emulated (worker.engine.emulation): "fast" at 1/2 and "slow"
 at 1/6 of this CPU's speed, so the slow group has 1/3 of the fast one's speed
 and each worker keeps a core busy at most half of the time. (With the fast
@@ -94,6 +98,7 @@ def main() -> None:
         slow_worker_share=[round(s, 4) for s in shares],
         ideal_slow_share=0.25,
         idle_fraction_last_round=idle,
+        speed="emulated (sleep padding), not throttled",
         speed_factors=[FAST, round(SLOW, 4)],
         global_batch=512,
         processes=3,

@@ -191,3 +191,26 @@ def test_launch_local_places_a_rank_and_its_dataloader_processes(tmp_path: Path)
         assert seen[pid] == (f"/{PREFIX}-rank", {1}), pid
     assert seen[pids[0]][0] != f"/{PREFIX}-rank"  # the parameter server stays put
     assert _ours() == []
+
+
+@needs_cgroup
+def test_sigterm_removes_the_groups() -> None:
+    script = (
+        "import time\n"
+        "from bench.throttle import Throttle\n"
+        f"with Throttle(prefix={PREFIX!r}) as throttle:\n"
+        "    throttle.group('term', fraction=0.5, core=0)\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(30)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    assert _ours() == [f"{PREFIX}-term"]
+    proc.terminate()
+    assert proc.wait(timeout=10) == 128 + 15
+    assert _ours() == []

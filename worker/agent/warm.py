@@ -65,9 +65,11 @@ def main(argv: list[str]) -> int:
     os.environ.update(order["env"])
     os.chdir(order["cwd"])
     _name(f"pt-rank-{os.environ.get('RANK', '?')}")
+    from worker.engine.launch import exit_now
     from worker.engine.launch import main as launch
 
-    return launch(order["argv"])
+    exit_now(launch(order["argv"]))  # no teardown after a rank (worker.engine.launch.exit_now)
+    return 0
 
 
 if __name__ == "__main__":

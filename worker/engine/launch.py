@@ -87,12 +87,23 @@ def main(argv: list[str] | None = None) -> int:
         dump_params(spec, run(spec, env, timeout_s), env.rank)
     except BaseException:
         traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
         # Skip interpreter teardown: joining gloo threads blocked on dead peers can hang.
-        os._exit(1)
+        exit_now(1)
     return 0
 
 
+def exit_now(code: int) -> None:
+    """Flush the output and end the process without interpreter teardown.
+
+    After a finished run too: at teardown, gloo's threads can still hold work objects
+    whose tensors need the interpreter being torn down, and the process then aborts with
+    ``terminate called without an active exception`` (exit 134) although training
+    finished (pytorch/pytorch#179291, #190489; seen with plain DDP as well).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -1,0 +1,30 @@
+"""bench.rebalance_tracking: reading the rebalances from the parameter server's log and
+counting the checks until the slow share settles."""
+
+from __future__ import annotations
+
+from bench.rebalance_tracking import BATCH, checks_to_settle, control_points, slow_shares
+from worker.engine.local import LocalRun
+
+
+def test_shares_come_from_the_last_profile_and_every_rebalance_line() -> None:
+    log = [
+        "profiled samples/s [2025.1, 1235.9] at shares [128, 128]; shares [159, 97]",
+        "profiled samples/s [2295.9, 1412.3] at shares [159, 97]; shares [190, 66]",
+        "rebalance at step 4: shares [190, 66] -> [180, 76] (predicted imbalance 9.0%)",
+        "epoch 0: train_loss 2.301; shares [180, 76]",
+        "rebalance at step 36: shares [180, 76] -> [160, 96] (predicted imbalance 23.5%)",
+    ]
+    run = LocalRun(pids={0: 1}, returncodes={0: 0}, output={0: log}, wall_s=1.0)
+    assert slow_shares(run) == [(0, 66), (4, 76), (36, 96)]
+
+
+def test_checks_count_from_the_change_until_the_share_stays_within_five_percent() -> None:
+    optimum = 0.4  # 102.4 of 256 samples; within 5 %: 97.3 to 107.5
+    assert BATCH == 256 and control_points(16)[:2] == [4, 8]
+    moving = [(0, 64), (36, 83), (40, 93), (44, 100)]
+    assert checks_to_settle(moving, changed_at=34, optimum=optimum) == 3  # checks 36, 40, 44
+    # Within at the first check after the change, out again later: counted from the return.
+    back = [(0, 100), (44, 90), (52, 101)]
+    assert checks_to_settle(back, changed_at=34, optimum=optimum) == 5  # 36 40 44 48 52
+    assert checks_to_settle([(0, 64)], changed_at=34, optimum=optimum) is None
