@@ -67,6 +67,7 @@ def gather_worker_states(
 
 
 def resume_package(state: dict[str, Any]) -> dict[str, Any]:
-    """What the workers need from a checkpoint (everything but the model and PS optimizer)."""
-    keep = ("epoch", "step", "epoch_complete", "split", "rng", "group_optimizers")
+    """What the workers need from a checkpoint (everything but the model). The optimizer
+    state is the replica every worker steps under a replicated strategy (sync)."""
+    keep = ("epoch", "step", "epoch_complete", "split", "rng", "group_optimizers", "optimizer")
     return {key: state[key] for key in keep}

@@ -15,6 +15,7 @@ from worker.engine.contract import TrainingCode
 from worker.engine.data import Source
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import grads_to_vector, params_of
+from worker.engine.reducer import GradientReducer
 from worker.engine.state import ModelState
 
 
@@ -27,6 +28,47 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, list | tuple):
         return type(batch)(to_device(v, device) for v in batch)
     return batch
+
+
+def batch_loss(
+    code: TrainingCode, model: torch.nn.Module, data: Source, indices: Tensor, device: Any
+) -> Tensor:
+    """The user's ``loss_fn`` (a batch mean, scalar) on the items ``indices`` of ``data``."""
+    inputs, target = to_device(data.take(indices), device)
+    return code.loss_fn(model(inputs), target)
+
+
+def reduced_gradient(
+    code: TrainingCode,
+    model: torch.nn.Module,
+    data: Source,
+    indices: Tensor,
+    device: Any,
+    state: ModelState,
+    base: list[Tensor],
+    reducer: GradientReducer,
+) -> float:
+    """:func:`local_gradient`'s vector, written into ``reducer`` as backward produces it.
+
+    The forward pass, then the tail ``[buffer_change_sum (B), loss_sum, count]``
+    (:meth:`GradientReducer.set_tail`), then backward, whose parameter hooks
+    start the sum over the workers bucket by bucket; the caller collects it with
+    :meth:`GradientReducer.finish`. A worker with no samples in the step only
+    writes the zero tail. Returns this worker's loss sum.
+    """
+    model.zero_grad(set_to_none=True)
+    count = len(indices)
+    reducer.begin(count)
+    loss, loss_sum = None, 0.0
+    if count:
+        loss = batch_loss(code, model, data, indices, device)
+        loss_sum = loss.item() * count
+    like = reducer.flat
+    change = state.buffer_change(base, float(count), like)
+    reducer.set_tail(torch.cat([change, like.new_tensor([loss_sum, float(count)])]))
+    if loss is not None:
+        loss.backward()
+    return loss_sum
 
 
 def local_gradient(
@@ -51,8 +93,7 @@ def local_gradient(
     count = len(indices)
     loss_sum = 0.0
     if count:
-        inputs, target = to_device(data.take(indices), device)
-        loss = code.loss_fn(model(inputs), target)
+        loss = batch_loss(code, model, data, indices, device)
         loss.backward()
         loss_sum = loss.item() * count
     grads = grads_to_vector(params) * count

@@ -2,8 +2,10 @@
 
 :class:`ClusterEnv` says where this process sits (read from environment
 variables, never module globals); :func:`init` joins the world and builds the
-:class:`Topology`: one subgroup per resource group and one leaders group
-(parameter server + first rank of each group) for the hierarchical exchange.
+:class:`Topology`: one subgroup per resource group, one leaders group
+(parameter server + first rank of each group) for the parameter server's
+exchange, and, for the synchronous strategy's step path, the group leaders
+without the parameter server (``cross``) and every compute worker (``workers``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ class Topology:
     ``group`` and ``group_ranks`` are None/empty on the parameter server;
     ``device`` is where the model and in-group collectives live (CPU on the
     parameter server and in gloo groups). The leaders group is always gloo, on CPU.
+    ``cross`` (gloo, CPU) holds the group leaders without the parameter server: set on
+    the leaders when there is more than one group, None elsewhere. ``workers`` (gloo)
+    holds every compute worker: set on the workers, None on the parameter server.
     """
 
     rank: int
@@ -68,6 +73,8 @@ class Topology:
     group_ranks: tuple[int, ...]
     leaders: dist.ProcessGroup
     device: torch.device
+    cross: dist.ProcessGroup | None = None
+    workers: dist.ProcessGroup | None = None
 
     @property
     def is_ps(self) -> bool:
@@ -166,6 +173,10 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
         if index == my_index:
             my_group = group
     leaders = dist.new_group([0, *spec.leader_ranks()], timeout=timeout, backend="gloo")
+    cross = None
+    if len(spec.groups) > 1:
+        cross = dist.new_group(spec.leader_ranks(), timeout=timeout, backend="gloo")
+    workers = dist.new_group(list(range(1, env.world_size)), timeout=timeout, backend="gloo")
     # Every rank has finished connecting every group before any goes on: a rank that fails
     # right after (say in the user's build_model) cannot break a peer's group set-up, so each
     # rank fails on the user's error itself and its output shows that error.
@@ -179,6 +190,8 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
         group_ranks=tuple(spec.group_ranks(my_index)) if my_index is not None else (),
         leaders=leaders,
         device=device,
+        cross=cross if my_index is not None and env.rank in spec.leader_ranks() else None,
+        workers=workers if my_index is not None else None,
     )
 
 

@@ -183,6 +183,38 @@ def broadcast_down(topo: Topology, vector: Tensor) -> Tensor:
     return received
 
 
+def send_to_ps(topo: Topology, vector: Tensor) -> None:
+    """Send the 1-D ``vector`` from this group leader to the parameter server (point to point
+    over the leaders group, on CPU); the server receives it with :func:`receive_at_ps`."""
+    dist.send(vector.detach().cpu().contiguous(), dst=0, group=topo.leaders)
+
+
+def receive_at_ps(topo: Topology, numel: int, dtype: torch.dtype, src: int) -> Tensor:
+    """Parameter server: the vector [numel] that leader ``src`` (global rank) sends it."""
+    buffer = torch.empty(numel, dtype=dtype)
+    dist.recv(buffer, src=src, group=topo.leaders)
+    return buffer
+
+
+def send_status(topo: Topology, reason: str | None) -> None:
+    """From a group leader to the parameter server: all is well (``reason`` None) or a
+    failure's reason (point to point over the leaders group, read by :func:`receive_status`)."""
+    dist.send(torch.tensor([0.0 if reason is None else 1.0]), dst=0, group=topo.leaders)
+    if reason is not None:
+        dist.send_object_list([reason], dst=0, group=topo.leaders)
+
+
+def receive_status(topo: Topology, src: int) -> str | None:
+    """Parameter server: the status leader ``src`` (global rank) sends, None when all is well."""
+    flag = torch.zeros(1)
+    dist.recv(flag, src=src, group=topo.leaders)
+    if float(flag) == 0.0:
+        return None
+    box: list[Any] = [None]
+    dist.recv_object_list(box, src=src, group=topo.leaders)
+    return str(box[0])
+
+
 def leader_ranks(topo: Topology) -> list[int]:
     """Global ranks of the group leaders, in group order (the leaders group minus rank 0)."""
     return [r for r in dist.get_process_group_ranks(topo.leaders) if r != 0]

@@ -24,13 +24,14 @@ from torch import Tensor
 from worker.engine import report
 from worker.engine.balance import Balancer, imbalance, rates_of
 from worker.engine.checkpoint import gather_worker_states, save_checkpoint
-from worker.engine.compute import Work, local_gradient
+from worker.engine.compute import Work, local_gradient, reduced_gradient
 from worker.engine.contract import TrainingCode
 from worker.engine.data import Source
 from worker.engine.distributed import Topology
 from worker.engine.emulation import SpeedEmulator
-from worker.engine.exchange import gather_work, params_of
+from worker.engine.exchange import gather_work, params_of, receive_at_ps, send_to_ps
 from worker.engine.numerics import NonFiniteError, blame, describe, local_faults
+from worker.engine.reducer import GradientReducer
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
 from worker.engine.state import ModelState
@@ -65,6 +66,8 @@ class Run:
     skipped: int = 0
     local_loss: float = 0.0
     buffer_base: list[Tensor] | None = None
+    reducer: GradientReducer | None = None
+    pulled_at: int = -1
     state: ModelState = field(init=False)
     strategy: Strategy = field(init=False)
 
@@ -77,9 +80,12 @@ class Run:
         """The model's parameters in flat-vector order."""
         return params_of(self.model)
 
-    def compute(self) -> Tensor:
+    def compute(self, reducer: GradientReducer | None = None) -> Tensor:
         """This worker's vector ``[grad_sum (P), buffer_change_sum (B), loss_sum, count]``
-        for this step (:func:`worker.engine.compute.local_gradient`), timed and emulated.
+        for this step (:func:`worker.engine.compute.local_gradient`), timed and emulated;
+        with ``reducer``, the sum of every worker's vector instead, reduced while backward
+        runs (:func:`worker.engine.compute.reduced_gradient`; only forward and backward
+        are timed, not the wait for the sum).
 
         Keeps the buffers from before the forward pass in ``buffer_base`` and
         this worker's loss sum in ``local_loss``. On the streaming path the batch was
@@ -92,16 +98,21 @@ class Run:
         if len(indices) and not train.expects(indices):
             train.plan(self.split.upcoming(self.topo.worker_index))
         base = self.buffer_base = self.state.snapshot()
-        vector, seconds = emulator.run(
-            lambda: local_gradient(
-                self.code, self.model, train, indices, self.topo.device, self.state, base
-            ),
-            len(indices),
-        )
-        self.local_loss = float(vector[-2])
+        code, model, device, state = self.code, self.model, self.topo.device, self.state
+        if reducer is None:
+            vector, seconds = emulator.run(
+                lambda: local_gradient(code, model, train, indices, device, state, base),
+                len(indices),
+            )
+            self.local_loss = float(vector[-2])
+        else:
+            self.local_loss, seconds = emulator.run(
+                lambda: reduced_gradient(code, model, train, indices, device, state, base, reducer),
+                len(indices),
+            )
         self.window.add(seconds, len(indices))
         self.epoch_work.add(seconds, len(indices))
-        return vector
+        return vector if reducer is None else reducer.finish()
 
     def record_batch(self) -> None:
         """Parameter server: keep this step's global batch when batches are being dumped."""
@@ -153,13 +164,25 @@ def rebalance(run: Run, window: Work) -> None:
     run.split.set_shares(proposal)
 
 
+def _balance_due(run: Run) -> bool:
+    spec = run.spec
+    balancing = spec.split_policy == "weighted"
+    return balancing and _crossed(run.step, run.last_balance, spec.rebalance_every)
+
+
+def control_due(run: Run) -> bool:
+    """True when :func:`control_point` at this step will run a collective (every rank agrees)."""
+    if run.split.epoch_done:
+        return False
+    return _balance_due(run) or _crossed(run.step, run.last_checkpoint, run.spec.checkpoint_every)
+
+
 def control_point(run: Run) -> None:
     """After a sync point inside an epoch: rebalance and checkpoint when their marks are crossed."""
     spec = run.spec
     if run.split.epoch_done:
         return
-    balancing = spec.split_policy == "weighted"
-    if balancing and _crossed(run.step, run.last_balance, spec.rebalance_every):
+    if _balance_due(run):
         rebalance(run, run.window)
         run.window, run.last_balance = Work(), run.step
     if _crossed(run.step, run.last_checkpoint, spec.checkpoint_every):
@@ -167,14 +190,49 @@ def control_point(run: Run) -> None:
         run.last_checkpoint = run.step
 
 
+# The compute worker that keeps the parameter server's replica up to date (replicated strategies).
+FIRST_WORKER = 1
+
+
+def pull_replica(run: Run) -> None:
+    """Replicated strategies: the parameter server takes the first worker's parameters and
+    buffers, and the epoch's loss sum and sample count, so far (one point-to-point vector
+    ``[params (P), buffers (B), loss_sum, samples]``); other workers do nothing.
+
+    Both sides skip it when it already happened at this step, so the calls at a
+    checkpoint and at the epoch's end cost one transfer.
+    """
+    if run.pulled_at == run.step:
+        return
+    run.pulled_at = run.step
+    state, topo = run.state, run.topo
+    if topo.is_ps:
+        vector = receive_at_ps(topo, state.n_params + state.n_buffers + 2, run.params[0].dtype, 1)
+        state.load_(vector)
+        run.loss_sum, run.samples = float(vector[-2]), int(round(float(vector[-1])))
+    elif topo.rank == FIRST_WORKER:
+        send_to_ps(topo, state.vector(run.loss_sum, float(run.samples)))
+
+
 def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
-    """Control point: workers send RNG and local optimizer states; the PS writes ``name``."""
+    """Control point: workers send RNG and local optimizer states; the PS writes ``name``.
+
+    With a replicated optimizer (sync) the parameter server first takes the first
+    worker's model (:func:`pull_replica`) and optimizer state, so the checkpoint
+    holds what the workers train with.
+    """
+    replicated = run.strategy.replicated
+    if replicated:
+        pull_replica(run)
     local_optimizer = None
-    if run.optimizer is not None and not run.topo.is_ps and run.topo.am_i_leader:
+    sends = run.topo.rank == FIRST_WORKER if replicated else run.topo.am_i_leader
+    if run.optimizer is not None and not run.topo.is_ps and sends:
         local_optimizer = run.optimizer.state_dict()
     states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
     if states is None:
         return
+    if replicated and run.optimizer is not None:
+        run.optimizer.load_state_dict(states[FIRST_WORKER]["optimizer"])
     per_group = run.strategy.group_optimizers
     leaders = run.spec.leader_ranks()
     state: dict[str, Any] = {

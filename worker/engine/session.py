@@ -36,7 +36,7 @@ from worker.engine.exchange import (
     gather_work,
     sum_over_world,
 )
-from worker.engine.run import Run, checkpoint, rebalance
+from worker.engine.run import Run, checkpoint, pull_replica, rebalance
 from worker.engine.sharding import even_shares
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
@@ -136,6 +136,9 @@ def start(
     run = Run(spec, code, topo, model, optimizer, placeholder, balancer, train, emulator)
     sync_state(topo, run.state)
     package = broadcast_object(package)
+    if package is not None and run.strategy.replicated and optimizer is not None:
+        if not topo.is_ps and package.get("optimizer") is not None:
+            optimizer.load_state_dict(package["optimizer"])
     if package is not None and fits(package, run):
         return run, restore(run, package)
     if package is not None:
@@ -166,7 +169,10 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
     """Step 3's collectives after the last step; returns validation sums, every worker's work
     and the epoch's ``skipped_steps`` (summed with the validation sums, no collective of its own).
     """
-    sync_state(run.topo, run.state)
+    if run.strategy.replicated:
+        pull_replica(run)  # the workers hold the model already
+    else:
+        sync_state(run.topo, run.state)
     counted = {SKIPPED: (float(run.skipped), 1.0)} if run.strategy.counts_skips(run.topo) else {}
     val = sum_over_world({**val_totals, **counted})
     skipped = int(val.pop(SKIPPED, (0.0, 0.0))[0])

@@ -48,10 +48,16 @@ class Strategy(ABC):
     ``group_optimizers``: each group steps its own copy of the user's
     optimizer, so compute workers build one and checkpoints keep every
     group's optimizer state instead of the parameter server's.
+    ``replicated``: every compute worker steps an identical replica of the
+    user's optimizer on the same global sum, so the parameter server is off the
+    step path; its model and optimizer are brought up to date from the first
+    worker (:func:`worker.engine.run.pull_replica`) at every checkpoint and
+    epoch end, and a checkpoint keeps that one optimizer state.
     """
 
     name: ClassVar[str]
     group_optimizers: ClassVar[bool] = False
+    replicated: ClassVar[bool] = False
 
     @override
     def __init_subclass__(cls, **kwargs: object) -> None:

@@ -1,20 +1,23 @@
-"""Synchronous sync: the parameter server updates the global model after every step.
+"""Synchronous sync: one update of the global model after every step.
 
 Every worker computes the gradient sum of its share of the step's global
-batch (and its buffers' change, :mod:`worker.engine.state`); the sums go up
-the hierarchy (in-group allreduce, leaders' reduce), the parameter server
-divides the sum by the global sample count and checks it is finite in the
-same pass (:func:`worker.engine.numerics.mean_gradient_`), steps the
-optimizer and broadcasts the parameters and buffers back, with one flag
-element saying whether the step was applied.
+batch (and its buffers' change, :mod:`worker.engine.state`); the sums are
+added while backward runs (:class:`worker.engine.reducer.GradientReducer`:
+in-group allreduce, then the group leaders' allreduce, bucket by bucket, as
+DistributedDataParallel overlaps its allreduce with backward), so every
+worker holds the same global sum. Each worker divides it by the global sample
+count and checks it is finite in the same pass
+(:func:`worker.engine.numerics.mean_gradient_`), then steps its own replica of
+the user's optimizer: the replicas stay identical, as DDP's do. The parameter
+server is off the step path: it follows the step schedule (batches,
+control points) and takes the model and optimizer from the first worker at
+checkpoints and epoch ends (:func:`worker.engine.run.pull_replica`).
 One step is exactly one single-process step on the same global batch
-(synchronous data parallelism, Goyal et al. 2017; parameter server after
-Li et al., OSDI 2014).
+(synchronous data parallelism, Goyal et al. 2017).
 
 Trade-off: exact and deterministic for a given split, but every step waits
-for the slowest worker and pays one round trip to the parameter server, so it
-needs balanced shares (``weighted`` split) and compute that dominates the
-round trip.
+for the slowest worker, so it needs balanced shares (``weighted`` split) and
+compute that dominates the sum's transfer.
 """
 
 from __future__ import annotations
@@ -24,14 +27,20 @@ from typing_extensions import override
 
 from worker.engine import report
 from worker.engine.distributed import Topology
-from worker.engine.exchange import broadcast_down, gather_at_ps, push_up, vector_to_grads
-from worker.engine.numerics import mean_gradient_
-from worker.engine.run import Run, control_point, nonfinite_step
+from worker.engine.exchange import receive_status, send_status, vector_to_grads
+from worker.engine.numerics import NonFiniteError, mean_gradient_
+from worker.engine.reducer import GradientReducer
+from worker.engine.run import (
+    FIRST_WORKER,
+    Run,
+    control_due,
+    control_point,
+    nonfinite_step,
+    pull_replica,
+)
 from worker.engine.strategy import Strategy
 
 PROGRESS_REPORTS_PER_EPOCH = 10
-# The flag element after the parameters and buffers the parameter server broadcasts.
-OK, FAULT = 0.0, 1.0
 
 
 def checked_update(total: Tensor, run: Run) -> tuple[bool, float, int]:
@@ -76,48 +85,70 @@ def report_progress(run: Run, every: int) -> None:
 
 
 class Synchronous(Strategy):
-    """``sync``: one parameter-server round per step (this module's docstring)."""
+    """``sync``: one global sum and one replicated optimizer step per step (this module's
+    docstring)."""
 
     name = "sync"
+    replicated = True
 
     @override
     def counts_skips(self, topo: Topology) -> bool:
-        """The parameter server counts skipped steps: it checks the one global sum."""
-        return topo.is_ps
+        """The first worker counts skipped steps: every worker sees the one global sum."""
+        return topo.rank == FIRST_WORKER
 
     @override
     def worker_epoch(self, run: Run) -> None:
-        """Compute rank: the remaining steps of the epoch, one parameter-server round each."""
+        """Compute rank: the remaining steps of the epoch, one global sum and step each.
+
+        A non-finite sum (any worker's loss, gradient or buffers) is seen by every
+        worker alike: none steps, and they fail or skip together
+        (:func:`worker.engine.run.nonfinite_step`, over the workers); a skip puts the
+        buffers back. Before each control point and at the epoch's end the first worker
+        tells the parameter server all is well; on failing, it sends the reason instead,
+        so the server fails with it too.
+        """
+        assert run.optimizer is not None
+        if run.reducer is None:
+            n_tail = run.state.n_buffers + 2
+            run.reducer = GradientReducer(run.topo, run.params, n_tail, len(run.spec.groups))
+        first = run.topo.rank == FIRST_WORKER
+        every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
         while not run.split.epoch_done:
-            vector = run.compute()
-            push_up(run.topo, vector)
-            received = broadcast_down(run.topo, vector[:-1])  # [params, buffers, flag]
-            if received[-1] != OK:
-                nonfinite_step(run, None)
-            run.state.load_(received)
+            total = run.compute(run.reducer)
+            finite, loss_sum, count = checked_update(total, run)
+            if not finite:
+                try:
+                    nonfinite_step(run, run.topo.workers)
+                except NonFiniteError as exc:
+                    if first:
+                        send_status(run.topo, str(exc))
+                    raise
+                assert run.buffer_base is not None
+                run.state.restore(run.buffer_base)
+            run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
             run.split.advance()
             run.step += 1
+            if first:
+                report_progress(run, every)
+                if control_due(run) or run.split.epoch_done:
+                    send_status(run.topo, None)
             control_point(run)
+        pull_replica(run)
 
     @override
     def server_epoch(self, run: Run) -> None:
-        """Parameter server: receive, check, update and broadcast for every remaining step.
+        """Parameter server: follow the step schedule (recorded batches, control points),
+        then take the epoch's model and loss totals from the first worker.
 
-        A non-finite sum (any worker's loss, gradient or buffers) is not applied:
-        the flag element of the broadcast tells every worker, and every rank then
-        fails or skips together (:func:`worker.engine.run.nonfinite_step`).
+        Raises NonFiniteError with the workers' reason when they fail on a non-finite sum.
         """
-        numel = run.state.n_params + run.state.n_buffers
-        every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
         while not run.split.epoch_done:
-            total = gather_at_ps(run.topo, numel + 2, run.params[0].dtype)
-            finite, loss_sum, count = checked_update(total, run)
-            broadcast_down(run.topo, run.state.vector(OK if finite else FAULT))
-            if not finite:
-                nonfinite_step(run, None)
             run.record_batch()
             run.split.advance()
             run.step += 1
-            run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
-            report_progress(run, every)
+            if control_due(run) or run.split.epoch_done:
+                reason = receive_status(run.topo, FIRST_WORKER)
+                if reason is not None:
+                    raise NonFiniteError(reason.removeprefix("NonFiniteError: "))
             control_point(run)
+        pull_replica(run)

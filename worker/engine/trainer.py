@@ -101,8 +101,9 @@ def run_worker(
     val_data = data.val
     assert val_data is not None
     model.to(topo.device)
-    per_group = strategy_for(spec.sync_strategy).group_optimizers
-    optimizer = code.build_optimizer(model.parameters()) if per_group else None
+    strategy = strategy_for(spec.sync_strategy)
+    own_optimizer = strategy.group_optimizers or strategy.replicated
+    optimizer = code.build_optimizer(model.parameters()) if own_optimizer else None
     run, under_way = session.start(spec, code, topo, model, optimizer, data, None)
     share = run.split.shares[topo.worker_index] / run.split.batch
     report.metric("batch_share", share, step=run.step, epoch=run.epoch, rank=topo.rank)

@@ -44,8 +44,18 @@ def test_a_name_is_taken_once() -> None:
 
 
 def test_what_each_strategy_decides_outside_its_epochs() -> None:
-    ps: Any = SimpleNamespace(is_ps=True, am_i_leader=False)
-    leader: Any = SimpleNamespace(is_ps=False, am_i_leader=True)
-    counters = {name: [strategy_for(name).counts_skips(t) for t in (ps, leader)] for name in NAMES}
-    assert counters == {"sync": [True, False], "periodic": [False, True], "quorum": [False, True]}
+    ps: Any = SimpleNamespace(is_ps=True, am_i_leader=False, rank=0)
+    first: Any = SimpleNamespace(is_ps=False, am_i_leader=True, rank=1)
+    leader: Any = SimpleNamespace(is_ps=False, am_i_leader=True, rank=3)
+    member: Any = SimpleNamespace(is_ps=False, am_i_leader=False, rank=2)
+    counters = {
+        name: [strategy_for(name).counts_skips(t) for t in (ps, first, leader, member)]
+        for name in NAMES
+    }
+    assert counters == {
+        "sync": [False, True, False, False],  # every worker sees the one global sum
+        "periodic": [False, True, True, False],
+        "quorum": [False, True, True, False],
+    }
     assert {name for name in NAMES if strategy_for(name).group_optimizers} == {"periodic"}
+    assert {name for name in NAMES if strategy_for(name).replicated} == {"sync"}

@@ -1,0 +1,127 @@
+"""The sync step's overlapped gradient sum (worker.engine.reducer) against the plain sum.
+
+Real gloo process groups in spawned processes: every layout's reducer result must be the sum
+of the workers' local vectors (worker.engine.compute.local_gradient) and bitwise the same on
+every worker, with a frozen parameter, a parameter the forward pass does not use, buffers,
+parameters used in another order than defined, and a worker without samples.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from worker.engine.compute import local_gradient, reduced_gradient
+from worker.engine.data import TensorData
+from worker.engine.distributed import Topology
+from worker.engine.reducer import GradientReducer, plan_buckets
+from worker.engine.state import ModelState
+
+
+class Odd(nn.Module):
+    """Layers used out of their definition order, one frozen, one unused, a BatchNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late = nn.Linear(6, 3)
+        self.frozen = nn.Linear(6, 6)
+        self.frozen.requires_grad_(False)
+        self.unused = nn.Linear(6, 6)
+        self.norm = nn.BatchNorm1d(6)
+        self.early = nn.Linear(4, 6)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.late(torch.relu(self.frozen(self.norm(self.early(x)))))
+
+
+def _worker(rank: int, layout: list[int], counts: list[int], init: str, out: str) -> None:
+    world = sum(layout)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    firsts = [sum(layout[:g]) for g in range(len(layout))]
+    groups = [dist.new_group(list(range(f, f + n))) for f, n in zip(firsts, layout, strict=True)]
+    cross = dist.new_group(firsts) if len(layout) > 1 else None
+    index = max(g for g, f in enumerate(firsts) if f <= rank)
+    ranks = tuple(range(firsts[index], firsts[index] + layout[index]))
+    topo = Topology(
+        rank=rank,
+        world_size=world,
+        n_workers=world,
+        group_index=index,
+        group=groups[index],
+        group_ranks=ranks,
+        leaders=groups[index],
+        device=torch.device("cpu"),
+        cross=cross if rank in firsts else None,
+    )
+    torch.manual_seed(0)
+    model = Odd()
+    generator = torch.Generator().manual_seed(100 + rank)
+    n = counts[rank]
+    data = TensorData.from_batch((torch.randn(n, 4, generator=generator), torch.randn(n, 3)))
+    code = SimpleNamespace(loss_fn=nn.functional.mse_loss)
+    indices = torch.arange(counts[rank])
+    state = ModelState.of(model)
+    base = state.snapshot()
+    local = local_gradient(code, model, data, indices, topo.device, state, base)  # type: ignore[arg-type]
+    state.restore(base)
+    reducer = GradientReducer(topo, list(model.parameters()), state.n_buffers + 2, len(layout))
+    results = []
+    for _ in range(2):  # the hooks work again in the next step
+        state.restore(base)
+        reduced_gradient(code, model, data, indices, topo.device, state, base, reducer)  # type: ignore[arg-type]
+        results.append(reducer.finish().clone())
+    torch.save({"local": local, "reduced": results}, Path(out) / f"{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("layout", "counts"),
+    [
+        ([2, 2], [5, 0, 3, 4]),  # in-group sums, the leaders' sum, the in-group broadcast
+        ([1, 1], [3, 6]),  # one worker per group: the hooks launch the leaders' sum
+        ([3], [2, 7, 3]),  # one group: the in-group sum is all
+    ],
+)
+def test_overlapped_sum_equals_the_sum_of_local_vectors(
+    layout: list[int], counts: list[int], tmp_path: Path
+) -> None:
+    context = mp.get_context("spawn")
+    init = f"file://{tmp_path / 'store'}"
+    procs = [
+        context.Process(target=_worker, args=(r, layout, counts, init, str(tmp_path)))
+        for r in range(sum(layout))
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+        assert proc.exitcode == 0
+    outs = [torch.load(tmp_path / f"{r}.pt", weights_only=True) for r in range(sum(layout))]
+    expected = torch.stack([o["local"] for o in outs]).sum(0)
+    first = outs[0]["reduced"][0]
+    assert float(first[-1]) == sum(counts)  # the count, in the tail
+    torch.testing.assert_close(first, expected, rtol=1e-5, atol=1e-6)
+    model = Odd()
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    assert frozen and int((first == 0).sum()) >= frozen  # frozen and unused parameters: zeros
+    for out in outs:
+        for reduced in out["reduced"]:
+            assert torch.equal(reduced, first)  # the same bits everywhere, step after step
+
+
+def test_buckets_run_backwards_with_a_small_first_one() -> None:
+    sizes = [100, 300_000, 10, 10, 200_000, 5]
+    buckets = plan_buckets(sizes, 4, first=1 * 2**20, rest=2 * 2**20)
+    assert buckets[0] == (2, 6)  # 200,025 floats fit the 1 MiB first bucket, 300,000 more not
+    assert buckets[1] == (0, 2)  # the rest within 2 MiB
+    covered = [i for start, stop in buckets for i in range(start, stop)]
+    assert sorted(covered) == list(range(len(sizes)))  # every parameter exactly once
+    assert all(buckets[k][0] == buckets[k + 1][1] for k in range(len(buckets) - 1))
+    assert plan_buckets([10**6], 4, first=100, rest=100) == [(0, 1)]  # too big: alone
+    assert plan_buckets([], 4) == []

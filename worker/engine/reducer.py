@@ -1,0 +1,218 @@
+"""The synchronous step's gradient sum, reduced while the backward pass runs.
+
+The sync strategy (:mod:`worker.engine.strategy_sync`) needs, on every compute
+worker, the sum over all workers of the vector
+``[grad_sum (P), buffer_change_sum (B), loss_sum, count]``
+(:func:`worker.engine.compute.local_gradient` gives one worker's). A
+:class:`GradientReducer` builds that vector in place of the local one and sums
+it while backward is still computing, as ``DistributedDataParallel`` does
+(Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel
+Training", VLDB 2020): the parameters are cut into buckets in reverse order
+(the order backward produces their gradients; the first bucket small, so
+communication starts early), a hook on each parameter
+(``register_post_accumulate_grad_hook``) writes ``count * grad`` into the
+bucket's slice of the flat vector, and once a bucket is complete and every
+bucket before it has been launched, an asynchronous allreduce of it starts
+(gloo runs it on its own threads). Launching strictly in bucket order keeps
+the collectives in the same order on every rank whatever order the hooks
+fire in; a parameter that received no gradient (unused in this forward, or a
+worker with no samples in the step) counts as zeros, and its bucket is
+launched after backward. The tail ``[buffer_change_sum, loss_sum, count]`` is
+known after the forward pass and rides in the first bucket.
+
+Two levels, as the groups are built (docs/architecture.md, "Training engine"):
+the sum inside the resource group (allreduce over the group), then, with more
+than one group, over the group leaders (gloo ring allreduce over the leaders,
+bandwidth-optimal: each leader sends and receives ``2 (G - 1) / G`` of the
+vector, where a parameter server's link carries all G vectors in and out),
+then a broadcast from the leader inside the group. With one worker per group
+the leaders' allreduce is the one the hooks launch; with one group, the
+in-group allreduce is the whole sum.
+
+Every worker ends with bitwise the same vector (a ring allreduce gives every
+member the same bits; the broadcast copies them), so every worker stepping
+its own replica of the optimizer from it keeps identical parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from worker.engine.distributed import Topology
+
+# As DistributedDataParallel's defaults: a small first bucket, then 25 MB buckets.
+FIRST_BUCKET_BYTES = 1 * 2**20
+BUCKET_BYTES = 25 * 2**20
+
+
+def plan_buckets(
+    sizes: list[int], element_size: int, first: int = FIRST_BUCKET_BYTES, rest: int = BUCKET_BYTES
+) -> list[tuple[int, int]]:
+    """Buckets of parameter indices ``[start, stop)`` in reverse order, last parameters first.
+
+    ``sizes`` are the parameters' element counts in flat-vector order. A bucket
+    takes parameters from the end until adding the next would exceed its byte
+    cap (``first`` for the first bucket, ``rest`` after); a parameter larger
+    than the cap is a bucket of its own. Returns an empty list for no parameters.
+    """
+    buckets: list[tuple[int, int]] = []
+    stop = len(sizes)
+    while stop > 0:
+        cap = first if not buckets else rest
+        start, nbytes = stop - 1, sizes[stop - 1] * element_size
+        while start > 0 and nbytes + sizes[start - 1] * element_size <= cap:
+            start -= 1
+            nbytes += sizes[start] * element_size
+        buckets.append((start, stop))
+        stop = start
+    return buckets
+
+
+class GradientReducer:
+    """Sum of ``[count * grad (P), tail (T)]`` over every compute worker, overlapped with backward.
+
+    Built once per worker for the model's ``params`` (flat-vector order), a
+    tail of ``tail_numel`` elements and the task's ``n_groups``. Per step:
+    :meth:`begin` with the local sample count (arms the hooks), the forward
+    pass, :meth:`set_tail`, the backward pass, then :meth:`finish`, which
+    returns the global sum, shape [P + T], on ``topo.device``. Outside
+    begin/finish (profiling, validation) the hooks do nothing. Raises
+    RuntimeError if built on the parameter server.
+    """
+
+    def __init__(
+        self, topo: Topology, params: list[torch.nn.Parameter], tail_numel: int, n_groups: int
+    ) -> None:
+        if topo.group is None:
+            raise RuntimeError("the gradient reducer is for compute workers")
+        self.topo = topo
+        self.params = params
+        sizes = [p.numel() for p in params]
+        self.offsets = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        self.numel = self.offsets[-1] + tail_numel
+        element_size = params[0].element_size() if params else 4
+        self.buckets = plan_buckets(sizes, element_size)
+        self.bucket_of = {}
+        for k, (start, stop) in enumerate(self.buckets):
+            for i in range(start, stop):
+                self.bucket_of[i] = k
+        self.in_group = topo.group if len(topo.group_ranks) > 1 else None
+        self.cross = topo.cross  # on the leaders, with more than one group
+        self.multi_group = n_groups > 1
+        # The collective the hooks launch: the in-group sum, or with one worker per group the
+        # leaders' sum. (On a non-CPU device the leaders' gloo sum waits for the end.)
+        self.first_stage = self.in_group
+        if self.first_stage is None and self.cross is not None and topo.device.type == "cpu":
+            self.first_stage = self.cross
+        self.armed = False
+        self.flat = torch.zeros(0)
+        self.count = 0.0
+        self.pending: list[int] = []
+        self.launched: list[Any] = []
+        self.next_bucket = 0
+        self.handles = [
+            p.register_post_accumulate_grad_hook(lambda p, i=i: self._ready(i))  # type: ignore[misc]
+            for i, p in enumerate(params)
+            if p.requires_grad
+        ]
+        self.trainable = [p.requires_grad for p in params]
+
+    def close(self) -> None:
+        """Remove the hooks."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def begin(self, count: int) -> None:
+        """Start a step of ``count`` local samples: a zeroed vector, every bucket waiting."""
+        self.flat = torch.zeros(self.numel, dtype=self.params[0].dtype, device=self.topo.device)
+        self.count = float(count)
+        # Frozen parameters never get a gradient: they count as ready from the start. The
+        # first bucket also waits for the tail.
+        self.pending = [
+            sum(1 for i in range(start, stop) if self.trainable[i]) for start, stop in self.buckets
+        ]
+        if self.pending:
+            self.pending[0] += 1
+        self.launched, self.next_bucket, self.armed = [], 0, True
+
+    def set_tail(self, tail: Tensor) -> None:
+        """Write the tail (e.g. ``[buffer_change_sum, loss_sum, count]``); call once per step,
+        after the forward pass and before backward."""
+        self.flat[self.offsets[-1] :].copy_(tail)
+        if self.pending:
+            self.pending[0] -= 1
+        self._launch_ready()
+
+    def _span(self, k: int) -> tuple[int, int]:
+        """Element range of bucket ``k`` in the flat vector (the first also holds the tail)."""
+        start, stop = self.buckets[k]
+        end = self.numel if k == 0 else self.offsets[stop]
+        return self.offsets[start], end
+
+    @torch.no_grad()
+    def _ready(self, i: int) -> None:
+        if not self.armed:
+            return
+        grad = self.params[i].grad
+        if grad is not None:
+            torch.mul(
+                grad.reshape(-1), self.count, out=self.flat[self.offsets[i] : self.offsets[i + 1]]
+            )
+        self.pending[self.bucket_of[i]] -= 1
+        self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        while self.next_bucket < len(self.buckets) and self.pending[self.next_bucket] <= 0:
+            self._launch(self.next_bucket)
+            self.next_bucket += 1
+
+    def _launch(self, k: int) -> None:
+        a, b = self._span(k)
+        work = None
+        if self.first_stage is not None:
+            work = dist.all_reduce(
+                self.flat[a:b], op=dist.ReduceOp.SUM, group=self.first_stage, async_op=True
+            )
+        self.launched.append(work)
+
+    def finish(self) -> Tensor:
+        """Launch what backward left (parameters without a gradient: zeros), wait, and return
+        the global sum [P + T] (the same bits on every worker)."""
+        while self.next_bucket < len(self.buckets):
+            self._launch(self.next_bucket)
+            self.next_bucket += 1
+        if not self.buckets:  # no parameters: the tail alone
+            self.launched.append(
+                None
+                if self.first_stage is None
+                else dist.all_reduce(self.flat, group=self.first_stage, async_op=True)
+            )
+        self.armed = False
+        for work in self.launched:
+            if work is not None:
+                work.wait()
+        if self.cross is not None and self.first_stage is not self.cross:
+            self._leaders_sum()
+        if self.in_group is not None and self.multi_group:
+            dist.broadcast(self.flat, src=self.topo.group_ranks[0], group=self.in_group)
+        return self.flat
+
+    def _leaders_sum(self) -> None:
+        """The leaders' allreduce after the in-group sums (gloo, on CPU), bucket by bucket."""
+        if not self.topo.am_i_leader:
+            return
+        on_cpu = self.flat.cpu()
+        spans = [self._span(k) for k in range(len(self.buckets))] or [(0, self.numel)]
+        works = [
+            dist.all_reduce(on_cpu[a:b], op=dist.ReduceOp.SUM, group=self.cross, async_op=True)
+            for a, b in spans
+        ]
+        for work in works:
+            work.wait()
+        if on_cpu.data_ptr() != self.flat.data_ptr():
+            self.flat.copy_(on_cpu)
