@@ -24,6 +24,9 @@ BENCHMARKS = (
     "bench.hetero_efficiency",
     "bench.comm",
     "bench.accuracy_parity",
+    # strategies on accuracy with a really throttled group (issue 20 item 5; root, cgroup v1
+    # cpu, else it exits 2): about 5 minutes on a quiet host
+    "bench.time_to_accuracy",
     # numerical faults (issue 17)
     "bench.nonfinite_check",
     # the data path (issue 19)

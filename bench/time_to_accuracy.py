@@ -49,8 +49,10 @@ Needs root and the cgroup v1 cpu controller; exits 2 with a message where it is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,7 +64,7 @@ from typing import IO, Any
 
 from bench.common import emit
 from bench.stats import paired_ratios, summary
-from bench.throttle import CpuGroup, Throttle, ThrottleError, exit_unavailable
+from bench.throttle import CpuGroup, Throttle, ThrottleError, exit_unavailable, place_ranks
 from worker.engine.local import launch_local
 from worker.engine.ranks import free_port
 from worker.engine.spec import RunSpec
@@ -170,13 +172,20 @@ def engine_curve(arm: str, settings: Settings, cpu: dict[str, CpuGroup]) -> Curv
             }
         )
         watch = Watch(settings.target, time.monotonic())
-        run = launch_local(
-            spec,
-            timeout_s=900,
-            env_extra={"POLYTRAIN_NUM_THREADS": "1"},
-            stop_when=watch,
-            on_spawn=lambda pids: _place(ranks, pids),
-        )
+        spawned: dict[int, int] = {}
+        try:
+            run = launch_local(
+                spec,
+                timeout_s=900,
+                env_extra={"POLYTRAIN_NUM_THREADS": "1"},
+                stop_when=watch,
+                on_spawn=lambda pids: _place(ranks, pids, spawned),
+            )
+        except BaseException:  # interrupted (SIGTERM, ctrl-C): leave no rank running
+            for pid in spawned.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)  # each rank leads a session of its own
+            raise
     if not run.ok and not run.stopped:
         for rank in run.output:
             print(f"--- rank {rank}\n" + "\n".join(run.output[rank][-30:]), file=sys.stderr)
@@ -184,10 +193,10 @@ def engine_curve(arm: str, settings: Settings, cpu: dict[str, CpuGroup]) -> Curv
     return watch.curve
 
 
-def _place(groups: dict[int, CpuGroup], pids: dict[int, int]) -> None:
-    for rank, pid in pids.items():
-        if rank in groups:
-            groups[rank].place(pid)
+def _place(groups: dict[int, CpuGroup], pids: dict[int, int], spawned: dict[int, int]) -> None:
+    """Note the ranks' pids in ``spawned``, put ranks 1 and 2 in their CPU groups."""
+    spawned.update(pids)
+    place_ranks(groups, pids)
 
 
 # --- the plain PyTorch arms (run as subprocesses of this module) -------------------------
@@ -503,6 +512,8 @@ def main() -> None:
     unknown = set(arms) - set(ARMS)
     if unknown:
         parser.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
+    # SIGTERM (a timeout, run_all stopped) unwinds like ctrl-C: ranks killed, cgroups removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         with Throttle(prefix=PREFIX) as throttle:
             cpu = {
