@@ -55,14 +55,14 @@ def test_watch_records_rank_0_validations_and_stops_at_the_crossing() -> None:
 def test_arm_figures_pair_seeds_with_sync_and_leave_out_misses() -> None:
     curves = [_curve(0.9, 0.98, wall=5.0), _curve(0.9, 0.91), _curve(0.98, wall=30.0)]
     sync = [Point(63, 20.0, 4.0, 0.97), Point(63, 20.0, 4.0, 0.97), None]
-    figures = arm_figures(curves, 0.97, sync_hits=sync)
+    figures = arm_figures(curves, 0.97, {"sync": sync})
     assert figures["reached"] == "2/3"
     assert figures["steps"]["values"] == [126, 63]
     assert figures["wall_s"]["values"] == [10.0, 30.0]
     # seed 1 missed, sync missed in seed 2: only seed 0 gives a ratio
     assert figures["wall_over_sync"]["values"] == [0.5]
     assert figures["train_over_sync"]["values"] == [0.5]
-    missed = arm_figures([_curve(0.5)], 0.97, sync_hits=None)
+    missed = arm_figures([_curve(0.5)], 0.97, {})
     assert missed["reached"] == "0/1" and "wall_s" not in missed
     assert "wall_over_sync" not in missed
     assert figures["train_s"]["values"] == [2.0, 1.0]
