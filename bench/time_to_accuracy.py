@@ -48,7 +48,7 @@ both groups' rates added up exactly and it needed the same steps.
 A run that never reaches the target counts as not reached (listed, left out of medians
 and ratios). 0.97 lies on the plateau of this model on 4,000 training images (0.96-0.975
 from about epoch 6), so which epoch first touches it varies with the seed: hence the seeds.
-Default: 2 seeds (about 5 minutes on a quiet host); the full measurement is ``--seeds 5``.
+Default: 2 seeds (an estimated 5 minutes on a quiet host); the full measurement is ``--seeds 5``.
 ``--quick``: 2 seeds to 0.95, 6 epochs at most.
 
 Needs root and the cgroup v1 cpu controller; exits 2 with a message where it is missing.
@@ -122,7 +122,7 @@ def first_crossing(points: Iterable[Point], target: float) -> Point | None:
 
 @dataclass(frozen=True)
 class Settings:
-    """What every arm trains: seed, global batch, epoch cap, target accuracy, slow quota."""
+    """What every arm trains: seed, global batch, epoch cap, target validation accuracy."""
 
     seed: int
     batch: int
