@@ -108,11 +108,13 @@ class Point:
 @dataclass
 class Curve:
     """An arm's validations in order; for the engine, per epoch, each worker's rate
-    (samples/s over its compute seconds, by rank) and the slow worker's batch share."""
+    (samples/s over its compute seconds, by rank) and the slow worker's batch share; the
+    seconds the slow CPU group spent throttled during the run (``cpu.stat``)."""
 
     points: list[Point] = field(default_factory=list)
     rates: dict[int, list[float]] = field(default_factory=dict)
     slow_share: list[float] = field(default_factory=list)
+    slow_throttled_s: float = 0.0
 
 
 def first_crossing(points: Iterable[Point], target: float) -> Point | None:
@@ -437,10 +439,12 @@ def measure(
     for seed in seeds:
         settings = Settings(seed, base.batch, base.max_epochs, base.target)
         for arm in seed_order(arms, seed):
+            throttled_ns = cpu["slow"].stat()["throttled_time"]
             if arm in ENGINE_ARMS:
                 curve = engine_curve(arm, settings, cpu)
             else:
                 curve = plain_curve(arm, settings, cpu)
+            curve.slow_throttled_s = (cpu["slow"].stat()["throttled_time"] - throttled_ns) / 1e9
             hit = first_crossing(curve.points, settings.target)
             log(f"seed {seed} {arm}: {hit or 'not reached'} ({len(curve.points)} epochs)")
             curves[arm].append(curve)
@@ -474,6 +478,8 @@ def report(
             train_ratios[arm] = figures["train_over_sync"]["median"]
         if arm in ENGINE_ARMS:
             figures["slow_share_per_epoch"] = [c.slow_share for c in arm_curves]
+        if arm != "single":
+            figures["slow_throttled_s"] = [round(c.slow_throttled_s, 2) for c in arm_curves]
         wall = figures.get("wall_s", {}).get("median", float("nan"))
         emit(f"time_to_accuracy_{arm}", wall, "report", unit="s", **figures)
     engine = [c for arm in ENGINE_ARMS if arm in curves for c in curves[arm]]
