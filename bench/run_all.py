@@ -25,7 +25,7 @@ BENCHMARKS = (
     "bench.comm",
     "bench.accuracy_parity",
     # strategies on accuracy with a really throttled group (issue 20 item 5; root, cgroup v1
-    # cpu, else it exits 2): about 5 minutes on a quiet host
+    # cpu, else it exits 2): one seed, about 4.5 minutes
     "bench.time_to_accuracy",
     # numerical faults (issue 17)
     "bench.nonfinite_check",
