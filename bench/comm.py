@@ -47,7 +47,7 @@ import torch.multiprocessing as mp
 from bench.common import emit
 from contracts.plan import GroupPlan
 from worker.engine import distributed
-from worker.engine.distributed import ClusterEnv
+from worker.engine.distributed import ClusterEnv, Topology
 from worker.engine.exchange import allreduce_sum, broadcast_down, gather_at_ps, push_up
 from worker.engine.ranks import free_port
 from worker.engine.spec import RunSpec
@@ -162,7 +162,9 @@ def allreduce_seconds() -> dict[int, float]:
     return dict(out)
 
 
-def _round_rank(rank: int, port: int, groups: int, nbytes: int, out: Any) -> None:
+def join_ps_world(rank: int, port: int, groups: int, timeout_s: float = 120) -> Topology:
+    """Join, as ``rank`` (one torch thread), the world of a parameter server (rank 0) and
+    ``groups`` one-worker groups on 127.0.0.1:``port`` (:func:`distributed.init`)."""
     torch.set_num_threads(1)
     spec = RunSpec(
         task_id=0,
@@ -173,7 +175,11 @@ def _round_rank(rank: int, port: int, groups: int, nbytes: int, out: Any) -> Non
         checkpoint_dir="/tmp/unused",
     )
     env = ClusterEnv(rank=rank, world_size=groups + 1, master_addr="127.0.0.1", master_port=port)
-    topo = distributed.init(env, spec, timeout_s=120)
+    return distributed.init(env, spec, timeout_s=timeout_s)
+
+
+def _round_rank(rank: int, port: int, groups: int, nbytes: int, out: Any) -> None:
+    topo = join_ps_world(rank, port, groups)
     vector = torch.ones(nbytes // 4)
 
     def one_round() -> None:

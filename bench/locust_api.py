@@ -8,8 +8,14 @@ so with it every user would fire in the same instant (one burst of 50
 requests a second). The client is locust's FastHttpUser (geventhttpclient),
 light enough that 50 users do not load the 2-core host the API shares. The
 host, the token and the task ids come from the environment of `bench/api_p99.py`.
+
+Beside the portals, when `POLYTRAIN_BENCH_AGENTS` names registered agents, the
+writes of a working deployment: `Submitter`s (a task submission every 2 s each)
+and `AgentClient`s (one per agent: a heartbeat every 3 s, and every second a
+metric batch of 20 values or a progress report for one of the tasks, alternately).
 """
 
+import itertools
 import os
 import random
 import time
@@ -19,21 +25,32 @@ from locust import FastHttpUser, task
 
 TOKEN = os.environ["POLYTRAIN_BENCH_TOKEN"]
 TASK_IDS = [int(i) for i in os.environ["POLYTRAIN_BENCH_TASKS"].split(",")]
+AGENT_TOKEN = os.environ.get("POLYTRAIN_BENCH_AGENT_TOKEN", "")
+AGENTS = [int(i) for i in os.environ.get("POLYTRAIN_BENCH_AGENTS", "").split(",") if i]
+SUBMIT = os.environ.get("POLYTRAIN_BENCH_SUBMIT", "")  # "project_id,code_version_id"
+SUBMITTERS = int(os.environ.get("POLYTRAIN_BENCH_SUBMITTERS", "0"))
 PERIOD_S = 1.0
 
 
-class PortalClient(FastHttpUser):
-    auth = {"Authorization": f"Bearer {TOKEN}"}
+class Paced(FastHttpUser):
+    """A user with its own phase, one request every `period_s` from its first."""
+
+    abstract = True
+    period_s = PERIOD_S
 
     def on_start(self) -> None:
         """Wait a random fraction of the period: this user's phase."""
-        gevent.sleep(random.uniform(0, PERIOD_S))
+        gevent.sleep(random.uniform(0, self.period_s))
         self.due = time.perf_counter()
 
     def wait_time(self) -> float:
         """Constant pacing from this user's first request (one request per period)."""
-        self.due += PERIOD_S
+        self.due += self.period_s
         return max(0.0, self.due - time.perf_counter())
+
+
+class PortalClient(Paced):
+    auth = {"Authorization": f"Bearer {TOKEN}"}
 
     @task(1)
     def list_tasks(self) -> None:
@@ -46,3 +63,70 @@ class PortalClient(FastHttpUser):
             headers=self.auth,
             name="GET /api/v1/tasks/{id}",
         )
+
+
+class Submitter(Paced):
+    """A user submitting a task every 2 s (POST /api/v1/tasks)."""
+
+    fixed_count = SUBMITTERS if SUBMIT else 0
+    period_s = 2.0
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    @task
+    def submit(self) -> None:
+        project_id, version_id = (int(i) for i in SUBMIT.split(","))
+        self.client.post(
+            "/api/v1/tasks",
+            json={
+                "project_id": project_id,
+                "code_version_id": version_id,
+                "epochs": 1,
+                "resource_groups": [{"name": "cpu-a", "workers": 1}],
+                "global_batch_size": 8,
+            },
+            headers=self.auth,
+            name="POST /api/v1/tasks",
+        )
+
+
+class AgentClient(Paced):
+    """One registered agent: a heartbeat every 3 s, and each second a metric batch or a
+    progress report for one of the tasks (the agent API, with the agent token)."""
+
+    fixed_count = len(AGENTS)
+    auth = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+    numbering = itertools.count()
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.agent_id, self.beats = AGENTS[next(self.numbering) % len(AGENTS)], 0
+
+    @task
+    def report(self) -> None:
+        self.beats += 1
+        task_id = random.choice(TASK_IDS)
+        if self.beats % 3 == 0:
+            self.client.post(
+                f"/internal/v1/agents/{self.agent_id}/heartbeat",
+                json={"running": []},
+                headers=self.auth,
+                name="POST /internal/v1/agents/{id}/heartbeat",
+            )
+        elif self.beats % 2:
+            metrics = [
+                {"name": "loss", "value": random.random(), "step": self.beats, "rank": rank}
+                for rank in range(20)
+            ]
+            self.client.post(
+                f"/internal/v1/tasks/{task_id}/metrics",
+                json={"metrics": metrics},
+                headers=self.auth,
+                name="POST /internal/v1/tasks/{id}/metrics",
+            )
+        else:
+            self.client.post(
+                f"/internal/v1/tasks/{task_id}/progress",
+                json={"progress": 0.5, "epoch": 1},
+                headers=self.auth,
+                name="POST /internal/v1/tasks/{id}/progress",
+            )

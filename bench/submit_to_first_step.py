@@ -10,7 +10,16 @@ one warm-up run precedes the timed ones, which are `--pause` seconds apart so
 the agents' warm interpreters are ready again (submissions closer together
 than an agent can refill its pool start cold). Prints one JSON line per stack.
 
-    python -m bench.submit_to_first_step [--runs 5] [--only redis|embedded]
+Then on the embedded default, two more lines (`--only cold` runs only these):
+`submit_to_first_step_cold_s`, a user's first submission: a freshly started
+stack whose agents keep no warm interpreters (`POLYTRAIN_WARM_POOL=0`), so
+every rank is a fresh Python process importing torch; value = that first
+submission (target <= 3 s), with `--runs` later cold submissions beside it.
+`submit_to_first_step_back_to_back_s`: with the warm pools, `--runs`
+submissions with no pause between them (after a warm-up), so the pools
+cannot refill between tasks; median.
+
+    python -m bench.submit_to_first_step [--runs 5] [--only redis|embedded|cold]
 """
 
 import argparse
@@ -35,6 +44,7 @@ from polytrain.stack import GroupSetup, LocalStack  # noqa: E402
 from worker.engine.ranks import free_port  # noqa: E402
 
 TARGETS = {"redis": 2.0, "embedded": 5.0}
+COLD_TARGET_S = 3.0
 GROUPS = [GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1)]
 
 
@@ -75,14 +85,72 @@ def first_step_s(api: httpx.Client, version: dict) -> float:
     return elapsed
 
 
-def measure(stack: LocalStack, runs: int, pause_s: float) -> list[float]:
+def measure(stack: LocalStack, runs: int, pause_s: float, warm_up: bool = True) -> list[float]:
+    """Seconds to the first step of `runs` submissions `pause_s` apart, after one untimed
+    submission when `warm_up`."""
     with httpx.Client(base_url=stack.url, timeout=30, headers=stack.headers) as api:
         _, version = example_project(api, "bench")
         timings = []
-        for _ in range(runs + 1):  # the first is a warm-up
-            time.sleep(pause_s)
+        for index in range(runs + warm_up):
+            if index:
+                time.sleep(pause_s)
             timings.append(first_step_s(api, version))
-        return timings[1:]
+        return timings[1:] if warm_up else timings
+
+
+def _stats(timings: list[float]) -> dict:
+    return {
+        "median_s": round(statistics.median(timings), 3),
+        "max_s": round(max(timings), 3),
+        "runs_s": [round(t, 3) for t in timings],
+        "n": len(timings),
+    }
+
+
+def run_embedded_modes(runs: int, workdir: Path) -> list[dict]:
+    """The embedded default cold (agents without warm interpreters: every rank a fresh
+    process; the first submission on a freshly started stack, then `runs` more) and with
+    the warm pools for `runs` back-to-back submissions (no pause: the pools cannot refill)."""
+    cold_stack = LocalStack(
+        data_dir=workdir / "cold",
+        port=free_port(),
+        groups=GROUPS,
+        extra_env={"POLYTRAIN_WARM_POOL": "0"},
+    )
+    with cold_stack:
+        cold = measure(cold_stack, runs + 1, 0.0, warm_up=False)
+    with LocalStack(data_dir=workdir / "b2b", port=free_port(), groups=GROUPS) as stack:
+        back_to_back = measure(stack, runs, 0.0)
+    common = {
+        "unit": "s",
+        "broker": "sqlalchemy+sqlite",
+        "database": "sqlite",
+        "workers": {g.name: g.workers for g in GROUPS},
+        "example": "tiny_regression",
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+    return [
+        {
+            "benchmark": "submit_to_first_step_cold_s",
+            "value": round(cold[0], 3),
+            "target": COLD_TARGET_S,
+            "stat": "first submission on a fresh stack, no warm interpreters",
+            "warm_pool": False,
+            "first_s": round(cold[0], 3),
+            "later": _stats(cold[1:]),
+            **common,
+        },
+        {
+            "benchmark": "submit_to_first_step_back_to_back_s",
+            "value": round(statistics.median(back_to_back), 3),
+            "target": None,
+            "stat": "median",
+            "warm_pool": True,
+            "pause_s": 0.0,
+            **_stats(back_to_back),
+            **common,
+        },
+    ]
 
 
 def run_stack(kind: str, runs: int, workdir: Path, pause_s: float) -> dict:
@@ -123,16 +191,20 @@ def run_stack(kind: str, runs: int, workdir: Path, pause_s: float) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--only", choices=sorted(TARGETS))
+    parser.add_argument("--only", choices=[*sorted(TARGETS), "cold"])
     parser.add_argument(
         "--pause", type=float, default=10.0, help="seconds between submissions (warm pools refill)"
     )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="polytrain-bench-"))
     try:
-        for kind in [args.only] if args.only else ["redis", "embedded"]:
-            line = run_stack(kind, args.runs, workdir, args.pause)
-            print(json.dumps(line), flush=True)
+        for kind in [args.only] if args.only else ["redis", "embedded", "cold"]:
+            if kind == "cold":
+                lines = run_embedded_modes(args.runs, workdir)
+            else:
+                lines = [run_stack(kind, args.runs, workdir, args.pause)]
+            for line in lines:
+                print(json.dumps(line), flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0  # a missed target is a result, not a failure to run

@@ -33,6 +33,11 @@ class AgentSettings(BaseSettings):
     agent_token: SecretStr
     advertise_addr: str = Field(default_factory=default_address)
     heartbeat_interval_s: float = 3.0
+    warm_pool: bool = Field(
+        default=True,
+        description="keep warm interpreters (torch imported) ready for the next task's ranks; "
+        "off: every rank starts a fresh interpreter (a cold start, as benchmarks measure it)",
+    )
     rendezvous_timeout_s: float = 120.0
     dist_timeout_s: float = 120.0
     sandbox_user: str = Field(

@@ -14,7 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, StreamingResponse
 
 from backend.auth.dependencies import CurrentUser, UserAuth
-from backend.core.db import get_sessionmaker
+from backend.core.db import get_sessionmaker, release
 from backend.core.dependencies import SessionDep
 from backend.core.pagination import TOTAL_HEADER, Page, PageParams, paginated
 from backend.projects import access as project_access
@@ -67,7 +67,7 @@ def list_tasks(
     response.headers[TOTAL_HEADER] = str(
         service.count_tasks(session, project_id=project_id, status=status, project_ids=ids)
     )
-    return list(
+    found = list(
         service.list_tasks(
             session,
             project_id=project_id,
@@ -77,10 +77,13 @@ def list_tasks(
             project_ids=ids,
         )
     )
+    release(session)  # the connection back before the answer waits for a validating thread
+    return found
 
 
 @router.get("/{task_id}", response_model=TaskRead)
-def get_task(task: TaskDep) -> Task:
+def get_task(task: TaskDep, session: SessionDep) -> Task:
+    release(session)  # as list_tasks
     return task
 
 

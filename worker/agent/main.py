@@ -29,6 +29,24 @@ log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+# How often this agent looks for a message on the embedded broker (Celery's SQLAlchemy
+# transport, polled): kombu's default of 1 s added half a second on average (up to 1 s)
+# between a task's scheduling and its ranks' start; an empty poll is one small SELECT.
+SQL_POLL_S = 0.1
+
+
+def poll_embedded_broker_often() -> None:
+    """Poll the SQLAlchemy transport every :data:`SQL_POLL_S` in this process.
+
+    Set on kombu's transport class: the transport hands every transport option to
+    SQLAlchemy's ``create_engine``, which refuses ``polling_interval``, so the option
+    cannot travel with the others (`contracts.messaging.broker_options`).
+    """
+    from kombu.transport import sqlalchemy as sqla_transport
+
+    sqla_transport.Transport.polling_interval = SQL_POLL_S
+
+
 def make_celery(settings: AgentSettings, runner: SubTaskRunner) -> Celery:
     """The consumer app: late acks and prefetch 1, so a message is only taken when it can run.
 
@@ -37,6 +55,8 @@ def make_celery(settings: AgentSettings, runner: SubTaskRunner) -> Celery:
     for a sub-task already taken is ignored (the claim refuses it).
     """
     broker = settings.resolved_broker_url()
+    if broker.startswith("sqla+"):
+        poll_embedded_broker_often()
     app = Celery("polytrain-agent", broker=broker)
     app.conf.update(
         task_serializer="json",
@@ -160,7 +180,8 @@ def run_agent(
         daemon=True,
         args=(api, agent_id, settings.heartbeat_interval_s, stop, registry, ResourceSampler()),
     ).start()
-    pool = WarmPool(workers + 1, sandbox)  # one rank per worker, and the parameter server
+    # One warm interpreter per worker, and the parameter server; none when turned off.
+    pool = WarmPool(workers + 1, sandbox) if settings.warm_pool else None
     runner = SubTaskRunner(settings, api, agent_id, sandbox, registry, pool)
     argv = [
         "worker",
@@ -188,7 +209,8 @@ def run_agent(
             time.sleep(2)
     finally:
         stop.set()
-        pool.close()
+        if pool:
+            pool.close()
         _deregister(settings, agent_id)
 
 

@@ -49,13 +49,15 @@ def vector_to_grads(vector: Tensor, params: Iterable[torch.nn.Parameter]) -> Non
     """Set ``.grad`` of each trainable parameter from its slice of ``vector``.
 
     Frozen parameters (``requires_grad=False``) keep ``grad=None`` so the
-    optimizer skips them, as it would in one process.
+    optimizer skips them, as it would in one process. The gradients are views of
+    ``vector`` (no copy): the caller must not change it until the optimizer has
+    stepped and the gradients were set to None.
     """
     offset = 0
     for p in params:
         n = p.numel()
         if p.requires_grad:
-            p.grad = vector[offset : offset + n].view_as(p).clone()
+            p.grad = vector[offset : offset + n].view_as(p)
         offset += n
 
 

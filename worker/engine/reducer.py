@@ -110,6 +110,7 @@ class GradientReducer:
             self.first_stage = self.cross
         self.armed = False
         self.flat = torch.zeros(0)
+        self.written: list[bool] = []
         self.count = 0.0
         self.pending: list[int] = []
         self.launched: list[Any] = []
@@ -122,14 +123,21 @@ class GradientReducer:
         self.trainable = [p.requires_grad for p in params]
 
     def close(self) -> None:
-        """Remove the hooks."""
+        """Remove the hooks and let go of the vector (at the end of training)."""
         for handle in self.handles:
             handle.remove()
-        self.handles = []
+        self.handles, self.launched, self.flat = [], [], torch.zeros(0)
 
     def begin(self, count: int) -> None:
-        """Start a step of ``count`` local samples: a zeroed vector, every bucket waiting."""
-        self.flat = torch.zeros(self.numel, dtype=self.params[0].dtype, device=self.topo.device)
+        """Start a step of ``count`` local samples, every bucket waiting.
+
+        The flat vector is allocated once and rewritten every step (the optimizer's
+        gradients of the last step, views of it, are gone by now): every slice is
+        written by its hook or zeroed before its bucket goes out.
+        """
+        if self.flat.numel() != self.numel:
+            self.flat = torch.zeros(self.numel, dtype=self.params[0].dtype, device=self.topo.device)
+        self.written = [not trainable for trainable in self.trainable]  # frozen: zeros, kept
         self.count = float(count)
         # Frozen parameters never get a gradient: they count as ready from the start. The
         # first bucket also waits for the tail.
@@ -160,9 +168,9 @@ class GradientReducer:
             return
         grad = self.params[i].grad
         if grad is not None:
-            torch.mul(
-                grad.reshape(-1), self.count, out=self.flat[self.offsets[i] : self.offsets[i + 1]]
-            )
+            out = self.flat[self.offsets[i] : self.offsets[i + 1]]
+            torch.mul(grad.reshape(-1), self.count, out=out)
+            self.written[i] = True
         self.pending[self.bucket_of[i]] -= 1
         self._launch_ready()
 
@@ -172,6 +180,10 @@ class GradientReducer:
             self.next_bucket += 1
 
     def _launch(self, k: int) -> None:
+        start, stop = self.buckets[k]
+        for i in range(start, stop):
+            if not self.written[i]:  # no gradient this step (unused, or no samples): zeros
+                self.flat[self.offsets[i] : self.offsets[i + 1]].zero_()
         a, b = self._span(k)
         work = None
         if self.first_stage is not None:
@@ -196,6 +208,9 @@ class GradientReducer:
         for work in self.launched:
             if work is not None:
                 work.wait()
+        # No finished work object outlives the step: one holding a tensor at interpreter exit
+        # can abort the process when gloo's threads release it (pytorch/pytorch#179291).
+        self.launched = []
         if self.cross is not None and self.first_stage is not self.cross:
             self._leaders_sum()
         if self.in_group is not None and self.multi_group:

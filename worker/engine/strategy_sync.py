@@ -36,7 +36,6 @@ from worker.engine.run import (
     control_due,
     control_point,
     nonfinite_step,
-    pull_replica,
 )
 from worker.engine.strategy import Strategy
 
@@ -133,12 +132,12 @@ class Synchronous(Strategy):
                 if control_due(run) or run.split.epoch_done:
                     send_status(run.topo, None)
             control_point(run)
-        pull_replica(run)
 
     @override
     def server_epoch(self, run: Run) -> None:
-        """Parameter server: follow the step schedule (recorded batches, control points),
-        then take the epoch's model and loss totals from the first worker.
+        """Parameter server: follow the step schedule (recorded batches, control points)
+        until the first worker says the epoch's last step is done (the model and loss totals
+        come at the epoch's end, :func:`worker.engine.session.end_epoch`).
 
         Raises NonFiniteError with the workers' reason when they fail on a non-finite sum.
         """
@@ -151,4 +150,3 @@ class Synchronous(Strategy):
                 if reason is not None:
                     raise NonFiniteError(reason.removeprefix("NonFiniteError: "))
             control_point(run)
-        pull_replica(run)

@@ -117,4 +117,6 @@ def run_worker(
         ),
         report_worker_epoch,
     )
+    if run.reducer is not None:
+        run.reducer.close()
     return run.state.vector().cpu()

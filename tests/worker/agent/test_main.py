@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,6 +61,21 @@ def test_the_consumer_app_runs_a_sub_task_message(settings: AgentSettings) -> No
     assert result.get() == "succeeded" and runner.runs == [payload]
     other = app.tasks[RUN_SUBTASK].apply(args=[payload.model_dump(mode="json")], task_id="18")
     assert other.get() == "invalid" and len(runner.runs) == 1
+
+
+def test_the_embedded_broker_is_polled_more_often_than_once_a_second(
+    settings: AgentSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queued message reaches the agent within a tenth of a second, not kombu's 1 s; the
+    broker's connection (SQLite, which refuses unknown engine options) still opens."""
+    from kombu.transport import sqlalchemy as sqla_transport
+
+    monkeypatch.setattr(sqla_transport.Transport, "polling_interval", 1.0)
+    Path(settings.data_dir).mkdir(parents=True)
+    app = main.make_celery(settings, Runner())  # type: ignore[arg-type]
+    with app.connection_for_read() as conn:
+        conn.SimpleQueue("rg.cpu-a.agent-1").put({"probe": 1})
+        assert conn.transport.polling_interval == main.SQL_POLL_S <= 0.1
 
 
 def test_heartbeats_carry_the_running_ranks_and_survive_an_api_outage(api: FakeApi) -> None:
