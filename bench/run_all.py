@@ -32,6 +32,9 @@ BENCHMARKS = (
     # scaling curves (issue 20, item 6): about 1.5 minutes, 9 processes at G = 8
     "bench.comm_scaling",
     "bench.accuracy_parity",
+    # strategies on accuracy with a really throttled group (issue 20 item 5; root, cgroup v1
+    # cpu, else it exits 2): one seed, about 4.5 minutes
+    "bench.time_to_accuracy",
     # numerical faults (issue 17)
     "bench.nonfinite_check",
     # the data path (issue 19)
