@@ -10,16 +10,17 @@ its own core of this 2-core host (the parameter server, idle during steps, is no
 - **engine 1 x 2**: one group of 2 workers, sync strategy, plus the parameter server.
 - **engine 2 x 1**: two groups of 1 worker each (the cross-group path).
 
-Step time of a run: its second epoch's seconds over its steps (8 an epoch; the first
-epoch warms up); for the engine the parameter server's
-``epoch_time_s`` (validation, the epoch-end model transfer and checkpoint excluded), for
-DDP the same measured around its step loop. Every round runs the three arms back to back,
-in reversed order every other round (bench/stats.py); the ratio of a round is its engine
-step time over its DDP step time, and the line reports the median of ``--rounds`` rounds
-with a 95 % bootstrap interval. Sizes: about 37k, 1M, 10M and 25M parameters. One JSON
-line per size (``engine_vs_ddp_step_ratio_<size>``), then the summary
-``engine_vs_ddp_step_ratio`` whose value is the worst 1 x 2 median (target <= 1.10 at every
-size; 2 x 1 target <= 1.25). Ideal 1.0: the engine costs what DDP costs.
+Step time of a run: its second epoch's seconds over its steps (128 an epoch at 37k
+parameters, 32 at 1M, 8 above: an epoch of at least about 0.2 s; the first epoch warms up);
+for the engine the parameter server's ``epoch_time_s`` (validation, the epoch-end model
+transfer and checkpoint excluded), for DDP the same measured around its step loop. Every
+round runs the three arms back to back, in reversed order every other round
+(bench/stats.py); the ratio of a round is its engine step time over its DDP step time, and
+the line reports the median of ``--rounds`` rounds with a 95 % bootstrap interval. Sizes:
+about 37k, 1M, 10M and 25M parameters. One JSON line per size
+(``engine_vs_ddp_step_ratio_<size>``), then the summary ``engine_vs_ddp_step_ratio`` whose
+value is the worst 1 x 2 median (target <= 1.10 at every size; 2 x 1 target <= 1.25). Ideal
+1.0: the engine costs what DDP costs.
 
     python -m bench.engine_vs_ddp [--rounds 5] [--sizes 100,880,3030,4870]
 """
@@ -47,15 +48,22 @@ from worker.engine.local import launch_local
 from worker.engine.ranks import free_port
 from worker.engine.spec import RunSpec
 
-GLOBAL_BATCH, STEPS, EPOCHS = 128, 8, 2
+GLOBAL_BATCH, EPOCHS = 128, 2
+
+
+def steps_for(hidden: int) -> int:
+    """Steps an epoch: enough that an epoch lasts about 0.2 s or more on this host (a 34k
+    model's 2 ms step over 8 steps would measure the epoch's boundaries, not its steps)."""
+    return 128 if hidden <= 200 else 32 if hidden <= 1000 else 8
+
+
 CORES = (0, 1)  # compute process i runs on core CORES[i]
-ITEMS = GLOBAL_BATCH * STEPS
 
 
 def _env(hidden: int) -> dict[str, str]:
     return {
         "POLYTRAIN_BENCH_HIDDEN": str(hidden),
-        "POLYTRAIN_BENCH_ITEMS": str(ITEMS),
+        "POLYTRAIN_BENCH_ITEMS": str(GLOBAL_BATCH * steps_for(hidden)),
         "POLYTRAIN_NUM_THREADS": "1",
     }
 
@@ -76,20 +84,21 @@ def ddp_rank(rank: int, port: int) -> None:
     model = DistributedDataParallel(sized_mlp.build_model())
     train, _ = sized_mlp.build_datasets()
     x, y = train.tensors
+    steps = len(x) // GLOBAL_BATCH
     optimizer = sized_mlp.build_optimizer(model.parameters())
     per_step = []
     for epoch in range(EPOCHS):
-        order = torch.randperm(ITEMS, generator=torch.Generator().manual_seed(epoch))
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(epoch))
         dist.barrier()
         started = time.perf_counter()
-        for step in range(STEPS):
+        for step in range(steps):
             batch = order[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH]
             mine = batch[rank * GLOBAL_BATCH // 2 : (rank + 1) * GLOBAL_BATCH // 2]
             optimizer.zero_grad(set_to_none=True)
             sized_mlp.loss_fn(model(x[mine]), y[mine]).backward()
             optimizer.step()
         dist.barrier()
-        per_step.append((time.perf_counter() - started) / STEPS)
+        per_step.append((time.perf_counter() - started) / steps)
     if rank == 0:
         print(json.dumps({"step_s": per_step[1:]}), flush=True)
     dist.destroy_process_group()
@@ -145,7 +154,8 @@ def engine_step_s(hidden: int, groups: list[dict[str, Any]]) -> list[float]:
         for rank in run.output:
             print(f"--- rank {rank}\n" + "\n".join(run.output[rank][-20:]), file=sys.stderr)
         sys.exit(1)
-    return [t / STEPS for t in run.metrics("epoch_time_s", rank=0)[1:] if t is not None]
+    steps = steps_for(hidden)
+    return [t / steps for t in run.metrics("epoch_time_s", rank=0)[1:] if t is not None]
 
 
 def main() -> None:
