@@ -3,7 +3,7 @@ fast one, with the slow group's compute really throttled (no sleep emulation).
 
 Two groups of one worker each, in CPU cgroups of their own (bench/throttle.py): "fast"
 pinned to core 0 with no quota (the whole core), "slow" pinned to core 1 with a CFS quota
-of ``--slow-fraction`` (default 1/3) of that core per 100 ms period. The parameter server
+of ``--slow-fraction`` (default 1/3) of that core per 10 ms CFS period. The parameter server
 and this process stay unthrottled and unpinned. Three runs of the task per round, each a
 task of its own on these cgroups: the fast group alone, the slow group alone (each with
 the whole global batch) and both together (weighted split). Throughput is training

@@ -20,12 +20,11 @@ import time
 from pathlib import Path
 
 BENCHMARKS = (
-    # emulated speed (sleep padding)
-    "bench.weighted_vs_even",
-    "bench.hetero_efficiency",
+    # the engine against plain DDP, 4 model sizes x 5 rounds (issue 20 item 2): about 8.5 minutes
+    "bench.engine_vs_ddp",
     # real CPU throttling, cgroup v1 (issue 20): root only, else they exit 2. Fewer rounds
-    # than their full runs (5 each, docs/benchmarks.md) to keep `make bench` under 25 minutes:
-    # about 3.5 minutes a round of hetero_real and 1 of rebalance_tracking at load 2.
+    # than their full runs (5 each, docs/benchmarks.md): about 3.5 minutes a round of
+    # hetero_real and 1 of rebalance_tracking at load 2.
     "bench.hetero_real --rounds 2",
     "bench.rebalance_tracking --rounds 3",
     "bench.comm",
@@ -45,6 +44,17 @@ BENCHMARKS = (
     "bench.api_p99",
     # a thousand agents, simulated (issue 19): about 5 minutes
     "bench.agent_fleet",
+    # emulated speed (sleep padding; issue 3): kept for comparison with the earlier figures
+    "bench.weighted_vs_even",
+    "bench.hetero_efficiency",
+)
+# `make bench-quick` (--quick): the engine's core figures in a few minutes, fewer sizes and rounds.
+QUICK = (
+    "bench.engine_vs_ddp --sizes 100,880",
+    "bench.hetero_real --rounds 1 --sizes 34k",
+    "bench.rebalance_tracking --rounds 1",
+    "bench.comm_scaling",
+    "bench.schedule_decision",
 )
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,9 +84,10 @@ def run(module: str) -> tuple[list[dict], bool]:
 def main() -> int:
     parser = argparse.ArgumentParser(description="run every benchmark")
     parser.add_argument("--out", default=str(ROOT / "var" / "bench-results.jsonl"))
+    parser.add_argument("--quick", action="store_true", help="the smaller set (make bench-quick)")
     args = parser.parse_args()
     results, ok = [], True
-    for module in BENCHMARKS:
+    for module in QUICK if args.quick else BENCHMARKS:
         lines, succeeded = run(module)
         ok = ok and succeeded
         for line in lines:
