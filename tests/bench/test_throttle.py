@@ -18,6 +18,7 @@ import pytest
 
 from bench.throttle import (
     CPU_ROOT,
+    PERIOD_US,
     Throttle,
     ThrottleError,
     affinity,
@@ -64,7 +65,7 @@ def test_a_throttled_process_gets_its_quota_on_its_core_and_everything_is_remove
     try:
         with Throttle(prefix=PREFIX) as throttle:
             group = throttle.group("slow", fraction=0.2, core=0)
-            assert group.quota_us == 20_000
+            assert group.quota_us == round(0.2 * PERIOD_US)
             place_ranks({1: group}, {0: os.getpid(), 1: proc.pid})  # rank 0 stays put
             assert proc.pid in group.pids() and os.getpid() not in group.pids()
             assert affinity(proc.pid) == {0}
@@ -84,7 +85,7 @@ def test_a_throttled_process_gets_its_quota_on_its_core_and_everything_is_remove
             # quota over the periods elapsed (plus one period of slack), not 2 cores.
             assert used <= 0.2 * (elapsed + 0.2)
             group.set_fraction(0.5)  # while it runs
-            assert group.quota_us == 50_000
+            assert group.quota_us == round(0.5 * PERIOD_US)
             assert _ours() == [f"{PREFIX}-slow"]
         assert _ours() == []  # removed, the processes moved back to the root group
         assert str(proc.pid) in (CPU_ROOT / "cgroup.procs").read_text().split()
