@@ -50,6 +50,18 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     return state
 
 
+def to_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor in it (nested dicts, lists, tuples) copied to the CPU, so
+    an optimizer state of a CUDA worker unpickles on a host without that device."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
+
+
 def gather_worker_states(
     topo_is_ps: bool, rank: int, optimizer_state: dict[str, Any] | None
 ) -> dict[int, dict[str, Any]] | None:
@@ -58,7 +70,9 @@ def gather_worker_states(
     Call on every rank of the world; returns ``{rank: {"rng", "optimizer"}}``
     on rank 0 and None elsewhere.
     """
-    mine = None if topo_is_ps else {"rng": torch.get_rng_state(), "optimizer": optimizer_state}
+    mine = None
+    if not topo_is_ps:
+        mine = {"rng": torch.get_rng_state(), "optimizer": to_cpu(optimizer_state)}
     gathered: list[Any] | None = [None] * dist.get_world_size() if topo_is_ps else None
     dist.gather_object((rank, mine), gathered, dst=0)
     if gathered is None:

@@ -19,6 +19,7 @@ parameter server divides once by the global count.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -206,10 +207,22 @@ def send_status(topo: Topology, reason: str | None) -> None:
         dist.send_object_list([reason], dst=0, group=topo.leaders)
 
 
+# How long the parameter server waits for the workers between two meeting points.
+STATUS_WAIT = timedelta(days=7)
+
+
 def receive_status(topo: Topology, src: int) -> str | None:
-    """Parameter server: the status leader ``src`` (global rank) sends, None when all is well."""
+    """Parameter server: the status leader ``src`` (global rank) sends, None when all is well.
+
+    Waits as long as the workers take to get there, up to :data:`STATUS_WAIT`: an epoch
+    without a control point may last longer than the process groups' timeout, which a plain
+    receive applies. A peer that is gone still fails the receive at once (its connection
+    closes). Raises what the receive raises.
+    """
     flag = torch.zeros(1)
-    dist.recv(flag, src=src, group=topo.leaders)
+    work = dist.irecv(flag, src=src, group=topo.leaders)
+    assert work is not None  # None only for a rank outside the group
+    work.wait(STATUS_WAIT)
     if float(flag) == 0.0:
         return None
     box: list[Any] = [None]

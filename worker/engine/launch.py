@@ -15,6 +15,7 @@ each rank saves its final parameters and buffers there (debugging).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import random
 import sys
@@ -102,6 +103,10 @@ def exit_now(code: int) -> None:
     """
     sys.stdout.flush()
     sys.stderr.flush()
+    try:  # C-level buffers too (e.g. NCCL_DEBUG lines of a library)
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
     os._exit(code)
 
 

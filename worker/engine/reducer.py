@@ -166,6 +166,12 @@ class GradientReducer:
     def _ready(self, i: int) -> None:
         if not self.armed:
             return
+        if self.written[i]:
+            raise RuntimeError(
+                f"parameter {i} received its gradient twice in one backward pass (reentrant "
+                "torch.utils.checkpoint, or one parameter in two checkpointed segments); use "
+                "torch.utils.checkpoint(..., use_reentrant=False)"
+            )
         grad = self.params[i].grad
         if grad is not None:
             out = self.flat[self.offsets[i] : self.offsets[i + 1]]

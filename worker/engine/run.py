@@ -197,7 +197,8 @@ FIRST_WORKER = 1
 def pull_replica(run: Run) -> None:
     """Replicated strategies: the parameter server takes the first worker's parameters and
     buffers, and the epoch's loss sum and sample count, so far (one point-to-point vector
-    ``[params (P), buffers (B), loss_sum, samples]``); other workers do nothing.
+    ``[params (P), buffers (B)]``, then ``[loss_sum, samples]`` in float64); other workers do
+    nothing.
 
     Both sides skip it when it already happened at this step, so the calls at a
     checkpoint and at the epoch's end cost one transfer.
@@ -207,11 +208,13 @@ def pull_replica(run: Run) -> None:
     run.pulled_at = run.step
     state, topo = run.state, run.topo
     if topo.is_ps:
-        vector = receive_at_ps(topo, state.n_params + state.n_buffers + 2, run.params[0].dtype, 1)
-        state.load_(vector)
-        run.loss_sum, run.samples = float(vector[-2]), int(round(float(vector[-1])))
+        state.load_(receive_at_ps(topo, state.n_params + state.n_buffers, run.params[0].dtype, 1))
+        totals = receive_at_ps(topo, 2, torch.float64, 1)
+        run.loss_sum, run.samples = float(totals[0]), int(round(float(totals[1])))
     elif topo.rank == FIRST_WORKER:
-        send_to_ps(topo, state.vector(run.loss_sum, float(run.samples)))
+        send_to_ps(topo, state.vector())
+        # The totals apart, in float64: a half-precision model's dtype would overflow them.
+        send_to_ps(topo, torch.tensor([run.loss_sum, float(run.samples)], dtype=torch.float64))
 
 
 def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:

@@ -107,7 +107,7 @@ def restore(run: Run, package: dict[str, Any]) -> bool:
         if rng is not None:
             torch.set_rng_state(rng)
         optimizers = package["group_optimizers"]
-        if optimizers and run.optimizer is not None:
+        if optimizers and run.optimizer is not None and run.strategy.group_optimizers:
             run.optimizer.load_state_dict(optimizers[run.topo.group_index])
     report.log(f"rank {run.topo.rank} resumed at epoch {run.epoch}, step {run.step}")
     return not package["epoch_complete"]
@@ -170,9 +170,11 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
     and the epoch's ``skipped_steps`` (summed with the validation sums, no collective of its own).
     """
     if run.strategy.replicated:
-        pull_replica(run)  # the workers hold the model already
-    else:
-        sync_state(run.topo, run.state)
+        # The replicas are the same bits on one kind of device, but optimizer kernels of
+        # different devices (a CUDA group beside CPU groups) round differently: once an epoch
+        # every worker takes the first worker's model again, through the parameter server.
+        pull_replica(run)
+    sync_state(run.topo, run.state)
     counted = {SKIPPED: (float(run.skipped), 1.0)} if run.strategy.counts_skips(run.topo) else {}
     val = sum_over_world({**val_totals, **counted})
     skipped = int(val.pop(SKIPPED, (0.0, 0.0))[0])

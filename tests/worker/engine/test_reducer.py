@@ -9,6 +9,7 @@ parameters used in another order than defined, and a worker without samples.
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -125,3 +126,37 @@ def test_buckets_run_backwards_with_a_small_first_one() -> None:
     assert all(buckets[k][0] == buckets[k + 1][1] for k in range(len(buckets) - 1))
     assert plan_buckets([10**6], 4, first=100, rest=100) == [(0, 1)]  # too big: alone
     assert plan_buckets([], 4) == []
+
+
+def _status_peer(rank: int, init: str, delay_s: float, out: str) -> None:
+    from datetime import timedelta
+
+    from worker.engine.exchange import receive_status, send_status
+
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=2, timeout=timedelta(seconds=2)
+    )
+    world = dist.group.WORLD
+    topo = SimpleNamespace(leaders=world)
+    if rank == 1:
+        time.sleep(delay_s)
+        send_status(topo, "non-finite loss on rank 1")  # type: ignore[arg-type]
+    else:
+        Path(out).write_text(str(receive_status(topo, 1)))  # type: ignore[arg-type]
+    dist.destroy_process_group()
+
+
+def test_the_parameter_server_waits_for_a_status_longer_than_the_group_timeout(
+    tmp_path: Path,
+) -> None:
+    """An epoch without control points may outlast the process groups' timeout (2 s here)."""
+    context = mp.get_context("spawn")
+    out = tmp_path / "status"
+    args = (f"file://{tmp_path / 'store'}", 4.0, str(out))
+    procs = [context.Process(target=_status_peer, args=(r, *args)) for r in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    assert out.read_text() == "non-finite loss on rank 1"
