@@ -36,6 +36,7 @@ its own replica of the optimizer from it keeps identical parameters.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -92,7 +93,7 @@ class GradientReducer:
         self.topo = topo
         self.params = params
         sizes = [p.numel() for p in params]
-        self.offsets = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        self.offsets = list(itertools.accumulate(sizes, initial=0))
         self.numel = self.offsets[-1] + tail_numel
         element_size = params[0].element_size() if params else 4
         self.buckets = plan_buckets(sizes, element_size)

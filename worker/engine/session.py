@@ -136,9 +136,9 @@ def start(
     run = Run(spec, code, topo, model, optimizer, placeholder, balancer, train, emulator)
     sync_state(topo, run.state)
     package = broadcast_object(package)
-    if package is not None and run.strategy.replicated and optimizer is not None:
-        if not topo.is_ps and package.get("optimizer") is not None:
-            optimizer.load_state_dict(package["optimizer"])
+    replica = package is not None and run.strategy.replicated and not topo.is_ps
+    if replica and optimizer is not None and package["optimizer"] is not None:
+        optimizer.load_state_dict(package["optimizer"])
     if package is not None and fits(package, run):
         return run, restore(run, package)
     if package is not None:

@@ -38,9 +38,9 @@ from worker.engine.exchange import (
     leader_reduce,
     load_vector_,
 )
-from worker.engine.run import Run, control_point, nonfinite_step
+from worker.engine.run import Run, control_point
 from worker.engine.strategy import Strategy
-from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, checked_update, report_progress
+from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, report_progress, step_from_sum
 
 
 def is_sync_point(run: Run) -> bool:
@@ -69,14 +69,7 @@ def group_step(run: Run) -> tuple[float, int]:
     divides it by the count, so a non-finite one fails or skips the whole
     group at once; a skip puts the buffers back.
     """
-    vector = allreduce_sum(run.compute(), run.topo.group)
-    finite, loss_sum, count = checked_update(vector, run)
-    if finite:
-        return loss_sum, count
-    nonfinite_step(run, run.topo.group)
-    assert run.buffer_base is not None
-    run.state.restore(run.buffer_base)
-    return 0.0, 0
+    return step_from_sum(run, allreduce_sum(run.compute(), run.topo.group), run.topo.group)
 
 
 class Periodic(Strategy):

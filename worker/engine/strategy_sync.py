@@ -22,6 +22,7 @@ compute that dominates the sum's transfer.
 
 from __future__ import annotations
 
+import torch.distributed as dist
 from torch import Tensor
 from typing_extensions import override
 
@@ -52,6 +53,24 @@ def checked_update(total: Tensor, run: Run) -> tuple[bool, float, int]:
     if not mean_gradient_(total, run.state.n_params):
         return False, 0.0, 0
     return (True, *apply_update(total, run))
+
+
+def step_from_sum(run: Run, total: Tensor, group: dist.ProcessGroup | None) -> tuple[float, int]:
+    """One exact step from ``total``, a sum every rank of ``group`` holds alike: its
+    ``(loss_sum, count)``, zeros when skipped.
+
+    Every member checks the sum in the pass that divides it by the count
+    (:func:`checked_update`), so a non-finite one fails or skips the whole of
+    ``group`` at once (:func:`worker.engine.run.nonfinite_step`, which raises
+    NonFiniteError with ``on_nonfinite: fail``); a skip puts the buffers back.
+    """
+    finite, loss_sum, count = checked_update(total, run)
+    if finite:
+        return loss_sum, count
+    nonfinite_step(run, group)
+    assert run.buffer_base is not None
+    run.state.restore(run.buffer_base)
+    return 0.0, 0
 
 
 def apply_update(total: Tensor, run: Run) -> tuple[float, int]:
@@ -113,17 +132,12 @@ class Synchronous(Strategy):
         first = run.topo.rank == FIRST_WORKER
         every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
         while not run.split.epoch_done:
-            total = run.compute(run.reducer)
-            finite, loss_sum, count = checked_update(total, run)
-            if not finite:
-                try:
-                    nonfinite_step(run, run.topo.workers)
-                except NonFiniteError as exc:
-                    if first:
-                        send_status(run.topo, str(exc))
-                    raise
-                assert run.buffer_base is not None
-                run.state.restore(run.buffer_base)
+            try:
+                loss_sum, count = step_from_sum(run, run.compute(run.reducer), run.topo.workers)
+            except NonFiniteError as exc:
+                if first:
+                    send_status(run.topo, str(exc))
+                raise
             run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
             run.split.advance()
             run.step += 1
@@ -148,5 +162,5 @@ class Synchronous(Strategy):
             if control_due(run) or run.split.epoch_done:
                 reason = receive_status(run.topo, FIRST_WORKER)
                 if reason is not None:
-                    raise NonFiniteError(reason.removeprefix("NonFiniteError: "))
+                    raise NonFiniteError(reason)
             control_point(run)
