@@ -58,6 +58,7 @@ class Rates:
     sub-task (the agent's `Reporter` flushes at most every 0.5 s while output comes; a
     training loop that logs every few seconds makes one flush every 2 s). `metrics_s`: one
     metrics POST (per epoch: 3 metrics per worker rank and 4 of the parameter server).
+    When a sub-task ends, one more of each, as the reporter's final flush.
     `task_s`: how long a claimed sub-task "trains" (uniform in the range).
     `broker_poll_s`: the BRPOP timeout of an idle agent (kombu's Redis channel: 1 s).
     """
@@ -374,34 +375,50 @@ class SimAgent:
                     return f"stopped: task is {state['status']}"
             if now >= next_report:
                 next_report += rates.report_s
-                stamp = datetime.now(UTC).replace(tzinfo=None).isoformat()
-                lines = [
-                    {
-                        "attempt": payload.attempt,
-                        "node": f"worker-{ranks[-1]}",
-                        "seq": seq + i,
-                        "time": stamp,
-                        "text": f"step {seq + i}: loss {self.rng.uniform(0.1, 2.0):.4f}",
-                    }
-                    for i in range(rates.log_lines)
-                ]
-                seq += rates.log_lines
-                await self.call("logs", "POST", f"{task}/logs", json={"lines": lines})
-                done = min(1.0, (now - started) / duration)
-                await self.call(
-                    "progress", "POST", f"{task}/progress", json={"progress": done, "epoch": epoch}
+                seq = await self._report(
+                    task, payload, ranks, seq, epoch, (now - started) / duration
                 )
             if now >= next_metrics:
                 next_metrics += rates.metrics_s
                 epoch += 1
-                await self.call(
-                    "metrics",
-                    "POST",
-                    f"{task}/metrics",
-                    json={"metrics": self._metrics(ranks, epoch, seq)},
-                )
+                await self._send_metrics(task, ranks, epoch, seq)
             await asyncio.sleep(rates.state_poll_s)
+        # As an agent's reporter flushes when its ranks end: the last interval's reports go
+        # out even when the task ended before its first report was due (a slow host).
+        seq = await self._report(task, payload, ranks, seq, epoch, 1.0)
+        await self._send_metrics(task, ranks, epoch + 1, seq)
         return ""
+
+    async def _report(
+        self,
+        task: str,
+        payload: SubTaskPayload,
+        ranks: list[int],
+        seq: int,
+        epoch: int,
+        done: float,
+    ) -> int:
+        """One logs POST (``log_lines`` lines from ``seq``) and one progress POST; the next seq."""
+        stamp = datetime.now(UTC).replace(tzinfo=None).isoformat()
+        lines = [
+            {
+                "attempt": payload.attempt,
+                "node": f"worker-{ranks[-1]}",
+                "seq": seq + i,
+                "time": stamp,
+                "text": f"step {seq + i}: loss {self.rng.uniform(0.1, 2.0):.4f}",
+            }
+            for i in range(self.rates.log_lines)
+        ]
+        await self.call("logs", "POST", f"{task}/logs", json={"lines": lines})
+        progress = {"progress": min(1.0, done), "epoch": epoch}
+        await self.call("progress", "POST", f"{task}/progress", json=progress)
+        return seq + self.rates.log_lines
+
+    async def _send_metrics(self, task: str, ranks: list[int], epoch: int, step: int) -> None:
+        """One metrics POST: an epoch's metrics (:meth:`_metrics`)."""
+        metrics = {"metrics": self._metrics(ranks, epoch, step)}
+        await self.call("metrics", "POST", f"{task}/metrics", json=metrics)
 
     def _metrics(self, ranks: list[int], epoch: int, step: int) -> list[dict[str, Any]]:
         """An epoch's metrics: 3 per worker rank, 4 of the parameter server (rank 0)."""
