@@ -105,27 +105,41 @@ def local_gradient(
 
 @dataclass
 class Work:
-    """Compute seconds (emulated, see :mod:`worker.engine.emulation`) and samples of a window."""
+    """Busy seconds (compute emulated, see :mod:`worker.engine.emulation`) and samples of a
+    window, section by section."""
 
     compute_s: float = 0.0
     samples: int = 0
-    sections: list[tuple[float, int]] = field(default_factory=list)
+    sections: list[tuple[float, int, float]] = field(default_factory=list)
 
     #: Fraction of a window's sections, the slowest per sample, that ``robust_seconds`` drops.
     TRIM = 0.1
+    #: A section is *sustained* when the worker waited less than this fraction of its length
+    #: just before it (it was the last to arrive at the previous sync point).
+    SUSTAINED = 0.1
 
-    def add(self, seconds: float, samples: int) -> None:
-        """Account one compute section."""
+    def add(self, seconds: float, samples: int, waited: float = 0.0) -> None:
+        """Account one busy section; ``waited`` is the seconds this worker was idle, waiting
+        for other ranks, just before it."""
         self.compute_s += seconds
         self.samples += samples
         if seconds > 0 and samples > 0:
-            self.sections.append((seconds, samples))
+            self.sections.append((seconds, samples, waited))
 
     @property
     def robust_seconds(self) -> float:
-        """Compute seconds for ``samples`` at the window's rate without its slowest sections.
+        """Busy seconds for ``samples`` at the window's sustained rate, without its slowest
+        sections.
 
-        An upper-trimmed mean: the slowest ``TRIM`` of the sections by time per
+        Sustained rate: when at least two sections of the window followed no wait
+        (``waited`` under ``SUSTAINED`` of the section), only those give the rate.
+        A device that runs faster for a while after idling (GPU and CPU boost
+        clocks; a CFS-throttled process spending quota it did not use while it
+        waited) looks faster in sections that follow a wait than it is once it
+        is kept busy, which it is at the balanced split it would be given, so
+        the rate it keeps without pauses is the one to balance on.
+
+        Then an upper-trimmed mean: the slowest ``TRIM`` of the sections by time per
         sample (none in a window of fewer than 5, one in 5 to 10, two in 11 to
         20, ...) are dropped and the rest give the rate, seconds summed over
         samples summed. One step slowed by another process on the host is thus
@@ -136,11 +150,13 @@ class Work:
         """
         if not self.sections:
             return self.compute_s
-        ordered = sorted(self.sections, key=lambda section: section[0] / section[1])
+        sustained = [s for s in self.sections if s[2] < self.SUSTAINED * s[0]]
+        chosen = sustained if len(sustained) >= 2 else self.sections
+        ordered = sorted(chosen, key=lambda section: section[0] / section[1])
         drop = math.ceil(self.TRIM * len(ordered)) if len(ordered) >= 5 else 0
         kept = ordered[: len(ordered) - drop]
-        seconds = sum(t for t, _ in kept)
-        return self.samples * seconds / sum(n for _, n in kept)
+        seconds = sum(t for t, _, _ in kept)
+        return self.samples * seconds / sum(n for _, n, _ in kept)
 
     @property
     def rate(self) -> float:

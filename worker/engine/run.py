@@ -13,6 +13,7 @@ steps every rank knows in advance: the load-balancing check every
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,9 @@ class Run:
     buffer_base: list[Tensor] | None = None
     reducer: GradientReducer | None = None
     pulled_at: int = -1
+    ready_at: float | None = None
+    busy_until: float | None = None
+    waited: float = 0.0
     state: ModelState = field(init=False)
     strategy: Strategy = field(init=False)
 
@@ -87,11 +91,19 @@ class Run:
         runs (:func:`worker.engine.compute.reduced_gradient`; only forward and backward
         are timed, not the wait for the sum).
 
+        The seconds accounted to the window and the epoch are this worker's *busy*
+        time for the step: the compute section plus whatever it did since it was
+        last released from waiting (:meth:`ready`: the optimizer step, bookkeeping,
+        reading the batch), so that work a worker does outside forward and
+        backward, which a synchronous step waits for just the same, also counts
+        against its share (on a device a third as fast, a third as fast too).
+
         Keeps the buffers from before the forward pass in ``buffer_base`` and
         this worker's loss sum in ``local_loss``. On the streaming path the batch was
         read ahead; when the split changed since (a rebalance, an exchange, a new epoch)
         the worker plans its remaining steps again first.
         """
+        since = self.ready_at if self.ready_at is not None else time.perf_counter()
         train, emulator = self.train, self.emulator
         assert train is not None and emulator is not None
         indices = self.split.take(self.topo.worker_index)
@@ -99,6 +111,7 @@ class Run:
             train.plan(self.split.upcoming(self.topo.worker_index))
         base = self.buffer_base = self.state.snapshot()
         code, model, device, state = self.code, self.model, self.topo.device, self.state
+        own_work = time.perf_counter() - since  # since the last wait: optimizer step, reading
         if reducer is None:
             vector, seconds = emulator.run(
                 lambda: local_gradient(code, model, train, indices, device, state, base),
@@ -110,9 +123,23 @@ class Run:
                 lambda: reduced_gradient(code, model, train, indices, device, state, base, reducer),
                 len(indices),
             )
-        self.window.add(seconds, len(indices))
-        self.epoch_work.add(seconds, len(indices))
-        return vector if reducer is None else reducer.finish()
+        seconds += own_work
+        self.window.add(seconds, len(indices), self.waited)
+        self.epoch_work.add(seconds, len(indices), self.waited)
+        self.busy_until = time.perf_counter()
+        if reducer is None:
+            return vector
+        total = reducer.finish()
+        self.ready()
+        return total
+
+    def ready(self) -> None:
+        """Mark the end of a wait for other ranks (a sum arrived, a control point passed):
+        the time from here to the next compute section is this worker's own work
+        (:meth:`compute`). Strategies call it after each blocking exchange."""
+        self.ready_at = time.perf_counter()
+        if self.busy_until is not None:
+            self.waited = self.ready_at - self.busy_until
 
     def record_batch(self) -> None:
         """Parameter server: keep this step's global batch when batches are being dumped."""
@@ -180,7 +207,7 @@ def control_due(run: Run) -> bool:
 def control_point(run: Run) -> None:
     """After a sync point inside an epoch: rebalance and checkpoint when their marks are crossed."""
     spec = run.spec
-    if run.split.epoch_done:
+    if not control_due(run):
         return
     if _balance_due(run):
         rebalance(run, run.window)
@@ -188,6 +215,7 @@ def control_point(run: Run) -> None:
     if _crossed(run.step, run.last_checkpoint, spec.checkpoint_every):
         checkpoint(run, f"step-{run.step}.pt", epoch_complete=False)
         run.last_checkpoint = run.step
+    run.ready()  # the control point's collectives waited for every rank
 
 
 # The compute worker that keeps the parameter server's replica up to date (replicated strategies).

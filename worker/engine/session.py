@@ -216,6 +216,8 @@ def train(
             release_freed_memory()
         under_way = False
         run.epoch_work, run.loss_sum, run.samples, run.stats = Work(), 0.0, 0, {}
+        # The gap since the last epoch's steps is neither a step's work nor a wait.
+        run.ready_at, run.busy_until, run.waited = None, None, 0.0
         run.skipped = 0
         started = time.perf_counter()
         (strategy.server_epoch if run.topo.is_ps else strategy.worker_epoch)(run)

@@ -69,7 +69,9 @@ def group_step(run: Run) -> tuple[float, int]:
     divides it by the count, so a non-finite one fails or skips the whole
     group at once; a skip puts the buffers back.
     """
-    return step_from_sum(run, allreduce_sum(run.compute(), run.topo.group), run.topo.group)
+    total = allreduce_sum(run.compute(), run.topo.group)
+    run.ready()
+    return step_from_sum(run, total, run.topo.group)
 
 
 class Periodic(Strategy):
@@ -91,6 +93,7 @@ class Periodic(Strategy):
             run.step += 1
             if is_sync_point(run):
                 average_models(run, group_samples, group_loss, sync_base)
+                run.ready()
                 group_samples, group_loss = 0.0, 0.0
                 sync_base = run.state.snapshot()
                 control_point(run)

@@ -139,6 +139,7 @@ class Quorum(Strategy):
             if run.topo.am_i_leader:
                 dist.send(vector.cpu(), dst=0)
             run.state.load_(receive_params(run))
+            run.ready()
             run.split.advance()
             run.step += 1
 

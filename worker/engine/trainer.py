@@ -65,8 +65,8 @@ def report_worker_epoch(run: Run, results: dict[str, Any], seconds: float) -> No
     ``idle_fraction``.
 
     ``idle_fraction`` is the part of the epoch's step-loop seconds (``seconds``,
-    validation excluded) this worker spent outside its compute sections: waiting
-    for slower workers at sync points, communication and the optimizer step.
+    validation excluded) this worker was not busy (:meth:`worker.engine.run.Run.compute`):
+    waiting for slower workers and for communication at sync points and control points.
     In [0, 1]; near 0 means the worker never waited.
     """
     rank, work = run.topo.rank, run.epoch_work

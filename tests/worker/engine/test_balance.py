@@ -110,3 +110,24 @@ def test_short_windows_keep_every_section() -> None:
     window = window_of([0.01, 0.01, 0.02])
     assert window.robust_seconds == pytest.approx(window.compute_s)
     assert Work().robust_seconds == 0.0
+
+
+def test_sections_after_a_wait_do_not_set_the_rate() -> None:
+    # A device that runs faster for a while after idling (boost clocks; a CFS-throttled
+    # process spending quota it left while it waited) computes sections that follow a wait
+    # twice as fast: only the sections it ran without a pause give the rate it keeps when busy.
+    work = Work()
+    for _ in range(3):
+        work.add(1.0, 100, waited=0.0)  # sustained: 100 samples/s
+        work.add(0.5, 100, waited=0.3)  # right after a 0.3 s wait: 200 samples/s
+    assert work.robust_seconds == pytest.approx(work.samples / 100)
+    assert work.compute_s == pytest.approx(4.5)
+
+
+def test_too_few_sustained_sections_keep_them_all() -> None:
+    # A worker that waits before every section (the fast one of a pair) is rated on them all.
+    work = Work()
+    for seconds in (1.0, 0.5, 0.5):
+        work.add(seconds, 100, waited=0.4)
+    work.add(1.0, 100, waited=0.0)
+    assert work.robust_seconds == pytest.approx(work.compute_s)
