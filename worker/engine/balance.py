@@ -6,13 +6,16 @@ worker. Shares proportional to throughput, ``b_i = B r_i / sum(r)``, make all
 workers finish together; the step then takes ``B / sum(r)``, the ideal.
 
 The controller re-estimates ``r_i`` from real step times over a window and
-moves shares towards that target when the predicted step time exceeds the
-ideal by more than ``tolerance``. It moves only ``damping`` of the way, in
-whole samples, and never changes B, so noise inside the dead band causes no
-change and a real drift is followed in a few damped moves without
-oscillating. Once it has started to move it goes on (hysteresis) until the
-predicted excess is within ``settle`` or whole samples allow no closer
-split, rather than stopping just inside the dead band: otherwise a split
+moves shares towards that target when the predicted step time exceeds the ideal
+by more than ``tolerance``. It moves only ``damping`` of the way, in whole
+samples, and never changes B, so noise inside the dead band causes no change
+and a real drift is followed in a few damped moves without oscillating. A
+predicted excess of ``jump`` or more (a device whose speed changed, not the
+noise of a few per cent) is followed the whole way at once: a damped controller
+would take three or four checks to close it, and every step meanwhile waits for
+the overloaded worker. Once it has started to move it goes on (hysteresis)
+until the predicted excess is within ``settle`` or whole samples allow no
+closer split, rather than stopping just inside the dead band: otherwise a split
 would stay up to ``tolerance`` slower than the ideal for good. This is
 semi-dynamic load balancing from measured step times
 (Chen et al., "Semi-Dynamic Load Balancing: Efficient Distributed Learning in
@@ -53,8 +56,9 @@ class Balancer:
     ``policy`` ``even`` keeps equal shares forever; ``weighted`` starts from the
     profiled throughputs and follows measured step times. ``tolerance`` is the
     dead band (fraction of the ideal step time), ``damping`` in (0, 1] the
-    fraction of the way moved per decision; once moving, the controller goes on
-    until the predicted excess is at most ``settle``.
+    fraction of the way moved per decision (the whole way from a predicted excess of
+    ``jump``); once moving, the controller goes on until the predicted excess is at
+    most ``settle``.
     """
 
     policy: SplitPolicy
@@ -62,6 +66,7 @@ class Balancer:
     tolerance: float = 0.02
     damping: float = 0.5
     settle: float = 0.01
+    jump: float = 0.15
     moving: bool = False
 
     def initial(self, rates: list[float]) -> list[int]:
@@ -86,9 +91,9 @@ class Balancer:
         if not self.moving:
             return None
         total = sum(rates)
+        damping = 1.0 if excess >= self.jump else self.damping
         target = [
-            b + self.damping * (self.batch * r / total - b)
-            for b, r in zip(shares, rates, strict=True)
+            b + damping * (self.batch * r / total - b) for b, r in zip(shares, rates, strict=True)
         ]
         proposed = weighted_shares(self.batch, target)
         if proposed == shares:

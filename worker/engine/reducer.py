@@ -77,7 +77,9 @@ class GradientReducer:
     """Sum of ``[count * grad (P), tail (T)]`` over every compute worker, overlapped with backward.
 
     Built once per worker for the model's ``params`` (flat-vector order), a
-    tail of ``tail_numel`` elements and the task's ``n_groups``. Per step:
+    tail of ``tail_numel`` elements and ``n_groups``, the groups the sum spans:
+    the task's groups (sync), or 1 for the sum inside this worker's group only
+    (periodic's and quorum's exact in-group step). Per step:
     :meth:`begin` with the local sample count (arms the hooks), the forward
     pass, :meth:`set_tail`, the backward pass, then :meth:`finish`, which
     returns the global sum, shape [P + T], on ``topo.device``. Outside
@@ -102,8 +104,9 @@ class GradientReducer:
             for i in range(start, stop):
                 self.bucket_of[i] = k
         self.in_group = topo.group if len(topo.group_ranks) > 1 else None
-        self.cross = topo.cross  # on the leaders, with more than one group
         self.multi_group = n_groups > 1
+        # On the leaders, when the sum spans more than one group.
+        self.cross = topo.cross if self.multi_group else None
         # The collective the hooks launch: the in-group sum, or with one worker per group the
         # leaders' sum. (On a non-CPU device the leaders' gloo sum waits for the end.)
         self.first_stage = self.in_group

@@ -133,6 +133,13 @@ class Run:
         self.ready()
         return total
 
+    def group_reducer(self) -> GradientReducer:
+        """The reducer of this worker's group-only sum (periodic, quorum), built at first use."""
+        if self.reducer is None:
+            n_tail = self.state.n_buffers + 2
+            self.reducer = GradientReducer(self.topo, self.params, n_tail, n_groups=1)
+        return self.reducer
+
     def ready(self) -> None:
         """Mark the end of a wait for other ranks (a sum arrived, a control point passed):
         the time from here to the next compute section is this worker's own work

@@ -43,6 +43,7 @@ from worker.engine.split import SplitState
 from worker.engine.state import sync_state
 
 SKIPPED = "skipped_steps"
+MIN_WINDOW_STEPS = 4  # the fewest steps since the last check for the epoch's end to rebalance on
 
 
 def initial_shares(run: Run, train: Source | None) -> list[int]:
@@ -180,7 +181,12 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
     skipped = int(val.pop(SKIPPED, (0.0, 0.0))[0])
     compute_s, samples = gather_work(run.topo, run.epoch_work.compute_s, run.epoch_work.samples)
     if run.spec.split_policy == "weighted":
-        rebalance(run, run.epoch_work)
+        # The latest window (the steps since the last check), as at every other check: the
+        # whole epoch would mix in how fast the workers were before a change of speed. A
+        # window of a few steps only (a check just before the epoch's end) is too noisy:
+        # then the epoch. Every rank knows the steps, so all take the same one.
+        recent = run.step - run.last_balance >= MIN_WINDOW_STEPS
+        rebalance(run, run.window if recent else run.epoch_work)
         run.window, run.last_balance = Work(), run.step
     sent = run.split.exchange(run.spec.exchange_fraction, run.spec.seed, run.epoch)
     if run.topo.is_ps and any(sent):

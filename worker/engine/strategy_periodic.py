@@ -32,7 +32,6 @@ from torch import Tensor
 from typing_extensions import override
 
 from worker.engine.exchange import (
-    allreduce_sum,
     broadcast_down,
     gather_at_ps,
     leader_reduce,
@@ -69,9 +68,7 @@ def group_step(run: Run) -> tuple[float, int]:
     divides it by the count, so a non-finite one fails or skips the whole
     group at once; a skip puts the buffers back.
     """
-    total = allreduce_sum(run.compute(), run.topo.group)
-    run.ready()
-    return step_from_sum(run, total, run.topo.group)
+    return step_from_sum(run, run.compute(run.group_reducer()), run.topo.group)
 
 
 class Periodic(Strategy):

@@ -36,7 +36,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from worker.engine import report
-from worker.engine.exchange import allreduce_sum, vector_to_grads
+from worker.engine.exchange import vector_to_grads
 from worker.engine.numerics import all_finite
 from worker.engine.run import Run, nonfinite_step
 from worker.engine.strategy import Strategy
@@ -64,7 +64,7 @@ def group_report(run: Run) -> Tensor:
     with ``skip_step``, becomes an all-zero report (no samples, no change),
     which the parameter server's update leaves out.
     """
-    vector = allreduce_sum(run.compute(), run.topo.group)
+    vector = run.compute(run.group_reducer())
     if not all_finite(vector):
         nonfinite_step(run, run.topo.group)
         vector.zero_()

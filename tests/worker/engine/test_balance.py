@@ -62,6 +62,22 @@ def test_a_slowed_worker_gets_less_without_oscillating() -> None:
     assert len(set(trajectory[-5:])) == 1, "settled"
 
 
+def test_a_large_change_of_speed_is_followed_in_one_decision() -> None:
+    # Worker 1 slows from 100 to 40 samples/s: the split that fits (200 : 80 of 280) was
+    # predicted 75 % too slow, far beyond noise, so the controller goes there at once.
+    balancer, shares = Balancer("weighted", 280), [140, 140]
+    shares = balancer.propose(shares, *measure(shares, [100.0, 40.0])) or shares
+    assert shares == [200, 80]
+    assert balancer.propose(shares, *measure(shares, [100.0, 40.0])) is None
+
+
+def test_a_small_excess_is_closed_in_damped_moves() -> None:
+    # 5 % over the ideal: half of the way per decision, so noise near the band cannot swing it.
+    balancer, shares, speeds = Balancer("weighted", 200), [100, 100], [100.0, 90.0]
+    first = balancer.propose(shares, *measure(shares, speeds))
+    assert first is not None and 100 < first[0] < 105
+
+
 def test_even_policy_never_moves() -> None:
     assert Balancer("even", 10).propose([5, 5], [1.0, 100.0], [5.0, 5.0]) is None
 
