@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install sandbox demo up test lint format bench bench-quick clean
+.PHONY: install sandbox demo up test lint format bench bench-all bench-quick clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (set PY=...)"; exit 1; }
@@ -49,11 +49,15 @@ format: install
 	$(BIN)/ruff format $(LINTED)
 	$(BIN)/ruff check --fix $(LINTED)
 
-# Benchmarks (docs/benchmarks.md): one JSON line each. On this 2-core host the whole set takes
-# about 45 minutes (2026-11-26 estimate from its parts, over the 25 the issue asks: see
-# docs/benchmarks.md); bench-quick, the engine's core figures, about 6 minutes.
+# Benchmarks (docs/benchmarks.md): one JSON line each. bench: the figures with targets, every
+# ratio from 5 paired rounds (under 25 minutes on this 2-core host); bench-all adds the
+# accuracy runs and the earlier issues' benchmarks (about 80 minutes in all); bench-quick,
+# the engine's core figures, about 6 minutes.
 bench: install
 	$(BIN)/python -m bench.run_all
+
+bench-all: install
+	$(BIN)/python -m bench.run_all --all --out var/bench-all-results.jsonl
 
 bench-quick: install
 	$(BIN)/python -m bench.run_all --quick --out var/bench-quick-results.jsonl

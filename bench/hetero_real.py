@@ -6,7 +6,9 @@ pinned to core 0 with no quota (the whole core), "slow" pinned to core 1 with a 
 of ``--slow-fraction`` (default 1/3) of that core per 10 ms CFS period. The parameter server
 and this process stay unthrottled and unpinned. Three runs of the task per round, each a
 task of its own on these cgroups: the fast group alone, the slow group alone (each with
-the whole global batch) and both together (weighted split). Throughput is training
+the whole global batch) and both together (weighted split), once per strategy. The
+standalone runs are synchronous training on the one group (what a user without the
+slow group runs) and serve both strategies. Throughput is training
 samples over the ``epoch_time_s`` of the parameter server (validation excluded) of the
 second of 2 epochs (the first warms up and lets the balancer settle).
 
@@ -22,11 +24,21 @@ Per round, from the three throughputs ``r_fast``, ``r_slow`` (alone) and ``toget
 The measured ``r_slow / r_fast`` is reported (the quota sets it only roughly: the
 slow worker's communication and the parameter server's work are not throttled).
 
-Rounds: the three runs go F S T in even rounds and T S F in odd ones (``bench.stats.
-paired_rounds``: counterbalanced); each ratio is computed within a round, and the line
-gives the median over ``--rounds`` rounds with a 95 % bootstrap interval
-(``bench.stats.summary``). Both strategies: ``sync`` (parameter-server round every step)
-and ``periodic`` (models averaged every 8 steps), and two model sizes: ``34k``
+Contention: the two cores share caches and memory bandwidth (and, on a VM, whatever the
+hypervisor shares), so the fast group computes more slowly while the slow core is busy,
+which the standalone rates do not contain. One more run per round measures it: the fast
+group alone while a *neighbour* (a plain PyTorch loop of the same model's steps, no
+polytrain) runs in the slow group's cgroup on its core at its quota. ``contention`` =
+that rate / ``r_fast``, and ``gain_ratio_contended`` = together / (fast beside the
+neighbour + r_slow): what is left of the loss once the host's share is taken out
+(reported, not the target).
+
+Rounds: the five runs go in one order in even rounds and in the reverse order in odd ones
+(``bench.stats.paired_rounds``: counterbalanced); each ratio is computed within a round,
+and the line gives the median over ``--rounds`` rounds with a 95 % bootstrap interval
+(``bench.stats.summary``). Both strategies: ``sync`` (one gradient sum every step, no
+parameter server on the step path) and ``periodic`` (models averaged every 8 steps), and
+two model sizes: ``34k``
 (bench/workloads/hetero_cnn.py, 4,096 samples, global batch 256, about 1.8 M
 multiply-adds a sample) and ``10M`` (bench/workloads/sized_mlp.py at hidden width 3030,
 512 samples, global batch 64: a 40 MB gradient each step, so communication shows).
@@ -37,7 +49,7 @@ per core (the workers; the parameter servers mostly wait).
 
 Needs root and the cgroup v1 cpu controller; exits 2 with a message where it is missing.
 
-    python -m bench.hetero_real [--rounds 5] [--sizes 34k,10M] [--strategies sync,periodic]
+    python -m bench.hetero_real [--rounds 5] [--sizes 34k,10M]
 """
 
 from __future__ import annotations
@@ -45,7 +57,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from bench.common import emit, ps_metric, run_task, workload
@@ -116,38 +133,78 @@ def throughput(
     return model.samples / statistics.median(ps_metric(run, "epoch_time_s")[1:])
 
 
-def measure(size: str, strategy: str, cpu: dict[str, CpuGroup], rounds: int) -> dict[str, Any]:
-    """Paired rounds of fast alone, slow alone and together; the ratios' summaries."""
-    model, options = MODELS[size], STRATEGIES[strategy]
-    shares: list[list[float]] = []
+@contextmanager
+def neighbour(size: str, group: CpuGroup) -> Iterator[None]:
+    """A plain PyTorch training loop of ``size``'s model (bench/neighbour.py) in
+    ``group`` (its cgroup, its core) while the block runs."""
+    env = {**os.environ, **MODELS[size].env, "POLYTRAIN_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.neighbour", MODELS[size].code, str(MODELS[size].batch)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        group.place(proc.pid)
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":  # torch imported, model built
+            raise RuntimeError("the neighbour process did not start")
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def measure(size: str, cpu: dict[str, CpuGroup], rounds: int) -> dict[str, dict[str, Any]]:
+    """Paired rounds of fast alone, slow alone, fast beside a neighbour and together under
+    each strategy; per strategy, the ratios' summaries."""
+    model = MODELS[size]
+    shares: dict[str, list[list[float]]] = {strategy: [] for strategy in STRATEGIES}
     before = {name: group.stat() for name, group in cpu.items()}
     load = os.getloadavg()[0]
-    rates = paired_rounds(
-        {
-            "fast": lambda: throughput(model, [FAST], cpu, options),
-            "slow": lambda: throughput(model, [SLOW], cpu, options),
-            "together": lambda: throughput(model, [FAST, SLOW], cpu, options, shares),
-        },
-        rounds,
-    )
-    fast, slow, together = rates["fast"], rates["slow"], rates["together"]
+
+    def beside() -> float:
+        with neighbour(size, cpu["slow"]):
+            return throughput(model, [FAST], cpu, {})
+
+    arms: dict[str, Callable[[], float]] = {
+        "fast": lambda: throughput(model, [FAST], cpu, {}),
+        "slow": lambda: throughput(model, [SLOW], cpu, {}),
+        "fast beside neighbour": beside,
+    }
+    for strategy, options in STRATEGIES.items():
+        arms[f"together {strategy}"] = partial(
+            throughput, model, [FAST, SLOW], cpu, options, shares[strategy]
+        )
+    rates = paired_rounds(arms, rounds)
+    fast, slow, fast_beside = rates["fast"], rates["slow"], rates["fast beside neighbour"]
     speed = paired_ratios(slow, fast)
-    gain = paired_ratios(together, fast)
     ideal_gain = [1 + s for s in speed]
     sums = [f + s for f, s in zip(fast, slow, strict=True)]
-    return {
-        "gain_ratio": summary(paired_ratios(gain, ideal_gain)),
-        "efficiency": summary(paired_ratios(together, sums)),
-        "gain": summary(gain),
+    contended = [f + s for f, s in zip(fast_beside, slow, strict=True)]
+    common = {
         "ideal_gain": summary(ideal_gain),
         "r_slow_over_r_fast": summary(speed),
+        "contention": summary(paired_ratios(fast_beside, fast)),
         "samples_per_s": {name: [round(v, 1) for v in values] for name, values in rates.items()},
-        "together_slow_share_per_epoch": shares,
         # Of the CFS periods in which the slow group ran, those it ran out of quota in:
         # near 1 when the quota is what limits it, low when other load does.
         "slow_periods_throttled": throttled_fraction(cpu["slow"], before["slow"]),
         "load_avg_1min": [round(load, 2), round(os.getloadavg()[0], 2)],
     }
+    found = {}
+    for strategy in STRATEGIES:
+        together = rates[f"together {strategy}"]
+        gain = paired_ratios(together, fast)
+        found[strategy] = {
+            "gain_ratio": summary(paired_ratios(gain, ideal_gain)),
+            "efficiency": summary(paired_ratios(together, sums)),
+            "gain": summary(gain),
+            "gain_ratio_contended": summary(paired_ratios(together, contended)),
+            **common,
+            "together_slow_share_per_epoch": shares[strategy],
+        }
+    return found
 
 
 def throttled_fraction(group: CpuGroup, before: dict[str, int]) -> float | None:
@@ -161,13 +218,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="heterogeneity gain with real CPU throttling")
     parser.add_argument("--rounds", type=int, default=5, help="paired, counterbalanced")
     parser.add_argument("--sizes", default="34k,10M", help=f"of {sorted(MODELS)}")
-    parser.add_argument("--strategies", default="sync,periodic", help=f"of {list(STRATEGIES)}")
     parser.add_argument("--slow-fraction", type=float, default=SLOW_FRACTION)
     parser.add_argument(
         "--period-us", type=int, default=PERIOD_US, help="CFS period of the quotas (µs)"
     )
     args = parser.parse_args()
-    sizes, strategies = args.sizes.split(","), args.strategies.split(",")
+    sizes, strategies = args.sizes.split(","), list(STRATEGIES)
     worst: dict[str, tuple[float, str]] = {}
     try:
         with Throttle(prefix=PREFIX, period_us=args.period_us) as throttle:
@@ -176,8 +232,9 @@ def main() -> None:
                 "slow": throttle.group("slow", fraction=args.slow_fraction, core=SLOW_CORE),
             }
             for size in sizes:
+                by_strategy = measure(size, cpu, args.rounds)
                 for strategy in strategies:
-                    found = measure(size, strategy, cpu, args.rounds)
+                    found = by_strategy[strategy]
                     gain, efficiency = found.pop("gain_ratio"), found.pop("efficiency")
                     emit(
                         f"hetero_gain_real_{strategy}_{size}",

@@ -1,6 +1,6 @@
 """Run every benchmark, one after the other, and print their JSON lines.
 
-    python -m bench.run_all [--out var/bench-results.jsonl]
+    python -m bench.run_all [--quick | --all] [--out var/bench-results.jsonl]
 
 Each benchmark runs as its own process (never more busy processes than the
 machine has cores, see each script); the lines are also written to ``--out``
@@ -19,29 +19,37 @@ import sys
 import time
 from pathlib import Path
 
+# `make bench`: the engine's and the service's figures with their targets (issue 20), every
+# ratio from 5 paired, counterbalanced rounds; about 22 minutes on this 2-core host.
 BENCHMARKS = (
-    # the engine against plain DDP, 4 model sizes x 5 rounds (issue 20 item 2): about 8.5 minutes
+    # the engine against plain DDP, 4 model sizes x 5 rounds (item 2): about 8.5 minutes
     "bench.engine_vs_ddp",
-    # real CPU throttling, cgroup v1 (issue 20): root only, else they exit 2. Fewer rounds
-    # than their full runs (5 each, docs/benchmarks.md): about 3.5 minutes a round of
-    # hetero_real and 1 of rebalance_tracking at load 2.
-    "bench.hetero_real --rounds 2",
-    "bench.rebalance_tracking --rounds 3",
-    "bench.comm",
-    # scaling curves (issue 20, item 6): about 1.5 minutes, 9 processes at G = 8
+    # real CPU throttling, cgroup v1 (items 1, 3, 4): root only, else they exit 2. 5 rounds:
+    # about 5 and 3.5 minutes
+    "bench.hetero_real",
+    "bench.rebalance_tracking",
+    # scaling curves and the service (item 6): about 1.5, 1, 2 and 1.5 minutes
     "bench.comm_scaling",
-    "bench.accuracy_parity",
+    "bench.schedule_decision",
+    "bench.submit_to_first_step --only cold",
+    "bench.api_p99 --only mixed",
+)
+# `make bench-all` adds the slow accuracy runs and the earlier issues' benchmarks (about 55
+# minutes more).
+MORE = (
     # strategies on accuracy with a really throttled group (issue 20 item 5; root, cgroup v1
-    # cpu, else it exits 2): one seed, about 4.5 minutes
-    "bench.time_to_accuracy",
+    # cpu, else it exits 2): 5 paired seeds to 0.97, about 20 minutes
+    "bench.time_to_accuracy --seeds 5",
+    "bench.comm",
+    "bench.accuracy_parity",
     # numerical faults (issue 17)
     "bench.nonfinite_check",
     # the data path (issue 19)
     "bench.data_path",
-    # scheduling and the production stack (issue 4)
-    "bench.schedule_decision",
-    "bench.submit_to_first_step",
-    "bench.api_p99",
+    # scheduling and the production stack (issue 4): the warm start and the readers alone
+    "bench.submit_to_first_step --only embedded",
+    "bench.submit_to_first_step --only redis",
+    "bench.api_p99 --only readers",
     # a thousand agents, simulated (issue 19): about 5 minutes
     "bench.agent_fleet",
     # emulated speed (sleep padding; issue 3): kept for comparison with the earlier figures
@@ -84,10 +92,12 @@ def run(module: str) -> tuple[list[dict], bool]:
 def main() -> int:
     parser = argparse.ArgumentParser(description="run every benchmark")
     parser.add_argument("--out", default=str(ROOT / "var" / "bench-results.jsonl"))
-    parser.add_argument("--quick", action="store_true", help="the smaller set (make bench-quick)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--quick", action="store_true", help="the smaller set (make bench-quick)")
+    which.add_argument("--all", action="store_true", help="every benchmark (make bench-all)")
     args = parser.parse_args()
     results, ok = [], True
-    for module in QUICK if args.quick else BENCHMARKS:
+    for module in QUICK if args.quick else (*BENCHMARKS, *MORE) if args.all else BENCHMARKS:
         lines, succeeded = run(module)
         ok = ok and succeeded
         for line in lines:
