@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -72,6 +73,7 @@ from bench.throttle import PERIOD_US, CpuGroup, Throttle, ThrottleError, exit_un
 PREFIX = "ptbench-thr"
 FAST_CORE, SLOW_CORE = 0, 1
 SLOW_FRACTION = 1 / 3
+NEIGHBOUR_START_S = 120  # the neighbour imports torch at its quota (a third of a core)
 TARGET = ">= 0.95 (ideal 1.0)"
 STRATEGIES: dict[str, dict[str, Any]] = {
     "sync": {},
@@ -147,8 +149,10 @@ def neighbour(size: str, group: CpuGroup) -> Iterator[None]:
     try:
         group.place(proc.pid)
         assert proc.stdout is not None
-        if proc.stdout.readline().strip() != "ready":  # torch imported, model built
-            raise RuntimeError("the neighbour process did not start")
+        # "ready" once torch is imported and the model built; nothing is printed after it.
+        started, _, _ = select.select([proc.stdout], [], [], NEIGHBOUR_START_S)
+        if not started or proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the neighbour process did not start in {NEIGHBOUR_START_S} s")
         yield
     finally:
         proc.kill()

@@ -80,7 +80,8 @@ class Balancer:
     ) -> list[int] | None:
         """New shares from a window of measured work, or None to keep ``shares``.
 
-        ``compute_s[i]`` is worker i's compute seconds in the window and
+        ``compute_s[i]`` is worker i's busy seconds in the window (compute sections and
+        its own work between them, :meth:`worker.engine.run.Run.compute`) and
         ``samples[i]`` the samples it processed then.
         """
         if self.policy == "even" or len(shares) < 2:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,8 +161,53 @@ class Work:
 
     @property
     def rate(self) -> float:
-        """Samples per second of compute time (0 when nothing was measured)."""
+        """Samples per second of busy time (0 when nothing was measured)."""
         return self.samples / self.compute_s if self.compute_s > 0 else 0.0
+
+
+@dataclass
+class BusyClock:
+    """A worker's own work and its waits for other ranks between two compute sections.
+
+    After a section the worker alternates between its own work (its optimizer
+    step, reading the next batch, bookkeeping) and waits for other ranks (the
+    sum, the averaged model, a control point's collective): :meth:`waiting`
+    marks where a wait begins and :meth:`ready` where it ends. :meth:`take`,
+    just before the next section, gives the seconds of each since the last
+    section. Before an epoch's first section the waited time is infinite: it
+    follows the epoch's end (validation, checkpoint), the longest idle of all.
+    """
+
+    own_s: float = 0.0
+    waited_s: float = math.inf
+    working_since: float | None = None
+    waiting_since: float | None = None
+
+    def section_done(self) -> None:
+        """A compute section just ended: own work starts again, nothing waited yet."""
+        self.own_s, self.waited_s = 0.0, 0.0
+        self.working_since, self.waiting_since = time.perf_counter(), None
+
+    def waiting(self) -> None:
+        """A wait for other ranks begins (before a blocking exchange or collective)."""
+        now = time.perf_counter()
+        if self.working_since is not None:
+            self.own_s += now - self.working_since
+        self.working_since, self.waiting_since = None, now
+
+    def ready(self) -> None:
+        """The wait ended: own work again."""
+        now = time.perf_counter()
+        if self.waiting_since is not None and math.isfinite(self.waited_s):
+            self.waited_s += now - self.waiting_since
+        self.working_since, self.waiting_since = now, None
+
+    def take(self) -> tuple[float, float]:
+        """``(own seconds, waited seconds)`` since the last section, up to now."""
+        own = self.own_s
+        if self.working_since is not None:
+            own += time.perf_counter() - self.working_since
+        return own, self.waited_s
 
 
 def profile_throughput(

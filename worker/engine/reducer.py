@@ -1,7 +1,8 @@
 """The synchronous step's gradient sum, reduced while the backward pass runs.
 
 The sync strategy (:mod:`worker.engine.strategy_sync`) needs, on every compute
-worker, the sum over all workers of the vector
+worker, the sum over all workers of the vector (periodic and quorum the same sum
+over the worker's group only, their exact in-group step)
 ``[grad_sum (P), buffer_change_sum (B), loss_sum, count]``
 (:func:`worker.engine.compute.local_gradient` gives one worker's). A
 :class:`GradientReducer` builds that vector in place of the local one and sums

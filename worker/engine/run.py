@@ -13,7 +13,6 @@ steps every rank knows in advance: the load-balancing check every
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from torch import Tensor
 from worker.engine import report
 from worker.engine.balance import Balancer, imbalance, rates_of
 from worker.engine.checkpoint import gather_worker_states, save_checkpoint
-from worker.engine.compute import Work, local_gradient, reduced_gradient
+from worker.engine.compute import BusyClock, Work, local_gradient, reduced_gradient
 from worker.engine.contract import TrainingCode
 from worker.engine.data import Source
 from worker.engine.distributed import Topology
@@ -69,9 +68,7 @@ class Run:
     buffer_base: list[Tensor] | None = None
     reducer: GradientReducer | None = None
     pulled_at: int = -1
-    ready_at: float | None = None
-    busy_until: float | None = None
-    waited: float = 0.0
+    clock: BusyClock = field(default_factory=BusyClock)
     state: ModelState = field(init=False)
     strategy: Strategy = field(init=False)
 
@@ -92,18 +89,19 @@ class Run:
         are timed, not the wait for the sum).
 
         The seconds accounted to the window and the epoch are this worker's *busy*
-        time for the step: the compute section plus whatever it did since it was
-        last released from waiting (:meth:`ready`: the optimizer step, bookkeeping,
-        reading the batch), so that work a worker does outside forward and
-        backward, which a synchronous step waits for just the same, also counts
-        against its share (on a device a third as fast, a third as fast too).
+        time for the step: the compute section plus its own work since the last
+        section, not the waits for other ranks in between (:class:`BusyClock`:
+        the optimizer step, bookkeeping, reading the batch), so that work a
+        worker does outside forward and backward, which a synchronous step waits
+        for just the same, also counts against its share. (Sleep emulation pads
+        the section only: an emulated slow worker does its own work at the
+        host's speed.)
 
         Keeps the buffers from before the forward pass in ``buffer_base`` and
         this worker's loss sum in ``local_loss``. On the streaming path the batch was
         read ahead; when the split changed since (a rebalance, an exchange, a new epoch)
         the worker plans its remaining steps again first.
         """
-        since = self.ready_at if self.ready_at is not None else time.perf_counter()
         train, emulator = self.train, self.emulator
         assert train is not None and emulator is not None
         indices = self.split.take(self.topo.worker_index)
@@ -111,7 +109,7 @@ class Run:
             train.plan(self.split.upcoming(self.topo.worker_index))
         base = self.buffer_base = self.state.snapshot()
         code, model, device, state = self.code, self.model, self.topo.device, self.state
-        own_work = time.perf_counter() - since  # since the last wait: optimizer step, reading
+        own_s, waited_s = self.clock.take()
         if reducer is None:
             vector, seconds = emulator.run(
                 lambda: local_gradient(code, model, train, indices, device, state, base),
@@ -123,14 +121,15 @@ class Run:
                 lambda: reduced_gradient(code, model, train, indices, device, state, base, reducer),
                 len(indices),
             )
-        seconds += own_work
-        self.window.add(seconds, len(indices), self.waited)
-        self.epoch_work.add(seconds, len(indices), self.waited)
-        self.busy_until = time.perf_counter()
+        seconds += own_s
+        self.window.add(seconds, len(indices), waited_s)
+        self.epoch_work.add(seconds, len(indices), waited_s)
+        self.clock.section_done()
         if reducer is None:
             return vector
+        self.clock.waiting()
         total = reducer.finish()
-        self.ready()
+        self.clock.ready()
         return total
 
     def group_reducer(self) -> GradientReducer:
@@ -139,14 +138,6 @@ class Run:
             n_tail = self.state.n_buffers + 2
             self.reducer = GradientReducer(self.topo, self.params, n_tail, n_groups=1)
         return self.reducer
-
-    def ready(self) -> None:
-        """Mark the end of a wait for other ranks (a sum arrived, a control point passed):
-        the time from here to the next compute section is this worker's own work
-        (:meth:`compute`). Strategies call it after each blocking exchange."""
-        self.ready_at = time.perf_counter()
-        if self.busy_until is not None:
-            self.waited = self.ready_at - self.busy_until
 
     def record_batch(self) -> None:
         """Parameter server: keep this step's global batch when batches are being dumped."""
@@ -170,6 +161,10 @@ def nonfinite_step(run: Run, group: dist.ProcessGroup | None) -> None:
     if run.strategy.counts_skips(run.topo):
         run.skipped += 1
         report.log(f"skipped the optimizer step: {reason}")
+
+
+# The fewest steps a rebalancing window holds (fewer are noise: two steps, one of them slowed).
+MIN_WINDOW_STEPS = 4
 
 
 def _crossed(now: int, before: int, every: int | None) -> bool:
@@ -199,9 +194,15 @@ def rebalance(run: Run, window: Work) -> None:
 
 
 def _balance_due(run: Run) -> bool:
-    spec = run.spec
-    balancing = spec.split_policy == "weighted"
-    return balancing and _crossed(run.step, run.last_balance, spec.rebalance_every)
+    """A check in the step's schedule (every ``rebalance_every`` steps), unless the window
+    since the last check (e.g. the epoch's end, two steps ago) holds fewer than
+    ``MIN_WINDOW_STEPS`` steps: then the check waits for the next mark. Every rank knows
+    the steps, so all agree."""
+    spec, every = run.spec, run.spec.rebalance_every
+    if spec.split_policy != "weighted" or not every:
+        return False
+    enough = run.step - run.last_balance >= min(MIN_WINDOW_STEPS, every)
+    return enough and _crossed(run.step, run.last_balance, every)
 
 
 def control_due(run: Run) -> bool:
@@ -216,13 +217,14 @@ def control_point(run: Run) -> None:
     spec = run.spec
     if not control_due(run):
         return
+    run.clock.waiting()  # the control point's collectives wait for every rank
     if _balance_due(run):
         rebalance(run, run.window)
         run.window, run.last_balance = Work(), run.step
     if _crossed(run.step, run.last_checkpoint, spec.checkpoint_every):
         checkpoint(run, f"step-{run.step}.pt", epoch_complete=False)
         run.last_checkpoint = run.step
-    run.ready()  # the control point's collectives waited for every rank
+    run.clock.ready()
 
 
 # The compute worker that keeps the parameter server's replica up to date (replicated strategies).

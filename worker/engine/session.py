@@ -26,7 +26,7 @@ import torch
 
 from worker.engine import report
 from worker.engine.balance import Balancer
-from worker.engine.compute import Work, profile_throughput
+from worker.engine.compute import BusyClock, Work, profile_throughput
 from worker.engine.contract import TrainingCode
 from worker.engine.data import DataSources, Source
 from worker.engine.distributed import Topology
@@ -36,14 +36,13 @@ from worker.engine.exchange import (
     gather_work,
     sum_over_world,
 )
-from worker.engine.run import Run, checkpoint, pull_replica, rebalance
+from worker.engine.run import MIN_WINDOW_STEPS, Run, checkpoint, pull_replica, rebalance
 from worker.engine.sharding import even_shares
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
 from worker.engine.state import sync_state
 
 SKIPPED = "skipped_steps"
-MIN_WINDOW_STEPS = 4  # the fewest steps since the last check for the epoch's end to rebalance on
 
 
 def initial_shares(run: Run, train: Source | None) -> list[int]:
@@ -187,7 +186,7 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
         # then the epoch. Every rank knows the steps, so all take the same one.
         recent = run.step - run.last_balance >= MIN_WINDOW_STEPS
         rebalance(run, run.window if recent else run.epoch_work)
-        run.window, run.last_balance = Work(), run.step
+    run.window, run.last_balance = Work(), run.step
     sent = run.split.exchange(run.spec.exchange_fraction, run.spec.seed, run.epoch)
     if run.topo.is_ps and any(sent):
         report.log(f"epoch {run.epoch}: neighbour exchange sent {sent} samples")
@@ -222,8 +221,7 @@ def train(
             release_freed_memory()
         under_way = False
         run.epoch_work, run.loss_sum, run.samples, run.stats = Work(), 0.0, 0, {}
-        # The gap since the last epoch's steps is neither a step's work nor a wait.
-        run.ready_at, run.busy_until, run.waited = None, None, 0.0
+        run.clock = BusyClock()  # the first section follows the epoch's end: not sustained
         run.skipped = 0
         started = time.perf_counter()
         (strategy.server_epoch if run.topo.is_ps else strategy.worker_epoch)(run)

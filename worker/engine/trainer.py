@@ -61,7 +61,8 @@ def validate(
 
 
 def report_worker_epoch(run: Run, results: dict[str, Any], seconds: float) -> None:
-    """Per-worker metrics of one epoch: ``samples_per_s`` (re-measured), ``batch_share`` and
+    """Per-worker metrics of one epoch: ``samples_per_s`` (samples over busy seconds: compute
+    sections and the worker's own work between them, not its waits), ``batch_share`` and
     ``idle_fraction``.
 
     ``idle_fraction`` is the part of the epoch's step-loop seconds (``seconds``,

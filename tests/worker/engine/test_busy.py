@@ -1,7 +1,9 @@
-"""What a worker's window counts as its own work: the balancer's input (worker.engine.run.Run)."""
+"""What a worker's window counts as its own work: the balancer's input (worker.engine.run.Run,
+worker.engine.compute.BusyClock)."""
 
 from __future__ import annotations
 
+import math
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -9,10 +11,11 @@ from typing import Any
 import torch
 
 from worker.engine.balance import Balancer
+from worker.engine.compute import BusyClock
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.run import Run
 
-WAIT_S, OWN_S = 1.0, 0.2
+WAIT_S, OWN_S = 0.5, 0.1
 
 
 class Items:
@@ -48,24 +51,44 @@ def a_run() -> Run:
     )
 
 
-def test_work_since_the_last_wait_counts_and_the_wait_does_not() -> None:
+def wait_then_work(clock: BusyClock) -> None:
+    """A wait for other ranks, then this worker's own work (its optimizer step, say)."""
+    clock.waiting()
+    time.sleep(WAIT_S)
+    clock.ready()
+    time.sleep(OWN_S)
+
+
+def test_own_work_between_two_waits_all_counts_and_the_waits_do_not() -> None:
     run = a_run()
     run.compute()
-    time.sleep(WAIT_S)  # blocked on other ranks (a sum, a control point)
-    run.ready()
-    time.sleep(OWN_S)  # this worker's own work between steps (its optimizer step, say)
+    wait_then_work(run.clock)  # the group's sum, then the optimizer step
+    wait_then_work(run.clock)  # the models' average, then loading it
     run.compute()
     first, second = run.window.sections
-    assert second[0] >= OWN_S, "the work after the wait is the step's"
-    assert second[0] < WAIT_S, "the wait for other ranks is not"
-    assert second[2] >= WAIT_S, "the section is known to follow a wait"
-    assert first[2] == 0.0
+    assert second[0] >= 2 * OWN_S, "both stretches of own work are the step's"
+    assert second[0] < WAIT_S, "the waits for other ranks are not"
+    assert second[2] >= 2 * WAIT_S, "the section is known to follow both waits"
     assert run.window.compute_s == run.epoch_work.compute_s == first[0] + second[0]
 
 
-def test_a_section_without_a_wait_before_it_is_sustained() -> None:
+def test_the_first_section_of_an_epoch_follows_an_idle_and_the_next_may_be_sustained() -> None:
     run = a_run()
     run.compute()
-    run.ready()  # the sum arrived at once
+    run.clock.waiting()
+    run.clock.ready()  # the sum arrived at once
     run.compute()
-    assert run.window.sections[1][2] < 0.05
+    first, second = run.window.sections
+    assert math.isinf(first[2]), "after the epoch's end: never counted as sustained"
+    assert second[2] < 0.1 * second[0] + 1e-3
+
+
+def test_the_clock_takes_own_work_up_to_now_and_starts_over_after_a_section() -> None:
+    clock = BusyClock()
+    clock.section_done()
+    time.sleep(OWN_S)
+    own, waited = clock.take()
+    assert own >= OWN_S and waited == 0.0
+    clock.section_done()
+    own, waited = clock.take()
+    assert own < OWN_S and waited == 0.0
