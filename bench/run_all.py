@@ -52,9 +52,6 @@ MORE = (
     "bench.api_p99 --only readers",
     # a thousand agents, simulated (issue 19): about 5 minutes
     "bench.agent_fleet",
-    # emulated speed (sleep padding; issue 3): kept for comparison with the earlier figures
-    "bench.weighted_vs_even",
-    "bench.hetero_efficiency",
 )
 # `make bench-quick` (--quick): the engine's core figures in a few minutes, fewer sizes and rounds.
 QUICK = (
