@@ -1,28 +1,27 @@
-"""A neighbour for contention measurements: a plain PyTorch training loop, no polytrain.
+"""A neighbour for contention measurements: a plain PyTorch training loop, not the engine.
 
-    python -m bench.neighbour /path/to/workload.py [batch]
+    python -m bench.neighbour /absolute/path/to/workload.py [batch]
 
 Loads a training-code module (``build_datasets``, ``build_model``, ``build_optimizer``,
-``loss_fn``; bench/workloads/), prints ``ready`` once torch is imported and the model
-built, then trains on random batches of ``batch`` (default 256) training items until it
-is killed, on one torch thread. ``bench.hetero_real`` runs it in the slow group's cgroup
-to measure how much a busy neighbouring core slows the fast group.
+``loss_fn``; bench/workloads/) as the engine does (``load_training_code``), prints
+``ready`` once torch is imported and the model built, then trains on random batches of
+``batch`` (default 256) training items until it is killed, on one torch thread.
+``bench.hetero_real`` runs it in the slow group's cgroup to measure how much a busy
+neighbouring core slows the fast group.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import torch
 
+from worker.engine.contract import load_training_code
+
 
 def main(argv: list[str]) -> None:
     path, batch = argv[0], int(argv[1]) if len(argv) > 1 else 256
-    spec = importlib.util.spec_from_file_location("neighbour_workload", path)
-    assert spec is not None and spec.loader is not None
-    code = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(code)
+    code = load_training_code(path)
     torch.set_num_threads(1)
     train, _ = code.build_datasets()
     inputs, targets = train.tensors
