@@ -6,6 +6,8 @@ import copy
 import math
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,8 +173,8 @@ class BusyClock:
 
     After a section the worker alternates between its own work (its optimizer
     step, reading the next batch, bookkeeping) and waits for other ranks (the
-    sum, the averaged model, a control point's collective): :meth:`waiting`
-    marks where a wait begins and :meth:`ready` where it ends. :meth:`take`,
+    sum, the averaged model, a control point's collective), each inside a
+    ``with clock.waiting():`` block. :meth:`take`,
     just before the next section, gives the seconds of each since the last
     section. Before an epoch's first section the waited time is infinite: it
     follows the epoch's end (validation, checkpoint), the longest idle of all.
@@ -188,19 +190,21 @@ class BusyClock:
         self.own_s, self.waited_s = 0.0, 0.0
         self.working_since, self.waiting_since = time.perf_counter(), None
 
-    def waiting(self) -> None:
-        """A wait for other ranks begins (before a blocking exchange or collective)."""
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """The block is a wait for other ranks (a blocking exchange or collective); own work
+        again after it."""
         now = time.perf_counter()
         if self.working_since is not None:
             self.own_s += now - self.working_since
         self.working_since, self.waiting_since = None, now
-
-    def ready(self) -> None:
-        """The wait ended: own work again."""
-        now = time.perf_counter()
-        if self.waiting_since is not None and math.isfinite(self.waited_s):
-            self.waited_s += now - self.waiting_since
-        self.working_since, self.waiting_since = now, None
+        try:
+            yield
+        finally:
+            now = time.perf_counter()
+            if self.waiting_since is not None and math.isfinite(self.waited_s):
+                self.waited_s += now - self.waiting_since
+            self.working_since, self.waiting_since = now, None
 
     def take(self) -> tuple[float, float]:
         """``(own seconds, waited seconds)`` since the last section, up to now."""

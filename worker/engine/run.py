@@ -127,10 +127,8 @@ class Run:
         self.clock.section_done()
         if reducer is None:
             return vector
-        self.clock.waiting()
-        total = reducer.finish()
-        self.clock.ready()
-        return total
+        with self.clock.waiting():
+            return reducer.finish()
 
     def group_reducer(self) -> GradientReducer:
         """The reducer of this worker's group-only sum (periodic, quorum), built at first use."""
@@ -217,14 +215,13 @@ def control_point(run: Run) -> None:
     spec = run.spec
     if not control_due(run):
         return
-    run.clock.waiting()  # the control point's collectives wait for every rank
-    if _balance_due(run):
-        rebalance(run, run.window)
-        run.window, run.last_balance = Work(), run.step
-    if _crossed(run.step, run.last_checkpoint, spec.checkpoint_every):
-        checkpoint(run, f"step-{run.step}.pt", epoch_complete=False)
-        run.last_checkpoint = run.step
-    run.clock.ready()
+    with run.clock.waiting():  # the control point's collectives wait for every rank
+        if _balance_due(run):
+            rebalance(run, run.window)
+            run.window, run.last_balance = Work(), run.step
+        if _crossed(run.step, run.last_checkpoint, spec.checkpoint_every):
+            checkpoint(run, f"step-{run.step}.pt", epoch_complete=False)
+            run.last_checkpoint = run.step
 
 
 # The compute worker that keeps the parameter server's replica up to date (replicated strategies).

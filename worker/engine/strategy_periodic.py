@@ -89,9 +89,8 @@ class Periodic(Strategy):
             run.split.advance()
             run.step += 1
             if is_sync_point(run):
-                run.clock.waiting()
-                average_models(run, group_samples, group_loss, sync_base)
-                run.clock.ready()
+                with run.clock.waiting():
+                    average_models(run, group_samples, group_loss, sync_base)
                 group_samples, group_loss = 0.0, 0.0
                 sync_base = run.state.snapshot()
                 control_point(run)

@@ -136,11 +136,10 @@ class Quorum(Strategy):
         """Compute rank: this group's steps of the epoch, at its own pace."""
         while not run.split.epoch_done:
             vector = group_report(run)
-            run.clock.waiting()
-            if run.topo.am_i_leader:
-                dist.send(vector.cpu(), dst=0)
-            fresh = receive_params(run)
-            run.clock.ready()
+            with run.clock.waiting():
+                if run.topo.am_i_leader:
+                    dist.send(vector.cpu(), dst=0)
+                fresh = receive_params(run)
             run.state.load_(fresh)
             run.split.advance()
             run.step += 1

@@ -53,9 +53,8 @@ def a_run() -> Run:
 
 def wait_then_work(clock: BusyClock) -> None:
     """A wait for other ranks, then this worker's own work (its optimizer step, say)."""
-    clock.waiting()
-    time.sleep(WAIT_S)
-    clock.ready()
+    with clock.waiting():
+        time.sleep(WAIT_S)
     time.sleep(OWN_S)
 
 
@@ -75,8 +74,8 @@ def test_own_work_between_two_waits_all_counts_and_the_waits_do_not() -> None:
 def test_the_first_section_of_an_epoch_follows_an_idle_and_the_next_may_be_sustained() -> None:
     run = a_run()
     run.compute()
-    run.clock.waiting()
-    run.clock.ready()  # the sum arrived at once
+    with run.clock.waiting():
+        pass  # the sum arrived at once
     run.compute()
     first, second = run.window.sections
     assert math.isinf(first[2]), "after the epoch's end: never counted as sustained"
