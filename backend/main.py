@@ -33,7 +33,7 @@ from backend.core.schemas import refuse_nul_inputs
 from backend.projects.router import router as projects_router
 from backend.prometheus import CONTENT_TYPE, render_metrics
 from backend.resource_groups.router import router as groups_router
-from backend.scheduler.loop import SchedulerLoop
+from backend.scheduler.loop import SchedulerLoop, stop_at_exit_signal
 from backend.tasks.router import router as tasks_router
 
 STATIC_DIR = asset("frontend/static")
@@ -131,6 +131,7 @@ def create_app(*, run_scheduler: bool = True) -> FastAPI:
         loop = SchedulerLoop(settings) if run_scheduler else None
         if loop:
             loop.start()
+            stop_at_exit_signal()
         app.state.scheduler = loop
         yield
         if loop:

@@ -3,7 +3,8 @@ alone and with the writes of a working deployment in the mix.
 
 The API (with its scheduler) runs on loopback on the production stack when
 PostgreSQL is reachable (else the embedded default), holding 500 tasks, as
-`--api-processes` uvicorn workers (default 2, one per core here). Locust,
+`--api-processes` processes (`polytrain api --workers`, default 2, one per core here; they
+share login counters in a Redis of the bench's own; on SQLite one process). Locust,
 headless and bounded in time, runs 50 users that each make one request a
 second (the task list and single task statuses), started 0.1 s apart; the
 statistics restart once all run. The line reports the p99 over all requests
@@ -37,7 +38,7 @@ import httpx  # noqa: E402
 import psycopg  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from bench.services import PG_SERVER, example_project  # noqa: E402
+from bench.services import PG_SERVER, example_project, redis_server  # noqa: E402
 from polytrain.stack import GroupSetup, LocalStack  # noqa: E402
 from worker.agent.hardware import detect_hardware  # noqa: E402
 from worker.engine.ranks import free_port  # noqa: E402
@@ -160,12 +161,19 @@ def run(args: argparse.Namespace, mixed: bool) -> dict:
     name = f"pt_bench_api_{os.getpid()}_{int(mixed)}"
     on_pg = _admin(f'CREATE DATABASE "{name}"')
     database = make_url(PG_SERVER).set(database=name).render_as_string(hide_password=False)
+    # Several API processes need PostgreSQL and login counters they share (a Redis of its own).
+    processes = args.api_processes if on_pg else 1
+    redis_port = free_port()
+    redis_proc = subprocess.Popen(redis_server(redis_port), stdout=subprocess.DEVNULL)
     stack = LocalStack(
         data_dir=workdir / "stack",
         port=free_port(),
         groups=[GroupSetup("cpu-a", 1)],
         database_url=database if on_pg else None,
-        extra_env={"WEB_CONCURRENCY": str(args.api_processes)},
+        extra_env={
+            "WEB_CONCURRENCY": str(processes),
+            "POLYTRAIN_RATE_LIMIT_STORAGE_URL": f"redis://127.0.0.1:{redis_port}/0",
+        },
     )
     stack.groups, ensure = [], stack.groups  # the API alone: no agent takes the tasks
     users = args.users
@@ -186,6 +194,7 @@ def run(args: argparse.Namespace, mixed: bool) -> dict:
                 users += args.agents + args.submitters
             rows = run_locust(stack, ids, users, args.seconds, workdir, writers)
     finally:
+        redis_proc.terminate()
         if on_pg:
             _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         shutil.rmtree(workdir, ignore_errors=True)
@@ -210,7 +219,7 @@ def run(args: argparse.Namespace, mixed: bool) -> dict:
         "seconds": args.seconds,
         "tool": "locust",
         "spawn_rate_per_s": SPAWN_RATE,
-        "api_processes": args.api_processes,
+        "api_processes": processes,
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "database": "postgresql" if on_pg else "sqlite",
         "tasks": TASKS,

@@ -2,11 +2,14 @@
 log in, list projects, submit tasks, follow their status and logs, cancel them."""
 
 import os
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from polytrain.client.commands import register as register_client_commands
+
+if TYPE_CHECKING:
+    from backend.core.config import Settings
 
 app = typer.Typer(
     help="polytrain: one PyTorch training task across mixed hardware.", no_args_is_help=True
@@ -25,33 +28,69 @@ app.add_typer(users_app, name="users")
 def api(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            envvar="WEB_CONCURRENCY",
+            help="API processes on the one port, each with its scheduler thread (more than 1 "
+            "needs PostgreSQL and a shared rate-limit store)",
+        ),
+    ] = 1,
 ) -> None:
-    """Serve the REST API, the portal and the scheduler (run `polytrain db upgrade` first)."""
-    from types import FrameType
+    """Serve the REST API, the portal and the scheduler (run `polytrain db upgrade` first).
 
+    With `--workers N` (or WEB_CONCURRENCY) N processes accept on one socket (uvicorn's
+    supervisor restarts one that dies); their schedulers book capacity under PostgreSQL's
+    allocation lock. Exits with status 2 naming the setting when N > 1 is unsafe.
+    """
     import uvicorn
 
-    from backend.scheduler.loop import stop_all_soon
+    from backend.core.config import get_settings
 
-    class Server(uvicorn.Server):
-        """Stops the scheduler at the first exit signal, before draining connections."""
-
-        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            stop_all_soon()
-            super().handle_exit(sig, frame)
-
+    if workers > 1:
+        problem = multi_process_problem(get_settings(), workers)
+        if problem:
+            typer.echo(f"error: {problem}", err=True)
+            raise typer.Exit(2)
     # Forwarded headers are trusted by the app itself (POLYTRAIN_FORWARDED_ALLOW_IPS), not by
-    # uvicorn's default of trusting 127.0.0.1.
-    Server(
-        uvicorn.Config(
-            "backend.main:create_app",
-            factory=True,
-            host=host,
-            port=port,
-            log_level="warning",
-            proxy_headers=False,
+    # uvicorn's default of trusting 127.0.0.1. Each process stops its scheduler at the first
+    # exit signal (backend.scheduler.loop.stop_at_exit_signal).
+    config = uvicorn.Config(
+        "backend.main:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        log_level="warning",
+        proxy_headers=False,
+        workers=workers,
+    )
+    if workers == 1:
+        uvicorn.Server(config).run()
+        return
+    from uvicorn.supervisors import Multiprocess
+
+    Multiprocess(config, sockets=[config.bind_socket()]).run()
+
+
+def multi_process_problem(settings: "Settings", workers: int) -> str | None:
+    """Why `workers` API processes would be unsafe with `settings`, or None.
+
+    SQLite has one writer and the embedded default one scheduler; login counters in each
+    process's memory would allow `workers` times the configured rates.
+    """
+    if settings.resolved_database_url().startswith("sqlite"):
+        return (
+            f"--workers {workers} needs PostgreSQL (set DATABASE_URL): on SQLite the API "
+            "runs as one process"
         )
-    ).run()
+    if not settings.rate_limit_storage_url:
+        return (
+            f"--workers {workers} needs POLYTRAIN_RATE_LIMIT_STORAGE_URL (e.g. "
+            "redis://host:6379/1): with login counters in each process's memory the "
+            f"login rate limits would allow {workers} times their rates"
+        )
+    return None
 
 
 @app.command()

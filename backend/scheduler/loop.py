@@ -1,8 +1,10 @@
 """The scheduler's background thread inside the API process."""
 
 import logging
+import signal
 import threading
 from datetime import datetime
+from types import FrameType
 
 from backend.core.config import Settings
 from backend.core.db import get_engine, get_sessionmaker, utcnow
@@ -24,6 +26,34 @@ def stop_all_soon() -> None:
     """
     for loop in list(_started):
         loop.request_stop()
+
+
+EXIT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def stop_at_exit_signal() -> None:
+    """Make the first SIGINT or SIGTERM stop this process's schedulers (`stop_all_soon`)
+    before the handler installed so far (uvicorn's: stop accepting, drain connections)
+    runs. Call from the main thread once the server has installed its handlers (the
+    app's lifespan startup); elsewhere (a test client's thread) a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in EXIT_SIGNALS:
+        previous = signal.getsignal(sig)
+        if getattr(previous, "stops_schedulers", False):
+            continue
+
+        def handler(signum: int, frame: FrameType | None, previous: object = previous) -> None:
+            stop_all_soon()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
+
+        handler.stops_schedulers = True  # type: ignore[attr-defined]
+        signal.signal(sig, handler)
 
 
 class SchedulerLoop:

@@ -14,6 +14,7 @@ import yaml
 
 from backend.core.config import Settings
 from contracts.messaging import VISIBILITY_TIMEOUT_S
+from polytrain.cli import multi_process_problem
 from worker.config import AgentSettings
 from worker.engine.ranks import free_port
 
@@ -93,6 +94,12 @@ def test_api_settings_point_at_the_compose_servers(monkeypatch: pytest.MonkeyPat
     assert (broker.scheme, broker.hostname, broker.port) == ("redis", "redis", 6379)
     assert settings.heartbeat_timeout_s == 15.0 and settings.admin_password is not None
     assert str(settings.data_dir) == SERVICES["api"]["volumes"][0].split(":")[1]
+    # Several API processes: allowed with these settings (PostgreSQL, shared login counters).
+    args = shlex.split(SERVICES["api"]["command"])[-1].split()
+    workers = int(args[args.index("--workers") + 1])
+    assert workers > 1 and multi_process_problem(settings, workers) is None
+    limits = urlsplit(settings.rate_limit_storage_url or "")
+    assert (limits.scheme, limits.hostname, limits.path) == ("redis", "redis", "/1")
 
 
 @pytest.mark.parametrize("service", sorted(AGENTS))

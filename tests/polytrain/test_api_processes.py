@@ -1,0 +1,103 @@
+"""`polytrain api --workers N`: several API processes on one port, refused where unsafe,
+and each process's scheduler stopped at the first exit signal."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from backend.scheduler import loop
+from tests import production
+from worker.engine.ranks import free_port
+
+
+def _api(port: int, workers: int, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "polytrain.cli", "api", "--port", str(port)]
+        + (["--workers", str(workers)] if workers else []),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.stack
+def test_several_processes_need_postgresql_and_shared_login_counters(
+    service_env: Path, db_backend: str
+) -> None:
+    env = dict(os.environ)
+    env.pop("POLYTRAIN_RATE_LIMIT_STORAGE_URL", None)
+    env["WEB_CONCURRENCY"] = "3"  # uvicorn's variable, read as --workers
+    refused = _api(free_port(), 0, env)
+    out, _ = refused.communicate(timeout=60)
+    assert refused.returncode == 2, out
+    if db_backend == "sqlite":
+        assert "--workers 3 needs PostgreSQL (set DATABASE_URL)" in out
+    else:
+        assert "--workers 3 needs POLYTRAIN_RATE_LIMIT_STORAGE_URL" in out
+
+
+@pytest.mark.stack(only="postgresql")
+def test_two_processes_serve_one_port_and_stop_on_sigterm(service_env: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "POLYTRAIN_RATE_LIMIT_STORAGE_URL": production.fresh_broker()}
+    api = _api(port, 2, env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/v1/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert api.poll() is None and time.monotonic() < deadline, api.stdout.read()  # type: ignore[union-attr]
+            time.sleep(0.2)
+        servers = [
+            child
+            for child in psutil.Process(api.pid).children()
+            if "spawn_main" in " ".join(child.cmdline())
+        ]
+        assert len(servers) == 2
+        answered = {
+            httpx.get(f"http://127.0.0.1:{port}/api/v1/health").status_code for _ in range(20)
+        }
+        assert answered == {200}
+        api.send_signal(signal.SIGTERM)
+        assert api.wait(timeout=30) == 0
+        assert not any(s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in servers)
+    finally:
+        if api.poll() is None:
+            api.kill()
+            api.wait()
+
+
+def test_exit_signal_stops_schedulers_before_the_servers_handler() -> None:
+    calls: list[str] = []
+
+    class Loop:
+        def request_stop(self) -> None:
+            calls.append("scheduler stopped")
+
+    def server_handler(signum: int, frame: object) -> None:
+        calls.append(f"server saw {signal.Signals(signum).name}")
+
+    saved = {sig: signal.getsignal(sig) for sig in loop.EXIT_SIGNALS}
+    stub = Loop()
+    loop._started.add(stub)  # type: ignore[arg-type]
+    try:
+        signal.signal(signal.SIGTERM, server_handler)
+        loop.stop_at_exit_signal()
+        loop.stop_at_exit_signal()  # a second lifespan start does not stop twice
+        signal.raise_signal(signal.SIGTERM)
+        assert calls == ["scheduler stopped", "server saw SIGTERM"]
+    finally:
+        loop._started.discard(stub)  # type: ignore[arg-type]
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
