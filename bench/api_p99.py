@@ -165,11 +165,29 @@ def run(args: argparse.Namespace, mixed: bool) -> dict:
     processes = args.api_processes if on_pg else 1
     redis_port = free_port()
     redis_proc = subprocess.Popen(redis_server(redis_port), stdout=subprocess.DEVNULL)
+    try:
+        return _run_on(args, mixed, workdir, database if on_pg else None, processes, redis_port)
+    finally:
+        redis_proc.terminate()
+        redis_proc.wait()
+        if on_pg:
+            _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_on(
+    args: argparse.Namespace,
+    mixed: bool,
+    workdir: Path,
+    database: str | None,
+    processes: int,
+    redis_port: int,
+) -> dict:
     stack = LocalStack(
         data_dir=workdir / "stack",
         port=free_port(),
         groups=[GroupSetup("cpu-a", 1)],
-        database_url=database if on_pg else None,
+        database_url=database,
         extra_env={
             "WEB_CONCURRENCY": str(processes),
             "POLYTRAIN_RATE_LIMIT_STORAGE_URL": f"redis://127.0.0.1:{redis_port}/0",
@@ -177,27 +195,19 @@ def run(args: argparse.Namespace, mixed: bool) -> dict:
     )
     stack.groups, ensure = [], stack.groups  # the API alone: no agent takes the tasks
     users = args.users
-    try:
-        with stack:
-            stack._ensure_group(ensure[0])
-            ids, submit = seed(stack)
-            writers = None
-            if mixed:
-                writers = {
-                    "POLYTRAIN_BENCH_AGENT_TOKEN": stack.token,
-                    "POLYTRAIN_BENCH_AGENTS": ",".join(
-                        map(str, register_agents(stack, args.agents))
-                    ),
-                    "POLYTRAIN_BENCH_SUBMIT": submit,
-                    "POLYTRAIN_BENCH_SUBMITTERS": str(args.submitters),
-                }
-                users += args.agents + args.submitters
-            rows = run_locust(stack, ids, users, args.seconds, workdir, writers)
-    finally:
-        redis_proc.terminate()
-        if on_pg:
-            _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        shutil.rmtree(workdir, ignore_errors=True)
+    with stack:
+        stack._ensure_group(ensure[0])
+        ids, submit = seed(stack)
+        writers = None
+        if mixed:
+            writers = {
+                "POLYTRAIN_BENCH_AGENT_TOKEN": stack.token,
+                "POLYTRAIN_BENCH_AGENTS": ",".join(map(str, register_agents(stack, args.agents))),
+                "POLYTRAIN_BENCH_SUBMIT": submit,
+                "POLYTRAIN_BENCH_SUBMITTERS": str(args.submitters),
+            }
+            users += args.agents + args.submitters
+        rows = run_locust(stack, ids, users, args.seconds, workdir, writers)
     total = rows["Aggregated"]
     endpoints = {
         n: {
@@ -221,7 +231,7 @@ def run(args: argparse.Namespace, mixed: bool) -> dict:
         "spawn_rate_per_s": SPAWN_RATE,
         "api_processes": processes,
         "load_avg_1m": round(os.getloadavg()[0], 2),
-        "database": "postgresql" if on_pg else "sqlite",
+        "database": "postgresql" if database else "sqlite",
         "tasks": TASKS,
     }
     if not mixed:

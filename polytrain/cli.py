@@ -24,6 +24,9 @@ users_app = typer.Typer(
 app.add_typer(users_app, name="users")
 
 
+SHUTDOWN_GRACE_S = 10  # seconds a stopping API process waits for open requests and streams
+
+
 @app.command()
 def api(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
@@ -42,17 +45,24 @@ def api(
 
     With `--workers N` (or WEB_CONCURRENCY) N processes accept on one socket (uvicorn's
     supervisor restarts one that dies); their schedulers book capacity under PostgreSQL's
-    allocation lock. Exits with status 2 naming the setting when N > 1 is unsafe.
+    allocation lock. Exits with status 2 naming the setting when N > 1 is unsafe, 3 when
+    the database or the rate-limit store it needs cannot be reached (checked before the
+    processes start, which the supervisor would otherwise restart without end).
     """
     import uvicorn
 
     from backend.core.config import get_settings
 
     if workers > 1:
-        problem = multi_process_problem(get_settings(), workers)
+        settings = get_settings()
+        problem = multi_process_problem(settings, workers)
         if problem:
             typer.echo(f"error: {problem}", err=True)
             raise typer.Exit(2)
+        problem = unreachable(settings)
+        if problem:
+            typer.echo(f"error: {problem}", err=True)
+            raise typer.Exit(3)
     # Forwarded headers are trusted by the app itself (POLYTRAIN_FORWARDED_ALLOW_IPS), not by
     # uvicorn's default of trusting 127.0.0.1. Each process stops its scheduler at the first
     # exit signal (backend.scheduler.loop.stop_at_exit_signal).
@@ -64,6 +74,8 @@ def api(
         log_level="warning",
         proxy_headers=False,
         workers=workers,
+        # An open log stream would otherwise hold a stopping process without limit.
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
     if workers == 1:
         uvicorn.Server(config).run()
@@ -79,17 +91,41 @@ def multi_process_problem(settings: "Settings", workers: int) -> str | None:
     SQLite has one writer and the embedded default one scheduler; login counters in each
     process's memory would allow `workers` times the configured rates.
     """
+    asked = f"--workers {workers} (or WEB_CONCURRENCY={workers})"
     if settings.resolved_database_url().startswith("sqlite"):
+        return f"{asked} needs PostgreSQL (set DATABASE_URL): on SQLite the API runs as one process"
+    storage = settings.rate_limit_storage_url or ""
+    if not storage or storage.startswith("memory:"):
         return (
-            f"--workers {workers} needs PostgreSQL (set DATABASE_URL): on SQLite the API "
-            "runs as one process"
-        )
-    if not settings.rate_limit_storage_url:
-        return (
-            f"--workers {workers} needs POLYTRAIN_RATE_LIMIT_STORAGE_URL (e.g. "
+            f"{asked} needs POLYTRAIN_RATE_LIMIT_STORAGE_URL set to a shared store (e.g. "
             "redis://host:6379/1): with login counters in each process's memory the "
             f"login rate limits would allow {workers} times their rates"
         )
+    return None
+
+
+def unreachable(settings: "Settings") -> str | None:
+    """What of the database and the rate-limit store cannot be reached, or None."""
+    from limits.storage import storage_from_string
+    from sqlalchemy import text
+
+    from backend.core.db import make_engine
+
+    engine = make_engine(settings.resolved_database_url())
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    except Exception as exc:  # noqa: BLE001 - any driver error: the message names it
+        return f"the database (DATABASE_URL) cannot be reached: {exc}"
+    finally:
+        engine.dispose()
+    url = settings.rate_limit_storage_url or ""
+    try:
+        reachable = storage_from_string(url).check()
+    except Exception as exc:  # noqa: BLE001 - a malformed URL or a missing driver
+        return f"POLYTRAIN_RATE_LIMIT_STORAGE_URL {url!r} is not usable: {exc}"
+    if not reachable:
+        return f"the rate-limit store POLYTRAIN_RATE_LIMIT_STORAGE_URL {url!r} cannot be reached"
     return None
 
 

@@ -145,15 +145,20 @@ def rebook_parts(session: Session) -> int:
     heartbeat timeout). Returns the parts booked.
     """
     serving = select(Agent.id).where(Agent.id == SubTask.agent_id, SERVING).exists()
-    parts = session.scalars(
+    unbound = (
         select(SubTask)
         .join(Task, Task.id == SubTask.task_id)
         .where(*_UNCLAIMED, SubTask.agent_id.is_(None) | ~serving)
         .order_by(SubTask.id)
-    ).all()
-    if not parts:
+    )
+    if not session.scalars(unbound.limit(1)).first():
         return 0
     capacity.lock_allocation(session)
+    # Read again under the lock: another scheduler (API process) may have booked them since.
+    parts = session.scalars(unbound.execution_options(populate_existing=True)).all()
+    if not parts:
+        session.commit()
+        return 0
     for part in parts:
         part.agent_id = None
     session.flush()  # their workers leave their former agents' free workers

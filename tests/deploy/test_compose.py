@@ -95,6 +95,9 @@ def test_api_settings_point_at_the_compose_servers(monkeypatch: pytest.MonkeyPat
     assert settings.heartbeat_timeout_s == 15.0 and settings.admin_password is not None
     assert str(settings.data_dir) == SERVICES["api"]["volumes"][0].split(":")[1]
     # Several API processes: allowed with these settings (PostgreSQL, shared login counters).
+    # exec: the API, not sh, is PID 1 and gets `docker stop`'s SIGTERM (dash does not exec
+    # the last command of a list itself).
+    assert "&& exec polytrain api " in SERVICES["api"]["command"]
     args = shlex.split(SERVICES["api"]["command"])[-1].split()
     workers = int(args[args.index("--workers") + 1])
     assert workers > 1 and multi_process_problem(settings, workers) is None

@@ -25,7 +25,14 @@ def _api(port: int, workers: int, env: dict[str, str]) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,  # the supervisor and its processes: one group to kill
     )
+
+
+def _refusal(env: dict[str, str]) -> tuple[int, str]:
+    refused = _api(free_port(), 0, env)
+    out, _ = refused.communicate(timeout=60)
+    return refused.returncode, out
 
 
 @pytest.mark.stack
@@ -35,13 +42,20 @@ def test_several_processes_need_postgresql_and_shared_login_counters(
     env = dict(os.environ)
     env.pop("POLYTRAIN_RATE_LIMIT_STORAGE_URL", None)
     env["WEB_CONCURRENCY"] = "3"  # uvicorn's variable, read as --workers
-    refused = _api(free_port(), 0, env)
-    out, _ = refused.communicate(timeout=60)
-    assert refused.returncode == 2, out
+    code, out = _refusal(env)
+    assert code == 2, out
     if db_backend == "sqlite":
-        assert "--workers 3 needs PostgreSQL (set DATABASE_URL)" in out
-    else:
-        assert "--workers 3 needs POLYTRAIN_RATE_LIMIT_STORAGE_URL" in out
+        assert "--workers 3 (or WEB_CONCURRENCY=3) needs PostgreSQL (set DATABASE_URL)" in out
+        return
+    assert "needs POLYTRAIN_RATE_LIMIT_STORAGE_URL set to a shared store" in out
+    code, out = _refusal({**env, "POLYTRAIN_RATE_LIMIT_STORAGE_URL": "memory://"})
+    assert code == 2 and "shared store" in out, out
+    # Checked before the processes start (the supervisor would restart them without end).
+    code, out = _refusal(
+        {**env, "POLYTRAIN_RATE_LIMIT_STORAGE_URL": f"redis://127.0.0.1:{free_port()}/1"}
+    )
+    assert code == 3, out
+    assert "POLYTRAIN_RATE_LIMIT_STORAGE_URL" in out and "cannot be reached" in out
 
 
 @pytest.mark.stack(only="postgresql")
@@ -74,7 +88,7 @@ def test_two_processes_serve_one_port_and_stop_on_sigterm(service_env: Path) -> 
         assert not any(s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in servers)
     finally:
         if api.poll() is None:
-            api.kill()
+            os.killpg(api.pid, signal.SIGKILL)
             api.wait()
 
 
