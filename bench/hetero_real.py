@@ -56,24 +56,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import select
 import statistics
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from bench.common import emit, ps_metric, run_task, workload
+from bench.neighbour import running_beside
 from bench.stats import paired_ratios, paired_rounds, summary
 from bench.throttle import PERIOD_US, CpuGroup, Throttle, ThrottleError, exit_unavailable, placement
 
 PREFIX = "ptbench-thr"
 FAST_CORE, SLOW_CORE = 0, 1
 SLOW_FRACTION = 1 / 3
-NEIGHBOUR_START_S = 120  # the neighbour imports torch at its quota (a third of a core)
 TARGET = ">= 0.95 (ideal 1.0)"
 STRATEGIES: dict[str, dict[str, Any]] = {
     "sync": {},
@@ -135,30 +131,6 @@ def throughput(
     return model.samples / statistics.median(ps_metric(run, "epoch_time_s")[1:])
 
 
-@contextmanager
-def neighbour(size: str, group: CpuGroup) -> Iterator[None]:
-    """A plain PyTorch training loop of ``size``'s model (bench/neighbour.py) in
-    ``group`` (its cgroup, its core) while the block runs."""
-    env = {**os.environ, **MODELS[size].env, "POLYTRAIN_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.neighbour", MODELS[size].code, str(MODELS[size].batch)],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        group.place(proc.pid)
-        assert proc.stdout is not None
-        # "ready" once torch is imported and the model built; nothing is printed after it.
-        started, _, _ = select.select([proc.stdout], [], [], NEIGHBOUR_START_S)
-        if not started or proc.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"the neighbour process did not start in {NEIGHBOUR_START_S} s")
-        yield
-    finally:
-        proc.kill()
-        proc.wait()
-
-
 def measure(size: str, cpu: dict[str, CpuGroup], rounds: int) -> dict[str, dict[str, Any]]:
     """Paired rounds of fast alone, slow alone, fast beside a neighbour and together under
     each strategy; per strategy, the ratios' summaries."""
@@ -168,7 +140,7 @@ def measure(size: str, cpu: dict[str, CpuGroup], rounds: int) -> dict[str, dict[
     load = os.getloadavg()[0]
 
     def beside() -> float:
-        with neighbour(size, cpu["slow"]):
+        with running_beside(model.code, model.batch, cpu["slow"], model.env):
             return throughput(model, [FAST], cpu, {})
 
     arms: dict[str, Callable[[], float]] = {

@@ -10,14 +10,20 @@ two checks) the slow group's quota changes while it runs: 1/3 -> 2/3 of a core (
 2/3 -> 1/3 ("down").
 
 Each round (paired, counterbalanced: ``bench.stats.paired_rounds``) also runs, with the
-same cgroups, the fast group alone and the slow group alone at each quota (standalone
-throughputs ``r_fast``, ``r_slow(q)``, 2 epochs each, the second counted; the optimal slow
-share at quota q is ``r_slow(q) / (r_fast + r_slow(q))``). From the parameter server's log
-of every rebalance ("rebalance at step N: shares [...] -> [...]") the slow worker's share
-after each check is known:
+same cgroups, the slow group alone at each quota (``r_slow(q)``), the fast group alone
+(``r_fast``) and the fast group alone beside a neighbour, a plain PyTorch loop of the same
+model in the slow group's cgroup at each quota (``r_fast_beside(q)``, bench/neighbour.py):
+2 epochs each, the second counted. The two cores share caches and memory bandwidth, so
+while the slow core computes the fast group runs at ``r_fast_beside(q)``, not ``r_fast``
+(about 0.92 of it here), and the split that equalises the step times in the run is the
+optimum ``r_slow(q) / (r_fast_beside(q) + r_slow(q))``; the one from the standalone
+rates, ``r_slow(q) / (r_fast + r_slow(q))``, is reported beside it. From the parameter
+server's log of every rebalance ("rebalance at step N: shares [...] -> [...]") the slow
+worker's share after each check is known:
 
 - ``control_points_to_settle``: checks after the change until the slow share is within
-  5 % of the new optimum and stays there to the end of the run (None: never); target <= 2.
+  5 % of the new optimum and stays there to the end of the run (None: never); target <= 2
+  (``checks``; ``checks_standalone_optimum`` against the standalone optimum).
 - ``lost``: 1 - oracle / actual seconds over epochs 1..E-1 (epoch 0 warms up), where the
   oracle takes, for each step, the seconds per step ``tau(q)`` of a settled split at the
   quota q in force: epoch 1 of the run that starts at q (before its change: the balancer
@@ -43,6 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.common import emit, ps_metric, run_task, workload
+from bench.neighbour import running_beside
 from bench.stats import paired_ratios, paired_rounds, summary
 from bench.throttle import PERIOD_US, CpuGroup, Throttle, ThrottleError, exit_unavailable, placement
 from worker.engine.local import LocalRun
@@ -136,10 +143,20 @@ def rate(cpu: dict[str, CpuGroup], groups: list[dict[str, Any]], fraction: float
     return SAMPLES / statistics.median(epoch_seconds(run))
 
 
+def rate_beside(cpu: dict[str, CpuGroup], fraction: float) -> float:
+    """Samples/s of the fast group alone while a neighbour loop of the same model runs in
+    the slow group's cgroup at quota ``fraction``."""
+    cpu["slow"].set_fraction(fraction)
+    with running_beside(workload("hetero_cnn"), BATCH, cpu["slow"]):
+        return rate(cpu, [FAST], fraction)
+
+
 def measure(cpu: dict[str, CpuGroup], rounds: int) -> dict[str, list[Any]]:
     """Every run of every round: the standalone ones and the two tracking runs."""
     arms: dict[str, Callable[[], Any]] = {
         "fast": lambda: rate(cpu, [FAST], LOW),
+        "fast beside low": lambda: rate_beside(cpu, LOW),
+        "fast beside high": lambda: rate_beside(cpu, HIGH),
         "slow low": lambda: rate(cpu, [SLOW], LOW),
         "slow high": lambda: rate(cpu, [SLOW], HIGH),
         "up": lambda: tracking_run(cpu, *DIRECTIONS["up"]),
@@ -153,14 +170,20 @@ def direction_figures(runs: dict[str, list[Any]], direction: str) -> dict[str, A
     start, end = DIRECTIONS[direction]
     level = {LOW: "low", HIGH: "high"}
     checks: list[int | None] = []
+    checks_standalone: list[int | None] = []
     lost: list[float] = []
     optima: list[float] = []
+    optima_standalone: list[float] = []
     for index, tracked in enumerate(runs[direction]):
         r_fast = runs["fast"][index]
-        r_slow = {q: runs[f"slow {level[q]}"][index] for q in (LOW, HIGH)}
-        optimum = r_slow[end] / (r_fast + r_slow[end])
-        optima.append(optimum)
-        checks.append(checks_to_settle(tracked["shares"], tracked["changed_at"], optimum))
+        r_beside = runs[f"fast beside {level[end]}"][index]
+        r_slow = runs[f"slow {level[end]}"][index]
+        optima.append(r_slow / (r_beside + r_slow))
+        optima_standalone.append(r_slow / (r_fast + r_slow))
+        checks.append(checks_to_settle(tracked["shares"], tracked["changed_at"], optima[-1]))
+        checks_standalone.append(
+            checks_to_settle(tracked["shares"], tracked["changed_at"], optima_standalone[-1])
+        )
         settled = {d: runs[d][index]["epoch_s"][0] / STEPS_PER_EPOCH for d in DIRECTIONS}
         tau = {LOW: settled["up"], HIGH: settled["down"]}  # epoch 1, before the change
         timed = range(STEPS_PER_EPOCH + 1, EPOCHS * STEPS_PER_EPOCH + 1)  # epochs 1..E-1
@@ -171,7 +194,10 @@ def direction_figures(runs: dict[str, list[Any]], direction: str) -> dict[str, A
         "checks": checks,
         "checks_median": statistics.median(done) if len(done) == len(checks) else None,
         "lost": summary(lost),
+        "checks_standalone_optimum": checks_standalone,
         "optimal_slow_share": summary(optima),
+        "optimal_slow_share_standalone": summary(optima_standalone),
+        "contention": summary(paired_ratios(runs[f"fast beside {level[end]}"], runs["fast"])),
         # 2.0 when the quota is what limits the slow group (2/3 against 1/3 of a core)
         "slow_high_over_low": summary(paired_ratios(runs["slow high"], runs["slow low"])),
         "slow_share_steps": [r["shares"] for r in runs[direction]],
@@ -198,7 +224,10 @@ def main() -> None:
             load_avg = [round(load, 2), round(os.getloadavg()[0], 2)]
     except ThrottleError as err:
         exit_unavailable(err, "bench.rebalance_tracking")
-    rates = {name: [round(v, 1) for v in runs[name]] for name in ("fast", "slow low", "slow high")}
+    rates = {
+        name: [round(v, 1) for v in runs[name]]
+        for name in ("fast", "fast beside low", "fast beside high", "slow low", "slow high")
+    }
     lost: list[float] = []
     checks: list[float] = []  # inf: a direction whose share did not settle in some round
     for direction, (start, end) in DIRECTIONS.items():

@@ -3,7 +3,15 @@ counting the checks until the slow share settles."""
 
 from __future__ import annotations
 
-from bench.rebalance_tracking import BATCH, checks_to_settle, control_points, slow_shares
+import pytest
+
+from bench.rebalance_tracking import (
+    BATCH,
+    checks_to_settle,
+    control_points,
+    direction_figures,
+    slow_shares,
+)
 from worker.engine.local import LocalRun
 
 
@@ -28,3 +36,24 @@ def test_checks_count_from_the_change_until_the_share_stays_within_five_percent(
     back = [(0, 100), (44, 90), (52, 101)]
     assert checks_to_settle(back, changed_at=34, optimum=optimum) == 5  # 36 40 44 48 52
     assert checks_to_settle([(0, 64)], changed_at=34, optimum=optimum) is None
+
+
+def test_the_optimum_counts_the_fast_groups_speed_beside_a_busy_slow_core() -> None:
+    # Alone the fast group runs 3,000 samples/s, beside the busy slow core at 2/3 only
+    # 2,700: the split that equalises step times in the run gives the slow group
+    # 1,800 / (2,700 + 1,800) = 0.40 of the batch, not 1,800 / 4,800 = 0.375.
+    tracked = {"epoch_s": [1.0, 1.0, 1.0], "shares": [(0, 70), (36, 102)], "changed_at": 34}
+    runs = {
+        "fast": [3000.0],
+        "fast beside low": [2900.0],
+        "fast beside high": [2700.0],
+        "slow low": [1000.0],
+        "slow high": [1800.0],
+        "up": [tracked],
+        "down": [tracked],
+    }
+    found = direction_figures(runs, "up")
+    assert found["optimal_slow_share"]["median"] == pytest.approx(0.40)
+    assert found["optimal_slow_share_standalone"]["median"] == pytest.approx(0.375)
+    assert found["checks"] == [1]  # 102 of 256 is within 5 % of 0.40
+    assert found["checks_standalone_optimum"] == [None]  # and 6 % above 0.375

@@ -16,7 +16,11 @@ would take three or four checks to close it, and every step meanwhile waits for
 the overloaded worker. Once it has started to move it goes on (hysteresis)
 until the predicted excess is within ``settle`` or whole samples allow no
 closer split, rather than stopping just inside the dead band: otherwise a split
-would stay up to ``tolerance`` slower than the ideal for good. This is
+would stay up to ``tolerance`` slower than the ideal for good. The rates are an
+exponentially weighted average over windows (weight ``smoothing`` on the newest), so
+the noise of short windows moves the shares less; a window in which some worker's rate
+differs from the average by ``jump`` or more (its speed changed) restarts the average
+from that window, so a change is still followed at the first check. This is
 semi-dynamic load balancing from measured step times
 (Chen et al., "Semi-Dynamic Load Balancing: Efficient Distributed Learning in
 Non-Dedicated Environments", SoCC 2020; per-node batch sizes from measured
@@ -27,7 +31,7 @@ al., USENIX ATC 2020).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from contracts.plan import SplitPolicy
 from worker.engine.sharding import even_shares, weighted_shares
@@ -58,7 +62,9 @@ class Balancer:
     dead band (fraction of the ideal step time), ``damping`` in (0, 1] the
     fraction of the way moved per decision (the whole way from a predicted excess of
     ``jump``); once moving, the controller goes on until the predicted excess is at
-    most ``settle``.
+    most ``settle``. ``smoothing`` in (0, 1] is the newest window's weight in the rate
+    estimate (1: each window alone). Every rank holds its own Balancer and feeds it the
+    same windows, so all hold the same estimate and take the same decisions.
     """
 
     policy: SplitPolicy
@@ -67,7 +73,9 @@ class Balancer:
     damping: float = 0.5
     settle: float = 0.01
     jump: float = 0.15
+    smoothing: float = 0.5
     moving: bool = False
+    estimate: list[float] | None = field(default=None, repr=False)
 
     def initial(self, rates: list[float]) -> list[int]:
         """Shares before the first step from profiled ``rates`` (samples/s per worker)."""
@@ -86,7 +94,7 @@ class Balancer:
         """
         if self.policy == "even" or len(shares) < 2:
             return None
-        rates = rates_of(compute_s, samples)
+        rates = self.update_estimate(rates_of(compute_s, samples))
         excess = imbalance(shares, rates)
         self.moving = excess > (self.settle if self.moving else self.tolerance)
         if not self.moving:
@@ -101,3 +109,20 @@ class Balancer:
             self.moving = False  # whole samples allow no closer split
             return None
         return proposed
+
+    def update_estimate(self, window: list[float]) -> list[float]:
+        """The rate estimate (samples/s per worker) after one more window's ``window`` rates:
+        ``smoothing * window + (1 - smoothing) * estimate``, or ``window`` itself on the
+        first window, a changed number of workers, or a worker whose window rate is
+        ``jump`` or more away from its estimate (relative)."""
+        old = self.estimate
+        if (
+            old is None
+            or len(old) != len(window)
+            or any(abs(w / e - 1.0) >= self.jump for w, e in zip(window, old, strict=True))
+        ):
+            self.estimate = list(window)
+        else:
+            a = self.smoothing
+            self.estimate = [a * w + (1 - a) * e for w, e in zip(window, old, strict=True)]
+        return self.estimate

@@ -183,7 +183,7 @@ def rebalance(run: Run, window: Work) -> None:
     if proposal is None:
         return
     if run.topo.is_ps:
-        rates = rates_of(compute_s, samples)
+        rates = run.balancer.estimate or rates_of(compute_s, samples)
         report.log(
             f"rebalance at step {run.step}: shares {run.split.shares} -> {proposal} "
             f"(predicted imbalance {imbalance(run.split.shares, rates):.1%})"

@@ -147,3 +147,40 @@ def test_too_few_sustained_sections_keep_them_all() -> None:
         work.add(seconds, 100, waited=0.4)
     work.add(1.0, 100, waited=0.0)
     assert work.robust_seconds == pytest.approx(work.compute_s)
+
+
+def share_trajectory(balancer: Balancer, windows: int, noise: float, seed: int) -> list[int]:
+    """The slow worker's share after each of ``windows`` noisy windows (4 steps each) of a
+    3 : 1 pair started at its optimum."""
+    shares, rng, trajectory = [192, 64], random.Random(seed), []
+    for _ in range(windows):
+        window = measure(shares, [300.0, 100.0], steps=4, noise=noise, rng=rng)
+        shares = balancer.propose(shares, *window) or shares
+        trajectory.append(shares[1])
+    return trajectory
+
+
+def test_smoothed_rates_keep_the_shares_nearer_their_optimum_under_noise() -> None:
+    # Windows with +-10 % noise on each worker's time: rated window by window, the split
+    # follows the noise; averaged over windows it strays less from 64 (the optimum).
+    def mean_distance(smoothing: float) -> float:
+        runs = [
+            share_trajectory(Balancer("weighted", 256, smoothing=smoothing), 100, 0.1, s)
+            for s in range(5)
+        ]
+        return sum(abs(b - 64) for run in runs for b in run) / sum(len(run) for run in runs)
+
+    alone, smoothed = mean_distance(1.0), mean_distance(0.5)
+    assert alone > 1.0, "the noise moves an unsmoothed split"
+    assert smoothed < 0.75 * alone
+
+
+def test_a_change_of_speed_after_a_steady_history_is_followed_at_once() -> None:
+    balancer, shares = Balancer("weighted", 280), [200, 80]
+    for _ in range(10):  # a long history at 100 : 40 samples/s
+        assert balancer.propose(shares, *measure(shares, [100.0, 40.0])) is None
+    # Worker 1 doubles its speed: its window rate is far from the average, which restarts
+    # from this window instead of blending it in, and the split moves the whole way.
+    shares = balancer.propose(shares, *measure(shares, [100.0, 80.0])) or shares
+    assert shares == [156, 124]
+    assert balancer.estimate == pytest.approx([100.0, 80.0])
