@@ -255,6 +255,7 @@ def restart_or_fail(session: Session, task: Task, reason: str) -> bool:
     abort_sub_tasks(session, task, reason)
     task.attempt += 1
     task.master_addr, task.master_port = None, None
+    task.pace_start_at = task.pace_start_progress = task.progress_at = None  # a new pace
     transition(
         session,
         task,

@@ -2,7 +2,7 @@
 checkpoints."""
 
 import enum
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import JSON, Enum, Float, ForeignKey, Index, String, Text, UniqueConstraint, text
@@ -106,6 +106,39 @@ class Task(Base):
     attempt: Mapped[int] = mapped_column(default=1, server_default="1")
     max_restarts: Mapped[int] = mapped_column(default=2, server_default="2")
     waiting: Mapped[bool] = mapped_column(default=False, server_default=text("false"))
+    # The current attempt's first progress report after its first step (when, at what
+    # progress) and the latest report's time: the measured pace behind `eta_s`.
+    pace_start_at: Mapped[datetime | None] = mapped_column(default=None)
+    pace_start_progress: Mapped[float | None] = mapped_column(Float, default=None)
+    progress_at: Mapped[datetime | None] = mapped_column(default=None)
+
+    def finish_estimate(self, now: datetime) -> tuple[float | None, datetime | None]:
+        """Seconds to finish and the predicted finish (naive UTC) at ``now``, from the pace of
+        this attempt's measured steps: progress gained since its first report over the time
+        it took, extrapolated from the latest report. (0, finished_at) once ended; (None,
+        None) before two reports with progress between them (startup, profiling and
+        validation before the first step are not counted in the pace).
+        """
+        if self.status.terminal:
+            return 0.0, self.finished_at
+        start, since, last = self.pace_start_at, self.pace_start_progress, self.progress_at
+        if start is None or since is None or last is None or self.progress <= since:
+            return None, None
+        if self.status is not TaskStatus.RUNNING or last <= start:
+            return None, None
+        per_progress_s = (last - start).total_seconds() / (self.progress - since)
+        finish = last + timedelta(seconds=per_progress_s * (1.0 - self.progress))
+        return max(0.0, (finish - now).total_seconds()), finish
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds to finish now (:meth:`finish_estimate`)."""
+        return self.finish_estimate(utcnow())[0]
+
+    @property
+    def predicted_finish_at(self) -> datetime | None:
+        """The predicted finish, naive UTC (:meth:`finish_estimate`)."""
+        return self.finish_estimate(utcnow())[1]
 
 
 class TaskDependency(Base):

@@ -67,7 +67,14 @@ def add_metrics(session: Session, *, task_id: int, batch: MetricBatch) -> None:
 
 
 def set_progress(session: Session, *, task: Task, data: Progress) -> None:
-    task.progress, task.epoch = data.progress, data.epoch
+    """Store a progress report; the first one of an attempt with progress > 0 (after its
+    first step) starts the measured pace (`Task.finish_estimate`), as does one below it
+    (the attempt resumed from an earlier checkpoint)."""
+    now = utcnow()
+    start = task.pace_start_progress
+    if data.progress > 0 and (start is None or data.progress < start):
+        task.pace_start_at, task.pace_start_progress = now, data.progress
+    task.progress, task.epoch, task.progress_at = data.progress, data.epoch, now
     session.commit()
 
 

@@ -238,6 +238,15 @@ class TaskRead(BaseModel):
     created_at: UtcDateTime
     started_at: UtcDateTime | None
     finished_at: UtcDateTime | None
+    eta_s: float | None = Field(
+        default=None,
+        description="seconds to finish, from the pace of this attempt's measured steps "
+        "(progress gained since its first report over the time taken); 0 once ended, null "
+        "until two progress reports apart",
+    )
+    predicted_finish_at: UtcDateTime | None = Field(
+        default=None, description="when the task is predicted to finish (finished_at once ended)"
+    )
 
 
 class TaskEventRead(BaseModel):

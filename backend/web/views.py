@@ -17,7 +17,7 @@ from backend.projects.code import list_examples
 from backend.projects.models import Project
 from backend.resource_groups import service as groups
 from backend.tasks import service as tasks
-from backend.tasks.models import Task, TaskStatus
+from backend.tasks.models import Task
 from backend.tasks.spec import read_spec
 from backend.web.forms import FieldErrors, ProjectForm
 from backend.web.task_form import TaskForm, has_dependencies, task_fields
@@ -160,15 +160,13 @@ def epochs_done(task: Task) -> int:
 
 
 def timing(task: Task) -> dict[str, float | None]:
-    """Seconds running so far and the estimated seconds to finish, from progress and
-    elapsed running time (elapsed × (1 − p) / p); None when not yet known."""
+    """Seconds running so far and the estimated seconds to finish (`Task.finish_estimate`,
+    as the REST API gives it); None when not yet known."""
     if task.started_at is None:
         return {"elapsed_s": None, "eta_s": None}
     end = task.finished_at or utcnow()
     elapsed = max(0.0, (end - task.started_at).total_seconds())
-    running = task.status is TaskStatus.RUNNING and 0 < task.progress < 1
-    eta = elapsed * (1 - task.progress) / task.progress if running else None
-    return {"elapsed_s": elapsed, "eta_s": 0.0 if task.status.terminal else eta}
+    return {"elapsed_s": elapsed, "eta_s": task.finish_estimate(utcnow())[0]}
 
 
 def task_page(session: Session, user: User, task: Task) -> dict[str, Any]:

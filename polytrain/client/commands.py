@@ -138,6 +138,15 @@ def submit(
         raise typer.Exit(_watch(api, task["id"]))
 
 
+def _eta(task: dict[str, Any]) -> str:
+    """The API's estimate as "12 min 5 s (at 2026-11-26T09:03:00Z)", or "—" before it has one."""
+    eta, finish = task.get("eta_s"), task.get("predicted_finish_at")
+    if eta is None or finish is None:
+        return "—"
+    minutes, seconds = divmod(round(eta), 60)
+    return f"{f'{minutes} min ' if minutes else ''}{seconds} s (at {finish})"
+
+
 def _show(task: dict[str, Any]) -> None:
     table = Table(show_header=False, box=None)
     groups = task["spec"].get("groups") or task["spec"].get("request") or []
@@ -153,6 +162,7 @@ def _show(task: dict[str, Any]) -> None:
         ("created", task["created_at"]),
         ("started", task["started_at"] or "—"),
         ("finished", task["finished_at"] or "—"),
+        ("time to finish", _eta(task)),
     ]:
         table.add_row(f"[bold]{key}", str(value))
     console.print(table)

@@ -1,6 +1,7 @@
 """The `polytrain` client commands against a real HTTP server: login, projects, submit from
 YAML, status, logs (also --follow over server-sent events), cancel, logout."""
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -74,6 +75,7 @@ def test_login_submit_status_logs_cancel(run, server: str, tmp_path: Path) -> No
     assert "digits" in run("projects").output
     status = run("status", "1")
     assert "QUEUED" in status.output and "cpu-a×2" in status.output
+    assert re.search(r"time to finish\s+—", status.output)  # no step measured yet
 
     httpx.post(
         f"{server}/internal/v1/tasks/1/logs",
@@ -120,3 +122,12 @@ def test_first_admin_from_the_cli_then_groups_ensure(
     first = run("groups", "ensure", "cpu-b", "--capacity", "1")
     assert first.exit_code == 0 and "resource group cpu-b: created" in first.output
     assert "resource group cpu-b: exists" in run("groups", "ensure", "cpu-b").output
+
+
+def test_time_to_finish_reads_the_apis_estimate() -> None:
+    from polytrain.client.commands import _eta
+
+    assert _eta({"eta_s": None, "predicted_finish_at": None}) == "—"
+    running = {"eta_s": 725.4, "predicted_finish_at": "2026-11-26T09:03:00Z"}
+    assert _eta(running) == "12 min 5 s (at 2026-11-26T09:03:00Z)"
+    assert _eta({"eta_s": 0.0, "predicted_finish_at": "2026-11-26T09:03:00Z"}).startswith("0 s")

@@ -153,18 +153,23 @@ def test_task_page_shows_shares_timing_and_the_settings_form(client: TestClient)
     assert "example:mnist_cnn" in options
 
 
-def test_eta_comes_from_progress_and_running_time() -> None:
+def test_eta_comes_from_the_pace_of_measured_steps() -> None:
     from datetime import timedelta
 
     from backend.core.db import utcnow
     from backend.tasks.models import TaskStatus
     from backend.web.views import timing
 
+    now = utcnow()
     task = Task(
         spec={},
-        progress=0.25,
+        progress=0.4,
         status=TaskStatus.RUNNING,
-        started_at=utcnow() - timedelta(seconds=60),
+        started_at=now - timedelta(seconds=90),  # 30 s of it before the first step
+        pace_start_at=now - timedelta(seconds=60),
+        pace_start_progress=0.1,
+        progress_at=now - timedelta(seconds=10),
     )
     estimate = timing(task)
-    assert 59 < estimate["elapsed_s"] < 62 and 179 < estimate["eta_s"] < 184
+    # 0.3 in 50 s: the remaining 0.6 take 100 s from the last report, 90 s from now.
+    assert 89 < estimate["elapsed_s"] < 92 and 88 < estimate["eta_s"] < 91

@@ -1,0 +1,79 @@
+"""Time to finish on every task (`eta_s`, `predicted_finish_at` on GET /api/v1/tasks/{id}):
+from the pace of the attempt's measured steps, reported by the agents' progress reports."""
+
+from datetime import datetime, timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from backend.tasks import lifecycle, reports
+from backend.tasks.models import Task, TaskStatus
+from tests.backend.scheduling import group, running_task
+from tests.conftest import agent_headers
+
+pytestmark = pytest.mark.stack
+T0 = datetime(2026, 11, 26, 8, 0, 0)
+
+
+def _report(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch, task: Task, at: datetime, progress: float
+) -> None:
+    monkeypatch.setattr(reports, "utcnow", lambda: at)
+    response = client.post(
+        f"/internal/v1/tasks/{task.id}/progress",
+        headers=agent_headers(),
+        json={"progress": progress, "epoch": 0},
+    )
+    assert response.status_code == 204, response.text
+
+
+def _read(client: TestClient, task: Task) -> dict:
+    response = client.get(f"/api/v1/tasks/{task.id}")
+    assert response.status_code == 200
+    return dict(response.json())
+
+
+def test_eta_follows_the_pace_of_measured_steps(
+    client: TestClient, session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    assert _read(client, task)["eta_s"] is None  # no step measured yet
+    _report(client, monkeypatch, task, T0, 0.10)  # the first step, long after the start
+    assert _read(client, task)["eta_s"] is None  # one report: no pace yet
+    _report(client, monkeypatch, task, T0 + timedelta(seconds=30), 0.25)
+    _report(client, monkeypatch, task, T0 + timedelta(seconds=60), 0.40)
+    # 0.30 of the task in 60 s: the remaining 0.60 take 120 s after the last report.
+    read = _read(client, task)
+    assert read["predicted_finish_at"] == "2026-11-26T08:03:00Z"
+    assert read["eta_s"] == 0.0  # that time is long past in the test's real clock
+    session.refresh(task)
+    eta, finish = task.finish_estimate(T0 + timedelta(seconds=90))
+    assert eta == pytest.approx(90.0) and finish == T0 + timedelta(seconds=180)
+    # Slower steps move the prediction: 0.10 more in 90 s, so 0.40 in 150 s since the first
+    # step, and the remaining 0.50 take 187.5 s.
+    _report(client, monkeypatch, task, T0 + timedelta(seconds=150), 0.50)
+    session.refresh(task)
+    assert task.finish_estimate(T0 + timedelta(seconds=150))[0] == pytest.approx(187.5)
+
+
+def test_a_restart_starts_a_new_pace_and_an_ended_task_has_finished(
+    client: TestClient, session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session, max_restarts=1)
+    _report(client, monkeypatch, task, T0, 0.10)
+    _report(client, monkeypatch, task, T0 + timedelta(seconds=10), 0.20)
+    session.refresh(task)  # the reports came through the API's own session
+    assert lifecycle.restart_or_fail(session, task, "agent lost")
+    session.commit()
+    session.refresh(task)
+    assert task.status is TaskStatus.QUEUED and task.finish_estimate(T0) == (None, None)
+    assert task.pace_start_at is None
+    task.status, task.finished_at = TaskStatus.SUCCEEDED, T0 + timedelta(seconds=99)
+    session.commit()
+    read = _read(client, task)
+    assert read["eta_s"] == 0.0 and read["predicted_finish_at"] == "2026-11-26T08:01:39Z"
