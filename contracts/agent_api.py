@@ -130,6 +130,9 @@ class MetricBatch(StrictModel):
 class Progress(StrictModel):
     progress: float = Field(ge=0.0, le=1.0)
     epoch: int = Field(ge=0)
+    attempt: int | None = Field(
+        default=None, ge=1, description="the attempt reporting; an earlier attempt's is ignored"
+    )
 
 
 class Finished(StrictModel):

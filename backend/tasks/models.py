@@ -115,20 +115,29 @@ class Task(Base):
     def finish_estimate(self, now: datetime) -> tuple[float | None, datetime | None]:
         """Seconds to finish and the predicted finish (naive UTC) at ``now``, from the pace of
         this attempt's measured steps: progress gained since its first report over the time
-        it took, extrapolated from the latest report. (0, finished_at) once ended; (None,
-        None) before two reports with progress between them (startup, profiling and
-        validation before the first step are not counted in the pace).
+        it took, extrapolated from the latest report. (0, finished_at) once succeeded;
+        (None, None) when it failed or was cancelled, before two reports with progress
+        between them (startup, profiling and validation before the first step are not
+        counted in the pace), and once the predicted finish has passed with the task still
+        running (its reports stopped or slowed: no estimate rather than "0 s left").
         """
-        if self.status.terminal:
+        if self.status is TaskStatus.SUCCEEDED:
             return 0.0, self.finished_at
+        if self.status.terminal:
+            return None, None
         start, since, last = self.pace_start_at, self.pace_start_progress, self.progress_at
         if start is None or since is None or last is None or self.progress <= since:
             return None, None
         if self.status is not TaskStatus.RUNNING or last <= start:
             return None, None
         per_progress_s = (last - start).total_seconds() / (self.progress - since)
-        finish = last + timedelta(seconds=per_progress_s * (1.0 - self.progress))
-        return max(0.0, (finish - now).total_seconds()), finish
+        try:
+            finish = last + timedelta(seconds=per_progress_s * (1.0 - self.progress))
+        except OverflowError:  # a vanishing gain of progress: no estimate
+            return None, None
+        if finish < now:
+            return None, None
+        return (finish - now).total_seconds(), finish
 
     @property
     def eta_s(self) -> float | None:

@@ -69,7 +69,10 @@ def add_metrics(session: Session, *, task_id: int, batch: MetricBatch) -> None:
 def set_progress(session: Session, *, task: Task, data: Progress) -> None:
     """Store a progress report; the first one of an attempt with progress > 0 (after its
     first step) starts the measured pace (`Task.finish_estimate`), as does one below it
-    (the attempt resumed from an earlier checkpoint)."""
+    (the attempt resumed from an earlier checkpoint). A report of an earlier attempt (sent
+    late, after a restart) is ignored."""
+    if data.attempt is not None and data.attempt != task.attempt:
+        return
     now = utcnow()
     start = task.pace_start_progress
     if data.progress > 0 and (start is None or data.progress < start):

@@ -36,14 +36,15 @@
     return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
   }
 
-  /** Running time and the estimated time to finish: elapsed × (1 − p) / p. */
+  /** Running time and the API's estimate of the time to finish (`eta_s`: the pace of the
+   * attempt's measured steps). */
   function timing(task) {
     if (!task.started_at) return "";
     const end = task.finished_at ? Date.parse(task.finished_at) : Date.now();
     const elapsed = (end - Date.parse(task.started_at)) / 1000;
     let text = ` · ${P.TERMINAL.has(task.status) ? "ran" : "running"} ${duration(elapsed)}`;
-    if (task.status === "RUNNING" && task.progress > 0 && task.progress < 1) {
-      text += ` · about ${duration((elapsed * (1 - task.progress)) / task.progress)} left`;
+    if (task.status === "RUNNING" && task.eta_s !== null && task.eta_s !== undefined) {
+      text += ` · about ${duration(task.eta_s)} left`;
     }
     return text;
   }

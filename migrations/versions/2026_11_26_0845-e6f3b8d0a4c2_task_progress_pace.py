@@ -23,7 +23,18 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # SQLite's batch mode copies the table and would rebuild the queue's partial index
+    # without its DESC: drop it first and create it again as it was.
+    op.drop_index("ix_task_queue", table_name="task")
     with op.batch_alter_table("task") as batch_op:
         batch_op.drop_column("progress_at")
         batch_op.drop_column("pace_start_progress")
         batch_op.drop_column("pace_start_at")
+    queued = sa.text("status = 'QUEUED' AND NOT waiting")
+    op.create_index(
+        "ix_task_queue",
+        "task",
+        [sa.text("priority DESC"), "id"],
+        postgresql_where=queued,
+        sqlite_where=queued,
+    )

@@ -57,7 +57,8 @@ def _watch(page: Page, api: httpx.Client) -> None:
     )
     idle = page.locator("#throughput tbody tr").first.locator("td").nth(4)
     expect(idle).to_have_text(re.compile(r"^\d+\.\d%$"))  # rank-1's idle part of its epoch
-    expect(page.locator("#task-timing")).to_contain_text("left")
+    # The estimate needs two progress reports after the first step (the measured pace).
+    expect(page.locator("#task-timing")).to_contain_text("left", timeout=30_000)
     expect(page.locator("#nonfinite-metrics")).to_be_visible()  # filled by the live refresh
     expect(page.locator("#nonfinite-table tbody tr").first).to_contain_text("val_unstable")
     expect(page.locator("#nonfinite-table tbody tr").first).to_contain_text("NaN")

@@ -137,9 +137,11 @@ class InternalApi:
     def metrics(self, task_id: int, metrics: list[dict[str, Any]]) -> None:
         self._call("POST", f"/tasks/{task_id}/metrics", json={"metrics": metrics})
 
-    def progress(self, task_id: int, progress: float, epoch: int) -> None:
+    def progress(self, task_id: int, progress: float, epoch: int, attempt: int = 1) -> None:
         self._call(
-            "POST", f"/tasks/{task_id}/progress", json={"progress": progress, "epoch": epoch}
+            "POST",
+            f"/tasks/{task_id}/progress",
+            json={"progress": progress, "epoch": epoch, "attempt": attempt},
         )
 
     def checkpoint(

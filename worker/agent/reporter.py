@@ -149,5 +149,5 @@ class Reporter:
             self.api.metrics(self.task_id, self._metrics)
             self._metrics = []
         if self._progress is not None:
-            self.api.progress(self.task_id, *self._progress)
+            self.api.progress(self.task_id, *self._progress, attempt=self.attempt)
             self._progress = None

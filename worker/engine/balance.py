@@ -84,17 +84,29 @@ class Balancer:
         return weighted_shares(self.batch, rates)
 
     def propose(
-        self, shares: list[int], compute_s: list[float], samples: list[float]
+        self,
+        shares: list[int],
+        compute_s: list[float],
+        samples: list[float],
+        *,
+        update: bool = True,
     ) -> list[int] | None:
         """New shares from a window of measured work, or None to keep ``shares``.
 
         ``compute_s[i]`` is worker i's busy seconds in the window (compute sections and
         its own work between them, :meth:`worker.engine.run.Run.compute`) and
-        ``samples[i]`` the samples it processed then.
+        ``samples[i]`` the samples it processed then. ``update`` False decides on the
+        current estimate where there is one, without blending the window in (a window
+        whose steps were already counted, e.g. the whole epoch).
         """
         if self.policy == "even" or len(shares) < 2:
             return None
-        rates = self.update_estimate(rates_of(compute_s, samples))
+        measured = [t > 0 and n > 0 for t, n in zip(compute_s, samples, strict=True)]
+        window = rates_of(compute_s, samples)
+        if update or self.estimate is None or len(self.estimate) != len(window):
+            rates = self.update_estimate(window, measured)
+        else:
+            rates = self.estimate
         excess = imbalance(shares, rates)
         self.moving = excess > (self.settle if self.moving else self.tolerance)
         if not self.moving:
@@ -110,19 +122,27 @@ class Balancer:
             return None
         return proposed
 
-    def update_estimate(self, window: list[float]) -> list[float]:
-        """The rate estimate (samples/s per worker) after one more window's ``window`` rates:
-        ``smoothing * window + (1 - smoothing) * estimate``, or ``window`` itself on the
-        first window, a changed number of workers, or a worker whose window rate is
-        ``jump`` or more away from its estimate (relative)."""
+    def update_estimate(
+        self, window: list[float], measured: list[bool] | None = None
+    ) -> list[float]:
+        """The rate estimate (samples/s per worker) after one more window's ``window`` rates,
+        worker by worker: ``smoothing * window + (1 - smoothing) * estimate``; the window's
+        rate itself on the first window (or a changed number of workers) and for a worker
+        whose window rate is ``jump`` or more away from its estimate (relative: its speed
+        changed); the estimate kept for a worker ``measured`` marks as not measured in the
+        window (its window rate is a stand-in, :func:`rates_of`)."""
         old = self.estimate
-        if (
-            old is None
-            or len(old) != len(window)
-            or any(abs(w / e - 1.0) >= self.jump for w, e in zip(window, old, strict=True))
-        ):
+        if old is None or len(old) != len(window):
             self.estimate = list(window)
-        else:
-            a = self.smoothing
-            self.estimate = [a * w + (1 - a) * e for w, e in zip(window, old, strict=True)]
+            return self.estimate
+        measured = measured or [True] * len(window)
+        a, new = self.smoothing, []
+        for w, e, seen in zip(window, old, measured, strict=True):
+            if not seen:
+                new.append(e)
+            elif not (e > 0 and math.isfinite(e)) or abs(w / e - 1.0) >= self.jump:
+                new.append(w)
+            else:
+                new.append(a * w + (1 - a) * e)
+        self.estimate = new
         return self.estimate

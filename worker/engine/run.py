@@ -169,7 +169,7 @@ def _crossed(now: int, before: int, every: int | None) -> bool:
     return bool(every) and now // every > before // every  # type: ignore[operator]
 
 
-def rebalance(run: Run, window: Work) -> None:
+def rebalance(run: Run, window: Work, *, update: bool = True) -> None:
     """Control point: every rank learns all workers' work and takes the same decision.
 
     One collective: the work table comes from one allreduce in which each
@@ -179,7 +179,7 @@ def rebalance(run: Run, window: Work) -> None:
     the decision is needed. The parameter server logs it.
     """
     compute_s, samples = gather_work(run.topo, window.robust_seconds, window.samples)
-    proposal = run.balancer.propose(run.split.shares, compute_s, samples)
+    proposal = run.balancer.propose(run.split.shares, compute_s, samples, update=update)
     if proposal is None:
         return
     if run.topo.is_ps:

@@ -185,7 +185,9 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
         # window of a few steps only (a check just before the epoch's end) is too noisy:
         # then the epoch. Every rank knows the steps, so all take the same one.
         recent = run.step - run.last_balance >= MIN_WINDOW_STEPS
-        rebalance(run, run.window if recent else run.epoch_work)
+        # The epoch's steps are in the rate estimate already: decide on it, do not blend
+        # them in again (a speed change mid-epoch would be pulled back to the old speed).
+        rebalance(run, run.window if recent else run.epoch_work, update=recent)
     run.window, run.last_balance = Work(), run.step
     sent = run.split.exchange(run.spec.exchange_fraction, run.spec.seed, run.epoch)
     if run.topo.is_ps and any(sent):

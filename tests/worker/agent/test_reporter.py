@@ -82,7 +82,7 @@ def test_the_first_progress_is_sent_at_once(api: FakeApi) -> None:
     reporter = Reporter(api.client(), 4, group="a", interval_s=60.0)
     reporter.flush()
     reporter.pump(lines(("ps", ev(type="progress", step=5, epochs=2, steps_per_epoch=10, epoch=0))))
-    assert api.bodies("progress") == [{"progress": 0.25, "epoch": 0}]
+    assert api.bodies("progress") == [{"progress": 0.25, "epoch": 0, "attempt": 1}]
 
 
 def test_checkpoints_are_uploaded_only_from_the_ranks_own_folder(

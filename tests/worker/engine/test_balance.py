@@ -184,3 +184,24 @@ def test_a_change_of_speed_after_a_steady_history_is_followed_at_once() -> None:
     shares = balancer.propose(shares, *measure(shares, [100.0, 80.0])) or shares
     assert shares == [156, 124]
     assert balancer.estimate == pytest.approx([100.0, 80.0])
+
+
+def test_the_estimate_restarts_only_for_the_worker_whose_speed_changed() -> None:
+    balancer = Balancer("weighted", 256)
+    balancer.update_estimate([300.0, 100.0])
+    # Worker 0's window is noise (+4 %), worker 1's a change (+50 %): worker 0 is blended,
+    # worker 1 restarts from its window.
+    assert balancer.update_estimate([312.0, 150.0]) == pytest.approx([306.0, 150.0])
+    # A worker with no measured step in the window keeps its estimate (its window rate is
+    # a stand-in: the others' mean).
+    assert balancer.update_estimate([306.0, 306.0], [True, False]) == pytest.approx([306.0, 150.0])
+
+
+def test_a_window_already_counted_decides_on_the_estimate_without_entering_it() -> None:
+    balancer, shares = Balancer("weighted", 256), [192, 64]
+    assert balancer.propose(shares, *measure(shares, [300.0, 100.0])) is None
+    before = list(balancer.estimate or [])
+    # The epoch's whole work, steps before a change of speed included: not blended in.
+    epoch = measure(shares, [300.0, 60.0])
+    assert balancer.propose(shares, *epoch, update=False) is None
+    assert balancer.estimate == before
