@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from worker.engine import report
-from worker.engine.balance import Balancer, imbalance, rates_of
+from worker.engine.balance import Balancer, imbalance
 from worker.engine.checkpoint import gather_worker_states, save_checkpoint
 from worker.engine.compute import BusyClock, Work, local_gradient, reduced_gradient
 from worker.engine.contract import TrainingCode
@@ -183,7 +183,8 @@ def rebalance(run: Run, window: Work, *, update: bool = True) -> None:
     if proposal is None:
         return
     if run.topo.is_ps:
-        rates = run.balancer.estimate or rates_of(compute_s, samples)
+        rates = run.balancer.estimate  # the rates the proposal was made from
+        assert rates is not None
         report.log(
             f"rebalance at step {run.step}: shares {run.split.shares} -> {proposal} "
             f"(predicted imbalance {imbalance(run.split.shares, rates):.1%})"

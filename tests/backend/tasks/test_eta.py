@@ -2,6 +2,7 @@
 from the pace of the attempt's measured steps, reported by the agents' progress reports."""
 
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -28,6 +29,13 @@ def _report(
     assert response.status_code == 204, response.text
 
 
+def _running(session: Session, **extra: Any) -> Task:
+    """A RUNNING task across the groups cpu-a ×2 and cpu-b ×1, made here."""
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    return running_task(session, **extra)
+
+
 def _read(client: TestClient, task: Task) -> dict:
     response = client.get(f"/api/v1/tasks/{task.id}")
     assert response.status_code == 200
@@ -37,9 +45,7 @@ def _read(client: TestClient, task: Task) -> dict:
 def test_eta_follows_the_pace_of_measured_steps(
     client: TestClient, session: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    group(session, "cpu-a", 2)
-    group(session, "cpu-b", 1)
-    task = running_task(session)
+    task = _running(session)
     assert _read(client, task)["eta_s"] is None  # no step measured yet
     _report(client, monkeypatch, task, T0, 0.10)  # the first step, long after the start
     assert _read(client, task)["eta_s"] is None  # one report: no pace yet
@@ -63,9 +69,7 @@ def test_eta_follows_the_pace_of_measured_steps(
 def test_a_restart_starts_a_new_pace_and_an_ended_task_has_finished(
     client: TestClient, session: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    group(session, "cpu-a", 2)
-    group(session, "cpu-b", 1)
-    task = running_task(session, max_restarts=1)
+    task = _running(session, max_restarts=1)
     _report(client, monkeypatch, task, T0, 0.10)
     _report(client, monkeypatch, task, T0 + timedelta(seconds=10), 0.20)
     session.refresh(task)  # the reports came through the API's own session
@@ -83,10 +87,7 @@ def test_a_restart_starts_a_new_pace_and_an_ended_task_has_finished(
 def test_a_late_report_of_an_earlier_attempt_is_ignored(
     client: TestClient, session: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    group(session, "cpu-a", 2)
-    group(session, "cpu-b", 1)
-    task = running_task(session, max_restarts=1)
-    session.refresh(task)
+    task = _running(session, max_restarts=1)
     assert lifecycle.restart_or_fail(session, task, "agent lost")
     session.commit()
     monkeypatch.setattr(reports, "utcnow", lambda: T0)
