@@ -29,13 +29,18 @@ import torch.distributed as dist
 from worker.engine import report
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` atomically (temp file + rename) and report it."""
+def save_checkpoint(
+    path: Path, state: dict[str, Any], provenance: dict[str, Any] | None = None
+) -> None:
+    """Write ``state`` to ``path`` atomically (temp file + rename) and report it, with the
+    shard ``provenance`` (:meth:`worker.engine.provenance.ShardLedger.drain`) when given."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     torch.save(state, partial)
     os.replace(partial, path)
-    report.checkpoint(str(path), step=int(state["step"]), epoch=int(state["epoch"]))
+    report.checkpoint(
+        str(path), step=int(state["step"]), epoch=int(state["epoch"]), provenance=provenance
+    )
 
 
 def load_checkpoint(path: str) -> dict[str, Any]:

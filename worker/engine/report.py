@@ -5,7 +5,9 @@ output and forwards events to the backend with :func:`parse_event`. Event shapes
 
     {"type": "metric", "name": str, "value": float | null, "step": int, "epoch": int, "rank": int,
      "nonfinite": "nan" | "inf" | "-inf" (only when value is null)}
-    {"type": "checkpoint", "path": str, "step": int, "epoch": int}
+    {"type": "checkpoint", "path": str, "step": int, "epoch": int,
+     "provenance": {"n_items": int, "set_hash": str, "records": [...]} (optional; the
+     segments :mod:`worker.engine.provenance` closed since the last checkpoint)}
     {"type": "progress", "epoch": int, "step": int, "steps_per_epoch": int, "epochs": int}
     {"type": "rendezvous", "port": int}  (rank 0 only, when told to pick its own port)
     {"type": "done"}
@@ -57,9 +59,15 @@ def metric(name: str, value: float, *, step: int, epoch: int, rank: int) -> None
     emit(event)
 
 
-def checkpoint(path: str, *, step: int, epoch: int) -> None:
-    """Report that a checkpoint file was written (by the parameter server)."""
-    emit({"type": "checkpoint", "path": path, "step": step, "epoch": epoch})
+def checkpoint(
+    path: str, *, step: int, epoch: int, provenance: dict[str, Any] | None = None
+) -> None:
+    """Report that a checkpoint file was written (by the parameter server), with the shard
+    provenance of the samples trained since the previous one when given."""
+    event: dict[str, Any] = {"type": "checkpoint", "path": path, "step": step, "epoch": epoch}
+    if provenance is not None:
+        event["provenance"] = provenance
+    emit(event)
 
 
 def progress(*, epoch: int, step: int, steps_per_epoch: int, epochs: int) -> None:

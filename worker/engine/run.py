@@ -31,6 +31,7 @@ from worker.engine.distributed import Topology
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import gather_work, params_of, receive_at_ps, send_to_ps
 from worker.engine.numerics import NonFiniteError, blame, describe, local_faults
+from worker.engine.provenance import ShardLedger
 from worker.engine.reducer import GradientReducer
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
@@ -69,6 +70,7 @@ class Run:
     reducer: GradientReducer | None = None
     pulled_at: int = -1
     clock: BusyClock = field(default_factory=BusyClock)
+    ledger: ShardLedger | None = None  # the parameter server's shard provenance
     state: ModelState = field(init=False)
     strategy: Strategy = field(init=False)
 
@@ -262,6 +264,9 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     replicated = run.strategy.replicated
     if replicated:
         pull_replica(run)
+    if run.ledger is not None and not epoch_complete:
+        # At an epoch's end the segment was closed before the neighbour exchange.
+        run.ledger.close(run.split, epoch=run.epoch, step=run.step)
     local_optimizer = None
     sends = run.topo.rank == FIRST_WORKER if replicated else run.topo.am_i_leader
     if run.optimizer is not None and not run.topo.is_ps and sends:
@@ -285,4 +290,5 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
         "split": run.split.state_dict(),
         "rng": {r: s["rng"] for r, s in states.items()},
     }
-    save_checkpoint(Path(run.spec.checkpoint_dir) / name, state)
+    provenance = run.ledger.drain(run.split.n_items) if run.ledger is not None else None
+    save_checkpoint(Path(run.spec.checkpoint_dir) / name, state, provenance)

@@ -12,7 +12,8 @@ Order of collectives, the same on every rank:
 3. per epoch: the strategy's steps (:class:`worker.engine.strategy.Strategy`, the method of
    the rank's role), the final parameters and buffers, validation, the
    epoch's measured work (re-measured throughput, epoch-level rebalance),
-   the neighbour exchange, the epoch-end checkpoint.
+   the neighbour exchange, the epoch-end checkpoint (with the epoch's shard provenance,
+   :mod:`worker.engine.provenance`, which the parameter server records without a collective).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from worker.engine.exchange import (
     gather_work,
     sum_over_world,
 )
+from worker.engine.provenance import ShardLedger
 from worker.engine.run import MIN_WINDOW_STEPS, Run, checkpoint, pull_replica, rebalance
 from worker.engine.sharding import even_shares
 from worker.engine.spec import RunSpec
@@ -134,6 +136,8 @@ def start(
     train = data.train
     placeholder = SplitState(data.n_train, spec.global_batch_size, [], [], [])
     run = Run(spec, code, topo, model, optimizer, placeholder, balancer, train, emulator)
+    if topo.is_ps:
+        run.ledger = ShardLedger(spec)
     sync_state(topo, run.state)
     package = broadcast_object(package)
     replica = package is not None and run.strategy.replicated and not topo.is_ps
@@ -189,6 +193,8 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
         # them in again (a speed change mid-epoch would be pulled back to the old speed).
         rebalance(run, run.window if recent else run.epoch_work, update=recent)
     run.window, run.last_balance = Work(), run.step
+    if run.ledger is not None:  # the samples each worker took, before the exchange moves them
+        run.ledger.close(run.split, epoch=run.epoch, step=run.step)
     sent = run.split.exchange(run.spec.exchange_fraction, run.spec.seed, run.epoch)
     if run.topo.is_ps and any(sent):
         report.log(f"epoch {run.epoch}: neighbour exchange sent {sent} samples")
@@ -222,6 +228,8 @@ def train(
             run.split.begin_epoch(run.spec.seed, epoch)
             release_freed_memory()
         under_way = False
+        if run.ledger is not None:
+            run.ledger.begin(run.split, run.step)
         run.epoch_work, run.loss_sum, run.samples, run.stats = Work(), 0.0, 0, {}
         run.clock = BusyClock()  # the first section follows the epoch's end: not sustained
         run.skipped = 0

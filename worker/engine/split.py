@@ -15,12 +15,17 @@ from the workers that now need fewer to those that need more. After each
 epoch, :meth:`SplitState.exchange` passes a random fraction of every worker's
 shard to its ring neighbour (worker ``i`` to ``(i + 1) % W``), the neighbour
 exchange of the heterogeneous-computing patent family this design follows.
+
+The state also remembers which samples moved: ``rebalanced_in[i]`` those moved to worker
+``i`` this epoch to fit the shares (a mid-epoch share change, or the resizing at the epoch's
+start), ``exchanged_in[i]`` those it received at the last exchange
+(the shard provenance of :mod:`worker.engine.provenance` counts them).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,7 +53,9 @@ class SplitState:
 
     ``shards[i]`` (``[n_i]``, :func:`index_dtype`) is worker ``i``'s shard in the order it is
     consumed this epoch; ``used[i]`` how many it has taken; ``step`` the
-    optimizer steps done this epoch (``0 .. steps_per_epoch``).
+    optimizer steps done this epoch (``0 .. steps_per_epoch``). ``rebalanced_in[i]`` holds the
+    samples moved to worker ``i`` this epoch to fit the shares, ``exchanged_in[i]`` those it
+    received from its neighbour at the last exchange (empty lists: none).
     """
 
     n_items: int
@@ -57,6 +64,13 @@ class SplitState:
     shards: list[Tensor]
     used: list[int]
     step: int = 0
+    rebalanced_in: list[Tensor] = field(default_factory=list)
+    exchanged_in: list[Tensor] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        empty = torch.empty(0, dtype=index_dtype(self.n_items))
+        self.rebalanced_in = self.rebalanced_in or [empty] * len(self.shares)
+        self.exchanged_in = self.exchanged_in or [empty] * len(self.shares)
 
     @classmethod
     def initial(cls, n_items: int, shares: list[int], seed: int) -> SplitState:
@@ -155,6 +169,8 @@ class SplitState:
         pool = torch.cat(surplus)
         for i, need in enumerate(needs):
             lack = need - len(remaining[i])
+            if lack > 0:
+                self.rebalanced_in[i] = torch.cat([self.rebalanced_in[i], pool[:lack]])
             remaining[i], pool = torch.cat([remaining[i], pool[:lack]]), pool[lack:]
         parts = zip(self.shards, self.used, remaining, strict=True)
         self.shards = [torch.cat([s[:u], r]) for s, u, r in parts]
@@ -163,6 +179,7 @@ class SplitState:
         """Resize shards to the current shares and shuffle each one for ``epoch``."""
         self.used = [0] * self.n_workers
         self.step = 0
+        self.rebalanced_in = [torch.empty(0, dtype=index_dtype(self.n_items))] * self.n_workers
         self._redistribute(self.needs_from(0))
         self.shards = [
             shard[
@@ -191,6 +208,7 @@ class SplitState:
             kept.append(shard[~chosen])
             sent.append(shard[chosen])
         self.shards = [torch.cat([kept[i], sent[i - 1]]) for i in range(self.n_workers)]
+        self.exchanged_in = [sent[i - 1] for i in range(self.n_workers)]
         return [len(s) for s in sent]
 
     def state_dict(self) -> dict[str, Any]:
@@ -202,11 +220,14 @@ class SplitState:
             "shards": [s.clone() for s in self.shards],
             "used": list(self.used),
             "step": self.step,
+            "rebalanced_in": [t.clone() for t in self.rebalanced_in],
+            "exchanged_in": [t.clone() for t in self.exchanged_in],
         }
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> SplitState:
-        """Rebuild a state written by :meth:`state_dict`."""
+        """Rebuild a state written by :meth:`state_dict` (one from before the moved samples
+        were kept resumes with none marked as moved)."""
         return cls(
             n_items=int(state["n_items"]),
             batch=int(state["batch"]),
@@ -214,4 +235,6 @@ class SplitState:
             shards=[s.clone() for s in state["shards"]],
             used=[int(u) for u in state["used"]],
             step=int(state["step"]),
+            rebalanced_in=[t.clone() for t in state.get("rebalanced_in", [])],
+            exchanged_in=[t.clone() for t in state.get("exchanged_in", [])],
         )
