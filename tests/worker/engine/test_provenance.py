@@ -60,7 +60,9 @@ def test_split_marks_what_a_share_change_and_an_exchange_moved() -> None:
             state.shards[i].tolist()
         )
     restored = SplitState.from_state_dict(state.state_dict())
-    assert all(torch.equal(a, b) for a, b in zip(restored.exchanged_in, state.exchanged_in))
+    assert all(
+        torch.equal(a, b) for a, b in zip(restored.exchanged_in, state.exchanged_in, strict=True)
+    )
 
 
 def test_ledger_records_every_sample_once_per_epoch_across_a_restart(
