@@ -127,6 +127,45 @@ class MetricBatch(StrictModel):
     metrics: list[MetricIn] = Field(max_length=10_000)
 
 
+HASH_PATTERN = r"^[0-9a-f]{16}$"
+
+
+class ShardRecordIn(StrictModel):
+    """The samples one compute worker took between two checkpoints of one epoch, as the
+    parameter server recorded them (``worker.engine.provenance``): how many, an additive
+    multiset hash of their indices, and how many a rebalance or the neighbour exchange
+    moved to it."""
+
+    worker: int = Field(ge=0, le=100_000)
+    rank: int = Field(ge=1, le=100_001)
+    group_index: int = Field(ge=0, le=100_000)
+    group: str = Field(max_length=100)
+    epoch: int = Field(ge=0)
+    step_from: int = Field(ge=0)
+    step_to: int = Field(ge=0)
+    samples: int = Field(ge=0)
+    index_hash: str = Field(pattern=HASH_PATTERN)
+    rebalanced: int = Field(ge=0)
+    exchanged: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ShardRecordIn":
+        if self.step_to < self.step_from:
+            raise ValueError("step_to: must not be before step_from")
+        if max(self.rebalanced, self.exchanged) > self.samples:
+            raise ValueError("rebalanced, exchanged: cannot exceed samples")
+        return self
+
+
+class Provenance(StrictModel):
+    """The shard provenance a checkpoint carries: the segments since the previous one, with
+    the training set's size and the hash of the whole set to check an epoch against."""
+
+    n_items: int = Field(ge=0)
+    set_hash: str = Field(pattern=HASH_PATTERN)
+    records: list[ShardRecordIn] = Field(max_length=100_000)
+
+
 class Progress(StrictModel):
     progress: float = Field(ge=0.0, le=1.0)
     epoch: int = Field(ge=0)

@@ -19,7 +19,7 @@ from backend.core.db import release
 from backend.core.dependencies import SessionDep, SettingsDep
 from backend.projects import service as projects
 from backend.resource_groups import service as groups
-from backend.tasks import fate, reports
+from backend.tasks import fate, provenance, reports
 from backend.tasks import service as tasks
 from backend.tasks.models import Checkpoint
 from backend.tasks.schemas import CheckpointRead
@@ -32,6 +32,7 @@ from contracts.agent_api import (
     LogBatch,
     MetricBatch,
     Progress,
+    Provenance,
     Rendezvous,
     RendezvousRead,
     TaskState,
@@ -174,6 +175,15 @@ async def upload_checkpoint(
         )
 
     return await run_in_threadpool(store)
+
+
+@router.put("/tasks/{task_id}/checkpoints/{checkpoint_id}/provenance")
+def put_provenance(task_id: int, checkpoint_id: int, data: Provenance, session: SessionDep) -> dict:
+    """The shard provenance a checkpoint carried (the samples each worker took since the
+    previous checkpoint); sent again, it replaces what was stored for that checkpoint."""
+    task = tasks.get(session, task_id=task_id)
+    checkpoint = tasks.get_checkpoint(session, task_id=task_id, checkpoint_id=checkpoint_id)
+    return {"stored": provenance.store(session, task=task, checkpoint=checkpoint, data=data)}
 
 
 @router.get("/tasks/{task_id}/checkpoints/{checkpoint_id}")

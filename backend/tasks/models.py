@@ -294,3 +294,34 @@ class Checkpoint(Base):
     size_bytes: Mapped[int]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     attempt: Mapped[int] = mapped_column(default=1, server_default="1")
+
+
+class ShardRecord(Base):
+    """The samples one compute worker took between two checkpoints of one epoch of one
+    attempt (``worker.engine.provenance``): `samples` of them, `index_hash` the additive
+    multiset hash of their indices (16 hex digits; hashes of disjoint sets add mod 2**64),
+    `rebalanced`/`exchanged` how many a rebalance or the neighbour exchange moved to it.
+    `n_items` and `set_hash` are the training set's size and whole-set hash, to check an
+    epoch's records against. Stored with the checkpoint whose state holds their updates."""
+
+    __tablename__ = "shard_record"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"), index=True)
+    checkpoint_id: Mapped[int] = mapped_column(
+        ForeignKey("checkpoint.id", ondelete="CASCADE"), index=True
+    )
+    attempt: Mapped[int]
+    epoch: Mapped[int]
+    step_from: Mapped[int]
+    step_to: Mapped[int]
+    worker: Mapped[int]
+    rank: Mapped[int]
+    group_index: Mapped[int]
+    group: Mapped[str] = mapped_column(String(100))
+    samples: Mapped[int]
+    index_hash: Mapped[str] = mapped_column(String(16))
+    rebalanced: Mapped[int]
+    exchanged: Mapped[int]
+    n_items: Mapped[int]
+    set_hash: Mapped[str] = mapped_column(String(16))

@@ -18,13 +18,14 @@ from backend.core.db import get_sessionmaker, release
 from backend.core.dependencies import SessionDep
 from backend.core.pagination import TOTAL_HEADER, Page, PageParams, paginated
 from backend.projects import access as project_access
-from backend.tasks import access, service
+from backend.tasks import access, provenance, service
 from backend.tasks.models import Task, TaskStatus
 from backend.tasks.schemas import (
     AllocationRead,
     CheckpointRead,
     LogLineRead,
     MetricRead,
+    ProvenanceRead,
     SubTaskRead,
     TaskCreate,
     TaskEventRead,
@@ -236,6 +237,14 @@ def stream_logs(
 @router.get("/{task_id}/checkpoints", response_model=list[CheckpointRead])
 def task_checkpoints(task: TaskDep, session: SessionDep, page: Page, response: Response) -> list:
     return paginated(list(service.checkpoints(session, task_id=task.id)), page, response)
+
+
+@router.get("/{task_id}/provenance", response_model=ProvenanceRead)
+def task_provenance(task: TaskDep, session: SessionDep) -> ProvenanceRead:
+    """Shard provenance: for every epoch and attempt, which worker (group, host, rank) trained
+    how many samples (with a hash of its index set), how many a rebalance or the neighbour
+    exchange moved, and whether the epoch covers the training set exactly once."""
+    return provenance.read(session, task=task)
 
 
 @router.get("/{task_id}/checkpoints/{checkpoint_id}/download")

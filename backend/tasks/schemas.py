@@ -357,3 +357,49 @@ class CheckpointRead(BaseModel):
     step: int
     size_bytes: int
     created_at: UtcDateTime
+
+
+class ShardRecordRead(BaseModel):
+    """The samples one compute worker took between two checkpoints of an epoch (steps
+    `step_from + 1` .. `step_to`, global) in one attempt; `index_hash` is the additive multiset
+    hash of their indices; `rebalanced`/`exchanged` how many a rebalance or the neighbour
+    exchange moved to it; `host` the host its rank ran on (null if not recorded)."""
+
+    attempt: int
+    epoch: int
+    step_from: int
+    step_to: int
+    worker: int
+    rank: int
+    group_index: int
+    group: str
+    host: str | None
+    samples: int
+    index_hash: str
+    rebalanced: int
+    exchanged: int
+    checkpoint_id: int
+
+
+class EpochProvenance(BaseModel):
+    """One epoch's records over every attempt that trained it. `exactly_once`: the samples
+    sum to the training set's size (`n_items`) and the hashes to the whole set's hash
+    (`set_hash`), so every training sample was trained once, by the workers named."""
+
+    epoch: int
+    n_items: int
+    samples: int
+    index_hash: str = Field(description="sum of the records' hashes mod 2**64 (16 hex digits)")
+    set_hash: str = Field(description="hash of the whole training set")
+    exactly_once: bool
+    attempts: list[int]
+    records: list[ShardRecordRead]
+
+
+class ProvenanceRead(BaseModel):
+    """Which worker (group, host, rank) trained how many samples of each epoch, and which
+    were moved by a rebalance or the neighbour exchange. Epochs appear as their checkpoints
+    are stored; a checkpoint's records hold the samples since the previous checkpoint."""
+
+    task_id: int
+    epochs: list[EpochProvenance]

@@ -146,10 +146,18 @@ class InternalApi:
 
     def checkpoint(
         self, task_id: int, *, name: str, epoch: int, step: int, body: bytes, attempt: int = 1
-    ) -> None:
-        self._call(
+    ) -> int:
+        """Upload a checkpoint file; returns its id."""
+        response = self._call(
             "POST",
             f"/tasks/{task_id}/checkpoints",
             content=body,
             params={"name": name, "epoch": epoch, "step": step, "attempt": attempt},
+        )
+        return int(response.json()["id"])
+
+    def provenance(self, task_id: int, checkpoint_id: int, provenance: dict[str, Any]) -> None:
+        """Store the shard provenance checkpoint ``checkpoint_id`` carried."""
+        self._call(
+            "PUT", f"/tasks/{task_id}/checkpoints/{checkpoint_id}/provenance", json=provenance
         )

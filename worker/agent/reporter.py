@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from contracts.agent_api import MetricIn
+from contracts.agent_api import MetricIn, Provenance
 from worker.agent.client import Conflict, InternalApi
 from worker.agent.sandbox import read_rank_file
 from worker.engine.report import parse_event
@@ -120,8 +120,18 @@ class Reporter:
         except (PermissionError, ValueError) as exc:
             self.agent_line(f"refused checkpoint {str(path)[:200]!r} from {node}: {exc}")
             return
+        provenance = event.get("provenance")
+        if provenance is not None:
+            try:  # as the API will: bad records are refused, the checkpoint is still kept
+                provenance = Provenance.model_validate(provenance).model_dump()
+            except ValidationError as exc:
+                self.agent_line(
+                    f"refused the shard provenance of {path.name!r} from {node}: "
+                    f"{str(exc.errors()[0]['msg'])[:200]}"
+                )
+                provenance = None
         try:
-            self.api.checkpoint(
+            checkpoint_id = self.api.checkpoint(
                 self.task_id,
                 name=path.name,
                 epoch=int(event["epoch"]),
@@ -129,6 +139,8 @@ class Reporter:
                 body=body,
                 attempt=self.attempt,
             )
+            if provenance is not None:
+                self.api.provenance(self.task_id, checkpoint_id, provenance)
         except Conflict as exc:
             self.agent_line(f"refused checkpoint {path.name!r} from {node}: {exc}")
         except httpx.HTTPStatusError as exc:

@@ -67,6 +67,7 @@ PROJECT_SCOPED = [
     ("get", "/api/v1/tasks/{task_id}/logs", None),
     ("get", "/api/v1/tasks/{task_id}/logs/stream", None),
     ("get", "/api/v1/tasks/{task_id}/checkpoints", None),
+    ("get", "/api/v1/tasks/{task_id}/provenance", None),
     ("get", "/api/v1/tasks/{task_id}/throughput", None),
     ("get", "/api/v1/tasks/{task_id}/checkpoints/{checkpoint_id}/download", None),
 ]

@@ -30,6 +30,7 @@ BODIES: dict[str, type[BaseModel]] = {  # what each route's body must be, as the
     "logs": schemas.LogBatch,
     "metrics": schemas.MetricBatch,
     "progress": schemas.Progress,
+    "provenance": schemas.Provenance,
     "rendezvous": schemas.Rendezvous,
 }
 
@@ -137,7 +138,11 @@ class FakeApi:
             )
         if route == "finished":
             return httpx.Response(200, json={"status": "RUNNING"})
-        if re.fullmatch(r"heartbeat|deregister|logs|metrics|progress|checkpoints", route):
+        if route == "checkpoints" and request.method == "POST":
+            return httpx.Response(200, json={"id": len(self.calls("checkpoints"))})
+        if route == "provenance":
+            return httpx.Response(200, json={"stored": len(json.loads(request.content)["records"])})
+        if re.fullmatch(r"heartbeat|deregister|logs|metrics|progress", route):
             return httpx.Response(
                 200 if route == "logs" else 204, json={"stored": 0} if route == "logs" else None
             )

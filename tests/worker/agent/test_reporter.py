@@ -138,3 +138,62 @@ def test_checkpoints_are_uploaded_only_from_the_ranks_own_folder(
     }
     refused = [x["text"] for x in api.bodies("logs")[0]["lines"]]
     assert len(refused) == 3 and all(t.startswith("refused checkpoint") for t in refused)
+
+
+def _provenance(**change: object) -> dict:
+    record = {
+        "worker": 0,
+        "rank": 1,
+        "group_index": 0,
+        "group": "a",
+        "epoch": 0,
+        "step_from": 0,
+        "step_to": 4,
+        "samples": 28,
+        "index_hash": "00000000000000ff",
+        "rebalanced": 0,
+        "exchanged": 0,
+    }
+    return {"n_items": 28, "set_hash": "00000000000000ff", "records": [{**record, **change}]}
+
+
+def test_a_checkpoints_shard_provenance_follows_it_and_bad_records_are_refused(
+    api: FakeApi, tmp_path: Path
+) -> None:
+    rank_dir = tmp_path / "ps"
+    (rank_dir / "checkpoints").mkdir(parents=True)
+    for name in ("epoch-0.pt", "epoch-1.pt"):
+        (rank_dir / "checkpoints" / name).write_bytes(name.encode())
+    reporter = Reporter(api.client(), 4, group="a")
+    reporter.rank_dirs["ps"] = rank_dir
+    path = str(rank_dir / "checkpoints")
+    reporter.pump(
+        lines(
+            (
+                "ps",
+                ev(
+                    type="checkpoint",
+                    path=f"{path}/epoch-0.pt",
+                    epoch=0,
+                    step=4,
+                    provenance=_provenance(),
+                ),
+            ),
+            (
+                "ps",
+                ev(
+                    type="checkpoint",
+                    path=f"{path}/epoch-1.pt",
+                    epoch=1,
+                    step=8,
+                    provenance=_provenance(step_to=-1),
+                ),
+            ),
+        )
+    )
+    assert len(api.calls("checkpoints")) == 2, "a checkpoint is kept whatever its records"
+    (stored,) = api.calls("provenance")
+    assert stored.url.path.endswith("/tasks/4/checkpoints/1/provenance")
+    assert json.loads(stored.content) == _provenance()
+    (refused,) = [x["text"] for x in api.bodies("logs")[0]["lines"]]
+    assert refused.startswith("refused the shard provenance of 'epoch-1.pt' from ps")

@@ -1,0 +1,87 @@
+"""Shard provenance: store what the parameter server recorded with each checkpoint, and read
+it back per epoch with the check that the epoch's records cover the training set once.
+
+The engine's records (``worker.engine.provenance``) name a worker by group and rank; the host
+comes from the task's allocations (the compute node of that rank in that attempt). An epoch's
+records are those of every attempt whose checkpoints hold them: a failed attempt's work after
+its last checkpoint was discarded and is recorded by the attempt that redid it. The epoch
+covers the training set *exactly once* when its sample counts sum to ``n_items`` and its
+hashes (additive multiset hashes) sum, mod 2**64, to the whole set's hash.
+"""
+
+from collections import defaultdict
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from backend.tasks.models import Allocation, Checkpoint, NodeRole, ShardRecord, Task
+from backend.tasks.schemas import EpochProvenance, ProvenanceRead, ShardRecordRead
+from contracts.agent_api import Provenance
+
+_MOD = 2**64
+
+
+def store(session: Session, *, task: Task, checkpoint: Checkpoint, data: Provenance) -> int:
+    """Keep the records a checkpoint carried (replacing any sent for it before: an agent's
+    retry after a lost answer stores them once). Returns how many were stored."""
+    session.execute(delete(ShardRecord).where(ShardRecord.checkpoint_id == checkpoint.id))
+    session.add_all(
+        ShardRecord(
+            task_id=task.id,
+            checkpoint_id=checkpoint.id,
+            attempt=checkpoint.attempt,
+            n_items=data.n_items,
+            set_hash=data.set_hash,
+            **record.model_dump(),
+        )
+        for record in data.records
+    )
+    session.commit()
+    return len(data.records)
+
+
+def read(session: Session, *, task: Task) -> ProvenanceRead:
+    """Every epoch's records in step and worker order, with hosts and the coverage check."""
+    rows = session.scalars(
+        select(ShardRecord)
+        .where(ShardRecord.task_id == task.id)
+        .order_by(ShardRecord.epoch, ShardRecord.step_from, ShardRecord.attempt, ShardRecord.worker)
+    ).all()
+    hosts = {
+        (a.attempt, a.rank): a.host
+        for a in session.scalars(
+            select(Allocation).where(
+                Allocation.task_id == task.id, Allocation.role == NodeRole.COMPUTE
+            )
+        )
+    }
+    by_epoch: dict[int, list[ShardRecord]] = defaultdict(list)
+    for row in rows:
+        by_epoch[row.epoch].append(row)
+    epochs = []
+    for epoch, records in sorted(by_epoch.items()):
+        n_items, set_hash = records[-1].n_items, records[-1].set_hash
+        samples = sum(r.samples for r in records)
+        total = sum(int(r.index_hash, 16) for r in records) % _MOD
+        epochs.append(
+            EpochProvenance(
+                epoch=epoch,
+                n_items=n_items,
+                samples=samples,
+                index_hash=f"{total:016x}",
+                set_hash=set_hash,
+                exactly_once=samples == n_items and total == int(set_hash, 16),
+                attempts=sorted({r.attempt for r in records}),
+                records=[
+                    ShardRecordRead.model_validate(
+                        {**_columns(r), "host": hosts.get((r.attempt, r.rank))}
+                    )
+                    for r in records
+                ],
+            )
+        )
+    return ProvenanceRead(task_id=task.id, epochs=epochs)
+
+
+def _columns(row: ShardRecord) -> dict:
+    return {c.key: getattr(row, c.key) for c in ShardRecord.__table__.columns}

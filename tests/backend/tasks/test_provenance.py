@@ -1,0 +1,124 @@
+"""Shard provenance at the backend: the records a checkpoint carried, read back per epoch with
+the hosts the ranks ran on and the check that the epoch covers the training set once."""
+
+from typing import Any
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from backend.tasks.models import Task
+from tests.backend.scheduling import group, running_task
+from tests.conftest import agent_headers
+from worker.engine.provenance import as_hex, index_hash, training_set_hash
+
+pytestmark = pytest.mark.stack
+N_ITEMS = 30
+
+
+def _checkpoint(client: TestClient, task: Task, name: str, epoch: int) -> int:
+    response = client.post(
+        f"/internal/v1/tasks/{task.id}/checkpoints",
+        headers=agent_headers(),
+        params={"name": name, "epoch": epoch, "step": 4 * (epoch + 1)},
+        content=name.encode(),
+    )
+    response.raise_for_status()
+    return int(response.json()["id"])
+
+
+def _records(epoch: int, parts: list[torch.Tensor]) -> list[dict[str, Any]]:
+    """One record per worker (ranks 1, 2 in group cpu-a, rank 3 in cpu-b) for `parts`."""
+    return [
+        {
+            "worker": w,
+            "rank": w + 1,
+            "group_index": 0 if w < 2 else 1,
+            "group": "cpu-a" if w < 2 else "cpu-b",
+            "epoch": epoch,
+            "step_from": 4 * epoch,
+            "step_to": 4 * (epoch + 1),
+            "samples": len(part),
+            "index_hash": as_hex(index_hash(part)),
+            "rebalanced": 1 if w == 2 else 0,
+            "exchanged": 0,
+        }
+        for w, part in enumerate(parts)
+    ]
+
+
+def _put(client: TestClient, task: Task, checkpoint: int, records: list[dict]) -> Any:
+    body = {"n_items": N_ITEMS, "set_hash": as_hex(training_set_hash(N_ITEMS)), "records": records}
+    return client.put(
+        f"/internal/v1/tasks/{task.id}/checkpoints/{checkpoint}/provenance",
+        headers=agent_headers(),
+        json=body,
+    )
+
+
+def test_an_epoch_covered_once_is_marked_and_its_workers_hosts_named(
+    client: TestClient, session: Session
+) -> None:
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    order = torch.randperm(N_ITEMS, generator=torch.Generator().manual_seed(1))
+    first = _checkpoint(client, task, "epoch-0.pt", 0)
+    whole = _records(0, [order[:12], order[12:24], order[24:]])
+    assert _put(client, task, first, whole).json() == {"stored": 3}
+    assert _put(client, task, first, whole).json() == {"stored": 3}, "a retry replaces"
+    second = _checkpoint(client, task, "epoch-1.pt", 1)
+    short = _records(1, [order[:12], order[12:24], order[25:]])  # item order[24] is missing
+    assert _put(client, task, second, short).status_code == 200
+
+    read = client.get(f"/api/v1/tasks/{task.id}/provenance").json()
+    epochs = read["epochs"]
+    assert [(e["epoch"], e["samples"], e["exactly_once"]) for e in epochs] == [
+        (0, 30, True),
+        (1, 29, False),
+    ]
+    records = epochs[0]["records"]
+    assert len(records) == 3 and epochs[0]["attempts"] == [1]
+    assert [(r["rank"], r["group"], r["samples"], r["rebalanced"]) for r in records] == [
+        (1, "cpu-a", 12, 0),
+        (2, "cpu-a", 12, 0),
+        (3, "cpu-b", 6, 1),
+    ]
+    hosts = {
+        a["rank"]: a["host"]
+        for a in client.get(f"/api/v1/tasks/{task.id}/allocations").json()
+        if a["role"] == "compute"
+    }
+    assert all(r["host"] and r["host"] == hosts[r["rank"]] for r in records)
+    assert epochs[0]["index_hash"] == epochs[0]["set_hash"]
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        ({"index_hash": "not-hex"}, "index_hash"),
+        ({"step_to": 0, "step_from": 5}, "step_to"),
+        ({"samples": 2, "rebalanced": 3}, "rebalanced"),
+        ({"rank": 0}, "rank"),
+    ],
+)
+def test_bad_records_are_refused_naming_the_field(
+    client: TestClient, session: Session, change: dict, field: str
+) -> None:
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    checkpoint = _checkpoint(client, task, "epoch-0.pt", 0)
+    records = _records(0, [torch.arange(10), torch.arange(10, 20), torch.arange(20, 30)])
+    response = _put(client, task, checkpoint, [{**records[0], **change}, *records[1:]])
+    assert response.status_code == 422
+    assert field in response.text
+    assert client.get(f"/api/v1/tasks/{task.id}/provenance").json()["epochs"] == []
+
+
+def test_provenance_of_an_unknown_checkpoint_is_404(client: TestClient, session: Session) -> None:
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    assert _put(client, task, 999, []).status_code == 404
