@@ -16,6 +16,7 @@ from backend.projects import service as projects
 from backend.projects.code import list_examples
 from backend.projects.models import Project
 from backend.resource_groups import service as groups
+from backend.tasks import provenance
 from backend.tasks import service as tasks
 from backend.tasks.models import Task
 from backend.tasks.spec import read_spec
@@ -170,8 +171,8 @@ def timing(task: Task) -> dict[str, float | None]:
 
 
 def task_page(session: Session, user: User, task: Task) -> dict[str, Any]:
-    """A task with its project, code version, timeline, nodes, shares, checkpoints and the
-    metric values that were not finite."""
+    """A task with its project, code version, timeline, nodes, shares, checkpoints, shard
+    provenance and the metric values that were not finite."""
     project = projects.get(session, project_id=task.project_id)
     spec = read_spec(task)
     return {
@@ -184,6 +185,7 @@ def task_page(session: Session, user: User, task: Task) -> dict[str, Any]:
         "sub_tasks": tasks.sub_tasks(session, task_id=task.id),
         "allocations": tasks.allocations(session, task_id=task.id),
         "checkpoints": tasks.checkpoints(session, task_id=task.id),
+        "provenance": provenance.read(session, task=task),
         "nonfinite": tasks.nonfinite_metrics(session, task_id=task.id),
         "spec": spec_summary(spec),
         "shares": group_shares(spec),

@@ -148,6 +148,12 @@ def test_chaos_agent_killed_mid_training(ft_api: httpx.Client, ft_stack: LocalSt
         f"{expected[last]:.4f}, disturbed {accuracy[last]:.4f}"
     )
     assert abs(accuracy[last] - expected[last]) <= 0.005, (accuracy, expected)
+    # Where every sample went, across the restart: each epoch once, by the attempt that kept it.
+    epochs = ft_api.get(f"/api/v1/tasks/{task['id']}/provenance").json()["epochs"]
+    assert [e["epoch"] for e in epochs] == [0, 1, 2, 3]
+    assert all(e["exactly_once"] for e in epochs), [(e["epoch"], e["samples"]) for e in epochs]
+    assert {a for e in epochs for a in e["attempts"]} == {1, 2}
+    assert all(r["host"] for e in epochs for r in e["records"])
     counts = assert_logs_gap_free(ft_api, task["id"])
     assert {node for attempt, node in counts if attempt == 2} >= {"ps", "rank-1", "rank-3"}
     assert_released(ft_api, ft_stack, done)

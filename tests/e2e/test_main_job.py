@@ -62,6 +62,10 @@ def test_task_spans_two_groups_and_succeeds(api: httpx.Client, stack: LocalStack
         m["rank"] for m in metrics if m["name"] == "samples_per_s" and m["rank"] is not None
     }
     assert throughput_ranks == {1, 2, 3}
+    provenance = api.get(f"/api/v1/tasks/{task['id']}/provenance").json()["epochs"]
+    assert provenance and all(e["exactly_once"] for e in provenance)
+    records = [r for e in provenance for r in e["records"]]
+    assert {(r["group"], r["rank"]) for r in records} == {("cpu-a", 1), ("cpu-a", 2), ("cpu-b", 3)}
     assert_released(api, stack, task["id"])
 
 

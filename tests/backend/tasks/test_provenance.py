@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from backend.tasks.models import Task
 from tests.backend.scheduling import group, running_task
+from tests.backend.web.dom import parse
 from tests.conftest import agent_headers
 from worker.engine.provenance import as_hex, index_hash, training_set_hash
 
@@ -92,6 +93,15 @@ def test_an_epoch_covered_once_is_marked_and_its_workers_hosts_named(
     }
     assert all(r["host"] and r["host"] == hosts[r["rank"]] for r in records)
     assert epochs[0]["index_hash"] == epochs[0]["set_hash"]
+
+    section = parse(client.get(f"/tasks/{task.id}").text).by_id("provenance")
+    summaries = [" ".join(d.find("summary").text().split()) for d in section.find_all("details")]
+    assert summaries == [
+        "Epoch 0: 30 of 30 samples each once",
+        "Epoch 1: 29 of 30 samples not each once",
+    ]
+    rows = [[td.text().strip() for td in tr.find_all("td")] for tr in section.find_all("tr")]
+    assert ["1", "1–4", "cpu-b", "3", hosts[3], "6", "1", "0"] in [r[:8] for r in rows]
 
 
 @pytest.mark.parametrize(
