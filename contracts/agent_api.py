@@ -166,6 +166,15 @@ class Provenance(StrictModel):
     records: list[ShardRecordIn] = Field(max_length=100_000)
 
 
+class Alarm(StrictModel):
+    """An alarm a task's parameter server raised about one of its groups (e.g. numbers that
+    disagree with its own, ``worker.engine.agreement``); becomes an alarm event of the task."""
+
+    reason: str = Field(min_length=1, max_length=2000)
+    group: str = Field(max_length=100)
+    attempt: int = Field(default=1, ge=1)
+
+
 class Progress(StrictModel):
     progress: float = Field(ge=0.0, le=1.0)
     epoch: int = Field(ge=0)

@@ -3,13 +3,46 @@ types a group may have, how data and batch are split between its workers and how
 sync (the strategy names the API accepts; the engine has one class per name,
 `worker.engine.strategy`)."""
 
-from typing import Literal
+from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 DeviceType = Literal["cpu", "cuda", "npu"]
 SplitPolicy = Literal["even", "weighted"]
 SyncStrategy = Literal["sync", "periodic", "quorum"]
+OnDisagreement = Literal["fail", "exclude", "off"]
+
+DEFAULT_AGREEMENT_TOLERANCE = {"cpu/cpu": 0.0}
+"""Cross-device agreement (``worker.engine.agreement``): the relative L2 distance allowed
+between a group's result and the parameter server's, per device-type pair ("a/b", sorted):
+float32 CPU against CPU must agree bit for bit; any other pair within ``OTHER_PAIR_TOLERANCE``.
+"""
+OTHER_PAIR_TOLERANCE = 1e-4
+
+
+def pair_key(a: str, b: str) -> str:
+    """The tolerance key of device types ``a`` and ``b``: both names, sorted, joined by "/"."""
+    return "/".join(sorted((a, b)))
+
+
+def _valid_pairs(tolerances: dict[str, float]) -> dict[str, float]:
+    kinds = get_args(DeviceType)
+    out = {}
+    for key, value in tolerances.items():
+        parts = key.split("/")
+        if len(parts) != 2 or not all(p in kinds for p in parts):
+            raise ValueError(
+                f"agreement_tolerance: key {key!r} must be two device types joined by '/', "
+                f"e.g. 'cpu/cuda' (device types: {', '.join(kinds)})"
+            )
+        out[pair_key(*parts)] = value
+    return out
+
+
+AgreementTolerance = Annotated[
+    dict[str, Annotated[float, Field(ge=0.0, le=1.0)]], AfterValidator(_valid_pairs)
+]
+"""Per-task overrides of :data:`DEFAULT_AGREEMENT_TOLERANCE`, e.g. ``{"cpu/cuda": 1e-3}``."""
 
 
 class GroupPlan(BaseModel):

@@ -30,6 +30,9 @@ ENGINE_OPTIONS = (
     "rebalance_every",
     "preprocess",
     "on_nonfinite",
+    "on_disagreement",
+    "agreement_every",
+    "agreement_tolerance",
     "data",
 )
 
@@ -70,6 +73,9 @@ class TaskSpec(BaseModel):
     checkpoint_every: int | None = None
     rebalance_every: int | None = None
     on_nonfinite: str | None = None
+    on_disagreement: str | None = None
+    agreement_every: int | None = None
+    agreement_tolerance: dict[str, float] | None = None
     preprocess: list[PreprocessStep] | None = None
     data: DataOptions | None = None
     limits: TaskLimits | None = None

@@ -25,6 +25,7 @@ from backend.tasks.models import Checkpoint
 from backend.tasks.schemas import CheckpointRead
 from contracts.agent_api import (
     CHECKPOINT_NAME_PATTERN,
+    Alarm,
     Claim,
     Finished,
     GroupDevice,
@@ -137,6 +138,15 @@ def add_metrics(task_id: int, batch: MetricBatch, session: SessionDep) -> None:
 @router.post("/tasks/{task_id}/progress", status_code=204)
 def progress(task_id: int, data: Progress, session: SessionDep) -> None:
     reports.set_progress(session, task=tasks.get(session, task_id=task_id), data=data)
+
+
+@router.post("/tasks/{task_id}/alarms")
+def add_alarm(task_id: int, data: Alarm, session: SessionDep) -> dict:
+    """An alarm the task's parameter server raised about a group: an alarm event of the task
+    (ignored from an earlier attempt, stored once when sent again)."""
+    return {
+        "stored": reports.add_alarm(session, task=tasks.get(session, task_id=task_id), data=data)
+    }
 
 
 @router.post("/tasks/{task_id}/checkpoints", response_model=CheckpointRead)

@@ -26,6 +26,7 @@ from backend.tasks.models import (
 from backend.tasks.spec import read_spec
 from contracts.agent_api import (
     CHECKPOINT_NAME,
+    Alarm,
     LogBatch,
     MetricBatch,
     Progress,
@@ -132,6 +133,28 @@ def save_checkpoint(
     session.add(checkpoint)
     session.commit()
     return checkpoint
+
+
+def add_alarm(session: Session, *, task: Task, data: Alarm) -> bool:
+    """Record the alarm as a task event, unless it comes from an earlier attempt or the same
+    reason was recorded in this attempt already (a retried request). Returns True if stored."""
+    if data.attempt != task.attempt:
+        return False
+    reason = f"alarm in attempt {data.attempt}: {data.reason}"
+    done = session.scalar(
+        select(TaskEvent.id)
+        .where(
+            TaskEvent.task_id == task.id,
+            TaskEvent.kind == EventKind.ALARM,
+            TaskEvent.reason == reason,
+        )
+        .limit(1)
+    )
+    if done is not None:
+        return False
+    lifecycle.alarm(session, task, reason)
+    session.commit()
+    return True
 
 
 def check_checkpoint_name(name: str) -> None:

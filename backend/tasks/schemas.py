@@ -11,7 +11,13 @@ from contracts.payload import (
     MAX_RUNTIME_S,
     TaskLimits,
 )
-from contracts.plan import DeviceType, SplitPolicy, SyncStrategy
+from contracts.plan import (
+    AgreementTolerance,
+    DeviceType,
+    OnDisagreement,
+    SplitPolicy,
+    SyncStrategy,
+)
 from contracts.preprocess import PreprocessStep
 from contracts.strict import StrictModel
 from contracts.task_spec import ENGINE_OPTIONS
@@ -95,6 +101,25 @@ class TaskCreate(StrictModel):
         description="a non-finite loss or gradient on any worker: `fail` ends "
         "the task naming epoch, step, rank and group; `skip_step` skips that optimizer step "
         "everywhere and counts it in the `skipped_steps` metric",
+    )
+    on_disagreement: OnDisagreement = Field(
+        default="fail",
+        description="a group whose gradient of one fixed batch (before training) or whose "
+        "parameters (every `agreement_every` steps) differ from the parameter server's "
+        "beyond `agreement_tolerance`: an alarm naming it, then `fail` ends the task, "
+        "`exclude` trains on without it; `off` skips both checks",
+    )
+    agreement_every: int = Field(
+        default=100,
+        ge=0,
+        le=10_000_000,
+        description="steps between parameter checksum checks (0: the check before training only)",
+    )
+    agreement_tolerance: AgreementTolerance = Field(
+        default_factory=dict,
+        max_length=16,
+        description="relative L2 distance allowed per device-type pair, e.g. "
+        '{"cpu/cuda": 0.001}; defaults: cpu/cpu 0 (bit for bit), any other pair 1e-4',
     )
     preprocess: list[PreprocessStep] = Field(
         default_factory=list,

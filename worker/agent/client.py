@@ -156,6 +156,14 @@ class InternalApi:
         )
         return int(response.json()["id"])
 
+    def alarm(self, task_id: int, *, reason: str, group: str, attempt: int = 1) -> None:
+        """Raise an alarm event of the task about group ``group``."""
+        self._call(
+            "POST",
+            f"/tasks/{task_id}/alarms",
+            json={"reason": reason, "group": group, "attempt": attempt},
+        )
+
     def provenance(self, task_id: int, checkpoint_id: int, provenance: dict[str, Any]) -> None:
         """Store the shard provenance checkpoint ``checkpoint_id`` carried."""
         self._call(

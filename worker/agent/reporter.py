@@ -9,9 +9,10 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from contracts.agent_api import MetricIn, Provenance
+from contracts.agent_api import Alarm, MetricIn, Provenance
 from worker.agent.client import Conflict, InternalApi
 from worker.agent.sandbox import read_rank_file
+from worker.engine.ranks import node_name
 from worker.engine.report import parse_event
 
 
@@ -110,6 +111,14 @@ class Reporter:
             self._progress = (min(1.0, done / total), int(event["epoch"]))
         elif kind == "checkpoint":
             self._upload(node, event)
+        elif kind == "alarm" and node == node_name(0):  # the parameter server speaks for the task
+            try:
+                alarm = Alarm(reason=event["reason"], group=event["group"], attempt=self.attempt)
+            except ValidationError as exc:
+                raise ValueError(f"alarm refused: {exc.errors()[0]['msg']}") from None
+            self.api.alarm(
+                self.task_id, reason=alarm.reason, group=alarm.group, attempt=alarm.attempt
+            )
 
     def _upload(self, node: str, event: dict[str, Any]) -> None:
         path, rank_dir = Path(str(event.get("path"))), self.rank_dirs.get(node)

@@ -64,7 +64,8 @@ class Balancer:
     ``jump``); once moving, the controller goes on until the predicted excess is at
     most ``settle``. ``smoothing`` in (0, 1] is the newest window's weight in the rate
     estimate (1: each window alone). Every rank holds its own Balancer and feeds it the
-    same windows, so all hold the same estimate and take the same decisions.
+    same windows, so all hold the same estimate and take the same decisions. Workers in
+    ``excluded`` (:meth:`exclude`) keep a share of 0 and are left out of every decision.
     """
 
     policy: SplitPolicy
@@ -76,6 +77,30 @@ class Balancer:
     smoothing: float = 0.5
     moving: bool = False
     estimate: list[float] | None = field(default=None, repr=False)
+    excluded: frozenset[int] = frozenset()
+
+    def exclude(self, workers: set[int], shares: list[int]) -> list[int]:
+        """Shares without ``workers`` from now on (e.g. a group whose numerics disagree,
+        :mod:`worker.engine.agreement`): the other workers share the global batch, evenly
+        under ``even``, else in proportion to their rate estimates (their current shares
+        before the first estimate). Raises ValueError when no worker would be left."""
+        self.excluded = self.excluded | frozenset(workers)
+        keep = [i for i in range(len(shares)) if i not in self.excluded]
+        if not keep:
+            raise ValueError("every worker is excluded: none is left to train")
+        if self.policy == "even":
+            kept = even_shares(self.batch, len(keep))
+        else:
+            weights = self.estimate if self.estimate is not None else shares
+            kept = weighted_shares(self.batch, [float(weights[i]) for i in keep])
+        return self._expand(kept, keep, len(shares))
+
+    @staticmethod
+    def _expand(kept: list[int], keep: list[int], n: int) -> list[int]:
+        out = [0] * n
+        for i, share in zip(keep, kept, strict=True):
+            out[i] = share
+        return out
 
     def initial(self, rates: list[float]) -> list[int]:
         """Shares before the first step from profiled ``rates`` (samples/s per worker)."""
@@ -107,6 +132,14 @@ class Balancer:
             rates = self.update_estimate(window, measured)
         else:
             rates = self.estimate
+        if self.excluded:
+            keep = [i for i in range(len(shares)) if i not in self.excluded]
+            kept = self._decide([shares[i] for i in keep], [rates[i] for i in keep])
+            return None if kept is None else self._expand(kept, keep, len(shares))
+        return self._decide(shares, rates)
+
+    def _decide(self, shares: list[int], rates: list[float]) -> list[int] | None:
+        """The controller's move from ``shares`` towards shares proportional to ``rates``."""
         excess = imbalance(shares, rates)
         self.moving = excess > (self.settle if self.moving else self.tolerance)
         if not self.moving:

@@ -97,6 +97,11 @@ class Topology:
         return self.rank - 1
 
 
+# The compute worker that keeps the parameter server's replica up to date (replicated
+# strategies), and the one that reads the fixed batch of the agreement check.
+FIRST_WORKER = 1
+
+
 def pick_device(device_type: str, local_rank: int) -> torch.device:
     """The torch device for a group's ``device_type``; falls back to CPU, with a log line,
     when that device is not available on this host."""

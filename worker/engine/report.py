@@ -10,6 +10,7 @@ output and forwards events to the backend with :func:`parse_event`. Event shapes
      segments :mod:`worker.engine.provenance` closed since the last checkpoint)}
     {"type": "progress", "epoch": int, "step": int, "steps_per_epoch": int, "epochs": int}
     {"type": "rendezvous", "port": int}  (rank 0 only, when told to pick its own port)
+    {"type": "alarm", "reason": str, "group": str}  (the parameter server: a group to look at)
     {"type": "done"}
 
 ``epoch`` is 0-based; ``step`` counts optimizer steps completed since the start
@@ -81,6 +82,12 @@ def progress(*, epoch: int, step: int, steps_per_epoch: int, epochs: int) -> Non
             "epochs": epochs,
         }
     )
+
+
+def alarm(reason: str, *, group: str) -> None:
+    """Report an alarm about group ``group`` (the task's events show it), e.g. a group whose
+    numbers disagree with the parameter server's (:mod:`worker.engine.agreement`)."""
+    emit({"type": "alarm", "reason": reason, "group": group})
 
 
 def done() -> None:

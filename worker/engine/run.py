@@ -22,12 +22,13 @@ import torch.distributed as dist
 from torch import Tensor
 
 from worker.engine import report
+from worker.engine.agreement import check_parameters, hooked_precision
 from worker.engine.balance import Balancer, imbalance
 from worker.engine.checkpoint import gather_worker_states, save_checkpoint
 from worker.engine.compute import BusyClock, Work, local_gradient, reduced_gradient
 from worker.engine.contract import TrainingCode
 from worker.engine.data import Source
-from worker.engine.distributed import Topology
+from worker.engine.distributed import FIRST_WORKER, Topology
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import gather_work, params_of, receive_at_ps, send_to_ps
 from worker.engine.numerics import NonFiniteError, blame, describe, local_faults
@@ -71,6 +72,8 @@ class Run:
     pulled_at: int = -1
     clock: BusyClock = field(default_factory=BusyClock)
     ledger: ShardLedger | None = None  # the parameter server's shard provenance
+    last_agreement: int = 0
+    excluded_groups: set[int] = field(default_factory=set)  # left out on disagreement
     state: ModelState = field(init=False)
     strategy: Strategy = field(init=False)
 
@@ -112,17 +115,20 @@ class Run:
         base = self.buffer_base = self.state.snapshot()
         code, model, device, state = self.code, self.model, self.topo.device, self.state
         own_s, waited_s = self.clock.take()
-        if reducer is None:
-            vector, seconds = emulator.run(
-                lambda: local_gradient(code, model, train, indices, device, state, base),
-                len(indices),
-            )
-            self.local_loss = float(vector[-2])
-        else:
-            self.local_loss, seconds = emulator.run(
-                lambda: reduced_gradient(code, model, train, indices, device, state, base, reducer),
-                len(indices),
-            )
+        with hooked_precision(self):
+            if reducer is None:
+                vector, seconds = emulator.run(
+                    lambda: local_gradient(code, model, train, indices, device, state, base),
+                    len(indices),
+                )
+                self.local_loss = float(vector[-2])
+            else:
+                self.local_loss, seconds = emulator.run(
+                    lambda: reduced_gradient(
+                        code, model, train, indices, device, state, base, reducer
+                    ),
+                    len(indices),
+                )
         seconds += own_s
         self.window.add(seconds, len(indices), waited_s)
         self.epoch_work.add(seconds, len(indices), waited_s)
@@ -210,25 +216,38 @@ def control_due(run: Run) -> bool:
     """True when :func:`control_point` at this step will run a collective (every rank agrees)."""
     if run.split.epoch_done:
         return False
-    return _balance_due(run) or _crossed(run.step, run.last_checkpoint, run.spec.checkpoint_every)
+    spec = run.spec
+    return (
+        _balance_due(run)
+        or _crossed(run.step, run.last_checkpoint, spec.checkpoint_every)
+        or _agreement_due(run)
+    )
+
+
+def _agreement_due(run: Run) -> bool:
+    """A parameter checksum check in the step's schedule (every ``agreement_every`` steps)."""
+    spec = run.spec
+    return spec.on_disagreement != "off" and _crossed(
+        run.step, run.last_agreement, spec.agreement_every
+    )
 
 
 def control_point(run: Run) -> None:
-    """After a sync point inside an epoch: rebalance and checkpoint when their marks are crossed."""
+    """After a sync point inside an epoch: check the parameters' agreement, rebalance and
+    checkpoint when their marks are crossed."""
     spec = run.spec
     if not control_due(run):
         return
     with run.clock.waiting():  # the control point's collectives wait for every rank
+        if _agreement_due(run):
+            check_parameters(run)
+            run.last_agreement = run.step
         if _balance_due(run):
             rebalance(run, run.window)
             run.window, run.last_balance = Work(), run.step
         if _crossed(run.step, run.last_checkpoint, spec.checkpoint_every):
             checkpoint(run, f"step-{run.step}.pt", epoch_complete=False)
             run.last_checkpoint = run.step
-
-
-# The compute worker that keeps the parameter server's replica up to date (replicated strategies).
-FIRST_WORKER = 1
 
 
 def pull_replica(run: Run) -> None:

@@ -8,7 +8,8 @@ Order of collectives, the same on every rank:
    the same initial shares (:class:`worker.engine.balance.Balancer`) from the
    same all-reduced rates, as at every rebalancing check
    (:func:`worker.engine.run.rebalance`); on resume the split state comes
-   from the checkpoint;
+   from the checkpoint; then the groups' gradients of one fixed batch are checked against
+   the parameter server's (:func:`worker.engine.agreement.check_gradients`);
 3. per epoch: the strategy's steps (:class:`worker.engine.strategy.Strategy`, the method of
    the rank's role), the final parameters and buffers, validation, the
    epoch's measured work (re-measured throughput, epoch-level rebalance),
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from worker.engine import report
+from worker.engine.agreement import check_gradients
 from worker.engine.balance import Balancer
 from worker.engine.compute import BusyClock, Work, profile_throughput
 from worker.engine.contract import TrainingCode
@@ -102,7 +104,8 @@ def _profiled_shares(run: Run, train: Source | None, shares: list[int], *, last:
 def restore(run: Run, package: dict[str, Any]) -> bool:
     """Resume from a checkpoint package; returns True when the epoch continues mid-way."""
     run.split = SplitState.from_state_dict(package["split"])
-    run.step = run.last_balance = run.last_checkpoint = run.last_progress = int(package["step"])
+    run.step = int(package["step"])
+    run.last_balance = run.last_checkpoint = run.last_progress = run.last_agreement = run.step
     run.epoch = int(package["epoch"]) + (1 if package["epoch_complete"] else 0)
     if not run.topo.is_ps:
         rng = (package["rng"] or {}).get(run.topo.rank)
@@ -144,14 +147,19 @@ def start(
     if replica and optimizer is not None and package["optimizer"] is not None:
         optimizer.load_state_dict(package["optimizer"])
     if package is not None and fits(package, run):
-        return run, restore(run, package)
-    if package is not None:
-        # Another layout (e.g. a restart on other groups): keep the model, redo the epoch.
-        run.epoch = int(package["epoch"]) + (1 if package["epoch_complete"] else 0)
-        run.step = run.last_progress = int(package["step"])
-        report.log(f"checkpoint split does not fit this layout; epoch {run.epoch} from its start")
-    run.split = SplitState.initial(data.n_train, initial_shares(run, train), spec.seed)
-    return run, False
+        under_way = restore(run, package)
+    else:
+        if package is not None:
+            # Another layout (e.g. a restart on other groups): keep the model, redo the epoch.
+            run.epoch = int(package["epoch"]) + (1 if package["epoch_complete"] else 0)
+            run.step = run.last_progress = run.last_agreement = int(package["step"])
+            report.log(
+                f"checkpoint split does not fit this layout; epoch {run.epoch} from its start"
+            )
+        run.split = SplitState.initial(data.n_train, initial_shares(run, train), spec.seed)
+        under_way = False
+    check_gradients(run, train)
+    return run, under_way
 
 
 def fits(package: dict[str, Any], run: Run) -> bool:

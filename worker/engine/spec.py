@@ -14,7 +14,13 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from contracts.data import DataOptions
-from contracts.plan import GroupPlan, SplitPolicy, SyncStrategy
+from contracts.plan import (
+    AgreementTolerance,
+    GroupPlan,
+    OnDisagreement,
+    SplitPolicy,
+    SyncStrategy,
+)
 from contracts.preprocess import PreprocessStep
 
 OnNonFinite = Literal["fail", "skip_step"]
@@ -43,6 +49,12 @@ class RunSpec(BaseModel):
     ``on_nonfinite``: a non-finite loss, gradient or buffer on any worker ends
     the task (``fail``, :class:`worker.engine.numerics.NonFiniteError` naming
     epoch, step, rank and group) or skips that optimizer step (``skip_step``).
+    Cross-device agreement (:mod:`worker.engine.agreement`): before training every group's
+    gradient of one fixed batch, and every ``agreement_every`` steps (0: never) its
+    parameters, are compared with the parameter server's within ``agreement_tolerance``
+    (per device-type pair, :data:`contracts.plan.DEFAULT_AGREEMENT_TOLERANCE`); a group
+    that disagrees raises an alarm and fails the task (``on_disagreement: fail``) or is
+    left out of training (``exclude``); ``off`` skips both checks.
     ``emulation_pace`` (benchmarks) gives every emulated group one fixed
     undisturbed speed, ``(samples, seconds)`` points of a compute section
     measured before the run (:class:`worker.engine.emulation.Pace`); None: each
@@ -71,6 +83,9 @@ class RunSpec(BaseModel):
     exchange_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     checkpoint_every: int | None = Field(default=None, ge=1)
     on_nonfinite: OnNonFinite = "fail"
+    on_disagreement: OnDisagreement = "fail"
+    agreement_every: int = Field(default=100, ge=0)
+    agreement_tolerance: AgreementTolerance = Field(default_factory=dict)
     preprocess: list[PreprocessStep] = Field(default_factory=list)
     data: DataOptions = Field(default_factory=DataOptions)
     checkpoint_dir: str

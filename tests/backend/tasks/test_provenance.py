@@ -132,3 +132,24 @@ def test_provenance_of_an_unknown_checkpoint_is_404(client: TestClient, session:
     group(session, "cpu-b", 1)
     task = running_task(session)
     assert _put(client, task, 999, []).status_code == 404
+
+
+def test_a_groups_alarm_becomes_a_task_event_once_and_not_from_an_old_attempt(
+    client: TestClient, session: Session
+) -> None:
+    """The alarm path the agreement check (worker.engine.agreement) takes to the task."""
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    body = {"reason": "group 'cpu-b' (cpu) disagrees", "group": "cpu-b", "attempt": 1}
+    url = f"/internal/v1/tasks/{task.id}/alarms"
+    assert client.post(url, headers=agent_headers(), json=body).json() == {"stored": True}
+    assert client.post(url, headers=agent_headers(), json=body).json() == {"stored": False}
+    stale = {**body, "attempt": 2, "reason": "from another attempt"}
+    assert client.post(url, headers=agent_headers(), json=stale).json() == {"stored": False}
+    refused = client.post(url, headers=agent_headers(), json={**body, "reason": ""})
+    assert refused.status_code == 422 and "reason" in refused.text
+    events = client.get(f"/api/v1/tasks/{task.id}/events").json()
+    assert [e["reason"] for e in events if e["kind"] == "alarm"] == [
+        "alarm in attempt 1: group 'cpu-b' (cpu) disagrees"
+    ]

@@ -30,6 +30,7 @@ BODIES: dict[str, type[BaseModel]] = {  # what each route's body must be, as the
     "logs": schemas.LogBatch,
     "metrics": schemas.MetricBatch,
     "progress": schemas.Progress,
+    "alarms": schemas.Alarm,
     "provenance": schemas.Provenance,
     "rendezvous": schemas.Rendezvous,
 }
@@ -142,6 +143,8 @@ class FakeApi:
             return httpx.Response(200, json={"id": len(self.calls("checkpoints"))})
         if route == "provenance":
             return httpx.Response(200, json={"stored": len(json.loads(request.content)["records"])})
+        if route == "alarms":
+            return httpx.Response(200, json={"stored": True})
         if re.fullmatch(r"heartbeat|deregister|logs|metrics|progress", route):
             return httpx.Response(
                 200 if route == "logs" else 204, json={"stored": 0} if route == "logs" else None

@@ -197,3 +197,16 @@ def test_a_checkpoints_shard_provenance_follows_it_and_bad_records_are_refused(
     assert json.loads(stored.content) == _provenance()
     (refused,) = [x["text"] for x in api.bodies("logs")[0]["lines"]]
     assert refused.startswith("refused the shard provenance of 'epoch-1.pt' from ps")
+
+
+def test_the_parameter_servers_alarms_are_raised_and_a_ranks_are_not(api: FakeApi) -> None:
+    reporter = Reporter(api.client(), 4, group="a", attempt=2)
+    reporter.pump(
+        lines(
+            ("ps", ev(type="alarm", reason="group 'b' (cpu) disagrees", group="b")),
+            ("rank-1", ev(type="alarm", reason="forged by the training code", group="a")),
+        )
+    )
+    assert api.bodies("alarms") == [
+        {"reason": "group 'b' (cpu) disagrees", "group": "b", "attempt": 2}
+    ]

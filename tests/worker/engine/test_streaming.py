@@ -18,6 +18,7 @@ from torch.utils.data import IterableDataset
 
 from contracts.data import DataOptions
 from tests.worker.engine.reference import dumped_batches, run_with_dump
+from worker.engine.agreement import AGREEMENT_BATCH
 from worker.engine.contract import ContractError
 from worker.engine.data import check_map_style, collate, loader_workers
 from worker.engine.local import launch_local
@@ -71,7 +72,8 @@ def test_each_worker_reads_exactly_its_shard_of_each_epoch(
         # One process read everything: the worker's DataLoader process, ahead of its steps.
         assert len(files) == 1 and files[0].name != f"{rank}-{run.pids[rank]}", files
         read = [int(line) for line in files[0].read_text().split()]
-        profiled = (spec.profile_steps + 1) * 4
+        # Profiling, then (the first worker) the agreement check's fixed batch.
+        profiled = (spec.profile_steps + 1) * 4 + (AGREEMENT_BATCH if rank == 1 else 0)
         epochs = []
         for epoch in range(spec.epochs):
             mine = []

@@ -1,0 +1,136 @@
+"""Cross-device agreement: a group whose numbers differ from the parameter server's raises an
+alarm naming it and fails the task or is left out; a clean run raises none."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from tests.worker.engine.reference import TIMEOUT_S
+from tests.worker.engine.test_provenance import covers_once, provenance_of
+from worker.engine.agreement import BFLOAT16_HOOK, distance
+from worker.engine.balance import Balancer
+from worker.engine.local import LocalRun, launch_local
+from worker.engine.spec import RunSpec
+
+
+def alarms(run: LocalRun) -> list[dict[str, Any]]:
+    return [e for e in run.events if e["type"] == "alarm"]
+
+
+def test_distance_is_relative_l2_and_zero_only_for_the_same_bits() -> None:
+    reference = torch.tensor([3.0, 4.0])
+    assert distance(reference.clone(), reference) == 0.0
+    assert distance(torch.tensor([3.0, 4.5]), reference) == pytest.approx(0.1)
+    assert distance(torch.tensor([0.0, 1e-30]), torch.zeros(2)) > 0  # any gap from zero
+    assert distance(torch.tensor([3.0, float("nan")]), reference) == float("inf")
+    assert distance(reference, torch.tensor([3.0, float("nan")])) == 0.0, "nothing to compare"
+
+
+def test_tolerance_keys_are_device_type_pairs(make_spec: Callable[..., RunSpec]) -> None:
+    spec = make_spec(agreement_tolerance={"cuda/cpu": 1e-3})
+    assert spec.agreement_tolerance == {"cpu/cuda": 1e-3}, "the pair is sorted"
+    with pytest.raises(ValidationError, match="agreement_tolerance: key 'cpu-cuda'"):
+        make_spec(agreement_tolerance={"cpu-cuda": 1e-3})
+    with pytest.raises(ValidationError, match="tpu"):
+        make_spec(agreement_tolerance={"cpu/tpu": 1e-3})
+
+
+def test_excluded_workers_keep_no_share_and_the_batch_stays() -> None:
+    balancer = Balancer("weighted", 12)
+    shares = balancer.exclude({2}, [4, 4, 4])
+    assert shares == [6, 6, 0]
+    balancer.update_estimate([10.0, 30.0, 50.0])
+    assert balancer.propose(shares, [1.0, 1.0, 0.0], [10.0, 30.0, 0.0]) == [3, 9, 0]
+    with pytest.raises(ValueError, match="every worker is excluded"):
+        balancer.exclude({0, 1}, [3, 9, 0])
+    assert Balancer("even", 12).exclude({0}, [4, 4, 4]) == [0, 6, 6]
+
+
+@pytest.mark.parametrize("strategy", ["sync", "periodic"])
+def test_a_clean_run_raises_no_alarm(make_spec: Callable[..., RunSpec], strategy: str) -> None:
+    """CPU groups against the CPU parameter server agree bit for bit, before training and at
+    every parameter check (every 3 steps)."""
+    spec = make_spec(sync_strategy=strategy, sync_period=3, agreement_every=3)
+    run = launch_local(spec, timeout_s=TIMEOUT_S)
+    assert run.ok, run.text(0)
+    assert alarms(run) == []
+
+
+def test_a_group_computing_in_bfloat16_is_named_and_fails_the_task(
+    make_spec: Callable[..., RunSpec],
+) -> None:
+    run = launch_local(make_spec(), timeout_s=TIMEOUT_S, env_extra={BFLOAT16_HOOK: "b"})
+    assert not run.ok
+    (alarm,) = alarms(run)
+    assert alarm["group"] == "b"
+    assert "group 'b' (cpu) disagrees with the parameter server" in alarm["reason"]
+    assert (
+        "gradient of a fixed batch" in alarm["reason"]
+        and "tolerance 0 for cpu/cpu" in (alarm["reason"])
+    )
+    assert "DisagreementError" in run.text(3) and "on_disagreement: fail" in run.text(3)
+    assert not any(e["type"] == "checkpoint" for e in run.events), "no step was trained"
+
+
+def test_an_excluded_group_trains_nothing_and_every_sample_is_still_used_once(
+    make_spec: Callable[..., RunSpec],
+) -> None:
+    spec = make_spec(on_disagreement="exclude", split_policy="weighted", epochs=2)
+    run = launch_local(spec, timeout_s=TIMEOUT_S, env_extra={BFLOAT16_HOOK: "b"})
+    assert run.ok, run.text(0)
+    assert [a["group"] for a in alarms(run)] == ["b"]
+    assert any("excluded 'b' (on_disagreement: exclude)" in line for line in run.output[0])
+    records = provenance_of(run.events)
+    assert {r["samples"] for r in records if r["group"] == "b"} == {0}
+    for epoch in (0, 1):
+        assert covers_once([r for r in records if r["epoch"] == epoch], 160)
+
+
+def test_a_bfloat16_group_passes_with_a_tolerance_for_it(make_spec: Callable[..., RunSpec]) -> None:
+    spec = make_spec(agreement_tolerance={"cpu/cpu": 0.05}, epochs=1)
+    run = launch_local(spec, timeout_s=TIMEOUT_S, env_extra={BFLOAT16_HOOK: "b"})
+    assert run.ok, run.text(0)
+    assert alarms(run) == []
+
+
+# Rank 3 (group b) corrupts its replica of the model after a few steps, as a faulty device
+# would: the parameter checksums of the next check differ.
+DRIFTS = """
+import os
+import torch
+from examples import tiny_regression
+from examples.tiny_regression import build_datasets, build_optimizer, loss_fn as mse
+
+MODEL = None
+calls = 0
+
+def build_model():
+    global MODEL
+    MODEL = tiny_regression.build_model()
+    return MODEL
+
+def loss_fn(output, target):
+    global calls
+    calls += 1
+    if os.environ.get("RANK") == "3" and calls == 20:  # after profiling, during epoch 0
+        with torch.no_grad():
+            next(MODEL.parameters()).view(-1)[0] += 1e-3
+    return mse(output, target)
+"""
+
+
+def test_a_replica_that_drifts_is_named_at_the_next_parameter_check(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    module = tmp_path / "drifts.py"
+    module.write_text(DRIFTS)
+    run = launch_local(make_spec(code=str(module), agreement_every=5), timeout_s=TIMEOUT_S)
+    assert not run.ok
+    (alarm,) = alarms(run)
+    assert alarm["group"] == "b" and "its parameters at step" in alarm["reason"]

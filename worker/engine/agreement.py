@@ -1,0 +1,222 @@
+"""Cross-device agreement: every group computes what the parameter server computes.
+
+Groups of different hardware (CPU, GPUs of several generations, NPUs) run different
+kernels, so their numbers may differ; a broken device, a driver that silently computes in
+reduced precision or a wrong build would otherwise corrupt the shared model unnoticed.
+Two checks, both collectives every rank takes at steps every rank knows:
+
+1. **Before training** (:func:`check_gradients`), after the split is set: the first worker
+   reads one fixed batch (the first ``AGREEMENT_BATCH`` items of its first shard) and
+   broadcasts it; every group leader and the parameter server compute the gradient of the
+   user's loss on it from the same parameters, in eval mode (no dropout, BatchNorm on its
+   running statistics, buffers unchanged), and the parameter server compares each group's
+   gradient ``g`` (``[P]``) with its own ``r``.
+2. **During training** (:func:`check_parameters`), every ``agreement_every`` steps at a
+   control point: every group leader and the parameter server compute a float64 checksum of
+   their parameters (``[3]``: sum, sum of squares and a position-weighted sum, so a swap of
+   values shows); one allreduce gives every rank the table. The reference is the parameter
+   server's model where the groups have just loaded it (``periodic``: control points follow
+   a sync), and where every worker steps a replica (``sync``) the replica the parameter
+   server takes its model from (the first worker's). ``quorum`` has no control point inside
+   an epoch (its groups are at different versions by design): only check 1 applies.
+
+A group disagrees when ``||g - r||_2 / ||r||_2`` exceeds the tolerance of its device type
+paired with the parameter server's (CPU) (:data:`contracts.plan.DEFAULT_AGREEMENT_TOLERANCE`:
+bit for bit for CPU with CPU, else ``OTHER_PAIR_TOLERANCE`` = 1e-4; per task
+``agreement_tolerance``). The parameter server reports an ``alarm`` event naming the group,
+its device type, the distance and the tolerance; then with ``on_disagreement: fail`` every
+rank raises :class:`DisagreementError`, with ``exclude`` the group's workers get a share of
+0 from then on (:meth:`worker.engine.balance.Balancer.exclude`; they still take part in the
+collectives, with no samples) and are not checked again. ``off`` skips both checks.
+
+This is the redundant-computation check of result verification in heterogeneous and
+volunteer computing (e.g. Sarmenta, "Sabotage-Tolerance Mechanisms for Volunteer Computing
+Systems", FGCS 2002), applied to one batch and to parameter checksums.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from contracts.plan import DEFAULT_AGREEMENT_TOLERANCE, OTHER_PAIR_TOLERANCE, pair_key
+from worker.engine import report
+from worker.engine.compute import local_gradient
+from worker.engine.data import Source, TensorData
+from worker.engine.distributed import FIRST_WORKER
+from worker.engine.exchange import broadcast_object, receive_at_ps, send_to_ps
+
+if TYPE_CHECKING:
+    from worker.engine.run import Run
+
+AGREEMENT_BATCH = 8
+"""Items in the fixed batch of the check before training."""
+
+PS_DEVICE_TYPE = "cpu"
+"""The parameter server computes on the CPU."""
+
+BFLOAT16_HOOK = "POLYTRAIN_TEST_BFLOAT16_GROUP"
+"""Test hook: the group of this name runs its forward passes under bfloat16 autocast, as a
+device that silently computes in reduced precision would."""
+
+
+class DisagreementError(RuntimeError):
+    """A group's numbers differ from the parameter server's beyond the tolerance."""
+
+
+def tolerance(run: Run, device_type: str) -> float:
+    """The relative L2 distance allowed between a group of ``device_type`` and the server."""
+    key = pair_key(device_type, PS_DEVICE_TYPE)
+    given = run.spec.agreement_tolerance
+    return given.get(key, DEFAULT_AGREEMENT_TOLERANCE.get(key, OTHER_PAIR_TOLERANCE))
+
+
+def distance(value: Tensor, reference: Tensor) -> float:
+    """``||value - reference||_2 / ||reference||_2`` in float64 (0 for identical bits; the
+    absolute distance when the reference is zero). A reference that is not finite cannot be
+    compared with (0: the training's own non-finite check reports it); a value that is not
+    finite beside a finite reference is infinitely far."""
+    value, reference = value.double(), reference.double()
+    if torch.equal(value, reference) or not bool(reference.isfinite().all()):
+        return 0.0
+    if not bool(value.isfinite().all()):
+        return math.inf
+    scale = float(reference.norm())
+    gap = float((value - reference).norm())
+    return gap / scale if scale > 0 else gap
+
+
+def disagrees(run: Run, group: int, gap: float) -> bool:
+    """True when ``gap`` exceeds group ``group``'s tolerance (exact: any difference)."""
+    return gap > tolerance(run, run.spec.groups[group].device_type)
+
+
+@contextmanager
+def hooked_precision(run: Run) -> Iterator[None]:
+    """The bfloat16 test hook (:data:`BFLOAT16_HOOK`) on this rank's group, else nothing."""
+    hooked = os.environ.get(BFLOAT16_HOOK)
+    group = run.topo.group_index if hooked else None
+    if group is not None and run.spec.groups[group].name == hooked:
+        with torch.autocast(device_type=run.topo.device.type, dtype=torch.bfloat16):
+            yield
+    else:
+        yield
+
+
+def _fixed_batch(run: Run, train: Source | None) -> Any:
+    """The first worker's first ``AGREEMENT_BATCH`` items of its first shard, on every rank."""
+    batch = None
+    if run.topo.rank == FIRST_WORKER:
+        assert train is not None
+        pool = run.split.first_shard(0, run.topo.n_workers, run.spec.seed)
+        indices = pool[:AGREEMENT_BATCH].to(torch.int64)
+        if not train.expects(indices):
+            train.plan([indices])
+        batch = train.take(indices)
+    return broadcast_object(batch, src=FIRST_WORKER)
+
+
+def _gradient(run: Run, batch: Any) -> Tensor:
+    """This rank's gradient (``[P]``, the batch mean) of the user's loss on ``batch``, in eval
+    mode; the model's mode and buffers are as before."""
+    data = TensorData.from_batch(batch)
+    model, was_training = run.model, run.model.training
+    model.eval()
+    try:
+        with hooked_precision(run):
+            vector = local_gradient(run.code, model, data, torch.arange(len(data)), run.topo.device)
+    finally:
+        model.train(was_training)
+        model.zero_grad(set_to_none=True)
+    return vector[: run.state.n_params].detach().cpu() / max(1, len(data))
+
+
+def check_gradients(run: Run, train: Source | None) -> None:
+    """Check 1 above, on every rank (collectives over the world and the leaders' group)."""
+    if run.spec.on_disagreement == "off":
+        return
+    batch = _fixed_batch(run, train)
+    topo, n_params = run.topo, run.state.n_params
+    found: dict[int, float] | None = None
+    if topo.is_ps:
+        reference = _gradient(run, batch)
+        found = {}
+        for group, leader in enumerate(run.spec.leader_ranks()):
+            gap = distance(receive_at_ps(topo, n_params, reference.dtype, leader), reference)
+            if disagrees(run, group, gap):
+                found[group] = gap
+    elif topo.am_i_leader:
+        send_to_ps(topo, _gradient(run, batch))
+    act(run, broadcast_object(found), "its gradient of a fixed batch")
+
+
+def checksum(params: list[torch.nn.Parameter]) -> Tensor:
+    """``[sum, sum of squares, position-weighted sum]`` of the parameters, float64 (``[3]``)."""
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1).double().cpu() for p in params])
+    weights = (torch.arange(flat.numel(), dtype=torch.float64) % 1021) + 1
+    return torch.stack([flat.sum(), (flat * flat).sum(), (flat * weights).sum()])
+
+
+def check_parameters(run: Run) -> None:
+    """Check 2 above, on every rank: one float64 allreduce of a ``[G + 1, 3]`` table (row 0
+    the parameter server's checksum, row ``1 + g`` group ``g``'s leader's); every rank then
+    takes the same decision from it."""
+    if run.spec.on_disagreement == "off" or not run.spec.agreement_every:
+        return
+    topo, groups = run.topo, len(run.spec.groups)
+    table = torch.zeros(groups + 1, 3, dtype=torch.float64)
+    if topo.is_ps:
+        table[0] = checksum(run.params)
+    elif topo.am_i_leader and topo.group_index is not None:
+        table[1 + topo.group_index] = checksum(run.params)
+    dist.all_reduce(table, op=dist.ReduceOp.SUM)
+    reference = table[1] if run.strategy.replicated else table[0]
+    found = {
+        g: gap
+        for g in range(groups)
+        if g not in run.excluded_groups
+        and disagrees(run, g, gap := distance(table[1 + g], reference))
+    }
+    act(run, found, f"its parameters at step {run.step}")
+
+
+def act(run: Run, found: dict[int, float], what: str) -> None:
+    """Alarm for every group in ``found`` (group index: distance), then fail or exclude.
+
+    Raises DisagreementError (every rank) with ``on_disagreement: fail``, or when excluding
+    would leave no worker.
+    """
+    found = {g: gap for g, gap in found.items() if g not in run.excluded_groups}
+    if not found:
+        return
+    reasons = []
+    for group, gap in sorted(found.items()):
+        plan = run.spec.groups[group]
+        reason = (
+            f"group {plan.name!r} ({plan.device_type}) disagrees with the parameter server "
+            f"({PS_DEVICE_TYPE}): {what} is {gap:.3g} away (relative L2), tolerance "
+            f"{tolerance(run, plan.device_type):g} for {pair_key(plan.device_type, PS_DEVICE_TYPE)}"
+        )
+        reasons.append(reason)
+        if run.topo.is_ps:
+            report.alarm(reason, group=plan.name)
+    if run.spec.on_disagreement == "fail":
+        raise DisagreementError("; ".join(reasons) + " (on_disagreement: fail)")
+    workers = {r - 1 for g in found for r in run.spec.group_ranks(g)}
+    try:
+        shares = run.balancer.exclude(workers, run.split.shares)
+    except ValueError as exc:
+        raise DisagreementError("; ".join(reasons) + f": {exc}") from None
+    run.excluded_groups |= set(found)
+    if run.topo.is_ps:
+        names = ", ".join(repr(run.spec.groups[g].name) for g in sorted(found))
+        report.log(f"excluded {names} (on_disagreement: exclude): shares {shares}")
+    run.split.set_shares(shares)
