@@ -32,7 +32,7 @@ def _valid_pairs(tolerances: dict[str, float]) -> dict[str, float]:
         parts = key.split("/")
         if len(parts) != 2 or not all(p in kinds for p in parts):
             raise ValueError(
-                f"agreement_tolerance: key {key!r} must be two device types joined by '/', "
+                f"key {key!r} must be two device types joined by '/', "
                 f"e.g. 'cpu/cuda' (device types: {', '.join(kinds)})"
             )
         out[pair_key(*parts)] = value

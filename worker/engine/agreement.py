@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -138,10 +139,26 @@ def _gradient(run: Run, batch: Any) -> Tensor:
     return vector[: run.state.n_params].detach().cpu() / max(1, len(data))
 
 
+@contextmanager
+def timed(run: Run) -> Iterator[None]:
+    """Add the block's wall seconds to ``run.agreement_s`` (the parameter server reports the
+    total as the ``agreement_check_s`` metric: what the checks cost the run)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        run.agreement_s += time.perf_counter() - started
+
+
 def check_gradients(run: Run, train: Source | None) -> None:
     """Check 1 above, on every rank (collectives over the world and the leaders' group)."""
     if run.spec.on_disagreement == "off":
         return
+    with timed(run):
+        _check_gradients(run, train)
+
+
+def _check_gradients(run: Run, train: Source | None) -> None:
     batch = _fixed_batch(run, train)
     topo, n_params = run.topo, run.state.n_params
     found: dict[int, float] | None = None
@@ -157,12 +174,36 @@ def check_gradients(run: Run, train: Source | None) -> None:
     act(run, broadcast_object(found), "its gradient of a fixed batch")
 
 
+CHECKSUM_PERIOD = 1021
+"""The position weights of the checksum repeat every this many values (a prime)."""
+
+_CHUNK = 1 << 20
+
+
 def checksum(params: list[torch.nn.Parameter]) -> Tensor:
-    """``[sum, sum of squares, position-weighted sum]`` of the parameters, float64 (``[3]``)."""
+    """``[sum, sum of squares, sum of w_i x_i]`` over the parameters' values ``x_i`` in
+    flat-vector order, with ``w_i = 1 + i mod CHECKSUM_PERIOD``, in float64 (``[3]``, CPU).
+
+    Computed a chunk of ``_CHUNK`` values at a time in float64, so the temporary memory
+    stays a few MB whatever the model's size."""
+    total = torch.zeros(3, dtype=torch.float64)
+    weights = torch.arange(1, CHECKSUM_PERIOD + 1, dtype=torch.float64)
+    offset = 0
     with torch.no_grad():
-        flat = torch.cat([p.detach().reshape(-1).double().cpu() for p in params])
-    weights = (torch.arange(flat.numel(), dtype=torch.float64) % 1021) + 1
-    return torch.stack([flat.sum(), (flat * flat).sum(), (flat * weights).sum()])
+        for param in params:
+            flat = param.detach().reshape(-1)
+            for start in range(0, flat.numel(), _CHUNK):
+                part = flat[start : start + _CHUNK].double()
+                position = (offset + torch.arange(len(part))) % CHECKSUM_PERIOD
+                total += torch.stack(
+                    [
+                        part.sum(),
+                        part.dot(part),
+                        part.dot(weights.to(part.device)[position.to(part.device)]),
+                    ]
+                ).cpu()
+                offset += len(part)
+    return total
 
 
 def check_parameters(run: Run) -> None:
@@ -171,9 +212,14 @@ def check_parameters(run: Run) -> None:
     takes the same decision from it."""
     if run.spec.on_disagreement == "off" or not run.spec.agreement_every:
         return
+    with timed(run):
+        _check_parameters(run)
+
+
+def _check_parameters(run: Run) -> None:
     topo, groups = run.topo, len(run.spec.groups)
     table = torch.zeros(groups + 1, 3, dtype=torch.float64)
-    if topo.is_ps:
+    if topo.is_ps and not run.strategy.replicated:  # else its model is not the reference
         table[0] = checksum(run.params)
     elif topo.am_i_leader and topo.group_index is not None:
         table[1 + topo.group_index] = checksum(run.params)

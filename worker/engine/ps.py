@@ -35,7 +35,9 @@ def report_server_epoch(run: Run, results: dict[str, Any], seconds: float) -> No
     and ``max_staleness``, and with ``on_nonfinite: skip_step``
     ``skipped_steps`` (optimizer steps skipped in the epoch, summed over the
     groups' optimizers with periodic and quorum sync). Skipped steps' samples
-    are left out of ``train_loss`` and ``samples_per_s``.
+    are left out of ``train_loss`` and ``samples_per_s``. Unless ``on_disagreement`` is
+    ``off``, ``agreement_check_s``: wall seconds the cross-device agreement checks took so
+    far in this attempt (:mod:`worker.engine.agreement`; the check before training included).
     """
     values = {
         "train_loss": run.loss_sum / run.samples if run.samples else math.nan,
@@ -45,6 +47,8 @@ def report_server_epoch(run: Run, results: dict[str, Any], seconds: float) -> No
     }
     if run.spec.on_nonfinite == "skip_step":
         values["skipped_steps"] = float(results["skipped_steps"])
+    if run.spec.on_disagreement != "off":
+        values["agreement_check_s"] = run.agreement_s
     values.update({name: s / n if n else math.nan for name, (s, n) in results["val"].items()})
     for name, value in values.items():
         report.metric(name, value, step=run.step, epoch=run.epoch, rank=0)

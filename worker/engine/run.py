@@ -73,6 +73,7 @@ class Run:
     clock: BusyClock = field(default_factory=BusyClock)
     ledger: ShardLedger | None = None  # the parameter server's shard provenance
     last_agreement: int = 0
+    agreement_s: float = 0.0  # wall seconds in the agreement checks (worker.engine.agreement)
     excluded_groups: set[int] = field(default_factory=set)  # left out on disagreement
     state: ModelState = field(init=False)
     strategy: Strategy = field(init=False)

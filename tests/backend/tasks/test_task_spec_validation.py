@@ -36,6 +36,9 @@ def test_heterogeneity_options_reach_the_task_spec(client: TestClient, version: 
             checkpoint_every=50,
             preprocess=steps,
             on_nonfinite="skip_step",
+            on_disagreement="exclude",
+            agreement_every=25,
+            agreement_tolerance={"cuda/cpu": 1e-3},
             data={"path": "streaming", "num_workers": 2, "prefetch_factor": 4},
         ),
     )
@@ -55,6 +58,8 @@ def test_heterogeneity_options_reach_the_task_spec(client: TestClient, version: 
     # what the agents receive
     engine = TaskSpec.model_validate(spec).engine_options()
     assert engine["on_nonfinite"] == "skip_step"
+    assert (engine["on_disagreement"], engine["agreement_every"]) == ("exclude", 25)
+    assert engine["agreement_tolerance"] == {"cpu/cuda": 1e-3}
     assert engine["data"] == {
         "path": "streaming",
         "num_workers": 2,
@@ -105,6 +110,10 @@ def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> Non
         ({"sync_period": 5}, "sync_period", "sync_strategy 'periodic'"),
         ({"split_policy": "fastest"}, "split_policy", "'even' or 'weighted'"),
         ({"on_nonfinite": "ignore"}, "on_nonfinite", "'fail' or 'skip_step'"),
+        ({"on_disagreement": "warn"}, "on_disagreement", "'fail', 'exclude' or 'off'"),
+        ({"agreement_every": -1}, "agreement_every", "greater than or equal to 0"),
+        ({"agreement_tolerance": {"cpu+cuda": 0.1}}, "agreement_tolerance", "'cpu/cuda'"),
+        ({"agreement_tolerance": {"cpu/cuda": 2}}, "agreement_tolerance.cpu/cuda", "less than"),
         ({"preprocess": [{"op": "rotate"}]}, "preprocess.0", "tag"),
         ({"preprocess": [{"op": "resize", "size": [0, 4]}]}, "preprocess.0.resize", "positive"),
         ({"split": "weighted"}, "split", "unknown field"),

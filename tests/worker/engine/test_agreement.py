@@ -35,7 +35,7 @@ def test_distance_is_relative_l2_and_zero_only_for_the_same_bits() -> None:
 def test_tolerance_keys_are_device_type_pairs(make_spec: Callable[..., RunSpec]) -> None:
     spec = make_spec(agreement_tolerance={"cuda/cpu": 1e-3})
     assert spec.agreement_tolerance == {"cpu/cuda": 1e-3}, "the pair is sorted"
-    with pytest.raises(ValidationError, match="agreement_tolerance: key 'cpu-cuda'"):
+    with pytest.raises(ValidationError, match="key 'cpu-cuda' must be two device types"):
         make_spec(agreement_tolerance={"cpu-cuda": 1e-3})
     with pytest.raises(ValidationError, match="tpu"):
         make_spec(agreement_tolerance={"cpu/tpu": 1e-3})
@@ -134,3 +134,23 @@ def test_a_replica_that_drifts_is_named_at_the_next_parameter_check(
     assert not run.ok
     (alarm,) = alarms(run)
     assert alarm["group"] == "b" and "its parameters at step" in alarm["reason"]
+
+
+def test_the_checksum_sees_a_swap_and_does_not_depend_on_the_chunking(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from worker.engine import agreement
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(3000)), torch.nn.Parameter(torch.randn(40, 50))]
+    whole = agreement.checksum(params)
+    flat = torch.cat([p.detach().reshape(-1).double() for p in params])
+    weights = torch.arange(len(flat), dtype=torch.float64) % agreement.CHECKSUM_PERIOD + 1
+    expected = torch.stack([flat.sum(), flat.dot(flat), flat.dot(weights)])
+    torch.testing.assert_close(whole, expected, rtol=1e-12, atol=0)
+    monkeypatch.setattr(agreement, "_CHUNK", 7)
+    torch.testing.assert_close(agreement.checksum(params), whole, rtol=1e-12, atol=0)
+    with torch.no_grad():
+        params[0][[0, 1]] = params[0][[1, 0]]  # two values swapped: sums alike, weights not
+    swapped = agreement.checksum(params)
+    assert swapped[0] == pytest.approx(float(whole[0])) and swapped[2] != whole[2]
