@@ -139,23 +139,16 @@ def _gradient(run: Run, batch: Any) -> Tensor:
     return vector[: run.state.n_params].detach().cpu() / max(1, len(data))
 
 
-@contextmanager
-def timed(run: Run) -> Iterator[None]:
-    """Add the block's wall seconds to ``run.agreement_s`` (the parameter server reports the
-    total as the ``agreement_check_s`` metric: what the checks cost the run)."""
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        run.agreement_s += time.perf_counter() - started
-
-
 def check_gradients(run: Run, train: Source | None) -> None:
-    """Check 1 above, on every rank (collectives over the world and the leaders' group)."""
+    """Check 1 above, on every rank (collectives over the world and the leaders' group); its
+    wall seconds count to ``run.agreement_s`` (every rank waits in it: all of it is cost)."""
     if run.spec.on_disagreement == "off":
         return
-    with timed(run):
+    started = time.perf_counter()
+    try:
         _check_gradients(run, train)
+    finally:
+        run.agreement_s += time.perf_counter() - started
 
 
 def _check_gradients(run: Run, train: Source | None) -> None:
@@ -185,45 +178,58 @@ def checksum(params: list[torch.nn.Parameter]) -> Tensor:
     flat-vector order, with ``w_i = 1 + i mod CHECKSUM_PERIOD``, in float64 (``[3]``, CPU).
 
     Computed a chunk of ``_CHUNK`` values at a time in float64, so the temporary memory
-    stays a few MB whatever the model's size."""
+    stays a few MB whatever the model's size; the weights of a chunk are a slice of one
+    cached ramp (:func:`_ramp`)."""
     total = torch.zeros(3, dtype=torch.float64)
-    weights = torch.arange(1, CHECKSUM_PERIOD + 1, dtype=torch.float64)
     offset = 0
     with torch.no_grad():
         for param in params:
             flat = param.detach().reshape(-1)
+            ramp = _ramp(flat.device)
             for start in range(0, flat.numel(), _CHUNK):
                 part = flat[start : start + _CHUNK].double()
-                position = (offset + torch.arange(len(part))) % CHECKSUM_PERIOD
-                total += torch.stack(
-                    [
-                        part.sum(),
-                        part.dot(part),
-                        part.dot(weights.to(part.device)[position.to(part.device)]),
-                    ]
-                ).cpu()
+                shift = offset % CHECKSUM_PERIOD
+                weights = ramp[shift : shift + len(part)]
+                total += torch.stack([part.sum(), part.dot(part), part.dot(weights)]).cpu()
                 offset += len(part)
     return total
 
 
+_RAMPS: dict[tuple[torch.device, int], Tensor] = {}
+
+
+def _ramp(device: torch.device) -> Tensor:
+    """``1 + k mod CHECKSUM_PERIOD`` for ``k < _CHUNK + CHECKSUM_PERIOD`` (float64, on
+    ``device``, built once): chunk weights starting at any position are one slice of it."""
+    key = (device, _CHUNK)
+    if key not in _RAMPS:
+        k = torch.arange(_CHUNK + CHECKSUM_PERIOD, dtype=torch.float64, device=device)
+        _RAMPS[key] = 1 + torch.remainder(k, CHECKSUM_PERIOD)
+    return _RAMPS[key]
+
+
 def check_parameters(run: Run) -> None:
-    """Check 2 above, on every rank: one float64 allreduce of a ``[G + 1, 3]`` table (row 0
-    the parameter server's checksum, row ``1 + g`` group ``g``'s leader's); every rank then
-    takes the same decision from it."""
+    """Check 2 above, on every rank: one float64 allreduce of a ``[G + 1, 4]`` table (row 0
+    the parameter server's checksum, row ``1 + g`` group ``g``'s leader's, each with the
+    seconds its checksum took); every rank then takes the same decision from it. The
+    slowest checksum's seconds count to ``run.agreement_s``: the check's own work on the
+    step's path (a wait for a rank still finishing its step is not the check's)."""
     if run.spec.on_disagreement == "off" or not run.spec.agreement_every:
         return
-    with timed(run):
-        _check_parameters(run)
-
-
-def _check_parameters(run: Run) -> None:
     topo, groups = run.topo, len(run.spec.groups)
-    table = torch.zeros(groups + 1, 3, dtype=torch.float64)
+    table = torch.zeros(groups + 1, 4, dtype=torch.float64)
+    row = None
     if topo.is_ps and not run.strategy.replicated:  # else its model is not the reference
-        table[0] = checksum(run.params)
+        row = 0
     elif topo.am_i_leader and topo.group_index is not None:
-        table[1 + topo.group_index] = checksum(run.params)
+        row = 1 + topo.group_index
+    if row is not None:
+        started = time.perf_counter()
+        table[row, :3] = checksum(run.params)
+        table[row, 3] = time.perf_counter() - started
     dist.all_reduce(table, op=dist.ReduceOp.SUM)
+    run.agreement_s += float(table[:, 3].max())
+    table = table[:, :3]
     reference = table[1] if run.strategy.replicated else table[0]
     found = {
         g: gap
