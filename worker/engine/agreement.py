@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +49,7 @@ from torch import Tensor
 
 from contracts.plan import DEFAULT_AGREEMENT_TOLERANCE, OTHER_PAIR_TOLERANCE, pair_key
 from worker.engine import report
-from worker.engine.compute import local_gradient
+from worker.engine.compute import batch_loss
 from worker.engine.data import Source, TensorData
 from worker.engine.distributed import FIRST_WORKER
 from worker.engine.exchange import broadcast_object, receive_at_ps, send_to_ps
@@ -79,19 +79,25 @@ def tolerance(run: Run, device_type: str) -> float:
     return given.get(key, DEFAULT_AGREEMENT_TOLERANCE.get(key, OTHER_PAIR_TOLERANCE))
 
 
-def distance(value: Tensor, reference: Tensor) -> float:
-    """``||value - reference||_2 / ||reference||_2`` in float64 (0 for identical bits; the
-    absolute distance when the reference is zero). A reference that is not finite cannot be
-    compared with (0: the training's own non-finite check reports it); a value that is not
-    finite beside a finite reference is infinitely far."""
-    value, reference = value.double(), reference.double()
-    if torch.equal(value, reference) or not bool(reference.isfinite().all()):
+def distance(value: Tensor | Sequence[Tensor], reference: Tensor | Sequence[Tensor]) -> float:
+    """``||value - reference||_2 / ||reference||_2`` in float64, over one tensor or over the
+    concatenation of matching tensors (e.g. per-parameter gradients, without concatenating
+    them): 0 for identical bits (checked first, in the tensors' own dtype); the absolute
+    distance when the reference is zero. A reference that is not finite cannot be compared
+    with (0: the training's own non-finite check reports it); a value that is not finite
+    beside a finite reference is infinitely far."""
+    values = [value] if isinstance(value, Tensor) else list(value)
+    references = [reference] if isinstance(reference, Tensor) else list(reference)
+    pairs = list(zip(values, references, strict=True))
+    if all(torch.equal(v, r) for v, r in pairs):
         return 0.0
-    if not bool(value.isfinite().all()):
+    if not all(bool(r.isfinite().all()) for r in references):
+        return 0.0
+    if not all(bool(v.isfinite().all()) for v in values):
         return math.inf
-    scale = float(reference.norm())
-    gap = float((value - reference).norm())
-    return gap / scale if scale > 0 else gap
+    gap = sum(float((v.double() - r.double()).square().sum()) for v, r in pairs)
+    scale = sum(float(r.double().square().sum()) for r in references)
+    return math.sqrt(gap / scale) if scale > 0 else math.sqrt(gap)
 
 
 def disagrees(run: Run, group: int, gap: float) -> bool:
@@ -124,19 +130,25 @@ def _fixed_batch(run: Run, train: Source | None) -> Any:
     return broadcast_object(batch, src=FIRST_WORKER)
 
 
-def _gradient(run: Run, batch: Any) -> Tensor:
-    """This rank's gradient (``[P]``, the batch mean) of the user's loss on ``batch``, in eval
-    mode; the model's mode and buffers are as before."""
+def _gradients(run: Run, batch: Any) -> list[Tensor]:
+    """This rank's gradient of the user's loss (the batch mean) on ``batch``, in eval mode,
+    per parameter in flat-vector order (``[numel_i]`` each, on the rank's device; zeros for
+    a parameter the loss does not reach). The model's mode and buffers are as before; the
+    caller clears the gradients (``zero_grad``) once it has used them."""
     data = TensorData.from_batch(batch)
     model, was_training = run.model, run.model.training
     model.eval()
     try:
+        model.zero_grad(set_to_none=True)
         with hooked_precision(run):
-            vector = local_gradient(run.code, model, data, torch.arange(len(data)), run.topo.device)
+            loss = batch_loss(run.code, model, data, torch.arange(len(data)), run.topo.device)
+            loss.backward()
     finally:
         model.train(was_training)
-        model.zero_grad(set_to_none=True)
-    return vector[: run.state.n_params].detach().cpu() / max(1, len(data))
+    return [
+        p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1)
+        for p in run.params
+    ]
 
 
 def check_gradients(run: Run, train: Source | None) -> None:
@@ -152,18 +164,23 @@ def check_gradients(run: Run, train: Source | None) -> None:
 
 
 def _check_gradients(run: Run, train: Source | None) -> None:
+    """Leaders send their gradients parameter by parameter (no flat copy); the server
+    receives each into a buffer and compares the lists."""
     batch = _fixed_batch(run, train)
-    topo, n_params = run.topo, run.state.n_params
+    topo = run.topo
     found: dict[int, float] | None = None
     if topo.is_ps:
-        reference = _gradient(run, batch)
+        reference = _gradients(run, batch)
         found = {}
         for group, leader in enumerate(run.spec.leader_ranks()):
-            gap = distance(receive_at_ps(topo, n_params, reference.dtype, leader), reference)
+            received = [receive_at_ps(topo, r.numel(), r.dtype, leader) for r in reference]
+            gap = distance(received, reference)
             if disagrees(run, group, gap):
                 found[group] = gap
     elif topo.am_i_leader:
-        send_to_ps(topo, _gradient(run, batch))
+        for grad in _gradients(run, batch):
+            send_to_ps(topo, grad)
+    run.model.zero_grad(set_to_none=True)
     act(run, broadcast_object(found), "its gradient of a fixed batch")
 
 

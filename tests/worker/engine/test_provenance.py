@@ -11,7 +11,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from tests.worker.engine.reference import TIMEOUT_S, run_with_dump
+from tests.worker.engine.reference import (
+    TIMEOUT_S,
+    dumped_batches,
+    reference_run,
+    run_with_dump,
+    seeded_batches,
+)
 from tests.worker.engine.test_resume import HOLD_AFTER
 from worker.engine.local import launch_local
 from worker.engine.provenance import ShardLedger, index_hash, training_set_hash
@@ -118,12 +124,15 @@ def test_ledger_records_every_sample_once_per_epoch_across_a_restart(
     assert [(r["step_from"], r["step_to"]) for r in by_epoch[1]][::3] == [(20, 30), (30, 40)]
 
 
-# Rank 2 slows down after profiling, so the controller moves samples away from it mid-run.
-SLOWS_DOWN = f"""
+# Every rank waits in loss_fn once the checkpoint named by HOLD_AFTER exists, until it is
+# killed (tests/worker/engine/test_resume.py); rank 2 slows down after profiling when SLOW,
+# so the controller moves samples away from it mid-run.
+HOLDS = f"""
 import os, time
 from pathlib import Path
 from examples.tiny_regression import build_datasets, build_model, build_optimizer, loss_fn as mse
 
+SLOW = {{slow}}
 calls = 0
 
 def loss_fn(output, target):
@@ -132,7 +141,7 @@ def loss_fn(output, target):
     hold = os.environ.get("{HOLD_AFTER}")
     while hold and Path(hold).exists():
         time.sleep(0.05)
-    if os.environ.get("RANK") == "2" and calls > 16:
+    if SLOW and os.environ.get("RANK") == "2" and calls > 16:
         time.sleep(0.004)
     return mse(output, target)
 """
@@ -149,7 +158,7 @@ def test_a_run_through_rebalance_exchange_and_restart_covers_each_epoch_once(
     """Real ranks: the interrupted attempt's checkpoints and the resumed attempt's together
     name every training sample exactly once per epoch."""
     module = tmp_path / "slows_down.py"
-    module.write_text(SLOWS_DOWN)
+    module.write_text(HOLDS.format(slow=True))
     stop_at = "step-30.pt"  # 23 steps an epoch (160 items, B 7): mid epoch 1
     spec = make_spec(
         code=str(module),
@@ -179,3 +188,44 @@ def test_a_run_through_rebalance_exchange_and_restart_covers_each_epoch_once(
     assert any(r["rebalanced"] for r in records), "a rebalance moved samples"
     assert any(r["exchanged"] for r in records if r["epoch"] > 0), "the exchange moved samples"
     assert {(r["rank"], r["group"]) for r in records} == {(1, "a"), (2, "a"), (3, "b")}
+
+
+def test_a_restart_on_fewer_workers_continues_the_epoch_where_it_stopped(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    """Three workers (groups a: 2, b: 1) checkpoint mid-epoch and stop; the task resumes on
+    group a alone. The epoch goes on from its recorded position instead of being redone:
+    the samples not yet taken are split over the two workers, every sample is used once
+    per epoch across the two runs, and the final parameters are those of one process
+    trained on the global batches both runs took (1e-5)."""
+    stop_at = "step-30.pt"  # 23 steps an epoch (160 items, B 7): mid epoch 1
+    first = make_spec(epochs=2, checkpoint_every=10)
+    hold = {HOLD_AFTER: str(Path(first.checkpoint_dir) / stop_at)}
+    module = tmp_path / "holds.py"
+    module.write_text(HOLDS.format(slow=False))
+    first = first.model_copy(update={"code": str(module)})
+    interrupted = launch_local(
+        first,
+        timeout_s=TIMEOUT_S,
+        env_extra=hold,
+        stop_when=lambda e: e["type"] == "checkpoint" and Path(e["path"]).name == stop_at,
+    )
+    assert interrupted.stopped
+    shrunk = first.model_copy(
+        update={
+            "groups": [first.groups[0]],
+            "checkpoint_dir": str(tmp_path / "shrunk"),
+            "resume_from": str(Path(first.checkpoint_dir) / stop_at),
+        }
+    )
+    run, finals = run_with_dump(shrunk, tmp_path / "params")
+    assert any("continues epoch 1 at step 7 of 23 on 2 workers" in line for line in run.output[0])
+    records = provenance_of(interrupted.events) + provenance_of(run.events)
+    for epoch in (0, 1):
+        assert covers_once([r for r in records if r["epoch"] == epoch], 160), epoch
+    assert {r["rank"] for r in provenance_of(run.events)} == {1, 2}
+
+    taken = seeded_batches(first, 160)[:30] + dumped_batches(tmp_path / "params")
+    assert len(taken) == 46 and all(len(b) == 7 for i, b in enumerate(taken) if i % 23 != 22)
+    expected, _ = reference_run(first, taken)
+    torch.testing.assert_close(finals[0], expected, atol=1e-5, rtol=0)
