@@ -148,6 +148,8 @@ def start(
         optimizer.load_state_dict(package["optimizer"])
     if package is not None and fits(package, run):
         under_way = restore(run, package)
+    elif package is not None and continues(package, run):
+        under_way = continue_epoch(run, package, train)
     else:
         if package is not None:
             # Another layout (e.g. a restart on other groups): keep the model, redo the epoch.
@@ -175,6 +177,41 @@ def fits(package: dict[str, Any], run: Run) -> bool:
             or len(package["group_optimizers"]) == len(run.spec.groups)
         )
     )
+
+
+def continues(package: dict[str, Any], run: Run) -> bool:
+    """True when a checkpoint from another layout (other workers) can go on with its epoch:
+    taken inside the epoch, same global batch and data, and no per-group optimizer state
+    (``periodic`` keeps one per group, which another set of groups cannot take over)."""
+    split = package["split"]
+    return (
+        split is not None
+        and not package["epoch_complete"]
+        and package["group_optimizers"] is None
+        and int(split["batch"]) == run.spec.global_batch_size
+        and int(split["n_items"]) == run.split.n_items
+    )
+
+
+def continue_epoch(run: Run, package: dict[str, Any], train: Source | None) -> bool:
+    """Resume a checkpoint of another layout at its step (a restart on fewer or other
+    workers): the new workers profile their throughput, every rank picks the same shares
+    from it, and the samples the epoch has not taken yet are split for those shares
+    (:meth:`worker.engine.split.SplitState.regrouped`). The model and (replicated)
+    optimizer come from the checkpoint; the workers' random states do not (other ranks).
+    Returns True: the epoch is under way."""
+    old = SplitState.from_state_dict(package["split"])
+    run.epoch = int(package["epoch"])
+    run.step = int(package["step"])
+    run.last_balance = run.last_checkpoint = run.last_progress = run.last_agreement = run.step
+    run.split = old.regrouped(initial_shares(run, train))
+    if run.topo.is_ps:
+        report.log(
+            f"checkpoint from {old.n_workers} workers: continues epoch {run.epoch} at step "
+            f"{old.step} of {old.steps_per_epoch} on {run.topo.n_workers} workers, "
+            f"{sum(run.split.needs_from(old.step))} samples left, shares {run.split.shares}"
+        )
+    return True
 
 
 def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str, Any]:

@@ -108,10 +108,16 @@ def test_resumed_run_ends_with_the_uninterrupted_parameters(
         assert torch.equal(finals[rank], expected[rank]), f"rank {rank} differs after resume"
 
 
-def test_checkpoint_from_another_layout_keeps_the_model_and_redoes_the_epoch(
-    make_spec: Callable[..., RunSpec], tmp_path: Path
+@pytest.mark.parametrize("strategy", ["sync", "periodic"])
+def test_checkpoint_from_another_layout_continues_or_redoes_its_epoch(
+    make_spec: Callable[..., RunSpec], tmp_path: Path, strategy: str
 ) -> None:
-    first = make_spec(epochs=1, checkpoint_every=5)  # groups of 2 + 1 workers
+    """On two workers instead of three, a sync checkpoint's epoch goes on from its step
+    (tests/worker/engine/test_provenance.py checks the samples and the parameters); a
+    periodic one keeps the model and redoes the epoch (its per-group optimizer states do
+    not fit other groups). Either way the step count goes on from the checkpoint."""
+    options = {"sync_strategy": "periodic", "sync_period": 5} if strategy == "periodic" else {}
+    first = make_spec(epochs=1, checkpoint_every=5, **options)  # groups of 2 + 1 workers
     stop_at = "step-10.pt"
     launch_local(
         first,
@@ -124,9 +130,15 @@ def test_checkpoint_from_another_layout_keeps_the_model_and_redoes_the_epoch(
         groups=solo,
         checkpoint_dir=str(tmp_path / "moved"),
         resume_from=str(Path(first.checkpoint_dir) / stop_at),
+        **options,
     )
     run, _ = run_with_dump(moved, tmp_path / "params")
-    assert any("does not fit this layout" in line for line in run.output[0])
-    assert [e["epoch"] for e in run.events if e["type"] == "checkpoint"] == [0, 1, 1]
+    output = "\n".join(run.output[0])
     steps = [e["step"] for e in run.events if e["type"] == "checkpoint"]
-    assert steps[0] == 10 + 23, "the step count goes on from the checkpoint"
+    assert [e["epoch"] for e in run.events if e["type"] == "checkpoint"][0] == 0
+    if strategy == "sync":
+        assert "continues epoch 0 at step 10 of 23 on 2 workers" in output
+        assert steps[0] == 23, "the epoch ends at its own last step"
+    else:
+        assert "does not fit this layout" in output
+        assert steps[0] == 10 + 23, "the epoch is redone; the step count goes on"
