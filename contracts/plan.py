@@ -11,6 +11,12 @@ DeviceType = Literal["cpu", "cuda", "npu"]
 SplitPolicy = Literal["even", "weighted"]
 SyncStrategy = Literal["sync", "periodic", "quorum"]
 OnDisagreement = Literal["fail", "exclude", "off"]
+OnGroupLoss = Literal["restart", "shrink", "wait"]
+"""What a restart does when a group the task ran on cannot take its workers again: `restart`
+moves them to a compatible group (same device type) and waits for one with room; `shrink`
+does that if one has room now, else goes on with the surviving groups (the lost group's
+share goes to them by their measured rates, the global batch unchanged); `wait` waits for
+the task's own groups."""
 
 DEFAULT_AGREEMENT_TOLERANCE = {"cpu/cpu": 0.0}
 """Cross-device agreement (``worker.engine.agreement``): the relative L2 distance allowed

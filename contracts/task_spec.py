@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.data import DataOptions
 from contracts.payload import TaskLimits
-from contracts.plan import DeviceType, GroupPlan, SplitPolicy
+from contracts.plan import DeviceType, GroupPlan, OnGroupLoss, SplitPolicy
 from contracts.preprocess import PreprocessStep
 
 Placement = Literal["uniform", "resource_state"]
@@ -80,6 +80,7 @@ class TaskSpec(BaseModel):
     data: DataOptions | None = None
     limits: TaskLimits | None = None
     depends_on: list[int] = Field(default_factory=list)
+    on_group_loss: OnGroupLoss = "restart"
 
     def stored(self) -> dict[str, object]:
         """The JSON stored in `Task.spec`: only the keys that were given."""

@@ -11,7 +11,10 @@ first-level dispatch to resource groups):
   as the current free capacity allows.
 
 On a restart (`previous` given) a named group that cannot take its workers now
-is replaced by a compatible one: active, same device type, enough free workers.
+is replaced by a compatible one: active, same device type, enough free workers (unless
+the task's `on_group_loss` is `wait`). With `shrink`, a restart that fits nowhere in full
+goes on with the groups of the last attempt that can take their workers again
+(:func:`survivors`).
 """
 
 from typing import TypeVar
@@ -25,19 +28,26 @@ Key = TypeVar("Key", str, int)  # a group's name, or an agent's id
 
 
 def plan(
-    request: list[RequestItem], free: dict[str, GroupFree], previous: Plan | None = None
+    request: list[RequestItem],
+    free: dict[str, GroupFree],
+    previous: Plan | None = None,
+    *,
+    migrate: bool = True,
 ) -> Plan | None:
     """Named groups with workers for `request` given `free`, or None if it does not fit now.
 
     Every group appears once; named items are placed first, then device items
-    over the groups left.
+    over the groups left. `migrate` False: a restart's named item waits for its own group.
     """
     remaining = {name: g.free for name, g in free.items()}
     placed: dict[str, int] = {}
     named = [item for item in request if item.name]
+    # A shrunk attempt ran on fewer groups than the request has items: its positions no
+    # longer line up with the items, so each named item tries its own group again.
+    ran_on = previous if previous is not None and len(previous) >= len(request) else None
     for position, item in enumerate(named + [i for i in request if not i.name]):
         shares = (
-            _named(item, position, free, remaining, placed, previous)
+            _named(item, position, free, remaining, placed, previous if migrate else None, ran_on)
             if item.name
             else _by_device(item, free, remaining, placed)
         )
@@ -59,11 +69,14 @@ def _named(
     remaining: dict[str, int],
     placed: dict[str, int],
     previous: Plan | None,
+    ran_on: Plan | None = None,
 ) -> dict[str, int] | None:
+    """A named item's group: where the last attempt ran (`ran_on`, named items first), else
+    its own; when that has no room, a compatible one if `previous` allows moving."""
     workers = item.workers
     name = str(item.name)
-    if previous is not None and position < len(previous):
-        name = previous[position].name  # where the last attempt ran (named come first)
+    if ran_on is not None and position < len(ran_on):
+        name = ran_on[position].name
     if name in free and name not in placed and remaining[name] >= workers:
         return {name: workers}
     if previous is None or name not in free:
@@ -80,6 +93,14 @@ def _named(
         return None
     best = max(compatible, key=lambda g: (remaining[g.name], g.name == item.name, g.name))
     return {best.name: workers}
+
+
+def survivors(previous: Plan, free: dict[str, GroupFree]) -> Plan | None:
+    """`shrink`: the groups of the last attempt that can take their workers again now, in
+    their order, when some but not all can (None otherwise: nothing to shrink onto, or
+    nothing lost)."""
+    kept = [g for g in previous if g.name in free and free[g.name].free >= g.workers]
+    return kept if kept and len(kept) < len(previous) else None
 
 
 def eligible(

@@ -124,7 +124,12 @@ def _first_fit(
         return None
     for queued in head:
         if queued.id not in skipped:
-            chosen = placement.plan(queued.spec.requested(), free, queued.previous)
+            policy, previous = queued.spec.on_group_loss, queued.previous
+            chosen = placement.plan(
+                queued.spec.requested(), free, previous, migrate=policy != "wait"
+            )
+            if chosen is None and previous is not None and policy == "shrink":
+                chosen = placement.survivors(previous, free)
             if chosen is not None:
                 return queued, chosen
     return None

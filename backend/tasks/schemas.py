@@ -15,6 +15,7 @@ from contracts.plan import (
     AgreementTolerance,
     DeviceType,
     OnDisagreement,
+    OnGroupLoss,
     SplitPolicy,
     SyncStrategy,
 )
@@ -102,6 +103,16 @@ class TaskCreate(StrictModel):
         "the task naming epoch, step, rank and group; `skip_step` skips that optimizer step "
         "everywhere and counts it in the `skipped_steps` metric",
     )
+    on_group_loss: OnGroupLoss | None = Field(
+        default=None,
+        description="a restart after a group was lost (its agent died, a rank was killed) "
+        "when that group cannot take its workers again: `restart` waits for a compatible "
+        "group (same device type) with room; `shrink` goes on with the surviving groups from "
+        "the last checkpoint, the lost group's share redistributed by their measured rates "
+        "and the global batch unchanged (unless a compatible group has room now); `wait` "
+        "waits for the task's own groups. Default: `shrink` for a task on several groups, "
+        "else `restart`",
+    )
     on_disagreement: OnDisagreement = Field(
         default="fail",
         description="a group whose gradient of one fixed batch (before training) or whose "
@@ -185,6 +196,23 @@ class TaskCreate(StrictModel):
             raise ValueError("resource_groups lists a group twice")
         return self
 
+    @field_validator("on_group_loss")
+    @classmethod
+    def _shrink_needs_groups(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value == "shrink" and _most_groups(info.data.get("resource_groups") or []) < 2:
+            raise ValueError(
+                "shrink needs a task on two or more resource groups: with one, no group "
+                "would be left to hold the global batch (use 'restart' or 'wait')"
+            )
+        return value
+
+    def group_loss(self) -> str:
+        """`on_group_loss` as given, else `shrink` for a task on several groups, else
+        `restart`."""
+        if self.on_group_loss is not None:
+            return self.on_group_loss
+        return "shrink" if _most_groups(self.resource_groups) > 1 else "restart"
+
     @field_validator("global_batch_size")
     @classmethod
     def _batch_covers_workers(cls, value: int, info: ValidationInfo) -> int:
@@ -204,8 +232,7 @@ class TaskCreate(StrictModel):
         if info.data.get("sync_strategy") != "quorum":
             raise ValueError("quorum applies to sync_strategy 'quorum' only")
         groups = info.data.get("resource_groups") or []
-        # A device-type request may be placed on several groups, at most one per worker.
-        most = sum(1 if g.name else g.workers for g in groups)
+        most = _most_groups(groups)
         if groups and value > most:
             raise ValueError(f"quorum ({value}) is larger than the number of groups ({most})")
         return value
@@ -229,6 +256,12 @@ class TaskCreate(StrictModel):
     def limits(self) -> TaskLimits:
         """The per-rank limits stored in the task's spec and enforced by the agents."""
         return TaskLimits(max_runtime_s=self.max_runtime_s, memory_limit_mb=self.memory_limit_mb)
+
+
+def _most_groups(requested: list[GroupRequest]) -> int:
+    """The most groups a request may be placed on: one per named group, and a device-type
+    item on several, at most one per worker."""
+    return sum(1 if g.name else g.workers for g in requested)
 
 
 class TaskUpdate(StrictModel):

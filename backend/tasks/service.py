@@ -65,6 +65,7 @@ def submit(session: Session, *, data: TaskCreate) -> Task:
             "request": request,
             **data.engine_options(),
             "limits": data.limits().model_dump(),
+            "on_group_loss": data.group_loss(),
         }
     )
     deps = depends_on.check(session, project_id=project.id, depends_on=data.depends_on)
