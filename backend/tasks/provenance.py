@@ -4,9 +4,13 @@ it back per epoch with the check that the epoch's records cover the training set
 The engine's records (``worker.engine.provenance``) name a worker by group and rank; the host
 comes from the task's allocations (the compute node of that rank in that attempt). An epoch's
 records are those of every attempt whose checkpoints hold them: a failed attempt's work after
-its last checkpoint was discarded and is recorded by the attempt that redid it. The epoch
-covers the training set *exactly once* when its sample counts sum to ``n_items`` and its
-hashes (additive multiset hashes) sum, mod 2**64, to the whole set's hash.
+its last checkpoint was discarded and is recorded by the attempt that redid it. A later
+attempt may also resume from an earlier checkpoint than the failed one's last (one uploaded
+after the restart was decided): its first record starts at the step it resumed from, and
+the earlier attempts' records after that step are *discarded* (shown, not counted: the
+model does not hold their updates). The epoch covers the training set *exactly once* when
+its kept records' sample counts sum to ``n_items`` and their hashes (additive multiset
+hashes) sum, mod 2**64, to the whole set's hash.
 """
 
 from collections import defaultdict
@@ -55,14 +59,19 @@ def read(session: Session, *, task: Task) -> ProvenanceRead:
             )
         )
     }
+    resumed_at: dict[int, int] = {}  # attempt -> the step its first record starts from
+    for row in rows:
+        resumed_at[row.attempt] = min(row.step_from, resumed_at.get(row.attempt, row.step_from))
     by_epoch: dict[int, list[ShardRecord]] = defaultdict(list)
     for row in rows:
         by_epoch[row.epoch].append(row)
     epochs = []
     for epoch, records in sorted(by_epoch.items()):
         n_items, set_hash = records[-1].n_items, records[-1].set_hash
-        samples = sum(r.samples for r in records)
-        total = sum(int(r.index_hash, 16) for r in records) % _MOD
+        kept = {r.id: _kept(r, resumed_at) for r in records}
+        counted = [r for r in records if kept[r.id]]
+        samples = sum(r.samples for r in counted)
+        total = sum(int(r.index_hash, 16) for r in counted) % _MOD
         epochs.append(
             EpochProvenance(
                 epoch=epoch,
@@ -71,16 +80,22 @@ def read(session: Session, *, task: Task) -> ProvenanceRead:
                 index_hash=f"{total:016x}",
                 set_hash=set_hash,
                 exactly_once=samples == n_items and total == int(set_hash, 16),
-                attempts=sorted({r.attempt for r in records}),
+                attempts=sorted({r.attempt for r in counted}),
                 records=[
                     ShardRecordRead.model_validate(
-                        {**_columns(r), "host": hosts.get((r.attempt, r.rank))}
+                        {**_columns(r), "host": hosts.get((r.attempt, r.rank)), "kept": kept[r.id]}
                     )
                     for r in records
                 ],
             )
         )
     return ProvenanceRead(task_id=task.id, epochs=epochs)
+
+
+def _kept(row: ShardRecord, resumed_at: dict[int, int]) -> bool:
+    """False when a later attempt resumed from a step before this record's end."""
+    later = [step for attempt, step in resumed_at.items() if attempt > row.attempt]
+    return not later or row.step_to <= min(later)
 
 
 def _columns(row: ShardRecord) -> dict:

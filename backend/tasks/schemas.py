@@ -437,12 +437,17 @@ class ShardRecordRead(BaseModel):
     rebalanced: int
     exchanged: int
     checkpoint_id: int
+    kept: bool = Field(
+        description="false: a later attempt resumed from an earlier step, so the model does "
+        "not hold this record's updates (not counted in the epoch)"
+    )
 
 
 class EpochProvenance(BaseModel):
-    """One epoch's records over every attempt that trained it. `exactly_once`: the samples
-    sum to the training set's size (`n_items`) and the hashes to the whole set's hash
-    (`set_hash`), so every training sample was trained once, by the workers named."""
+    """One epoch's records over every attempt that trained it. `exactly_once`: the kept
+    records' samples sum to the training set's size (`n_items`) and their hashes to the
+    whole set's hash (`set_hash`), so every training sample was trained once, by the workers
+    named. `samples`, `index_hash` and `attempts` count kept records only."""
 
     epoch: int
     n_items: int

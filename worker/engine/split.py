@@ -214,22 +214,34 @@ class SplitState:
     def regrouped(self, shares: list[int]) -> SplitState:
         """This epoch's position on another set of workers, with per-step ``shares`` (the same
         global batch): the samples not yet taken, pooled in worker order, are split for
-        the new shares from the current step on; the samples already taken stay taken, so
-        the epoch goes on where it stopped and every sample is still used once in it.
-        Samples marked as moved are not carried over (the new workers start unmoved).
+        the new shares from the current step on; the samples already taken stay taken (split
+        over the new workers in proportion to the shares, as the already-used heads of their
+        shards, so the next epoch starts from every sample), so the epoch goes on where it
+        stopped and every sample is still used once in it. Samples marked as moved are not
+        carried over (the new workers start unmoved).
 
         Raises ValueError if the shares change the global batch size.
         """
         if sum(shares) != self.batch or min(shares, default=0) < 0:
             raise ValueError(f"shares {shares} must be non-negative and sum to B={self.batch}")
-        remaining = torch.cat([s[u:] for s, u in zip(self.shards, self.used, strict=True)])
+        parts = list(zip(self.shards, self.used, strict=True))
+        taken = torch.cat([s[:u] for s, u in parts])
+        remaining = torch.cat([s[u:] for s, u in parts])
         state = SplitState(self.n_items, self.batch, list(shares), [], [0] * len(shares))
         state.step = self.step
         needs = state.needs_from(self.step)
         if sum(needs) != len(remaining):  # cannot happen for a state this class wrote
             raise ValueError(f"{len(remaining)} samples left, the steps left take {sum(needs)}")
+        heads = apportion(len(taken), [float(s) for s in shares])
+        head_bounds = [0, *torch.tensor(heads).cumsum(0).tolist()]
         bounds = [0, *torch.tensor(needs).cumsum(0).tolist()]
-        state.shards = [remaining[bounds[i] : bounds[i + 1]] for i in range(len(shares))]
+        state.shards = [
+            torch.cat(
+                [taken[head_bounds[i] : head_bounds[i + 1]], remaining[bounds[i] : bounds[i + 1]]]
+            )
+            for i in range(len(shares))
+        ]
+        state.used = heads
         return state
 
     def state_dict(self) -> dict[str, Any]:

@@ -153,3 +153,36 @@ def test_a_groups_alarm_becomes_a_task_event_once_and_not_from_an_old_attempt(
     assert [e["reason"] for e in events if e["kind"] == "alarm"] == [
         "alarm in attempt 1: group 'cpu-b' (cpu) disagrees"
     ]
+
+
+def test_records_a_later_attempt_redid_are_shown_but_not_counted(
+    client: TestClient, session: Session
+) -> None:
+    """Attempt 1 checkpoints at steps 4 and 8; attempt 2 resumed from step 4 (the step-8
+    checkpoint arrived after the restart was decided) and redid steps 5-8."""
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    order = torch.randperm(N_ITEMS, generator=torch.Generator().manual_seed(2))
+
+    def segment(name: str, attempt: int, parts: list[torch.Tensor], steps: tuple[int, int]):
+        response = client.post(
+            f"/internal/v1/tasks/{task.id}/checkpoints",
+            headers=agent_headers(),
+            params={"name": name, "epoch": 0, "step": steps[1], "attempt": attempt},
+            content=f"{name}{attempt}".encode(),
+        )
+        records = [{**r, "step_from": steps[0], "step_to": steps[1]} for r in _records(0, parts)]
+        assert _put(client, task, int(response.json()["id"]), records).status_code == 200
+
+    first, second = order[:15], order[15:]
+    segment("step-4.pt", 1, [first[:5], first[5:10], first[10:]], (0, 4))
+    segment("step-8.pt", 1, [second[:5], second[5:10], second[10:]], (4, 8))
+    segment("epoch-0.pt", 2, [second[:5], second[5:10], second[10:]], (4, 8))
+
+    (epoch,) = client.get(f"/api/v1/tasks/{task.id}/provenance").json()["epochs"]
+    assert (epoch["samples"], epoch["exactly_once"], epoch["attempts"]) == (30, True, [1, 2])
+    kept = [(r["attempt"], r["step_to"], r["kept"]) for r in epoch["records"]]
+    assert kept.count((1, 8, False)) == 3 and kept.count((2, 8, True)) == 3
+    page = parse(client.get(f"/tasks/{task.id}").text).by_id("provenance")
+    assert page.text().count("(discarded)") == 3
