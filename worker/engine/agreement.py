@@ -11,17 +11,25 @@ Two checks, both collectives every rank takes at steps every rank knows:
    user's loss on it from the same parameters, in eval mode (no dropout, BatchNorm on its
    running statistics, buffers unchanged), and the parameter server compares each group's
    gradient ``g`` (``[P]``) with its own ``r``.
-2. **During training** (:func:`check_parameters`), every ``agreement_every`` steps at a
-   control point: every group leader and the parameter server compute a float64 checksum of
-   their parameters (``[3]``: sum, sum of squares and a position-weighted sum, so a swap of
-   values shows); one allreduce gives every rank the table. The reference is the parameter
-   server's model where the groups have just loaded it (``periodic``: control points follow
-   a sync), and where every worker steps a replica (``sync``) the replica the parameter
-   server takes its model from (the first worker's). ``quorum`` has no control point inside
-   an epoch (its groups are at different versions by design): only check 1 applies.
+2. **During training** (:func:`check_parameters`), where every worker steps a replica of
+   one model (``sync``), every ``agreement_every`` steps at a control point: every group
+   leader computes a float64 checksum of its replica (``[3]``: sum, sum of squares and a
+   position-weighted sum, so a swap of values shows; the distance below is taken between
+   checksums); one allreduce gives every rank the table. The reference is group 0's
+   replica, the one the parameter server takes its model from; when every other group (two
+   or more) differs from it, group 0 is named and the task fails (the model's source cannot
+   be left out). ``periodic`` groups train apart between averages by design and load the
+   same average at each, and ``quorum`` groups hold different versions by design: only
+   check 1 applies to them. Members other than a group's leader step the same replica on
+   the same group sum and are not checked.
+
+Check 1 runs inside :func:`shared_randomness` (every rank seeded alike, its own random
+state untouched, so a stochastic loss agrees and a resumed run stays exact). Training code
+that cannot run on the parameter server's CPU skips check 1, logged.
 
 A group disagrees when ``||g - r||_2 / ||r||_2`` exceeds the tolerance of its device type
-paired with the parameter server's (CPU) (:data:`contracts.plan.DEFAULT_AGREEMENT_TOLERANCE`:
+paired with the reference's (the parameter server's CPU for check 1, group 0's device for
+check 2) (:data:`contracts.plan.DEFAULT_AGREEMENT_TOLERANCE`:
 bit for bit for CPU with CPU, else ``OTHER_PAIR_TOLERANCE`` = 1e-4; per task
 ``agreement_tolerance``). The parameter server reports an ``alarm`` event naming the group,
 its device type, the distance and the tolerance; then with ``on_disagreement: fail`` every
@@ -72,9 +80,10 @@ class DisagreementError(RuntimeError):
     """A group's numbers differ from the parameter server's beyond the tolerance."""
 
 
-def tolerance(run: Run, device_type: str) -> float:
-    """The relative L2 distance allowed between a group of ``device_type`` and the server."""
-    key = pair_key(device_type, PS_DEVICE_TYPE)
+def tolerance(run: Run, device_type: str, against: str = PS_DEVICE_TYPE) -> float:
+    """The relative L2 distance allowed between a group of ``device_type`` and a reference
+    computed on ``against`` (the parameter server's CPU by default)."""
+    key = pair_key(device_type, against)
     given = run.spec.agreement_tolerance
     return given.get(key, DEFAULT_AGREEMENT_TOLERANCE.get(key, OTHER_PAIR_TOLERANCE))
 
@@ -100,9 +109,22 @@ def distance(value: Tensor | Sequence[Tensor], reference: Tensor | Sequence[Tens
     return math.sqrt(gap / scale) if scale > 0 else math.sqrt(gap)
 
 
-def disagrees(run: Run, group: int, gap: float) -> bool:
-    """True when ``gap`` exceeds group ``group``'s tolerance (exact: any difference)."""
-    return gap > tolerance(run, run.spec.groups[group].device_type)
+def disagrees(run: Run, group: int, gap: float, against: str = PS_DEVICE_TYPE) -> bool:
+    """True when ``gap`` exceeds group ``group``'s tolerance against a reference computed on
+    ``against`` (exact: any difference)."""
+    return gap > tolerance(run, run.spec.groups[group].device_type, against)
+
+
+@contextmanager
+def shared_randomness(run: Run) -> Iterator[None]:
+    """Every rank draws the same random numbers inside (a stochastic loss or transform gives
+    the same result on each), and none of them counts: the rank's random state (CPU, and
+    its CUDA device's) is as before afterwards, so a resumed run stays exact."""
+    device = run.topo.device
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(run.spec.seed)
+        yield
 
 
 @contextmanager
@@ -165,21 +187,33 @@ def check_gradients(run: Run, train: Source | None) -> None:
 
 def _check_gradients(run: Run, train: Source | None) -> None:
     """Leaders send their gradients parameter by parameter (no flat copy); the server
-    receives each into a buffer and compares the lists."""
-    batch = _fixed_batch(run, train)
+    receives each into a buffer and compares the lists. Training code that cannot run on
+    the parameter server's CPU (e.g. it calls ``.cuda()``) skips the comparison, logged,
+    rather than failing a task that would train."""
     topo = run.topo
-    found: dict[int, float] | None = None
-    if topo.is_ps:
-        reference = _gradients(run, batch)
-        found = {}
-        for group, leader in enumerate(run.spec.leader_ranks()):
-            received = [receive_at_ps(topo, r.numel(), r.dtype, leader) for r in reference]
-            gap = distance(received, reference)
-            if disagrees(run, group, gap):
-                found[group] = gap
-    elif topo.am_i_leader:
-        for grad in _gradients(run, batch):
-            send_to_ps(topo, grad)
+    with shared_randomness(run):
+        batch = _fixed_batch(run, train)
+        found: dict[int, float] | None = None
+        if topo.is_ps:
+            found = {}
+            try:
+                reference: list[Tensor] | None = _gradients(run, batch)
+            except Exception as exc:  # the user's code, on a device it was not written for
+                reference = None
+                report.log(
+                    "agreement check before training skipped: the training code did not run "
+                    f"on the parameter server's CPU ({type(exc).__name__}: {str(exc)[:300]})"
+                )
+            shapes = [(p.numel(), p.dtype) for p in run.params]
+            for group, leader in enumerate(run.spec.leader_ranks()):
+                received = [receive_at_ps(topo, n, dtype, leader) for n, dtype in shapes]
+                if reference is not None:
+                    gap = distance(received, reference)
+                    if disagrees(run, group, gap):
+                        found[group] = gap
+        elif topo.am_i_leader:
+            for grad in _gradients(run, batch):
+                send_to_ps(topo, grad)
     run.model.zero_grad(set_to_none=True)
     act(run, broadcast_object(found), "its gradient of a fixed batch")
 
@@ -226,59 +260,76 @@ def _ramp(device: torch.device) -> Tensor:
 
 
 def check_parameters(run: Run) -> None:
-    """Check 2 above, on every rank: one float64 allreduce of a ``[G + 1, 4]`` table (row 0
-    the parameter server's checksum, row ``1 + g`` group ``g``'s leader's, each with the
-    seconds its checksum took); every rank then takes the same decision from it. The
-    slowest checksum's seconds count to ``run.agreement_s``: the check's own work on the
-    step's path (a wait for a rank still finishing its step is not the check's)."""
-    if run.spec.on_disagreement == "off" or not run.spec.agreement_every:
+    """Check 2 above, on every rank, for strategies whose workers step replicas of one model
+    (``sync``): one float64 allreduce of a ``[G, 4]`` table (row ``g`` group ``g``'s
+    leader's checksum and the seconds it took); every rank then takes the same decision
+    from it. The reference is group 0's replica, the one the parameter server takes its
+    model from; when every other group (two or more) disagrees with it, group 0 is the one
+    named, and the task fails (the model's source cannot be left out). The slowest
+    checksum's seconds count to ``run.agreement_s``: the check's own work on the step's
+    path (a wait for a rank still finishing its step is not the check's)."""
+    spec = run.spec
+    if spec.on_disagreement == "off" or not spec.agreement_every or not run.strategy.replicated:
         return
-    topo, groups = run.topo, len(run.spec.groups)
-    table = torch.zeros(groups + 1, 4, dtype=torch.float64)
-    row = None
-    if topo.is_ps and not run.strategy.replicated:  # else its model is not the reference
-        row = 0
-    elif topo.am_i_leader and topo.group_index is not None:
-        row = 1 + topo.group_index
-    if row is not None:
+    topo, groups = run.topo, len(spec.groups)
+    table = torch.zeros(groups, 4, dtype=torch.float64)
+    if topo.am_i_leader and topo.group_index is not None:
         started = time.perf_counter()
-        table[row, :3] = checksum(run.params)
-        table[row, 3] = time.perf_counter() - started
+        table[topo.group_index, :3] = checksum(run.params)
+        table[topo.group_index, 3] = time.perf_counter() - started
     dist.all_reduce(table, op=dist.ReduceOp.SUM)
     run.agreement_s += float(table[:, 3].max())
-    table = table[:, :3]
-    reference = table[1] if run.strategy.replicated else table[0]
+    source = spec.groups[0].device_type
     found = {
         g: gap
-        for g in range(groups)
+        for g in range(1, groups)
         if g not in run.excluded_groups
-        and disagrees(run, g, gap := distance(table[1 + g], reference))
+        and disagrees(run, g, gap := distance(table[g, :3], table[0, :3]), source)
     }
-    act(run, found, f"its parameters at step {run.step}")
+    others = [g for g in range(1, groups) if g not in run.excluded_groups]
+    what = f"its parameters' checksum at step {run.step}"
+    if len(others) >= 2 and set(found) == set(others):
+        gap = min(found.values())
+        act(run, {0: gap}, f"{what} (every other group's differs from it)", fail=True)
+    act(run, found, what, against=(spec.groups[0].name, source))
 
 
-def act(run: Run, found: dict[int, float], what: str) -> None:
+def act(
+    run: Run,
+    found: dict[int, float],
+    what: str,
+    *,
+    against: tuple[str, str] | None = None,
+    fail: bool = False,
+) -> None:
     """Alarm for every group in ``found`` (group index: distance), then fail or exclude.
+    ``against``: the reference's ``(name, device type)`` when it is not the parameter server
+    (a group's replica); ``fail``: fail whatever ``on_disagreement`` says.
 
-    Raises DisagreementError (every rank) with ``on_disagreement: fail``, or when excluding
-    would leave no worker.
+    Raises DisagreementError (every rank) with ``on_disagreement: fail`` or ``fail``, or
+    when excluding would leave no worker.
     """
     found = {g: gap for g, gap in found.items() if g not in run.excluded_groups}
     if not found:
         return
+    name, device = against if against else ("the parameter server", PS_DEVICE_TYPE)
+    if against:
+        name = f"group {name!r}"
     reasons = []
     for group, gap in sorted(found.items()):
         plan = run.spec.groups[group]
         reason = (
-            f"group {plan.name!r} ({plan.device_type}) disagrees with the parameter server "
-            f"({PS_DEVICE_TYPE}): {what} is {gap:.3g} away (relative L2), tolerance "
-            f"{tolerance(run, plan.device_type):g} for {pair_key(plan.device_type, PS_DEVICE_TYPE)}"
+            f"group {plan.name!r} ({plan.device_type}) disagrees with {name} ({device}): "
+            f"{what} is {gap:.3g} away (relative L2), tolerance "
+            f"{tolerance(run, plan.device_type, device):g} for "
+            f"{pair_key(plan.device_type, device)}"
         )
         reasons.append(reason)
         if run.topo.is_ps:
             report.alarm(reason, group=plan.name)
-    if run.spec.on_disagreement == "fail":
-        raise DisagreementError("; ".join(reasons) + " (on_disagreement: fail)")
+    if fail or run.spec.on_disagreement == "fail":
+        why = "the model's source cannot be left out" if fail else "on_disagreement: fail"
+        raise DisagreementError("; ".join(reasons) + f" ({why})")
     workers = {r - 1 for g in found for r in run.spec.group_ranks(g)}
     try:
         shares = run.balancer.exclude(workers, run.split.shares)

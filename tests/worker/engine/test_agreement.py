@@ -118,7 +118,7 @@ def build_model():
 def loss_fn(output, target):
     global calls
     calls += 1
-    if os.environ.get("RANK") == "3" and calls == 20:  # after profiling, during epoch 0
+    if os.environ.get("RANK") == "{rank}" and calls == 20:  # after profiling, in epoch 0
         with torch.no_grad():
             next(MODEL.parameters()).view(-1)[0] += 1e-3
     return mse(output, target)
@@ -129,11 +129,56 @@ def test_a_replica_that_drifts_is_named_at_the_next_parameter_check(
     make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:
     module = tmp_path / "drifts.py"
-    module.write_text(DRIFTS)
+    module.write_text(DRIFTS.replace("{rank}", "3"))
     run = launch_local(make_spec(code=str(module), agreement_every=5), timeout_s=TIMEOUT_S)
     assert not run.ok
     (alarm,) = alarms(run)
-    assert alarm["group"] == "b" and "its parameters at step" in alarm["reason"]
+    assert alarm["group"] == "b" and "its parameters' checksum at step" in alarm["reason"]
+    assert "disagrees with group 'a' (cpu)" in alarm["reason"]
+
+
+ONE_EACH = [{"name": n, "device_type": "cpu", "workers": 1} for n in ("a", "b", "c")]
+
+
+def test_when_the_models_source_drifts_it_is_named_and_the_task_fails(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    """Group a's replica is the one the parameter server takes: when it drifts, the other
+    two groups agree with each other, not with it; a is named, and even `exclude` fails."""
+    module = tmp_path / "drifts.py"
+    module.write_text(DRIFTS.replace("{rank}", "1"))
+    spec = make_spec(
+        code=str(module), groups=ONE_EACH, agreement_every=5, on_disagreement="exclude"
+    )
+    run = launch_local(spec, timeout_s=TIMEOUT_S)
+    assert not run.ok
+    (alarm,) = alarms(run)
+    assert alarm["group"] == "a" and "every other group's differs from it" in alarm["reason"]
+    assert "the model's source cannot be left out" in run.text(1)
+
+
+CPU_SHY = """
+import os
+from examples.tiny_regression import build_datasets, build_model, build_optimizer
+from examples.tiny_regression import loss_fn as mse
+
+def loss_fn(output, target):
+    if os.environ.get("RANK") == "0":
+        raise RuntimeError("this loss needs the group's accelerator")
+    return mse(output, target)
+"""
+
+
+def test_code_that_cannot_run_on_the_servers_cpu_skips_the_check_and_trains(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    module = tmp_path / "cpu_shy.py"
+    module.write_text(CPU_SHY)
+    run = launch_local(make_spec(code=str(module), epochs=1), timeout_s=TIMEOUT_S)
+    assert run.ok, run.text(0)
+    assert alarms(run) == []
+    skipped = [line for line in run.output[0] if "agreement check before training skipped" in line]
+    assert len(skipped) == 1 and "needs the group's accelerator" in skipped[0]
 
 
 def test_the_checksum_sees_a_swap_and_does_not_depend_on_the_chunking(
