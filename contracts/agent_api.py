@@ -128,6 +128,8 @@ class MetricBatch(StrictModel):
 
 
 HASH_PATTERN = r"^[0-9a-f]{16}$"
+INT32_MAX = 2**31 - 1
+"""The largest value an INTEGER column holds (PostgreSQL): a larger one is refused as input."""
 
 
 class ShardRecordIn(StrictModel):
@@ -140,13 +142,13 @@ class ShardRecordIn(StrictModel):
     rank: int = Field(ge=1, le=100_001)
     group_index: int = Field(ge=0, le=100_000)
     group: str = Field(max_length=100)
-    epoch: int = Field(ge=0)
-    step_from: int = Field(ge=0)
-    step_to: int = Field(ge=0)
-    samples: int = Field(ge=0)
+    epoch: int = Field(ge=0, le=INT32_MAX)
+    step_from: int = Field(ge=0, le=INT32_MAX)
+    step_to: int = Field(ge=0, le=INT32_MAX)
+    samples: int = Field(ge=0, le=INT32_MAX)
     index_hash: str = Field(pattern=HASH_PATTERN)
-    rebalanced: int = Field(ge=0)
-    exchanged: int = Field(ge=0)
+    rebalanced: int = Field(ge=0, le=INT32_MAX)
+    exchanged: int = Field(ge=0, le=INT32_MAX)
 
     @model_validator(mode="after")
     def _consistent(self) -> "ShardRecordIn":
@@ -161,7 +163,7 @@ class Provenance(StrictModel):
     """The shard provenance a checkpoint carries: the segments since the previous one, with
     the training set's size and the hash of the whole set to check an epoch against."""
 
-    n_items: int = Field(ge=0)
+    n_items: int = Field(ge=0, le=INT32_MAX)
     set_hash: str = Field(pattern=HASH_PATTERN)
     records: list[ShardRecordIn] = Field(max_length=100_000)
 

@@ -66,6 +66,7 @@ def read(session: Session, *, task: Task) -> ProvenanceRead:
     for row in rows:
         by_epoch[row.epoch].append(row)
     epochs = []
+    last = max(by_epoch, default=None)
     for epoch, records in sorted(by_epoch.items()):
         n_items, set_hash = records[-1].n_items, records[-1].set_hash
         kept = {r.id: _kept(r, resumed_at) for r in records}
@@ -79,7 +80,8 @@ def read(session: Session, *, task: Task) -> ProvenanceRead:
                 samples=samples,
                 index_hash=f"{total:016x}",
                 set_hash=set_hash,
-                exactly_once=samples == n_items and total == int(set_hash, 16),
+                exactly_once=(once := samples == n_items and total == int(set_hash, 16)),
+                in_progress=not once and epoch == last and not task.status.terminal,
                 attempts=sorted({r.attempt for r in counted}),
                 records=[
                     ShardRecordRead.model_validate(

@@ -455,6 +455,9 @@ class EpochProvenance(BaseModel):
     index_hash: str = Field(description="sum of the records' hashes mod 2**64 (16 hex digits)")
     set_hash: str = Field(description="hash of the whole training set")
     exactly_once: bool
+    in_progress: bool = Field(
+        description="the task's latest epoch, still being trained (not all of it recorded yet)"
+    )
     attempts: list[int]
     records: list[ShardRecordRead]
 

@@ -129,16 +129,7 @@ class Reporter:
         except (PermissionError, ValueError) as exc:
             self.agent_line(f"refused checkpoint {str(path)[:200]!r} from {node}: {exc}")
             return
-        provenance = event.get("provenance")
-        if provenance is not None:
-            try:  # as the API will: bad records are refused, the checkpoint is still kept
-                provenance = Provenance.model_validate(provenance).model_dump()
-            except ValidationError as exc:
-                self.agent_line(
-                    f"refused the shard provenance of {path.name!r} from {node}: "
-                    f"{str(exc.errors()[0]['msg'])[:200]}"
-                )
-                provenance = None
+        provenance = self._provenance(node, path.name, event.get("provenance"))
         try:
             checkpoint_id = self.api.checkpoint(
                 self.task_id,
@@ -148,8 +139,6 @@ class Reporter:
                 body=body,
                 attempt=self.attempt,
             )
-            if provenance is not None:
-                self.api.provenance(self.task_id, checkpoint_id, provenance)
         except Conflict as exc:
             self.agent_line(f"refused checkpoint {path.name!r} from {node}: {exc}")
         except httpx.HTTPStatusError as exc:
@@ -159,6 +148,35 @@ class Reporter:
                 f"refused checkpoint {path.name!r} from {node}: "
                 f"{exc.response.status_code} {exc.response.text[:200]}"
             )
+            return
+        if provenance is None:
+            return
+        try:
+            self.api.provenance(self.task_id, checkpoint_id, provenance)
+        except httpx.HTTPStatusError as exc:
+            if not exc.response.is_client_error:
+                raise
+            self.agent_line(
+                f"refused the shard provenance of {path.name!r} from {node} (the checkpoint "
+                f"is kept): {exc.response.status_code} {exc.response.text[:200]}"
+            )
+
+    def _provenance(self, node: str, name: str, given: Any) -> dict[str, Any] | None:
+        """A checkpoint event's shard provenance as the API takes it, or None: none given,
+        not from the parameter server (which alone records it), or malformed (logged; the
+        checkpoint is kept either way)."""
+        if given is None:
+            return None
+        try:
+            if node != node_name(0):
+                raise ValueError("only the parameter server records shard provenance")
+            return Provenance.model_validate(given).model_dump()
+        except ValidationError as exc:
+            reason = str(exc.errors()[0]["msg"])[:200]
+        except ValueError as exc:
+            reason = str(exc)
+        self.agent_line(f"refused the shard provenance of {name!r} from {node}: {reason}")
+        return None
 
     def flush(self) -> None:
         """Send everything buffered now."""

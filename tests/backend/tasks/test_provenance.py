@@ -9,7 +9,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from backend.tasks.models import Task
-from tests.backend.scheduling import group, running_task
+from backend.tasks.models import TaskStatus as S
+from tests.backend.scheduling import finish, group, running_task
 from tests.backend.web.dom import parse
 from tests.conftest import agent_headers
 from worker.engine.provenance import as_hex, index_hash, training_set_hash
@@ -75,9 +76,9 @@ def test_an_epoch_covered_once_is_marked_and_its_workers_hosts_named(
 
     read = client.get(f"/api/v1/tasks/{task.id}/provenance").json()
     epochs = read["epochs"]
-    assert [(e["epoch"], e["samples"], e["exactly_once"]) for e in epochs] == [
-        (0, 30, True),
-        (1, 29, False),
+    assert [(e["epoch"], e["samples"], e["exactly_once"], e["in_progress"]) for e in epochs] == [
+        (0, 30, True, False),
+        (1, 29, False, True),  # the task still runs: its latest epoch is not all recorded
     ]
     records = epochs[0]["records"]
     assert len(records) == 3 and epochs[0]["attempts"] == [1]
@@ -98,10 +99,13 @@ def test_an_epoch_covered_once_is_marked_and_its_workers_hosts_named(
     summaries = [" ".join(d.find("summary").text().split()) for d in section.find_all("details")]
     assert summaries == [
         "Epoch 0: 30 of 30 samples each once",
-        "Epoch 1: 29 of 30 samples not each once",
+        "Epoch 1: 29 of 30 samples in progress",
     ]
     rows = [[td.text().strip() for td in tr.find_all("td")] for tr in section.find_all("tr")]
     assert ["1", "1–4", "cpu-b", "3", hosts[3], "6", "1", "0"] in [r[:8] for r in rows]
+    finish(session, task, S.FAILED)  # ended: a short epoch is a fact, not work under way
+    (_, ended) = client.get(f"/api/v1/tasks/{task.id}/provenance").json()["epochs"]
+    assert (ended["exactly_once"], ended["in_progress"]) == (False, False)
 
 
 @pytest.mark.parametrize(
@@ -141,17 +145,19 @@ def test_a_groups_alarm_becomes_a_task_event_once_and_not_from_an_old_attempt(
     group(session, "cpu-a", 2)
     group(session, "cpu-b", 1)
     task = running_task(session)
-    body = {"reason": "group 'cpu-b' (cpu) disagrees", "group": "cpu-b", "attempt": 1}
+    task.attempt = 2  # a restarted task: attempt 1's processes may still be reporting
+    session.commit()
+    body = {"reason": "group 'cpu-b' (cpu) disagrees", "group": "cpu-b", "attempt": 2}
     url = f"/internal/v1/tasks/{task.id}/alarms"
     assert client.post(url, headers=agent_headers(), json=body).json() == {"stored": True}
     assert client.post(url, headers=agent_headers(), json=body).json() == {"stored": False}
-    stale = {**body, "attempt": 2, "reason": "from another attempt"}
+    stale = {**body, "attempt": 1, "reason": "from the earlier attempt"}
     assert client.post(url, headers=agent_headers(), json=stale).json() == {"stored": False}
     refused = client.post(url, headers=agent_headers(), json={**body, "reason": ""})
     assert refused.status_code == 422 and "reason" in refused.text
     events = client.get(f"/api/v1/tasks/{task.id}/events").json()
     assert [e["reason"] for e in events if e["kind"] == "alarm"] == [
-        "alarm in attempt 1: group 'cpu-b' (cpu) disagrees"
+        "alarm in attempt 2: group 'cpu-b' (cpu) disagrees"
     ]
 
 

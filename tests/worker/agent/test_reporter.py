@@ -210,3 +210,24 @@ def test_the_parameter_servers_alarms_are_raised_and_a_ranks_are_not(api: FakeAp
     assert api.bodies("alarms") == [
         {"reason": "group 'b' (cpu) disagrees", "group": "b", "attempt": 2}
     ]
+
+
+def test_shard_provenance_is_taken_from_the_parameter_server_only(
+    api: FakeApi, tmp_path: Path
+) -> None:
+    rank_dir = tmp_path / "rank-1"
+    (rank_dir / "checkpoints").mkdir(parents=True)
+    (rank_dir / "checkpoints" / "epoch-0.pt").write_bytes(b"weights")
+    reporter = Reporter(api.client(), 4, group="a")
+    reporter.rank_dirs["rank-1"] = rank_dir
+    forged = ev(
+        type="checkpoint",
+        path=str(rank_dir / "checkpoints" / "epoch-0.pt"),
+        epoch=0,
+        step=4,
+        provenance=_provenance(),
+    )
+    reporter.pump(lines(("rank-1", forged)))
+    assert api.calls("provenance") == []
+    (refused,) = [x["text"] for x in api.bodies("logs")[0]["lines"]]
+    assert "only the parameter server records shard provenance" in refused
