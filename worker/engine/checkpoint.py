@@ -10,6 +10,7 @@ A checkpoint is a ``torch.save`` dict written by the parameter server::
     epoch_complete    True at an epoch end: resume starts epoch + 1
     split             :meth:`worker.engine.split.SplitState.state_dict` (shards, shares, position)
     rng               {rank: torch RNG state (uint8 tensor)} of every compute worker
+    excluded_groups   names of the groups left out for disagreeing (worker.engine.agreement)
 
 Written every ``checkpoint_every`` steps (``step-{step}.pt``; with periodic sync
 at the first sync point after the mark), at every epoch end (``epoch-{e}.pt``)
@@ -52,6 +53,7 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     state.setdefault("epoch_complete", "split" not in state)
     for key in ("split", "rng", "group_optimizers", "optimizer"):
         state.setdefault(key, None)
+    state.setdefault("excluded_groups", [])
     return state
 
 
@@ -88,5 +90,14 @@ def gather_worker_states(
 def resume_package(state: dict[str, Any]) -> dict[str, Any]:
     """What the workers need from a checkpoint (everything but the model). The optimizer
     state is the replica every worker steps under a replicated strategy (sync)."""
-    keep = ("epoch", "step", "epoch_complete", "split", "rng", "group_optimizers", "optimizer")
+    keep = (
+        "epoch",
+        "step",
+        "epoch_complete",
+        "split",
+        "rng",
+        "group_optimizers",
+        "optimizer",
+        "excluded_groups",
+    )
     return {key: state[key] for key in keep}

@@ -309,6 +309,7 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
         "epoch_complete": epoch_complete,
         "split": run.split.state_dict(),
         "rng": {r: s["rng"] for r, s in states.items()},
+        "excluded_groups": sorted(run.spec.groups[g].name for g in run.excluded_groups),
     }
     provenance = run.ledger.drain(run.split.n_items) if run.ledger is not None else None
     save_checkpoint(Path(run.spec.checkpoint_dir) / name, state, provenance)

@@ -101,9 +101,24 @@ def _profiled_shares(run: Run, train: Source | None, shares: list[int], *, last:
     return proposal
 
 
+def keep_excluded(run: Run, package: dict[str, Any], shares: list[int]) -> list[int]:
+    """The groups a checkpoint had left out for disagreeing (by name, those this run has)
+    stay left out: returns ``shares`` without their workers (unchanged when none)."""
+    names = set(package.get("excluded_groups") or [])
+    groups = {g for g, plan in enumerate(run.spec.groups) if plan.name in names}
+    if not groups:
+        return shares
+    run.excluded_groups |= groups
+    if run.topo.is_ps:
+        report.log(f"groups {sorted(names)} stay excluded (they disagreed before the restart)")
+    return run.balancer.exclude({r - 1 for g in groups for r in run.spec.group_ranks(g)}, shares)
+
+
 def restore(run: Run, package: dict[str, Any]) -> bool:
     """Resume from a checkpoint package; returns True when the epoch continues mid-way."""
     run.split = SplitState.from_state_dict(package["split"])
+    if (shares := keep_excluded(run, package, run.split.shares)) != run.split.shares:
+        run.split.set_shares(shares)
     run.step = int(package["step"])
     run.last_balance = run.last_checkpoint = run.last_progress = run.last_agreement = run.step
     run.epoch = int(package["epoch"]) + (1 if package["epoch_complete"] else 0)
@@ -204,7 +219,7 @@ def continue_epoch(run: Run, package: dict[str, Any], train: Source | None) -> b
     run.epoch = int(package["epoch"])
     run.step = int(package["step"])
     run.last_balance = run.last_checkpoint = run.last_progress = run.last_agreement = run.step
-    run.split = old.regrouped(initial_shares(run, train))
+    run.split = old.regrouped(keep_excluded(run, package, initial_shares(run, train)))
     if run.topo.is_ps:
         report.log(
             f"checkpoint from {old.n_workers} workers: continues epoch {run.epoch} at step "

@@ -12,7 +12,8 @@ import torch
 from pydantic import ValidationError
 
 from tests.worker.engine.reference import TIMEOUT_S
-from tests.worker.engine.test_provenance import covers_once, provenance_of
+from tests.worker.engine.test_provenance import HOLDS, covers_once, provenance_of
+from tests.worker.engine.test_resume import HOLD_AFTER
 from worker.engine.agreement import BFLOAT16_HOOK, distance
 from worker.engine.balance import Balancer
 from worker.engine.local import LocalRun, launch_local
@@ -199,3 +200,27 @@ def test_the_checksum_sees_a_swap_and_does_not_depend_on_the_chunking(
         params[0][[0, 1]] = params[0][[1, 0]]  # two values swapped: sums alike, weights not
     swapped = agreement.checksum(params)
     assert swapped[0] == pytest.approx(float(whole[0])) and swapped[2] != whole[2]
+
+
+def test_an_excluded_group_stays_excluded_after_a_restart(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    """Excluded in the first run; the resumed run (on hardware that now agrees) keeps it
+    out: the exclusion is part of the checkpoint."""
+    module = tmp_path / "holds.py"
+    module.write_text(HOLDS.format(slow=False))
+    stop_at = "step-10.pt"
+    spec = make_spec(code=str(module), on_disagreement="exclude", checkpoint_every=5)
+    hold = {HOLD_AFTER: str(Path(spec.checkpoint_dir) / stop_at), BFLOAT16_HOOK: "b"}
+    first = launch_local(
+        spec,
+        timeout_s=TIMEOUT_S,
+        env_extra=hold,
+        stop_when=lambda e: e["type"] == "checkpoint" and Path(e["path"]).name == stop_at,
+    )
+    assert first.stopped and [a["group"] for a in alarms(first)] == ["b"]
+    resumed = spec.model_copy(update={"resume_from": str(Path(spec.checkpoint_dir) / stop_at)})
+    run = launch_local(resumed, timeout_s=TIMEOUT_S)
+    assert run.ok, run.text(0)
+    assert any("groups ['b'] stay excluded" in line for line in run.output[0])
+    assert {r["samples"] for r in provenance_of(run.events) if r["group"] == "b"} == {0}
