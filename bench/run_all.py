@@ -34,7 +34,7 @@ BENCHMARKS = (
     "bench.submit_to_first_step --only cold",
     "bench.api_p99 --only mixed",
 )
-# `make bench-all` adds the slow accuracy runs and the earlier issues' benchmarks (about 55
+# `make bench-all` adds the slow accuracy runs and the earlier issues' benchmarks (about 67
 # minutes more).
 MORE = (
     # strategies on accuracy with a really throttled group (issue 20 item 5; root, cgroup v1
@@ -52,6 +52,8 @@ MORE = (
     "bench.api_p99 --only readers",
     # a thousand agents, simulated (issue 19): about 5 minutes
     "bench.agent_fleet",
+    # what the cross-device agreement checks cost a clean run (issue 21): about 12 minutes
+    "bench.agreement_overhead",
 )
 # `make bench-quick` (--quick): the engine's core figures in a few minutes, fewer sizes and rounds.
 QUICK = (
