@@ -142,24 +142,24 @@ class Reporter:
         except Conflict as exc:
             self.agent_line(f"refused checkpoint {path.name!r} from {node}: {exc}")
         except httpx.HTTPStatusError as exc:
-            if not exc.response.is_client_error:
-                raise
-            self.agent_line(
-                f"refused checkpoint {path.name!r} from {node}: "
-                f"{exc.response.status_code} {exc.response.text[:200]}"
-            )
+            self._refused(exc, f"refused checkpoint {path.name!r} from {node}")
             return
         if provenance is None:
             return
         try:
             self.api.provenance(self.task_id, checkpoint_id, provenance)
         except httpx.HTTPStatusError as exc:
-            if not exc.response.is_client_error:
-                raise
-            self.agent_line(
-                f"refused the shard provenance of {path.name!r} from {node} (the checkpoint "
-                f"is kept): {exc.response.status_code} {exc.response.text[:200]}"
+            self._refused(
+                exc,
+                f"refused the shard provenance of {path.name!r} from {node} "
+                "(the checkpoint is kept)",
             )
+
+    def _refused(self, exc: httpx.HTTPStatusError, what: str) -> None:
+        """Log a request the API refused (4xx) as ``what: status body``; re-raise a 5xx."""
+        if not exc.response.is_client_error:
+            raise exc
+        self.agent_line(f"{what}: {exc.response.status_code} {exc.response.text[:200]}")
 
     def _provenance(self, node: str, name: str, given: Any) -> dict[str, Any] | None:
         """A checkpoint event's shard provenance as the API takes it, or None: none given,
