@@ -30,6 +30,7 @@ from backend.core.errors import ERROR_RESPONSES, Unauthorized, install_error_han
 from backend.core.http import BodyLimitMiddleware, SecurityHeadersMiddleware
 from backend.core.paths import asset
 from backend.core.schemas import refuse_nul_inputs
+from backend.plans.router import router as plans_router
 from backend.projects.router import router as projects_router
 from backend.prometheus import CONTENT_TYPE, render_metrics
 from backend.resource_groups.router import router as groups_router
@@ -48,6 +49,7 @@ def api_router() -> APIRouter:
         users_router,
         projects_router,
         tasks_router,
+        plans_router,
         groups_router,
         agents_router,
         audit_router,

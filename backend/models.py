@@ -4,6 +4,7 @@ drift test: each domain keeps its own models; this module, outside `core/`, gath
 from backend.agents.models import Agent
 from backend.audit.models import AuditEvent
 from backend.auth.models import ApiToken, User, WebSession
+from backend.plans.models import Plan
 from backend.projects.models import CodeVersion, Project, ProjectMember
 from backend.resource_groups.models import ResourceGroup
 from backend.tasks.models import (
@@ -26,6 +27,7 @@ __all__ = [
     "CodeVersion",
     "LogLine",
     "Metric",
+    "Plan",
     "Project",
     "ProjectMember",
     "ResourceGroup",

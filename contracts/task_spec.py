@@ -16,6 +16,7 @@ from contracts.data import DataOptions
 from contracts.payload import TaskLimits
 from contracts.plan import DeviceType, GroupPlan, OnGroupLoss, SplitPolicy
 from contracts.preprocess import PreprocessStep
+from contracts.trial import TrialOptions
 
 Placement = Literal["uniform", "resource_state"]
 
@@ -34,6 +35,7 @@ ENGINE_OPTIONS = (
     "agreement_every",
     "agreement_tolerance",
     "data",
+    "trial",
 )
 
 
@@ -78,9 +80,12 @@ class TaskSpec(BaseModel):
     agreement_tolerance: dict[str, float] | None = None
     preprocess: list[PreprocessStep] | None = None
     data: DataOptions | None = None
+    trial: TrialOptions | None = None
     limits: TaskLimits | None = None
     depends_on: list[int] = Field(default_factory=list)
     on_group_loss: OnGroupLoss = "restart"
+    plan_id: int | None = None  # the plan the task was submitted from
+    predicted_s: float | None = None  # its model's seconds from start to finish
 
     def stored(self) -> dict[str, object]:
         """The JSON stored in `Task.spec`: only the keys that were given."""

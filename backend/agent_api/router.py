@@ -17,6 +17,7 @@ from backend.agents.schemas import AgentRead, AgentRegister
 from backend.auth.dependencies import AgentAuth
 from backend.core.db import release
 from backend.core.dependencies import SessionDep, SettingsDep
+from backend.plans import service as plans
 from backend.projects import service as projects
 from backend.resource_groups import service as groups
 from backend.tasks import fate, provenance, reports
@@ -38,6 +39,7 @@ from contracts.agent_api import (
     RendezvousRead,
     TaskState,
 )
+from contracts.trial import TrialResult
 
 router = APIRouter(prefix="/internal/v1", tags=["internal (agents)"], dependencies=[AgentAuth])
 
@@ -194,6 +196,14 @@ def put_provenance(task_id: int, checkpoint_id: int, data: Provenance, session: 
     task = tasks.get(session, task_id=task_id)
     checkpoint = tasks.get_checkpoint(session, task_id=task_id, checkpoint_id=checkpoint_id)
     return {"stored": provenance.store(session, task=task, checkpoint=checkpoint, data=data)}
+
+
+@router.put("/tasks/{task_id}/trial")
+def put_trial(task_id: int, data: TrialResult, session: SessionDep) -> dict:
+    """A plan's trial timings, from the trial task's parameter server: the plan's performance
+    model is fitted from them (sent again, they replace what was stored)."""
+    plan = plans.store_trial(session, task=tasks.get(session, task_id=task_id), result=data)
+    return {"plan_id": plan.id, "fitted": plan.model is not None}
 
 
 @router.get("/tasks/{task_id}/checkpoints/{checkpoint_id}")

@@ -120,6 +120,10 @@ class Task(Base):
         between them (startup, profiling and validation before the first step are not
         counted in the pace), and once the predicted finish has passed with the task still
         running (its reports stopped or slowed: no estimate rather than "0 s left").
+
+        Before that pace exists, a task submitted from a plan (`spec.predicted_s`, its plan's
+        performance model, `backend/plans/performance.py`) is estimated from the prediction:
+        the predicted seconds from its start (from now while it has not started).
         """
         if self.status is TaskStatus.SUCCEEDED:
             return 0.0, self.finished_at
@@ -127,14 +131,25 @@ class Task(Base):
             return None, None
         start, since, last = self.pace_start_at, self.pace_start_progress, self.progress_at
         if start is None or since is None or last is None or self.progress <= since:
-            return None, None
+            return self._predicted(now)
         if self.status is not TaskStatus.RUNNING or last <= start:
-            return None, None
+            return self._predicted(now)
         per_progress_s = (last - start).total_seconds() / (self.progress - since)
         try:
             finish = last + timedelta(seconds=per_progress_s * (1.0 - self.progress))
         except OverflowError:  # a vanishing gain of progress: no estimate
             return None, None
+        if finish < now:
+            return None, None
+        return (finish - now).total_seconds(), finish
+
+    def _predicted(self, now: datetime) -> tuple[float | None, datetime | None]:
+        """The plan's prediction (`spec.predicted_s` seconds from the start), or (None, None)."""
+        predicted = (self.spec or {}).get("predicted_s")
+        if predicted is None:
+            return None, None
+        begun = self.started_at if self.started_at is not None else now
+        finish = begun + timedelta(seconds=float(predicted))
         if finish < now:
             return None, None
         return (finish - now).total_seconds(), finish

@@ -163,6 +163,11 @@ class TaskCreate(StrictModel):
         le=MAX_RUNTIME_S,
         description="wall-clock seconds each attempt may run; beyond it the task FAILS",
     )
+    plan_id: int | None = Field(
+        default=None,
+        description="the plan (POST /api/v1/plans) this task follows: its model predicts the "
+        "task's time, so `eta_s` is known before the first step",
+    )
     memory_limit_mb: int = Field(
         default=DEFAULT_MEMORY_LIMIT_MB,
         ge=128,
@@ -246,7 +251,7 @@ class TaskCreate(StrictModel):
 
     def engine_options(self) -> dict[str, Any]:
         """The training-engine settings stored in the task's spec (see worker.engine.spec)."""
-        models = ("preprocess", "data")
+        models = ("preprocess", "data", "trial")  # trial: a plan's trial task only
         keys = ("split_policy", *(key for key in ENGINE_OPTIONS if key not in models))
         options = {key: getattr(self, key) for key in keys}
         options["preprocess"] = [step.model_dump() for step in self.preprocess]

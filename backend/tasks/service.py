@@ -6,6 +6,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backend.core.errors import Conflict, Invalid, NotFound
+from backend.plans.predict import predicted_finish_s
 from backend.projects import service as projects
 from backend.resource_groups.models import ResourceGroup
 from backend.tasks import depends_on, lifecycle, requests
@@ -34,16 +35,25 @@ from backend.tasks.schemas import (
 from backend.tasks.spec import read_spec, write_spec
 from contracts.plan import GroupPlan
 from contracts.task_spec import RequestItem, TaskSpec
+from contracts.trial import TrialOptions
 
 
-def submit(session: Session, *, data: TaskCreate) -> Task:
-    """Validate and queue a task; nothing is stored if any check fails.
+def submit(
+    session: Session,
+    *,
+    data: TaskCreate,
+    trial: TrialOptions | None = None,
+    commit: bool = True,
+) -> Task:
+    """Validate and queue a task; nothing is stored if any check fails. ``trial``: a plan's
+    trial task (``backend.plans.service``); ``commit=False`` leaves the commit to the caller.
 
     Raises:
         NotFound: the project or code version does not exist.
         Invalid: the code version belongs to another project, a group is unknown,
             or asks for more workers than the group has, no group has the device
-            type, a dependency is missing, another user's, or already failed.
+            type, a dependency is missing, another user's, or already failed, or
+            `plan_id` is not a fitted plan of the project covering the task's groups.
     """
     project = projects.get(session, project_id=data.project_id)
     version = projects.get_version(session, version_id=data.code_version_id)
@@ -66,6 +76,8 @@ def submit(session: Session, *, data: TaskCreate) -> Task:
             **data.engine_options(),
             "limits": data.limits().model_dump(),
             "on_group_loss": data.group_loss(),
+            **({"trial": trial.model_dump()} if trial is not None else {}),
+            **_plan_prediction(session, data, project.id),
         }
     )
     deps = depends_on.check(session, project_id=project.id, depends_on=data.depends_on)
@@ -81,8 +93,32 @@ def submit(session: Session, *, data: TaskCreate) -> Task:
     session.flush()
     depends_on.record(session, task=task, deps=deps)
     lifecycle.record_creation(session, task)
-    session.commit()
+    if commit:
+        session.commit()
     return task
+
+
+def _plan_prediction(session: Session, data: TaskCreate, project_id: int) -> dict[str, object]:
+    """`plan_id` and the plan model's `predicted_s` for the task's spec (empty without a plan).
+
+    Raises:
+        Invalid (field `plan_id`): see `backend.plans.predict.predicted_finish_s`, or the
+            task asks for a device type instead of naming its groups.
+    """
+    if data.plan_id is None:
+        return {}
+    if any(g.name is None for g in data.resource_groups):
+        raise Invalid("a task from a plan names its groups", field="plan_id")
+    seconds = predicted_finish_s(
+        session,
+        plan_id=data.plan_id,
+        project_id=project_id,
+        workers={g.name: g.workers for g in data.resource_groups if g.name},
+        global_batch_size=data.global_batch_size,
+        epochs=data.epochs,
+        split_policy=data.split_policy,
+    )
+    return {"plan_id": data.plan_id, "predicted_s": seconds}
 
 
 def get(session: Session, *, task_id: int) -> Task:

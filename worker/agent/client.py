@@ -164,6 +164,10 @@ class InternalApi:
             json={"reason": reason, "group": group, "attempt": attempt},
         )
 
+    def trial(self, task_id: int, result: dict[str, Any]) -> None:
+        """Store a plan's trial timings (the trial task's parameter server reported them)."""
+        self._call("PUT", f"/tasks/{task_id}/trial", json=result)
+
     def provenance(self, task_id: int, checkpoint_id: int, provenance: dict[str, Any]) -> None:
         """Store the shard provenance checkpoint ``checkpoint_id`` carried."""
         self._call(

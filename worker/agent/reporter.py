@@ -10,6 +10,7 @@ import httpx
 from pydantic import ValidationError
 
 from contracts.agent_api import Alarm, MetricIn, Provenance
+from contracts.trial import TrialResult
 from worker.agent.client import Conflict, InternalApi
 from worker.agent.sandbox import read_rank_file
 from worker.engine.ranks import node_name
@@ -119,6 +120,16 @@ class Reporter:
             self.api.alarm(
                 self.task_id, reason=alarm.reason, group=alarm.group, attempt=alarm.attempt
             )
+
+        elif kind == "trial" and node == node_name(0):  # a plan's trial timings
+            try:
+                result = TrialResult.model_validate(event["result"]).model_dump(mode="json")
+            except ValidationError as exc:
+                raise ValueError(f"trial refused: {exc.errors()[0]['msg']}") from None
+            try:
+                self.api.trial(self.task_id, result)
+            except httpx.HTTPStatusError as exc:
+                self._refused(exc, f"refused the trial timings from {node}")
 
     def _upload(self, node: str, event: dict[str, Any]) -> None:
         path, rank_dir = Path(str(event.get("path"))), self.rank_dirs.get(node)

@@ -31,7 +31,9 @@ from worker.engine.data import prepare_data
 from worker.engine.distributed import ClusterEnv
 from worker.engine.ps import run_parameter_server
 from worker.engine.spec import RunSpec
+from worker.engine.state import ModelState
 from worker.engine.trainer import run_worker
+from worker.engine.trial import run_trial
 
 
 def seed_everything(seed: int) -> None:
@@ -60,7 +62,10 @@ def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
     model = code.build_model()
     data = prepare_data(code, topo, spec.preprocess, spec.data, spec.seed)
     seed_everything(spec.seed * 1000 + env.rank)
-    if topo.is_ps:
+    if spec.trial is not None:
+        run_trial(spec, code, topo, model, data)
+        final = ModelState.of(model).vector()
+    elif topo.is_ps:
         final = run_parameter_server(spec, code, topo, model, data)
     else:
         final = run_worker(spec, code, topo, model, data)

@@ -11,6 +11,8 @@ output and forwards events to the backend with :func:`parse_event`. Event shapes
     {"type": "progress", "epoch": int, "step": int, "steps_per_epoch": int, "epochs": int}
     {"type": "rendezvous", "port": int}  (rank 0 only, when told to pick its own port)
     {"type": "alarm", "reason": str, "group": str}  (the parameter server: a group to look at)
+    {"type": "trial", "result": {...}}  (the parameter server: a plan's trial timings,
+     :class:`contracts.trial.TrialResult`)
     {"type": "done"}
 
 ``epoch`` is 0-based; ``step`` counts optimizer steps completed since the start
@@ -88,6 +90,11 @@ def alarm(reason: str, *, group: str) -> None:
     """Report an alarm about group ``group`` (the task's events show it), e.g. a group whose
     numbers disagree with the parameter server's (:mod:`worker.engine.agreement`)."""
     emit({"type": "alarm", "reason": reason, "group": group})
+
+
+def trial(result: dict[str, Any]) -> None:
+    """Report a trial's timings (parameter server, :mod:`worker.engine.trial`)."""
+    emit({"type": "trial", "result": result})
 
 
 def done() -> None:

@@ -22,6 +22,7 @@ from contracts.plan import (
     SyncStrategy,
 )
 from contracts.preprocess import PreprocessStep
+from contracts.trial import TrialOptions
 
 OnNonFinite = Literal["fail", "skip_step"]
 
@@ -65,6 +66,8 @@ class RunSpec(BaseModel):
     ``rank-{rank}.pt`` there, and the parameter server every step's global
     batch indices (every strategy; the split's batches) to ``batches.pt``; the
     equivalence tests replay those batches in one process (docs/heterogeneity.md).
+    ``trial`` (a plan's trial task, set from the task's spec): the ranks time the task's
+    step and exchanges instead of training (:mod:`worker.engine.trial`).
     """
 
     task_id: int
@@ -94,6 +97,7 @@ class RunSpec(BaseModel):
         list[tuple[Annotated[int, Field(ge=1)], Annotated[float, Field(gt=0)]]] | None
     ) = Field(default=None, min_length=1)
     debug_dump_dir: str | None = None
+    trial: TrialOptions | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> RunSpec:

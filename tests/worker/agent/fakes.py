@@ -19,6 +19,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from contracts import agent_api as schemas
+from contracts.trial import TrialResult
 from worker.agent.client import InternalApi
 from worker.engine.report import PREFIX
 
@@ -33,6 +34,7 @@ BODIES: dict[str, type[BaseModel]] = {  # what each route's body must be, as the
     "alarms": schemas.Alarm,
     "provenance": schemas.Provenance,
     "rendezvous": schemas.Rendezvous,
+    "trial": TrialResult,
 }
 
 
@@ -145,6 +147,8 @@ class FakeApi:
             return httpx.Response(200, json={"stored": len(json.loads(request.content)["records"])})
         if route == "alarms":
             return httpx.Response(200, json={"stored": True})
+        if route == "trial":
+            return httpx.Response(200, json={"plan_id": 1, "fitted": True})
         if re.fullmatch(r"heartbeat|deregister|logs|metrics|progress", route):
             return httpx.Response(
                 200 if route == "logs" else 204, json={"stored": 0} if route == "logs" else None

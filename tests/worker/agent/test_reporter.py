@@ -212,6 +212,33 @@ def test_the_parameter_servers_alarms_are_raised_and_a_ranks_are_not(api: FakeAp
     ]
 
 
+TRIAL = {
+    "n_train": 60,
+    "exchange_bytes": 652,
+    "startup_s": 2.5,
+    "workers": [{"rank": 1, "group_index": 0, "batch_sizes": [4, 8], "step_s": [0.01, 0.02]}],
+    "exchanges": [],
+}
+
+
+def test_trial_timings_are_taken_from_the_parameter_server_only(api: FakeApi) -> None:
+    reporter = Reporter(api.client(), 4, group="a")
+    forged = {**TRIAL, "startup_s": 99.0}
+    malformed = {**TRIAL, "workers": []}
+    reporter.pump(
+        lines(
+            ("rank-1", ev(type="trial", result=forged)),
+            ("ps", ev(type="trial", result=malformed)),
+            ("ps", ev(type="trial", result=TRIAL)),
+        )
+    )
+    (stored,) = api.calls("trial")
+    assert stored.url.path.endswith("/tasks/4/trial") and stored.method == "PUT"
+    assert api.bodies("trial") == [TRIAL]
+    logged = [x["text"] for x in api.bodies("logs")[0]["lines"]]
+    assert any("malformed 'trial' event from ps" in line for line in logged)
+
+
 def test_shard_provenance_is_taken_from_the_parameter_server_only(
     api: FakeApi, tmp_path: Path
 ) -> None:

@@ -1,0 +1,422 @@
+"""A plan's performance model: fitted from a trial's timings, it predicts a task's step,
+epoch and finish time on any subset of the candidate groups (docs/architecture.md, "Plans").
+
+Pure functions over plain data, no database.
+
+**Compute.** A worker's step (forward, backward, optimizer step) at local batch ``b`` takes
+``t(b) = a + c b`` seconds: a least-squares line through the group's median step time at
+each trial batch size (``a`` the per-step fixed cost in s, ``c`` the s per sample).
+
+**Exchanges.** An allreduce of ``n`` bytes among ``p`` processes follows the ring cost of
+Thakur, Rabenseifner and Gropp (2005), ``2 (p - 1) alpha + 2 (p - 1) / p * n * beta``
+(``alpha`` the per-message latency in s, ``beta`` the s per byte), fitted from the trial's
+two sizes; it prices a group's in-group allreduce at any worker count and, for ``sync``,
+the group leaders' allreduce for any number of groups. For ``periodic`` and ``quorum``
+each leader's round trip to the parameter server is a line ``l + n m``; the server's link
+carries every group's bytes, so ``k`` groups cost ``max l + n * sum m``, once a period.
+
+**A step.** ``sync``: the slowest group's compute and in-group allreduce, plus the
+cross-group exchange; ``periodic``: the same with the exchange over ``sync_period`` steps;
+``quorum``: the ``quorum``-th fastest group's, plus the exchange. Reductions are priced as
+if they did not overlap with the backward pass (the engine overlaps them bucket by bucket),
+so the prediction is an upper bound when communication is large.
+
+**Splits.** ``even``: every worker takes ``G / W`` samples. ``weighted``: the shares the
+load balancer aims for, the split that makes every group's compute and in-group allreduce
+end together (water filling: a group whose fixed cost alone exceeds that time gets none).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from contracts.trial import ExchangeTiming, TrialResult
+
+MAX_SUBSETS = 20_000  # the deadline search's worker-count combinations, at most
+
+
+@dataclass(frozen=True)
+class Line:
+    """``y = intercept + slope * x``, both clamped at 0 (a fitted negative cost is noise)."""
+
+    intercept: float
+    slope: float
+
+    def at(self, x: float) -> float:
+        return self.intercept + self.slope * x
+
+
+def fit_line(points: Sequence[tuple[float, float]]) -> Line:
+    """Least-squares line through ``(x, y)`` points (two or more, at two or more distinct x);
+    raises ValueError otherwise."""
+    xs = [x for x, _ in points]
+    if len(set(xs)) < 2:
+        raise ValueError("a line needs points at two or more distinct x")
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(y for _, y in points)
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx
+    slope = max(0.0, slope)
+    return Line(max(0.0, mean_y - slope * mean_x), slope)
+
+
+@dataclass(frozen=True)
+class Ring:
+    """Ring allreduce cost (Thakur et al. 2005): ``alpha`` s per message, ``beta`` s/byte."""
+
+    alpha: float
+    beta: float
+
+    def seconds(self, n_bytes: float, members: int) -> float:
+        """Seconds to allreduce ``n_bytes`` among ``members`` processes (0 for one)."""
+        if members < 2:
+            return 0.0
+        return 2 * (members - 1) * self.alpha + 2 * (members - 1) / members * n_bytes * self.beta
+
+    @classmethod
+    def fit(cls, timing: ExchangeTiming) -> Ring:
+        """From an allreduce timed among ``timing.members`` at two or more sizes."""
+        line = fit_line(list(zip(map(float, timing.bytes), timing.seconds, strict=True)))
+        p = timing.members
+        return cls(line.intercept / (2 * (p - 1)), line.slope * p / (2 * (p - 1)))
+
+
+@dataclass(frozen=True)
+class GroupModel:
+    """One candidate group: ``workers`` asked for it, its step line, and its in-group ring
+    (None: timed with one worker, so it cannot be priced for more)."""
+
+    name: str
+    device_type: str
+    workers: int
+    step: Line
+    ring: Ring | None = None
+    round_trip: Line | None = None  # to the parameter server (periodic, quorum)
+
+    def fixed_s(self, workers: int, n_bytes: int) -> float:
+        """Seconds of a step that do not grow with the local batch: ``a`` and the in-group
+        allreduce among ``workers``."""
+        ring = self.ring.seconds(n_bytes, workers) if self.ring is not None else 0.0
+        return self.step.intercept + ring
+
+
+@dataclass(frozen=True)
+class PerformanceModel:
+    """Everything a prediction needs, fitted once from a trial (:func:`fit`)."""
+
+    groups: list[GroupModel]
+    n_train: int
+    exchange_bytes: int
+    startup_s: float
+    sync_strategy: str
+    sync_period: int = 1
+    quorum: int | None = None
+    cross: Ring | None = None  # sync: the leaders' allreduce
+
+    def group(self, name: str) -> GroupModel:
+        for group in self.groups:
+            if group.name == name:
+                return group
+        raise KeyError(f"no candidate group named {name!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PerformanceModel:
+        def ring(d: dict[str, Any] | None) -> Ring | None:
+            return Ring(**d) if d else None
+
+        groups = [
+            GroupModel(
+                name=g["name"],
+                device_type=g["device_type"],
+                workers=g["workers"],
+                step=Line(**g["step"]),
+                ring=ring(g["ring"]),
+                round_trip=Line(**g["round_trip"]) if g["round_trip"] else None,
+            )
+            for g in data["groups"]
+        ]
+        return cls(**{**data, "groups": groups, "cross": ring(data["cross"])})
+
+
+def fit(
+    trial: TrialResult,
+    groups: Sequence[tuple[str, str, int]],
+    *,
+    sync_strategy: str,
+    sync_period: int = 1,
+    quorum: int | None = None,
+) -> PerformanceModel:
+    """The performance model of a trial on ``groups`` (``(name, device_type, workers)`` in the
+    trial's group order). A group's step line goes through the median over its workers at
+    each batch size. Raises ValueError when a group has no timed worker."""
+    fitted = []
+    for index, (name, device_type, workers) in enumerate(groups):
+        timed = [w for w in trial.workers if w.group_index == index]
+        if not timed:
+            raise ValueError(f"the trial timed no worker of group {name!r}")
+        sizes = timed[0].batch_sizes
+        points = [
+            (float(b), statistics.median(w.step_s[i] for w in timed)) for i, b in enumerate(sizes)
+        ]
+        ring = next(
+            (
+                Ring.fit(e)
+                for e in trial.exchanges
+                if e.kind == "group_allreduce" and e.group_index == index
+            ),
+            None,
+        )
+        trip = next(
+            (
+                fit_line(list(zip(map(float, e.bytes), e.seconds, strict=True)))
+                for e in trial.exchanges
+                if e.kind == "ps_round_trip" and e.group_index == index
+            ),
+            None,
+        )
+        fitted.append(GroupModel(name, device_type, workers, fit_line(points), ring, trip))
+    cross = next((Ring.fit(e) for e in trial.exchanges if e.kind == "leaders_allreduce"), None)
+    return PerformanceModel(
+        groups=fitted,
+        n_train=trial.n_train,
+        exchange_bytes=trial.exchange_bytes,
+        startup_s=trial.startup_s,
+        sync_strategy=sync_strategy,
+        sync_period=sync_period,
+        quorum=quorum,
+        cross=cross,
+    )
+
+
+@dataclass
+class Prediction:
+    """A task's predicted times on ``workers`` (group name -> workers) with ``split_policy``:
+    ``step_s``, ``epoch_s`` and ``finish_s`` (start-up and every epoch) in seconds,
+    ``samples_per_s``, and per group its local batch per worker (``local_batch``), its step's
+    compute seconds (``compute_s``) and the cross-group exchange per step (``exchange_s``).
+    ``idle`` names groups the split gives no samples: they only add exchange cost."""
+
+    workers: dict[str, int]
+    split_policy: str
+    step_s: float
+    epoch_s: float
+    finish_s: float
+    samples_per_s: float
+    exchange_s: float
+    local_batch: dict[str, float]
+    compute_s: dict[str, float]
+    idle: list[str] = field(default_factory=list)
+
+    @property
+    def total_workers(self) -> int:
+        return sum(self.workers.values())
+
+
+def exchange_s(model: PerformanceModel, names: Sequence[str]) -> float:
+    """The cross-group exchange's seconds per step for the groups ``names``: 0 for one."""
+    if len(names) < 2:
+        return 0.0
+    n = model.exchange_bytes
+    if model.sync_strategy == "sync":
+        if model.cross is None:
+            raise ValueError("the trial timed no leaders' allreduce for sync")
+        return model.cross.seconds(n, len(names))
+    trips = [model.group(name).round_trip for name in names]
+    if any(trip is None for trip in trips):
+        raise ValueError("the trial timed no round trip to the parameter server")
+    seconds = max(t.intercept for t in trips if t) + n * sum(t.slope for t in trips if t)
+    return seconds / model.sync_period if model.sync_strategy == "periodic" else seconds
+
+
+def _balanced(fixed: list[float], slopes: list[float], counts: list[int], batch: int) -> float:
+    """The time ``T`` at which ``sum(counts[g] * max(0, (T - fixed[g]) / slopes[g])) ==
+    batch``: the weighted split's common step time (bisection; water filling)."""
+    low = min(fixed)
+    high = max(fixed) + batch * max(slopes) + 1e-12
+
+    def taken(t: float) -> float:
+        return sum(n * max(0.0, (t - f) / s) for f, s, n in zip(fixed, slopes, counts, strict=True))
+
+    for _ in range(200):
+        middle = (low + high) / 2
+        if taken(middle) < batch:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
+def predict(
+    model: PerformanceModel,
+    workers: dict[str, int],
+    *,
+    global_batch_size: int,
+    epochs: int,
+    split_policy: str,
+) -> Prediction:
+    """Predicted times of the task on ``workers`` (candidate group name -> workers, each
+    at least 1). Raises KeyError for a group the model does not have, ValueError when the
+    global batch is smaller than the workers or the trial lacks an exchange it needs."""
+    names = list(workers)
+    total = sum(workers.values())
+    if not names or min(workers.values()) < 1:
+        raise ValueError("every group predicted needs one worker or more")
+    if global_batch_size < total:
+        raise ValueError(f"global batch {global_batch_size} < {total} workers")
+    n = model.exchange_bytes
+    groups = [model.group(name) for name in names]
+    fixed = [g.fixed_s(workers[g.name], n) for g in groups]
+    slopes = [max(g.step.slope, 1e-12) for g in groups]
+    counts = [workers[g.name] for g in groups]
+    if split_policy == "weighted":
+        common = _balanced(fixed, slopes, counts, global_batch_size)
+        local = [max(0.0, (common - f) / s) for f, s in zip(fixed, slopes, strict=True)]
+    else:
+        local = [global_batch_size / total] * len(groups)
+    compute = [f + s * b for f, s, b in zip(fixed, slopes, local, strict=True)]
+    if model.sync_strategy == "quorum":
+        q = min(model.quorum or max(1, len(groups) - 1), len(groups))
+        slowest = sorted(compute)[q - 1]
+    else:
+        slowest = max(compute)
+    cross = exchange_s(model, names)
+    step = slowest + cross
+    steps = math.ceil(model.n_train / global_batch_size)
+    return Prediction(
+        workers=dict(workers),
+        split_policy=split_policy,
+        step_s=step,
+        epoch_s=step * steps,
+        finish_s=model.startup_s + epochs * step * steps,
+        samples_per_s=global_batch_size / step if step > 0 else math.inf,
+        exchange_s=cross,
+        local_batch={g.name: b for g, b in zip(groups, local, strict=True)},
+        compute_s={g.name: c for g, c in zip(groups, compute, strict=True)},
+        idle=[g.name for g, b in zip(groups, local, strict=True) if b <= 0.0],
+    )
+
+
+def subsets(names: Sequence[str]) -> Iterable[tuple[str, ...]]:
+    """Every non-empty subset of ``names``, smallest first, in the given order."""
+    for size in range(1, len(names) + 1):
+        yield from itertools.combinations(names, size)
+
+
+def fits_batch(model: PerformanceModel, workers: dict[str, int], batch: int) -> bool:
+    return sum(workers.values()) <= batch
+
+
+@dataclass
+class Recommendation:
+    """What a plan recommends (:func:`recommend`): every subset's prediction at its full
+    worker counts for each split policy (``options``, fastest first), the fastest
+    (``best``), each candidate's marginal gain in the best set (seconds of ``finish_s`` it
+    saves there, or would cost if added: negative), why each group left out is left out,
+    and for a deadline the fewest workers that meet it (None: no set does)."""
+
+    options: list[Prediction]
+    best: Prediction
+    marginal_gain_s: dict[str, float]
+    left_out: dict[str, str]
+    deadline_s: float | None = None
+    for_deadline: Prediction | None = None
+
+
+def recommend(
+    model: PerformanceModel,
+    *,
+    global_batch_size: int,
+    epochs: int,
+    split_policies: Sequence[str] = ("even", "weighted"),
+    deadline_s: float | None = None,
+) -> Recommendation:
+    """Predict every subset of the candidate groups at their asked workers under each split
+    policy; recommend the fastest and, given ``deadline_s`` (seconds from now), the set with
+    the fewest workers finishing within it (ties: the fastest), searching worker counts
+    below the asked ones too (at most :data:`MAX_SUBSETS` combinations, else full counts).
+
+    Raises ValueError when no subset can hold the global batch."""
+    names = [g.name for g in model.groups]
+    asked = {g.name: g.workers for g in model.groups}
+    kwargs = {"global_batch_size": global_batch_size, "epochs": epochs}
+    options = [
+        predict(model, {n: asked[n] for n in subset}, split_policy=policy, **kwargs)
+        for subset in subsets(names)
+        if fits_batch(model, {n: asked[n] for n in subset}, global_batch_size)
+        for policy in split_policies
+    ]
+    if not options:
+        raise ValueError("no subset of the candidate groups can hold the global batch")
+    options.sort(key=lambda p: (p.finish_s, p.total_workers))
+    best = options[0]
+    policy = best.split_policy
+
+    def finish(workers: dict[str, int]) -> float:
+        if not workers or not fits_batch(model, workers, global_batch_size):
+            return math.inf
+        return predict(model, workers, split_policy=policy, **kwargs).finish_s
+
+    gains: dict[str, float] = {}
+    left_out: dict[str, str] = {}
+    for name in names:
+        if name in best.workers:
+            without = {n: w for n, w in best.workers.items() if n != name}
+            gains[name] = finish(without) - best.finish_s
+            continue
+        with_it = {**best.workers, name: asked[name]}
+        gains[name] = best.finish_s - finish(with_it)
+        if math.isfinite(gains[name]):
+            added = predict(model, with_it, split_policy=policy, **kwargs)
+            exchange = added.exchange_s - best.exchange_s
+            saved = max(best.compute_s.values()) - max(added.compute_s.values())
+            left_out[name] = (
+                f"adding it would finish {-gains[name]:.1f} s later: its cross-group exchange "
+                f"adds {exchange * 1000:.1f} ms per step, its compute saves "
+                f"{saved * 1000:.1f} ms per step"
+            )
+        else:
+            left_out[name] = "with it the workers exceed the global batch"
+    result = Recommendation(options, best, gains, left_out)
+    if deadline_s is not None:
+        result.deadline_s = deadline_s
+        result.for_deadline = _for_deadline(model, asked, deadline_s, split_policies, kwargs)
+    return result
+
+
+def _for_deadline(
+    model: PerformanceModel,
+    asked: dict[str, int],
+    deadline_s: float,
+    split_policies: Sequence[str],
+    kwargs: dict[str, int],
+) -> Prediction | None:
+    """The prediction with the fewest workers finishing within ``deadline_s`` (ties: the
+    fastest), or None."""
+    names = list(asked)
+    ranges = [range(0, asked[n] + 1) for n in names]
+    combos = math.prod(len(r) for r in ranges)
+    counts: Iterable[tuple[int, ...]] = (
+        itertools.product(*ranges)
+        if combos <= MAX_SUBSETS
+        else (tuple(asked[n] if n in s else 0 for n in names) for s in subsets(names))
+    )
+    found: Prediction | None = None
+    for combo in counts:
+        workers = {n: w for n, w in zip(names, combo, strict=True) if w}
+        if not workers or not fits_batch(model, workers, kwargs["global_batch_size"]):
+            continue
+        for policy in split_policies:
+            guess = predict(model, workers, split_policy=policy, **kwargs)
+            if guess.finish_s > deadline_s:
+                continue
+            key = (guess.total_workers, guess.finish_s)
+            if found is None or key < (found.total_workers, found.finish_s):
+                found = guess
+    return found

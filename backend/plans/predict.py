@@ -1,0 +1,45 @@
+"""A task's predicted time from its plan's model, for its ETA before the first step
+(`Task.finish_estimate`). Imports no other domain's service, so `backend.tasks` may use it."""
+
+from sqlalchemy.orm import Session
+
+from backend.core.errors import Invalid
+from backend.plans import performance
+from backend.plans.models import Plan
+
+
+def predicted_finish_s(
+    session: Session,
+    *,
+    plan_id: int,
+    project_id: int,
+    workers: dict[str, int],
+    global_batch_size: int,
+    epochs: int,
+    split_policy: str,
+) -> float:
+    """Seconds a task of ``project_id`` on ``workers`` (group -> workers) is predicted to take
+    from its start, by plan ``plan_id``'s model.
+
+    Raises:
+        Invalid (field `plan_id`): no such plan in the project, its model is not fitted yet,
+            or a group of the task was not one of its candidates.
+    """
+    plan = session.get(Plan, plan_id)
+    if plan is None or plan.project_id != project_id:
+        raise Invalid(f"plan {plan_id} is not a plan of this project", field="plan_id")
+    if plan.model is None:
+        raise Invalid(
+            f"plan {plan_id} has no fitted model yet (its trial has not reported)", field="plan_id"
+        )
+    model = performance.PerformanceModel.from_json(plan.model)
+    try:
+        return performance.predict(
+            model,
+            workers,
+            global_batch_size=global_batch_size,
+            epochs=epochs,
+            split_policy=split_policy,
+        ).finish_s
+    except KeyError as exc:
+        raise Invalid(f"plan {plan_id}: {exc.args[0]}", field="plan_id") from None

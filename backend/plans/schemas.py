@@ -1,0 +1,143 @@
+"""A plan's request and answer bodies."""
+
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from backend.core.schemas import UtcDateTime
+from contracts.plan import SplitPolicy, SyncStrategy
+from contracts.strict import StrictModel
+from contracts.trial import TrialResult
+
+PlanStatus = Literal["trial", "ready", "failed", "cancelled"]
+
+
+class CandidateGroup(StrictModel):
+    """A resource group the plan may use, with the most workers it may take there."""
+
+    name: str = Field(min_length=1, max_length=64, examples=["cpu-a"])
+    workers: int = Field(ge=1, le=1024, examples=[2])
+
+
+class PlanCreate(StrictModel):
+    """A task to plan: its code version, the candidate groups (a trial runs on all of them
+    at once), the global batch and epochs, the sync strategy, and optionally a deadline."""
+
+    project_id: int
+    code_version_id: int
+    name: str = Field(default="", max_length=200)
+    resource_groups: list[CandidateGroup] = Field(
+        min_length=1,
+        max_length=8,
+        description="candidate groups (at most 8: every subset is predicted)",
+    )
+    global_batch_size: int = Field(default=64, ge=1, le=1_000_000)
+    epochs: int = Field(default=5, ge=1, le=10_000)
+    sync_strategy: SyncStrategy = "sync"
+    sync_period: int = Field(default=1, ge=1, le=10_000)
+    quorum: int | None = Field(default=None, ge=1, le=16)
+    split_policies: list[SplitPolicy] = Field(
+        default=["even", "weighted"], min_length=1, max_length=2
+    )
+    deadline: UtcDateTime | None = Field(
+        default=None,
+        description="when the task must have finished (UTC): the plan names the "
+        "fewest workers predicted to make it",
+    )
+    trial_steps: int = Field(default=5, ge=1, le=100, description="timed steps per batch size")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "project_id": 1,
+                    "code_version_id": 1,
+                    "resource_groups": [
+                        {"name": "cpu-a", "workers": 2},
+                        {"name": "cpu-b", "workers": 1},
+                    ],
+                    "global_batch_size": 64,
+                    "epochs": 5,
+                }
+            ]
+        }
+    )
+
+    @field_validator("resource_groups")
+    @classmethod
+    def _distinct(cls, value: list[CandidateGroup]) -> list[CandidateGroup]:
+        names = [g.name for g in value]
+        if len(set(names)) != len(names):
+            raise ValueError("lists a group twice")
+        return value
+
+    @field_validator("deadline")
+    @classmethod
+    def _in_future(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value <= datetime.now(UTC):
+            raise ValueError("is in the past: give a time to come (UTC)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "PlanCreate":
+        if self.sync_period != 1 and self.sync_strategy != "periodic":
+            raise ValueError("sync_period applies to sync_strategy 'periodic' only")
+        if self.quorum is not None and self.sync_strategy != "quorum":
+            raise ValueError("quorum applies to sync_strategy 'quorum' only")
+        smallest = min(g.workers for g in self.resource_groups)
+        if self.global_batch_size < smallest:
+            raise ValueError(
+                f"global_batch_size ({self.global_batch_size}) is smaller than the workers of "
+                f"every candidate group (fewest: {smallest})"
+            )
+        return self
+
+
+class PredictionRead(BaseModel):
+    """A task's predicted times on `workers` (group -> workers) with `split_policy`, in
+    seconds: one step, one epoch, and `finish_s` (start-up and every epoch); per group the
+    local batch per worker and the step's compute seconds; the cross-group exchange per
+    step; groups the split gives no samples (`idle`)."""
+
+    workers: dict[str, int]
+    split_policy: SplitPolicy
+    step_s: float
+    epoch_s: float
+    finish_s: float
+    samples_per_s: float
+    exchange_s: float
+    local_batch: dict[str, float]
+    compute_s: dict[str, float]
+    idle: list[str]
+
+
+class PlanRead(BaseModel):
+    """A plan. `status`: `trial` while its trial task runs, `ready` once the model is fitted,
+    `failed` (`error` says why) or `cancelled`. When ready: every subset's prediction
+    (`options`, fastest first), the recommendation (`best`), each candidate's marginal gain
+    in seconds of time to finish (`marginal_gain_s`: what leaving a group of `best` out would
+    cost, or what adding one left out would save, negative when it would cost), why each
+    left-out group is left out, and for a deadline the fewest workers that meet it
+    (`for_deadline`, null if none do). `task_request` is what "Use this plan" submits."""
+
+    id: int
+    project_id: int
+    name: str
+    status: PlanStatus
+    error: str = ""
+    request: dict
+    trial_task_id: int | None
+    created_at: UtcDateTime
+    options: list[PredictionRead] = Field(default_factory=list)
+    best: PredictionRead | None = None
+    marginal_gain_s: dict[str, float] = Field(default_factory=dict)
+    left_out: dict[str, str] = Field(default_factory=dict)
+    deadline: UtcDateTime | None = None
+    for_deadline: PredictionRead | None = None
+    task_request: dict | None = None
+
+
+class PlanTrial(TrialResult):
+    """The trial's timings, as its parameter server reported them."""

@@ -1,0 +1,100 @@
+"""A plan's trial run: what the engine is asked to time (`TrialOptions`, the task spec's
+engine option `trial`) and what its parameter server reports back (`TrialResult`, the body
+of `PUT /internal/v1/tasks/{id}/trial`).
+
+A trial is a short real task on the candidate groups (docs/architecture.md, "Plans"): every
+compute worker times its training step (forward, backward and optimizer step of the task's
+own model) at each of `batch_sizes` local samples; every group of two or more workers times
+its in-group allreduce, and the groups together time the strategy's cross-group exchange, at
+two sizes (a small vector and the model's), so latency and bandwidth can be told apart.
+"""
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from contracts.strict import StrictModel
+
+INT32_MAX = 2**31 - 1
+
+ExchangeKind = Literal["group_allreduce", "leaders_allreduce", "ps_round_trip"]
+"""`group_allreduce`: one group's workers allreduce (gloo/nccl ring) a vector;
+`leaders_allreduce`: the group leaders allreduce it (the cross-group sum of `sync`);
+`ps_round_trip`: one group leader sends it to the parameter server and gets it back (the
+model exchange of `periodic` and `quorum`)."""
+
+
+class TrialOptions(BaseModel):
+    """What a trial task times. `batch_sizes`: local batch sizes (samples per worker) each
+    worker times, two or more, distinct; `steps`: timed steps at each size after one
+    warm-up step (the median is kept); `repeats`: timed repetitions of each exchange (median)."""
+
+    batch_sizes: list[int] = Field(min_length=2, max_length=8)
+    steps: int = Field(default=5, ge=1, le=100)
+    repeats: int = Field(default=5, ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "TrialOptions":
+        if any(b < 1 for b in self.batch_sizes):
+            raise ValueError("batch_sizes: every size must be at least 1")
+        if len(set(self.batch_sizes)) != len(self.batch_sizes):
+            raise ValueError("batch_sizes: sizes must be distinct")
+        return self
+
+
+class WorkerTiming(StrictModel):
+    """One compute worker's median step seconds at each local batch size (same order)."""
+
+    rank: int = Field(ge=1, le=100_001)
+    group_index: int = Field(ge=0, le=100_000)
+    batch_sizes: list[int] = Field(min_length=2, max_length=8)
+    step_s: list[float] = Field(min_length=2, max_length=8)
+
+    @model_validator(mode="after")
+    def _paired(self) -> "WorkerTiming":
+        if len(self.batch_sizes) != len(self.step_s):
+            raise ValueError("step_s: one value per batch size")
+        if any(not 0 < s < 1e6 for s in self.step_s):
+            raise ValueError("step_s: seconds must be positive and finite")
+        return self
+
+
+class ExchangeTiming(StrictModel):
+    """Median seconds of one exchange (`kind`) among `members` processes at each size in
+    `bytes`; `group_index` names the group (None for `leaders_allreduce`)."""
+
+    kind: ExchangeKind
+    group_index: int | None = Field(default=None, ge=0, le=100_000)
+    members: int = Field(ge=2, le=100_001)
+    bytes: list[int] = Field(min_length=2, max_length=8)
+    seconds: list[float] = Field(min_length=2, max_length=8)
+
+    @model_validator(mode="after")
+    def _paired(self) -> "ExchangeTiming":
+        if len(self.bytes) != len(self.seconds):
+            raise ValueError("seconds: one value per size in bytes")
+        if any(not 0 <= s < 1e6 for s in self.seconds):
+            raise ValueError("seconds: must be non-negative and finite")
+        return self
+
+
+class TrialResult(StrictModel):
+    """What the parameter server reports at the end of a trial: the training set's size,
+    the bytes one step exchanges (the model's gradient and buffers vector), the seconds from
+    the ranks' start to the first timed step, and every timing."""
+
+    n_train: int = Field(ge=1, le=INT32_MAX)
+    exchange_bytes: int = Field(ge=1, le=2**40)
+    startup_s: float = Field(ge=0.0, le=1e6)
+    workers: list[WorkerTiming] = Field(min_length=1, max_length=10_000)
+    exchanges: list[ExchangeTiming] = Field(default_factory=list, max_length=10_000)
+
+
+class TrialRead(BaseModel):
+    """A trial result as the API returns it."""
+
+    n_train: int
+    exchange_bytes: int
+    startup_s: float
+    workers: list[WorkerTiming]
+    exchanges: list[ExchangeTiming]

@@ -1,0 +1,190 @@
+"""The plan's performance model: fitted from trial timings, its predictions follow the
+costs the timings came from (known lines and ring costs here), and its recommendation
+leaves out a group whose exchange costs more than its compute saves."""
+
+import math
+
+import pytest
+
+from backend.plans.performance import (
+    Line,
+    PerformanceModel,
+    Ring,
+    fit,
+    fit_line,
+    predict,
+    recommend,
+)
+from contracts.trial import TrialResult
+
+N_TRAIN = 6400
+BYTES = 400_000  # the step's vector
+GROUP_RING = Ring(1e-4, 2e-9)
+CROSS = Ring(5e-4, 1e-8)
+
+
+def _trial(
+    lines: dict[int, tuple[float, float]],
+    workers: dict[int, int],
+    *,
+    group_ring: Ring = GROUP_RING,
+    cross: Ring | None = CROSS,
+    trips: dict[int, tuple[float, float]] | None = None,
+    sizes: tuple[int, ...] = (8, 16, 32),
+) -> TrialResult:
+    """A trial whose every timing is exactly the given cost: step ``a + c b`` per group,
+    rings for the allreduces, ``l + n m`` round trips."""
+    timed = []
+    rank = 1
+    for g, count in workers.items():
+        a, c = lines[g]
+        for _ in range(count):
+            timed.append(
+                {
+                    "rank": rank,
+                    "group_index": g,
+                    "batch_sizes": list(sizes),
+                    "step_s": [a + c * b for b in sizes],
+                }
+            )
+            rank += 1
+    exchanges = []
+    two = [1024, BYTES]
+    for g, count in workers.items():
+        if count > 1:
+            exchanges.append(
+                {
+                    "kind": "group_allreduce",
+                    "group_index": g,
+                    "members": count,
+                    "bytes": two,
+                    "seconds": [group_ring.seconds(n, count) for n in two],
+                }
+            )
+    if cross is not None:
+        exchanges.append(
+            {
+                "kind": "leaders_allreduce",
+                "members": len(workers),
+                "bytes": two,
+                "seconds": [cross.seconds(n, len(workers)) for n in two],
+            }
+        )
+    for g, (latency, per_byte) in (trips or {}).items():
+        exchanges.append(
+            {
+                "kind": "ps_round_trip",
+                "group_index": g,
+                "members": 2,
+                "bytes": two,
+                "seconds": [latency + per_byte * n for n in two],
+            }
+        )
+    return TrialResult.model_validate(
+        {
+            "n_train": N_TRAIN,
+            "exchange_bytes": BYTES,
+            "startup_s": 3.0,
+            "workers": timed,
+            "exchanges": exchanges,
+        }
+    )
+
+
+GROUPS = [("fast", "cpu", 2), ("slow", "cpu", 1)]
+
+
+def test_fit_recovers_the_costs_the_timings_came_from() -> None:
+    trial = _trial({0: (0.010, 0.002), 1: (0.030, 0.006)}, {0: 2, 1: 1})
+    model = fit(trial, GROUPS, sync_strategy="sync")
+    fast, slow = model.groups
+    assert fast.step.intercept == pytest.approx(0.010) and fast.step.slope == pytest.approx(0.002)
+    assert slow.step.intercept == pytest.approx(0.030) and slow.step.slope == pytest.approx(0.006)
+    assert fast.ring is not None and slow.ring is None  # one worker: no in-group allreduce
+    assert fast.ring.alpha == pytest.approx(1e-4) and fast.ring.beta == pytest.approx(2e-9)
+    assert model.cross is not None
+    assert model.cross.alpha == pytest.approx(5e-4) and model.cross.beta == pytest.approx(1e-8)
+    assert PerformanceModel.from_json(model.to_json()) == model  # stored as JSON and back
+
+
+def test_fit_line_refuses_one_batch_size_and_clamps_noise() -> None:
+    with pytest.raises(ValueError, match="distinct"):
+        fit_line([(4.0, 1.0), (4.0, 2.0)])
+    assert fit_line([(1.0, 2.0), (2.0, 1.0)]).slope == 0.0  # a falling step time is noise
+
+
+def test_even_and_weighted_predictions_follow_the_costs() -> None:
+    trial = _trial({0: (0.010, 0.002), 1: (0.030, 0.006)}, {0: 2, 1: 1})
+    model = fit(trial, GROUPS, sync_strategy="sync")
+    kwargs = {"global_batch_size": 64, "epochs": 3}
+    even = predict(model, {"fast": 2, "slow": 1}, split_policy="even", **kwargs)
+    ring = Ring(1e-4, 2e-9).seconds(BYTES, 2)
+    cross = Ring(5e-4, 1e-8).seconds(BYTES, 2)
+    b = 64 / 3
+    assert even.local_batch == {"fast": pytest.approx(b), "slow": pytest.approx(b)}
+    assert even.step_s == pytest.approx(max(0.010 + ring + 0.002 * b, 0.030 + 0.006 * b) + cross)
+    assert even.epoch_s == pytest.approx(even.step_s * math.ceil(N_TRAIN / 64))
+    assert even.finish_s == pytest.approx(3.0 + 3 * even.epoch_s)
+    weighted = predict(model, {"fast": 2, "slow": 1}, split_policy="weighted", **kwargs)
+    # Both groups end their compute together, the batch is whole, and it beats even.
+    assert weighted.compute_s["fast"] == pytest.approx(weighted.compute_s["slow"], rel=1e-6)
+    assert 2 * weighted.local_batch["fast"] + weighted.local_batch["slow"] == pytest.approx(64)
+    assert weighted.step_s < even.step_s
+    alone = predict(model, {"fast": 2}, split_policy="even", **kwargs)
+    assert alone.exchange_s == 0.0  # one group: no cross-group exchange
+    assert alone.step_s == pytest.approx(0.010 + ring + 0.002 * 32)
+
+
+def test_recommendation_leaves_out_a_group_whose_exchange_costs_more_than_it_saves() -> None:
+    # A slow group behind a slow link: 40 ms per step of exchange for a few samples' help.
+    trial = _trial({0: (0.002, 0.0005), 1: (0.004, 0.004)}, {0: 2, 1: 1}, cross=Ring(0.01, 2e-8))
+    model = fit(trial, GROUPS, sync_strategy="sync")
+    found = recommend(model, global_batch_size=64, epochs=2)
+    assert found.best.workers == {"fast": 2}
+    assert set(found.left_out) == {"slow"}
+    assert "exchange adds" in found.left_out["slow"] and "compute saves" in found.left_out["slow"]
+    assert found.marginal_gain_s["slow"] < 0  # adding it would cost time
+    assert found.marginal_gain_s["fast"] > 0  # leaving the fast group out would cost time
+    assert [o.finish_s for o in found.options] == sorted(o.finish_s for o in found.options)
+    # Every subset under both policies: {fast}, {slow}, {fast, slow} × even, weighted.
+    assert len(found.options) == 6
+
+
+def test_both_groups_recommended_when_the_exchange_is_cheap() -> None:
+    trial = _trial({0: (0.010, 0.002), 1: (0.010, 0.004)}, {0: 2, 1: 1}, cross=Ring(1e-5, 1e-10))
+    found = recommend(fit(trial, GROUPS, sync_strategy="sync"), global_batch_size=64, epochs=2)
+    assert found.best.workers == {"fast": 2, "slow": 1}
+    assert found.best.split_policy == "weighted"
+    assert found.left_out == {} and all(g > 0 for g in found.marginal_gain_s.values())
+
+
+def test_deadline_gives_the_fewest_workers_that_make_it() -> None:
+    trial = _trial({0: (0.010, 0.002), 1: (0.010, 0.004)}, {0: 2, 1: 1}, cross=Ring(1e-5, 1e-10))
+    model = fit(trial, GROUPS, sync_strategy="sync")
+    kwargs = {"global_batch_size": 64, "epochs": 2}
+    one = predict(model, {"fast": 1}, split_policy="even", **kwargs)
+    found = recommend(model, deadline_s=one.finish_s + 1.0, **kwargs)
+    assert found.for_deadline is not None and found.for_deadline.total_workers == 1
+    assert found.for_deadline.workers == {"fast": 1}  # the faster of the single workers
+    assert found.for_deadline.finish_s <= one.finish_s + 1.0
+    too_soon = recommend(model, deadline_s=found.best.finish_s / 2, **kwargs)
+    assert too_soon.for_deadline is None
+
+
+def test_periodic_pays_the_round_trips_once_a_period() -> None:
+    trips = {0: (0.001, 1e-8), 1: (0.003, 2e-8)}
+    trial = _trial({0: (0.010, 0.002), 1: (0.010, 0.002)}, {0: 2, 1: 1}, cross=None, trips=trips)
+    model = fit(trial, GROUPS, sync_strategy="periodic", sync_period=4)
+    both = predict(
+        model, {"fast": 2, "slow": 1}, split_policy="even", global_batch_size=64, epochs=1
+    )
+    assert both.exchange_s == pytest.approx((0.003 + BYTES * (1e-8 + 2e-8)) / 4)
+
+
+def test_a_group_the_model_lacks_is_refused() -> None:
+    model = fit(
+        _trial({0: (0.01, 0.001), 1: (0.01, 0.001)}, {0: 2, 1: 1}), GROUPS, sync_strategy="sync"
+    )
+    with pytest.raises(KeyError, match="gpu"):
+        predict(model, {"gpu": 1}, split_policy="even", global_batch_size=8, epochs=1)
+    assert isinstance(model.groups[0].step, Line)

@@ -1,0 +1,204 @@
+"""Plans over REST: a plan queues a real trial task on its candidate groups; the trial's
+timings (from its parameter server, through the internal API) fit the model; the plan then
+predicts every subset and recommends one; a task submitted from it has an ETA before its
+first step. Bad input is refused naming the field."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+
+from backend.plans import service
+from tests.conftest import add_account, agent_headers, make_group, make_project
+
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture
+def version(client: TestClient) -> dict:
+    make_group(client, "cpu-a", capacity=2)
+    make_group(client, "cpu-b", capacity=1)
+    return make_project(client, example="tiny_regression")[1]
+
+
+def _plan_body(version: dict, **overrides: object) -> dict:
+    return {
+        "project_id": version["project_id"],
+        "code_version_id": version["id"],
+        "resource_groups": [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
+        "global_batch_size": 64,
+        "epochs": 3,
+        **overrides,
+    }
+
+
+def _timings(slow_a: float = 0.03) -> dict:
+    """A trial's report: cpu-a's workers 10 ms + 2 ms/sample, cpu-b's `slow_a` + 6 ms/sample."""
+    sizes = [11, 22, 44]
+
+    def worker(rank: int, group: int, a: float, c: float) -> dict:
+        return {
+            "rank": rank,
+            "group_index": group,
+            "batch_sizes": sizes,
+            "step_s": [a + c * b for b in sizes],
+        }
+
+    return {
+        "n_train": 640,
+        "exchange_bytes": 4000,
+        "startup_s": 4.0,
+        "workers": [
+            worker(1, 0, 0.01, 0.002),
+            worker(2, 0, 0.01, 0.002),
+            worker(3, 1, slow_a, 0.006),
+        ],
+        "exchanges": [
+            {
+                "kind": "group_allreduce",
+                "group_index": 0,
+                "members": 2,
+                "bytes": [1000, 4000],
+                "seconds": [0.0002, 0.0003],
+            },
+            {
+                "kind": "leaders_allreduce",
+                "members": 2,
+                "bytes": [1000, 4000],
+                "seconds": [0.0004, 0.0006],
+            },
+        ],
+    }
+
+
+def _field(response) -> str:  # type: ignore[no-untyped-def]
+    body = response.json()
+    return str(body.get("field") or body)
+
+
+def test_a_plan_runs_a_trial_task_then_recommends(client: TestClient, version: dict) -> None:
+    created = client.post("/api/v1/plans", json=_plan_body(version))
+    assert created.status_code == 201, created.text
+    plan = created.json()
+    assert plan["status"] == "trial" and plan["best"] is None
+    # The trial is a real task: queued on both candidate groups, visible, one epoch.
+    task = client.get(f"/api/v1/tasks/{plan['trial_task_id']}").json()
+    assert task["status"] == "QUEUED" and task["name"].startswith("trial: ")
+    assert task["spec"]["trial"]["batch_sizes"] == service.trial_batch_sizes(64, 3) == [11, 22, 44]
+    assert [g["name"] for g in task["spec"]["groups"]] == ["cpu-a", "cpu-b"]
+    assert task["spec"]["epochs"] == 1 and task["max_restarts"] == 0
+    listed = client.get("/api/v1/tasks").json()
+    assert plan["trial_task_id"] in [t["id"] for t in listed]
+
+    stored = client.put(
+        f"/internal/v1/tasks/{plan['trial_task_id']}/trial",
+        headers=agent_headers(),
+        json=_timings(),
+    )
+    assert stored.status_code == 200 and stored.json() == {"plan_id": plan["id"], "fitted": True}
+    ready = client.get(f"/api/v1/plans/{plan['id']}").json()
+    assert ready["status"] == "ready"
+    # Every subset ({a}, {b}, {a, b}) under both split policies, fastest first.
+    assert len(ready["options"]) == 6
+    finishes = [o["finish_s"] for o in ready["options"]]
+    assert finishes == sorted(finishes)
+    best = ready["best"]
+    assert best == ready["options"][0]
+    assert best["workers"] == {"cpu-a": 2, "cpu-b": 1} and best["split_policy"] == "weighted"
+    assert set(ready["marginal_gain_s"]) == {"cpu-a", "cpu-b"}
+    assert ready["task_request"]["resource_groups"] == [
+        {"name": "cpu-a", "workers": 2},
+        {"name": "cpu-b", "workers": 1},
+    ]
+
+    # "Use this plan": the task it submits knows its time before its first step.
+    submitted = client.post("/api/v1/tasks", json=ready["task_request"])
+    assert submitted.status_code == 201, submitted.text
+    eta = submitted.json()["eta_s"]
+    assert eta == pytest.approx(best["finish_s"], rel=1e-3)
+    assert submitted.json()["spec"]["plan_id"] == plan["id"]
+
+
+def test_a_slow_group_behind_its_exchange_is_left_out_with_the_reason(
+    client: TestClient, version: dict
+) -> None:
+    plan = client.post("/api/v1/plans", json=_plan_body(version)).json()
+    client.put(
+        f"/internal/v1/tasks/{plan['trial_task_id']}/trial",
+        headers=agent_headers(),
+        json=_timings(slow_a=0.5),  # cpu-b's fixed cost alone is 25 times cpu-a's step
+    ).raise_for_status()
+    ready = client.get(f"/api/v1/plans/{plan['id']}").json()
+    assert ready["best"]["workers"] == {"cpu-a": 2}
+    assert "cpu-b" in ready["left_out"] and "later" in ready["left_out"]["cpu-b"]
+
+
+def test_deadline_names_the_fewest_workers(client: TestClient, version: dict) -> None:
+    deadline = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    plan = client.post("/api/v1/plans", json=_plan_body(version, deadline=deadline)).json()
+    client.put(
+        f"/internal/v1/tasks/{plan['trial_task_id']}/trial",
+        headers=agent_headers(),
+        json=_timings(),
+    ).raise_for_status()
+    ready = client.get(f"/api/v1/plans/{plan['id']}").json()
+    assert ready["for_deadline"]["workers"] == {"cpu-a": 1}  # one fast worker makes an hour
+    assert ready["task_request"]["resource_groups"] == [{"name": "cpu-a", "workers": 1}]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"resource_groups": []}, "resource_groups"),
+        ({"deadline": "2020-01-01T00:00:00Z"}, "deadline"),
+        ({"resource_groups": [{"name": "gpu-x", "workers": 1}]}, "resource_groups.0"),
+        ({"resource_groups": [{"name": "cpu-a", "workers": 3}]}, "resource_groups.0"),
+        (
+            {"global_batch_size": 1, "resource_groups": [{"name": "cpu-a", "workers": 2}]},
+            "global_batch_size",
+        ),
+    ],
+)
+def test_bad_plans_are_refused_naming_the_field(
+    client: TestClient, version: dict, overrides: dict, field: str
+) -> None:
+    before = client.get("/api/v1/tasks").json()
+    response = client.post("/api/v1/plans", json=_plan_body(version, **overrides))
+    assert response.status_code == 422, response.text
+    assert field in _field(response)
+    assert client.get("/api/v1/tasks").json() == before  # no trial task left behind
+    assert client.get("/api/v1/plans").json() == []
+
+
+def test_cancel_stops_the_trial_and_a_stranger_sees_nothing(
+    client: TestClient, version: dict
+) -> None:
+    plan = client.post("/api/v1/plans", json=_plan_body(version)).json()
+    stranger = add_account("stranger@example.org")
+    assert client.get(f"/api/v1/plans/{plan['id']}", headers=stranger.headers).status_code == 404
+    assert client.get("/api/v1/plans", headers=stranger.headers).json() == []
+    cancelled = client.post(f"/api/v1/plans/{plan['id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    task = client.get(f"/api/v1/tasks/{plan['trial_task_id']}").json()
+    assert task["status"] == "CANCELLED"
+    assert client.post(f"/api/v1/plans/{plan['id']}/cancel").status_code == 409
+
+
+def test_trial_timings_for_a_task_that_is_no_trial_are_refused(
+    client: TestClient, version: dict
+) -> None:
+    from tests.conftest import task_request
+
+    task = client.post("/api/v1/tasks", json=task_request(version)).json()
+    response = client.put(
+        f"/internal/v1/tasks/{task['id']}/trial", headers=agent_headers(), json=_timings()
+    )
+    assert response.status_code == 404 and "task_id" in _field(response)
+
+
+def test_a_task_from_an_unfitted_plan_is_refused(client: TestClient, version: dict) -> None:
+    plan = client.post("/api/v1/plans", json=_plan_body(version)).json()
+    from tests.conftest import task_request
+
+    response = client.post("/api/v1/tasks", json=task_request(version, plan_id=plan["id"]))
+    assert response.status_code == 422 and "plan_id" in _field(response)

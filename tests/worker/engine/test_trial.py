@@ -1,0 +1,67 @@
+"""A plan's trial run on real ranks: every worker's step timed at each batch size, every
+exchange timed at two sizes, one `trial` event from the parameter server, nothing trained."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from contracts.trial import TrialResult
+from worker.engine.local import launch_local
+from worker.engine.spec import RunSpec
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _result(spec: RunSpec) -> TrialResult:
+    run = launch_local(spec, timeout_s=150)
+    assert run.ok, run.text(0)[-3000:]
+    trials = [e for e in run.events if e["type"] == "trial"]
+    assert len(trials) == 1 and trials[0]["_rank"] == 0  # the parameter server reports it
+    assert any(e["type"] == "done" for e in run.events)
+    assert not any(e["type"] in ("checkpoint", "progress") for e in run.events)  # no training
+    return TrialResult.model_validate(trials[0]["result"])
+
+
+@pytest.mark.parametrize("strategy", ["sync", "periodic"])
+def test_trial_times_every_worker_and_exchange(
+    make_spec: Callable[..., RunSpec], tmp_path: Path, strategy: str
+) -> None:
+    # Group b computes at a quarter of group a's speed (sleep emulation, tests only).
+    groups = [
+        {"name": "a", "device_type": "cpu", "workers": 2},
+        {"name": "b", "device_type": "cpu", "workers": 1, "speed_factor": 0.25},
+    ]
+    spec = make_spec(
+        groups=groups,
+        sync_strategy=strategy,
+        sync_period=2 if strategy == "periodic" else 1,
+        global_batch_size=24,
+        trial={"batch_sizes": [4, 16], "steps": 3, "repeats": 3},
+    )
+    result = _result(spec)
+    assert result.n_train > 0 and result.startup_s > 0
+    assert sorted(w.rank for w in result.workers) == [1, 2, 3]
+    assert {w.rank: w.group_index for w in result.workers} == {1: 0, 2: 0, 3: 1}
+    for worker in result.workers:
+        assert worker.batch_sizes == [4, 16] and all(s > 0 for s in worker.step_s)
+    slow = next(w for w in result.workers if w.group_index == 1)
+    fast = [w for w in result.workers if w.group_index == 0]
+    # The emulated quarter speed shows in the measured step times.
+    assert slow.step_s[1] > 2 * max(w.step_s[1] for w in fast)
+    kinds = {(e.kind, e.group_index) for e in result.exchanges}
+    cross = (
+        {("leaders_allreduce", None)}
+        if strategy == "sync"
+        else {
+            ("ps_round_trip", 0),
+            ("ps_round_trip", 1),
+        }
+    )
+    assert kinds == {("group_allreduce", 0)} | cross
+    for exchange in result.exchanges:
+        assert exchange.bytes[-1] == result.exchange_bytes  # the step's vector
+        assert exchange.bytes[0] < exchange.bytes[-1]
+        assert all(s > 0 for s in exchange.seconds)

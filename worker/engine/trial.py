@@ -1,0 +1,254 @@
+"""A plan's trial run (``RunSpec.trial``): time the task's own step and exchanges, train nothing.
+
+Every rank runs :func:`run_trial` instead of the training session (docs/architecture.md,
+"Plans"). In order, the same on every rank:
+
+1. each compute worker times its step, forward, backward and the optimizer step of the
+   user's model, at each of the trial's local batch sizes (one warm-up step, then
+   ``steps`` timed steps; the median is kept), on seeded random items of its even shard;
+2. each group of two or more workers times its in-group allreduce of a small vector and of
+   the step's vector (the model's gradient and buffers, ``[P + B + 2]``);
+3. the groups time the strategy's cross-group exchange at the same two sizes: for ``sync``
+   the group leaders' allreduce, for ``periodic`` and ``quorum`` each leader's round trip
+   to the parameter server, one leader at a time;
+4. the parameter server gathers every timing (one ``gather_object``) and reports them as a
+   ``trial`` event (:class:`contracts.trial.TrialResult`); the backend fits the plan's
+   performance model from them (``backend/plans/model.py``).
+
+The model is trained on trial batches and then dropped: nothing is checkpointed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from worker.engine import report
+from worker.engine.compute import local_gradient
+from worker.engine.contract import TrainingCode
+from worker.engine.data import DataSources, Source
+from worker.engine.distributed import Topology
+from worker.engine.emulation import SpeedEmulator
+from worker.engine.exchange import leader_ranks, params_of, vector_to_grads
+from worker.engine.sharding import contiguous_shard
+from worker.engine.spec import RunSpec
+from worker.engine.state import ModelState
+
+SMALL_NUMEL = 256  # the small vector of each exchange: its time is mostly latency
+
+
+def _median_s(action: Callable[[], Any], repeats: int) -> float:
+    """Median wall seconds of ``repeats`` calls of ``action`` after one warm-up call."""
+    action()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def time_steps(
+    spec: RunSpec,
+    code: TrainingCode,
+    topo: Topology,
+    model: torch.nn.Module,
+    train: Source,
+    n_train: int,
+) -> list[float]:
+    """Step 1: this worker's median step seconds at each of the trial's batch sizes.
+
+    A step is what a worker does for one synchronous step apart from the exchange: the
+    gradient of its local batch (emulated speed included, :class:`SpeedEmulator`), the
+    gradient loaded into the parameters and one optimizer step."""
+    assert spec.trial is not None
+    emulator = SpeedEmulator(spec.speed_factor_of(topo.rank), topo.device)
+    optimizer = code.build_optimizer(model.parameters())
+    params = params_of(model)
+    n_params = sum(p.numel() for p in params)
+    shard = contiguous_shard(n_train, topo.n_workers, topo.worker_index)
+    pool = torch.arange(shard.start, shard.stop) if len(shard) else torch.arange(n_train)
+    generator = torch.Generator().manual_seed(spec.seed * 1000 + topo.rank)
+    medians = []
+    for size in spec.trial.batch_sizes:
+        batches = [
+            pool[torch.randint(0, len(pool), (size,), generator=generator)]
+            for _ in range(spec.trial.steps + 1)
+        ]
+        train.plan(batches)
+        times = []
+        for indices in batches:
+            vector, compute_s = emulator.run(
+                lambda idx=indices: local_gradient(code, model, train, idx, topo.device),  # type: ignore[misc]
+                size,
+            )
+            started = time.perf_counter()
+            vector_to_grads(vector[:n_params] / size, params)
+            optimizer.step()
+            times.append(compute_s + time.perf_counter() - started)
+        medians.append(statistics.median(times[1:]))
+    model.zero_grad(set_to_none=True)
+    return medians
+
+
+def _allreduce(vector: torch.Tensor, group: dist.ProcessGroup | None) -> Callable[[], Any]:
+    return lambda: dist.all_reduce(vector, group=group)
+
+
+def _sizes(numel: int) -> list[int]:
+    """The exchanged vector sizes in elements: a small one (at most a quarter of the step's
+    vector), and the step's vector ``numel`` (at least 2)."""
+    return [max(1, min(SMALL_NUMEL, numel // 4)), numel]
+
+
+def time_group_allreduce(
+    spec: RunSpec, topo: Topology, numel: int, dtype: torch.dtype
+) -> dict[str, Any] | None:
+    """Step 2, on every worker of a group of two or more (None elsewhere)."""
+    assert spec.trial is not None
+    if topo.group is None or len(topo.group_ranks) < 2:
+        return None
+    seconds, sizes = [], _sizes(numel)
+    for size in sizes:
+        vector = torch.zeros(size, dtype=dtype, device=topo.device)
+        seconds.append(_median_s(_allreduce(vector, topo.group), spec.trial.repeats))
+    element = torch.empty(0, dtype=dtype).element_size()
+    return {
+        "kind": "group_allreduce",
+        "group_index": topo.group_index,
+        "members": len(topo.group_ranks),
+        "bytes": [s * element for s in sizes],
+        "seconds": seconds,
+    }
+
+
+def time_cross_exchange(
+    spec: RunSpec, topo: Topology, numel: int, dtype: torch.dtype
+) -> list[dict[str, Any]]:
+    """Step 3: the cross-group exchange's timings, on the rank that reports them (the first
+    leader for ``sync``, the parameter server otherwise); empty elsewhere and with one group."""
+    assert spec.trial is not None
+    repeats, sizes = spec.trial.repeats, _sizes(numel)
+    element = torch.empty(0, dtype=dtype).element_size()
+    if len(spec.groups) < 2:
+        return []
+    if spec.sync_strategy == "sync":
+        if topo.cross is None:
+            return []
+        seconds = []
+        for size in sizes:
+            vector = torch.zeros(size, dtype=dtype)
+            seconds.append(_median_s(_allreduce(vector, topo.cross), repeats))
+        if topo.rank != leader_ranks(topo)[0]:
+            return []
+        return [
+            {
+                "kind": "leaders_allreduce",
+                "members": len(spec.groups),
+                "bytes": [s * element for s in sizes],
+                "seconds": seconds,
+            }
+        ]
+    return _round_trips(topo, sizes, dtype, repeats, element)
+
+
+def _round_trips(
+    topo: Topology, sizes: list[int], dtype: torch.dtype, repeats: int, element: int
+) -> list[dict[str, Any]]:
+    """Each leader's round trip to the parameter server in turn, timed at the leader and
+    sent to the server: a go token first, so a leader's clock starts when the server is
+    ready for it and not while it serves an earlier group."""
+    found = []
+    for g, leader in enumerate(leader_ranks(topo)):
+        if topo.rank not in (0, leader):
+            continue
+        peer = leader if topo.is_ps else 0
+        seconds = []
+        for size in sizes:
+            vector = torch.zeros(size, dtype=dtype)
+            token = torch.zeros(1)
+            times = []
+            for _ in range(repeats + 1):
+                if topo.is_ps:
+                    dist.send(token, dst=peer, group=topo.leaders)
+                    dist.recv(vector, src=peer, group=topo.leaders)
+                    dist.send(vector, dst=peer, group=topo.leaders)
+                else:
+                    dist.recv(token, src=peer, group=topo.leaders)
+                    started = time.perf_counter()
+                    dist.send(vector, dst=peer, group=topo.leaders)
+                    dist.recv(vector, src=peer, group=topo.leaders)
+                    times.append(time.perf_counter() - started)
+            if not topo.is_ps:
+                seconds.append(statistics.median(times[1:]))
+        if not topo.is_ps:
+            found.append(
+                {
+                    "kind": "ps_round_trip",
+                    "group_index": g,
+                    "members": 2,
+                    "bytes": [s * element for s in sizes],
+                    "seconds": seconds,
+                }
+            )
+    return found
+
+
+def run_trial(
+    spec: RunSpec,
+    code: TrainingCode,
+    topo: Topology,
+    model: torch.nn.Module,
+    data: DataSources,
+) -> None:
+    """Take part in the trial as rank ``topo.rank`` (steps 1-4 above). The start-up seconds
+    reported are the parameter server's, from its process's start to here (interpreter,
+    rendezvous, the user's model and data).
+
+    Raises whatever the user's code raises."""
+    assert spec.trial is not None
+    model.to(topo.device)
+    state = ModelState.of(model)
+    numel = state.n_params + state.n_buffers + 2
+    dtype = params_of(model)[0].dtype
+    startup_s = max(0.0, time.time() - psutil.Process().create_time())
+    mine: dict[str, Any] = {"exchanges": []}
+    if not topo.is_ps:
+        assert data.train is not None
+        mine["worker"] = {
+            "rank": topo.rank,
+            "group_index": topo.group_index,
+            "batch_sizes": list(spec.trial.batch_sizes),
+            "step_s": time_steps(spec, code, topo, model, data.train, data.n_train),
+        }
+        in_group = time_group_allreduce(spec, topo, numel, dtype)
+        if in_group is not None and topo.am_i_leader:
+            mine["exchanges"].append(in_group)
+    mine["exchanges"] += time_cross_exchange(spec, topo, numel, dtype)
+    gathered: list[Any] | None = [None] * topo.world_size if topo.is_ps else None
+    dist.gather_object(mine, gathered, dst=0)
+    if gathered is None:
+        return
+    workers = [part["worker"] for part in gathered if "worker" in part]
+    exchanges = [e for part in gathered for e in part["exchanges"]]
+    element = torch.empty(0, dtype=dtype).element_size()
+    report.trial(
+        {
+            "n_train": data.n_train,
+            "exchange_bytes": numel * element,
+            "startup_s": startup_s,
+            "workers": workers,
+            "exchanges": exchanges,
+        }
+    )
+    report.log(
+        f"trial: {len(workers)} workers timed at local batch sizes {spec.trial.batch_sizes}, "
+        f"{len(exchanges)} exchanges timed"
+    )
+    report.done()
