@@ -4,6 +4,7 @@ import io
 import time
 
 import httpx
+import pytest
 import torch
 
 from polytrain.stack import LocalStack
@@ -152,3 +153,38 @@ def test_nan_loss_on_one_rank_fails_the_task_naming_where(
     checkpoints = api.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()
     assert [c["step"] for c in checkpoints] == [2, 3]  # the last good one is kept
     assert_released(api, stack, task["id"])
+
+
+def test_a_plan_runs_its_trial_as_a_real_task_and_its_task_gets_an_eta(
+    api: httpx.Client, stack: LocalStack
+) -> None:
+    """A plan's trial is scheduled on both groups, runs real ranks, reports its timings
+    through the agent, ends SUCCEEDED and releases its workers; the plan then recommends
+    and the task submitted from it has an ETA before its first step."""
+    version = new_version(api, example="tiny_regression")
+    created = api.post(
+        "/api/v1/plans",
+        json={
+            "project_id": version["project_id"],
+            "code_version_id": version["id"],
+            "resource_groups": [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}],
+            "global_batch_size": 16,
+            "epochs": 2,
+            "trial_steps": 2,
+        },
+    )
+    assert created.status_code == 201, created.text
+    plan = created.json()
+    trial = wait_for(api, plan["trial_task_id"], {"SUCCEEDED", "FAILED", "CANCELLED"})
+    assert trial["status"] == "SUCCEEDED", trial["status_reason"]
+    assert_released(api, stack, trial["id"])
+    ready = api.get(f"/api/v1/plans/{plan['id']}").json()
+    assert ready["status"] == "ready", ready["error"]
+    assert len(ready["options"]) == 6  # {a}, {b}, {a, b} × even, weighted
+    assert all(o["step_s"] > 0 and o["finish_s"] > o["step_s"] for o in ready["options"])
+    assert set(ready["marginal_gain_s"]) == {"cpu-a", "cpu-b"}
+    task = api.post("/api/v1/tasks", json=ready["task_request"]).json()
+    assert task["spec"]["plan_id"] == plan["id"]
+    assert task["eta_s"] == pytest.approx(ready["best"]["finish_s"], rel=0.05)
+    done = wait_for(api, task["id"], {"SUCCEEDED", "FAILED", "CANCELLED"})
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
