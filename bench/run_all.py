@@ -54,6 +54,9 @@ MORE = (
     "bench.agent_fleet",
     # what the cross-device agreement checks cost a clean run (issue 21): about 12 minutes
     "bench.agreement_overhead",
+    # a plan's predictions against real throttled runs (issue 21 item 3; root, cgroup v1
+    # cpu, else it exits 2): about 5 minutes
+    "bench.plan_error",
 )
 # `make bench-quick` (--quick): the engine's core figures in a few minutes, fewer sizes and rounds.
 QUICK = (

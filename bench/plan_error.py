@@ -1,0 +1,198 @@
+"""Benchmark ``plan_error``: how well a plan's performance model predicts real, throttled runs.
+
+Three groups of one worker each in CPU cgroups of their own (bench/throttle.py): "a" pinned
+to core 0 with no quota, "b" and "c" pinned to core 1 at 1/2 and 1/4 of it (together 3/4
+of the core, so neither takes from the other). The task is bench/workloads/hetero_cnn.py
+(4,096 samples, global batch 256, 16 steps an epoch, ``sync``, ``weighted`` split) for
+``EPOCHS`` epochs.
+
+Each round (paired, counterbalanced: ``bench.stats.paired_rounds``):
+
+1. the plan's trial on all three groups (``worker/engine/trial.py``, as the platform runs
+   it, with the same cgroups), fitted by ``backend/plans/performance.py``;
+2. a real run on each of three subsets, {a, b, c}, {a, b} and {b, c}: its measured epoch
+   seconds (the parameter server's ``epoch_time_s``, epochs 1.. as epoch 0 is where the
+   balancer settles) against the model's predicted ``epoch_s`` for that subset;
+3. in the same runs, the ETA the platform gives at 25 % progress (the pace of measured
+   steps, as ``Task.finish_estimate``: progress since the first report over the time it
+   took, extrapolated from the report at or past 25 %) against the time the run actually
+   took from that report to its ``done`` event; and the plan's ``finish_s`` (start-up plus
+   every epoch) against the run's whole wall time, reported beside it (no target).
+
+Errors are ``predicted / measured - 1``. One line per subset (``plan_error_<subset>``),
+then ``plan_error`` whose value is the worst median absolute error over the epoch
+predictions and the ETAs; target <= 0.10. Needs root and the cgroup v1 cpu controller;
+exits 2 with a message where it is missing.
+
+    python -m bench.plan_error [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from backend.plans.performance import PerformanceModel, fit, predict
+from backend.plans.service import trial_batch_sizes
+from bench.common import emit, ps_metric, run_task, workload
+from bench.stats import paired_rounds, summary
+from bench.throttle import CpuGroup, Throttle, ThrottleError, exit_unavailable, placement
+from contracts.trial import TrialResult
+
+PREFIX = "ptbench-plan"
+BATCH, EPOCHS = 256, 4
+TARGET = "|error| <= 0.10 (epoch time of each subset, ETA at 25 % progress)"
+QUOTAS = {"a": (None, 0), "b": (1 / 2, 1), "c": (1 / 4, 1)}  # fraction of a core, core
+GROUPS = {name: {"name": name, "device_type": "cpu", "workers": 1} for name in QUOTAS}
+SUBSETS = [("a", "b", "c"), ("a", "b"), ("b", "c")]
+
+
+def task(groups: list[dict[str, Any]], epochs: int, **extra: Any) -> dict[str, Any]:
+    """The RunSpec fields of one run on ``groups``."""
+    return {
+        "code": workload("hetero_cnn"),
+        "epochs": epochs,
+        "global_batch_size": BATCH,
+        "groups": groups,
+        "sync_strategy": "sync",
+        "split_policy": "weighted",
+        "on_disagreement": "off",
+        **extra,
+    }
+
+
+def plan(cpu: dict[str, CpuGroup]) -> PerformanceModel:
+    """The trial on all three groups, fitted."""
+    groups = [GROUPS[name] for name in QUOTAS]
+    trial = {"batch_sizes": trial_batch_sizes(BATCH, len(groups)), "steps": 5, "repeats": 5}
+    run = run_task(task(groups, 1, trial=trial), on_spawn=placement(groups, cpu))
+    (event,) = [e for e in run.events if e["type"] == "trial"]
+    result = TrialResult.model_validate(event["result"])
+    return fit(result, [(g["name"], "cpu", 1) for g in groups], sync_strategy="sync")
+
+
+def eta_at(
+    reports: list[tuple[float, float]], done_at: float, fraction: float = 0.25
+) -> tuple[float, float]:
+    """``(eta, actual)`` seconds from the first progress report at or past ``fraction``:
+    the pace-based ETA (``Task.finish_estimate``) and the time the run then took to its
+    ``done``. ``reports`` are ``(monotonic time, progress)``."""
+    first_t, first_p = reports[0]
+    at_t, at_p = next((t, p) for t, p in reports if p >= fraction and p > first_p)
+    eta = (at_t - first_t) / (at_p - first_p) * (1.0 - at_p)
+    return eta, done_at - at_t
+
+
+def measured(cpu: dict[str, CpuGroup], subset: tuple[str, ...]) -> dict[str, float]:
+    """One real run on ``subset``: its epoch seconds, its ETA at 25 % and what followed, and
+    its wall seconds."""
+    groups = [GROUPS[name] for name in subset]
+    reports: list[tuple[float, float]] = []
+    done: list[float] = []
+
+    def watch(event: dict[str, Any]) -> bool:
+        now = time.monotonic()
+        if event["type"] == "progress":
+            total = max(1, event["epochs"] * event["steps_per_epoch"])
+            reports.append((now, event["step"] / total))
+        elif event["type"] == "done":
+            done.append(now)
+        return False
+
+    started = time.monotonic()
+    run = run_task(task(groups, EPOCHS), on_spawn=placement(groups, cpu), stop_when=watch)
+    eta, actual = eta_at(reports, done[0])
+    return {
+        "epoch_s": statistics.median(ps_metric(run, "epoch_time_s")[1:]),
+        "eta_s": eta,
+        "remaining_s": actual,
+        "wall_s": done[0] - started,
+    }
+
+
+def measure(cpu: dict[str, CpuGroup], rounds: int) -> dict[str, list[Any]]:
+    """Every run of every round: the plan and one run per subset."""
+    arms: dict[str, Callable[[], Any]] = {"plan": lambda: plan(cpu)}
+    for subset in SUBSETS:
+        arms["".join(subset)] = lambda s=subset: measured(cpu, s)  # type: ignore[misc]
+    return paired_rounds(arms, rounds)
+
+
+def subset_figures(runs: dict[str, list[Any]], subset: tuple[str, ...]) -> dict[str, Any]:
+    """Per round: predicted against measured epoch seconds, the ETA error, the finish."""
+    epoch_error, eta_error, finish_error = [], [], []
+    predicted_epoch, measured_epoch = [], []
+    for model, found in zip(runs["plan"], runs["".join(subset)], strict=True):
+        guess = predict(
+            model,
+            {name: 1 for name in subset},
+            global_batch_size=BATCH,
+            epochs=EPOCHS,
+            split_policy="weighted",
+        )
+        predicted_epoch.append(guess.epoch_s)
+        measured_epoch.append(found["epoch_s"])
+        epoch_error.append(guess.epoch_s / found["epoch_s"] - 1)
+        eta_error.append(found["eta_s"] / found["remaining_s"] - 1)
+        finish_error.append(guess.finish_s / found["wall_s"] - 1)
+    return {
+        "epoch_error": summary(epoch_error),
+        "eta_25_error": summary(eta_error),
+        "finish_error": summary(finish_error),
+        "predicted_epoch_s": summary(predicted_epoch),
+        "measured_epoch_s": summary(measured_epoch),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="a plan's predictions against real runs")
+    parser.add_argument("--rounds", type=int, default=5, help="paired, counterbalanced")
+    args = parser.parse_args()
+    try:
+        with Throttle(prefix=PREFIX) as throttle:
+            cpu = {
+                name: throttle.group(name, fraction=fraction, core=core)
+                for name, (fraction, core) in QUOTAS.items()
+            }
+            load = os.getloadavg()[0]
+            runs = measure(cpu, args.rounds)
+            load_avg = [round(load, 2), round(os.getloadavg()[0], 2)]
+    except ThrottleError as err:
+        exit_unavailable(err, "bench.plan_error")
+    worst: list[float] = []
+    for subset in SUBSETS:
+        found = subset_figures(runs, subset)
+        value = max(abs(found["epoch_error"]["median"]), abs(found["eta_25_error"]["median"]))
+        worst.append(value)
+        emit(
+            f"plan_error_{''.join(subset)}",
+            value,
+            TARGET,
+            **found,
+            quotas={name: q for name, (q, _) in QUOTAS.items()},
+            load_avg_1min=load_avg,
+        )
+    models = runs["plan"]
+    emit(
+        "plan_error",
+        max(worst),
+        TARGET,
+        subsets=["".join(s) for s in SUBSETS],
+        rounds=args.rounds,
+        fitted_step_s_per_sample={
+            g.name: summary([m.group(g.name).step.slope for m in models], 7)
+            for g in models[0].groups
+        },
+        fitted_step_fixed_s={
+            g.name: summary([m.group(g.name).step.intercept for m in models], 5)
+            for g in models[0].groups
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

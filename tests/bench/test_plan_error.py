@@ -1,0 +1,51 @@
+"""bench.plan_error: the pace-based ETA at 25 % progress, and each subset's errors from the
+plan's model and the measured runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.plans.performance import GroupModel, Line, PerformanceModel, Ring, predict
+from bench.plan_error import BATCH, EPOCHS, eta_at, subset_figures
+
+
+def test_eta_at_25_percent_is_the_pace_since_the_first_report() -> None:
+    # First report at t=10 (progress 0.05), then 0.05 per 2 s: at 0.25 (t=18) the pace is
+    # 8 s per 0.20, so 0.75 more take 30 s; the run was done at t=50, 32 s later.
+    reports = [(10.0 + 2.0 * i, 0.05 * (i + 1)) for i in range(10)]
+    eta, actual = eta_at(reports, done_at=50.0)
+    assert eta == pytest.approx(30.0)
+    assert actual == pytest.approx(32.0)
+
+
+def test_subset_errors_compare_the_model_with_each_round() -> None:
+    groups = [
+        GroupModel("a", "cpu", 1, Line(0.002, 0.0002)),
+        GroupModel("b", "cpu", 1, Line(0.004, 0.0004)),
+        GroupModel("c", "cpu", 1, Line(0.004, 0.0008)),
+    ]
+    model = PerformanceModel(groups, 4096, 138_000, 3.0, "sync", cross=Ring(1e-4, 1e-9))
+    truth = predict(
+        model, {"b": 1, "c": 1}, global_batch_size=BATCH, epochs=EPOCHS, split_policy="weighted"
+    )
+    runs = {
+        "plan": [model, model],
+        "bc": [
+            {
+                "epoch_s": truth.epoch_s,
+                "eta_s": 10.0,
+                "remaining_s": 10.0,
+                "wall_s": truth.finish_s,
+            },
+            {
+                "epoch_s": truth.epoch_s / 1.25,
+                "eta_s": 9.0,
+                "remaining_s": 10.0,
+                "wall_s": 2 * truth.finish_s,
+            },
+        ],
+    }
+    found = subset_figures(runs, ("b", "c"))
+    assert found["epoch_error"]["values"] == [0.0, 0.25]
+    assert found["eta_25_error"]["values"] == [0.0, -0.1]
+    assert found["finish_error"]["values"] == [0.0, -0.5]
