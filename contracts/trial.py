@@ -9,7 +9,7 @@ its in-group allreduce, and the groups together time the strategy's cross-group 
 two sizes (a small vector and the model's), so latency and bandwidth can be told apart.
 """
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -24,12 +24,16 @@ ExchangeKind = Literal["group_allreduce", "leaders_allreduce", "ps_round_trip"]
 model exchange of `periodic` and `quorum`)."""
 
 
+BatchSize = Annotated[int, Field(ge=1, le=10_000_000)]
+Bytes = Annotated[int, Field(ge=1, le=2**40)]
+
+
 class TrialOptions(BaseModel):
     """What a trial task times. `batch_sizes`: local batch sizes (samples per worker) each
     worker times, two or more, distinct; `steps`: timed steps at each size after one
     warm-up step (the median is kept); `repeats`: timed repetitions of each exchange (median)."""
 
-    batch_sizes: list[int] = Field(min_length=2, max_length=8)
+    batch_sizes: list[BatchSize] = Field(min_length=2, max_length=8)
     steps: int = Field(default=5, ge=1, le=100)
     repeats: int = Field(default=5, ge=1, le=100)
 
@@ -47,7 +51,7 @@ class WorkerTiming(StrictModel):
 
     rank: int = Field(ge=1, le=100_001)
     group_index: int = Field(ge=0, le=100_000)
-    batch_sizes: list[int] = Field(min_length=2, max_length=8)
+    batch_sizes: list[BatchSize] = Field(min_length=2, max_length=8)
     step_s: list[float] = Field(min_length=2, max_length=8)
 
     @model_validator(mode="after")
@@ -66,7 +70,7 @@ class ExchangeTiming(StrictModel):
     kind: ExchangeKind
     group_index: int | None = Field(default=None, ge=0, le=100_000)
     members: int = Field(ge=2, le=100_001)
-    bytes: list[int] = Field(min_length=2, max_length=8)
+    bytes: list[Bytes] = Field(min_length=2, max_length=8)
     seconds: list[float] = Field(min_length=2, max_length=8)
 
     @model_validator(mode="after")
@@ -88,13 +92,3 @@ class TrialResult(StrictModel):
     startup_s: float = Field(ge=0.0, le=1e6)
     workers: list[WorkerTiming] = Field(min_length=1, max_length=10_000)
     exchanges: list[ExchangeTiming] = Field(default_factory=list, max_length=10_000)
-
-
-class TrialRead(BaseModel):
-    """A trial result as the API returns it."""
-
-    n_train: int
-    exchange_bytes: int
-    startup_s: float
-    workers: list[WorkerTiming]
-    exchanges: list[ExchangeTiming]

@@ -15,15 +15,21 @@ the group leaders' allreduce for any number of groups. For ``periodic`` and ``qu
 each leader's round trip to the parameter server is a line ``l + n m``; the server's link
 carries every group's bytes, so ``k`` groups cost ``max l + n * sum m``, once a period.
 
-**A step.** ``sync``: the slowest group's compute and in-group allreduce, plus the
-cross-group exchange; ``periodic``: the same with the exchange over ``sync_period`` steps;
-``quorum``: the ``quorum``-th fastest group's, plus the exchange. Reductions are priced as
-if they did not overlap with the backward pass (the engine overlaps them bucket by bucket),
-so the prediction is an upper bound when communication is large.
+**A step.** ``sync``: the slowest group's compute and in-group allreduce, plus the cross-
+group exchange; ``periodic``: the same with the exchange over ``sync_period`` steps;
+``quorum``: the same with each group's round trip every step (every group runs every step of
+the epoch, ``worker/engine/strategy_quorum.py``, so the slowest group still sets the epoch;
+the quorum only lets updates go ahead of it, within ``max_staleness``). A group's step time
+is the slowest of its workers' median step times. Reductions are priced as if they did not
+overlap with the backward pass (the engine overlaps them bucket by bucket), and the in-group
+broadcast after the leaders' allreduce is not priced (docs/benchmarks.md, ``plan_error``,
+gives the measured error).
 
 **Splits.** ``even``: every worker takes ``G / W`` samples. ``weighted``: the shares the
 load balancer aims for, the split that makes every group's compute and in-group allreduce
-end together (water filling: a group whose fixed cost alone exceeds that time gets none).
+end together (water filling, in closed form: a group whose fixed cost alone exceeds that
+time gets no samples, yet still pays its fixed cost every step: the engine gives every
+worker at least one sample).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from typing import Any
 
 from contracts.trial import ExchangeTiming, TrialResult
 
-MAX_SUBSETS = 20_000  # the deadline search's worker-count combinations, at most
+MAX_SUBSETS = 2_000  # the deadline search's worker-count combinations, at most
 
 
 @dataclass(frozen=True)
@@ -154,17 +160,18 @@ def fit(
     quorum: int | None = None,
 ) -> PerformanceModel:
     """The performance model of a trial on ``groups`` (``(name, device_type, workers)`` in the
-    trial's group order). A group's step line goes through the median over its workers at
-    each batch size. Raises ValueError when a group has no timed worker."""
+    trial's group order). A group's step line goes through its slowest worker's time at
+    each batch size. Raises ValueError when a group has no timed worker, its workers were
+    timed at different sizes, or an exchange the strategy needs was not timed."""
     fitted = []
     for index, (name, device_type, workers) in enumerate(groups):
         timed = [w for w in trial.workers if w.group_index == index]
         if not timed:
             raise ValueError(f"the trial timed no worker of group {name!r}")
         sizes = timed[0].batch_sizes
-        points = [
-            (float(b), statistics.median(w.step_s[i] for w in timed)) for i, b in enumerate(sizes)
-        ]
+        if any(w.batch_sizes != sizes for w in timed):
+            raise ValueError(f"the workers of group {name!r} were timed at other batch sizes")
+        points = [(float(b), max(w.step_s[i] for w in timed)) for i, b in enumerate(sizes)]
         ring = next(
             (
                 Ring.fit(e)
@@ -181,8 +188,14 @@ def fit(
             ),
             None,
         )
+        if ring is None and len(timed) > 1:
+            raise ValueError(f"the trial timed no allreduce of group {name!r}")
+        if trip is None and len(groups) > 1 and sync_strategy != "sync":
+            raise ValueError(f"the trial timed no round trip of group {name!r}")
         fitted.append(GroupModel(name, device_type, workers, fit_line(points), ring, trip))
     cross = next((Ring.fit(e) for e in trial.exchanges if e.kind == "leaders_allreduce"), None)
+    if cross is None and len(groups) > 1 and sync_strategy == "sync":
+        raise ValueError("the trial timed no allreduce of the group leaders")
     return PerformanceModel(
         groups=fitted,
         n_train=trial.n_train,
@@ -201,7 +214,8 @@ class Prediction:
     ``step_s``, ``epoch_s`` and ``finish_s`` (start-up and every epoch) in seconds,
     ``samples_per_s``, and per group its local batch per worker (``local_batch``), its step's
     compute seconds (``compute_s``) and the cross-group exchange per step (``exchange_s``).
-    ``idle`` names groups the split gives no samples: they only add exchange cost."""
+    ``idle`` names groups the split gives no samples: they still pay their fixed cost and
+    the exchange every step."""
 
     workers: dict[str, int]
     split_policy: str
@@ -237,20 +251,20 @@ def exchange_s(model: PerformanceModel, names: Sequence[str]) -> float:
 
 def _balanced(fixed: list[float], slopes: list[float], counts: list[int], batch: int) -> float:
     """The time ``T`` at which ``sum(counts[g] * max(0, (T - fixed[g]) / slopes[g])) ==
-    batch``: the weighted split's common step time (bisection; water filling)."""
-    low = min(fixed)
-    high = max(fixed) + batch * max(slopes) + 1e-12
-
-    def taken(t: float) -> float:
-        return sum(n * max(0.0, (t - f) / s) for f, s, n in zip(fixed, slopes, counts, strict=True))
-
-    for _ in range(200):
-        middle = (low + high) / 2
-        if taken(middle) < batch:
-            low = middle
-        else:
-            high = middle
-    return high
+    batch``: the weighted split's common step time (water filling in closed form: with the
+    groups of the lowest fixed costs taking samples, ``T = (batch + sum n f / s) /
+    sum n / s``; the first such set whose ``T`` stays below the next group's fixed cost)."""
+    order = sorted(range(len(fixed)), key=lambda g: fixed[g])
+    weight = offset = 0.0
+    common = fixed[order[0]]
+    for position, g in enumerate(order):
+        weight += counts[g] / slopes[g]
+        offset += counts[g] * fixed[g] / slopes[g]
+        common = (batch + offset) / weight
+        following = order[position + 1] if position + 1 < len(order) else None
+        if following is None or common <= fixed[following]:
+            break
+    return common
 
 
 def predict(
@@ -281,13 +295,8 @@ def predict(
     else:
         local = [global_batch_size / total] * len(groups)
     compute = [f + s * b for f, s, b in zip(fixed, slopes, local, strict=True)]
-    if model.sync_strategy == "quorum":
-        q = min(model.quorum or max(1, len(groups) - 1), len(groups))
-        slowest = sorted(compute)[q - 1]
-    else:
-        slowest = max(compute)
     cross = exchange_s(model, names)
-    step = slowest + cross
+    step = max(compute) + cross
     steps = math.ceil(model.n_train / global_batch_size)
     return Prediction(
         workers=dict(workers),
@@ -408,6 +417,8 @@ def _for_deadline(
         else (tuple(asked[n] if n in s else 0 for n in names) for s in subsets(names))
     )
     found: Prediction | None = None
+    if deadline_s <= 0:
+        return None
     for combo in counts:
         workers = {n: w for n, w in zip(names, combo, strict=True) if w}
         if not workers or not fits_batch(model, workers, kwargs["global_batch_size"]):

@@ -1,6 +1,8 @@
 """A task's predicted time from its plan's model, for its ETA before the first step
 (`Task.finish_estimate`). Imports no other domain's service, so `backend.tasks` may use it."""
 
+import dataclasses
+
 from sqlalchemy.orm import Session
 
 from backend.core.errors import Invalid
@@ -17,13 +19,16 @@ def predicted_finish_s(
     global_batch_size: int,
     epochs: int,
     split_policy: str,
+    sync_strategy: str,
+    sync_period: int = 1,
 ) -> float:
     """Seconds a task of ``project_id`` on ``workers`` (group -> workers) is predicted to take
     from its start, by plan ``plan_id``'s model.
 
     Raises:
         Invalid (field `plan_id`): no such plan in the project, its model is not fitted yet,
-            or a group of the task was not one of its candidates.
+            or a group of the task was not one of its candidates, or the task's sync
+            strategy is not the one the plan timed.
     """
     plan = session.get(Plan, plan_id)
     if plan is None or plan.project_id != project_id:
@@ -33,6 +38,13 @@ def predicted_finish_s(
             f"plan {plan_id} has no fitted model yet (its trial has not reported)", field="plan_id"
         )
     model = performance.PerformanceModel.from_json(plan.model)
+    if sync_strategy != model.sync_strategy:
+        raise Invalid(
+            f"plan {plan_id} timed the exchange of sync_strategy {model.sync_strategy!r}, not "
+            f"{sync_strategy!r}: plan again with this strategy",
+            field="plan_id",
+        )
+    model = dataclasses.replace(model, sync_period=sync_period)
     try:
         return performance.predict(
             model,

@@ -48,10 +48,11 @@ def create_plan(data: PlanCreate, session: SessionDep, user: CurrentUser) -> Pla
 def list_plans(
     session: SessionDep, user: CurrentUser, page: Page, response: Response
 ) -> list[PlanRead]:
-    """Plans of the projects the caller may see, newest first."""
+    """Plans of the projects the caller may see, newest first, without their predictions
+    (`GET /plans/{id}` gives them)."""
     ids = project_access.visible_project_ids(session, user=user)
     plans = paginated(list(service.list_plans(session, project_ids=ids)), page, response)
-    found = [service.read(session, plan=p) for p in plans]
+    found = [service.read(session, plan=p, detail=False) for p in plans]
     release(session)
     return found
 

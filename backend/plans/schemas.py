@@ -3,12 +3,11 @@
 from datetime import UTC, datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from backend.core.schemas import UtcDateTime
 from contracts.plan import SplitPolicy, SyncStrategy
 from contracts.strict import StrictModel
-from contracts.trial import TrialResult
 
 PlanStatus = Literal["trial", "ready", "failed", "cancelled"]
 
@@ -45,7 +44,13 @@ class PlanCreate(StrictModel):
         description="when the task must have finished (UTC): the plan names the "
         "fewest workers predicted to make it",
     )
-    trial_steps: int = Field(default=5, ge=1, le=100, description="timed steps per batch size")
+    trial_steps: int = Field(
+        default=5,
+        ge=1,
+        le=20,
+        description="timed steps per batch size (the trial's collectives wait for the "
+        "slowest group's timing, within the ranks' collective timeout)",
+    )
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
 
     model_config = ConfigDict(
@@ -76,23 +81,36 @@ class PlanCreate(StrictModel):
     @field_validator("deadline")
     @classmethod
     def _in_future(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)  # a time without a zone is UTC, as the API's
         if value is not None and value <= datetime.now(UTC):
             raise ValueError("is in the past: give a time to come (UTC)")
         return value
 
-    @model_validator(mode="after")
-    def _consistent(self) -> "PlanCreate":
-        if self.sync_period != 1 and self.sync_strategy != "periodic":
-            raise ValueError("sync_period applies to sync_strategy 'periodic' only")
-        if self.quorum is not None and self.sync_strategy != "quorum":
-            raise ValueError("quorum applies to sync_strategy 'quorum' only")
-        smallest = min(g.workers for g in self.resource_groups)
-        if self.global_batch_size < smallest:
+    @field_validator("global_batch_size")
+    @classmethod
+    def _batch_covers_a_group(cls, value: int, info: ValidationInfo) -> int:
+        groups = info.data.get("resource_groups") or []
+        smallest = min((g.workers for g in groups), default=1)
+        if value < smallest:
             raise ValueError(
-                f"global_batch_size ({self.global_batch_size}) is smaller than the workers of "
-                f"every candidate group (fewest: {smallest})"
+                f"is smaller than the workers of every candidate group (fewest: {smallest})"
             )
-        return self
+        return value
+
+    @field_validator("sync_period")
+    @classmethod
+    def _period_needs_periodic(cls, value: int, info: ValidationInfo) -> int:
+        if value != 1 and info.data.get("sync_strategy") != "periodic":
+            raise ValueError("applies to sync_strategy 'periodic' only")
+        return value
+
+    @field_validator("quorum")
+    @classmethod
+    def _quorum_needs_quorum(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("sync_strategy") != "quorum":
+            raise ValueError("applies to sync_strategy 'quorum' only")
+        return value
 
 
 class PredictionRead(BaseModel):
@@ -137,7 +155,3 @@ class PlanRead(BaseModel):
     deadline: UtcDateTime | None = None
     for_deadline: PredictionRead | None = None
     task_request: dict | None = None
-
-
-class PlanTrial(TrialResult):
-    """The trial's timings, as its parameter server reported them."""

@@ -154,9 +154,12 @@ def _prediction(p: performance.Prediction) -> PredictionRead:
     return PredictionRead.model_validate(p, from_attributes=True)
 
 
-def read(session: Session, *, plan: Plan, now: datetime | None = None) -> PlanRead:
-    """The plan with, once its model is fitted, every prediction and the recommendation
-    (the deadline counted from ``now``)."""
+def read(
+    session: Session, *, plan: Plan, now: datetime | None = None, detail: bool = True
+) -> PlanRead:
+    """The plan with, once its model is fitted and with ``detail``, every prediction and the
+    recommendation (the deadline counted from ``now``). A model that cannot predict (e.g.
+    timings a trial's user code forged) reads as a failed plan saying why."""
     state, error = status(session, plan)
     request = PlanCreate.model_validate({**plan.request, "deadline": None}).model_copy(
         update={"deadline": _deadline(plan)}
@@ -172,19 +175,22 @@ def read(session: Session, *, plan: Plan, now: datetime | None = None) -> PlanRe
         created_at=plan.created_at,
         deadline=request.deadline,
     )
-    if plan.model is None:
+    if plan.model is None or not detail:
         return answer
-    model = performance.PerformanceModel.from_json(plan.model)
     left = None
     if request.deadline is not None:
         left = (request.deadline.replace(tzinfo=None) - (now or utcnow())).total_seconds()
-    found = performance.recommend(
-        model,
-        global_batch_size=request.global_batch_size,
-        epochs=request.epochs,
-        split_policies=request.split_policies,
-        deadline_s=left,
-    )
+    try:
+        found = performance.recommend(
+            performance.PerformanceModel.from_json(plan.model),
+            global_batch_size=request.global_batch_size,
+            epochs=request.epochs,
+            split_policies=request.split_policies,
+            deadline_s=left,
+        )
+    except (ValueError, KeyError, TypeError, OverflowError, ZeroDivisionError) as exc:
+        answer.status, answer.error = "failed", f"the plan's model cannot predict: {exc}"
+        return answer
     answer.options = [_prediction(p) for p in found.options]
     answer.best = _prediction(found.best)
     answer.marginal_gain_s = found.marginal_gain_s

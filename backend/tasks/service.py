@@ -117,6 +117,8 @@ def _plan_prediction(session: Session, data: TaskCreate, project_id: int) -> dic
         global_batch_size=data.global_batch_size,
         epochs=data.epochs,
         split_policy=data.split_policy,
+        sync_strategy=data.sync_strategy,
+        sync_period=data.sync_period,
     )
     return {"plan_id": data.plan_id, "predicted_s": seconds}
 

@@ -19,6 +19,7 @@ import ctypes
 import os
 import random
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -51,6 +52,7 @@ def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
     on every compute worker, :func:`worker.engine.data.prepare_data`), then to
     ``spec.seed * 1000 + rank`` for training (dropout differs by worker).
     """
+    started = time.perf_counter()
     topo = distributed.init(env, spec, timeout_s)
     # Loaded after joining, so a rank that fails here breaks its peers' connections at once.
     code = load_training_code(spec.code)
@@ -63,7 +65,7 @@ def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
     data = prepare_data(code, topo, spec.preprocess, spec.data, spec.seed)
     seed_everything(spec.seed * 1000 + env.rank)
     if spec.trial is not None:
-        run_trial(spec, code, topo, model, data)
+        run_trial(spec, code, topo, model, data, started)
         final = ModelState.of(model).vector()
     elif topo.is_ps:
         final = run_parameter_server(spec, code, topo, model, data)

@@ -13,7 +13,7 @@ Every rank runs :func:`run_trial` instead of the training session (docs/architec
    to the parameter server, one leader at a time;
 4. the parameter server gathers every timing (one ``gather_object``) and reports them as a
    ``trial`` event (:class:`contracts.trial.TrialResult`); the backend fits the plan's
-   performance model from them (``backend/plans/model.py``).
+   performance model from them (``backend/plans/performance.py``).
 
 The model is trained on trial batches and then dropped: nothing is checkpointed.
 """
@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import psutil
 import torch
 import torch.distributed as dist
 
@@ -34,7 +33,7 @@ from worker.engine.compute import local_gradient
 from worker.engine.contract import TrainingCode
 from worker.engine.data import DataSources, Source
 from worker.engine.distributed import Topology
-from worker.engine.emulation import SpeedEmulator
+from worker.engine.emulation import Pace, SpeedEmulator, synchronize
 from worker.engine.exchange import leader_ranks, params_of, vector_to_grads
 from worker.engine.sharding import contiguous_shard
 from worker.engine.spec import RunSpec
@@ -68,7 +67,8 @@ def time_steps(
     gradient of its local batch (emulated speed included, :class:`SpeedEmulator`), the
     gradient loaded into the parameters and one optimizer step."""
     assert spec.trial is not None
-    emulator = SpeedEmulator(spec.speed_factor_of(topo.rank), topo.device)
+    pace = Pace(spec.emulation_pace) if spec.emulation_pace else None
+    emulator = SpeedEmulator(spec.speed_factor_of(topo.rank), topo.device, pace)
     optimizer = code.build_optimizer(model.parameters())
     params = params_of(model)
     n_params = sum(p.numel() for p in params)
@@ -91,6 +91,7 @@ def time_steps(
             started = time.perf_counter()
             vector_to_grads(vector[:n_params] / size, params)
             optimizer.step()
+            synchronize(topo.device)
             times.append(compute_s + time.perf_counter() - started)
         medians.append(statistics.median(times[1:]))
     model.zero_grad(set_to_none=True)
@@ -98,7 +99,13 @@ def time_steps(
 
 
 def _allreduce(vector: torch.Tensor, group: dist.ProcessGroup | None) -> Callable[[], Any]:
-    return lambda: dist.all_reduce(vector, group=group)
+    """One allreduce of ``vector``, waited for (a CUDA collective returns once queued)."""
+
+    def action() -> None:
+        dist.all_reduce(vector, group=group)
+        synchronize(vector.device)
+
+    return action
 
 
 def _sizes(numel: int) -> list[int]:
@@ -206,10 +213,12 @@ def run_trial(
     topo: Topology,
     model: torch.nn.Module,
     data: DataSources,
+    started: float,
 ) -> None:
     """Take part in the trial as rank ``topo.rank`` (steps 1-4 above). The start-up seconds
-    reported are the parameter server's, from its process's start to here (interpreter,
-    rendezvous, the user's model and data).
+    reported are the parameter server's, from ``started`` (the ``time.perf_counter()`` when
+    the rank began its task: :func:`worker.engine.launch.run`, in a warm interpreter too) to
+    here: rendezvous, the user's code, model and data.
 
     Raises whatever the user's code raises."""
     assert spec.trial is not None
@@ -217,7 +226,7 @@ def run_trial(
     state = ModelState.of(model)
     numel = state.n_params + state.n_buffers + 2
     dtype = params_of(model)[0].dtype
-    startup_s = max(0.0, time.time() - psutil.Process().create_time())
+    startup_s = time.perf_counter() - started
     mine: dict[str, Any] = {"exchanges": []}
     if not topo.is_ps:
         assert data.train is not None

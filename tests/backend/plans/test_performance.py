@@ -7,7 +7,6 @@ import math
 import pytest
 
 from backend.plans.performance import (
-    Line,
     PerformanceModel,
     Ring,
     fit,
@@ -181,10 +180,41 @@ def test_periodic_pays_the_round_trips_once_a_period() -> None:
     assert both.exchange_s == pytest.approx((0.003 + BYTES * (1e-8 + 2e-8)) / 4)
 
 
+def test_quorum_epochs_are_set_by_the_slowest_group() -> None:
+    # Every group runs every step of a quorum epoch: a group 100 times slower is no help.
+    trips = {0: (0.001, 1e-9), 1: (0.001, 1e-9)}
+    trial = _trial({0: (0.01, 0.001), 1: (1.0, 0.001)}, {0: 2, 1: 1}, cross=None, trips=trips)
+    model = fit(trial, GROUPS, sync_strategy="quorum", quorum=1)
+    kwargs = {"global_batch_size": 64, "epochs": 1}
+    both = predict(model, {"fast": 2, "slow": 1}, split_policy="weighted", **kwargs)
+    assert both.step_s >= 1.0  # the slow group's fixed cost, every step
+    found = recommend(model, **kwargs)
+    assert found.best.workers == {"fast": 2} and found.marginal_gain_s["slow"] < 0
+
+
+def test_water_filling_gives_a_group_past_its_fixed_cost_nothing() -> None:
+    trial = _trial({0: (0.01, 0.001), 1: (0.5, 0.001)}, {0: 2, 1: 1}, cross=Ring(1e-6, 1e-12))
+    model = fit(trial, GROUPS, sync_strategy="sync")
+    weighted = predict(
+        model, {"fast": 2, "slow": 1}, split_policy="weighted", global_batch_size=64, epochs=1
+    )
+    # The fast workers take all 64 samples (32 each) and finish long before 0.5 s.
+    assert weighted.local_batch["slow"] == 0.0 and weighted.idle == ["slow"]
+    assert weighted.local_batch["fast"] == pytest.approx(32.0)
+    assert weighted.step_s >= 0.5  # the idle group still pays its fixed cost
+
+
+@pytest.mark.parametrize("missing", ["leaders_allreduce", "group_allreduce"])
+def test_a_trial_without_an_exchange_the_strategy_needs_cannot_be_fitted(missing: str) -> None:
+    trial = _trial({0: (0.01, 0.001), 1: (0.01, 0.001)}, {0: 2, 1: 1})
+    kept = [e for e in trial.exchanges if e.kind != missing]
+    with pytest.raises(ValueError, match="timed no allreduce"):
+        fit(trial.model_copy(update={"exchanges": kept}), GROUPS, sync_strategy="sync")
+
+
 def test_a_group_the_model_lacks_is_refused() -> None:
     model = fit(
         _trial({0: (0.01, 0.001), 1: (0.01, 0.001)}, {0: 2, 1: 1}), GROUPS, sync_strategy="sync"
     )
     with pytest.raises(KeyError, match="gpu"):
         predict(model, {"gpu": 1}, split_policy="even", global_batch_size=8, epochs=1)
-    assert isinstance(model.groups[0].step, Line)

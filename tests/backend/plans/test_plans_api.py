@@ -72,8 +72,8 @@ def _timings(slow_a: float = 0.03) -> dict:
 
 
 def _field(response) -> str:  # type: ignore[no-untyped-def]
-    body = response.json()
-    return str(body.get("field") or body)
+    """The field the error names (the shared error shape)."""
+    return str(response.json()["error"].get("field"))
 
 
 def test_a_plan_runs_a_trial_task_then_recommends(client: TestClient, version: dict) -> None:
@@ -151,8 +151,8 @@ def test_deadline_names_the_fewest_workers(client: TestClient, version: dict) ->
     [
         ({"resource_groups": []}, "resource_groups"),
         ({"deadline": "2020-01-01T00:00:00Z"}, "deadline"),
-        ({"resource_groups": [{"name": "gpu-x", "workers": 1}]}, "resource_groups.0"),
-        ({"resource_groups": [{"name": "cpu-a", "workers": 3}]}, "resource_groups.0"),
+        ({"resource_groups": [{"name": "gpu-x", "workers": 1}]}, "resource_groups.0.name"),
+        ({"resource_groups": [{"name": "cpu-a", "workers": 3}]}, "resource_groups.0.workers"),
         (
             {"global_batch_size": 1, "resource_groups": [{"name": "cpu-a", "workers": 2}]},
             "global_batch_size",
@@ -165,7 +165,7 @@ def test_bad_plans_are_refused_naming_the_field(
     before = client.get("/api/v1/tasks").json()
     response = client.post("/api/v1/plans", json=_plan_body(version, **overrides))
     assert response.status_code == 422, response.text
-    assert field in _field(response)
+    assert _field(response) == field
     assert client.get("/api/v1/tasks").json() == before  # no trial task left behind
     assert client.get("/api/v1/plans").json() == []
 
@@ -193,7 +193,7 @@ def test_trial_timings_for_a_task_that_is_no_trial_are_refused(
     response = client.put(
         f"/internal/v1/tasks/{task['id']}/trial", headers=agent_headers(), json=_timings()
     )
-    assert response.status_code == 404 and "task_id" in _field(response)
+    assert response.status_code == 404 and _field(response) == "task_id"
 
 
 def test_a_task_from_an_unfitted_plan_is_refused(client: TestClient, version: dict) -> None:
@@ -201,4 +201,52 @@ def test_a_task_from_an_unfitted_plan_is_refused(client: TestClient, version: di
     from tests.conftest import task_request
 
     response = client.post("/api/v1/tasks", json=task_request(version, plan_id=plan["id"]))
-    assert response.status_code == 422 and "plan_id" in _field(response)
+    assert response.status_code == 422 and _field(response) == "plan_id"
+
+
+def test_a_task_of_another_strategy_is_refused_its_plan(client: TestClient, version: dict) -> None:
+    from tests.conftest import task_request
+
+    plan = client.post("/api/v1/plans", json=_plan_body(version)).json()  # sync
+    client.put(
+        f"/internal/v1/tasks/{plan['trial_task_id']}/trial",
+        headers=agent_headers(),
+        json=_timings(),
+    ).raise_for_status()
+    body = task_request(version, plan_id=plan["id"], sync_strategy="periodic", sync_period=4)
+    response = client.post("/api/v1/tasks", json=body)
+    assert response.status_code == 422 and _field(response) == "plan_id"
+    assert "sync_strategy 'sync'" in response.json()["error"]["message"]
+
+
+def test_a_deadline_without_a_zone_is_utc(client: TestClient, version: dict) -> None:
+    soon = (datetime.now(UTC) + timedelta(hours=2)).replace(tzinfo=None).isoformat()
+    created = client.post("/api/v1/plans", json=_plan_body(version, deadline=soon))
+    assert created.status_code == 201, created.text
+    assert created.json()["deadline"] == soon[:19] + "Z" or created.json()["deadline"].startswith(
+        soon[:19]
+    )
+    past = (datetime.now(UTC) - timedelta(hours=2)).replace(tzinfo=None).isoformat()
+    refused = client.post("/api/v1/plans", json=_plan_body(version, deadline=past))
+    assert refused.status_code == 422 and _field(refused) == "deadline"
+
+
+def test_forged_timings_fail_the_plan_and_reads_still_answer(
+    client: TestClient, version: dict
+) -> None:
+    plan = client.post("/api/v1/plans", json=_plan_body(version)).json()
+    forged = _timings()
+    forged["exchanges"] = forged["exchanges"][:1]  # no leaders' allreduce for a sync plan
+    stored = client.put(
+        f"/internal/v1/tasks/{plan['trial_task_id']}/trial", headers=agent_headers(), json=forged
+    )
+    assert stored.status_code == 200 and stored.json()["fitted"] is False
+    read = client.get(f"/api/v1/plans/{plan['id']}").json()
+    assert read["status"] == "failed" and "leaders" in read["error"]
+    assert client.get("/api/v1/plans").status_code == 200
+    huge = _timings()
+    huge["workers"][0]["batch_sizes"] = [-5, 10**400]
+    refused = client.put(
+        f"/internal/v1/tasks/{plan['trial_task_id']}/trial", headers=agent_headers(), json=huge
+    )
+    assert refused.status_code == 422
