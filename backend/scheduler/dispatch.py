@@ -19,7 +19,8 @@ from sqlalchemy.orm import Session
 from backend.agents.models import SERVING, Agent
 from backend.core.config import get_settings
 from backend.core.db import utcnow
-from backend.scheduler import capacity
+from backend.scheduler import capacity, regrow
+from backend.tasks import lifecycle
 from backend.tasks.models import ACTIVE, Checkpoint, SubTask, SubTaskStatus, Task
 from backend.tasks.spec import read_spec
 from contracts.messaging import RUN_SUBTASK, broker_options, queue_name
@@ -114,6 +115,27 @@ def last_checkpoint(session: Session, *, task_id: int) -> Checkpoint | None:
         .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
         .limit(1)
     )
+
+
+def resume_checkpoint(session: Session, task: Task) -> Checkpoint | None:
+    """The checkpoint the task's current attempt resumes from: none for the first; after a
+    planned restart (a shrunk task taken in again at an epoch end:
+    :mod:`backend.scheduler.regrow`) the newest epoch-end checkpoint, so the attempt starts
+    the next epoch on its whole request even when the shrunk attempt uploaded a step
+    checkpoint of that epoch before it stopped; else the newest checkpoint
+    (:func:`last_checkpoint`)."""
+    if task.attempt == 1:
+        return None
+    if lifecycle.attempt_planned(session, task):
+        ends = session.scalars(
+            select(Checkpoint)
+            .where(Checkpoint.task_id == task.id, Checkpoint.path.like("%epoch-%.pt"))
+            .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
+        )
+        for checkpoint in ends:
+            if regrow.epoch_end(checkpoint):
+                return checkpoint
+    return last_checkpoint(session, task_id=task.id)
 
 
 def make_durable(session: Session) -> None:
@@ -215,8 +237,11 @@ def dispatch_pending(session: Session, dispatcher: Dispatcher, *, redispatch_aft
     if rows:
         make_durable(session)
     sent = 0
+    resumes: dict[int, Checkpoint | None] = {}
     for task, sub in rows:
-        resume = last_checkpoint(session, task_id=task.id) if task.attempt > 1 else None
+        if task.id not in resumes:
+            resumes[task.id] = resume_checkpoint(session, task)
+        resume = resumes[task.id]
         try:
             dispatcher.send(
                 payload_for(task, sub, resume_checkpoint_id=resume.id if resume else None)

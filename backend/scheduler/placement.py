@@ -14,7 +14,8 @@ On a restart (`previous` given) a named group that cannot take its workers now
 is replaced by a compatible one: active, same device type, enough free workers (unless
 the task's `on_group_loss` is `wait`). With `shrink`, a restart that fits nowhere in full
 goes on with the groups of the last attempt that can take their workers again
-(:func:`survivors`).
+(:func:`survivors`); at its next epoch end with room it takes the whole request again
+(:mod:`backend.scheduler.regrow`, through :func:`plan`).
 """
 
 from typing import TypeVar

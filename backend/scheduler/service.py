@@ -9,7 +9,9 @@ The scheduler in named parts, each a module of this package:
 - :mod:`booking`: the nodes, sub-tasks and SCHEDULED event written for it
   (gang allocation: all of a task's nodes at once or none);
 - :mod:`dispatch`: the messages to the groups' queues (the only publisher);
-- :mod:`monitor`: agents that stopped, and the tasks they ran.
+- :mod:`monitor`: agents that stopped, and the tasks they ran;
+- :mod:`regrow`: a shrunk task taken in again on its whole request at an epoch end
+  (decided when its epoch-end checkpoint arrives, not by the pass).
 
 A decision holds the allocation lock from reading free capacity to commit, so
 several schedulers (threads or API processes) never book the same workers. On

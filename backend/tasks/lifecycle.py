@@ -7,8 +7,10 @@ statement (``backend.scheduler.booking``) for QUEUED -> SCHEDULED. A sub-task's
 status changes through :func:`move_sub_task` (or :func:`abort_sub_tasks` for a
 whole attempt). Failures go through :func:`restart_or_fail`: an alarm event,
 then a restart (RESTARTING, then QUEUED for the next attempt) while restarts
-are left, else FAILED. Terminal states settle the tasks that depend on this
-one. A commit that queues a task or frees nodes wakes the scheduler
+are left, else FAILED. A restart the platform plans (a shrunk task taken in again
+at an epoch end: ``backend.scheduler.regrow``) goes through :func:`restart_planned`:
+no alarm, and it does not count against `max_restarts`. Terminal states settle the
+tasks that depend on this one. A commit that queues a task or frees nodes wakes the scheduler
 (:func:`add_waker`): the one way to wake it.
 """
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import event, select, update
+from sqlalchemy import event, func, select, update
 from sqlalchemy.orm import Session
 
 from backend.core.db import utcnow
@@ -240,29 +242,93 @@ def restart_or_fail(session: Session, task: Task, reason: str) -> bool:
 
     Records an alarm; while restarts are left, aborts the attempt's sub-tasks,
     goes RESTARTING (releasing its nodes) and back to QUEUED as the next
-    attempt, which resumes from the last checkpoint. Otherwise FAILED. The
+    attempt, which resumes from the last checkpoint. Otherwise FAILED. Planned
+    restarts (:func:`restart_planned`) are not counted against `max_restarts`. The
     caller commits. Returns True if the task will run again.
     """
     if task.status not in ACTIVE:
         return False
     alarm(session, task, f"alarm: {reason}")
-    if task.attempt - 1 >= task.max_restarts:
+    planned = planned_restarts(session, task)
+    if task.attempt - 1 - planned >= task.max_restarts:
         transition(
             session, task, S.FAILED, f"{reason}; no restart left (max_restarts={task.max_restarts})"
         )
         return False
     transition(session, task, S.RESTARTING, f"{reason}; restarting")
+    _next_attempt(
+        session,
+        task,
+        reason,
+        # The last attempt there may be: the first, the restarts allowed, the planned ones.
+        f"attempt {task.attempt + 1} of {task.max_restarts + 1 + planned} queued after: {reason}",
+    )
+    return True
+
+
+PLANNED = "; a planned restart, not a failure (max_restarts unchanged)"
+"""The end of the RESTARTING event's reason of a planned restart, and only of one (a
+failure's ends in "; restarting"): the task's timeline is the record of which of its
+attempts were planned (:func:`planned_restarts`, :func:`attempt_planned`)."""
+
+
+def restart_planned(session: Session, task: Task, reason: str) -> None:
+    """Restart an active task as the platform planned, not after a failure: no alarm, the
+    attempt's sub-tasks aborted, RESTARTING (releasing its nodes), then QUEUED as the next
+    attempt. It does not count against `max_restarts`. The caller books the new attempt
+    (``backend.scheduler.regrow``, in the same transaction) and commits.
+
+    Raises:
+        Conflict: the task is not SCHEDULED or RUNNING.
+    """
+    transition(session, task, S.RESTARTING, f"{reason}{PLANNED}")
+    _next_attempt(session, task, reason, f"attempt {task.attempt + 1} queued: {reason}")
+
+
+def _next_attempt(session: Session, task: Task, reason: str, queued: str) -> None:
+    """From RESTARTING: abort the attempt's sub-tasks and queue the next attempt (`queued`
+    the QUEUED event's reason)."""
     abort_sub_tasks(session, task, reason)
     task.attempt += 1
     task.master_addr, task.master_port = None, None
     task.pace_start_at = task.pace_start_progress = task.progress_at = None  # a new pace
-    transition(
-        session,
-        task,
-        S.QUEUED,
-        f"attempt {task.attempt} of {task.max_restarts + 1} queued after: {reason}",
+    transition(session, task, S.QUEUED, queued)
+
+
+def planned_restarts(session: Session, task: Task) -> int:
+    """How many of `task`'s restarts were planned (:func:`restart_planned`); the others
+    count against `max_restarts`."""
+    if task.attempt == 1:
+        return 0
+    return (
+        session.scalar(
+            select(func.count(TaskEvent.id)).where(
+                TaskEvent.task_id == task.id,
+                TaskEvent.kind == EventKind.STATUS,
+                TaskEvent.to_status == S.RESTARTING,
+                TaskEvent.reason.endswith(PLANNED, autoescape=True),
+            )
+        )
+        or 0
     )
-    return True
+
+
+def attempt_planned(session: Session, task: Task) -> bool:
+    """True when `task`'s current attempt was started by a planned restart (its last
+    RESTARTING event is one)."""
+    if task.attempt == 1:
+        return False
+    last = session.scalar(
+        select(TaskEvent.reason)
+        .where(
+            TaskEvent.task_id == task.id,
+            TaskEvent.kind == EventKind.STATUS,
+            TaskEvent.to_status == S.RESTARTING,
+        )
+        .order_by(TaskEvent.id.desc())
+        .limit(1)
+    )
+    return last is not None and last.endswith(PLANNED)
 
 
 def _settle_dependents(session: Session, task: Task) -> None:

@@ -1,6 +1,7 @@
 """What agents report besides a task's fate: log lines, metrics, progress, checkpoints and
 the ranks they saw alive, with their resource use (and its alarm)."""
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -10,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from backend.core.db import utcnow
 from backend.core.errors import Conflict, Invalid
+from backend.scheduler import regrow
 from backend.tasks import lifecycle
 from backend.tasks.models import (
     ACTIVE,
@@ -35,6 +37,7 @@ from contracts.agent_api import (
 )
 from contracts.payload import TaskLimits
 
+log = logging.getLogger(__name__)
 MEMORY_ALARM_FRACTION = 0.9
 """A rank whose resident memory reaches this part of its `memory_limit_mb` raises an alarm."""
 
@@ -98,6 +101,10 @@ def save_checkpoint(
     A name is stored once and never overwritten: the same name with the same bytes
     again (an upload retried after a lost answer) returns the stored checkpoint.
 
+    A new epoch-end checkpoint of a shrunk task may take it in again on its whole request
+    (:func:`backend.scheduler.regrow.at_epoch_end`, after the checkpoint is committed; its
+    failure never refuses the upload).
+
     Raises:
         Invalid: `name` is empty, `.`/`..`, hidden, or not a plain file name (field `name`).
         Conflict: a checkpoint of this name and attempt with other content exists (`name`).
@@ -132,6 +139,11 @@ def save_checkpoint(
     )
     session.add(checkpoint)
     session.commit()
+    try:
+        regrow.at_epoch_end(session, task=task, checkpoint=checkpoint)
+    except Exception:  # the checkpoint is stored; the task goes on shrunk
+        log.exception("task %s: taking it in again at %s failed", task.id, name)
+        session.rollback()
     return checkpoint
 
 
