@@ -3,7 +3,8 @@
 Fields with choices become selects, numbers become number inputs with the
 schema's bounds, and a nested settings model (one level) becomes a group of
 inputs named `parent.child`. Resource groups, the code version (or a bundled
-example) and dependencies have their own widgets.
+example) and dependencies have their own widgets; `plan_id` is a hidden input that the
+page's "Use this plan" button sets (frontend/static/plan.js).
 """
 
 import re
@@ -26,7 +27,14 @@ from backend.tasks.schemas import TaskCreate
 from backend.web.forms import FORM_ERROR, FieldErrors, service_errors, validation_errors
 
 EXAMPLE_PREFIX = "example:"
-OWN_WIDGETS = {"project_id", "code_version_id", "name", "resource_groups", "depends_on"}
+OWN_WIDGETS = {
+    "project_id",
+    "code_version_id",
+    "name",
+    "resource_groups",
+    "depends_on",
+    "plan_id",
+}
 # Shown at once; every other setting sits under "More settings".
 BASIC = {"epochs", "global_batch_size", "split_policy", "sync_strategy", "priority"}
 _GROUP_FIELD = re.compile(r"^resource_groups\.(\d+)(\..*)?$")
@@ -123,7 +131,8 @@ def has_dependencies() -> bool:
 
 class TaskForm(BaseModel):
     """The submission form as entered: `group[i]` asks for `workers[i]` workers; the
-    settings inputs arrive as extra fields named as in `task_fields()`."""
+    settings inputs arrive as extra fields named as in `task_fields()`; `plan_id` is the
+    plan the task follows (set by "Use this plan", blank for none)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -132,6 +141,7 @@ class TaskForm(BaseModel):
     group: list[str] = []
     workers: list[str] = []
     depends_on: list[str] = []
+    plan_id: str = ""
 
     def value(self, form_field: FormField) -> str:
         """What was entered in `form_field` (its default on a new form)."""
@@ -200,6 +210,8 @@ def _payload(
     }
     if has_dependencies():
         payload["depends_on"] = [v for v in form.depends_on if v.strip()]
+    if form.plan_id.strip():
+        payload["plan_id"] = form.plan_id.strip()
     return payload
 
 

@@ -1,11 +1,13 @@
-"""The client commands of `polytrain`: log in, projects, submit, status, logs, cancel."""
+"""The client commands of `polytrain`: log in, projects, plan, submit, status, logs, cancel."""
 
+import json
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -25,7 +27,8 @@ ApiUrl = Annotated[
 
 
 def _fail(exc: ClientError) -> typer.Exit:
-    err.print(f"[red]error:[/red] {exc}")
+    # One line (a field name is never broken), the API's text never read as markup.
+    err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
     return typer.Exit(1)
 
 
@@ -268,8 +271,231 @@ def cancel(task_id: int, api_url: ApiUrl = None) -> None:
     console.print(f"task {task_id} {task['status']}")
 
 
+PLAN_SHOWN = 10  # options in the table (`--json` gives them all)
+
+
+def _duration(seconds: float) -> str:
+    """Seconds as `4.5 s`, `12 min 5 s` or `3 h 20 min`."""
+    if seconds < 59.95:
+        return f"{max(0.0, seconds):.1f} s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
+
+
+def _groups(workers: dict[str, int]) -> str:
+    return " + ".join(f"{name} × {n}" for name, n in workers.items())
+
+
+def _same(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    return bool(a and b and a["workers"] == b["workers"] and a["split_policy"] == b["split_policy"])
+
+
+def _show_plan(plan: dict[str, Any]) -> None:
+    """The plan's options (fastest first, the recommendation marked), each candidate group's
+    effect or why it is left out, and the deadline answer."""
+    best, for_deadline = plan["best"], plan["for_deadline"]
+    console.print(
+        f"plan {plan['id']} ready: {len(plan['options'])} options predicted from trial task "
+        f"{plan['trial_task_id']}",
+        highlight=False,
+    )
+    table = Table("", "groups and workers", "split", "step s", "epoch s", "finish", "samples/s")
+    shown = plan["options"][:PLAN_SHOWN]
+    if for_deadline and not any(_same(o, for_deadline) for o in shown):
+        shown.append(for_deadline)
+    for option in shown:
+        mark = "★" if _same(option, best) else "⏱" if _same(option, for_deadline) else ""
+        table.add_row(
+            mark,
+            _groups(option["workers"]),
+            option["split_policy"],
+            f"{option['step_s']:.3f}",
+            f"{option['epoch_s']:.1f}",
+            _duration(option["finish_s"]),
+            f"{option['samples_per_s']:.1f}",
+            style="bold" if mark == "★" else None,
+        )
+    console.print(table)
+    if len(plan["options"]) > len(shown):
+        console.print(f"({len(plan['options']) - len(shown)} slower options: --json lists all)")
+    console.print(
+        f"★ recommended: {_groups(best['workers'])}, {best['split_policy']} split, about "
+        f"{_duration(best['finish_s'])} to finish ({best['samples_per_s']:.1f} samples/s)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    for group in [g["name"] for g in plan["request"]["resource_groups"]]:
+        gain = plan["marginal_gain_s"].get(group)
+        used = best["workers"].get(group)
+        if group in plan["left_out"]:
+            line = f"  {group}: left out: {plan['left_out'][group]}"
+        elif used and gain is not None:
+            verb = "saves" if gain >= 0 else "costs"
+            line = f"  {group}: {used} worker(s), {verb} {abs(gain):.1f} s of the time to finish"
+        elif used:  # null: no option of the other groups can run the task
+            line = f"  {group}: {used} worker(s), cannot be left out"
+        else:
+            line = f"  {group}: {used or 0} worker(s)"
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
+    if plan["deadline"]:
+        if for_deadline:
+            console.print(
+                f"⏱ deadline {plan['deadline']}: {_groups(for_deadline['workers'])} "
+                f"({for_deadline['split_policy']} split) is the fewest workers predicted to "
+                f"make it (about {_duration(for_deadline['finish_s'])}); --submit takes it",
+                highlight=False,
+                soft_wrap=True,
+            )
+        else:
+            console.print(
+                f"⏱ deadline {plan['deadline']}: no option is predicted to make it (the "
+                f"fastest takes about {_duration(best['finish_s'])})",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+
+def _interrupted(plan: dict[str, Any]) -> typer.Exit:
+    err.print(
+        f"stopped waiting: plan {plan['id']} keeps running (trial task "
+        f"{plan['trial_task_id']}). See it with `polytrain plan-show {plan['id']}`; "
+        f"cancel it with `polytrain plan-cancel {plan['id']}`.",
+        highlight=False,
+    )
+    return typer.Exit(130)
+
+
+def _wait_plan(api: Api, plan: dict[str, Any]) -> dict[str, Any]:
+    """Poll the plan every second until its trial reported (or it failed or was cancelled),
+    with a spinner on stderr. Ctrl-C stops waiting, not the plan."""
+    started = time.monotonic()
+    try:
+        with err.status("") as spinner:
+            while plan["status"] == "trial":
+                trial = api.get(f"/tasks/{plan['trial_task_id']}")
+                spinner.update(
+                    f"plan {plan['id']}: trial task {plan['trial_task_id']} {trial['status']}, "
+                    f"{time.monotonic() - started:.0f} s (Ctrl-C stops waiting)"
+                )
+                time.sleep(1.0)
+                plan = api.get(f"/plans/{plan['id']}")
+    except KeyboardInterrupt:
+        raise _interrupted(plan) from None
+    return plan
+
+
+def _finish_plan(
+    api: Api, plan: dict[str, Any], *, wait: bool, as_json: bool
+) -> dict[str, Any] | None:
+    """Wait for the plan (unless `wait` is off), print it; the ready plan, or None when it is
+    still in its trial (`--no-wait`). Raises typer.Exit(1) when it failed or was cancelled."""
+    if wait:
+        plan = _wait_plan(api, plan)
+    if as_json:
+        typer.echo(json.dumps(plan, indent=2))
+    if plan["status"] == "trial":
+        if not as_json:
+            console.print(
+                f"plan {plan['id']} in its trial: see it with `polytrain plan-show "
+                f"{plan['id']} --wait`, cancel it with `polytrain plan-cancel {plan['id']}`",
+                highlight=False,
+                soft_wrap=True,
+            )
+        return None
+    if plan["status"] != "ready":
+        reason = plan["error"] or "no reason given"
+        err.print(
+            f"[red]error:[/red] plan {plan['id']} {plan['status']}: {escape(reason)}",
+            soft_wrap=True,
+            highlight=False,
+        )
+        raise typer.Exit(1)
+    if not as_json:
+        _show_plan(plan)
+    return plan
+
+
+def plan(
+    spec_file: Annotated[
+        Path,
+        typer.Argument(
+            help="the task's YAML (or JSON) spec, as for submit", exists=True, dir_okay=False
+        ),
+    ],
+    deadline: Annotated[
+        str | None,
+        typer.Option(
+            help="when the task must have finished (ISO, UTC, e.g. 2026-11-27T09:00:00Z): "
+            "the plan names the fewest workers predicted to make it"
+        ),
+    ] = None,
+    wait: Annotated[bool, typer.Option(help="wait for the trial and show the predictions")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    submit_task: Annotated[
+        bool,
+        typer.Option(
+            "--submit", help="then submit the task as planned (groups, workers, split, plan id)"
+        ),
+    ] = False,
+    api_url: ApiUrl = None,
+) -> None:
+    """Plan a task before training it: a short trial on the file's resource groups times its
+    model, then every subset of the groups is predicted and the fastest recommended."""
+    api = Api.resolve(url=api_url)
+    try:
+        spec = task_spec.load(spec_file)
+        project = task_spec.project_id(api, spec["project"])
+        version = task_spec.code_version_id(api, project, spec, spec_file.parent)
+        created = api.post("/plans", json=task_spec.plan_body(spec, project, version, deadline))
+        if not as_json:
+            groups = ", ".join(g["name"] for g in created["request"]["resource_groups"])
+            console.print(
+                f"plan {created['id']}: trial task {created['trial_task_id']} queued on {groups}",
+                highlight=False,
+            )
+        ready = _finish_plan(api, created, wait=wait or submit_task, as_json=as_json)
+        if submit_task and ready is not None:
+            body = task_spec.planned_task_body(spec, project, version, ready["task_request"])
+            task = api.post("/tasks", json=body)
+            eta = f", about {_duration(task['eta_s'])} to finish" if task["eta_s"] else ""
+            (err if as_json else console).print(
+                f"task {task['id']} submitted from plan {ready['id']}: {task['name']} "
+                f"({task['status']}{eta})",
+                highlight=False,
+            )
+    except ClientError as exc:
+        raise _fail(exc) from exc
+
+
+def plan_show(
+    plan_id: int,
+    wait: Annotated[bool, typer.Option(help="wait while its trial runs")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    api_url: ApiUrl = None,
+) -> None:
+    """Show a plan: its trial's state, or its predictions once ready."""
+    api = Api.resolve(url=api_url)
+    try:
+        _finish_plan(api, api.get(f"/plans/{plan_id}"), wait=wait, as_json=as_json)
+    except ClientError as exc:
+        raise _fail(exc) from exc
+
+
+def plan_cancel(plan_id: int, api_url: ApiUrl = None) -> None:
+    """Cancel a plan's trial task (its workers are released)."""
+    try:
+        found = Api.resolve(url=api_url).post(f"/plans/{plan_id}/cancel")
+    except ClientError as exc:
+        raise _fail(exc) from exc
+    console.print(f"plan {plan_id} {found['status']}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the client commands to the `polytrain` command."""
-    for command in (login, logout, submit, status, logs, cancel):
+    for command in (login, logout, plan, submit, status, logs, cancel):
         app.command()(command)
+    app.command("plan-show")(plan_show)
+    app.command("plan-cancel")(plan_cancel)
     app.add_typer(projects_app, name="projects")

@@ -16,6 +16,9 @@ global_batch_size: 64
 
 Every other key goes to `POST /api/v1/tasks` as it is (split_policy, seed,
 priority, depends_on, ...): the API validates it and names a faulty field.
+
+`polytrain plan` reads the same file: its resource groups are the candidates (each with
+the most workers the plan may use there), and `PLAN_KEYS` go to `POST /api/v1/plans`.
 """
 
 from pathlib import Path
@@ -26,6 +29,19 @@ import yaml
 from polytrain.client.api import Api, ClientError
 
 CODE_KEYS = ("code", "entrypoint", "example", "code_version_id")
+# What a plan takes from the task file (POST /api/v1/plans); the rest is the task's own.
+PLAN_KEYS = (
+    "name",
+    "resource_groups",
+    "global_batch_size",
+    "epochs",
+    "sync_strategy",
+    "sync_period",
+    "quorum",
+    "seed",
+)
+# What a plan's `task_request` decides when the planned task is submitted.
+PLANNED_KEYS = (*PLAN_KEYS, "split_policy", "plan_id")
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -72,3 +88,24 @@ def code_version_id(api: Api, project: int, spec: dict[str, Any], base: Path) ->
 def task_body(spec: dict[str, Any], project: int, version: int) -> dict[str, Any]:
     body = {k: v for k, v in spec.items() if k not in (*CODE_KEYS, "project")}
     return {**body, "project_id": project, "code_version_id": version}
+
+
+def plan_body(
+    spec: dict[str, Any], project: int, version: int, deadline: str | None = None
+) -> dict[str, Any]:
+    """The `POST /api/v1/plans` body of a task file: its groups as the candidates, and its
+    batch, epochs, sync settings and seed when it gives them."""
+    body = {k: spec[k] for k in PLAN_KEYS if k in spec}
+    body.update(project_id=project, code_version_id=version)
+    if deadline:
+        body["deadline"] = deadline
+    return body
+
+
+def planned_task_body(
+    spec: dict[str, Any], project: int, version: int, task_request: dict[str, Any]
+) -> dict[str, Any]:
+    """The task to submit from a plan: the plan's `task_request` (groups, workers, split,
+    sync settings, `plan_id`) with the file's other settings (priority, limits, ...)."""
+    own = {k: v for k, v in task_body(spec, project, version).items() if k not in PLANNED_KEYS}
+    return {**own, **task_request}

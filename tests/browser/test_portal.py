@@ -148,3 +148,89 @@ def test_pages_work_under_their_content_security_policy(page: Page, stack: Local
     page.locator("tr[data-group='cpu-b'] form[data-confirm] button").click()
     expect(page.locator("tr[data-group='cpu-b']")).to_be_visible()
     assert asked == ["Delete resource group cpu-b?"]
+
+
+def _workers(cell_text: str) -> dict[str, int]:
+    """`cpu-a × 2 + cpu-b × 1` (a plan table's first cell, tags after it) as a dict."""
+    found = re.findall(r"([\w.-]+) × (\d+)", cell_text)
+    return {name: int(n) for name, n in found}
+
+
+def test_plan_from_the_submit_form_then_use_it(
+    page: Page, stack: LocalStack, api: httpx.Client
+) -> None:
+    """Plan on the submit form: a refusal names its field next to the form; a trial runs
+    (its status line links to it) until its timings arrive; the options show as a table
+    with the recommendation marked and as a bar chart; "Use this plan" fills the form and
+    the submitted task carries the plan and an ETA."""
+    from tests.backend.plans.test_plans_api import _timings
+
+    project = api.post("/api/v1/projects", json={"name": "planned-in-chromium"}).json()
+    api.post(
+        f"/api/v1/projects/{project['id']}/code-versions", json={"example": "tiny_regression"}
+    ).raise_for_status()
+    log_in(page, stack)
+    page.goto(f"{stack.url}/projects/{project['id']}")
+    page.fill("#task-name", "planned in chromium")
+    page.fill("#task-epochs", "3")
+    page.fill("#task-global_batch_size", "64")
+    page.fill("#workers-cpu-a", "3")  # more than cpu-a has: refused, naming the group's field
+    page.fill("#workers-cpu-b", "1")
+    page.click("#plan-button")
+    expect(page.locator("#plan-error")).to_contain_text("resource_groups.0")
+    expect(
+        page.locator("tr[data-group='cpu-a'] [data-field^='plan.resource_groups.0']")
+    ).to_be_visible()
+    expect(page.locator("#task-name")).to_have_value("planned in chromium")  # values kept
+    assert api.get("/api/v1/plans").json() == []
+
+    page.fill("#workers-cpu-a", "2")
+    page.click("#plan-button")
+    expect(page.locator("#plan-status")).to_contain_text("Trial running")
+    expect(page.locator("[data-field^='plan.']")).to_have_count(0)  # the old error is gone
+    plan = api.get("/api/v1/plans").json()[0]
+    link = page.locator("#plan-trial-link")
+    expect(link).to_have_attribute("href", f"/tasks/{plan['trial_task_id']}")
+    expect(link).to_have_text(f"task #{plan['trial_task_id']}")
+    expect(page.locator("#plan-cancel")).to_be_visible()
+    # What the trial's parameter server reports, sent while the page polls; then the real
+    # trial is stopped so that it cannot replace these timings with its own.
+    httpx.put(
+        f"{stack.url}/internal/v1/tasks/{plan['trial_task_id']}/trial",
+        headers={"Authorization": f"Bearer {stack.token}"},
+        json=_timings(),
+        timeout=30,
+    ).raise_for_status()
+    api.post(f"/api/v1/plans/{plan['id']}/cancel")  # 409 if it already ended: fine
+
+    expect(page.locator("#plan-status")).to_contain_text("Ready: 6 options", timeout=15_000)
+    expect(page.locator("#plan-cancel")).to_be_hidden()
+    rows = page.locator("#plan-options tbody tr")
+    expect(rows).to_have_count(6)
+    recommended = page.locator("#plan-options tr[data-recommended='true']")
+    expect(recommended).to_have_count(1)
+    expect(recommended.locator(".tag-recommended")).to_have_text("recommended")
+    expect(page.locator("#plan-groups tbody tr")).to_have_count(2)
+    chart = page.locator("#plan-chart")
+    expect(chart).to_have_attribute("data-points", "6")
+    bars = chart.evaluate("canvas => Chart.getChart(canvas).data.datasets[0].data.length")
+    assert bars == 6 and (chart.bounding_box() or {"height": 0})["height"] > 100
+
+    best = _workers(recommended.locator("td").first.inner_text())
+    split = recommended.locator("td").nth(1).inner_text()
+    page.click("#plan-use")
+    for group in ("cpu-a", "cpu-b"):
+        expect(page.locator(f"#workers-{group}")).to_have_value(str(best.get(group, 0)))
+    expect(page.locator("#task-split_policy")).to_have_value(split)
+    expect(page.locator("#task-epochs")).to_have_value("3")
+    expect(page.locator("input[name='plan_id']")).to_have_value(str(plan["id"]))
+    expect(page.locator("#plan-note")).to_be_visible()
+
+    page.click("#task-form button[type=submit]")
+    expect(page.locator("#task-page")).to_be_visible()
+    task_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+    task = api.get(f"/api/v1/tasks/{task_id}").json()
+    assert task["spec"]["plan_id"] == plan["id"] and task["name"] == "planned in chromium"
+    assert task["eta_s"] is not None and task["eta_s"] > 0
+    assert {g["name"]: g["workers"] for g in task["spec"]["groups"]} == best
+    api.post(f"/api/v1/tasks/{task_id}/cancel")
