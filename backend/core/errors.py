@@ -98,7 +98,8 @@ _MESSAGES = {"extra_forbidden": "unknown field (this request has no such field)"
 
 
 def _message_of(error: Any) -> str:
-    return _MESSAGES.get(error["type"], error["msg"])
+    # A validator's ValueError reads "Value error, <its message>": the message is the point.
+    return _MESSAGES.get(error["type"], error["msg"].removeprefix("Value error, "))
 
 
 def _field_of(loc: tuple[Any, ...]) -> str:

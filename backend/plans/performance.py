@@ -327,12 +327,15 @@ class Recommendation:
     """What a plan recommends (:func:`recommend`): every subset's prediction at its full
     worker counts for each split policy (``options``, fastest first), the fastest
     (``best``), each candidate's marginal gain in the best set (seconds of ``finish_s`` it
-    saves there, or would cost if added: negative), why each group left out is left out,
-    and for a deadline the fewest workers that meet it (None: no set does)."""
+    saves there, or would cost if added: negative; each set under its fastest split
+    policy; None where it cannot be left out, the best set's only group, or added, the
+    workers would exceed the global batch), why each
+    group left out is left out, and for a deadline the fewest workers that meet it (None:
+    no set does)."""
 
     options: list[Prediction]
     best: Prediction
-    marginal_gain_s: dict[str, float]
+    marginal_gain_s: dict[str, float | None]
     left_out: dict[str, str]
     deadline_s: float | None = None
     for_deadline: Prediction | None = None
@@ -365,33 +368,47 @@ def recommend(
         raise ValueError("no subset of the candidate groups can hold the global batch")
     options.sort(key=lambda p: (p.finish_s, p.total_workers))
     best = options[0]
-    policy = best.split_policy
+
+    def fastest(workers: dict[str, int]) -> Prediction | None:
+        """The prediction on ``workers`` under its fastest split policy (None: no workers, or
+        more than the global batch)."""
+        if not workers or not fits_batch(model, workers, global_batch_size):
+            return None
+        guesses = [predict(model, workers, split_policy=p, **kwargs) for p in split_policies]
+        return min(guesses, key=lambda p: p.finish_s)
 
     def finish(workers: dict[str, int]) -> float:
-        if not workers or not fits_batch(model, workers, global_batch_size):
-            return math.inf
-        return predict(model, workers, split_policy=policy, **kwargs).finish_s
+        found = fastest(workers)
+        return math.inf if found is None else found.finish_s
 
-    gains: dict[str, float] = {}
+    gains: dict[str, float | None] = {}
     left_out: dict[str, str] = {}
     for name in names:
         if name in best.workers:
             without = {n: w for n, w in best.workers.items() if n != name}
-            gains[name] = finish(without) - best.finish_s
+            gain = finish(without) - best.finish_s
+            gains[name] = gain if math.isfinite(gain) else None
             continue
         with_it = {**best.workers, name: asked[name]}
-        gains[name] = best.finish_s - finish(with_it)
-        if math.isfinite(gains[name]):
-            added = predict(model, with_it, split_policy=policy, **kwargs)
-            exchange = added.exchange_s - best.exchange_s
-            saved = max(best.compute_s.values()) - max(added.compute_s.values())
-            left_out[name] = (
-                f"adding it would finish {-gains[name]:.1f} s later: its cross-group exchange "
-                f"adds {exchange * 1000:.1f} ms per step, its compute saves "
-                f"{saved * 1000:.1f} ms per step"
-            )
-        else:
-            left_out[name] = "with it the workers exceed the global batch"
+        gain = best.finish_s - finish(with_it)
+        gains[name] = gain if math.isfinite(gain) else None
+        if not math.isfinite(gain):
+            left_out[name] = "with it the workers would exceed the global batch"
+            continue
+        added = fastest(with_it)
+        assert added is not None
+        exchange = added.exchange_s - best.exchange_s
+        saved = max(best.compute_s.values()) - max(added.compute_s.values())
+        compute = (
+            f"its compute saves {saved * 1000:.1f} ms per step"
+            if saved >= 0
+            else f"its own step is {-saved * 1000:.1f} ms slower than the others' (it sets "
+            "the pace)"
+        )
+        left_out[name] = (
+            f"adding it would finish {-gain:.1f} s later: its cross-group exchange adds "
+            f"{exchange * 1000:.1f} ms per step, {compute}"
+        )
     result = Recommendation(options, best, gains, left_out)
     if deadline_s is not None:
         result.deadline_s = deadline_s

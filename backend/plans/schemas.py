@@ -136,7 +136,8 @@ class PlanRead(BaseModel):
     `failed` (`error` says why) or `cancelled`. When ready: every subset's prediction
     (`options`, fastest first), the recommendation (`best`), each candidate's marginal gain
     in seconds of time to finish (`marginal_gain_s`: what leaving a group of `best` out would
-    cost, or what adding one left out would save, negative when it would cost), why each
+    cost, or what adding one left out would save, negative when it would cost; null where a
+    group cannot be left out or added), why each
     left-out group is left out, and for a deadline the fewest workers that meet it
     (`for_deadline`, null if none do). `task_request` is what "Use this plan" submits."""
 
@@ -150,7 +151,7 @@ class PlanRead(BaseModel):
     created_at: UtcDateTime
     options: list[PredictionRead] = Field(default_factory=list)
     best: PredictionRead | None = None
-    marginal_gain_s: dict[str, float] = Field(default_factory=dict)
+    marginal_gain_s: dict[str, float | None] = Field(default_factory=dict)
     left_out: dict[str, str] = Field(default_factory=dict)
     deadline: UtcDateTime | None = None
     for_deadline: PredictionRead | None = None

@@ -170,7 +170,7 @@ def retry(session: Session, *, task: Task) -> Task:
     `task` (not its dependencies); placement is decided afresh.
 
     Raises:
-        Conflict: `task` has not ended.
+        Conflict: `task` has not ended, or is a plan's trial (plan again instead).
         Invalid: a group it named is gone, draining, disabled or now too small.
     """
     if not task.status.terminal:
@@ -178,6 +178,12 @@ def retry(session: Session, *, task: Task) -> Task:
             f"task {task.id} is {task.status.value}; only an ended task is retried", field="status"
         )
     spec = read_spec(task)
+    if spec.trial is not None:
+        raise Conflict(
+            f"task {task.id} is a plan's trial: its timings belong to that plan; start a new "
+            "plan (POST /api/v1/plans) instead",
+            field="task_id",
+        )
     asked = [
         GroupRequest.model_validate(
             item.model_dump(

@@ -182,6 +182,9 @@ def test_cancel_stops_the_trial_and_a_stranger_sees_nothing(
     task = client.get(f"/api/v1/tasks/{plan['trial_task_id']}").json()
     assert task["status"] == "CANCELLED"
     assert client.post(f"/api/v1/plans/{plan['id']}/cancel").status_code == 409
+    # A trial is not retried as a task: its timings would belong to no plan.
+    retried = client.post(f"/api/v1/tasks/{plan['trial_task_id']}/retry")
+    assert retried.status_code == 409 and _field(retried) == "task_id"
 
 
 def test_trial_timings_for_a_task_that_is_no_trial_are_refused(
