@@ -32,6 +32,7 @@ import logging
 import re
 from pathlib import Path
 
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from backend.scheduler import capacity, placement
@@ -68,6 +69,8 @@ def may_regrow(task: Task, spec: TaskSpec, checkpoint: Checkpoint) -> bool:
         and checkpoint.task_id == task.id
         and checkpoint.attempt == task.attempt
         and spec.on_group_loss == "shrink"
+        # periodic keeps one optimizer state per group, which a new layout cannot take over
+        and spec.sync_strategy != "periodic"
         and spec.epochs is not None
         and checkpoint.epoch + 1 < spec.epochs
         and epoch_end(checkpoint)
@@ -82,16 +85,33 @@ def at_epoch_end(session: Session, *, task: Task, checkpoint: Checkpoint) -> boo
     if not epoch_end(checkpoint) or not may_regrow(task, read_spec(task), checkpoint):
         return False  # (most checkpoints: not an epoch end, so no spec to read)
     capacity.lock_allocation(session)
-    # Read again under the lock: a claim, a finish, a cancellation or the monitor may have
-    # changed the task since. They lock its row without the allocation lock, so taking the
-    # row after it (as the booking does) cannot deadlock.
-    locked = session.get(Task, task.id, with_for_update=True, populate_existing=True)
+    # Hold the task against other writers first: a cancellation, a finish or the monitor's
+    # restart take no allocation lock. A guarded no-op update takes the row (PostgreSQL) or
+    # the database's write lock (SQLite, whose reads lock nothing) until this transaction
+    # ends, and finds nothing when the task is no longer this attempt's RUNNING task.
+    held = session.execute(
+        update(Task)
+        .where(
+            Task.id == task.id,
+            Task.status == TaskStatus.RUNNING,
+            Task.attempt == checkpoint.attempt,
+        )
+        .values(status=Task.status)
+        .execution_options(synchronize_session=False)
+    )
+    if held.rowcount != 1:  # type: ignore[attr-defined]
+        session.rollback()
+        return False
+    # Read again under the locks: a claim or a finish may have changed the task since.
+    locked = session.get(Task, task.id, populate_existing=True)
     spec = read_spec(locked) if locked is not None else None
     if locked is None or spec is None or not may_regrow(locked, spec, checkpoint):
         session.rollback()
         return False
     free = capacity.free_capacity(session, returned_by=locked.id)
-    chosen = placement.plan(spec.requested(), free, list(spec.groups), migrate=True)
+    # The whole request afresh: no previous attempt to align with (its survivors, matched
+    # by position, could put a named item on another group's place).
+    chosen = placement.plan(spec.requested(), free, None)
     if chosen is None:
         session.rollback()
         log.info(

@@ -144,6 +144,9 @@ def save_checkpoint(
     except Exception:  # the checkpoint is stored; the task goes on shrunk
         log.exception("task %s: taking it in again at %s failed", task.id, name)
         session.rollback()
+    # Loaded again here, in the caller's worker thread: a rollback above expired it, and the
+    # answer is built from it on the event loop.
+    session.refresh(checkpoint)
     return checkpoint
 
 

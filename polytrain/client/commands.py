@@ -117,7 +117,7 @@ def create_project(
         )
     except ClientError as exc:
         raise _fail(exc) from exc
-    console.print(f"project {row['id']}: {row['name']}")
+    console.print(f"project {row['id']}: {escape(row['name'])}")
 
 
 def submit(
@@ -136,7 +136,7 @@ def submit(
         task = api.post("/tasks", json=task_spec.task_body(spec, project, version))
     except ClientError as exc:
         raise _fail(exc) from exc
-    console.print(f"task {task['id']} submitted: {task['name']} ({task['status']})")
+    console.print(f"task {task['id']} submitted: {escape(task['name'])} ({task['status']})")
     if follow:
         raise typer.Exit(_watch(api, task["id"]))
 
@@ -461,7 +461,7 @@ def plan(
             task = api.post("/tasks", json=body)
             eta = f", about {_duration(task['eta_s'])} to finish" if task["eta_s"] else ""
             (err if as_json else console).print(
-                f"task {task['id']} submitted from plan {ready['id']}: {task['name']} "
+                f"task {task['id']} submitted from plan {ready['id']}: {escape(task['name'])} "
                 f"({task['status']}{eta})",
                 highlight=False,
             )

@@ -173,7 +173,10 @@ def start(
             report.log(
                 f"checkpoint split does not fit this layout; epoch {run.epoch} from its start"
             )
-        run.split = SplitState.initial(data.n_train, initial_shares(run, train), spec.seed)
+        shares = initial_shares(run, train)
+        if package is not None:  # groups left out for disagreeing stay out on the new layout
+            shares = keep_excluded(run, package, shares)
+        run.split = SplitState.initial(data.n_train, shares, spec.seed)
         under_way = False
     check_gradients(run, train)
     return run, under_way

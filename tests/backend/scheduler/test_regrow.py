@@ -301,6 +301,32 @@ def test_the_last_epochs_end_does_not_regrow(session: Session) -> None:
     assert task.status is S.RUNNING and task.attempt == 2 and _groups(task) == [("cpu-a", 2)]
 
 
+def test_a_task_cancelled_while_its_checkpoint_arrives_stays_cancelled(
+    session: Session,
+) -> None:
+    # The upload's session read the task RUNNING; another writer cancelled it since: the
+    # regrow, under its locks, finds no RUNNING task and changes nothing.
+    task = _shrunk(session)
+    _back(session)
+    with get_sessionmaker()() as other:
+        lifecycle.transition(other, other.get_one(Task, task.id), S.CANCELLED, "by user")
+        other.commit()
+    assert task.status is S.RUNNING  # the upload's stale copy
+    _upload(session, task, "epoch-0.pt", epoch=0, step=40)
+    session.refresh(task)
+    assert task.status is S.CANCELLED and task.attempt == 2
+    assert _parts(session, task, 3) == []
+
+
+def test_periodic_is_not_regrown(session: Session) -> None:
+    # One optimizer state per group: a new layout would drop it, so the task stays shrunk.
+    task = _shrunk(session, sync_strategy="periodic", sync_period=2)
+    _back(session)
+    _upload(session, task, "epoch-0.pt", epoch=0, step=40)
+    session.refresh(task)
+    assert task.status is S.RUNNING and task.attempt == 2 and _groups(task) == [("cpu-a", 2)]
+
+
 @pytest.mark.parametrize("policy", ["restart", "wait"])
 def test_restart_and_wait_are_not_regrown(session: Session, policy: str) -> None:
     # A whole task with these policies: an epoch end changes nothing.
