@@ -130,12 +130,9 @@ def test_chaos_agent_killed_mid_training(ft_api: httpx.Client, ft_stack: LocalSt
     wait_checkpoints(ft_api, task["id"], 2)  # epochs 0 and 1 are saved; epoch 2 is training
     killed_at = datetime.now(UTC).replace(tzinfo=None)
     ft_stack.kill_agent("agent-cpu-a")  # hosts the parameter server and ranks 1-2
-    time.sleep(3)
-    orphans = [
-        p
-        for p in training_processes(ft_stack.data_dir, task["id"], attempt=1)
-        if _rank_of(p) in (0, 1, 2)
-    ]
+    deadline = time.monotonic() + 3  # they may take up to 3 s to go
+    while (orphans := _orphans(ft_stack, task["id"])) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert orphans == [], "the killed agent's training processes outlived it"
 
     done = wait_for(ft_api, task["id"], ENDED, 150)
@@ -176,6 +173,15 @@ def test_chaos_agent_killed_mid_training(ft_api: httpx.Client, ft_stack: LocalSt
 
     ft_stack.start_agent(GROUPS[0])  # the group is served again for the next tests
     ft_stack.wait_agents(60)
+
+
+def _orphans(stack: LocalStack, task_id: int) -> list[int]:
+    """Live processes of the first attempt's ranks 0-2 (the killed agent-cpu-a's)."""
+    return [
+        p
+        for p in training_processes(stack.data_dir, task_id, attempt=1)
+        if _rank_of(p) in (0, 1, 2)
+    ]
 
 
 def _rank_of(pid: int) -> int | None:
