@@ -4,7 +4,8 @@ A chaos test kills an agent (SIGKILL) in the middle of training: the task
 alarms, restarts on healthy capacity of a compatible group, resumes from its
 last checkpoint, and ends with the accuracy of an undisturbed run; every
 node's log sequence has no gap and no duplicate. A killed worker process
-restarts the task at once. Every end releases everything.
+restarts the task at once. A lost group, with no spare capacity, shrinks the task onto
+the survivors. Every end releases everything. One stack serves every test here.
 """
 
 import os
@@ -221,3 +222,45 @@ def test_killed_process_restarts_the_task(
     assert "exited with code -9" in alarm["reason"]
     assert_logs_gap_free(ft_api, task["id"])
     assert_released(ft_api, ft_stack, done)
+
+
+def test_a_lost_group_shrinks_the_task_onto_the_survivors(
+    ft_api: httpx.Client, ft_stack: LocalStack
+) -> None:
+    """Three groups, no spare capacity; the agent of one is killed mid-epoch: the task
+    goes on with the other two from its last checkpoint (on_group_loss: shrink, the
+    default), continues that epoch where it stopped, SUCCEEDS, and every training sample
+    is used exactly once per epoch across the loss (shard provenance)."""
+    version = new_version(ft_api, example="mnist_cnn")
+    every = [{"name": g.name, "workers": g.workers} for g in GROUPS]  # all of each group
+    task = submit(
+        ft_api,
+        version,
+        resource_groups=every,
+        epochs=1,
+        global_batch_size=64,
+        checkpoint_every=5,
+        seed=7,
+    )
+    wait_checkpoints(ft_api, task["id"], 1)  # step-5.pt: early in epoch 0
+    ft_stack.kill_agent("agent-cpu-b")  # one worker of three groups, not the parameter server
+    done = wait_for(ft_api, task["id"], ENDED, 240)
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    assert done["attempt"] == 2
+    assert [(g["name"], g["workers"]) for g in done["spec"]["groups"]] == [
+        ("cpu-a", 2),
+        ("cpu-c", 2),
+    ]
+    logs = ft_api.get(f"/api/v1/tasks/{task['id']}/logs", params={"limit": 10_000}).json()
+    assert any(
+        line["attempt"] == 2 and "continues epoch 0 at step" in line["text"] for line in logs
+    ), "the second attempt did not go on with the interrupted epoch"
+    epochs = ft_api.get(f"/api/v1/tasks/{task['id']}/provenance").json()["epochs"]
+    (epoch,) = epochs
+    assert epoch["exactly_once"], epoch["samples"]
+    assert epoch["attempts"] == [1, 2]
+    assert {r["group"] for r in epoch["records"] if r["attempt"] == 2} == {"cpu-a", "cpu-c"}
+    assert_released(ft_api, ft_stack, done)
+
+    ft_stack.start_agent(GROUPS[1])  # the group is served again for any later test
+    ft_stack.wait_agents(60)
