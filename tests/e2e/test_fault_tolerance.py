@@ -4,7 +4,8 @@ A chaos test kills an agent (SIGKILL) in the middle of training: the task
 alarms, restarts on healthy capacity of a compatible group, resumes from its
 last checkpoint, and ends with the accuracy of an undisturbed run; every
 node's log sequence has no gap and no duplicate. A killed worker process
-restarts the task at once. Every end releases everything.
+restarts the task at once. A lost group, with no spare capacity, shrinks the task onto
+the survivors. Every end releases everything. One stack serves every test here.
 """
 
 import os
@@ -25,7 +26,15 @@ from tests.e2e.conftest import new_version, submit, training_processes, wait_for
 from worker.engine.ranks import free_port
 
 GROUPS = [GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1), GroupSetup("cpu-c", 2)]
-TIMEOUT_S = 15.0
+# A lost agent is detected within the heartbeat timeout: 6 s with a heartbeat every second
+# (as tests/e2e/test_api_restart.py, where no false alarm may come of it), not the default
+# 15 s, so that the waits for an alarm here take seconds, not tens of seconds.
+TIMEOUT_S = 6.0
+HEARTBEATS = {
+    "POLYTRAIN_HEARTBEAT_TIMEOUT_S": str(TIMEOUT_S),
+    "POLYTRAIN_HEARTBEAT_INTERVAL_S": "1",
+    "POLYTRAIN_SCHEDULER_INTERVAL_S": "0.5",
+}
 ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
@@ -40,6 +49,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Local
         groups=GROUPS,
         database_url=database,
         broker_url=production.fresh_broker() if on_production else None,
+        extra_env=HEARTBEATS,
     )
     with stack:
         yield stack
@@ -108,7 +118,7 @@ def _utc(stamp: str) -> datetime:
     return parsed.astimezone(UTC).replace(tzinfo=None) if parsed.tzinfo else parsed
 
 
-MNIST = {"epochs": 4, "global_batch_size": 64, "seed": 7}
+MNIST = {"epochs": 3, "global_batch_size": 64, "seed": 7}
 
 
 def test_chaos_agent_killed_mid_training(ft_api: httpx.Client, ft_stack: LocalStack) -> None:
@@ -118,15 +128,12 @@ def test_chaos_agent_killed_mid_training(ft_api: httpx.Client, ft_stack: LocalSt
     expected = epoch_metrics(ft_api, calm["id"], "val_accuracy")
 
     task = submit(ft_api, version, **MNIST)
-    wait_checkpoints(ft_api, task["id"], 2)  # epochs 0 and 1 are saved
+    wait_checkpoints(ft_api, task["id"], 2)  # epochs 0 and 1 are saved; epoch 2 is training
     killed_at = datetime.now(UTC).replace(tzinfo=None)
     ft_stack.kill_agent("agent-cpu-a")  # hosts the parameter server and ranks 1-2
-    time.sleep(3)
-    orphans = [
-        p
-        for p in training_processes(ft_stack.data_dir, task["id"], attempt=1)
-        if _rank_of(p) in (0, 1, 2)
-    ]
+    deadline = time.monotonic() + 3  # they may take up to 3 s to go
+    while (orphans := _orphans(ft_stack, task["id"])) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert orphans == [], "the killed agent's training processes outlived it"
 
     done = wait_for(ft_api, task["id"], ENDED, 150)
@@ -156,7 +163,7 @@ def test_chaos_agent_killed_mid_training(ft_api: httpx.Client, ft_stack: LocalSt
     assert abs(accuracy[last] - expected[last]) <= 0.005, (accuracy, expected)
     # Where every sample went, across the restart: each epoch once, by the attempt that kept it.
     epochs = ft_api.get(f"/api/v1/tasks/{task['id']}/provenance").json()["epochs"]
-    assert [e["epoch"] for e in epochs] == [0, 1, 2, 3]
+    assert [e["epoch"] for e in epochs] == [0, 1, 2]
     assert all(e["exactly_once"] for e in epochs), [(e["epoch"], e["samples"]) for e in epochs]
     assert {a for e in epochs for a in e["attempts"]} == {1, 2}
     assert all(r["host"] for e in epochs for r in e["records"])
@@ -167,6 +174,15 @@ def test_chaos_agent_killed_mid_training(ft_api: httpx.Client, ft_stack: LocalSt
 
     ft_stack.start_agent(GROUPS[0])  # the group is served again for the next tests
     ft_stack.wait_agents(60)
+
+
+def _orphans(stack: LocalStack, task_id: int) -> list[int]:
+    """Live processes of the first attempt's ranks 0-2 (the killed agent-cpu-a's)."""
+    return [
+        p
+        for p in training_processes(stack.data_dir, task_id, attempt=1)
+        if _rank_of(p) in (0, 1, 2)
+    ]
 
 
 def _rank_of(pid: int) -> int | None:
@@ -194,8 +210,8 @@ def test_killed_process_restarts_the_task(
     ft_api: httpx.Client, ft_stack: LocalStack, rank: int
 ) -> None:
     version = new_version(ft_api, example="mnist_cnn")
-    task = submit(ft_api, version, epochs=3, global_batch_size=64)
-    wait_checkpoints(ft_api, task["id"], 1)
+    task = submit(ft_api, version, epochs=2, global_batch_size=64)
+    wait_checkpoints(ft_api, task["id"], 1)  # epoch 0 is saved; epoch 1 is training
     os.kill(_rank_pid(ft_stack, task["id"], rank), signal.SIGKILL)
     done = wait_for(ft_api, task["id"], ENDED, 150)
     assert done["status"] == "SUCCEEDED", done["status_reason"]
@@ -206,3 +222,45 @@ def test_killed_process_restarts_the_task(
     assert "exited with code -9" in alarm["reason"]
     assert_logs_gap_free(ft_api, task["id"])
     assert_released(ft_api, ft_stack, done)
+
+
+def test_a_lost_group_shrinks_the_task_onto_the_survivors(
+    ft_api: httpx.Client, ft_stack: LocalStack
+) -> None:
+    """Three groups, no spare capacity; the agent of one is killed mid-epoch: the task
+    goes on with the other two from its last checkpoint (on_group_loss: shrink, the
+    default), continues that epoch where it stopped, SUCCEEDS, and every training sample
+    is used exactly once per epoch across the loss (shard provenance)."""
+    version = new_version(ft_api, example="mnist_cnn")
+    every = [{"name": g.name, "workers": g.workers} for g in GROUPS]  # all of each group
+    task = submit(
+        ft_api,
+        version,
+        resource_groups=every,
+        epochs=1,
+        global_batch_size=64,
+        checkpoint_every=5,
+        seed=7,
+    )
+    wait_checkpoints(ft_api, task["id"], 1)  # step-5.pt: early in epoch 0
+    ft_stack.kill_agent("agent-cpu-b")  # one worker of three groups, not the parameter server
+    done = wait_for(ft_api, task["id"], ENDED, 240)
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    assert done["attempt"] == 2
+    assert [(g["name"], g["workers"]) for g in done["spec"]["groups"]] == [
+        ("cpu-a", 2),
+        ("cpu-c", 2),
+    ]
+    logs = ft_api.get(f"/api/v1/tasks/{task['id']}/logs", params={"limit": 10_000}).json()
+    assert any(
+        line["attempt"] == 2 and "continues epoch 0 at step" in line["text"] for line in logs
+    ), "the second attempt did not go on with the interrupted epoch"
+    epochs = ft_api.get(f"/api/v1/tasks/{task['id']}/provenance").json()["epochs"]
+    (epoch,) = epochs
+    assert epoch["exactly_once"], epoch["samples"]
+    assert epoch["attempts"] == [1, 2]
+    assert {r["group"] for r in epoch["records"] if r["attempt"] == 2} == {"cpu-a", "cpu-c"}
+    assert_released(ft_api, ft_stack, done)
+
+    ft_stack.start_agent(GROUPS[1])  # the group is served again for any later test
+    ft_stack.wait_agents(60)

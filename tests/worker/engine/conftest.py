@@ -16,20 +16,25 @@ TWO_GROUPS = [
 ]
 
 
+def build_spec(folder: Path, **overrides: Any) -> RunSpec:
+    """A RunSpec checkpointing under `folder`; by default two groups of 2 + 1 workers."""
+    fields: dict[str, Any] = {
+        "task_id": 1,
+        "code": "example:tiny_regression",
+        "epochs": 2,
+        "global_batch_size": 7,
+        "seed": 5,
+        "groups": TWO_GROUPS,
+        "checkpoint_dir": str(folder / "checkpoints"),
+    }
+    return RunSpec.model_validate({**fields, **overrides})
+
+
 @pytest.fixture
 def make_spec(tmp_path: Path) -> Callable[..., RunSpec]:
-    """Build a RunSpec checkpointing under tmp_path; by default two groups of 2 + 1 workers."""
+    """Build a RunSpec checkpointing under tmp_path (:func:`build_spec`)."""
 
     def build(**overrides: Any) -> RunSpec:
-        fields: dict[str, Any] = {
-            "task_id": 1,
-            "code": "example:tiny_regression",
-            "epochs": 2,
-            "global_batch_size": 7,
-            "seed": 5,
-            "groups": TWO_GROUPS,
-            "checkpoint_dir": str(tmp_path / "checkpoints"),
-        }
-        return RunSpec.model_validate({**fields, **overrides})
+        return build_spec(tmp_path, **overrides)
 
     return build

@@ -1,6 +1,6 @@
 """The sync step's overlapped gradient sum (worker.engine.reducer) against the plain sum.
 
-Real gloo process groups in spawned processes: every layout's reducer result must be the sum
+Real gloo process groups in fresh processes: every layout's reducer result must be the sum
 of the workers' local vectors (worker.engine.compute.local_gradient) and bitwise the same on
 every worker, with a frozen parameter, a parameter the forward pass does not use, buffers,
 parameters used in another order than defined, and a worker without samples.
@@ -39,6 +39,14 @@ class Odd(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.late(torch.relu(self.frozen(self.norm(self.early(x)))))
+
+
+def _processes() -> mp.context.ForkServerContext:
+    """Each test's processes, forked from one server process that imported this module (and
+    torch) once, where a spawned interpreter would import them again, seconds each."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
 
 
 def _worker(rank: int, layout: list[int], counts: list[int], init: str, out: str) -> None:
@@ -92,7 +100,7 @@ def _worker(rank: int, layout: list[int], counts: list[int], init: str, out: str
 def test_overlapped_sum_equals_the_sum_of_local_vectors(
     layout: list[int], counts: list[int], tmp_path: Path
 ) -> None:
-    context = mp.get_context("spawn")
+    context = _processes()
     init = f"file://{tmp_path / 'store'}"
     procs = [
         context.Process(target=_worker, args=(r, layout, counts, init, str(tmp_path)))
@@ -150,7 +158,7 @@ def test_the_parameter_server_waits_for_a_status_longer_than_the_group_timeout(
     tmp_path: Path,
 ) -> None:
     """An epoch without control points may outlast the process groups' timeout (2 s here)."""
-    context = mp.get_context("spawn")
+    context = _processes()
     out = tmp_path / "status"
     args = (f"file://{tmp_path / 'store'}", 4.0, str(out))
     procs = [context.Process(target=_status_peer, args=(r, *args)) for r in range(2)]

@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from examples import tiny_regression
+from tests.worker.engine.conftest import build_spec
 from tests.worker.engine.reference import finite, run_with_dump
+from worker.engine.local import LocalRun
 from worker.engine.spec import RunSpec
 
 EPOCHS = 4
@@ -38,28 +41,40 @@ def untrained_val_loss(seed: int) -> float:
         return float(tiny_regression.loss_fn(model(inputs), target))
 
 
-def final_val_loss(spec: RunSpec, dump: Path) -> tuple[float, list[float]]:
-    """The last epoch's validation loss, which must be well below the untrained model's.
+SyncRun = tuple[LocalRun, dict[int, torch.Tensor]]
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory: pytest.TempPathFactory) -> SyncRun:
+    """The synchronous run of EPOCHS epochs (the default spec otherwise), run once: both
+    tests that compare with synchronous training compare with this one."""
+    folder = tmp_path_factory.mktemp("sync")
+    return run_with_dump(build_spec(folder, epochs=EPOCHS), folder / "params")
+
+
+def final_val_loss(spec: RunSpec, dump: Path, done: SyncRun | None = None) -> float:
+    """The last epoch's validation loss, which must be well below the untrained model's
+    (`done`: the run of `spec` if it already ran, else it runs now).
 
     Measured against the untrained model, not the first epoch: quorum updates
     several times per step, so its first epoch already ends near the noise floor
     (0.1-0.16 here) from which later epochs move up and down.
     """
-    run, finals = run_with_dump(spec, dump)
+    run, finals = done or run_with_dump(spec, dump)
     assert all(finals[r].equal(finals[0]) for r in finals), "every rank ends on the global model"
     val = finite(run.metrics("val_loss"))
     assert val[-1] < untrained_val_loss(spec.seed) / 4, val
-    return val[-1], finite(run.metrics("train_loss"))
+    return val[-1]
 
 
 def test_periodic_and_quorum_converge_near_synchronous(
-    make_spec: Callable[..., RunSpec], tmp_path: Path
+    make_spec: Callable[..., RunSpec], tmp_path: Path, sync_run: SyncRun
 ) -> None:
-    sync, _ = final_val_loss(make_spec(epochs=EPOCHS), tmp_path / "sync")
-    periodic, _ = final_val_loss(
+    sync = final_val_loss(make_spec(epochs=EPOCHS), tmp_path / "sync", done=sync_run)
+    periodic = final_val_loss(
         make_spec(epochs=EPOCHS, sync_strategy="periodic", sync_period=4), tmp_path / "periodic"
     )
-    quorum, _ = final_val_loss(
+    quorum = final_val_loss(
         make_spec(epochs=EPOCHS, sync_strategy="quorum", quorum=1, max_staleness=2),
         tmp_path / "quorum",
     )
@@ -80,13 +95,14 @@ def test_quorum_with_a_slow_group_updates_more_often_within_the_staleness_bound(
 
 
 def test_quorum_of_all_groups_is_synchronous(
-    make_spec: Callable[..., RunSpec], tmp_path: Path
+    make_spec: Callable[..., RunSpec], tmp_path: Path, sync_run: SyncRun
 ) -> None:
-    run_sync, sync = run_with_dump(make_spec(), tmp_path / "sync")
-    run_q, quorum = run_with_dump(make_spec(sync_strategy="quorum", quorum=2), tmp_path / "q")
+    _, sync = sync_run
+    quorum_of_all = make_spec(epochs=EPOCHS, sync_strategy="quorum", quorum=2)
+    run_q, quorum = run_with_dump(quorum_of_all, tmp_path / "q")
     assert (quorum[0] - sync[0]).abs().max() < 1e-5
-    assert finite(run_q.metrics("max_staleness")) == [0, 0]
+    assert finite(run_q.metrics("max_staleness")) == [0] * EPOCHS
     # 23 updates per epoch, reported every 2: the epoch's end must still show 100 %.
     progress = [e for e in run_q.events if e["type"] == "progress"]
     last = progress[-1]
-    assert last["step"] == last["epochs"] * last["steps_per_epoch"] == 46, last
+    assert last["step"] == last["epochs"] * last["steps_per_epoch"] == 23 * EPOCHS, last
