@@ -31,12 +31,12 @@ up: install
 
 # scripts/test_setup.sh first installs what the tests need (Chromium, redis-server) or stops
 # at once with the command to run, and starts local PostgreSQL/Redis when they are configured.
-# Two pytest processes (pytest-xdist), a test file never split between them: most tests
-# wait on subprocesses (ranks, agents, a browser), so two keep this 2-core host busy; about
-# 10 minutes instead of 19 in one process (2026-11-25).
+# Three pytest processes (pytest-xdist), a test file never split between them: most tests
+# wait on subprocesses (ranks, agents, a browser), and two left this 2-core host about 60 %
+# busy (2026-11-26: user + sys CPU over wall time of a whole run).
 test: install
 	scripts/test_setup.sh
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 3 --dist loadfile
 
 # CI runs this before the tests (.ci/run); `make format` applies what `ruff format --check` asks.
 LINTED := backend worker contracts polytrain examples tests bench scripts migrations
