@@ -29,7 +29,8 @@ def _result(spec: RunSpec) -> TrialResult:
 def test_trial_times_every_worker_and_exchange(
     make_spec: Callable[..., RunSpec], tmp_path: Path, strategy: str
 ) -> None:
-    # Group b computes at a quarter of group a's speed (sleep emulation, tests only).
+    # Group b computes at a quarter of group a's speed (sleep emulation, tests only; speed is
+    # not asserted here: timings belong to bench/plan_error.py).
     groups = [
         {"name": "a", "device_type": "cpu", "workers": 2},
         {"name": "b", "device_type": "cpu", "workers": 1, "speed_factor": 0.25},
@@ -47,10 +48,6 @@ def test_trial_times_every_worker_and_exchange(
     assert {w.rank: w.group_index for w in result.workers} == {1: 0, 2: 0, 3: 1}
     for worker in result.workers:
         assert worker.batch_sizes == [4, 16] and all(s > 0 for s in worker.step_s)
-    slow = next(w for w in result.workers if w.group_index == 1)
-    fast = [w for w in result.workers if w.group_index == 0]
-    # The emulated quarter speed shows in the measured step times.
-    assert slow.step_s[1] > 2 * max(w.step_s[1] for w in fast)
     kinds = {(e.kind, e.group_index) for e in result.exchanges}
     cross = (
         {("leaders_allreduce", None)}
