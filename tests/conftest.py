@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from backend.core import config, db
 from backend.core.migrate import upgrade
 from tests import production
+from worker.engine import prefork
 
 TOKEN = "test-agent-token"
 
@@ -31,6 +32,11 @@ def _clear_caches() -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "stack: also run on PostgreSQL + Redis when configured")
+    # Ranks of tasks run on 127.0.0.1 (launch_local) fork from one interpreter that imported
+    # torch once: a fresh one per rank spent about 3 s of CPU before training (2026-11-27: a
+    # tiny two-epoch task took 14.8 s of CPU and 8 s, forked 1.5 s and 1.5 s). The agents'
+    # ranks (end-to-end tests) still start as users' do, in sandboxed interpreters.
+    prefork.enable()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -141,8 +141,7 @@
    * for a check across fields, the first field its message names). */
   function showRefusal(answer) {
     const error = (answer.body && answer.body.error) || {};
-    // pydantic's "Value error, " prefix helps no user (the portal's forms drop it too).
-    const message = (error.message || `HTTP ${answer.status}`).replace(/(^|: )Value error, /, "$1");
+    const message = error.message || `HTTP ${answer.status}`;
     let field = error.field || "";
     if (!field) field = FIELDS.find((name) => new RegExp(`\\b${name}\\b`).test(message)) || "";
     const shown = field && !message.startsWith(`${field}:`) ? `${field}: ${message}` : message;

@@ -6,7 +6,6 @@ saved (in `POLYTRAIN_CONFIG`, default `~/.config/polytrain/credentials.json`, mo
 
 import json
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,9 +51,7 @@ def error_message(response: httpx.Response) -> str:
     try:
         error = response.json()["error"]
         field = f" (field {error['field']})" if error.get("field") else ""
-        # pydantic's "Value error, " prefix helps no user (the portal's forms drop it too).
-        message = re.sub(r"(^|: )Value error, ", r"\1", str(error["message"]))
-        return f"{message}{field}"
+        return f"{error['message']}{field}"
     except (ValueError, KeyError, TypeError):
         return f"HTTP {response.status_code}: {response.text[:500]}"
 

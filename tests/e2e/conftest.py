@@ -13,6 +13,14 @@ from worker.engine.ranks import free_port
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
+# Agents without warm interpreters: each rank starts cold. On this 2-core host the warm
+# pool's spare interpreters (each agent keeps workers + 1 importing torch, and refills after
+# every task) took CPU the tests' own ranks were waiting for: 3 end-to-end tests took 49 s
+# with it and 37 s without (2026-11-27). The warm path stays tested where it matters most,
+# in test_isolation (a warm interpreter sees no secret) and the browser tests' stack.
+COLD_RANKS = {"POLYTRAIN_WARM_POOL": "false"}
+WARM_POOL_MODULES = {"tests.e2e.test_isolation"}
+
 
 # A tiny training module that trains: a linear model on random sums (tests change a part).
 TINY = """
@@ -34,10 +42,13 @@ def loss_fn(output, target):
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LocalStack]:
     data_dir = tmp_path_factory.mktemp("stack")
     groups = [GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1)]
-    with LocalStack(data_dir=data_dir, port=free_port(), groups=groups) as running:
+    env = {} if request.module.__name__ in WARM_POOL_MODULES else COLD_RANKS
+    with LocalStack(data_dir=data_dir, port=free_port(), groups=groups, extra_env=env) as running:
         yield running
 
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from polytrain.stack import GroupSetup, LocalStack
-from tests.e2e.conftest import new_version, submit, wait_for
+from tests.e2e.conftest import COLD_RANKS, new_version, submit, wait_for
 from worker.engine.ranks import free_port
 
 TIMEOUT_S = 6.0
@@ -30,6 +30,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         "POLYTRAIN_HEARTBEAT_TIMEOUT_S": str(TIMEOUT_S),
         "POLYTRAIN_HEARTBEAT_INTERVAL_S": "1",
         "POLYTRAIN_SCHEDULER_INTERVAL_S": "0.5",
+        **COLD_RANKS,
     }
     with LocalStack(
         data_dir=tmp_path_factory.mktemp("restart"),

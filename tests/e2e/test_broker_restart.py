@@ -18,7 +18,7 @@ import redis
 from bench.services import redis_server
 from polytrain.stack import GroupSetup, LocalStack
 from tests import production
-from tests.e2e.conftest import new_version, submit, wait_for
+from tests.e2e.conftest import COLD_RANKS, new_version, submit, wait_for
 from tests.e2e.test_fault_tolerance import ENDED, assert_released, wait_checkpoints
 from worker.engine.ranks import free_port
 
@@ -70,6 +70,7 @@ def broker_stack(
         groups=[GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1)],
         database_url=database,
         broker_url=server.url,
+        extra_env=COLD_RANKS,
     )
     try:
         with stack:

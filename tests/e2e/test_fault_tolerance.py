@@ -22,7 +22,7 @@ import pytest
 
 from polytrain.stack import GroupSetup, LocalStack
 from tests import production
-from tests.e2e.conftest import new_version, submit, training_processes, wait_for
+from tests.e2e.conftest import COLD_RANKS, new_version, submit, training_processes, wait_for
 from worker.engine.ranks import free_port
 
 GROUPS = [GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1), GroupSetup("cpu-c", 2)]
@@ -49,7 +49,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Local
         groups=GROUPS,
         database_url=database,
         broker_url=production.fresh_broker() if on_production else None,
-        extra_env=HEARTBEATS,
+        extra_env={**HEARTBEATS, **COLD_RANKS},
     )
     with stack:
         yield stack

@@ -8,13 +8,15 @@ them with :mod:`worker.engine.ranks`, the launcher the agent uses too.
 from __future__ import annotations
 
 import queue
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from worker.engine import prefork
 from worker.engine.ranks import RankSet, checkout_env, free_port, rank_command, rank_env, spawn
 from worker.engine.report import parse_event
 from worker.engine.spec import RunSpec
@@ -101,6 +103,15 @@ def _supervise(
     return False, False
 
 
+def _start(spec_path: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """One rank: a fresh interpreter, or forked from the preloaded fork server once tests
+    asked for it (:mod:`worker.engine.prefork`)."""
+    if prefork.enabled():
+        # ForkedRank has the part of Popen that RankSet uses (pid, stdout, poll, wait).
+        return cast("subprocess.Popen[str]", prefork.ForkedRank(["--spec", str(spec_path)], env))
+    return spawn(rank_command(spec_path), env)
+
+
 def launch_local(
     spec: RunSpec,
     *,
@@ -132,7 +143,7 @@ def launch_local(
         spec_path.write_text(spec.model_dump_json())
         for rank in range(spec.world_size):
             env = {**rank_env(spec, rank, "127.0.0.1", port), **(env_extra or {})}
-            ranks.add(rank, spawn(rank_command(spec_path), checkout_env(env)))
+            ranks.add(rank, _start(spec_path, checkout_env(env)))
         if on_spawn is not None:
             try:
                 on_spawn({p.rank: p.popen.pid for p in ranks.procs})

@@ -14,7 +14,9 @@ Order of collectives, the same on every rank:
    the rank's role), the final parameters and buffers, validation, the
    epoch's measured work (re-measured throughput, epoch-level rebalance),
    the neighbour exchange, the epoch-end checkpoint (with the epoch's shard provenance,
-   :mod:`worker.engine.provenance`, which the parameter server records without a collective).
+   :mod:`worker.engine.provenance`, which the parameter server records without a collective),
+   and only then the epoch's final progress report (so the platform's pace-based ETA,
+   measured across an epoch's end, includes that work).
 """
 
 from __future__ import annotations
@@ -302,3 +304,10 @@ def train(
         results = end_epoch(run, validate(run))
         report_epoch(run, results, seconds)
         checkpoint(run, f"epoch-{epoch}.pt", epoch_complete=True)
+        if strategy.reports_progress(run.topo):  # the epoch's work is done, its end included
+            report.progress(
+                epoch=epoch,
+                step=run.step,
+                steps_per_epoch=run.split.steps_per_epoch,
+                epochs=run.spec.epochs,
+            )

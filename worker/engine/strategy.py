@@ -77,6 +77,12 @@ class Strategy(ABC):
     def server_epoch(self, run: Run) -> None:
         """Parameter server: its part of the remaining steps of the epoch ``run.epoch``."""
 
+    def reports_progress(self, topo: Topology) -> bool:
+        """True on the one rank that reports the task's progress (so the agents never send
+        two ranks' differing views of it): by default the parameter server, which drives
+        the steps."""
+        return topo.is_ps
+
     def counts_skips(self, topo: Topology) -> bool:
         """True on the rank that counts skipped optimizer steps (``on_nonfinite:
         skip_step``): by default every group leader, as each group checks its own sum."""

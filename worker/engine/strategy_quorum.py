@@ -164,8 +164,8 @@ class Quorum(Strategy):
                 dist.send(fresh, dst=run.spec.leader_ranks()[g])
                 seen[g], remaining[g] = version, remaining[g] - 1
             run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
-            if updates % every == 0:
-                done = run.split.steps_per_epoch - max(remaining.values())
+            done = run.split.steps_per_epoch - max(remaining.values())
+            if updates % every == 0 and done < run.split.steps_per_epoch:  # end: session.train
                 report.progress(
                     epoch=run.epoch,
                     step=run.step + done,
@@ -176,11 +176,4 @@ class Quorum(Strategy):
             run.record_batch()
             run.split.advance()
             run.step += 1
-        # The epoch's end is always reported (updates rarely end on a multiple of ``every``).
-        report.progress(
-            epoch=run.epoch,
-            step=run.step,
-            steps_per_epoch=run.split.steps_per_epoch,
-            epochs=run.spec.epochs,
-        )
         run.stats.update(updates=updates, max_staleness=max_stale)

@@ -95,9 +95,11 @@ def apply_update(total: Tensor, run: Run) -> tuple[float, int]:
 
 
 def report_progress(run: Run, every: int) -> None:
-    """Progress event when ``every`` more steps have passed, and at the epoch's end."""
+    """Progress event when ``every`` more steps have passed, before the epoch's last step:
+    the epoch's end is reported once its end (validation, checkpoint) is done too
+    (:func:`worker.engine.session.train`), so a pace measured across it includes that work."""
     spe = run.split.steps_per_epoch
-    if run.split.epoch_done or run.step // every > run.last_progress // every:
+    if not run.split.epoch_done and run.step // every > run.last_progress // every:
         report.progress(epoch=run.epoch, step=run.step, steps_per_epoch=spe, epochs=run.spec.epochs)
         run.last_progress = run.step
 
@@ -112,6 +114,11 @@ class Synchronous(Strategy):
     @override
     def counts_skips(self, topo: Topology) -> bool:
         """The first worker counts skipped steps: every worker sees the one global sum."""
+        return topo.rank == FIRST_WORKER
+
+    @override
+    def reports_progress(self, topo: Topology) -> bool:
+        """The first worker: the parameter server is off the step path."""
         return topo.rank == FIRST_WORKER
 
     @override

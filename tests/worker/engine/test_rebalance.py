@@ -35,8 +35,12 @@ def test_slowed_worker_gets_less_and_the_global_batch_stays(
         code=str(module), split_policy="weighted", global_batch_size=24, rebalance_every=2, epochs=3
     )
     run, finals = run_with_dump(spec, tmp_path / "params")
-    shares = finite(run.metrics("batch_share", rank=2))
-    assert shares[-1] < shares[0] and shares[-1] <= 2 / 24, shares
+    shares = {rank: finite(run.metrics("batch_share", rank=rank)) for rank in (1, 2, 3)}
+    # It ends with less than either other worker and at most 2 of the 24 samples. (Not
+    # "less than it started with": on a loaded host the first profile can already give it
+    # the least, 1 sample.)
+    last = {rank: found[-1] for rank, found in shares.items()}
+    assert last[2] < min(last[1], last[3]) and last[2] <= 2 / 24, shares
     assert any("rebalance at step" in line for line in run.output[0])
     batches = dumped_batches(tmp_path / "params")
     assert all(len(b) == 24 for i, b in enumerate(batches) if (i + 1) % 7), "B constant"

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from worker.engine import prefork
 from worker.engine.compute import local_gradient, reduced_gradient
 from worker.engine.data import TensorData
 from worker.engine.distributed import Topology
@@ -43,9 +44,10 @@ class Odd(nn.Module):
 
 def _processes() -> mp.context.ForkServerContext:
     """Each test's processes, forked from one server process that imported this module (and
-    torch) once, where a spawned interpreter would import them again, seconds each."""
+    torch) once, where a spawned interpreter would import them again, seconds each (the
+    server launch_local's ranks fork from too, tests/conftest.py)."""
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
+    context.set_forkserver_preload([*prefork.PRELOAD, __name__])
     return context
 
 

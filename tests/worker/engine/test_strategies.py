@@ -106,3 +106,14 @@ def test_quorum_of_all_groups_is_synchronous(
     progress = [e for e in run_q.events if e["type"] == "progress"]
     last = progress[-1]
     assert last["step"] == last["epochs"] * last["steps_per_epoch"] == 23 * EPOCHS, last
+    # Each epoch's end is reported once, after its checkpoint: a pace measured across an
+    # epoch's end includes validation and the checkpoint.
+    ends = [e["step"] for e in progress if e["step"] % 23 == 0]
+    assert ends == [23 * (epoch + 1) for epoch in range(EPOCHS)], ends
+    server = [e for e in run_q.events if e["_rank"] == 0 and e["type"] != "log"]
+    after = [
+        server[i + 1]["type"]
+        for i, e in enumerate(server)
+        if e["type"] == "checkpoint" and Path(e["path"]).name.startswith("epoch-")
+    ]
+    assert after == ["progress"] * EPOCHS, after
