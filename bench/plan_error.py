@@ -44,7 +44,7 @@ from bench.throttle import CpuGroup, Throttle, ThrottleError, exit_unavailable, 
 from contracts.trial import TrialResult
 
 PREFIX = "ptbench-plan"
-BATCH, EPOCHS = 256, 4
+BATCH, EPOCHS = 256, 6  # epochs 1-5 measure the epoch time (epoch 0: the balancer settles)
 TARGET = "|error| <= 0.10 (epoch time of each subset, ETA at 25 % progress)"
 QUOTAS = {"a": (None, 0), "b": (1 / 2, 1), "c": (1 / 4, 1)}  # fraction of a core, core
 GROUPS = {name: {"name": name, "device_type": "cpu", "workers": 1} for name in QUOTAS}

@@ -31,7 +31,8 @@ Bytes = Annotated[int, Field(ge=1, le=2**40)]
 class TrialOptions(BaseModel):
     """What a trial task times. `batch_sizes`: local batch sizes (samples per worker) each
     worker times, two or more, distinct; `steps`: timed steps at each size after one
-    warm-up step (the median is kept); `repeats`: timed repetitions of each exchange (median)."""
+    warm-up step (their mean is kept: an epoch is a sum of steps); `repeats`: timed
+    repetitions of each exchange (mean)."""
 
     batch_sizes: list[BatchSize] = Field(min_length=2, max_length=8)
     steps: int = Field(default=5, ge=1, le=100)
@@ -47,7 +48,7 @@ class TrialOptions(BaseModel):
 
 
 class WorkerTiming(StrictModel):
-    """One compute worker's median step seconds at each local batch size (same order)."""
+    """One compute worker's mean step seconds at each local batch size (same order)."""
 
     rank: int = Field(ge=1, le=100_001)
     group_index: int = Field(ge=0, le=100_000)
@@ -64,7 +65,7 @@ class WorkerTiming(StrictModel):
 
 
 class ExchangeTiming(StrictModel):
-    """Median seconds of one exchange (`kind`) among `members` processes at each size in
+    """Mean seconds of one exchange (`kind`) among `members` processes at each size in
     `bytes`; `group_index` names the group (None for `leaders_allreduce`)."""
 
     kind: ExchangeKind

@@ -4,7 +4,7 @@ epoch and finish time on any subset of the candidate groups (docs/architecture.m
 Pure functions over plain data, no database.
 
 **Compute.** A worker's step (forward, backward, optimizer step) at local batch ``b`` takes
-``t(b) = a + c b`` seconds: a least-squares line through the group's median step time at
+``t(b) = a + c b`` seconds: a least-squares line through the group's mean step time at
 each trial batch size (``a`` the per-step fixed cost in s, ``c`` the s per sample).
 
 **Exchanges.** An allreduce of ``n`` bytes among ``p`` processes follows the ring cost of
@@ -20,7 +20,7 @@ group exchange; ``periodic``: the same with the exchange over ``sync_period`` st
 ``quorum``: the same with each group's round trip every step (every group runs every step of
 the epoch, ``worker/engine/strategy_quorum.py``, so the slowest group still sets the epoch;
 the quorum only lets updates go ahead of it, within ``max_staleness``). A group's step time
-is the slowest of its workers' median step times. Reductions are priced as if they did not
+is the slowest of its workers' mean step times. Reductions are priced as if they did not
 overlap with the backward pass (the engine overlaps them bucket by bucket), and the in-group
 broadcast after the leaders' allreduce is not priced (docs/benchmarks.md, ``plan_error``,
 gives the measured error).

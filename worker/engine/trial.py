@@ -5,7 +5,8 @@ Every rank runs :func:`run_trial` instead of the training session (docs/architec
 
 1. each compute worker times its step, forward, backward and the optimizer step of the
    user's model, at each of the trial's local batch sizes (one warm-up step, then
-   ``steps`` timed steps; the median is kept), on seeded random items of its even shard;
+   ``steps`` timed steps; their mean is kept: an epoch is a sum of steps, so its stalls
+   count), on seeded random items of its even shard;
 2. each group of two or more workers times its in-group allreduce of a small vector and of
    the step's vector (the model's gradient and buffers, ``[P + B + 2]``);
 3. the groups time the strategy's cross-group exchange at the same two sizes: for ``sync``
@@ -42,15 +43,15 @@ from worker.engine.state import ModelState
 SMALL_NUMEL = 256  # the small vector of each exchange: its time is mostly latency
 
 
-def _median_s(action: Callable[[], Any], repeats: int) -> float:
-    """Median wall seconds of ``repeats`` calls of ``action`` after one warm-up call."""
+def _mean_s(action: Callable[[], Any], repeats: int) -> float:
+    """Mean wall seconds of ``repeats`` calls of ``action`` after one warm-up call."""
     action()
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
         action()
         times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return statistics.fmean(times)
 
 
 def time_steps(
@@ -61,7 +62,7 @@ def time_steps(
     train: Source,
     n_train: int,
 ) -> list[float]:
-    """Step 1: this worker's median step seconds at each of the trial's batch sizes.
+    """Step 1: this worker's mean step seconds at each of the trial's batch sizes.
 
     A step is what a worker does for one synchronous step apart from the exchange: the
     gradient of its local batch (emulated speed included, :class:`SpeedEmulator`), the
@@ -75,7 +76,7 @@ def time_steps(
     shard = contiguous_shard(n_train, topo.n_workers, topo.worker_index)
     pool = torch.arange(shard.start, shard.stop) if len(shard) else torch.arange(n_train)
     generator = torch.Generator().manual_seed(spec.seed * 1000 + topo.rank)
-    medians = []
+    means = []
     for size in spec.trial.batch_sizes:
         batches = [
             pool[torch.randint(0, len(pool), (size,), generator=generator)]
@@ -93,9 +94,9 @@ def time_steps(
             optimizer.step()
             synchronize(topo.device)
             times.append(compute_s + time.perf_counter() - started)
-        medians.append(statistics.median(times[1:]))
+        means.append(statistics.fmean(times[1:]))
     model.zero_grad(set_to_none=True)
-    return medians
+    return means
 
 
 def _allreduce(vector: torch.Tensor, group: dist.ProcessGroup | None) -> Callable[[], Any]:
@@ -124,7 +125,7 @@ def time_group_allreduce(
     seconds, sizes = [], _sizes(numel)
     for size in sizes:
         vector = torch.zeros(size, dtype=dtype, device=topo.device)
-        seconds.append(_median_s(_allreduce(vector, topo.group), spec.trial.repeats))
+        seconds.append(_mean_s(_allreduce(vector, topo.group), spec.trial.repeats))
     element = torch.empty(0, dtype=dtype).element_size()
     return {
         "kind": "group_allreduce",
@@ -151,7 +152,7 @@ def time_cross_exchange(
         seconds = []
         for size in sizes:
             vector = torch.zeros(size, dtype=dtype)
-            seconds.append(_median_s(_allreduce(vector, topo.cross), repeats))
+            seconds.append(_mean_s(_allreduce(vector, topo.cross), repeats))
         if topo.rank != leader_ranks(topo)[0]:
             return []
         return [
@@ -193,7 +194,7 @@ def _round_trips(
                     dist.recv(vector, src=peer, group=topo.leaders)
                     times.append(time.perf_counter() - started)
             if not topo.is_ps:
-                seconds.append(statistics.median(times[1:]))
+                seconds.append(statistics.fmean(times[1:]))
         if not topo.is_ps:
             found.append(
                 {
