@@ -68,9 +68,7 @@ def task(groups: list[dict[str, Any]], epochs: int, **extra: Any) -> dict[str, A
 def plan(cpu: dict[str, CpuGroup]) -> PerformanceModel:
     """The trial on all three groups, fitted."""
     groups = [GROUPS[name] for name in QUOTAS]
-    # The platform's default steps and repeats (contracts.trial.TrialOptions), as a plan
-    # submitted without trial_steps runs them.
-    trial = {"batch_sizes": trial_batch_sizes(BATCH, len(groups))}
+    trial = {"batch_sizes": trial_batch_sizes(BATCH, len(groups)), "steps": 5, "repeats": 5}
     run = run_task(task(groups, 1, trial=trial), on_spawn=placement(groups, cpu))
     (event,) = [e for e in run.events if e["type"] == "trial"]
     result = TrialResult.model_validate(event["result"])

@@ -35,7 +35,7 @@ class TrialOptions(BaseModel):
     repetitions of each exchange (mean)."""
 
     batch_sizes: list[BatchSize] = Field(min_length=2, max_length=8)
-    steps: int = Field(default=10, ge=1, le=100)
+    steps: int = Field(default=5, ge=1, le=100)
     repeats: int = Field(default=5, ge=1, le=100)
 
     @model_validator(mode="after")

@@ -45,7 +45,7 @@ class PlanCreate(StrictModel):
         "fewest workers predicted to make it",
     )
     trial_steps: int = Field(
-        default=10,
+        default=5,
         ge=1,
         le=20,
         description="timed steps per batch size (the trial's collectives wait for the "

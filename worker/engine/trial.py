@@ -4,7 +4,7 @@ Every rank runs :func:`run_trial` instead of the training session (docs/architec
 "Plans"). In order, the same on every rank:
 
 1. each compute worker times its step, forward, backward and the optimizer step of the
-   user's model, at each of the trial's local batch sizes, interleaved (one warm-up step, then
+   user's model, at each of the trial's local batch sizes (one warm-up step, then
    ``steps`` timed steps; their mean is kept: an epoch is a sum of steps, so its stalls
    count), on seeded random items of its even shard;
 2. each group of two or more workers times its in-group allreduce of a small vector and of
@@ -76,28 +76,25 @@ def time_steps(
     shard = contiguous_shard(n_train, topo.n_workers, topo.worker_index)
     pool = torch.arange(shard.start, shard.stop) if len(shard) else torch.arange(n_train)
     generator = torch.Generator().manual_seed(spec.seed * 1000 + topo.rank)
-    sizes = spec.trial.batch_sizes
-    # Round r takes one step at every size in turn (round 0 the warm-up, not timed): a
-    # change of the device's speed during the trial (another tenant, a clock) then shifts
-    # every size alike instead of tilting the fitted line.
-    rounds = [
-        [pool[torch.randint(0, len(pool), (size,), generator=generator)] for size in sizes]
-        for _ in range(spec.trial.steps + 1)
-    ]
-    train.plan([indices for batches in rounds for indices in batches])
-    times: list[list[float]] = [[] for _ in sizes]
-    for batches in rounds:
-        for i, indices in enumerate(batches):
+    means = []
+    for size in spec.trial.batch_sizes:
+        batches = [
+            pool[torch.randint(0, len(pool), (size,), generator=generator)]
+            for _ in range(spec.trial.steps + 1)
+        ]
+        train.plan(batches)
+        times = []
+        for indices in batches:
             vector, compute_s = emulator.run(
                 lambda idx=indices: local_gradient(code, model, train, idx, topo.device),  # type: ignore[misc]
-                len(indices),
+                size,
             )
             started = time.perf_counter()
-            vector_to_grads(vector[:n_params] / len(indices), params)
+            vector_to_grads(vector[:n_params] / size, params)
             optimizer.step()
             synchronize(topo.device)
-            times[i].append(compute_s + time.perf_counter() - started)
-    means = [statistics.fmean(found[1:]) for found in times]
+            times.append(compute_s + time.perf_counter() - started)
+        means.append(statistics.fmean(times[1:]))
     model.zero_grad(set_to_none=True)
     return means
 
