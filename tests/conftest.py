@@ -36,7 +36,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # torch once: a fresh one per rank spent about 3 s of CPU before training (2026-11-27: a
     # tiny two-epoch task took 14.8 s of CPU and 8 s, forked 1.5 s and 1.5 s). The agents'
     # ranks (end-to-end tests) still start as users' do, in sandboxed interpreters.
-    prefork.enable()
+    # POLYTRAIN_TEST_PREFORK=0 starts a fresh interpreter per rank everywhere.
+    if os.environ.get("POLYTRAIN_TEST_PREFORK", "1") != "0":
+        prefork.enable()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

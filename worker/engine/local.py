@@ -132,7 +132,8 @@ def launch_local(
     is called once every rank has started, with each rank's process id, while
     they are still importing (a second or so; benchmarks place ranks in CPU
     cgroups with it, bench/throttle.py, before any computes or starts a
-    child); if it raises, every rank is killed and the error propagates.
+    child); if it raises, or the wait is interrupted (KeyboardInterrupt, a test's timeout),
+    every rank is killed and the error propagates.
     Otherwise never raises for a failed run: inspect the returned LocalRun.
     """
     port = port or free_port()
@@ -144,13 +145,13 @@ def launch_local(
         for rank in range(spec.world_size):
             env = {**rank_env(spec, rank, "127.0.0.1", port), **(env_extra or {})}
             ranks.add(rank, _start(spec_path, checkout_env(env)))
-        if on_spawn is not None:
-            try:
+        try:  # an error in on_spawn, or the caller interrupted: no rank outlives the call
+            if on_spawn is not None:
                 on_spawn({p.rank: p.popen.pid for p in ranks.procs})
-            except BaseException:
-                ranks.kill_all(grace_s=0.5)
-                raise
-        timed_out, stopped = _supervise(ranks, timeout_s, fail_grace_s, stop_when)
+            timed_out, stopped = _supervise(ranks, timeout_s, fail_grace_s, stop_when)
+        except BaseException:
+            ranks.kill_all(grace_s=0.5)
+            raise
         ranks.drain_readers()
         stopped = _stop_requested(ranks, stop_when) or stopped
     output = {p.rank: p.tail for p in ranks.procs}

@@ -6,9 +6,11 @@ that runs hundreds of short tasks on 127.0.0.1 (:func:`worker.engine.local.launc
 spends most of its CPU there. After :func:`enable`, ``launch_local`` starts each rank by
 forking Python's multiprocessing fork server, which imported torch and
 :mod:`worker.engine.launch` once (``set_forkserver_preload``, run no torch operation, so no
-thread pool exists to be forked). The rank then takes exactly the environment a fresh
-interpreter would have, leads a session of its own, writes stdout and stderr to one pipe,
+thread pool exists to be forked). The rank then takes the environment variables a fresh
+interpreter would be given (``sys.path``, the modules already imported and the hash seed
+stay the fork server's), leads a session of its own, writes stdout and stderr to one pipe,
 and runs :func:`worker.engine.launch.main`, as ``python -m worker.engine.launch`` does.
+Tests that must see the real command line turn this off (``POLYTRAIN_TEST_PREFORK=0``).
 
 The platform never uses this: an agent starts every rank in a sandboxed interpreter of its
 own (:mod:`worker.agent.processes`), and benchmarks keep fresh interpreters (they measure
@@ -22,7 +24,8 @@ import multiprocessing.connection
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import IO
 
 # torch._dynamo: a first optimizer step imports it (about a second of CPU).
@@ -41,6 +44,18 @@ def enable() -> None:
 
 def enabled() -> bool:
     return _enabled
+
+
+@contextmanager
+def disabled() -> Iterator[None]:
+    """Inside, :func:`worker.engine.local.launch_local` starts fresh interpreters
+    (``python -m worker.engine.launch``), as it does where :func:`enable` was never called."""
+    global _enabled
+    was, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = was
 
 
 def _run_rank(

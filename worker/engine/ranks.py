@@ -9,6 +9,7 @@ process group reaches all it started.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import queue
@@ -197,8 +198,9 @@ class RankSet:
         for proc in self.procs:
             try:
                 os.killpg(proc.popen.pid, sig)
-            except ProcessLookupError:
-                pass
+            except ProcessLookupError:  # no group of that id: gone, or not yet its own leader
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.popen.pid, sig)
 
 
 def rank_command(spec_path: str | os.PathLike[str], python: str = sys.executable) -> list[str]:

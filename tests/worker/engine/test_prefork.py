@@ -1,6 +1,7 @@
 """Ranks forked from the preloaded fork server (worker/engine/prefork.py, enabled for every
 test in tests/conftest.py) run as a fresh interpreter's would: the environment given and
-nothing else, a session of their own, their output read to the end, their exit code."""
+nothing else, a session of their own, their output read to the end, their exit code; and
+without it, ranks are ``python -m worker.engine.launch`` processes."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ from examples.tiny_regression import build_datasets, build_optimizer, loss_fn
 from examples.tiny_regression import build_model as _build_model
 
 def build_model():
+    with open("/proc/self/cmdline", "rb") as f:
+        command_line = b"-m\\0worker.engine.launch\\0" in f.read()
     print("SEES", os.environ.get("PREFORK_LATE"), os.environ.get("PREFORK_GONE"),
-          os.getsid(0) == os.getpid(), flush=True)
+          os.getsid(0) == os.getpid(), command_line, flush=True)
     return _build_model()
 """
 
@@ -28,7 +31,7 @@ def build_model():
 def test_forked_ranks_see_their_environment_lead_a_session_and_train(
     make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:
-    assert prefork.enabled()
+    assert prefork.enabled(), "tests/conftest.py enables the fork server (POLYTRAIN_TEST_PREFORK)"
     module = tmp_path / "reporting.py"
     module.write_text(REPORTING)
     spec = make_spec(code=str(module), epochs=1)
@@ -46,7 +49,7 @@ def test_forked_ranks_see_their_environment_lead_a_session_and_train(
         del os.environ["PREFORK_LATE"]
     assert run.ok, run.output
     seen = [line for rank in sorted(run.output) for line in run.output[rank] if "SEES" in line]
-    assert seen == ["SEES late None True"] * spec.world_size
+    assert seen == ["SEES late None True False"] * spec.world_size  # forked, no command line
     assert {e["type"] for e in run.events} >= {"metric", "progress", "checkpoint", "done"}
 
 
@@ -60,3 +63,18 @@ def test_a_failing_forked_rank_shows_its_traceback_and_exit_code(
     assert set(run.returncodes.values()) - {0}, run.returncodes
     shown = "\n".join(line for lines in run.output.values() for line in lines)
     assert "RuntimeError: no data" in shown
+
+
+def test_without_the_fork_server_ranks_are_fresh_interpreters_and_train(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    """The path benchmarks and users of launch_local take: ``python -m worker.engine.launch``."""
+    module = tmp_path / "reporting.py"
+    module.write_text(REPORTING)
+    with prefork.disabled():
+        run = launch_local(make_spec(code=str(module), epochs=1))
+    assert prefork.enabled()
+    assert run.ok, run.output
+    seen = [line for rank in sorted(run.output) for line in run.output[rank] if "SEES" in line]
+    assert seen == ["SEES None None True True"] * len(run.pids)
+    assert {e["type"] for e in run.events} >= {"metric", "progress", "checkpoint", "done"}
