@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from tests.worker.engine.reference import TIMEOUT_S
 from tests.worker.engine.test_provenance import HOLDS, covers_once, provenance_of
 from tests.worker.engine.test_resume import HOLD_AFTER
-from worker.engine.agreement import BFLOAT16_HOOK, distance
+from worker.engine.agreement import BFLOAT16_HOOK, DIGEST_BYTES, digest, distance
 from worker.engine.balance import Balancer
 from worker.engine.local import LocalRun, launch_local
 from worker.engine.spec import RunSpec
@@ -31,6 +31,20 @@ def test_distance_is_relative_l2_and_zero_only_for_the_same_bits() -> None:
     assert distance(torch.tensor([0.0, 1e-30]), torch.zeros(2)) > 0  # any gap from zero
     assert distance(torch.tensor([3.0, float("nan")]), reference) == float("inf")
     assert distance(reference, torch.tensor([3.0, float("nan")])) == 0.0, "nothing to compare"
+
+
+def test_the_digest_is_the_same_only_for_the_same_bits_in_the_same_order() -> None:
+    """What a group sends before training unless the parameter server asks for more."""
+    a, b = torch.randn(5), torch.randn(3, 2)
+    same = digest([a.clone(), b.clone()])
+    assert same.dtype == torch.uint8 and same.shape == (DIGEST_BYTES,)
+    assert torch.equal(digest([a, b]), same)
+    assert torch.equal(digest([a, b.t().contiguous().t()]), same)  # layout is not content
+    nudged = a.clone()
+    nudged[2] = torch.nextafter(nudged[2], torch.tensor(float("inf")))  # one ulp
+    assert not torch.equal(digest([nudged, b]), same)
+    assert not torch.equal(digest([b, a]), same)
+    assert not torch.equal(digest([a.double(), b.double()]), same)
 
 
 def test_tolerance_keys_are_device_type_pairs(make_spec: Callable[..., RunSpec]) -> None:
