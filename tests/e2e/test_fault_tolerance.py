@@ -29,12 +29,17 @@ GROUPS = [GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1), GroupSetup("cpu-c", 2)
 # A lost agent is detected within the heartbeat timeout: 6 s with a heartbeat every second
 # (as tests/e2e/test_api_restart.py, where no false alarm may come of it), not the default
 # 15 s, so that the waits for an alarm here take seconds, not tens of seconds.
-TIMEOUT_S = 6.0
+TIMEOUT_S, SCAN_S = 6.0, 0.5
 HEARTBEATS = {
     "POLYTRAIN_HEARTBEAT_TIMEOUT_S": str(TIMEOUT_S),
     "POLYTRAIN_HEARTBEAT_INTERVAL_S": "1",
-    "POLYTRAIN_SCHEDULER_INTERVAL_S": "0.5",
+    "POLYTRAIN_SCHEDULER_INTERVAL_S": str(SCAN_S),
 }
+# The latest an alarm may come after a kill: the last heartbeat came at the kill at the
+# latest, the agent is lost TIMEOUT_S after it, the scheduler sees that at its next scan
+# (every SCAN_S), and its transaction commits (1 s allowed on this loaded 2-core host). A CI
+# run saw 6.007 s against a bound of TIMEOUT_S alone, which left out the scan.
+DETECTED_WITHIN_S = TIMEOUT_S + SCAN_S + 1.0
 ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
@@ -143,7 +148,7 @@ def test_chaos_agent_killed_mid_training(ft_api: httpx.Client, ft_stack: LocalSt
     alarm = next(e for e in events if e["kind"] == "alarm")
     assert "agent-cpu-a" in alarm["reason"]
     detected_s = (_utc(alarm["created_at"]) - killed_at).total_seconds()
-    assert detected_s <= TIMEOUT_S, f"detected after {detected_s:.1f} s"
+    assert detected_s <= DETECTED_WITHIN_S, f"detected after {detected_s:.3f} s"
     statuses = [e["to_status"] for e in events if e["kind"] == "status"]
     assert statuses[-5:] == ["RESTARTING", "QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED"]
     assert [g["name"] for g in done["spec"]["groups"]] == ["cpu-c", "cpu-b"]  # migrated
