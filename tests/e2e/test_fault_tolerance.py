@@ -1,11 +1,11 @@
 """Fault tolerance end to end, on PostgreSQL + Redis when configured (else the embedded default).
 
-A chaos test kills an agent (SIGKILL) in the middle of training: the task
-alarms, restarts on healthy capacity of a compatible group, resumes from its
-last checkpoint, and ends with the accuracy of an undisturbed run; every
-node's log sequence has no gap and no duplicate. A killed worker process
-restarts the task at once. A lost group, with no spare capacity, shrinks the task onto
-the survivors. Every end releases everything. One stack serves every test here.
+A chaos test kills an agent (SIGKILL) in the middle of training: the task alarms once the
+heartbeat timeout has passed (at the scheduler's next scan), restarts on healthy capacity
+of a compatible group, resumes from its last checkpoint, and ends with the accuracy of an
+undisturbed run; every node's log sequence has no gap and no duplicate. A killed worker
+process restarts the task at once. A lost group, with no spare capacity, shrinks the task
+onto the survivors. Every end releases everything. One stack serves every test here.
 """
 
 import os

@@ -10,8 +10,9 @@ Two checks, both collectives every rank takes at steps every rank knows:
    broadcasts it; every group leader and the parameter server compute the gradient of the
    user's loss on it from the same parameters, in eval mode (no dropout, BatchNorm on its
    running statistics, buffers unchanged), and the parameter server compares each group's
-   gradient ``g`` (``[P]``) with its own ``r``: first by a digest of their bits, and only
-   where the bits differ by the distance below, for which the group then sends ``g``.
+   gradient ``g`` (``[P]``) with its own ``r``, first by a digest of their bits; only a
+   group whose digest differs (and only when the server has its own ``r``) sends ``g``,
+   compared by the distance below.
 2. **During training** (:func:`check_parameters`), where every worker steps a replica of
    one model (``sync``), every ``agreement_every`` steps at a control point: every group
    leader computes a float64 checksum of its replica (``[3]``: sum, sum of squares and a

@@ -142,10 +142,10 @@ def launch_local(
     with tempfile.TemporaryDirectory(prefix="polytrain-") as tmp:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(spec.model_dump_json())
-        for rank in range(spec.world_size):
-            env = {**rank_env(spec, rank, "127.0.0.1", port), **(env_extra or {})}
-            ranks.add(rank, _start(spec_path, checkout_env(env)))
-        try:  # an error in on_spawn, or the caller interrupted: no rank outlives the call
+        try:  # a rank that fails to start, on_spawn's error, an interrupt: no rank outlives it
+            for rank in range(spec.world_size):
+                env = {**rank_env(spec, rank, "127.0.0.1", port), **(env_extra or {})}
+                ranks.add(rank, _start(spec_path, checkout_env(env)))
             if on_spawn is not None:
                 on_spawn({p.rank: p.popen.pid for p in ranks.procs})
             timed_out, stopped = _supervise(ranks, timeout_s, fail_grace_s, stop_when)

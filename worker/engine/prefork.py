@@ -10,7 +10,8 @@ thread pool exists to be forked). The rank then takes the environment variables 
 interpreter would be given (``sys.path``, the modules already imported and the hash seed
 stay the fork server's), leads a session of its own, writes stdout and stderr to one pipe,
 and runs :func:`worker.engine.launch.main`, as ``python -m worker.engine.launch`` does.
-Tests that must see the real command line turn this off (``POLYTRAIN_TEST_PREFORK=0``).
+``POLYTRAIN_TEST_PREFORK=0`` keeps it off for a whole test run (tests/conftest.py); one
+test turns it off around its own run (:func:`disabled`).
 
 The platform never uses this: an agent starts every rank in a sandboxed interpreter of its
 own (:mod:`worker.agent.processes`), and benchmarks keep fresh interpreters (they measure

@@ -198,9 +198,12 @@ class RankSet:
         for proc in self.procs:
             try:
                 os.killpg(proc.popen.pid, sig)
-            except ProcessLookupError:  # no group of that id: gone, or not yet its own leader
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.popen.pid, sig)
+            except ProcessLookupError:
+                # No group of that id: the process is gone, or (forked, tests only) not yet
+                # its session's leader. Only a child not yet reaped still owns its pid.
+                if proc.popen.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.popen.pid, sig)
 
 
 def rank_command(spec_path: str | os.PathLike[str], python: str = sys.executable) -> list[str]:

@@ -1,13 +1,16 @@
-"""Ranks forked from the preloaded fork server (worker/engine/prefork.py, enabled for every
-test in tests/conftest.py) run as a fresh interpreter's would: the environment given and
-nothing else, a session of their own, their output read to the end, their exit code; and
-without it, ranks are ``python -m worker.engine.launch`` processes."""
+"""Ranks forked from the preloaded fork server (worker/engine/prefork.py, enabled for the
+tests in tests/conftest.py unless POLYTRAIN_TEST_PREFORK=0) run as a fresh interpreter's
+would: the environment given and nothing else, a session of their own, their output read
+to the end, their exit code; and without it, ranks are ``python -m worker.engine.launch``
+processes."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from worker.engine import prefork
 from worker.engine.local import launch_local
@@ -28,10 +31,15 @@ def build_model():
 """
 
 
+forked = pytest.mark.skipif(
+    not prefork.enabled(), reason="the fork server is off (POLYTRAIN_TEST_PREFORK=0)"
+)
+
+
+@forked
 def test_forked_ranks_see_their_environment_lead_a_session_and_train(
     make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:
-    assert prefork.enabled(), "tests/conftest.py enables the fork server (POLYTRAIN_TEST_PREFORK)"
     module = tmp_path / "reporting.py"
     module.write_text(REPORTING)
     spec = make_spec(code=str(module), epochs=1)
@@ -53,6 +61,7 @@ def test_forked_ranks_see_their_environment_lead_a_session_and_train(
     assert {e["type"] for e in run.events} >= {"metric", "progress", "checkpoint", "done"}
 
 
+@forked
 def test_a_failing_forked_rank_shows_its_traceback_and_exit_code(
     make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:
@@ -71,9 +80,10 @@ def test_without_the_fork_server_ranks_are_fresh_interpreters_and_train(
     """The path benchmarks and users of launch_local take: ``python -m worker.engine.launch``."""
     module = tmp_path / "reporting.py"
     module.write_text(REPORTING)
+    was = prefork.enabled()
     with prefork.disabled():
         run = launch_local(make_spec(code=str(module), epochs=1))
-    assert prefork.enabled()
+    assert prefork.enabled() == was
     assert run.ok, run.output
     seen = [line for rank in sorted(run.output) for line in run.output[rank] if "SEES" in line]
     assert seen == ["SEES None None True True"] * len(run.pids)

@@ -36,11 +36,13 @@ def test_slowed_worker_gets_less_and_the_global_batch_stays(
     )
     run, finals = run_with_dump(spec, tmp_path / "params")
     shares = {rank: finite(run.metrics("batch_share", rank=rank)) for rank in (1, 2, 3)}
-    # It ends with the least share (a tie allowed: on a loaded host another worker can be
-    # slowed to the 1-sample floor too, as a CI run saw) and at most 2 of the 24 samples. (Not
-    # "less than it started with": the first profile can already give it the least, 1 sample.)
+    # It ends with less than either other worker, or at the 1-sample floor (on a loaded host
+    # another worker can be slowed to the floor too, as a CI run saw), and at most 2 of the
+    # 24 samples. (Not "less than it started with": the first profile can already give it
+    # the least, 1 sample.)
     last = {rank: found[-1] for rank, found in shares.items()}
-    assert last[2] == min(last.values()) and last[2] <= 2 / 24, shares
+    assert last[2] < min(last[1], last[3]) or last[2] == 1 / 24, shares
+    assert last[2] <= 2 / 24, shares
     assert any("rebalance at step" in line for line in run.output[0])
     batches = dumped_batches(tmp_path / "params")
     assert all(len(b) == 24 for i, b in enumerate(batches) if (i + 1) % 7), "B constant"
