@@ -311,3 +311,4 @@ def train(
                 steps_per_epoch=run.split.steps_per_epoch,
                 epochs=run.spec.epochs,
             )
+        run.last_progress = run.step  # the next report counts its steps from here

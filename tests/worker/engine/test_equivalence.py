@@ -86,7 +86,9 @@ def test_weighted_split_with_mid_epoch_rebalancing_equals_one_process(
     )
     run, _ = assert_matches_reference(spec, tmp_path / "params")
     shares = [finite(run.metrics("batch_share", rank=r))[0] for r in (1, 2, 3)]
-    assert shares[2] < shares[0] and shares[2] < shares[1], shares
+    # The quarter-speed group gets less than either fast worker, or the 1-sample floor (on
+    # a loaded host a fast worker's profile can put it at the floor too).
+    assert shares[2] < min(shares[:2]) or shares[2] == 1 / 12, shares
     assert math.isclose(sum(shares), 1.0)
 
 

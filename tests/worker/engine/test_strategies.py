@@ -17,8 +17,10 @@ import torch
 from examples import tiny_regression
 from tests.worker.engine.conftest import build_spec
 from tests.worker.engine.reference import finite, run_with_dump
+from worker.engine.distributed import FIRST_WORKER
 from worker.engine.local import LocalRun
 from worker.engine.spec import RunSpec
+from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH
 
 EPOCHS = 4
 SLOW_RANK_3 = """
@@ -65,6 +67,22 @@ def final_val_loss(spec: RunSpec, dump: Path, done: SyncRun | None = None) -> fl
     val = finite(run.metrics("val_loss"))
     assert val[-1] < untrained_val_loss(spec.seed) / 4, val
     return val[-1]
+
+
+def test_sync_reports_progress_every_few_steps_and_each_epoch_end_once(
+    sync_run: SyncRun,
+) -> None:
+    """The first worker reports every ``steps_per_epoch // 10`` steps (multiples of it) and
+    each epoch's end once its end is done; no report follows an epoch's end one step later
+    (23 steps an epoch here, every 2: the end at step 46 is a multiple of 2 too)."""
+    run, _ = sync_run
+    progress = [e for e in run.events if e["type"] == "progress"]
+    assert {e["_rank"] for e in progress} == {FIRST_WORKER}
+    spe = progress[0]["steps_per_epoch"]
+    every, total = max(1, spe // PROGRESS_REPORTS_PER_EPOCH), spe * EPOCHS
+    ends = {spe * (epoch + 1) for epoch in range(EPOCHS)}
+    expected = sorted(set(range(every, total + 1, every)) | ends)
+    assert [e["step"] for e in progress] == expected
 
 
 def test_periodic_and_quorum_converge_near_synchronous(
