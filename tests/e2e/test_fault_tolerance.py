@@ -26,9 +26,9 @@ from tests.e2e.conftest import COLD_RANKS, new_version, submit, training_process
 from worker.engine.ranks import free_port
 
 GROUPS = [GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1), GroupSetup("cpu-c", 2)]
-# A lost agent is detected within the heartbeat timeout: 6 s with a heartbeat every second
-# (as tests/e2e/test_api_restart.py, where no false alarm may come of it), not the default
-# 15 s, so that the waits for an alarm here take seconds, not tens of seconds.
+# A lost agent is detected once the heartbeat timeout has passed: 6 s with a heartbeat
+# every second (as tests/e2e/test_api_restart.py, where no false alarm may come of it), not
+# the default 15 s, so that the waits for an alarm here take seconds, not tens of seconds.
 TIMEOUT_S, SCAN_S = 6.0, 0.5
 HEARTBEATS = {
     "POLYTRAIN_HEARTBEAT_TIMEOUT_S": str(TIMEOUT_S),

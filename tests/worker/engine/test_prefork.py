@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from worker.engine import prefork
-from worker.engine.local import launch_local
+from worker.engine.local import LocalRun, launch_local
 from worker.engine.spec import RunSpec
 
 # The tiny regression task, reporting what its rank sees when it builds the model.
@@ -29,6 +29,11 @@ def build_model():
           os.getsid(0) == os.getpid(), command_line, flush=True)
     return _build_model()
 """
+
+
+def seen(run: LocalRun) -> list[str]:
+    """What each rank printed when it built its model (REPORTING), rank by rank."""
+    return [line for rank in sorted(run.output) for line in run.output[rank] if "SEES" in line]
 
 
 forked = pytest.mark.skipif(
@@ -56,8 +61,7 @@ def test_forked_ranks_see_their_environment_lead_a_session_and_train(
     finally:
         del os.environ["PREFORK_LATE"]
     assert run.ok, run.output
-    seen = [line for rank in sorted(run.output) for line in run.output[rank] if "SEES" in line]
-    assert seen == ["SEES late None True False"] * spec.world_size  # forked, no command line
+    assert seen(run) == ["SEES late None True False"] * spec.world_size  # forked, no command line
     assert {e["type"] for e in run.events} >= {"metric", "progress", "checkpoint", "done"}
 
 
@@ -85,6 +89,5 @@ def test_without_the_fork_server_ranks_are_fresh_interpreters_and_train(
         run = launch_local(make_spec(code=str(module), epochs=1))
     assert prefork.enabled() == was
     assert run.ok, run.output
-    seen = [line for rank in sorted(run.output) for line in run.output[rank] if "SEES" in line]
-    assert seen == ["SEES None None True True"] * len(run.pids)
+    assert seen(run) == ["SEES None None True True"] * len(run.pids)
     assert {e["type"] for e in run.events} >= {"metric", "progress", "checkpoint", "done"}
