@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import queue
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -73,3 +76,41 @@ def mean(values: list[float]) -> float:
 def cores() -> int:
     """CPU cores this process may use."""
     return len(os.sched_getaffinity(0))
+
+
+def run_processes(
+    targets: list[tuple[Callable[..., None], tuple[Any, ...]]], timeout_s: float
+) -> list[Any]:
+    """Run each ``(function, args)`` in a spawned process (a fresh interpreter, as a rank)
+    and return what each puts on the queue passed as its last argument, in arrival order.
+
+    Raises RuntimeError when a process exits without its result, fails, or the results do
+    not all arrive within ``timeout_s`` seconds; every process is reaped (killed if it
+    lingers) before this returns or raises.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=fn, args=(*args, out)) for fn, args in targets]
+    for proc in procs:
+        proc.start()
+    results: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < len(procs):
+            try:
+                results.append(out.get(timeout=1.0))
+            except queue.Empty:
+                failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if failed:
+                    raise RuntimeError(f"a process failed (exit codes {failed})") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no result within {timeout_s:.0f} s") from None
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    if any(proc.exitcode for proc in procs):
+        raise RuntimeError(f"a process failed (exit codes {[p.exitcode for p in procs]})")
+    return results

@@ -65,10 +65,18 @@ from typing import Any
 from bench.common import emit, ps_metric, run_task, workload
 from bench.neighbour import running_beside
 from bench.stats import paired_ratios, paired_rounds, summary
-from bench.throttle import PERIOD_US, CpuGroup, Throttle, ThrottleError, exit_unavailable, placement
+from bench.throttle import (
+    FAST_CORE,
+    PERIOD_US,
+    SLOW_CORE,
+    CpuGroup,
+    Throttle,
+    ThrottleError,
+    exit_unavailable,
+    placement,
+)
 
 PREFIX = "ptbench-thr"
-FAST_CORE, SLOW_CORE = 0, 1
 SLOW_FRACTION = 1 / 3
 TARGET = ">= 0.95 (ideal 1.0)"
 STRATEGIES: dict[str, dict[str, Any]] = {
@@ -203,10 +211,7 @@ def main() -> None:
     worst: dict[str, tuple[float, str]] = {}
     try:
         with Throttle(prefix=PREFIX, period_us=args.period_us) as throttle:
-            cpu = {
-                "fast": throttle.group("fast", fraction=None, core=FAST_CORE),
-                "slow": throttle.group("slow", fraction=args.slow_fraction, core=SLOW_CORE),
-            }
+            cpu = throttle.fast_and_slow(args.slow_fraction)
             for size in sizes:
                 by_strategy = measure(size, cpu, args.rounds)
                 for strategy in strategies:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 from bench.throttle import CpuGroup
 
@@ -50,25 +51,39 @@ def running_beside(
         proc.wait()
 
 
-def main(argv: list[str]) -> None:
+def plain_training(code_path: str) -> tuple[Any, Any, Any, Any, Any]:
+    """``(code, inputs, targets, model, optimizer)`` of a workload, as a plain PyTorch user
+    would set it up (one torch thread; the training set's tensors whole in memory)."""
     import torch
 
     from worker.engine.contract import load_training_code
 
-    path, batch = argv[0], int(argv[1]) if len(argv) > 1 else 256
-    code = load_training_code(path)
     torch.set_num_threads(1)
+    code = load_training_code(code_path)
+    torch.manual_seed(0)
     train, _ = code.build_datasets()
     inputs, targets = train.tensors
     model = code.build_model()
-    optimizer = code.build_optimizer(model.parameters())
+    return code, inputs, targets, model, code.build_optimizer(model.parameters())
+
+
+def plain_step(code: Any, model: Any, optimizer: Any, inputs: Any, targets: Any, idx: Any) -> None:
+    """One training step on the items ``idx``: forward, backward, ``optimizer.step``."""
+    optimizer.zero_grad()
+    code.loss_fn(model(inputs[idx]), targets[idx]).backward()
+    optimizer.step()
+
+
+def main(argv: list[str]) -> None:
+    import torch
+
+    path, batch = argv[0], int(argv[1]) if len(argv) > 1 else 256
+    code, inputs, targets, model, optimizer = plain_training(path)
     generator = torch.Generator().manual_seed(0)
     print("ready", flush=True)
     while True:
         idx = torch.randint(0, len(inputs), (batch,), generator=generator)
-        optimizer.zero_grad()
-        code.loss_fn(model(inputs[idx]), targets[idx]).backward()
-        optimizer.step()
+        plain_step(code, model, optimizer, inputs, targets, idx)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,12 @@ worker's share after each check is known:
 
 - ``control_points_to_settle``: checks after the change until the slow share is within
   5 % of the new optimum and stays there to the end of the run (None: never); target <= 2
-  (``checks``; ``checks_standalone_optimum`` against the standalone optimum).
+  (``checks``; ``checks_standalone_optimum`` against the standalone optimum;
+  ``checks_in_run_optimum`` against the split that equalises the two workers' own
+  rates, ``samples_per_s`` (samples over all busy seconds), over the run's last epoch,
+  all after the change: measured in the same run, so the host's drift between separate
+  runs does not enter it, but one epoch's rate is itself noisy (bench/speed_noise.py)
+  and it cannot show a bias of the engine's own timing, which ``lost`` does).
 - ``lost``: 1 - oracle / actual seconds over epochs 1..E-1 (epoch 0 warms up), where the
   oracle takes, for each step, the seconds per step ``tau(q)`` of a settled split at the
   quota q in force: epoch 1 of the run that starts at q (before its change: the balancer
@@ -55,7 +60,6 @@ from bench.throttle import PERIOD_US, CpuGroup, Throttle, ThrottleError, exit_un
 from worker.engine.local import LocalRun
 
 PREFIX = "ptbench-thr"
-FAST_CORE, SLOW_CORE = 0, 1
 LOW, HIGH = 1 / 3, 2 / 3
 BATCH, SAMPLES, EPOCHS, REBALANCE_EVERY = 256, 4096, 4, 4
 STEPS_PER_EPOCH = SAMPLES // BATCH
@@ -132,7 +136,24 @@ def tracking_run(cpu: dict[str, CpuGroup], start: float, end: float) -> dict[str
     run = run_task(task(groups, EPOCHS), on_spawn=placement(groups, cpu), stop_when=watch)
     if not changed:
         raise RuntimeError(f"the run ended before step {CHANGE_AT}")
-    return {"epoch_s": epoch_seconds(run), "shares": slow_shares(run), "changed_at": changed[0]}
+    return {
+        "epoch_s": epoch_seconds(run),
+        "shares": slow_shares(run),
+        "changed_at": changed[0],
+        "in_run_optimum": in_run_optimum(run),
+    }
+
+
+def in_run_optimum(run: LocalRun) -> float:
+    """The slow share that equalises the two workers' own rates (``samples_per_s``: samples
+    over busy seconds) in the run's last epoch, all of it after the change. Rank 1 is the
+    fast group's worker, rank 2 the slow one's (rank 0: the parameter server)."""
+    last = [run.metrics("samples_per_s", rank=rank)[-1:] for rank in (1, 2)]
+    rates = [values[0] if values else None for values in last]
+    if any(rate is None or rate <= 0 for rate in rates):
+        raise RuntimeError(f"the workers reported no last-epoch samples/s: {rates}")
+    fast, slow = rates
+    return slow / (fast + slow)  # type: ignore[operator]
 
 
 def rate(cpu: dict[str, CpuGroup], groups: list[dict[str, Any]], fraction: float) -> float:
@@ -171,6 +192,7 @@ def direction_figures(runs: dict[str, list[Any]], direction: str) -> dict[str, A
     level = {LOW: "low", HIGH: "high"}
     checks: list[int | None] = []
     checks_standalone: list[int | None] = []
+    checks_in_run: list[int | None] = []
     lost: list[float] = []
     optima: list[float] = []
     optima_standalone: list[float] = []
@@ -184,6 +206,9 @@ def direction_figures(runs: dict[str, list[Any]], direction: str) -> dict[str, A
         checks_standalone.append(
             checks_to_settle(tracked["shares"], tracked["changed_at"], optima_standalone[-1])
         )
+        checks_in_run.append(
+            checks_to_settle(tracked["shares"], tracked["changed_at"], tracked["in_run_optimum"])
+        )
         settled = {d: runs[d][index]["epoch_s"][0] / STEPS_PER_EPOCH for d in DIRECTIONS}
         tau = {LOW: settled["up"], HIGH: settled["down"]}  # epoch 1, before the change
         timed = range(STEPS_PER_EPOCH + 1, EPOCHS * STEPS_PER_EPOCH + 1)  # epochs 1..E-1
@@ -195,6 +220,8 @@ def direction_figures(runs: dict[str, list[Any]], direction: str) -> dict[str, A
         "checks_median": statistics.median(done) if len(done) == len(checks) else None,
         "lost": summary(lost),
         "checks_standalone_optimum": checks_standalone,
+        "checks_in_run_optimum": checks_in_run,
+        "in_run_optimal_slow_share": summary([r["in_run_optimum"] for r in runs[direction]]),
         "optimal_slow_share": summary(optima),
         "optimal_slow_share_standalone": summary(optima_standalone),
         "contention": summary(paired_ratios(runs[f"fast beside {level[end]}"], runs["fast"])),
@@ -215,10 +242,7 @@ def main() -> None:
     args = parser.parse_args()
     try:
         with Throttle(prefix=PREFIX, period_us=args.period_us) as throttle:
-            cpu = {
-                "fast": throttle.group("fast", fraction=None, core=FAST_CORE),
-                "slow": throttle.group("slow", fraction=LOW, core=SLOW_CORE),
-            }
+            cpu = throttle.fast_and_slow(LOW)
             load = os.getloadavg()[0]
             runs = measure(cpu, args.rounds)
             load_avg = [round(load, 2), round(os.getloadavg()[0], 2)]

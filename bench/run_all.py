@@ -34,7 +34,7 @@ BENCHMARKS = (
     "bench.submit_to_first_step --only cold",
     "bench.api_p99 --only mixed",
 )
-# `make bench-all` adds the slow accuracy runs and the earlier issues' benchmarks (about 67
+# `make bench-all` adds the slow accuracy runs and the earlier issues' benchmarks (about 82
 # minutes more).
 MORE = (
     # strategies on accuracy with a really throttled group (issue 20 item 5; root, cgroup v1
@@ -55,8 +55,13 @@ MORE = (
     # what the cross-device agreement checks cost a clean run (issue 21): about 12 minutes
     "bench.agreement_overhead",
     # a plan's predictions against real throttled runs (issue 21 item 3; root, cgroup v1
-    # cpu, else it exits 2): about 5 minutes
+    # cpu, else it exits 2): about 10 minutes
     "bench.plan_error",
+    # what this host allows issue 20's items 3 and 4 (root, cgroup v1 cpu): the most a
+    # throttled group can add at 34k and 10M, measured with plain PyTorch (about 8.5
+    # minutes), and how far the optimal split moves by itself (under a minute)
+    "bench.hetero_bound",
+    "bench.speed_noise",
 )
 # `make bench-quick` (--quick): the engine's core figures in a few minutes, fewer sizes and rounds.
 QUICK = (

@@ -48,6 +48,9 @@ CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 # 0.59 at 100 ms, 0.83 at 10 ms, 0.79 at 2 ms, where the kernel's own cost grows).
 PERIOD_US = 10_000
 MIN_QUOTA_US = 1_000  # the kernel refuses quotas below 1 ms
+# The heterogeneity benchmarks' two groups: "fast" with a core of its own, "slow" with a
+# quota on the other core.
+FAST_CORE, SLOW_CORE = 0, 1
 
 
 class ThrottleError(RuntimeError):
@@ -229,6 +232,14 @@ class Throttle:
             raise
         self.groups[name] = group
         return group
+
+    def fast_and_slow(self, slow_fraction: float) -> dict[str, CpuGroup]:
+        """The heterogeneity benchmarks' pair: ``{"fast": FAST_CORE with no quota, "slow":
+        SLOW_CORE at ``slow_fraction`` of it}``."""
+        return {
+            "fast": self.group("fast", fraction=None, core=FAST_CORE),
+            "slow": self.group("slow", fraction=slow_fraction, core=SLOW_CORE),
+        }
 
     def close(self) -> None:
         """Move every process back to the root group and remove every group made here.

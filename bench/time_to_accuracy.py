@@ -84,7 +84,6 @@ from worker.engine.spec import RunSpec
 
 CODE = "example:mnist_cnn"
 PREFIX = "ptbench-tta"
-FAST_CORE, SLOW_CORE = 0, 1
 ENGINE_ARMS: dict[str, dict[str, Any]] = {
     "sync": {"sync_strategy": "sync"},
     "periodic4": {"sync_strategy": "periodic", "sync_period": 4},
@@ -542,10 +541,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         with Throttle(prefix=PREFIX) as throttle:
-            cpu = {
-                "fast": throttle.group("fast", fraction=None, core=FAST_CORE),
-                "slow": throttle.group("slow", fraction=args.slow_fraction, core=SLOW_CORE),
-            }
+            cpu = throttle.fast_and_slow(args.slow_fraction)
             curves, rates = measure(arms, seeds, base, cpu, lambda m: print(m, file=sys.stderr))
     except ThrottleError as err:
         exit_unavailable(err, "time_to_accuracy")

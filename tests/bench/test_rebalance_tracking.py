@@ -10,6 +10,7 @@ from bench.rebalance_tracking import (
     checks_to_settle,
     control_points,
     direction_figures,
+    in_run_optimum,
     slow_shares,
 )
 from worker.engine.local import LocalRun
@@ -42,7 +43,12 @@ def test_the_optimum_counts_the_fast_groups_speed_beside_a_busy_slow_core() -> N
     # Alone the fast group runs 3,000 samples/s, beside the busy slow core at 2/3 only
     # 2,700: the split that equalises step times in the run gives the slow group
     # 1,800 / (2,700 + 1,800) = 0.40 of the batch, not 1,800 / 4,800 = 0.375.
-    tracked = {"epoch_s": [1.0, 1.0, 1.0], "shares": [(0, 70), (36, 102)], "changed_at": 34}
+    tracked = {
+        "epoch_s": [1.0, 1.0, 1.0],
+        "shares": [(0, 70), (36, 102)],
+        "changed_at": 34,
+        "in_run_optimum": 0.35,  # the workers' own rates over the last epoch
+    }
     runs = {
         "fast": [3000.0],
         "fast beside low": [2900.0],
@@ -57,3 +63,18 @@ def test_the_optimum_counts_the_fast_groups_speed_beside_a_busy_slow_core() -> N
     assert found["optimal_slow_share_standalone"]["median"] == pytest.approx(0.375)
     assert found["checks"] == [1]  # 102 of 256 is within 5 % of 0.40
     assert found["checks_standalone_optimum"] == [None]  # and 6 % above 0.375
+    assert found["checks_in_run_optimum"] == [None]  # and 14 % above 0.35
+    assert found["in_run_optimal_slow_share"]["median"] == pytest.approx(0.35)
+
+
+def test_the_in_run_optimum_comes_from_the_workers_last_epoch() -> None:
+    def rate(rank: int, value: float) -> dict[str, object]:
+        return {"type": "metric", "name": "samples_per_s", "rank": rank, "value": value}
+
+    # epochs 0 and 1 of both workers; the last epoch's rates count
+    events = [rate(1, 900.0), rate(2, 100.0), rate(1, 2400.0), rate(2, 800.0)]
+    run = LocalRun(pids={0: 1}, returncodes={0: 0}, output={0: []}, wall_s=1.0, events=events)
+    assert in_run_optimum(run) == pytest.approx(0.25)  # 800 / (2,400 + 800)
+    silent = LocalRun(pids={0: 1}, returncodes={0: 0}, output={0: []}, wall_s=1.0, events=[])
+    with pytest.raises(RuntimeError, match="no last-epoch samples/s"):
+        in_run_optimum(silent)
