@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from contracts.agent_api import Heartbeat
@@ -18,6 +19,25 @@ from worker.agent.sandbox import Sandbox, rank_environment
 
 # Holds ~50 MiB of touched memory and keeps one core busy until killed.
 HOG = "import time\nblock = bytearray(50 * 1024 * 1024)\nwhile True:\n    sum(range(10000))\n"
+
+
+def kill_tree(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
+    """Kill ``proc`` and every process under it, wherever they are: a sandbox may start the
+    interpreter in a session of its own (`bwrap --new-session`), which a kill of the
+    parent, its process group or its session does not reach; a hog left behind holds a
+    core for the rest of the suite."""
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.kill()
+    proc.wait()
+    psutil.wait_procs(children, timeout=10)
 
 
 @pytest.fixture
@@ -31,9 +51,7 @@ def rank() -> Iterator[subprocess.Popen[str]]:
     try:
         yield proc
     finally:
-        subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], check=False)
-        proc.kill()
-        proc.wait()
+        kill_tree(proc)
 
 
 def _sampler() -> ResourceSampler:
@@ -97,8 +115,7 @@ def test_a_sandboxed_rank_is_measured_across_its_uid(tmp_path: Path) -> None:
         time.sleep(0.5)
         assert (sampler.sample({"r": proc.pid})["r"]["cpu_percent"] or 0) > 1
     finally:
-        proc.kill()
-        proc.wait()
+        kill_tree(proc)
         lease.release()
 
 
