@@ -9,7 +9,10 @@ from pydantic import AfterValidator, BaseModel, Field
 
 DeviceType = Literal["cpu", "cuda", "npu"]
 SplitPolicy = Literal["even", "weighted"]
-SyncStrategy = Literal["sync", "periodic", "quorum"]
+SyncStrategy = Literal["sync", "periodic", "quorum", "diloco"]
+ROUND_STRATEGIES = ("periodic", "diloco")
+"""The strategies whose groups train on their own for `sync_period` steps (a round) and keep
+one inner optimizer state per group, which another layout of groups cannot take over."""
 OnDisagreement = Literal["fail", "exclude", "off"]
 OnGroupLoss = Literal["restart", "shrink", "wait"]
 """What a restart does when a group the task ran on cannot take its workers again: `restart`

@@ -26,6 +26,8 @@ ENGINE_OPTIONS = (
     "sync_period",
     "quorum",
     "max_staleness",
+    "outer_lr",
+    "outer_momentum",
     "exchange_fraction",
     "checkpoint_every",
     "rebalance_every",
@@ -71,6 +73,8 @@ class TaskSpec(BaseModel):
     sync_period: int | None = None
     quorum: int | None = None
     max_staleness: int | None = None
+    outer_lr: float | None = None
+    outer_momentum: float | None = None
     exchange_fraction: float | None = None
     checkpoint_every: int | None = None
     rebalance_every: int | None = None

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from contracts.plan import ROUND_STRATEGIES
 from contracts.trial import ExchangeTiming, TrialResult
 
 MAX_SUBSETS = 2_000  # the deadline search's worker-count combinations, at most
@@ -246,7 +247,7 @@ def exchange_s(model: PerformanceModel, names: Sequence[str]) -> float:
     if any(trip is None for trip in trips):
         raise ValueError("the trial timed no round trip to the parameter server")
     seconds = max(t.intercept for t in trips if t) + n * sum(t.slope for t in trips if t)
-    return seconds / model.sync_period if model.sync_strategy == "periodic" else seconds
+    return seconds / model.sync_period if model.sync_strategy in ROUND_STRATEGIES else seconds
 
 
 def _balanced(fixed: list[float], slopes: list[float], counts: list[int], batch: int) -> float:

@@ -6,7 +6,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from backend.core.schemas import UtcDateTime
-from contracts.plan import SplitPolicy, SyncStrategy
+from contracts.plan import ROUND_STRATEGIES, SplitPolicy, SyncStrategy
 from contracts.strict import StrictModel
 
 PlanStatus = Literal["trial", "ready", "failed", "cancelled"]
@@ -101,8 +101,8 @@ class PlanCreate(StrictModel):
     @field_validator("sync_period")
     @classmethod
     def _period_needs_periodic(cls, value: int, info: ValidationInfo) -> int:
-        if value != 1 and info.data.get("sync_strategy") != "periodic":
-            raise ValueError("applies to sync_strategy 'periodic' only")
+        if value != 1 and info.data.get("sync_strategy") not in ROUND_STRATEGIES:
+            raise ValueError("applies to sync_strategy 'periodic' or 'diloco' only")
         return value
 
     @field_validator("quorum")

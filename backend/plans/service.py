@@ -23,6 +23,7 @@ from backend.tasks import service as tasks
 from backend.tasks.models import Task, TaskStatus
 from backend.tasks.schemas import GroupRequest, TaskCreate
 from backend.tasks.spec import read_spec
+from contracts.plan import ROUND_STRATEGIES
 from contracts.trial import TrialOptions, TrialResult
 
 
@@ -220,7 +221,7 @@ def task_request(plan: Plan, request: PlanCreate, chosen: performance.Prediction
         "seed": request.seed,
         "plan_id": plan.id,
     }
-    if request.sync_strategy == "periodic":
+    if request.sync_strategy in ROUND_STRATEGIES:
         body["sync_period"] = request.sync_period
     if request.sync_strategy == "quorum" and request.quorum and len(chosen.workers) > 1:
         body["quorum"] = min(request.quorum, len(chosen.workers))

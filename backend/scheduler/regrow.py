@@ -41,6 +41,7 @@ from backend.scheduler.queue import Queued
 from backend.tasks import lifecycle
 from backend.tasks.models import Checkpoint, Task, TaskStatus
 from backend.tasks.spec import read_spec
+from contracts.plan import ROUND_STRATEGIES
 from contracts.task_spec import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,9 @@ def may_regrow(task: Task, spec: TaskSpec, checkpoint: Checkpoint) -> bool:
         and checkpoint.task_id == task.id
         and checkpoint.attempt == task.attempt
         and spec.on_group_loss == "shrink"
-        # periodic keeps one optimizer state per group, which a new layout cannot take over
-        and spec.sync_strategy != "periodic"
+        # periodic and diloco keep one optimizer state per group, which a new layout cannot
+        # take over
+        and spec.sync_strategy not in ROUND_STRATEGIES
         and spec.epochs is not None
         and checkpoint.epoch + 1 < spec.epochs
         and epoch_end(checkpoint)

@@ -12,6 +12,7 @@ from contracts.payload import (
     TaskLimits,
 )
 from contracts.plan import (
+    ROUND_STRATEGIES,
     AgreementTolerance,
     DeviceType,
     OnDisagreement,
@@ -72,15 +73,37 @@ class TaskCreate(StrictModel):
     )
     sync_strategy: SyncStrategy = Field(
         default="sync",
-        description="cross-group sync at the parameter server: every step, "
-        "model averaging every `sync_period` steps, or once `quorum` groups reported",
+        description="cross-group sync: `sync` every step (exact; for groups of near-equal "
+        "speed), `periodic` model averaging every `sync_period` steps, `quorum` once "
+        "`quorum` groups reported, `diloco` rounds of `sync_period` steps in which each "
+        "group takes local steps scaled to its speed, then an outer Nesterov step (choose it "
+        "when a slower pool, or a slow link between pools, would hold a faster one back)",
     )
-    sync_period: int = Field(default=1, ge=1, le=10_000)
+    sync_period: int = Field(
+        default=1,
+        ge=1,
+        le=10_000,
+        description="periodic: steps between model averages; diloco: steps in a round "
+        "(the fastest group's local steps, e.g. 16-100)",
+    )
     quorum: int | None = Field(
         default=None, ge=1, le=16, description="groups a quorum update waits for (default M - 1)"
     )
     max_staleness: int = Field(
         default=2, ge=0, le=1000, description="quorum: oldest gradient version an update may use"
+    )
+    outer_lr: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=10.0,
+        description="diloco: the outer optimizer's learning rate (default 0.7; 1 with no "
+        "momentum averages the groups' models)",
+    )
+    outer_momentum: float | None = Field(
+        default=None,
+        ge=0.0,
+        lt=1.0,
+        description="diloco: the outer optimizer's Nesterov momentum, in [0, 1) (default 0.5)",
     )
     exchange_fraction: float = Field(
         default=0.0,
@@ -245,8 +268,15 @@ class TaskCreate(StrictModel):
     @field_validator("sync_period")
     @classmethod
     def _period_needs_periodic(cls, value: int, info: ValidationInfo) -> int:
-        if value != 1 and info.data.get("sync_strategy") != "periodic":
-            raise ValueError("sync_period applies to sync_strategy 'periodic' only")
+        if value != 1 and info.data.get("sync_strategy") not in ROUND_STRATEGIES:
+            raise ValueError("sync_period applies to sync_strategy 'periodic' or 'diloco' only")
+        return value
+
+    @field_validator("outer_lr", "outer_momentum")
+    @classmethod
+    def _outer_needs_diloco(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and info.data.get("sync_strategy") != "diloco":
+            raise ValueError(f"{info.field_name} applies to sync_strategy 'diloco' only")
         return value
 
     def engine_options(self) -> dict[str, Any]:

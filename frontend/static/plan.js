@@ -82,7 +82,7 @@
     const strategy = input("sync_strategy") ? input("sync_strategy").value : "sync";
     if (strategy) body.sync_strategy = strategy;
     const period = input("sync_period") && input("sync_period").value.trim();
-    if (strategy === "periodic" && period) body.sync_period = numberOr(period);
+    if ((strategy === "periodic" || strategy === "diloco") && period) body.sync_period = numberOr(period);
     const quorum = input("quorum") && input("quorum").value.trim();
     if (strategy === "quorum" && quorum) body.quorum = numberOr(quorum);
     const deadline = $("plan-deadline").value.trim();

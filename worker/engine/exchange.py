@@ -153,8 +153,10 @@ def gather_at_ps(topo: Topology, numel: int, dtype: torch.dtype) -> Tensor:
 def broadcast_down(topo: Topology, vector: Tensor) -> Tensor:
     """Send ``vector`` from the parameter server to every worker; returns the received tensor.
 
-    On rank 0 ``vector`` is the payload (CPU); elsewhere it only gives shape and
-    dtype and is overwritten. The result lives on ``topo.device``. The server
+    On rank 0 ``vector`` is the payload (CPU); elsewhere it gives shape and dtype
+    and, when it is on ``topo.device``, is the buffer the result is received into
+    (a CPU buffer is received into in place; else the result is a new tensor). The
+    result lives on ``topo.device``. The server
     sends to every leader at once (point to point, in pieces); each leader
     then broadcasts inside its group.
     """
@@ -172,7 +174,8 @@ def broadcast_down(topo: Topology, vector: Tensor) -> Tensor:
     assert topo.group is not None and topo.leader_rank is not None
     received = vector.to(topo.device)
     if topo.am_i_leader:
-        on_cpu = torch.empty(vector.numel(), dtype=vector.dtype)
+        in_place = received.device.type == "cpu" and received.is_contiguous()
+        on_cpu = received if in_place else torch.empty(vector.numel(), dtype=vector.dtype)
         parts = pieces(on_cpu.numel(), on_cpu.element_size())
         _wait(
             [

@@ -81,14 +81,16 @@ def run_parameter_server(
     """
     model.to("cpu")
     optimizer = code.build_optimizer(model.parameters())
-    package = None
+    package, outer_state = None, None
     if spec.resume_from:
         state = load_checkpoint(spec.resume_from)
         model.load_state_dict(state["model"])
         if state["optimizer"] is not None:
             optimizer.load_state_dict(state["optimizer"])
         package = resume_package(state)
+        outer_state = state.get("outer_optimizer")  # diloco's outer momentum stays here
     run, under_way = session.start(spec, code, topo, model, optimizer, data, package)
+    run.outer_state = outer_state
     if spec.debug_dump_dir:
         run.batches = []
     session.train(run, under_way, lambda r: {}, report_server_epoch)

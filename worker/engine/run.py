@@ -13,6 +13,7 @@ steps every rank knows in advance: the load-balancing check every
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from worker.engine.exchange import gather_work, params_of, receive_at_ps, send_t
 from worker.engine.numerics import NonFiniteError, blame, describe, local_faults
 from worker.engine.provenance import ShardLedger
 from worker.engine.reducer import GradientReducer
+from worker.engine.sharding import Batches
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
 from worker.engine.state import ModelState
@@ -75,6 +77,9 @@ class Run:
     last_agreement: int = 0
     agreement_s: float = 0.0  # wall seconds in the agreement checks (worker.engine.agreement)
     excluded_groups: set[int] = field(default_factory=set)  # left out on disagreement
+    outer: torch.optim.Optimizer | None = None  # diloco: the parameter server's outer optimizer
+    outer_state: dict[str, Any] | None = None  # its checkpointed state, loaded at first use
+    round_vector: Tensor | None = None  # diloco: a worker's round start, then its update
     state: ModelState = field(init=False)
     strategy: Strategy = field(init=False)
 
@@ -87,9 +92,18 @@ class Run:
         """The model's parameters in flat-vector order."""
         return params_of(self.model)
 
-    def compute(self, reducer: GradientReducer | None = None) -> Tensor:
+    def compute(
+        self,
+        reducer: GradientReducer | None = None,
+        *,
+        indices: Tensor | None = None,
+        upcoming: Callable[[], Batches] | None = None,
+    ) -> Tensor:
         """This worker's vector ``[grad_sum (P), buffer_change_sum (B), loss_sum, count]``
         for this step (:func:`worker.engine.compute.local_gradient`), timed and emulated;
+        ``indices`` (int ``[b]``, default the split's for this step) are the items it takes and
+        ``upcoming`` gives its batches from this one on, should the loader plan again (default
+        :meth:`worker.engine.split.SplitState.upcoming`);
         with ``reducer``, the sum of every worker's vector instead, reduced while backward
         runs (:func:`worker.engine.compute.reduced_gradient`; only forward and backward
         are timed, not the wait for the sum).
@@ -110,29 +124,30 @@ class Run:
         """
         train, emulator = self.train, self.emulator
         assert train is not None and emulator is not None
-        indices = self.split.take(self.topo.worker_index)
-        if len(indices) and not train.expects(indices):
-            train.plan(self.split.upcoming(self.topo.worker_index))
+        taken = self.split.take(self.topo.worker_index) if indices is None else indices
+        if len(taken) and not train.expects(taken):
+            worker = self.topo.worker_index
+            train.plan(upcoming() if upcoming else self.split.upcoming(worker))
         base = self.buffer_base = self.state.snapshot()
         code, model, device, state = self.code, self.model, self.topo.device, self.state
         own_s, waited_s = self.clock.take()
         with hooked_precision(self):
             if reducer is None:
                 vector, seconds = emulator.run(
-                    lambda: local_gradient(code, model, train, indices, device, state, base),
-                    len(indices),
+                    lambda: local_gradient(code, model, train, taken, device, state, base),
+                    len(taken),
                 )
                 self.local_loss = float(vector[-2])
             else:
                 self.local_loss, seconds = emulator.run(
                     lambda: reduced_gradient(
-                        code, model, train, indices, device, state, base, reducer
+                        code, model, train, taken, device, state, base, reducer
                     ),
-                    len(indices),
+                    len(taken),
                 )
         seconds += own_s
-        self.window.add(seconds, len(indices), waited_s)
-        self.epoch_work.add(seconds, len(indices), waited_s)
+        self.window.add(seconds, len(taken), waited_s)
+        self.epoch_work.add(seconds, len(taken), waited_s)
         self.clock.section_done()
         if reducer is None:
             return vector
@@ -310,6 +325,7 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
         "split": run.split.state_dict(),
         "rng": {r: s["rng"] for r, s in states.items()},
         "excluded_groups": sorted(run.spec.groups[g].name for g in run.excluded_groups),
+        "outer_optimizer": run.outer.state_dict() if run.outer is not None else None,
     }
     provenance = run.ledger.drain(run.split.n_items) if run.ledger is not None else None
     save_checkpoint(Path(run.spec.checkpoint_dir) / name, state, provenance)

@@ -42,7 +42,10 @@ class RunSpec(BaseModel):
     (0: only at epoch ends). ``sync_strategy`` is ``sync`` (parameter server
     every step), ``periodic`` (groups train locally, models averaged every
     ``sync_period`` steps) or ``quorum`` (update once ``quorum`` of the groups
-    reported, late gradients at most ``max_staleness`` updates old).
+    reported, late gradients at most ``max_staleness`` updates old) or ``diloco`` (rounds of
+    ``sync_period`` steps, local step counts scaled to each group's speed, an outer Nesterov
+    step of ``outer_lr`` and ``outer_momentum`` on the groups' pseudo-gradients,
+    :mod:`worker.engine.strategy_diloco`).
     ``exchange_fraction`` of each worker's shard moves to its ring neighbour
     after every epoch. ``checkpoint_every`` adds a checkpoint every N steps.
     ``data`` says how compute workers read their shards (:class:`contracts.data.DataOptions`:
@@ -83,6 +86,8 @@ class RunSpec(BaseModel):
     sync_period: int = Field(default=1, ge=1)
     quorum: int | None = Field(default=None, ge=1)
     max_staleness: int = Field(default=2, ge=0)
+    outer_lr: float = Field(default=0.7, gt=0.0, le=10.0)
+    outer_momentum: float = Field(default=0.5, ge=0.0, lt=1.0)
     exchange_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     checkpoint_every: int | None = Field(default=None, ge=1)
     on_nonfinite: OnNonFinite = "fail"

@@ -63,7 +63,7 @@ def _task_form(version: dict, **fields: str | list[str]) -> dict:
     ("field", "value", "words"),
     [
         ("split_policy", "fastest", "'even' or 'weighted'"),
-        ("sync_strategy", "../sync", "'sync', 'periodic' or 'quorum'"),
+        ("sync_strategy", "../sync", "'sync', 'periodic', 'quorum' or 'diloco'"),
     ],
 )
 def test_task_form_select_outside_its_options_is_refused_at_the_field(

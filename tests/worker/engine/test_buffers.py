@@ -149,12 +149,14 @@ def test_sync_checkpoint_buffers_follow_the_rule_and_match_one_process(
     assert math.isclose(val, eval_val_loss(spec, checkpoint_model(spec)), rel_tol=1e-5)
 
 
-def test_periodic_and_quorum_sync_carry_buffers(
+def test_periodic_quorum_and_diloco_sync_carry_buffers(
     make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:
     for options in (
         {"sync_strategy": "periodic", "sync_period": 2},
         {"sync_strategy": "quorum", "quorum": 2},
+        # buffers are averaged as with periodic (the outer optimizer moves parameters only)
+        {"sync_strategy": "diloco", "sync_period": 2, "outer_lr": 1.0, "outer_momentum": 0.0},
     ):
         name = str(options["sync_strategy"])
         spec = bn_spec(make_spec, tmp_path / name, **options)

@@ -19,7 +19,7 @@ GPU_AND_CPU = [
 ]
 
 
-@pytest.mark.parametrize("strategy", ["sync", "periodic", "quorum"])
+@pytest.mark.parametrize("strategy", ["sync", "periodic", "quorum", "diloco"])
 def test_cuda_group_beside_cpu_group(
     strategy: str, make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:

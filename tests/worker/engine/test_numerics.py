@@ -124,12 +124,13 @@ def test_skip_step_skips_everywhere_and_counts(
     assert len(skipped) == 1 and "gradient on rank 3 (group 'b') at epoch 0, step 4" in skipped[0]
 
 
-def test_skip_step_with_periodic_and_quorum_sync(
+def test_skip_step_with_periodic_quorum_and_diloco_sync(
     make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:
     for options in (
         {"sync_strategy": "periodic", "sync_period": 3},
         {"sync_strategy": "quorum", "quorum": 1},
+        {"sync_strategy": "diloco", "sync_period": 3},
     ):
         name = str(options["sync_strategy"])
         spec = user_spec(

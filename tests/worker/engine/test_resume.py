@@ -67,6 +67,29 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         },
         "epoch-0.pt",
     ),
+    # DiLoCo with its default outer Nesterov momentum: rounds end at steps 5, 10, 15, 20, 23
+    # of each 23-step epoch; step-33.pt (crossing 30) is the end of epoch 1's second round,
+    # with momentum in the outer optimizer and a round position to resume from.
+    "diloco": (
+        {"sync_strategy": "diloco", "sync_period": 5, "checkpoint_every": 10},
+        "step-33.pt",
+    ),
+    # The same on the weighted split below: the slow worker takes 1 local step a round of 4
+    # (step-48.pt: in epoch 1), the fast one 4.
+    "diloco-weighted": (
+        {
+            "sync_strategy": "diloco",
+            "sync_period": 4,
+            "split_policy": "weighted",
+            "groups": [
+                {"name": "fast", "device_type": "cpu", "workers": 1},
+                {"name": "slow", "device_type": "cpu", "workers": 1, "speed_factor": 0.05},
+            ],
+            "global_batch_size": 4,
+            "checkpoint_every": 15,
+        },
+        "step-48.pt",
+    ),
     # B = 4 over a fast and a 20x slower worker: shares 3 + 1 (40 steps per epoch). The
     # resumed run must take the uninterrupted run's rebalancing decisions, which come from
     # measured times: the slow worker's are padded to 20x the pace, the fast one's are
@@ -111,15 +134,15 @@ def test_resumed_run_ends_with_the_uninterrupted_parameters(
         assert torch.equal(finals[rank], expected[rank]), f"rank {rank} differs after resume"
 
 
-@pytest.mark.parametrize("strategy", ["sync", "periodic"])
+@pytest.mark.parametrize("strategy", ["sync", "periodic", "diloco"])
 def test_checkpoint_from_another_layout_continues_or_redoes_its_epoch(
     make_spec: Callable[..., RunSpec], tmp_path: Path, strategy: str
 ) -> None:
     """On two workers instead of three, a sync checkpoint's epoch goes on from its step
     (tests/worker/engine/test_provenance.py checks the samples and the parameters); a
-    periodic one keeps the model and redoes the epoch (its per-group optimizer states do
-    not fit other groups). Either way the step count goes on from the checkpoint."""
-    options = {"sync_strategy": "periodic", "sync_period": 5} if strategy == "periodic" else {}
+    periodic or diloco one keeps the model and redoes the epoch (its per-group optimizer
+    states do not fit other groups). Either way the step count goes on from the checkpoint."""
+    options = {"sync_strategy": strategy, "sync_period": 5} if strategy != "sync" else {}
     first = make_spec(epochs=1, checkpoint_every=5, **options)  # groups of 2 + 1 workers
     stop_at = "step-10.pt"
     launch_local(

@@ -10,7 +10,7 @@ from typing import Any, get_args
 import pytest
 
 from backend.tasks.schemas import TaskCreate
-from contracts.plan import SyncStrategy
+from contracts.plan import ROUND_STRATEGIES, SyncStrategy
 from worker.engine.spec import RunSpec
 from worker.engine.strategy import Strategy, registered, strategy_for
 
@@ -56,6 +56,8 @@ def test_what_each_strategy_decides_outside_its_epochs() -> None:
         "sync": [False, True, False, False],  # every worker sees the one global sum
         "periodic": [False, True, True, False],
         "quorum": [False, True, True, False],
+        "diloco": [False, True, True, False],
     }
-    assert {name for name in NAMES if strategy_for(name).group_optimizers} == {"periodic"}
+    groups_own = {name for name in NAMES if strategy_for(name).group_optimizers}
+    assert groups_own == {"periodic", "diloco"} == set(ROUND_STRATEGIES)
     assert {name for name in NAMES if strategy_for(name).replicated} == {"sync"}

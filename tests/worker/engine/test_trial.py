@@ -25,7 +25,7 @@ def _result(spec: RunSpec) -> TrialResult:
     return TrialResult.model_validate(trials[0]["result"])
 
 
-@pytest.mark.parametrize("strategy", ["sync", "periodic"])
+@pytest.mark.parametrize("strategy", ["sync", "periodic", "diloco"])
 def test_trial_times_every_worker_and_exchange(
     make_spec: Callable[..., RunSpec], tmp_path: Path, strategy: str
 ) -> None:
@@ -38,7 +38,7 @@ def test_trial_times_every_worker_and_exchange(
     spec = make_spec(
         groups=groups,
         sync_strategy=strategy,
-        sync_period=2 if strategy == "periodic" else 1,
+        sync_period=1 if strategy == "sync" else 2,
         global_batch_size=24,
         trial={"batch_sizes": [4, 16], "steps": 3, "repeats": 3},
     )

@@ -1,0 +1,114 @@
+"""The ``diloco`` strategy: local step counts scaled to the groups' speeds, FedNova-normalised
+pseudo-gradients and the outer optimizer (worker/engine/strategy_diloco.py).
+
+Exactness where the algorithm reduces to a known one: with an outer lr of 1, no momentum and
+equal step counts (the ``even`` split) it is ``periodic`` model averaging, to float32
+rounding. With a group emulated much slower (speed factor, no host timing in the
+assertions beyond "much slower"), the ``weighted`` split gives it fewer local steps a round,
+and the task still trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from tests.worker.engine.reference import finite, run_with_dump
+from tests.worker.engine.test_strategies import untrained_val_loss
+from worker.engine.sharding import even_shares
+from worker.engine.spec import RunSpec
+from worker.engine.split import SplitState
+from worker.engine.strategy_diloco import chunk_counts, local_steps, round_samples
+
+AVERAGING = {"sync_strategy": "diloco", "outer_lr": 1.0, "outer_momentum": 0.0}
+
+
+def test_local_steps_follow_the_samples_per_worker_of_each_group() -> None:
+    # group 0: two workers of 30 samples a round; group 1: one worker of 10 (a third as fast)
+    groups = [[0, 1], [2]]
+    assert local_steps([30, 30, 10], groups, 8, scaled=True) == [8, 3]
+    assert local_steps([30, 30, 10], groups, 8, scaled=False) == [8, 8]
+    # never more than the round's steps, at least one while a group has samples, none without
+    assert local_steps([30, 30, 1], groups, 8, scaled=True) == [8, 1]
+    assert local_steps([30, 30, 0], groups, 8, scaled=True) == [8, 0]
+    assert local_steps([5, 5, 40], groups, 4, scaled=True) == [1, 4]
+
+
+def test_a_round_hands_each_worker_its_split_samples_in_its_groups_local_steps() -> None:
+    split = SplitState.initial(100, [6, 6, 2], seed=3)
+    split.begin_epoch(3, 0)  # 8 steps of 14, the last one of 2
+    assert round_samples(split, 0, 4) == [24, 24, 8]
+    last = round_samples(split, 4, split.steps_per_epoch)
+    assert sum(last) == 100 - 4 * 14
+    # one local step per split step: the split's own counts; fewer: near-equal parts
+    assert chunk_counts(split, 0, 0, 4, 4) == [6, 6, 6, 6]
+    assert chunk_counts(split, 2, 0, 4, 1) == [8]
+    assert chunk_counts(split, 2, 4, 8, 3) == even_shares(last[2], 3)
+
+
+@pytest.mark.parametrize("layout", ["two groups", "one group"])
+def test_plain_averaging_equals_periodic_averaging(
+    make_spec: Callable[..., RunSpec], tmp_path: Path, layout: str
+) -> None:
+    groups: dict[str, Any] = {}
+    if layout == "one group":
+        groups = {"groups": [{"name": "solo", "device_type": "cpu", "workers": 2}]}
+    periodic = make_spec(sync_strategy="periodic", sync_period=4, **groups)
+    diloco = make_spec(sync_period=4, **AVERAGING, **groups)
+    _, expected = run_with_dump(periodic, tmp_path / "periodic")
+    run, found = run_with_dump(diloco, tmp_path / "diloco")
+    for rank in expected:
+        assert torch.allclose(found[rank], expected[rank], rtol=0, atol=1e-6), rank
+    assert any("local steps" in line for line in run.output[0])
+
+
+def test_a_much_slower_group_takes_fewer_local_steps_and_the_task_trains(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    """The slow group is emulated at a tenth of the pace: the weighted split gives it about a
+    tenth of the samples per worker, so it takes 1-2 of the round's 5 local steps (the fast
+    group all 5), however fast the host; the global model still learns."""
+    groups = [
+        {"name": "fast", "device_type": "cpu", "workers": 2},
+        {"name": "slow", "device_type": "cpu", "workers": 1, "speed_factor": 0.1},
+    ]
+    spec = make_spec(
+        groups=groups,
+        split_policy="weighted",
+        global_batch_size=16,
+        sync_period=5,
+        epochs=4,
+        **AVERAGING,
+    )
+    run, finals = run_with_dump(spec, tmp_path / "params")
+    rounds = [line for line in run.output[0] if "local steps" in line]
+    assert rounds, run.text(0)
+    for line in rounds:
+        fast, slow = (int(part.split()[-1]) for part in line.split("local steps ")[1].split(","))
+        assert fast == 5 and 1 <= slow <= 2, line
+    assert all(finals[r].equal(finals[0]) for r in finals), "every rank ends on the global model"
+    val = finite(run.metrics("val_loss"))
+    assert val[-1] < untrained_val_loss(spec.seed) / 4, val
+
+
+@pytest.mark.parametrize(
+    "field,value,words",
+    [
+        ("outer_momentum", 1.0, "less than 1"),
+        ("outer_momentum", -0.5, "greater than or equal to 0"),
+        ("outer_lr", 0.0, "greater than 0"),
+        ("sync_period", 0, "greater than or equal to 1"),
+    ],
+)
+def test_bad_outer_settings_are_refused_naming_the_field(
+    make_spec: Callable[..., RunSpec], field: str, value: float, words: str
+) -> None:
+    with pytest.raises(ValidationError) as caught:
+        make_spec(sync_strategy="diloco", **{field: value})
+    error = caught.value.errors()[0]
+    assert error["loc"] == (field,) and words in error["msg"]

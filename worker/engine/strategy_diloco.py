@@ -1,0 +1,312 @@
+"""DiLoCo across groups: speed-scaled local steps, normalised pseudo-gradients, an outer optimizer.
+
+Inside a group every step is synchronous and exact, as with ``periodic``: the
+in-group allreduce sums per-sample gradients and counts, every member divides
+by the group's count and steps its own copy of the user's optimizer (the
+*inner* optimizer). Across groups the unit is a *round*: the ``sync_period`` = H
+steps of the split's schedule up to the next multiple of H in the epoch (or the
+epoch's end). In a round every worker takes the samples the split assigns it
+for those H steps, but a group takes them in its own number of local steps:
+
+- ``split_policy: weighted``: the split's shares follow each worker's measured
+  samples/s, so a group's samples per worker in the round, relative to the
+  group with the most, is its speed relative to the fastest. A group takes
+  ``tau_g = clamp(round(H * m_g / max_h m_h), 1, H)`` local steps, ``m_g`` its
+  round samples per worker: the fastest group takes H steps of the split's
+  shares; a group at a third of its speed takes H/3 steps of the same size per
+  worker (not H steps of a third of the size, whose fixed costs, the backward
+  over every parameter and the update, would dominate). Every group then spends
+  about the same time on its round and none waits (Liu et al., "Asynchronous
+  Local-SGD Training for Language Modeling", 2024, arXiv 2401.09135: local step
+  counts scaled to each worker's speed).
+- ``even``: every group takes H local steps of the split's shares.
+
+At the round's end each leader sends its *pseudo-gradient*
+``Delta_g = theta_start - theta_g`` normalised by its local step count and
+weighted by its samples, ``n_g Delta_g / tau_g``, with ``n_g tau_g`` and
+``n_g``; the parameter server forms the FedNova update (Wang et al., "Tackling
+the Objective Inconsistency Problem in Heterogeneous Federated Optimization",
+NeurIPS 2020)::
+
+    d = tau_eff * sum_g (n_g / n) Delta_g / tau_g,   tau_eff = sum_g (n_g / n) tau_g
+
+(plain averaging of unequal step counts would weight the groups by their step
+counts and converge to another objective), sets it as the gradient of the
+global model and steps the *outer* optimizer: SGD with Nesterov momentum
+(``outer_lr``, ``outer_momentum``; Douillard et al., "DiLoCo: Distributed
+Low-Communication Training of Language Models", 2023). The result goes back to
+every worker, which starts the next round from it. With outer lr 1 and no
+momentum the outer step is ``theta_start - d``; with equal step counts that is
+the sample-weighted mean of the group models, which is ``periodic``.
+
+Buffers are not moved by the outer optimizer: as with ``periodic``, each group's
+buffer change over the round is weighted by ``n_g`` and the parameter server
+adds the weighted mean (integer buffers rounded). The inner optimizers' state
+stays with each group; the outer optimizer's momentum lives on the parameter
+server and is checkpointed (``outer_optimizer``). Rounds end at multiples of H
+inside the epoch and every control point (checkpoint, rebalance, agreement
+check) comes after a round, so a checkpoint is always at a round's end and a
+resume continues exactly.
+
+Trade-off: one exchange per round, and a slower group adds its samples without
+adding its step count to every round; but the groups' models drift apart
+during a round, so per sample it converges more slowly than ``sync`` (more so
+with a long round or a high inner learning rate), and it is not step-for-step
+equal to a single process.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from typing_extensions import override
+
+from worker.engine import report
+from worker.engine.exchange import (
+    broadcast_down,
+    gather_at_ps,
+    leader_reduce,
+    vector_to_grads,
+)
+from worker.engine.run import Run, control_point
+from worker.engine.sharding import Batches, even_shares
+from worker.engine.split import SplitState
+from worker.engine.strategy import Strategy
+from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, report_progress, step_from_sum
+
+# The tail of a leader's round vector: [loss_sum, n_g * tau_g, n_g].
+TAIL = 3
+
+
+def round_end(split: SplitState, period: int) -> int:
+    """The in-epoch step at which the round starting at ``split.step`` ends: the next
+    multiple of ``period`` (H), or the epoch's last step."""
+    return min((split.step // period + 1) * period, split.steps_per_epoch)
+
+
+def round_samples(split: SplitState, start: int, end: int) -> list[int]:
+    """Samples each worker takes in the split's steps ``[start, end)`` of this epoch."""
+    before, after = split.needs_from(start), split.needs_from(end)
+    return [a - b for a, b in zip(before, after, strict=True)]
+
+
+def local_steps(
+    samples: list[int], groups: list[list[int]], length: int, *, scaled: bool
+) -> list[int]:
+    """Local steps ``tau_g`` each group takes in a round of ``length`` split steps.
+
+    ``samples[i]`` is worker ``i``'s samples in the round and ``groups[g]`` the worker
+    indices of group ``g``. Unscaled, every group takes ``length`` steps; scaled, a group
+    takes ``clamp(round(length * m_g / max_h m_h), 1, length)``, ``m_g`` its samples per
+    worker. A group without samples (left out) takes none.
+    """
+    totals = [sum(samples[i] for i in members) for members in groups]
+    per_worker = [t / len(members) for t, members in zip(totals, groups, strict=True)]
+    top = max(per_worker, default=0.0)
+    steps = []
+    for total, mean in zip(totals, per_worker, strict=True):
+        if total == 0:
+            steps.append(0)
+        elif not scaled or top <= 0:
+            steps.append(length)
+        else:
+            steps.append(min(length, max(1, math.floor(length * mean / top + 0.5))))
+    return steps
+
+
+def chunk_counts(split: SplitState, worker: int, start: int, end: int, steps: int) -> list[int]:
+    """Worker ``worker``'s samples in each of its group's ``steps`` local steps of the round
+    ``[start, end)``: the split's own per-step counts when the group takes one local step per
+    split step, else its round samples in ``steps`` near-equal parts."""
+    if steps == end - start:
+        return [split.counts(t)[worker] for t in range(start, end)]
+    return even_shares(round_samples(split, start, end)[worker], steps)
+
+
+def group_steps(run: Run, start: int, end: int) -> list[int]:
+    """Every group's local steps in the round ``[start, end)`` under the split's shares."""
+    spec = run.spec
+    groups = [[r - 1 for r in spec.group_ranks(g)] for g in range(len(spec.groups))]
+    samples = round_samples(run.split, start, end)
+    return local_steps(samples, groups, end - start, scaled=spec.split_policy == "weighted")
+
+
+class RoundPlan:
+    """One worker's local steps for the rest of the epoch, under the split's current shares.
+
+    ``rounds[r]`` is ``(start, end, counts)``: the split steps the round spans and this
+    worker's sample count in each of its group's local steps. The indices come from the
+    worker's shard in order, from where the split stands when the plan is made.
+    """
+
+    def __init__(self, run: Run) -> None:
+        split, period, topo = run.split, run.spec.sync_period, run.topo
+        worker, group = topo.worker_index, topo.group_index
+        assert group is not None
+        self.rounds: list[tuple[int, int, list[int]]] = []
+        start = split.step
+        while start < split.steps_per_epoch:
+            end = min((start // period + 1) * period, split.steps_per_epoch)
+            steps = group_steps(run, start, end)[group]
+            self.rounds.append((start, end, chunk_counts(split, worker, start, end, steps)))
+            start = end
+        self.flat = split.shards[worker][split.used[worker] :]
+        self.shares = list(split.shares)
+
+    def upcoming(self, round_index: int, chunk: int, offset: int) -> Batches:
+        """The batches from local step ``chunk`` of round ``round_index`` to the epoch's end,
+        ``offset`` being the samples this plan has handed out before it."""
+        counts = list(self.rounds[round_index][2][chunk:])
+        for _, _, later in self.rounds[round_index + 1 :]:
+            counts += later
+        return Batches(self.flat[offset:], counts)
+
+
+def outer_optimizer(run: Run) -> torch.optim.Optimizer:
+    """The parameter server's outer optimizer over the global model, built at first use (from
+    ``run.outer_state``, a checkpoint's, when there is one): SGD with ``outer_lr`` and, when
+    ``outer_momentum`` > 0, Nesterov momentum."""
+    if run.outer is None:
+        momentum = run.spec.outer_momentum
+        run.outer = torch.optim.SGD(
+            run.params, lr=run.spec.outer_lr, momentum=momentum, nesterov=momentum > 0
+        )
+        if run.outer_state is not None:
+            run.outer.load_state_dict(run.outer_state)
+            run.outer_state = None
+    return run.outer
+
+
+def round_start(run: Run, *, loaded: bool) -> Tensor:
+    """The persistent round vector ``[P + B + TAIL]`` (``run.round_vector``) whose first
+    ``P + B`` hold the model's parameters and buffers on a group leader: the round's start,
+    which :func:`send_round` turns into the pseudo-gradient in place. ``loaded``: the vector
+    already holds them (the last round's end loaded the model from it), nothing is copied.
+    Other members only receive into it."""
+    state = run.state
+    size = state.n_params + state.n_buffers
+    vector = run.round_vector
+    if vector is None or vector.numel() != size + TAIL:
+        dtype, device = run.params[0].dtype, run.params[0].device
+        vector = run.round_vector = torch.empty(size + TAIL, dtype=dtype, device=device)
+        loaded = False
+    if run.topo.am_i_leader and not loaded:
+        vector[:size].copy_(state.vector())
+    return vector
+
+
+@torch.no_grad()
+def send_round(run: Run, vector: Tensor, buffer_base: list[Tensor], totals: list[float]) -> None:
+    """Worker side of a round's end. ``vector`` (``[P + B + TAIL]``) holds the round's start
+    parameters; the leader turns it, in place, into ``[n_g Delta_g / tau_g (P), buffer change
+    * n_g (B), loss_sum, n_g tau_g, n_g]`` (``totals`` = ``[loss_sum, n_g, tau_g]``, the
+    group's, alike on every member) and sends it; then every member receives the global
+    parameters and buffers into ``vector[:P + B]`` and loads them (the next round's start).
+
+    The pseudo-gradient is made in place, parameter by parameter (no copy of the model), and
+    counted as this worker's own work; only the transfers are waits (:class:`BusyClock`), so
+    a group whose exchange is slow gets a smaller share of the data.
+    """
+    state, topo = run.state, run.topo
+    n_params, n_buffers = state.n_params, state.n_buffers
+    loss_sum, samples, steps = totals
+    if topo.am_i_leader:
+        scale = samples / steps if steps > 0 else 0.0
+        offset = 0
+        for p in run.params:
+            n = p.numel()
+            vector[offset : offset + n].sub_(p.detach().reshape(-1)).mul_(scale)
+            offset += n
+        end = n_params + n_buffers
+        vector[n_params:end].copy_(state.buffer_change(buffer_base, samples, vector))
+        vector[end:] = vector.new_tensor([loss_sum, samples * steps, samples])
+        with run.clock.waiting():
+            leader_reduce(topo, vector)
+    with run.clock.waiting():
+        received = broadcast_down(topo, vector[: n_params + n_buffers])
+    state.load_(received)
+
+
+class DiLoCo(Strategy):
+    """``diloco``: exact steps inside each group, local step counts scaled to the groups'
+    speeds, FedNova-normalised pseudo-gradients and an outer Nesterov step every round."""
+
+    name = "diloco"
+    group_optimizers = True
+
+    @override
+    def worker_epoch(self, run: Run) -> None:
+        """Compute rank: the epoch's rounds, each its group's local steps, then the exchange.
+
+        The plan is made again after a control point changed the shares (a rebalance moves
+        samples between the shards)."""
+        assert run.optimizer is not None
+        reducer = run.group_reducer()
+        plan, r, position = RoundPlan(run), 0, 0
+        loaded = False  # the model may have changed since the last round (an epoch's end)
+        while not run.split.epoch_done:
+            if plan.shares != run.split.shares:
+                plan, r, position = RoundPlan(run), 0, 0
+            start, end, counts = plan.rounds[r]
+            vector = round_start(run, loaded=loaded)
+            buffer_base = run.state.snapshot()
+            loss_sum, samples, steps = 0.0, 0.0, 0
+            for k, count in enumerate(counts):
+                indices = plan.flat[position : position + count]
+                upcoming = _upcoming(plan, r, k, position)
+                step_loss, step_count = step_from_sum(
+                    run, run.compute(reducer, indices=indices, upcoming=upcoming), run.topo.group
+                )
+                position += count
+                loss_sum, samples = loss_sum + step_loss, samples + step_count
+                steps += 1 if step_count > 0 else 0
+            for _ in range(start, end):
+                run.split.advance()
+                run.step += 1
+            r += 1
+            send_round(run, vector, buffer_base, [loss_sum, samples, float(steps)])
+            loaded = True
+            control_point(run)
+
+    @override
+    def server_epoch(self, run: Run) -> None:
+        """Parameter server: follow the rounds, apply the outer step to the groups' normalised
+        pseudo-gradients (this module's docstring) and send the global model back."""
+        state = run.state
+        n_params, n_buffers = state.n_params, state.n_buffers
+        every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
+        outer = outer_optimizer(run)
+        logged: list[int] = []
+        while not run.split.epoch_done:
+            start, end = run.split.step, round_end(run.split, run.spec.sync_period)
+            steps = group_steps(run, start, end)
+            full = end - start == run.spec.sync_period or start == 0  # not a short last round
+            if steps != logged and full:
+                pairs = zip(run.spec.groups, steps, strict=True)
+                names = ", ".join(f"{g.name} {k}" for g, k in pairs)
+                report.log(f"diloco round at step {run.step}: local steps {names}")
+                logged = steps
+            for _ in range(start, end):
+                run.record_batch()
+                run.split.advance()
+                run.step += 1
+            total = gather_at_ps(run.topo, n_params + n_buffers + TAIL, run.params[0].dtype)
+            samples, weighted_steps = float(total[-1]), float(total[-2])
+            if samples > 0:
+                tau_eff = weighted_steps / samples
+                vector_to_grads(total[:n_params] * (tau_eff / samples), run.params)
+                outer.step()
+                outer.zero_grad(set_to_none=True)
+                state.add_mean_change(None, total[n_params : n_params + n_buffers], samples)
+            broadcast_down(run.topo, state.vector())
+            run.loss_sum += float(total[-3])
+            run.samples += int(round(samples))
+            report_progress(run, every)
+            control_point(run)
+
+
+def _upcoming(plan: RoundPlan, r: int, k: int, offset: int) -> Callable[[], Batches]:
+    return lambda: plan.upcoming(r, k, offset)
