@@ -10,6 +10,9 @@ from pydantic import AfterValidator, BaseModel, Field
 DeviceType = Literal["cpu", "cuda", "npu"]
 SplitPolicy = Literal["even", "weighted"]
 SyncStrategy = Literal["sync", "periodic", "quorum", "diloco"]
+DilocoExchange = Literal["blocking", "overlapped"]
+"""How `diloco` rounds meet the parameter server: `blocking` waits for the outer update before
+the next round; `overlapped` goes on at once and takes it one round late."""
 ROUND_STRATEGIES = ("periodic", "diloco")
 """The strategies whose groups train on their own for `sync_period` steps (a round) and keep
 one inner optimizer state per group, which another layout of groups cannot take over."""

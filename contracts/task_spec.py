@@ -28,6 +28,7 @@ ENGINE_OPTIONS = (
     "max_staleness",
     "outer_lr",
     "outer_momentum",
+    "diloco_exchange",
     "exchange_fraction",
     "checkpoint_every",
     "rebalance_every",
@@ -75,6 +76,7 @@ class TaskSpec(BaseModel):
     max_staleness: int | None = None
     outer_lr: float | None = None
     outer_momentum: float | None = None
+    diloco_exchange: str | None = None
     exchange_fraction: float | None = None
     checkpoint_every: int | None = None
     rebalance_every: int | None = None

@@ -15,6 +15,7 @@ from contracts.plan import (
     ROUND_STRATEGIES,
     AgreementTolerance,
     DeviceType,
+    DilocoExchange,
     OnDisagreement,
     OnGroupLoss,
     SplitPolicy,
@@ -104,6 +105,12 @@ class TaskCreate(StrictModel):
         ge=0.0,
         lt=1.0,
         description="diloco: the outer optimizer's Nesterov momentum, in [0, 1) (default 0.5)",
+    )
+    diloco_exchange: DilocoExchange | None = Field(
+        default=None,
+        description="diloco: `blocking` (default) starts each round from the outer update; "
+        "`overlapped` starts it at once and takes the update one round late, so no group "
+        "waits for the exchange",
     )
     exchange_fraction: float = Field(
         default=0.0,
@@ -272,9 +279,9 @@ class TaskCreate(StrictModel):
             raise ValueError("sync_period applies to sync_strategy 'periodic' or 'diloco' only")
         return value
 
-    @field_validator("outer_lr", "outer_momentum")
+    @field_validator("outer_lr", "outer_momentum", "diloco_exchange")
     @classmethod
-    def _outer_needs_diloco(cls, value: float | None, info: ValidationInfo) -> float | None:
+    def _outer_needs_diloco(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None and info.data.get("sync_strategy") != "diloco":
             raise ValueError(f"{info.field_name} applies to sync_strategy 'diloco' only")
         return value

@@ -114,13 +114,26 @@ def leader_reduce(topo: Topology, vector: Tensor) -> None:
     server adds piece k while piece k + 1 is on the way.
     """
     if topo.am_i_leader:
-        on_cpu = vector.cpu()
-        _wait(
-            [
-                dist.isend(on_cpu[a:b], dst=0, group=topo.leaders, tag=k)
-                for k, (a, b) in enumerate(pieces(on_cpu.numel(), on_cpu.element_size()))
-            ]
-        )
+        wait_all(post_to_ps(topo, vector.cpu()))
+
+
+def post_to_ps(topo: Topology, vector: Tensor) -> list[Any]:
+    """Start sending the 1-D CPU ``vector`` from this group leader to the parameter server, in
+    pieces (:func:`gather_at_ps` receives them); returns the works to wait on. ``vector``
+    must not change until they are done."""
+    return [
+        dist.isend(vector[a:b], dst=0, group=topo.leaders, tag=k)
+        for k, (a, b) in enumerate(pieces(vector.numel(), vector.element_size()))
+    ]
+
+
+def post_from_ps(topo: Topology, buffer: Tensor) -> list[Any]:
+    """Start receiving, on a group leader, what the parameter server sends with
+    :func:`broadcast_down` into the 1-D CPU ``buffer``; returns the works to wait on."""
+    return [
+        dist.irecv(buffer[a:b], src=0, group=topo.leaders, tag=k)
+        for k, (a, b) in enumerate(pieces(buffer.numel(), buffer.element_size()))
+    ]
 
 
 def gather_at_ps(topo: Topology, numel: int, dtype: torch.dtype) -> Tensor:
@@ -144,7 +157,7 @@ def gather_at_ps(topo: Topology, numel: int, dtype: torch.dtype) -> Tensor:
         for rank, buffer in zip(leaders, [total, *spare], strict=True)
     ]
     for k, (a, b) in enumerate(parts):
-        _wait([works[k] for works in received])
+        wait_all([works[k] for works in received])
         for buffer in spare:
             total[a:b] += buffer[a:b]
     return total
@@ -163,7 +176,7 @@ def broadcast_down(topo: Topology, vector: Tensor) -> Tensor:
     if topo.is_ps:
         payload = vector.contiguous()
         parts = pieces(payload.numel(), payload.element_size())
-        _wait(
+        wait_all(
             [
                 dist.isend(payload[a:b], dst=rank, group=topo.leaders, tag=k)
                 for rank in leader_ranks(topo)
@@ -176,13 +189,7 @@ def broadcast_down(topo: Topology, vector: Tensor) -> Tensor:
     if topo.am_i_leader:
         in_place = received.device.type == "cpu" and received.is_contiguous()
         on_cpu = received if in_place else torch.empty(vector.numel(), dtype=vector.dtype)
-        parts = pieces(on_cpu.numel(), on_cpu.element_size())
-        _wait(
-            [
-                dist.irecv(on_cpu[a:b], src=0, group=topo.leaders, tag=k)
-                for k, (a, b) in enumerate(parts)
-            ]
-        )
+        wait_all(post_from_ps(topo, on_cpu))
         received = on_cpu.to(topo.device)
     if len(topo.group_ranks) > 1:
         dist.broadcast(received, src=topo.leader_rank, group=topo.group)
@@ -244,7 +251,7 @@ def pieces(numel: int, element_size: int, piece_bytes: int | None = None) -> lis
     return [(a, min(a + per, numel)) for a in range(0, numel, per)]
 
 
-def _wait(works: list[Any]) -> None:
+def wait_all(works: list[Any]) -> None:
     """Wait for point-to-point works (each bounded by its process group's timeout)."""
     for work in works:
         work.wait()

@@ -79,7 +79,6 @@ class Run:
     excluded_groups: set[int] = field(default_factory=set)  # left out on disagreement
     outer: torch.optim.Optimizer | None = None  # diloco: the parameter server's outer optimizer
     outer_state: dict[str, Any] | None = None  # its checkpointed state, loaded at first use
-    round_vector: Tensor | None = None  # diloco: a worker's round start, then its update
     state: ModelState = field(init=False)
     strategy: Strategy = field(init=False)
 
@@ -246,6 +245,15 @@ def _agreement_due(run: Run) -> bool:
     return spec.on_disagreement != "off" and _crossed(
         run.step, run.last_agreement, spec.agreement_every
     )
+
+
+def reads_model(run: Run) -> bool:
+    """True when :func:`control_point` at this step reads the model (a checkpoint or an
+    agreement check), so every rank must hold the global one (every rank agrees)."""
+    if run.split.epoch_done:
+        return False
+    every = run.spec.checkpoint_every
+    return _crossed(run.step, run.last_checkpoint, every) or _agreement_due(run)
 
 
 def control_point(run: Run) -> None:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, model_validator
 from contracts.data import DataOptions
 from contracts.plan import (
     AgreementTolerance,
+    DilocoExchange,
     GroupPlan,
     OnDisagreement,
     SplitPolicy,
@@ -44,7 +45,8 @@ class RunSpec(BaseModel):
     ``sync_period`` steps) or ``quorum`` (update once ``quorum`` of the groups
     reported, late gradients at most ``max_staleness`` updates old) or ``diloco`` (rounds of
     ``sync_period`` steps, local step counts scaled to each group's speed, an outer Nesterov
-    step of ``outer_lr`` and ``outer_momentum`` on the groups' pseudo-gradients,
+    step of ``outer_lr`` and ``outer_momentum`` on the groups' pseudo-gradients, the next
+    round waiting for it (``diloco_exchange: blocking``) or not (``overlapped``),
     :mod:`worker.engine.strategy_diloco`).
     ``exchange_fraction`` of each worker's shard moves to its ring neighbour
     after every epoch. ``checkpoint_every`` adds a checkpoint every N steps.
@@ -88,6 +90,7 @@ class RunSpec(BaseModel):
     max_staleness: int = Field(default=2, ge=0)
     outer_lr: float = Field(default=0.7, gt=0.0, le=10.0)
     outer_momentum: float = Field(default=0.5, ge=0.0, lt=1.0)
+    diloco_exchange: DilocoExchange = "blocking"
     exchange_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     checkpoint_every: int | None = Field(default=None, ge=1)
     on_nonfinite: OnNonFinite = "fail"

@@ -59,19 +59,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
-from torch import Tensor
+import torch.distributed as dist
 from typing_extensions import override
 
 from worker.engine import report
 from worker.engine.exchange import (
     broadcast_down,
     gather_at_ps,
-    leader_reduce,
+    post_from_ps,
+    post_to_ps,
     vector_to_grads,
+    wait_all,
 )
-from worker.engine.run import Run, control_point
+from worker.engine.run import Run, control_point, reads_model
 from worker.engine.sharding import Batches, even_shares
 from worker.engine.split import SplitState
 from worker.engine.strategy import Strategy
@@ -180,54 +183,101 @@ def outer_optimizer(run: Run) -> torch.optim.Optimizer:
     return run.outer
 
 
-def round_start(run: Run, *, loaded: bool) -> Tensor:
-    """The persistent round vector ``[P + B + TAIL]`` (``run.round_vector``) whose first
-    ``P + B`` hold the model's parameters and buffers on a group leader: the round's start,
-    which :func:`send_round` turns into the pseudo-gradient in place. ``loaded``: the vector
-    already holds them (the last round's end loaded the model from it), nothing is copied.
-    Other members only receive into it."""
-    state = run.state
-    size = state.n_params + state.n_buffers
-    vector = run.round_vector
-    if vector is None or vector.numel() != size + TAIL:
-        dtype, device = run.params[0].dtype, run.params[0].device
-        vector = run.round_vector = torch.empty(size + TAIL, dtype=dtype, device=device)
-        loaded = False
-    if run.topo.am_i_leader and not loaded:
-        vector[:size].copy_(state.vector())
-    return vector
+class RoundExchange:
+    """A compute worker's side of the rounds' exchange with the parameter server, one epoch.
 
+    ``base`` (``[P + B]``) is the model at the current round's start. At a round's end
+    (:meth:`end_round`) the worker forms ``D = base - now``; the leader sends
+    ``[n_g D_P / tau_g (P), -n_g D_B (B), loss_sum, n_g tau_g, n_g]`` (the pseudo-gradient
+    and the buffers' change, this module's docstring) and posts the receive of the global
+    model that the parameter server makes from every group's vector.
 
-@torch.no_grad()
-def send_round(run: Run, vector: Tensor, buffer_base: list[Tensor], totals: list[float]) -> None:
-    """Worker side of a round's end. ``vector`` (``[P + B + TAIL]``) holds the round's start
-    parameters; the leader turns it, in place, into ``[n_g Delta_g / tau_g (P), buffer change
-    * n_g (B), loss_sum, n_g tau_g, n_g]`` (``totals`` = ``[loss_sum, n_g, tau_g]``, the
-    group's, alike on every member) and sends it; then every member receives the global
-    parameters and buffers into ``vector[:P + B]`` and loads them (the next round's start).
+    - ``blocking``: the worker then waits for that model and starts the next round from it.
+    - ``overlapped``: it starts the next round from its own model at once, and takes the
+      global model at the *next* round's end, keeping that round's own progress on top of it:
+      ``base' = global + (now - base)`` (the outer update arrives one round late; Douillard
+      et al., "Streaming DiLoCo with overlapping communication", 2025, arXiv 2501.18512; Liu
+      et al. 2024, arXiv 2401.09135). The pseudo-gradient it sends is that round's own
+      progress, which the server applies to the global model it sent.
 
-    The pseudo-gradient is made in place, parameter by parameter (no copy of the model), and
-    counted as this worker's own work; only the transfers are waits (:class:`BusyClock`), so
-    a group whose exchange is slow gets a smaller share of the data.
+    Where every rank must hold the global model (a checkpoint, an agreement check, the
+    epoch's end) the worker drains the exchange (:meth:`drain`). Only the leader talks to
+    the parameter server; the other members take the global model from it by a broadcast in
+    the group, and every member forms the same ``D`` and ``base`` from its identical model.
+    Buffers: ``base`` is ``[P + B]`` and every rank's model changes alike, so integer buffers
+    (counters) stay exact.
     """
-    state, topo = run.state, run.topo
-    n_params, n_buffers = state.n_params, state.n_buffers
-    loss_sum, samples, steps = totals
-    if topo.am_i_leader:
-        scale = samples / steps if steps > 0 else 0.0
-        offset = 0
-        for p in run.params:
-            n = p.numel()
-            vector[offset : offset + n].sub_(p.detach().reshape(-1)).mul_(scale)
-            offset += n
-        end = n_params + n_buffers
-        vector[n_params:end].copy_(state.buffer_change(buffer_base, samples, vector))
-        vector[end:] = vector.new_tensor([loss_sum, samples * steps, samples])
+
+    def __init__(self, run: Run) -> None:
+        state = run.state
+        self.size, self.n_params = state.n_params + state.n_buffers, state.n_params
+        self.base = state.vector().cpu()
+        self.send = torch.empty(self.size + TAIL, dtype=self.base.dtype)
+        self.receive = torch.empty(self.size, dtype=self.base.dtype)
+        self.sends: list[Any] = []
+        self.receives: list[Any] = []
+        self.pending = False  # a global model is on its way
+
+    @torch.no_grad()
+    def end_round(self, run: Run, totals: list[float], *, drain: bool) -> None:
+        """The round's end: send this group's vector (``totals`` = ``[loss_sum, n_g, tau_g]``,
+        the group's, alike on every member), take the global model that is due, and with
+        ``drain`` wait for the one just asked for too.
+
+        The pseudo-gradient and the merge are this worker's own work; only the transfers are
+        waits (:class:`worker.engine.compute.BusyClock`), so a group whose exchange costs it
+        more gets a smaller share of the data."""
+        state, topo = run.state, run.topo
         with run.clock.waiting():
-            leader_reduce(topo, vector)
-    with run.clock.waiting():
-        received = broadcast_down(topo, vector[: n_params + n_buffers])
-    state.load_(received)
+            wait_all(self.sends)  # the last round's vector is out of the send buffer
+        now = state.vector().cpu()
+        delta = self.send[: self.size]
+        torch.sub(self.base, now, out=delta)
+        if self.pending:
+            self._take_global(run)
+            torch.sub(self.receive, delta, out=self.base)  # the global model plus own progress
+            state.load_(self.base)
+        else:
+            self.base = now
+        if topo.am_i_leader:
+            loss_sum, samples, steps = totals
+            delta[: self.n_params].mul_(samples / steps if steps > 0 else 0.0)
+            delta[self.n_params :].mul_(-samples)
+            self.send[self.size :] = self.send.new_tensor([loss_sum, samples * steps, samples])
+            self.sends = post_to_ps(topo, self.send)
+            self.receives = post_from_ps(topo, self.receive)
+        self.pending = True
+        if drain:
+            self.drain(run)
+
+    @torch.no_grad()
+    def drain(self, run: Run) -> None:
+        """Wait for the global model on its way, if any, and load it (the model then is the
+        global one on every rank)."""
+        if not self.pending:
+            return
+        self._take_global(run)
+        self.base, self.receive = self.receive, self.base
+        run.state.load_(self.base)
+        self.pending = False
+
+    def _take_global(self, run: Run) -> None:
+        """Wait for the leader's receive, then the group's broadcast of it."""
+        topo = run.topo
+        assert topo.group is not None and topo.leader_rank is not None
+        with run.clock.waiting():
+            wait_all(self.receives)
+            self.receives = []
+            if len(topo.group_ranks) > 1:
+                dist.broadcast(self.receive, src=topo.leader_rank, group=topo.group)
+
+
+def drains(run: Run) -> bool:
+    """True when the round that just ended must end with every rank on the global model: the
+    ``blocking`` exchange, the epoch's last round, and a round whose control point checkpoints
+    or checks the parameters' agreement (every rank computes the same answer)."""
+    blocking = run.spec.diloco_exchange == "blocking"
+    return blocking or run.split.epoch_done or reads_model(run)
 
 
 class DiLoCo(Strategy):
@@ -246,13 +296,11 @@ class DiLoCo(Strategy):
         assert run.optimizer is not None
         reducer = run.group_reducer()
         plan, r, position = RoundPlan(run), 0, 0
-        loaded = False  # the model may have changed since the last round (an epoch's end)
+        exchange = RoundExchange(run)
         while not run.split.epoch_done:
             if plan.shares != run.split.shares:
                 plan, r, position = RoundPlan(run), 0, 0
             start, end, counts = plan.rounds[r]
-            vector = round_start(run, loaded=loaded)
-            buffer_base = run.state.snapshot()
             loss_sum, samples, steps = 0.0, 0.0, 0
             for k, count in enumerate(counts):
                 indices = plan.flat[position : position + count]
@@ -267,8 +315,7 @@ class DiLoCo(Strategy):
                 run.split.advance()
                 run.step += 1
             r += 1
-            send_round(run, vector, buffer_base, [loss_sum, samples, float(steps)])
-            loaded = True
+            exchange.end_round(run, [loss_sum, samples, float(steps)], drain=drains(run))
             control_point(run)
 
     @override
@@ -293,6 +340,9 @@ class DiLoCo(Strategy):
                 run.record_batch()
                 run.split.advance()
                 run.step += 1
+            drain = drains(run)
+            if not drain:  # the workers go on: the control point (a rebalance) comes first
+                control_point(run)
             total = gather_at_ps(run.topo, n_params + n_buffers + TAIL, run.params[0].dtype)
             samples, weighted_steps = float(total[-1]), float(total[-2])
             if samples > 0:
@@ -305,7 +355,8 @@ class DiLoCo(Strategy):
             run.loss_sum += float(total[-3])
             run.samples += int(round(samples))
             report_progress(run, every)
-            control_point(run)
+            if drain:
+                control_point(run)
 
 
 def _upcoming(plan: RoundPlan, r: int, k: int, offset: int) -> Callable[[], Batches]:

@@ -74,6 +74,16 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         {"sync_strategy": "diloco", "sync_period": 5, "checkpoint_every": 10},
         "step-33.pt",
     ),
+    # Overlapped: a checkpoint's round drains the exchange, so the state saved is whole.
+    "diloco-overlapped": (
+        {
+            "sync_strategy": "diloco",
+            "sync_period": 5,
+            "checkpoint_every": 10,
+            "diloco_exchange": "overlapped",
+        },
+        "step-33.pt",
+    ),
     # The same on the weighted split below: the slow worker takes 1 local step a round of 4
     # (step-48.pt: in epoch 1), the fast one 4.
     "diloco-weighted": (
