@@ -37,13 +37,14 @@ from worker.engine.reducer import GradientReducer
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
 from worker.engine.state import ModelState
-from worker.engine.strategy import Strategy, strategy_for
+from worker.engine.strategy import Strategy
 
 
 @dataclass
 class Run:
     """One rank's training state. ``step`` counts optimizer steps since the start of training;
-    ``strategy`` is the one ``spec.sync_strategy`` names."""
+    ``strategy`` (keyword only) is the one ``spec.sync_strategy`` names
+    (:func:`worker.engine.session.strategy_for`)."""
 
     spec: RunSpec
     code: TrainingCode
@@ -76,11 +77,10 @@ class Run:
     agreement_s: float = 0.0  # wall seconds in the agreement checks (worker.engine.agreement)
     excluded_groups: set[int] = field(default_factory=set)  # left out on disagreement
     state: ModelState = field(init=False)
-    strategy: Strategy = field(init=False)
+    strategy: Strategy[Run] = field(kw_only=True)
 
     def __post_init__(self) -> None:
         self.state = ModelState.of(self.model)
-        self.strategy = strategy_for(self.spec.sync_strategy)
 
     @property
     def params(self) -> list[torch.nn.Parameter]:

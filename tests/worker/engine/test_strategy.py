@@ -11,8 +11,9 @@ import pytest
 
 from backend.tasks.schemas import TaskCreate
 from contracts.plan import SyncStrategy
+from worker.engine.session import registered, strategy_for
 from worker.engine.spec import RunSpec
-from worker.engine.strategy import Strategy, registered, strategy_for
+from worker.engine.strategy import Strategy
 
 NAMES = set(get_args(SyncStrategy))
 
