@@ -28,8 +28,7 @@ import torch
 
 from bench.common import emit, mean, ps_metric, run_task
 from bench.throttle import CpuGroup, Throttle, ThrottleError, exit_unavailable, placement
-from worker.engine.contract import default_metrics, load_training_code
-from worker.engine.launch import seed_everything
+from worker.engine.contract import default_metrics, load_training_code, seed_everything
 from worker.engine.sharding import global_batches
 
 CODE = "example:mnist_cnn"

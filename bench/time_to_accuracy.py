@@ -266,8 +266,7 @@ def plain_rank(kind: str, rank: int, port: int, settings: Settings) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from worker.engine.contract import default_metrics, load_training_code
-    from worker.engine.launch import seed_everything
+    from worker.engine.contract import default_metrics, load_training_code, seed_everything
     from worker.engine.sharding import contiguous_shard, global_batches
 
     torch.set_num_threads(1)
@@ -314,8 +313,7 @@ def rate_rank(settings: Settings, seconds: float) -> None:
     ``{"samples_per_s"}``."""
     import torch
 
-    from worker.engine.contract import load_training_code
-    from worker.engine.launch import seed_everything
+    from worker.engine.contract import load_training_code, seed_everything
     from worker.engine.sharding import global_batches
 
     torch.set_num_threads(1)

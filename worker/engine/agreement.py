@@ -52,7 +52,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -60,13 +60,15 @@ from torch import Tensor
 
 from contracts.plan import DEFAULT_AGREEMENT_TOLERANCE, OTHER_PAIR_TOLERANCE, pair_key
 from worker.engine import report
+from worker.engine.balance import Balancer
 from worker.engine.compute import batch_loss
+from worker.engine.contract import TrainingCode
 from worker.engine.data import Source, TensorData
-from worker.engine.distributed import FIRST_WORKER
+from worker.engine.distributed import FIRST_WORKER, Topology
 from worker.engine.exchange import broadcast_object, receive_at_ps, send_to_ps
-
-if TYPE_CHECKING:
-    from worker.engine.run import Run
+from worker.engine.spec import RunSpec
+from worker.engine.split import SplitState
+from worker.engine.strategy import Strategy
 
 AGREEMENT_BATCH = 8
 """Items in the fixed batch of the check before training."""
@@ -83,7 +85,28 @@ class DisagreementError(RuntimeError):
     """A group's numbers differ from the parameter server's beyond the tolerance."""
 
 
-def tolerance(run: Run, device_type: str, against: str = PS_DEVICE_TYPE) -> float:
+class CheckedRun(Protocol):
+    """The part of a rank's training state (:class:`worker.engine.run.Run`) that the checks
+    read and change, stated here: the run calls :func:`check_parameters` at its control
+    points, so this module stands below it and does not import it."""
+
+    spec: RunSpec
+    code: TrainingCode
+    topo: Topology
+    model: torch.nn.Module
+    split: SplitState
+    balancer: Balancer
+    strategy: Strategy[Any]
+    step: int
+    agreement_s: float
+    excluded_groups: set[int]
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        """The model's parameters in flat-vector order."""
+
+
+def tolerance(run: CheckedRun, device_type: str, against: str = PS_DEVICE_TYPE) -> float:
     """The relative L2 distance allowed between a group of ``device_type`` and a reference
     computed on ``against`` (the parameter server's CPU by default)."""
     key = pair_key(device_type, against)
@@ -112,14 +135,14 @@ def distance(value: Tensor | Sequence[Tensor], reference: Tensor | Sequence[Tens
     return math.sqrt(gap / scale) if scale > 0 else math.sqrt(gap)
 
 
-def disagrees(run: Run, group: int, gap: float, against: str = PS_DEVICE_TYPE) -> bool:
+def disagrees(run: CheckedRun, group: int, gap: float, against: str = PS_DEVICE_TYPE) -> bool:
     """True when ``gap`` exceeds group ``group``'s tolerance against a reference computed on
     ``against`` (exact: any difference)."""
     return gap > tolerance(run, run.spec.groups[group].device_type, against)
 
 
 @contextmanager
-def shared_randomness(run: Run) -> Iterator[None]:
+def shared_randomness(run: CheckedRun) -> Iterator[None]:
     """Every rank draws the same random numbers inside (a stochastic loss or transform gives
     the same result on each), and none of them counts: the rank's random state (CPU, and
     its CUDA device's) is as before afterwards, so a resumed run stays exact."""
@@ -131,7 +154,7 @@ def shared_randomness(run: Run) -> Iterator[None]:
 
 
 @contextmanager
-def hooked_precision(run: Run) -> Iterator[None]:
+def hooked_precision(run: CheckedRun) -> Iterator[None]:
     """The bfloat16 test hook (:data:`BFLOAT16_HOOK`) on this rank's group, else nothing."""
     hooked = os.environ.get(BFLOAT16_HOOK)
     group = run.topo.group_index if hooked else None
@@ -142,7 +165,7 @@ def hooked_precision(run: Run) -> Iterator[None]:
         yield
 
 
-def _fixed_batch(run: Run, train: Source | None) -> Any:
+def _fixed_batch(run: CheckedRun, train: Source | None) -> Any:
     """The first worker's first ``AGREEMENT_BATCH`` items of its first shard, on every rank."""
     batch = None
     if run.topo.rank == FIRST_WORKER:
@@ -155,7 +178,7 @@ def _fixed_batch(run: Run, train: Source | None) -> Any:
     return broadcast_object(batch, src=FIRST_WORKER)
 
 
-def _gradients(run: Run, batch: Any) -> list[Tensor]:
+def _gradients(run: CheckedRun, batch: Any) -> list[Tensor]:
     """This rank's gradient of the user's loss (the batch mean) on ``batch``, in eval mode,
     per parameter in flat-vector order (``[numel_i]`` each, on the rank's device; zeros for
     a parameter the loss does not reach). The model's mode and buffers are as before; the
@@ -176,7 +199,7 @@ def _gradients(run: Run, batch: Any) -> list[Tensor]:
     ]
 
 
-def check_gradients(run: Run, train: Source | None) -> None:
+def check_gradients(run: CheckedRun, train: Source | None) -> None:
     """Check 1 above, on every rank (collectives over the world and the leaders' group); its
     wall seconds count to ``run.agreement_s`` (every rank waits in it: all of it is cost)."""
     if run.spec.on_disagreement == "off":
@@ -188,7 +211,7 @@ def check_gradients(run: Run, train: Source | None) -> None:
         run.agreement_s += time.perf_counter() - started
 
 
-def _check_gradients(run: Run, train: Source | None) -> None:
+def _check_gradients(run: CheckedRun, train: Source | None) -> None:
     """Each leader first sends a SHA-256 digest of its gradient's bytes (:func:`digest`) and
     the server answers whether it wants the gradient itself: only when the digests differ
     (identical bits are at distance 0, whatever the tolerance) and the server has its own
@@ -291,7 +314,7 @@ def _ramp(device: torch.device) -> Tensor:
     return _RAMPS[key]
 
 
-def check_parameters(run: Run) -> None:
+def check_parameters(run: CheckedRun) -> None:
     """Check 2 above, on every rank, for strategies whose workers step replicas of one model
     (``sync``): one float64 allreduce of a ``[G, 4]`` table (row ``g`` group ``g``'s
     leader's checksum and the seconds it took); every rank then takes the same decision
@@ -327,7 +350,7 @@ def check_parameters(run: Run) -> None:
 
 
 def act(
-    run: Run,
+    run: CheckedRun,
     found: dict[int, float],
     what: str,
     *,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import random
 import re
 import sys
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -83,6 +85,18 @@ def load_training_code(code: str) -> TrainingCode:
         loss_fn=module.loss_fn,
         metrics=metrics,
     )
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators.
+
+    Every rank does so with the task's seed before it calls the user's ``build_model``
+    (:func:`worker.engine.launch.run`) and ``build_datasets``
+    (:func:`worker.engine.data.prepare_data`), so all build the same model and datasets.
+    """
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def default_metrics(output: Tensor, target: Tensor) -> dict[str, float]:

@@ -44,7 +44,7 @@ from typing_extensions import override
 from contracts.data import MEMORY_PATH_MAX_BYTES, DataOptions
 from contracts.preprocess import Augment, PreprocessStep, Tokenize
 from worker.engine import report
-from worker.engine.contract import ContractError, TrainingCode
+from worker.engine.contract import ContractError, TrainingCode, seed_everything
 from worker.engine.distributed import Topology
 from worker.engine.exchange import broadcast_object, sum_over_world
 from worker.engine.preprocess import (
@@ -467,8 +467,6 @@ def prepare_data(
     when the first batch is read, :func:`collate`), PreprocessError for a step
     that does not fit, and whatever ``build_datasets`` raises.
     """
-    from worker.engine.launch import seed_everything
-
     train = val = None
     if not topo.is_ps:
         seed_everything(seed)

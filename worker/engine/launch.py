@@ -17,17 +17,15 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import random
 import sys
 import time
 import traceback
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from worker.engine import distributed, report
-from worker.engine.contract import load_training_code
+from worker.engine.contract import load_training_code, seed_everything
 from worker.engine.data import prepare_data
 from worker.engine.distributed import ClusterEnv
 from worker.engine.ps import run_parameter_server
@@ -35,13 +33,6 @@ from worker.engine.spec import RunSpec
 from worker.engine.state import ModelState
 from worker.engine.trainer import run_worker
 from worker.engine.trial import run_trial
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global generators."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:

@@ -39,13 +39,14 @@ from worker.engine.sharding import Batches
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
 from worker.engine.state import ModelState
-from worker.engine.strategy import Strategy, strategy_for
+from worker.engine.strategy import Strategy
 
 
 @dataclass
 class Run:
     """One rank's training state. ``step`` counts optimizer steps since the start of training;
-    ``strategy`` is the one ``spec.sync_strategy`` names."""
+    ``strategy`` (keyword only) is the one ``spec.sync_strategy`` names
+    (:func:`worker.engine.session.strategy_for`)."""
 
     spec: RunSpec
     code: TrainingCode
@@ -80,11 +81,10 @@ class Run:
     outer: torch.optim.Optimizer | None = None  # diloco: the parameter server's outer optimizer
     outer_state: dict[str, Any] | None = None  # its checkpointed state, loaded at first use
     state: ModelState = field(init=False)
-    strategy: Strategy = field(init=False)
+    strategy: Strategy[Run] = field(kw_only=True)
 
     def __post_init__(self) -> None:
         self.state = ModelState.of(self.model)
-        self.strategy = strategy_for(self.spec.sync_strategy)
 
     @property
     def params(self) -> list[torch.nn.Parameter]:

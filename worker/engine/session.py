@@ -17,13 +17,22 @@ Order of collectives, the same on every rank:
    :mod:`worker.engine.provenance`, which the parameter server records without a collective),
    and only then the epoch's final progress report (so the platform's pace-based ETA,
    measured across an epoch's end, includes that work).
+
+The session also finds the strategy a task names (:func:`strategy_for`), importing every
+``strategy_*`` module of the package by name: it runs their epochs, so it stands above them
+all (docs/architecture.md, "Training engine"); they build on the registry of
+:mod:`worker.engine.strategy`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
+import pkgutil
 import time
 from collections.abc import Callable
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,8 +56,31 @@ from worker.engine.sharding import even_shares
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
 from worker.engine.state import sync_state
+from worker.engine.strategy import Strategy, defined
 
 SKIPPED = "skipped_steps"
+
+
+@cache
+def _import_strategy_modules() -> None:
+    """Import every ``strategy_*`` module of this package, once (defining registers)."""
+    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if module.name.startswith("strategy_"):
+            importlib.import_module(f"{__package__}.{module.name}")
+
+
+def registered() -> dict[str, type[Strategy[Any]]]:
+    """Every strategy by name."""
+    _import_strategy_modules()
+    return defined()
+
+
+def strategy_for(name: str) -> Strategy[Run]:
+    """The strategy ``name`` selects; raises KeyError naming the known ones if none does."""
+    strategies = registered()
+    if name not in strategies:
+        raise KeyError(f"unknown sync strategy {name!r}; known: {sorted(strategies)}")
+    return strategies[name]()
 
 
 def initial_shares(run: Run, train: Source | None) -> list[int]:
@@ -155,7 +187,19 @@ def start(
     balancer = Balancer(spec.split_policy, spec.global_batch_size)
     train = data.train
     placeholder = SplitState(data.n_train, spec.global_batch_size, [], [], [])
-    run = Run(spec, code, topo, model, optimizer, placeholder, balancer, train, emulator)
+    strategy = strategy_for(spec.sync_strategy)
+    run = Run(
+        spec,
+        code,
+        topo,
+        model,
+        optimizer,
+        placeholder,
+        balancer,
+        train,
+        emulator,
+        strategy=strategy,
+    )
     if topo.is_ps:
         run.ledger = ShardLedger(spec)
     sync_state(topo, run.state)

@@ -16,8 +16,12 @@ The strategies are ``sync`` (:mod:`worker.engine.strategy_sync`),
 
 A new strategy is one module ``worker/engine/strategy_<name>.py`` holding one
 subclass of :class:`Strategy` that sets ``name``: defining the subclass
-registers it, and :func:`strategy_for` imports every ``strategy_*`` module of
-this package before it looks a name up. The names a task may ask for are
+registers it (:func:`defined`), and :func:`worker.engine.session.strategy_for`
+imports every ``strategy_*`` module of this package before it looks a name up.
+This module is the bottom of the strategies: it imports none of them and not
+the run they act on (:class:`worker.engine.run.Run`, which holds a strategy),
+so a strategy class names its run's type as its parameter
+(``Strategy[Run]``). The names a task may ask for are
 ``contracts.plan.SyncStrategy``, which the API (``TaskCreate``) and the
 engine's ``RunSpec`` both validate against; a new strategy adds its name
 there (docs/architecture.md, "Training engine"; a test checks the two agree).
@@ -25,25 +29,24 @@ there (docs/architecture.md, "Training engine"; a test checks the two agree).
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from abc import ABC, abstractmethod
-from functools import cache
-from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from typing_extensions import override
 
 if TYPE_CHECKING:
     from worker.engine.distributed import Topology
-    from worker.engine.run import Run
 
-_REGISTRY: dict[str, type[Strategy]] = {}
+RunT = TypeVar("RunT")
+"""The rank's training state a strategy acts on (:class:`worker.engine.run.Run`)."""
+
+_REGISTRY: dict[str, type[Strategy[Any]]] = {}
 
 
-class Strategy(ABC):
+class Strategy(ABC, Generic[RunT]):
     """How the groups sync with the parameter server during an epoch (stateless).
 
+    ``RunT`` is the run the epochs take: a strategy module subclasses ``Strategy[Run]``.
     ``name`` is the ``sync_strategy`` value that selects the subclass.
     ``group_optimizers``: each group steps its own copy of the user's
     optimizer, so compute workers build one and checkpoints keep every
@@ -70,11 +73,11 @@ class Strategy(ABC):
         _REGISTRY[name] = cls
 
     @abstractmethod
-    def worker_epoch(self, run: Run) -> None:
+    def worker_epoch(self, run: RunT) -> None:
         """Compute rank: the remaining steps of the epoch ``run.epoch``."""
 
     @abstractmethod
-    def server_epoch(self, run: Run) -> None:
+    def server_epoch(self, run: RunT) -> None:
         """Parameter server: its part of the remaining steps of the epoch ``run.epoch``."""
 
     def reports_progress(self, topo: Topology) -> bool:
@@ -89,23 +92,7 @@ class Strategy(ABC):
         return topo.am_i_leader
 
 
-@cache
-def _import_strategy_modules() -> None:
-    """Import every ``strategy_*`` module of this package, once (defining registers)."""
-    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        if module.name.startswith("strategy_"):
-            importlib.import_module(f"{__package__}.{module.name}")
-
-
-def registered() -> dict[str, type[Strategy]]:
-    """Every strategy by name."""
-    _import_strategy_modules()
+def defined() -> dict[str, type[Strategy[Any]]]:
+    """Every strategy whose module has been imported so far, by name (defining registers;
+    :func:`worker.engine.session.registered` imports them all first)."""
     return dict(_REGISTRY)
-
-
-def strategy_for(name: str) -> Strategy:
-    """The strategy ``name`` selects; raises KeyError naming the known ones if none does."""
-    strategies = registered()
-    if name not in strategies:
-        raise KeyError(f"unknown sync strategy {name!r}; known: {sorted(strategies)}")
-    return strategies[name]()

@@ -280,7 +280,7 @@ def drains(run: Run) -> bool:
     return blocking or run.split.epoch_done or reads_model(run)
 
 
-class DiLoCo(Strategy):
+class DiLoCo(Strategy[Run]):
     """``diloco``: exact steps inside each group, local step counts scaled to the groups'
     speeds, FedNova-normalised pseudo-gradients and an outer Nesterov step every round."""
 

@@ -71,7 +71,7 @@ def group_step(run: Run) -> tuple[float, int]:
     return step_from_sum(run, run.compute(run.group_reducer()), run.topo.group)
 
 
-class Periodic(Strategy):
+class Periodic(Strategy[Run]):
     """``periodic``: exact steps inside each group, model averaging every ``sync_period`` steps."""
 
     name = "periodic"

@@ -126,7 +126,7 @@ def apply_reports(
     return loss_sum, int(round(count))
 
 
-class Quorum(Strategy):
+class Quorum(Strategy[Run]):
     """``quorum``: an update once Z of the M groups reported, staleness at most S."""
 
     name = "quorum"

@@ -104,7 +104,7 @@ def report_progress(run: Run, every: int) -> None:
         run.last_progress = run.step
 
 
-class Synchronous(Strategy):
+class Synchronous(Strategy[Run]):
     """``sync``: one global sum and one replicated optimizer step per step (this module's
     docstring)."""
 

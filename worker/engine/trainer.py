@@ -25,7 +25,6 @@ from worker.engine.distributed import Topology
 from worker.engine.run import Run
 from worker.engine.sharding import contiguous_shard
 from worker.engine.spec import RunSpec
-from worker.engine.strategy import strategy_for
 
 
 @torch.no_grad()
@@ -102,7 +101,7 @@ def run_worker(
     val_data = data.val
     assert val_data is not None
     model.to(topo.device)
-    strategy = strategy_for(spec.sync_strategy)
+    strategy = session.strategy_for(spec.sync_strategy)
     own_optimizer = strategy.group_optimizers or strategy.replicated
     optimizer = code.build_optimizer(model.parameters()) if own_optimizer else None
     run, under_way = session.start(spec, code, topo, model, optimizer, data, None)

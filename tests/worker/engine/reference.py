@@ -7,8 +7,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import default_collate
 
-from worker.engine.contract import load_training_code
-from worker.engine.launch import seed_everything
+from worker.engine.contract import load_training_code, seed_everything
 from worker.engine.local import LocalRun, launch_local
 from worker.engine.sharding import even_shares
 from worker.engine.spec import RunSpec

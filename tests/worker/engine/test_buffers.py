@@ -21,8 +21,7 @@ import torch
 from torch.utils.data import default_collate
 
 from tests.worker.engine.reference import dumped_batches, finite, reference_model, run_with_dump
-from worker.engine.contract import TrainingCode, load_training_code
-from worker.engine.launch import seed_everything
+from worker.engine.contract import TrainingCode, load_training_code, seed_everything
 from worker.engine.sharding import even_shares
 from worker.engine.spec import RunSpec
 

@@ -14,6 +14,7 @@ from worker.engine.balance import Balancer
 from worker.engine.compute import BusyClock
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.run import Run
+from worker.engine.session import strategy_for
 
 WAIT_S, OWN_S = 0.5, 0.1
 
@@ -48,6 +49,7 @@ def a_run() -> Run:
         balancer=Balancer("weighted", 8),
         train=Items(),
         emulator=SpeedEmulator(),
+        strategy=strategy_for("periodic"),
     )
 
 

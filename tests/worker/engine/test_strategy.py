@@ -11,8 +11,9 @@ import pytest
 
 from backend.tasks.schemas import TaskCreate
 from contracts.plan import ROUND_STRATEGIES, SyncStrategy
+from worker.engine.session import registered, strategy_for
 from worker.engine.spec import RunSpec
-from worker.engine.strategy import Strategy, registered, strategy_for
+from worker.engine.strategy import Strategy
 
 NAMES = set(get_args(SyncStrategy))
 
@@ -20,7 +21,7 @@ NAMES = set(get_args(SyncStrategy))
 def test_the_registry_holds_exactly_the_names_the_api_and_the_engine_accept() -> None:
     api = set(get_args(TaskCreate.model_fields["sync_strategy"].annotation))
     engine = set(get_args(RunSpec.model_fields["sync_strategy"].annotation))
-    assert set(registered()) == NAMES == api == engine == {"sync", "periodic", "quorum"}
+    assert set(registered()) == NAMES == api == engine == {"sync", "periodic", "quorum", "diloco"}
 
 
 @pytest.mark.parametrize("name", sorted(NAMES))
