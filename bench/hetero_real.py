@@ -82,7 +82,6 @@ TARGET = ">= 0.95 (ideal 1.0)"
 STRATEGIES: dict[str, dict[str, Any]] = {
     "sync": {},
     "periodic": {"sync_strategy": "periodic", "sync_period": 8},
-    "diloco": {"sync_strategy": "diloco", "sync_period": 8},
 }
 FAST = {"name": "fast", "device_type": "cpu", "workers": 1}
 SLOW = {"name": "slow", "device_type": "cpu", "workers": 1}

@@ -25,6 +25,13 @@ overlap with the backward pass (the engine overlaps them bucket by bucket), and 
 broadcast after the leaders' allreduce is not priced (docs/benchmarks.md, ``plan_error``,
 gives the measured error).
 
+**DiLoCo.** With the ``weighted`` split a ``diloco`` group takes, in a round, its share of
+the round's samples in local steps as large per worker as the fastest group's (``b``), so a
+group's rate is its rate at ``b``, ``r_g = W_g b / (a_g + c_g b)`` with its fixed cost ``a_g``,
+every group's round ends together, and a split step (``G`` samples) takes ``G / sum r_g``
+plus the round trip over ``sync_period`` steps; ``b`` is the fastest group's per-worker share
+of ``G`` at those rates (a fixed point, found by iteration). With ``even``, as ``periodic``.
+
 **Splits.** ``even``: every worker takes ``G / W`` samples. ``weighted``: the shares the
 load balancer aims for, the split that makes every group's compute and in-group allreduce
 end together (water filling, in closed form: a group whose fixed cost alone exceeds that
@@ -268,6 +275,31 @@ def _balanced(fixed: list[float], slopes: list[float], counts: list[int], batch:
     return common
 
 
+def _diloco_round(
+    fixed: list[float], slopes: list[float], counts: list[int], batch: int
+) -> tuple[list[float], list[float]]:
+    """``diloco`` with the weighted split (the module's docstring): every group's per-worker
+    share of a split step and the seconds a split step's samples take (alike for every
+    group: their rounds end together)."""
+
+    def rates_at(b: float) -> list[float]:
+        return [n * b / (f + s * b) for f, s, n in zip(fixed, slopes, counts, strict=True)]
+
+    def fastest_share(b: float) -> float:  # the fastest group's per-worker share at rates(b)
+        rates = rates_at(b)
+        return batch * max(r / n for r, n in zip(rates, counts, strict=True)) / sum(rates)
+
+    # b - fastest_share(b) rises from <= 0 (b -> 0) to > 0 (b = batch): bisection
+    low, high = 0.0, float(batch)
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if middle < fastest_share(middle) else (low, middle)
+    rates = rates_at(high)
+    seconds = batch / sum(rates)
+    local = [batch * r / sum(rates) / n for r, n in zip(rates, counts, strict=True)]
+    return local, [seconds] * len(counts)
+
+
 def predict(
     model: PerformanceModel,
     workers: dict[str, int],
@@ -290,12 +322,15 @@ def predict(
     fixed = [g.fixed_s(workers[g.name], n) for g in groups]
     slopes = [max(g.step.slope, 1e-12) for g in groups]
     counts = [workers[g.name] for g in groups]
-    if split_policy == "weighted":
+    if split_policy == "weighted" and model.sync_strategy == "diloco":
+        local, compute = _diloco_round(fixed, slopes, counts, global_batch_size)
+    elif split_policy == "weighted":
         common = _balanced(fixed, slopes, counts, global_batch_size)
         local = [max(0.0, (common - f) / s) for f, s in zip(fixed, slopes, strict=True)]
     else:
         local = [global_batch_size / total] * len(groups)
-    compute = [f + s * b for f, s, b in zip(fixed, slopes, local, strict=True)]
+    if not (split_policy == "weighted" and model.sync_strategy == "diloco"):
+        compute = [f + s * b for f, s, b in zip(fixed, slopes, local, strict=True)]
     cross = exchange_s(model, names)
     step = max(compute) + cross
     steps = math.ceil(model.n_train / global_batch_size)

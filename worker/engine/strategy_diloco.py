@@ -268,8 +268,11 @@ class RoundExchange:
         with run.clock.waiting():
             wait_all(self.receives)
             self.receives = []
-            if len(topo.group_ranks) > 1:
-                dist.broadcast(self.receive, src=topo.leader_rank, group=topo.group)
+            if len(topo.group_ranks) > 1:  # nccl groups broadcast on the device
+                on_device = self.receive.to(topo.device)
+                dist.broadcast(on_device, src=topo.leader_rank, group=topo.group)
+                if on_device.data_ptr() != self.receive.data_ptr():
+                    self.receive.copy_(on_device)
 
 
 def drains(run: Run) -> bool:

@@ -182,6 +182,27 @@ def test_periodic_pays_the_round_trips_once_a_period() -> None:
     assert both.exchange_s == pytest.approx((0.003 + BYTES * (1e-8 + 2e-8)) / 4)
 
 
+def test_diloco_takes_a_slow_groups_samples_without_its_fixed_cost_every_step() -> None:
+    # The slow group's fixed cost (0.5 s) outlasts the fast group's whole step: periodic
+    # makes it pay that cost every step; diloco lets it take fewer, larger steps.
+    trips = {0: (0.001, 1e-9), 1: (0.001, 1e-9)}
+    trial = _trial({0: (0.01, 0.001), 1: (0.5, 0.003)}, {0: 2, 1: 1}, cross=None, trips=trips)
+    kwargs = {"global_batch_size": 64, "epochs": 1, "split_policy": "weighted"}
+    workers = {"fast": 2, "slow": 1}
+    periodic = predict(
+        fit(trial, GROUPS, sync_strategy="periodic", sync_period=8), workers, **kwargs
+    )
+    diloco = predict(fit(trial, GROUPS, sync_strategy="diloco", sync_period=8), workers, **kwargs)
+    fast_alone = predict(
+        fit(trial, GROUPS, sync_strategy="diloco", sync_period=8), {"fast": 2}, **kwargs
+    )
+    assert periodic.step_s >= 0.5 > diloco.step_s
+    assert diloco.step_s < fast_alone.step_s  # the slow group adds to the fast one
+    # the split step's samples, spread by the groups' rates at the fast group's local batch
+    fast, slow = diloco.local_batch["fast"], diloco.local_batch["slow"]
+    assert 2 * fast + slow == pytest.approx(64) and 0 < slow < fast
+
+
 def test_quorum_epochs_are_set_by_the_slowest_group() -> None:
     # Every group runs every step of a quorum epoch: a group 100 times slower is no help.
     trips = {0: (0.001, 1e-9), 1: (0.001, 1e-9)}
