@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 # `make bench`: the engine's and the service's figures with their targets (issue 20), every
-# ratio from 5 paired, counterbalanced rounds; about 22 minutes on this 2-core host.
+# ratio from 5 paired, counterbalanced rounds, and issue 34's time to accuracy (one seed);
+# about 26 minutes on this 2-core host.
 BENCHMARKS = (
     # the engine against plain DDP, 4 model sizes x 5 rounds (item 2): about 8.5 minutes
     "bench.engine_vs_ddp",
@@ -33,13 +34,21 @@ BENCHMARKS = (
     "bench.schedule_decision",
     "bench.submit_to_first_step --only cold",
     "bench.api_p99 --only mixed",
+    # issue 34 item 4, one seed at 0.1M parameters: the fast group alone against both groups
+    # under diloco (blocking, overlapped) to 0.97 on MNIST, hetero_tta_gain: about 3.5 minutes
+    "bench.time_to_accuracy --arms single,diloco16,diloco16_overlapped",
 )
+LARGE_ARMS = "single,ddp,sync,diloco16,diloco16_overlapped"
 # `make bench-all` adds the slow accuracy runs and the earlier issues' benchmarks (about 82
 # minutes more).
 MORE = (
     # strategies on accuracy with a really throttled group (issue 20 item 5; root, cgroup v1
     # cpu, else it exits 2): 5 paired seeds to 0.97, about 20 minutes
     "bench.time_to_accuracy --seeds 5",
+    # issue 34 item 4 at 10M and 25M parameters (a wide MLP on the same digits to 0.92), 5
+    # paired seeds: about 15 and 30 minutes
+    f"bench.time_to_accuracy --size 10M --seeds 5 --max-epochs 8 --arms {LARGE_ARMS}",
+    f"bench.time_to_accuracy --size 25M --seeds 5 --max-epochs 8 --arms {LARGE_ARMS}",
     "bench.comm",
     "bench.accuracy_parity",
     # numerical faults (issue 17)
