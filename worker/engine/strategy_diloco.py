@@ -63,6 +63,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 from typing_extensions import override
 
 from worker.engine import report
@@ -77,6 +78,7 @@ from worker.engine.exchange import (
 from worker.engine.run import Run, control_point, reads_model
 from worker.engine.sharding import Batches, even_shares
 from worker.engine.split import SplitState
+from worker.engine.state import ModelState
 from worker.engine.strategy import Strategy
 from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, report_progress, step_from_sum
 
@@ -230,15 +232,14 @@ class RoundExchange:
         state, topo = run.state, run.topo
         with run.clock.waiting():
             wait_all(self.sends)  # the last round's vector is out of the send buffer
-        now = state.vector().cpu()
         delta = self.send[: self.size]
-        torch.sub(self.base, now, out=delta)
+        self._base_minus_model(state, delta)
         if self.pending:
             self._take_global(run)
             torch.sub(self.receive, delta, out=self.base)  # the global model plus own progress
             state.load_(self.base)
-        else:
-            self.base = now
+        elif not drain:
+            torch.sub(self.base, delta, out=self.base)  # the model now (a drain replaces it)
         if topo.am_i_leader:
             loss_sum, samples, steps = totals
             delta[: self.n_params].mul_(samples / steps if steps > 0 else 0.0)
@@ -260,6 +261,19 @@ class RoundExchange:
         self.base, self.receive = self.receive, self.base
         run.state.load_(self.base)
         self.pending = False
+
+    def _base_minus_model(self, state: ModelState, out: Tensor) -> None:
+        """``out = base - [params, buffers]``, tensor by tensor (no copy of a CPU model; a GPU
+        model is copied to the CPU once)."""
+        if state.params[0].device.type != "cpu":
+            torch.sub(self.base, state.vector().cpu(), out=out)
+            return
+        offset = 0
+        for tensor in [*state.params, *state.buffers]:
+            n = tensor.numel()
+            part = tensor.detach().reshape(-1).to(out.dtype)
+            torch.sub(self.base[offset : offset + n], part, out=out[offset : offset + n])
+            offset += n
 
     def _take_global(self, run: Run) -> None:
         """Wait for the leader's receive, then the group's broadcast of it."""
