@@ -58,17 +58,24 @@ def reduced_gradient(
     start the sum over the workers bucket by bucket; the caller collects it with
     :meth:`GradientReducer.finish`. A worker with no samples in the step only
     writes the zero tail. Returns this worker's loss sum.
+
+    ``reducer`` holds the model's parameters (``model.parameters()``): their
+    gradients are cleared through its list, and the tail is written in place
+    into its vector, so a step allocates nothing here beyond the user's passes.
     """
-    model.zero_grad(set_to_none=True)
+    for p in reducer.params:  # model.zero_grad(set_to_none=True), without the module walk
+        p.grad = None
     count = len(indices)
     reducer.begin(count)
     loss, loss_sum = None, 0.0
     if count:
         loss = batch_loss(code, model, data, indices, device)
         loss_sum = loss.item() * count
-    like = reducer.flat
-    change = state.buffer_change(base, float(count), like)
-    reducer.set_tail(torch.cat([change, like.new_tensor([loss_sum, float(count)])]))
+    tail = reducer.tail
+    if state.buffers:
+        tail[:-2].copy_(state.buffer_change(base, float(count), tail))
+    tail[-2:].copy_(torch.tensor([loss_sum, float(count)], dtype=tail.dtype))
+    reducer.set_tail()
     if loss is not None:
         loss.backward()
     return loss_sum

@@ -55,6 +55,8 @@ def all_finite(vector: Tensor) -> bool:
 # one rounding of ``grad_sum / count`` (bit-equal for a power-of-two count, and for float16 and
 # bfloat16); float64, whose 1 / count a float32 factor would round, divides instead.
 FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# A tail (buffer changes, loss, count) of at most this many elements is checked in Python.
+SHORT_TAIL = 64
 
 
 def mean_gradient_(total: Tensor, n_params: int) -> bool:
@@ -76,19 +78,41 @@ def mean_gradient_(total: Tensor, n_params: int) -> bool:
     may be partly scaled: the caller must not apply it.
     """
     tail = total[n_params:]
-    if not bool(torch.isfinite(tail).all()):
-        return False
-    count = round(float(tail[-1]))
+    if tail.numel() <= SHORT_TAIL:  # read at once: cheaper than a kernel and a sync for a few
+        values = tail.tolist()
+        if not all(map(math.isfinite, values)):
+            return False
+        count = round(values[-1])
+    else:
+        if not bool(torch.isfinite(tail).all()):
+            return False
+        count = round(float(tail[-1]))
     grads = total[:n_params]
     if count <= 0 or total.dtype not in FUSED_DTYPES:
         if count > 0:
             grads.div_(count)
         return all_finite(grads)
-    # float32 whatever torch's default dtype is (user code may change it): the kernel's demand.
-    found = torch.zeros(1, dtype=torch.float32, device=total.device)
-    inverse = torch.full((1,), 1.0 / count, dtype=torch.float32, device=total.device)
+    found, inverse = _kernel_scalars(total.device)
+    found.zero_()
+    inverse.fill_(1.0 / count)  # rounded to float32 as torch.full((1,), 1.0 / count) rounds it
     torch._amp_foreach_non_finite_check_and_unscale_([grads], found, inverse)
     return not bool(found.item())
+
+
+_KERNEL_SCALARS: dict[torch.device, tuple[Tensor, Tensor]] = {}
+
+
+def _kernel_scalars(device: torch.device) -> tuple[Tensor, Tensor]:
+    """The fused kernel's ``found`` flag and ``1 / count`` factor on ``device``, made once per
+    device and refilled every call (a step allocates neither). float32 whatever torch's
+    default dtype is (user code may change it): the kernel's demand."""
+    scalars = _KERNEL_SCALARS.get(device)
+    if scalars is None:
+        scalars = _KERNEL_SCALARS[device] = (
+            torch.zeros(1, dtype=torch.float32, device=device),
+            torch.ones(1, dtype=torch.float32, device=device),
+        )
+    return scalars
 
 
 class NonFiniteError(RuntimeError):

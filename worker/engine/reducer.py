@@ -100,7 +100,7 @@ class GradientReducer:
         self.numel = self.offsets[-1] + tail_numel
         element_size = params[0].element_size() if params else 4
         self.buckets = plan_buckets(sizes, element_size)
-        self.bucket_of = {}
+        self.bucket_of = [0] * len(params)
         for k, (start, stop) in enumerate(self.buckets):
             for i in range(start, stop):
                 self.bucket_of[i] = k
@@ -115,8 +115,12 @@ class GradientReducer:
             self.first_stage = self.cross
         self.armed = False
         self.flat = torch.zeros(0)
+        self._views(self.flat)
         self.written: list[bool] = []
-        self.count = 0.0
+        # The step's local sample count as a float64 scalar tensor, refilled each step: the
+        # hooks' products are bitwise those with the Python float (it converts the same way),
+        # without wrapping a new scalar for every parameter (a third of the product's cost).
+        self.count = torch.zeros((), dtype=torch.float64)
         self.pending: list[int] = []
         self.launched: list[Any] = []
         self.next_bucket = 0
@@ -126,12 +130,42 @@ class GradientReducer:
             if p.requires_grad
         ]
         self.trainable = [p.requires_grad for p in params]
+        # Each step starts from these (copied): frozen parameters never get a gradient, so
+        # they count as written (zeros, kept) and ready from the start; the first bucket
+        # also waits for the tail.
+        self._written_at_begin = [not trainable for trainable in self.trainable]
+        self._pending_at_begin = [
+            sum(1 for i in range(start, stop) if self.trainable[i]) for start, stop in self.buckets
+        ]
+        if self._pending_at_begin:
+            self._pending_at_begin[0] += 1
+
+    def _views(self, flat: Tensor) -> None:
+        """The views of ``flat`` a step uses, made once per vector (a step makes none): each
+        parameter's slice shaped as the parameter (``param_slices``), each bucket's span
+        (``bucket_spans``), the tail (``tail``), and the trainable parameters' slices paired
+        with them (``grad_views``, for :meth:`set_grads`)."""
+        if flat.numel() != self.numel:  # not allocated yet (or let go): nothing to view
+            self.param_slices: list[Tensor] = []
+            self.bucket_spans: list[Tensor] = []
+            self.tail = flat
+            self.grad_views: list[tuple[torch.nn.Parameter, Tensor]] = []
+            return
+        offsets = self.offsets
+        self.param_slices = [
+            flat[offsets[i] : offsets[i + 1]].view(p.shape) for i, p in enumerate(self.params)
+        ]
+        self.bucket_spans = [flat[a:b] for a, b in map(self._span, range(len(self.buckets)))]
+        self.tail = flat[offsets[-1] :]
+        pairs = zip(self.params, self.param_slices, strict=True)
+        self.grad_views = [(p, view) for p, view in pairs if p.requires_grad]
 
     def close(self) -> None:
         """Remove the hooks and let go of the vector (at the end of training)."""
         for handle in self.handles:
             handle.remove()
         self.handles, self.launched, self.flat = [], [], torch.zeros(0)
+        self._views(self.flat)
 
     def begin(self, count: int) -> None:
         """Start a step of ``count`` local samples, every bucket waiting.
@@ -142,24 +176,29 @@ class GradientReducer:
         """
         if self.flat.numel() != self.numel:
             self.flat = torch.zeros(self.numel, dtype=self.params[0].dtype, device=self.topo.device)
-        self.written = [not trainable for trainable in self.trainable]  # frozen: zeros, kept
-        self.count = float(count)
-        # Frozen parameters never get a gradient: they count as ready from the start. The
-        # first bucket also waits for the tail.
-        self.pending = [
-            sum(1 for i in range(start, stop) if self.trainable[i]) for start, stop in self.buckets
-        ]
-        if self.pending:
-            self.pending[0] += 1
+            self._views(self.flat)
+        self.written = self._written_at_begin.copy()
+        self.count.fill_(count)
+        self.pending = self._pending_at_begin.copy()
         self.launched, self.next_bucket, self.armed = [], 0, True
 
-    def set_tail(self, tail: Tensor) -> None:
+    def set_tail(self, tail: Tensor | None = None) -> None:
         """Write the tail (e.g. ``[buffer_change_sum, loss_sum, count]``); call once per step,
-        after the forward pass and before backward."""
-        self.flat[self.offsets[-1] :].copy_(tail)
+        after the forward pass and before backward. ``None``: the caller has written it in
+        place, into :attr:`tail` (the flat vector's last elements)."""
+        if tail is not None:
+            self.tail.copy_(tail)
         if self.pending:
             self.pending[0] -= 1
         self._launch_ready()
+
+    def set_grads(self) -> None:
+        """Make each trainable parameter's ``.grad`` its slice of the flat vector (views, as
+        :func:`worker.engine.exchange.vector_to_grads` makes them, without making new ones);
+        frozen parameters keep ``grad=None``. The caller must not change the vector until
+        the optimizer has stepped and the gradients were set to None."""
+        for p, view in self.grad_views:
+            p.grad = view
 
     def _span(self, k: int) -> tuple[int, int]:
         """Element range of bucket ``k`` in the flat vector (the first also holds the tail)."""
@@ -167,11 +206,14 @@ class GradientReducer:
         end = self.numel if k == 0 else self.offsets[stop]
         return self.offsets[start], end
 
-    @torch.no_grad()
     def _ready(self, i: int) -> None:
+        # No torch.no_grad() needed (nor paid for, every parameter of every step): the
+        # gradient of a backward without create_graph does not require grad, and the flat
+        # vector never does, so the product records nothing.
         if not self.armed:
             return
-        if self.written[i]:
+        written = self.written
+        if written[i]:
             raise RuntimeError(
                 f"parameter {i} received its gradient twice in one backward pass (reentrant "
                 "torch.utils.checkpoint, or one parameter in two checkpointed segments); use "
@@ -179,9 +221,8 @@ class GradientReducer:
             )
         grad = self.params[i].grad
         if grad is not None:
-            out = self.flat[self.offsets[i] : self.offsets[i + 1]]
-            torch.mul(grad.reshape(-1), self.count, out=out)
-            self.written[i] = True
+            torch.mul(grad.detach(), self.count, out=self.param_slices[i])
+            written[i] = True
         self.pending[self.bucket_of[i]] -= 1
         self._launch_ready()
 
@@ -194,12 +235,11 @@ class GradientReducer:
         start, stop = self.buckets[k]
         for i in range(start, stop):
             if not self.written[i]:  # no gradient this step (unused, or no samples): zeros
-                self.flat[self.offsets[i] : self.offsets[i + 1]].zero_()
-        a, b = self._span(k)
+                self.param_slices[i].zero_()
         work = None
         if self.first_stage is not None:
             work = dist.all_reduce(
-                self.flat[a:b], op=dist.ReduceOp.SUM, group=self.first_stage, async_op=True
+                self.bucket_spans[k], op=dist.ReduceOp.SUM, group=self.first_stage, async_op=True
             )
         self.launched.append(work)
 

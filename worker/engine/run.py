@@ -31,7 +31,7 @@ from worker.engine.contract import TrainingCode
 from worker.engine.data import Source
 from worker.engine.distributed import FIRST_WORKER, Topology
 from worker.engine.emulation import SpeedEmulator
-from worker.engine.exchange import gather_work, params_of, receive_at_ps, send_to_ps
+from worker.engine.exchange import gather_work, receive_at_ps, send_to_ps
 from worker.engine.numerics import NonFiniteError, blame, describe, local_faults
 from worker.engine.provenance import ShardLedger
 from worker.engine.reducer import GradientReducer
@@ -88,8 +88,9 @@ class Run:
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
-        """The model's parameters in flat-vector order."""
-        return params_of(self.model)
+        """The model's parameters in flat-vector order (``params_of(model)``, listed once, when
+        the run was built: the model's parameters stay the same objects)."""
+        return self.state.params
 
     def compute(
         self,

@@ -16,6 +16,7 @@ not exchanged and keep the value every rank built.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -43,14 +44,14 @@ class ModelState:
         """The state of ``model``: its parameters and its floating/integer buffers."""
         return cls(params_of(model), [b for b in model.buffers() if _exchanged(b)])
 
-    @property
+    @cached_property
     def n_params(self) -> int:
-        """P, the number of parameter elements."""
+        """P, the number of parameter elements (counted once: the views are fixed)."""
         return sum(p.numel() for p in self.params)
 
-    @property
+    @cached_property
     def n_buffers(self) -> int:
-        """B, the number of exchanged buffer elements."""
+        """B, the number of exchanged buffer elements (counted once)."""
         return sum(b.numel() for b in self.buffers)
 
     def snapshot(self) -> list[Tensor]:

@@ -84,12 +84,17 @@ def apply_update(total: Tensor, run: Run) -> tuple[float, int]:
     step without samples changes nothing.
     """
     assert run.optimizer is not None
-    loss_sum, count = float(total[-2]), int(round(float(total[-1])))
+    loss_sum, count_sum = total[-2:].tolist()
+    count = int(round(count_sum))
     if count > 0:
         n_params = run.state.n_params
-        vector_to_grads(total[:n_params], run.params)
+        if run.reducer is not None and total is run.reducer.flat:
+            run.reducer.set_grads()  # the same views, made once
+        else:
+            vector_to_grads(total[:n_params], run.params)
         run.optimizer.step()
-        run.optimizer.zero_grad(set_to_none=True)
+        for p in run.params:  # the gradients just set, gone (optimizer.zero_grad(set_to_none))
+            p.grad = None
         run.state.add_mean_change(run.buffer_base, total[n_params:-2], count)
     return loss_sum, count
 

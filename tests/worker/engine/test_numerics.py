@@ -194,7 +194,9 @@ def test_checked_update_leaves_a_nonfinite_step_unapplied() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     run = cast(
         Run,
-        SimpleNamespace(state=state, params=state.params, optimizer=optimizer, buffer_base=None),
+        SimpleNamespace(
+            state=state, params=state.params, optimizer=optimizer, buffer_base=None, reducer=None
+        ),
     )
     before = state.vector()
     total = torch.cat([torch.ones(state.n_params + state.n_buffers), torch.tensor([1.0, 2.0])])
