@@ -14,6 +14,23 @@ DilocoExchange = Literal["blocking", "overlapped"]
 """How `diloco` rounds meet the parameter server: `blocking` waits for the outer update before
 the next round; `overlapped` goes on at once and takes it one round late."""
 ROUND_STRATEGIES = ("periodic", "diloco")
+DILOCO_PERIOD = 16
+"""`diloco`'s round length (`sync_period`) when none is given; a round of one step is refused
+(every group would take every step, which is `periodic` with an outer step)."""
+
+
+def check_period(value: int, strategy: object) -> int:
+    """`sync_period` for `strategy`: other than 1 only with `periodic` or `diloco`, and at
+    least 2 with `diloco`. Raises ValueError saying what to set."""
+    if value != 1 and strategy not in ROUND_STRATEGIES:
+        raise ValueError("sync_period applies to sync_strategy 'periodic' or 'diloco' only")
+    if value < 2 and strategy == "diloco":
+        raise ValueError(
+            f"a diloco round needs 2 steps or more (sync_period; leave it out for {DILOCO_PERIOD})"
+        )
+    return value
+
+
 """The strategies whose groups train on their own for `sync_period` steps (a round) and keep
 one inner optimizer state per group, which another layout of groups cannot take over."""
 OnDisagreement = Literal["fail", "exclude", "off"]

@@ -3,10 +3,10 @@
 from datetime import UTC, datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from backend.core.schemas import UtcDateTime
-from contracts.plan import ROUND_STRATEGIES, SplitPolicy, SyncStrategy
+from contracts.plan import DILOCO_PERIOD, SplitPolicy, SyncStrategy, check_period
 from contracts.strict import StrictModel
 
 PlanStatus = Literal["trial", "ready", "failed", "cancelled"]
@@ -101,9 +101,13 @@ class PlanCreate(StrictModel):
     @field_validator("sync_period")
     @classmethod
     def _period_needs_periodic(cls, value: int, info: ValidationInfo) -> int:
-        if value != 1 and info.data.get("sync_strategy") not in ROUND_STRATEGIES:
-            raise ValueError("applies to sync_strategy 'periodic' or 'diloco' only")
-        return value
+        return check_period(value, info.data.get("sync_strategy"))
+
+    @model_validator(mode="after")
+    def _diloco_period(self) -> "PlanCreate":
+        if self.sync_strategy == "diloco" and "sync_period" not in self.model_fields_set:
+            self.sync_period = DILOCO_PERIOD
+        return self
 
     @field_validator("quorum")
     @classmethod

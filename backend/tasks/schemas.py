@@ -12,7 +12,7 @@ from contracts.payload import (
     TaskLimits,
 )
 from contracts.plan import (
-    ROUND_STRATEGIES,
+    DILOCO_PERIOD,
     AgreementTolerance,
     DeviceType,
     DilocoExchange,
@@ -20,6 +20,7 @@ from contracts.plan import (
     OnGroupLoss,
     SplitPolicy,
     SyncStrategy,
+    check_period,
 )
 from contracts.preprocess import PreprocessStep
 from contracts.strict import StrictModel
@@ -85,7 +86,7 @@ class TaskCreate(StrictModel):
         ge=1,
         le=10_000,
         description="periodic: steps between model averages; diloco: steps in a round "
-        "(the fastest group's local steps, e.g. 16-100)",
+        f"(the fastest group's local steps, at least 2; default {DILOCO_PERIOD})",
     )
     quorum: int | None = Field(
         default=None, ge=1, le=16, description="groups a quorum update waits for (default M - 1)"
@@ -229,6 +230,8 @@ class TaskCreate(StrictModel):
         names = [g.name for g in self.resource_groups if g.name]
         if len(set(names)) != len(names):
             raise ValueError("resource_groups lists a group twice")
+        if self.sync_strategy == "diloco" and "sync_period" not in self.model_fields_set:
+            self.sync_period = DILOCO_PERIOD
         return self
 
     @field_validator("on_group_loss")
@@ -275,9 +278,7 @@ class TaskCreate(StrictModel):
     @field_validator("sync_period")
     @classmethod
     def _period_needs_periodic(cls, value: int, info: ValidationInfo) -> int:
-        if value != 1 and info.data.get("sync_strategy") not in ROUND_STRATEGIES:
-            raise ValueError("sync_period applies to sync_strategy 'periodic' or 'diloco' only")
-        return value
+        return check_period(value, info.data.get("sync_strategy"))
 
     @field_validator("outer_lr", "outer_momentum", "diloco_exchange")
     @classmethod

@@ -16,7 +16,7 @@ for those H steps, but a group takes them in its own number of local steps:
   shares; a group at a third of its speed takes H/3 steps of the same size per
   worker (not H steps of a third of the size, whose fixed costs, the backward
   over every parameter and the update, would dominate). Every group then spends
-  about the same time on its round and none waits (Liu et al., "Asynchronous
+  about the same time on its round, so none waits long for another (Liu et al., "Asynchronous
   Local-SGD Training for Language Modeling", 2024, arXiv 2401.09135: local step
   counts scaled to each worker's speed).
 - ``even``: every group takes H local steps of the split's shares.
@@ -125,7 +125,10 @@ def local_steps(
 def chunk_counts(split: SplitState, worker: int, start: int, end: int, steps: int) -> list[int]:
     """Worker ``worker``'s samples in each of its group's ``steps`` local steps of the round
     ``[start, end)``: the split's own per-step counts when the group takes one local step per
-    split step, else its round samples in ``steps`` near-equal parts."""
+    split step, else its round samples in ``steps`` near-equal parts; none when the group
+    takes no step (it has no samples this round: left out, or a short last round)."""
+    if steps == 0:
+        return []
     if steps == end - start:
         return [split.counts(t)[worker] for t in range(start, end)]
     return even_shares(round_samples(split, start, end)[worker], steps)
@@ -200,7 +203,8 @@ class RoundExchange:
       ``base' = global + (now - base)`` (the outer update arrives one round late; Douillard
       et al., "Streaming DiLoCo with overlapping communication", 2025, arXiv 2501.18512; Liu
       et al. 2024, arXiv 2401.09135). The pseudo-gradient it sends is that round's own
-      progress, which the server applies to the global model it sent.
+      progress, which the server applies to its current global model (the one the worker
+      takes at that same round's end).
 
     Where every rank must hold the global model (a checkpoint, an agreement check, the
     epoch's end) the worker drains the exchange (:meth:`drain`). Only the leader talks to
@@ -213,7 +217,7 @@ class RoundExchange:
     def __init__(self, run: Run) -> None:
         state = run.state
         self.size, self.n_params = state.n_params + state.n_buffers, state.n_params
-        self.base = state.vector().cpu()
+        self.base = state.vector().cpu().to(exchange_dtype(run))
         self.send = torch.empty(self.size + TAIL, dtype=self.base.dtype)
         self.receive = torch.empty(self.size, dtype=self.base.dtype)
         self.sends: list[Any] = []
@@ -289,6 +293,13 @@ class RoundExchange:
                     self.receive.copy_(on_device)
 
 
+def exchange_dtype(run: Run) -> torch.dtype:
+    """The dtype of the rounds' vectors: the model's, at least float32, so that a
+    half-precision model's pseudo-gradients and the round's totals (``n_g tau_g`` passes
+    float16's 65,504 in an ordinary round) are not rounded away."""
+    return torch.promote_types(run.params[0].dtype, torch.float32)
+
+
 def drains(run: Run) -> bool:
     """True when the round that just ended must end with every rank on the global model: the
     ``blocking`` exchange, the epoch's last round, and a round whose control point checkpoints
@@ -360,15 +371,17 @@ class DiLoCo(Strategy[Run]):
             drain = drains(run)
             if not drain:  # the workers go on: the control point (a rebalance) comes first
                 control_point(run)
-            total = gather_at_ps(run.topo, n_params + n_buffers + TAIL, run.params[0].dtype)
+            dtype = exchange_dtype(run)
+            total = gather_at_ps(run.topo, n_params + n_buffers + TAIL, dtype)
             samples, weighted_steps = float(total[-1]), float(total[-2])
             if samples > 0:
                 tau_eff = weighted_steps / samples
-                vector_to_grads(total[:n_params] * (tau_eff / samples), run.params)
+                update = total[:n_params] * (tau_eff / samples)
+                vector_to_grads(update.to(run.params[0].dtype), run.params)
                 outer.step()
                 outer.zero_grad(set_to_none=True)
                 state.add_mean_change(None, total[n_params : n_params + n_buffers], samples)
-            broadcast_down(run.topo, state.vector())
+            broadcast_down(run.topo, state.vector().to(dtype))
             run.loss_sum += float(total[-3])
             run.samples += int(round(samples))
             report_progress(run, every)

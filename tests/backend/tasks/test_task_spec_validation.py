@@ -70,6 +70,18 @@ def test_heterogeneity_options_reach_the_task_spec(client: TestClient, version: 
     assert spec["request"][1]["speed_factor"] == 0.25
 
 
+def test_diloco_options_reach_the_spec_with_a_round_of_16_by_default(
+    client: TestClient, version: dict
+) -> None:
+    body = task_request(version, sync_strategy="diloco", diloco_exchange="overlapped")
+    spec = client.post("/api/v1/tasks", json=body).json()["spec"]
+    assert (spec["sync_strategy"], spec["sync_period"]) == ("diloco", 16)
+    assert spec["diloco_exchange"] == "overlapped" and spec["outer_lr"] is None
+    body = task_request(version, sync_strategy="diloco", sync_period=40, outer_momentum=0.0)
+    spec = client.post("/api/v1/tasks", json=body).json()["spec"]
+    assert (spec["sync_period"], spec["outer_momentum"]) == (40, 0.0)
+
+
 def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> None:
     spec = client.post("/api/v1/tasks", json=task_request(version)).json()["spec"]
     assert (spec["split_policy"], spec["sync_strategy"], spec["exchange_fraction"]) == (
@@ -109,6 +121,9 @@ def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> Non
         ({"global_batch_size": 2}, "global_batch_size", "smaller than the number of workers (3)"),
         ({"sync_period": 5}, "sync_period", "sync_strategy 'periodic' or 'diloco'"),
         ({"sync_strategy": "diloco", "sync_period": 0}, "sync_period", "greater than or equal"),
+        ({"sync_strategy": "diloco", "sync_period": 1}, "sync_period", "diloco round needs 2"),
+        ({"diloco_exchange": "overlapped"}, "diloco_exchange", "sync_strategy 'diloco' only"),
+        ({"sync_strategy": "diloco", "diloco_exchange": "async"}, "diloco_exchange", "'blocking'"),
         ({"sync_strategy": "diloco", "outer_momentum": 1.0}, "outer_momentum", "less than 1"),
         ({"sync_strategy": "diloco", "outer_momentum": -0.1}, "outer_momentum", "greater than"),
         ({"sync_strategy": "diloco", "outer_lr": 0}, "outer_lr", "greater than 0"),

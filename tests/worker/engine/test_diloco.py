@@ -49,6 +49,19 @@ def test_a_round_hands_each_worker_its_split_samples_in_its_groups_local_steps()
     assert chunk_counts(split, 0, 0, 4, 4) == [6, 6, 6, 6]
     assert chunk_counts(split, 2, 0, 4, 1) == [8]
     assert chunk_counts(split, 2, 4, 8, 3) == even_shares(last[2], 3)
+    assert chunk_counts(split, 2, 4, 8, 0) == []  # a group without samples takes no step
+
+
+def test_a_group_without_samples_in_a_round_takes_no_step(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    """160 items, B = 53 over three one-worker groups: the epoch's last step has 1 sample
+    (160 - 3 * 53) and, as a round of its own (H = 3), gives two groups nothing."""
+    solo = [{"name": n, "device_type": "cpu", "workers": 1} for n in ("a", "b", "c")]
+    spec = make_spec(groups=solo, global_batch_size=53, sync_period=3, sync_strategy="diloco")
+    run, finals = run_with_dump(spec, tmp_path / "params")
+    assert all(finals[r].equal(finals[0]) for r in finals)
+    assert len(finite(run.metrics("val_loss"))) == spec.epochs
 
 
 @pytest.mark.parametrize(
