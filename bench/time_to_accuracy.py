@@ -523,7 +523,7 @@ def report(
         references = {name: hits for name, hits in crossings.items() if name != arm}
         figures = arm_figures(arm_curves, base.target, references)
         alone = "fast" if "fast" in curves else "single"
-        if f"wall_over_{alone}" in figures and arm not in ALONE:
+        if f"wall_over_{alone}" in figures and arm not in (*ALONE, "single"):
             # hetero_tta_gain: (the fast group alone's wall time to target, on the engine when
             # that arm ran, else one plain process / this arm's) / (1 + r_slow / r_fast)
             per_seed = [1 / v / (1 + speed) for v in figures[f"wall_over_{alone}"]["values"]]
