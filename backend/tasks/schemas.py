@@ -107,8 +107,8 @@ class TaskCreate(StrictModel):
         lt=1.0,
         description="diloco: the outer optimizer's Nesterov momentum, in [0, 1) (default 0.5)",
     )
-    diloco_exchange: DilocoExchange | None = Field(
-        default=None,
+    diloco_exchange: DilocoExchange = Field(
+        default="blocking",
         description="diloco: `blocking` (default) starts each round from the outer update; "
         "`overlapped` starts it at once and takes the update one round late, so no group "
         "waits for the exchange",
@@ -283,7 +283,8 @@ class TaskCreate(StrictModel):
     @field_validator("outer_lr", "outer_momentum", "diloco_exchange")
     @classmethod
     def _outer_needs_diloco(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is not None and info.data.get("sync_strategy") != "diloco":
+        unset = value is None or (info.field_name == "diloco_exchange" and value == "blocking")
+        if not unset and info.data.get("sync_strategy") != "diloco":
             raise ValueError(f"{info.field_name} applies to sync_strategy 'diloco' only")
         return value
 
