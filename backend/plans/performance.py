@@ -324,12 +324,12 @@ def predict(
     counts = [workers[g.name] for g in groups]
     if split_policy == "weighted" and model.sync_strategy == "diloco":
         local, compute = _diloco_round(fixed, slopes, counts, global_batch_size)
-    elif split_policy == "weighted":
-        common = _balanced(fixed, slopes, counts, global_batch_size)
-        local = [max(0.0, (common - f) / s) for f, s in zip(fixed, slopes, strict=True)]
     else:
-        local = [global_batch_size / total] * len(groups)
-    if not (split_policy == "weighted" and model.sync_strategy == "diloco"):
+        if split_policy == "weighted":
+            common = _balanced(fixed, slopes, counts, global_batch_size)
+            local = [max(0.0, (common - f) / s) for f, s in zip(fixed, slopes, strict=True)]
+        else:
+            local = [global_batch_size / total] * len(groups)
         compute = [f + s * b for f, s, b in zip(fixed, slopes, local, strict=True)]
     cross = exchange_s(model, names)
     step = max(compute) + cross

@@ -58,7 +58,7 @@ equal to a single process.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -86,10 +86,10 @@ from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, report_progr
 TAIL = 3
 
 
-def round_end(split: SplitState, period: int) -> int:
-    """The in-epoch step at which the round starting at ``split.step`` ends: the next
+def round_end(split: SplitState, period: int, start: int) -> int:
+    """The in-epoch step at which the round starting at step ``start`` ends: the next
     multiple of ``period`` (H), or the epoch's last step."""
-    return min((split.step // period + 1) * period, split.steps_per_epoch)
+    return min((start // period + 1) * period, split.steps_per_epoch)
 
 
 def round_samples(split: SplitState, start: int, end: int) -> list[int]:
@@ -115,7 +115,7 @@ def local_steps(
     for total, mean in zip(totals, per_worker, strict=True):
         if total == 0:
             steps.append(0)
-        elif not scaled or top <= 0:
+        elif not scaled:
             steps.append(length)
         else:
             steps.append(min(length, max(1, math.floor(length * mean / top + 0.5))))
@@ -157,7 +157,7 @@ class RoundPlan:
         self.rounds: list[tuple[int, int, list[int]]] = []
         start = split.step
         while start < split.steps_per_epoch:
-            end = min((start // period + 1) * period, split.steps_per_epoch)
+            end = round_end(split, period, start)
             steps = group_steps(run, start, end)[group]
             self.rounds.append((start, end, chunk_counts(split, worker, start, end, steps)))
             start = end
@@ -332,7 +332,7 @@ class DiLoCo(Strategy[Run]):
             loss_sum, samples, steps = 0.0, 0.0, 0
             for k, count in enumerate(counts):
                 indices = plan.flat[position : position + count]
-                upcoming = _upcoming(plan, r, k, position)
+                upcoming = partial(plan.upcoming, r, k, position)
                 step_loss, step_count = step_from_sum(
                     run, run.compute(reducer, indices=indices, upcoming=upcoming), run.topo.group
                 )
@@ -356,7 +356,8 @@ class DiLoCo(Strategy[Run]):
         outer = outer_optimizer(run)
         logged: list[int] = []
         while not run.split.epoch_done:
-            start, end = run.split.step, round_end(run.split, run.spec.sync_period)
+            start = run.split.step
+            end = round_end(run.split, run.spec.sync_period, start)
             steps = group_steps(run, start, end)
             full = end - start == run.spec.sync_period or start == 0  # not a short last round
             if steps != logged and full:
@@ -387,7 +388,3 @@ class DiLoCo(Strategy[Run]):
             report_progress(run, every)
             if drain:
                 control_point(run)
-
-
-def _upcoming(plan: RoundPlan, r: int, k: int, offset: int) -> Callable[[], Batches]:
-    return lambda: plan.upcoming(r, k, offset)
