@@ -149,8 +149,18 @@ def worker_slice(batch_indices: Tensor, shares: list[int], worker_index: int) ->
     return batch_indices[start : start + shares[worker_index]]
 
 
-def contiguous_shard(n_items: int, n_workers: int, worker_index: int) -> range:
-    """Item indices of worker ``worker_index`` in an even, contiguous split (e.g. validation)."""
-    shares = even_shares(n_items, n_workers)
+def contiguous_shard(
+    n_items: int, n_workers: int, worker_index: int, weights: list[float] | None = None
+) -> range:
+    """Item indices of worker ``worker_index`` in a contiguous split of ``range(n_items)``.
+
+    Even without ``weights`` (sizes differ by at most 1); with them, sizes proportional to
+    ``weights`` (one per worker, e.g. the batch shares, so that a worker at a third of the
+    speed takes a third of the items: :func:`apportion`, whose errors it raises; a worker of
+    weight 0 takes none).
+    """
+    if weights is not None and len(weights) != n_workers:
+        raise ValueError(f"{len(weights)} weights for {n_workers} workers")
+    shares = even_shares(n_items, n_workers) if weights is None else apportion(n_items, weights)
     start = sum(shares[:worker_index])
     return range(start, start + shares[worker_index])

@@ -29,19 +29,27 @@ from worker.engine.spec import RunSpec
 
 @torch.no_grad()
 def validate(
-    code: TrainingCode, topo: Topology, model: torch.nn.Module, data: Source, batch_size: int
+    code: TrainingCode,
+    topo: Topology,
+    model: torch.nn.Module,
+    data: Source,
+    batch_size: int,
+    shares: list[int] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """This worker's share of validation: ``name -> (value * count, count)`` summed over batches.
 
     Names are ``val_loss`` and ``val_<key>`` for each key of the user's
     ``metrics`` (or :func:`default_metrics`), weighted by batch size. The worker's part
-    is a contiguous block of the validation set (:func:`worker.engine.sharding.contiguous_shard`),
-    read in batches of ``batch_size`` planned ahead; the sums over every worker are the
-    sample-weighted means over the whole set.
+    is a contiguous block of the validation set (:func:`worker.engine.sharding.contiguous_shard`)
+    in proportion to ``shares`` (the workers' batch shares, which follow their measured
+    speed under the weighted split, so a slower worker validates fewer items and none
+    waits long for another; even when None), read in batches of ``batch_size`` planned
+    ahead; the sums over every worker are the sample-weighted means over the whole set.
     """
     metrics_fn = code.metrics or default_metrics
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    shard = contiguous_shard(len(data), topo.n_workers, topo.worker_index)
+    weights = None if shares is None else [float(s) for s in shares]
+    shard = contiguous_shard(len(data), topo.n_workers, topo.worker_index, weights)
     batches = [
         torch.arange(start, min(start + batch_size, shard.stop), dtype=torch.int64)
         for start in range(shard.start, shard.stop, batch_size)
@@ -113,7 +121,12 @@ def run_worker(
         # In batches of about the worker's share: a global batch per worker could overflow
         # the loader's shared memory where training never would.
         lambda r: validate(
-            code, topo, model, val_data, math.ceil(spec.global_batch_size / topo.n_workers)
+            code,
+            topo,
+            model,
+            val_data,
+            math.ceil(spec.global_batch_size / topo.n_workers),
+            r.split.shares,
         ),
         report_worker_epoch,
     )

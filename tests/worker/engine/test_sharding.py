@@ -85,6 +85,15 @@ def test_contiguous_shards_partition_the_range() -> None:
     assert [list(s) for s in shards] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
 
 
+def test_weighted_contiguous_shards_follow_the_weights() -> None:
+    """Validation by speed: a worker with a third of the batch share validates a third as
+    many items; one left out (share 0) validates none; the blocks still cover the set once."""
+    shards = [contiguous_shard(12, 3, i, [6.0, 2.0, 0.0]) for i in range(3)]
+    assert [list(s) for s in shards] == [list(range(9)), [9, 10, 11], []]
+    with pytest.raises(ValueError, match="2 weights for 3 workers"):
+        contiguous_shard(12, 3, 0, [1.0, 1.0])
+
+
 @pytest.mark.parametrize(
     "total,weights",
     [(128, [3.0, 1.0]), (7, [1.0, 1.0, 1.0]), (10, [0.5, 0.3, 0.2]), (5, [1e-9, 1.0]), (0, [1.0])],
