@@ -10,10 +10,14 @@ from pydantic import AfterValidator, BaseModel, Field
 DeviceType = Literal["cpu", "cuda", "npu"]
 SplitPolicy = Literal["even", "weighted"]
 SyncStrategy = Literal["sync", "periodic", "quorum", "diloco"]
-DilocoExchange = Literal["blocking", "overlapped"]
+DilocoExchange = Literal["blocking", "overlapped", "async"]
 """How `diloco` rounds meet the parameter server: `blocking` waits for the outer update before
-the next round; `overlapped` goes on at once and takes it one round late."""
+the next round; `overlapped` goes on at once and takes it one round late; `async` has the
+parameter server apply each group's update as it arrives, so a group waits for its own
+exchange only (two or more groups)."""
 ROUND_STRATEGIES = ("periodic", "diloco")
+"""The strategies whose groups train on their own for `sync_period` steps (a round) and keep
+one inner optimizer state per group, which another layout of groups cannot take over."""
 DILOCO_PERIOD = 16
 """`diloco`'s round length (`sync_period`) when none is given; a round of one step is refused
 (every group would take every step, which is `periodic` with an outer step)."""
@@ -31,8 +35,6 @@ def check_period(value: int, strategy: object) -> int:
     return value
 
 
-"""The strategies whose groups train on their own for `sync_period` steps (a round) and keep
-one inner optimizer state per group, which another layout of groups cannot take over."""
 OnDisagreement = Literal["fail", "exclude", "off"]
 OnGroupLoss = Literal["restart", "shrink", "wait"]
 """What a restart does when a group the task ran on cannot take its workers again: `restart`

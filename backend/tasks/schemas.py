@@ -111,7 +111,9 @@ class TaskCreate(StrictModel):
         default="blocking",
         description="diloco: `blocking` (default) starts each round from the outer update; "
         "`overlapped` starts it at once and takes the update one round late, so no group "
-        "waits for the exchange",
+        "waits for the exchange; `async` (two or more groups) has the parameter server apply "
+        "each group's update as it arrives, scaled down when stale, so no group waits for "
+        "another",
     )
     exchange_fraction: float = Field(
         default=0.0,
@@ -286,6 +288,11 @@ class TaskCreate(StrictModel):
         unset = value is None or (info.field_name == "diloco_exchange" and value == "blocking")
         if not unset and info.data.get("sync_strategy") != "diloco":
             raise ValueError(f"{info.field_name} applies to sync_strategy 'diloco' only")
+        if value == "async" and _most_groups(info.data.get("resource_groups") or []) < 2:
+            raise ValueError(
+                "diloco_exchange 'async' needs two or more resource groups: with one, every "
+                "update is the group's own (use 'blocking' or 'overlapped')"
+            )
         return value
 
     def engine_options(self) -> dict[str, Any]:

@@ -136,6 +136,33 @@ def post_from_ps(topo: Topology, buffer: Tensor) -> list[Any]:
     ]
 
 
+def receive_any_at_ps(topo: Topology, buffer: Tensor) -> int:
+    """Parameter server: receive into the 1-D CPU ``buffer`` the next vector a group leader
+    sent with :func:`post_to_ps`, whichever leader's comes first; returns that leader's
+    global rank. The first piece is received from any source, the rest from its sender."""
+    parts = pieces(buffer.numel(), buffer.element_size())
+    first, last = parts[0]
+    sender = dist.recv(buffer[first:last], group=topo.leaders, tag=0)
+    wait_all(
+        [
+            dist.irecv(buffer[a:b], src=sender, group=topo.leaders, tag=k)
+            for k, (a, b) in enumerate(parts)
+            if k > 0
+        ]
+    )
+    return sender
+
+
+def post_to_leader(topo: Topology, vector: Tensor, leader: int) -> list[Any]:
+    """Parameter server: start sending the 1-D CPU ``vector`` to the group leader of global
+    rank ``leader`` alone (:func:`post_from_ps` receives it); returns the works to wait on.
+    ``vector`` must not change until they are done."""
+    return [
+        dist.isend(vector[a:b], dst=leader, group=topo.leaders, tag=k)
+        for k, (a, b) in enumerate(pieces(vector.numel(), vector.element_size()))
+    ]
+
+
 def gather_at_ps(topo: Topology, numel: int, dtype: torch.dtype) -> Tensor:
     """Parameter-server side of the upward sum: returns the sum over all workers, shape [numel].
 
@@ -175,14 +202,7 @@ def broadcast_down(topo: Topology, vector: Tensor) -> Tensor:
     """
     if topo.is_ps:
         payload = vector.contiguous()
-        parts = pieces(payload.numel(), payload.element_size())
-        wait_all(
-            [
-                dist.isend(payload[a:b], dst=rank, group=topo.leaders, tag=k)
-                for rank in leader_ranks(topo)
-                for k, (a, b) in enumerate(parts)
-            ]
-        )
+        wait_all([w for rank in leader_ranks(topo) for w in post_to_leader(topo, payload, rank)])
         return vector
     assert topo.group is not None and topo.leader_rank is not None
     received = vector.to(topo.device)

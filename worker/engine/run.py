@@ -216,35 +216,40 @@ def rebalance(run: Run, window: Work, *, update: bool = True) -> None:
     run.split.set_shares(proposal)
 
 
-def _balance_due(run: Run) -> bool:
+def _balance_due(run: Run, step: int | None = None) -> bool:
     """A check in the step's schedule (every ``rebalance_every`` steps), unless the window
     since the last check (e.g. the epoch's end, two steps ago) holds fewer than
     ``MIN_WINDOW_STEPS`` steps: then the check waits for the next mark. Every rank knows
-    the steps, so all agree."""
+    the steps, so all agree. ``step``: at that global step instead of the run's."""
     spec, every = run.spec, run.spec.rebalance_every
+    step = run.step if step is None else step
     if spec.split_policy != "weighted" or not every:
         return False
-    enough = run.step - run.last_balance >= min(MIN_WINDOW_STEPS, every)
-    return enough and _crossed(run.step, run.last_balance, every)
+    enough = step - run.last_balance >= min(MIN_WINDOW_STEPS, every)
+    return enough and _crossed(step, run.last_balance, every)
 
 
-def control_due(run: Run) -> bool:
-    """True when :func:`control_point` at this step will run a collective (every rank agrees)."""
-    if run.split.epoch_done:
+def control_due(run: Run, step: int | None = None) -> bool:
+    """True when :func:`control_point` at this step will run a collective (every rank agrees).
+
+    ``step``: at that later global step of the epoch instead (by the marks as they are now:
+    ``diloco``'s asynchronous exchange finds its next control point ahead of time)."""
+    if step is None and run.split.epoch_done:
         return False
     spec = run.spec
+    step = run.step if step is None else step
     return (
-        _balance_due(run)
-        or _crossed(run.step, run.last_checkpoint, spec.checkpoint_every)
-        or _agreement_due(run)
+        _balance_due(run, step)
+        or _crossed(step, run.last_checkpoint, spec.checkpoint_every)
+        or _agreement_due(run, step)
     )
 
 
-def _agreement_due(run: Run) -> bool:
+def _agreement_due(run: Run, step: int | None = None) -> bool:
     """A parameter checksum check in the step's schedule (every ``agreement_every`` steps)."""
     spec = run.spec
     return spec.on_disagreement != "off" and _crossed(
-        run.step, run.last_agreement, spec.agreement_every
+        run.step if step is None else step, run.last_agreement, spec.agreement_every
     )
 
 

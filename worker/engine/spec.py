@@ -46,8 +46,8 @@ class RunSpec(BaseModel):
     reported, late gradients at most ``max_staleness`` updates old) or ``diloco`` (rounds of
     ``sync_period`` steps, local step counts scaled to each group's speed, an outer Nesterov
     step of ``outer_lr`` and ``outer_momentum`` on the groups' pseudo-gradients, the next
-    round waiting for it (``diloco_exchange: blocking``) or not (``overlapped``),
-    :mod:`worker.engine.strategy_diloco`).
+    round waiting for it (``diloco_exchange: blocking``) or not (``overlapped``), or each
+    group's update applied as it arrives (``async``), :mod:`worker.engine.strategy_diloco`).
     ``exchange_fraction`` of each worker's shard moves to its ring neighbour
     after every epoch. ``checkpoint_every`` adds a checkpoint every N steps.
     ``data`` says how compute workers read their shards (:class:`contracts.data.DataOptions`:

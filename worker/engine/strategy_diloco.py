@@ -67,15 +67,19 @@ from torch import Tensor
 from typing_extensions import override
 
 from worker.engine import report
+from worker.engine.distributed import Topology
 from worker.engine.exchange import (
     broadcast_down,
     gather_at_ps,
+    leader_ranks,
     post_from_ps,
+    post_to_leader,
     post_to_ps,
+    receive_any_at_ps,
     vector_to_grads,
     wait_all,
 )
-from worker.engine.run import Run, control_point, reads_model
+from worker.engine.run import Run, control_due, control_point, reads_model
 from worker.engine.sharding import Batches, even_shares
 from worker.engine.split import SplitState
 from worker.engine.state import ModelState
@@ -302,10 +306,188 @@ def exchange_dtype(run: Run) -> torch.dtype:
 
 def drains(run: Run) -> bool:
     """True when the round that just ended must end with every rank on the global model: the
-    ``blocking`` exchange, the epoch's last round, and a round whose control point checkpoints
-    or checks the parameters' agreement (every rank computes the same answer)."""
-    blocking = run.spec.diloco_exchange == "blocking"
-    return blocking or run.split.epoch_done or reads_model(run)
+    ``blocking`` and ``async`` exchanges (a group waits for its own update there), the epoch's
+    last round, and a round whose control point checkpoints or checks the parameters'
+    agreement (every rank computes the same answer)."""
+    waits = run.spec.diloco_exchange != "overlapped"
+    return waits or run.split.epoch_done or reads_model(run)
+
+
+def log_local_steps(
+    run: Run, start: int, end: int, steps: list[int], logged: list[int]
+) -> list[int]:
+    """Log the groups' local steps of the round ``[start, end)`` when they differ from the
+    ``logged`` ones (a short last round apart); returns the steps now logged."""
+    full = end - start == run.spec.sync_period or start == 0
+    if steps == logged or not full:
+        return logged
+    names = ", ".join(f"{g.name} {k}" for g, k in zip(run.spec.groups, steps, strict=True))
+    report.log(f"diloco round at step {run.step + start - run.split.step}: local steps {names}")
+    return steps
+
+
+class AsyncServer:
+    """The parameter server's side of ``diloco_exchange: async`` for the rounds up to the next
+    barrier: it applies each group's round vector as it arrives and sends the global model
+    back to that group alone, so a group waits for its own exchange only.
+
+    Every group takes the same rounds (the split's steps ``[start, end)``), so the server
+    knows each arrival's round by counting the group's arrivals. Round ``r``'s FedNova
+    factors come from the split (``n_r`` samples, ``tau_eff,r``), so group ``g``'s part of
+    the round's update is ``d_g = tau_eff,r (n_g / n_r) Delta_g / tau_g``: with every group
+    in step the parts sum to the blocking update.
+
+    - Staleness: ``s = floor(k / G)``, ``k`` the updates applied since the group took its
+      model and ``G`` the groups (the other groups' updates of the same round do not count);
+      the part is scaled by ``1 / (1 + s)`` (Zhang et al., "Staleness-aware Async-SGD for
+      Distributed Deep Learning", IJCAI 2016; HALoS, ICML 2025).
+    - Outer step: delayed Nesterov (Liu et al., "Asynchronous Local-SGD Training for
+      Language Modeling", 2024, arXiv 2401.09135): each part is applied at once as
+      ``theta -= lr d_g``; the momentum buffer takes the sum ``D`` of every ``G`` parts
+      (``m = beta m + D``, the outer SGD's ``momentum_buffer``, so it is checkpointed as
+      ``outer_optimizer``) and adds ``theta -= lr beta m``. With the groups in step this is
+      the blocking round's Nesterov step exactly.
+    - Buffers: each group's change is added as it arrives, weighted by ``n_g / n_r``.
+
+    A *barrier* is a round after which every rank must meet: the epoch's last, or one whose
+    control point runs a collective (:func:`worker.engine.run.control_due`). The server
+    holds the groups' models there until every group has arrived, sends them all the same
+    global model, and the control point follows, so checkpoints, rebalances and agreement
+    checks see one model and the count of applied parts is a multiple of ``G``.
+    """
+
+    def __init__(self, run: Run, logged: list[int]) -> None:
+        split, spec = run.split, run.spec
+        self.rounds: list[tuple[int, int, float, float, bool]] = []
+        start = split.step
+        while start < split.steps_per_epoch:
+            end = round_end(split, spec.sync_period, start)
+            steps = group_steps(run, start, end)
+            logged = log_local_steps(run, start, end, steps, logged)
+            samples = round_samples(split, start, end)
+            per_group = [
+                sum(samples[r - 1] for r in spec.group_ranks(g)) for g in range(len(steps))
+            ]
+            n = float(sum(per_group))
+            tau_eff = sum(m * k for m, k in zip(per_group, steps, strict=True)) / n if n else 0.0
+            last = end == split.steps_per_epoch
+            barrier = last or control_due(run, run.step + end - split.step)
+            self.rounds.append((start, end, n, tau_eff, barrier))
+            start = end
+            if barrier:
+                break
+        self.logged = logged  # the local steps last logged (:func:`log_local_steps`)
+
+    @torch.no_grad()
+    def serve(self, run: Run, every: int) -> None:
+        """Take every group's rounds up to the barrier, then release the groups together.
+
+        A part of a barrier round waits until every group's has come and they are applied in
+        group order (the order of arrival would change the sum's last bits): a run whose
+        every round is a barrier gives the same bits every time, and resumes exactly."""
+        state, topo = run.state, run.topo
+        self.n_params, n_buffers = state.n_params, state.n_buffers
+        dtype = exchange_dtype(run)
+        leaders = leader_ranks(topo)
+        self.groups = len(leaders)
+        self.outer = outer_optimizer(run)
+        beta = self.outer.param_groups[0]["momentum"]
+        self.pending = [torch.zeros_like(p) for p in run.params] if beta > 0 else []
+        self.applied, self.stalest = 0, 0
+        vector = torch.empty(self.n_params + n_buffers + TAIL, dtype=dtype)
+        arrived = [0] * self.groups  # rounds each group delivered
+        taken = [0] * self.groups  # the count of parts applied when each group took its model
+        held: dict[int, Tensor] = {}  # the barrier round's parts, by group
+        replies: list[tuple[Tensor, list[Any]]] = [(vector, [])] * self.groups
+        last = len(self.rounds) - 1
+        completed = 0
+        while len(held) < self.groups:
+            g = leaders.index(receive_any_at_ps(topo, vector))
+            r = arrived[g]
+            arrived[g] += 1
+            if r == last:
+                held[g] = vector.clone()
+            else:
+                self._apply(run, vector, r, stale=(self.applied - taken[g]) // self.groups)
+                replies[g] = self._reply(topo, state, dtype, leaders[g], replies[g])
+                taken[g] = self.applied
+            while completed < min(min(arrived), last):
+                self._complete(run, completed, every)
+                completed += 1
+        for g in range(self.groups):
+            self._apply(run, held[g], last, stale=(self.applied - taken[g]) // self.groups)
+        self._complete(run, last, every)
+        for g in range(self.groups):  # the barrier: every group takes the same global model
+            replies[g] = self._reply(topo, state, dtype, leaders[g], replies[g])
+        wait_all([work for _, works in replies for work in works])
+        if self.stalest:
+            report.log(
+                f"diloco async: updates up to {self.stalest} round(s) stale by step {run.step}"
+            )
+
+    def _apply(self, run: Run, vector: Tensor, r: int, *, stale: int) -> None:
+        """Apply one group's part of round ``r``, scaled by ``1 / (1 + stale)`` (the class's
+        docstring); the delayed momentum step after every ``G`` parts."""
+        _, _, n, tau_eff, _ = self.rounds[r]
+        n_params, state = self.n_params, run.state
+        lr, beta = self.outer.param_groups[0]["lr"], self.outer.param_groups[0]["momentum"]
+        self.stalest = max(self.stalest, stale)
+        if n > 0:
+            part = vector[:n_params] * (tau_eff / n / (1 + stale))
+            offset = 0
+            accumulators: list[Tensor | None] = [*self.pending] or [None] * len(run.params)
+            for param, acc in zip(run.params, accumulators, strict=True):
+                size = param.numel()
+                piece = part[offset : offset + size].view_as(param).to(param.dtype)
+                param.sub_(piece, alpha=lr)
+                if acc is not None:
+                    acc.add_(piece)
+                offset += size
+            state.add_mean_change(None, vector[n_params : n_params + state.n_buffers], n)
+        run.loss_sum += float(vector[-3])
+        run.samples += int(round(float(vector[-1])))
+        self.applied += 1
+        if self.pending and self.applied % self.groups == 0:
+            self._momentum_step(self.outer, self.pending, lr, beta)
+
+    def _complete(self, run: Run, r: int, every: int) -> None:
+        """Every group delivered round ``r``: the server's split and step move past it."""
+        start, end, *_ = self.rounds[r]
+        for _ in range(start, end):
+            run.record_batch()
+            run.split.advance()
+            run.step += 1
+        report_progress(run, every)
+
+    @staticmethod
+    def _reply(
+        topo: Topology,
+        state: ModelState,
+        dtype: torch.dtype,
+        leader: int,
+        last: tuple[Tensor, list[Any]],
+    ) -> tuple[Tensor, list[Any]]:
+        """Send the global model as it is now to ``leader`` (a copy: the model moves on while
+        it is sent), once the last transfer to it is done; returns the copy and the works."""
+        wait_all(last[1])
+        model = state.vector().to(dtype)
+        return model, post_to_leader(topo, model, leader)
+
+    @staticmethod
+    def _momentum_step(
+        outer: torch.optim.Optimizer, pending: list[Tensor], lr: float, beta: float
+    ) -> None:
+        """The delayed Nesterov momentum step over the last ``G`` parts summed in ``pending``
+        (then zeroed), as torch's SGD keeps its buffer (the first is the sum itself)."""
+        for param, acc in zip(outer.param_groups[0]["params"], pending, strict=True):
+            state = outer.state[param]
+            buffer = state.get("momentum_buffer")
+            if buffer is None:
+                state["momentum_buffer"] = buffer = acc.clone()
+            else:
+                buffer.mul_(beta).add_(acc)
+            param.sub_(buffer, alpha=lr * beta)
+            acc.zero_()
 
 
 class DiLoCo(Strategy[Run]):
@@ -349,22 +531,25 @@ class DiLoCo(Strategy[Run]):
     @override
     def server_epoch(self, run: Run) -> None:
         """Parameter server: follow the rounds, apply the outer step to the groups' normalised
-        pseudo-gradients (this module's docstring) and send the global model back."""
+        pseudo-gradients (this module's docstring) and send the global model back; with the
+        ``async`` exchange, group by group as they arrive (:class:`AsyncServer`)."""
         state = run.state
         n_params, n_buffers = state.n_params, state.n_buffers
         every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
-        outer = outer_optimizer(run)
         logged: list[int] = []
+        if run.spec.diloco_exchange == "async":
+            while not run.split.epoch_done:
+                server = AsyncServer(run, logged)
+                server.serve(run, every)
+                control_point(run)
+                logged = server.logged
+            return
+        outer = outer_optimizer(run)
         while not run.split.epoch_done:
             start = run.split.step
             end = round_end(run.split, run.spec.sync_period, start)
             steps = group_steps(run, start, end)
-            full = end - start == run.spec.sync_period or start == 0  # not a short last round
-            if steps != logged and full:
-                pairs = zip(run.spec.groups, steps, strict=True)
-                names = ", ".join(f"{g.name} {k}" for g, k in pairs)
-                report.log(f"diloco round at step {run.step}: local steps {names}")
-                logged = steps
+            logged = log_local_steps(run, start, end, steps, logged)
             for _ in range(start, end):
                 run.record_batch()
                 run.split.advance()

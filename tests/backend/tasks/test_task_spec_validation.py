@@ -123,7 +123,20 @@ def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> Non
         ({"sync_strategy": "diloco", "sync_period": 0}, "sync_period", "greater than or equal"),
         ({"sync_strategy": "diloco", "sync_period": 1}, "sync_period", "diloco round needs 2"),
         ({"diloco_exchange": "overlapped"}, "diloco_exchange", "sync_strategy 'diloco' only"),
-        ({"sync_strategy": "diloco", "diloco_exchange": "async"}, "diloco_exchange", "'blocking'"),
+        (
+            {"sync_strategy": "diloco", "diloco_exchange": "gossip"},
+            "diloco_exchange",
+            "'blocking', 'overlapped' or 'async'",
+        ),
+        (
+            {
+                "sync_strategy": "diloco",
+                "diloco_exchange": "async",
+                "resource_groups": [{"name": "cpu-a", "workers": 2}],
+            },
+            "diloco_exchange",
+            "'async' needs two or more resource groups",
+        ),
         ({"sync_strategy": "diloco", "outer_momentum": 1.0}, "outer_momentum", "less than 1"),
         ({"sync_strategy": "diloco", "outer_momentum": -0.1}, "outer_momentum", "greater than"),
         ({"sync_strategy": "diloco", "outer_lr": 0}, "outer_lr", "greater than 0"),

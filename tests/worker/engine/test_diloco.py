@@ -85,14 +85,33 @@ def test_plain_averaging_equals_periodic_averaging(
         assert any("local steps" in line for line in run.output[0])
 
 
-@pytest.mark.parametrize("exchange", ["blocking", "overlapped"])
+@pytest.mark.parametrize(
+    "outer", [AVERAGING, {"sync_strategy": "diloco"}], ids=["plain", "nesterov"]
+)
+def test_async_with_every_round_a_barrier_equals_blocking(
+    make_spec: Callable[..., RunSpec], tmp_path: Path, outer: dict[str, Any]
+) -> None:
+    """A checkpoint after every round makes every round a barrier, so the groups stay in step:
+    the parts the parameter server applies one by one (in whichever order they arrive) then
+    sum to the blocking round's update, and the delayed Nesterov step is the blocking
+    Nesterov step, to float rounding."""
+    both = {"sync_period": 4, "checkpoint_every": 4, **outer}
+    _, expected = run_with_dump(make_spec(**both), tmp_path / "blocking")
+    run, found = run_with_dump(make_spec(diloco_exchange="async", **both), tmp_path / "async")
+    for rank in expected:
+        assert torch.allclose(found[rank], expected[rank], rtol=0, atol=1e-5), rank
+    assert not any("stale" in line for line in run.output[0]), run.text(0)
+
+
+@pytest.mark.parametrize("exchange", ["blocking", "overlapped", "async"])
 def test_a_much_slower_group_takes_fewer_local_steps_and_the_task_trains(
     make_spec: Callable[..., RunSpec], tmp_path: Path, exchange: str
 ) -> None:
     """The slow group is emulated at a tenth of the pace: the weighted split gives it about a
     tenth of the samples per worker, so it takes 1-2 of the round's 5 local steps (the fast
     group all 5), however fast the host; the global model still learns, and with the
-    overlapped exchange every rank still ends on the global model (the epoch's end drains)."""
+    overlapped and async exchanges every rank still ends on the global model (the epoch's end
+    drains)."""
     groups = [
         {"name": "fast", "device_type": "cpu", "workers": 2},
         {"name": "slow", "device_type": "cpu", "workers": 1, "speed_factor": 0.1},

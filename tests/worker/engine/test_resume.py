@@ -84,6 +84,18 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         },
         "step-33.pt",
     ),
+    # Async with a checkpoint every round: every round is a barrier, so the run is the same
+    # whatever order the groups' updates arrive in, and the delayed Nesterov momentum (in
+    # the outer optimizer's state) must come back.
+    "diloco-async": (
+        {
+            "sync_strategy": "diloco",
+            "sync_period": 5,
+            "checkpoint_every": 5,
+            "diloco_exchange": "async",
+        },
+        "step-33.pt",
+    ),
     # The same on the weighted split below: the slow worker takes 1 local step a round of 4
     # (step-48.pt: in epoch 1), the fast one 4.
     "diloco-weighted": (
