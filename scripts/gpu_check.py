@@ -40,6 +40,7 @@ CASES: dict[str, dict[str, Any]] = {
         "sync_period": 4,
         "diloco_exchange": "overlapped",
     },
+    "diloco_async": {"sync_strategy": "diloco", "sync_period": 4, "diloco_exchange": "async"},
 }
 
 

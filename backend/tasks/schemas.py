@@ -128,7 +128,8 @@ class TaskCreate(StrictModel):
         default=10,
         ge=0,
         le=10_000_000,
-        description="steps between load-balance checks (0: epoch ends)",
+        description="steps between load-balance checks (0: epoch ends; default 10, 0 with "
+        "diloco's overlapped or async exchange, where a check would make every group wait)",
     )
     on_nonfinite: Literal["fail", "skip_step"] = Field(
         default="fail",
@@ -234,6 +235,10 @@ class TaskCreate(StrictModel):
             raise ValueError("resource_groups lists a group twice")
         if self.sync_strategy == "diloco" and "sync_period" not in self.model_fields_set:
             self.sync_period = DILOCO_PERIOD
+        if self.diloco_exchange != "blocking" and "rebalance_every" not in self.model_fields_set:
+            # A rebalancing check is a collective: every group would wait for the slowest at
+            # each one, which is what the overlapped and async exchanges exist to avoid.
+            self.rebalance_every = 0
         return self
 
     @field_validator("on_group_loss")

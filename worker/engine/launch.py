@@ -44,7 +44,10 @@ def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
     ``spec.seed * 1000 + rank`` for training (dropout differs by worker).
     """
     started = time.perf_counter()
+    clock = report.StartupClock()
+    clock.mark("import")  # the interpreter, torch and the engine
     topo = distributed.init(env, spec, timeout_s)
+    clock.mark("rendezvous")  # includes waiting for the last rank to arrive
     # Loaded after joining, so a rank that fails here breaks its peers' connections at once.
     code = load_training_code(spec.code)
     report.log(
@@ -53,15 +56,17 @@ def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
     )
     seed_everything(spec.seed)
     model = code.build_model()
+    clock.mark("model")
     data = prepare_data(code, topo, spec.preprocess, spec.data, spec.seed)
+    clock.mark("data")
     seed_everything(spec.seed * 1000 + env.rank)
     if spec.trial is not None:
         run_trial(spec, code, topo, model, data, started)
         final = ModelState.of(model).vector()
     elif topo.is_ps:
-        final = run_parameter_server(spec, code, topo, model, data)
+        final = run_parameter_server(spec, code, topo, model, data, clock)
     else:
-        final = run_worker(spec, code, topo, model, data)
+        final = run_worker(spec, code, topo, model, data, clock)
     distributed.destroy()
     return final
 

@@ -70,6 +70,7 @@ def run_parameter_server(
     topo: Topology,
     model: torch.nn.Module,
     data: DataSources,
+    clock: report.StartupClock | None = None,
 ) -> Tensor:
     """Run rank 0 until the last epoch: returns the final parameters and buffers [P + B].
 
@@ -89,7 +90,7 @@ def run_parameter_server(
             optimizer.load_state_dict(state["optimizer"])
         package = resume_package(state)
         outer_state = state.get("outer_optimizer")  # diloco's outer momentum stays here
-    run, under_way = session.start(spec, code, topo, model, optimizer, data, package)
+    run, under_way = session.start(spec, code, topo, model, optimizer, data, package, clock)
     run.outer_state = outer_state
     if spec.debug_dump_dir:
         run.batches = []

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Any
+
+import psutil
 
 PREFIX = "@@polytrain "
 
@@ -117,3 +120,29 @@ def parse_event(line: str) -> dict[str, Any] | None:
     if not isinstance(event, dict) or not isinstance(event.get("type"), str):
         return None
     return event
+
+
+class StartupClock:
+    """Where a rank's start-up went: seconds per part, in order, from the process's creation.
+
+    :meth:`mark` closes a part; :meth:`report` logs them in one line and reports the total
+    as the metric ``startup_s`` (step 0), so a slow group's start-up (on a third of a core,
+    three times the fast group's) shows part by part on the task page and in its log.
+    """
+
+    def __init__(self) -> None:
+        self.last = psutil.Process().create_time()
+        self.parts: list[tuple[str, float]] = []
+
+    def mark(self, part: str) -> None:
+        """The part ``part`` ends now."""
+        now = time.time()
+        self.parts.append((part, max(0.0, now - self.last)))
+        self.last = now
+
+    def report(self, rank: int) -> None:
+        """Log ``rank R start-up T s: part s, ...`` and report ``startup_s`` = T."""
+        total = sum(seconds for _, seconds in self.parts)
+        parts = ", ".join(f"{part} {seconds:.2f}" for part, seconds in self.parts)
+        log(f"rank {rank} start-up {total:.2f} s: {parts}")
+        metric("startup_s", total, step=0, epoch=0, rank=rank)

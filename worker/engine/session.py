@@ -175,11 +175,16 @@ def start(
     optimizer: torch.optim.Optimizer | None,
     data: DataSources,
     package: dict[str, Any] | None,
+    clock: report.StartupClock | None = None,
 ) -> tuple[Run, bool]:
     """Steps 1-2 above. Returns the run and whether its first epoch is already under way.
 
     ``data`` gives the training set's item count (every rank) and, on compute workers,
-    its source."""
+    its source. ``clock`` (the rank's start-up so far) gets the parts from here to the
+    first step (``setup``: the optimizer and the rest of the rank's own preparation;
+    ``sync``: the parameter server's model; ``profile``; ``agreement``) and reports them."""
+    if clock is not None:
+        clock.mark("setup")
     pace = Pace(spec.emulation_pace) if spec.emulation_pace else None
     emulator = (
         None if topo.is_ps else SpeedEmulator(spec.speed_factor_of(topo.rank), topo.device, pace)
@@ -203,6 +208,8 @@ def start(
     if topo.is_ps:
         run.ledger = ShardLedger(spec)
     sync_state(topo, run.state)
+    if clock is not None:
+        clock.mark("sync")
     package = broadcast_object(package)
     replica = package is not None and run.strategy.replicated and not topo.is_ps
     if replica and optimizer is not None and package["optimizer"] is not None:
@@ -224,7 +231,12 @@ def start(
             shares = keep_excluded(run, package, shares)
         run.split = SplitState.initial(data.n_train, shares, spec.seed)
         under_way = False
+    if clock is not None:
+        clock.mark("profile")
     check_gradients(run, train)
+    if clock is not None:
+        clock.mark("agreement")
+        clock.report(topo.rank)
     return run, under_way
 
 

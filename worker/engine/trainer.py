@@ -100,9 +100,11 @@ def run_worker(
     topo: Topology,
     model: torch.nn.Module,
     data: DataSources,
+    clock: report.StartupClock | None = None,
 ) -> Tensor:
     """Train as compute rank ``topo.rank`` until the last epoch; returns final parameters and
-    buffers [P + B].
+    buffers [P + B]. ``clock``: the start-up's parts so far (:func:`worker.engine.session.start`
+    adds its own and reports them).
 
     Raises whatever the user's code raises.
     """
@@ -112,7 +114,7 @@ def run_worker(
     strategy = session.strategy_for(spec.sync_strategy)
     own_optimizer = strategy.group_optimizers or strategy.replicated
     optimizer = code.build_optimizer(model.parameters()) if own_optimizer else None
-    run, under_way = session.start(spec, code, topo, model, optimizer, data, None)
+    run, under_way = session.start(spec, code, topo, model, optimizer, data, None, clock)
     share = run.split.shares[topo.worker_index] / run.split.batch
     report.metric("batch_share", share, step=run.step, epoch=run.epoch, rank=topo.rank)
     session.train(

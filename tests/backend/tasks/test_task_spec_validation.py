@@ -77,9 +77,13 @@ def test_diloco_options_reach_the_spec_with_a_round_of_16_by_default(
     spec = client.post("/api/v1/tasks", json=body).json()["spec"]
     assert (spec["sync_strategy"], spec["sync_period"]) == ("diloco", 16)
     assert spec["diloco_exchange"] == "overlapped" and spec["outer_lr"] is None
+    assert spec["rebalance_every"] == 0  # a check mid-epoch would make every group wait
     body = task_request(version, sync_strategy="diloco", sync_period=40, outer_momentum=0.0)
     spec = client.post("/api/v1/tasks", json=body).json()["spec"]
     assert (spec["sync_period"], spec["outer_momentum"]) == (40, 0.0)
+    assert spec["rebalance_every"] == 10  # blocking keeps the default checks
+    body = task_request(version, sync_strategy="diloco", diloco_exchange="async", rebalance_every=5)
+    assert client.post("/api/v1/tasks", json=body).json()["spec"]["rebalance_every"] == 5
 
 
 def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> None:

@@ -85,6 +85,20 @@ def test_sync_reports_progress_every_few_steps_and_each_epoch_end_once(
     assert [e["step"] for e in progress] == expected
 
 
+def test_every_rank_reports_where_its_start_up_went(sync_run: SyncRun) -> None:
+    """One line per rank names its start-up's parts in order, and ``startup_s`` is their
+    sum (the line's figures are rounded to 10 ms)."""
+    run, _ = sync_run
+    parts = ["import", "rendezvous", "model", "data", "setup", "sync", "profile", "agreement"]
+    for rank in run.output:
+        (line,) = [line for line in run.output[rank] if f"rank {rank} start-up" in line]
+        named = dict(part.rsplit(" ", 1) for part in line.split(" s: ", 1)[1].split(", "))
+        assert list(named) == parts, line
+        (total,) = run.metrics("startup_s", rank)
+        assert total is not None and total > 0
+        assert abs(sum(float(s) for s in named.values()) - total) <= 0.01 * len(parts), line
+
+
 def test_periodic_and_quorum_converge_near_synchronous(
     make_spec: Callable[..., RunSpec], tmp_path: Path, sync_run: SyncRun
 ) -> None:
