@@ -91,13 +91,16 @@ def initial_shares(run: Run, train: Source | None) -> list[int]:
     it, and the shares are chosen again from those rates: samples/s depends
     on the batch (a small batch costs more per sample, a large one may leave
     the cache), so a rate measured at the batch a worker will train with
-    predicts its step time better. The rates reported are the last profile's.
+    predicts its step time better (not under ``diloco``, whose slower groups take fewer
+    steps of about the fastest group's size: :attr:`Strategy.steps_at_share`). The rates
+    reported are the last profile's.
     Profiling reads items of the worker's shard under the even split only
     (:meth:`worker.engine.split.SplitState.first_shard`), so a worker reads no
     item outside the block it starts from.
     """
     shares = even_shares(run.spec.global_batch_size, run.topo.n_workers)
-    passes = 2 if run.spec.split_policy == "weighted" and run.topo.n_workers > 1 else 1
+    again = run.spec.split_policy == "weighted" and run.strategy.steps_at_share
+    passes = 2 if again and run.topo.n_workers > 1 else 1
     for done in range(1, passes + 1):
         shares = _profiled_shares(run, train, shares, last=done == passes)
     return shares

@@ -56,11 +56,16 @@ class Strategy(ABC, Generic[RunT]):
     step path; its model and optimizer are brought up to date from the first
     worker (:func:`worker.engine.run.pull_replica`) at every checkpoint and
     epoch end, and a checkpoint keeps that one optimizer state.
+    ``steps_at_share``: every worker's step is its share of the global batch, so the
+    ``weighted`` split profiles once more at the share the first profile gave it; False
+    where a slower group takes its samples in fewer steps of about the fastest group's
+    size (``diloco``), whose rate the first profile, at the even share, already measures.
     """
 
     name: ClassVar[str]
     group_optimizers: ClassVar[bool] = False
     replicated: ClassVar[bool] = False
+    steps_at_share: ClassVar[bool] = True
 
     @override
     def __init_subclass__(cls, **kwargs: object) -> None:

@@ -496,6 +496,7 @@ class DiLoCo(Strategy[Run]):
 
     name = "diloco"
     group_optimizers = True
+    steps_at_share = False  # a slow group takes fewer steps of the fastest's size
 
     @override
     def worker_epoch(self, run: Run) -> None:
