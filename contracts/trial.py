@@ -16,6 +16,9 @@ from pydantic import BaseModel, Field, model_validator
 from contracts.strict import StrictModel
 
 INT32_MAX = 2**31 - 1
+PROFILE_STEPS = 5
+"""Timed steps of each throughput profile at a task's start (after one warm-up step): the
+engine's default `profile_steps`, and what a plan predicts the profile to cost."""
 
 ExchangeKind = Literal["group_allreduce", "leaders_allreduce", "ps_round_trip"]
 """`group_allreduce`: one group's workers allreduce (gloo/nccl ring) a vector;
@@ -48,12 +51,17 @@ class TrialOptions(BaseModel):
 
 
 class WorkerTiming(StrictModel):
-    """One compute worker's mean step seconds at each local batch size (same order)."""
+    """One compute worker's mean step seconds at each local batch size (same order); the
+    seconds it took to build the user's optimizer (`setup_s`, the rank's own preparation
+    before its first step); its validation seconds per item over its even block of the
+    validation set (`val_s_per_item`). Both None in a trial from before they were timed."""
 
     rank: int = Field(ge=1, le=100_001)
     group_index: int = Field(ge=0, le=100_000)
     batch_sizes: list[BatchSize] = Field(min_length=2, max_length=8)
     step_s: list[float] = Field(min_length=2, max_length=8)
+    setup_s: float | None = Field(default=None, ge=0.0, le=1e6)
+    val_s_per_item: float | None = Field(default=None, ge=0.0, le=1e6)
 
     @model_validator(mode="after")
     def _paired(self) -> "WorkerTiming":
@@ -84,12 +92,17 @@ class ExchangeTiming(StrictModel):
 
 
 class TrialResult(StrictModel):
-    """What the parameter server reports at the end of a trial: the training set's size,
-    the bytes one step exchanges (the model's gradient and buffers vector), the seconds from
-    the ranks' start to the first timed step, and every timing."""
+    """What the parameter server reports at the end of a trial: the training and validation
+    sets' sizes, the bytes one step exchanges (the model's gradient and buffers vector), the
+    seconds from its process's creation to the first timed step (`startup_s`: interpreter,
+    torch, rendezvous with the last rank, the user's code, model and data), the seconds one
+    checkpoint of the model and the user's optimizer takes to write (`checkpoint_s`, None
+    in a trial from before it was timed), and every timing."""
 
     n_train: int = Field(ge=1, le=INT32_MAX)
+    n_val: int = Field(default=0, ge=0, le=INT32_MAX)
     exchange_bytes: int = Field(ge=1, le=2**40)
     startup_s: float = Field(ge=0.0, le=1e6)
+    checkpoint_s: float | None = Field(default=None, ge=0.0, le=1e6)
     workers: list[WorkerTiming] = Field(min_length=1, max_length=10_000)
     exchanges: list[ExchangeTiming] = Field(default_factory=list, max_length=10_000)

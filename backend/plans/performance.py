@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from contracts.plan import ROUND_STRATEGIES
-from contracts.trial import ExchangeTiming, TrialResult
+from contracts.trial import PROFILE_STEPS, ExchangeTiming, TrialResult
 
 MAX_SUBSETS = 2_000  # the deadline search's worker-count combinations, at most
 
@@ -110,6 +110,8 @@ class GroupModel:
     step: Line
     ring: Ring | None = None
     round_trip: Line | None = None  # to the parameter server (periodic, quorum)
+    setup_s: float = 0.0  # building the user's optimizer, before the first step
+    val_s_per_item: float = 0.0  # a validation pass's seconds per item
 
     def fixed_s(self, workers: int, n_bytes: int) -> float:
         """Seconds of a step that do not grow with the local batch: ``a`` and the in-group
@@ -130,6 +132,8 @@ class PerformanceModel:
     sync_period: int = 1
     quorum: int | None = None
     cross: Ring | None = None  # sync: the leaders' allreduce
+    n_val: int = 0
+    checkpoint_s: float = 0.0  # one checkpoint written by the parameter server
 
     def group(self, name: str) -> GroupModel:
         for group in self.groups:
@@ -153,6 +157,8 @@ class PerformanceModel:
                 step=Line(**g["step"]),
                 ring=ring(g["ring"]),
                 round_trip=Line(**g["round_trip"]) if g["round_trip"] else None,
+                setup_s=g.get("setup_s", 0.0),
+                val_s_per_item=g.get("val_s_per_item", 0.0),
             )
             for g in data["groups"]
         ]
@@ -200,7 +206,11 @@ def fit(
             raise ValueError(f"the trial timed no allreduce of group {name!r}")
         if trip is None and len(groups) > 1 and sync_strategy != "sync":
             raise ValueError(f"the trial timed no round trip of group {name!r}")
-        fitted.append(GroupModel(name, device_type, workers, fit_line(points), ring, trip))
+        setup = max((w.setup_s or 0.0) for w in timed)
+        val = max((w.val_s_per_item or 0.0) for w in timed)
+        fitted.append(
+            GroupModel(name, device_type, workers, fit_line(points), ring, trip, setup, val)
+        )
     cross = next((Ring.fit(e) for e in trial.exchanges if e.kind == "leaders_allreduce"), None)
     if cross is None and len(groups) > 1 and sync_strategy == "sync":
         raise ValueError("the trial timed no allreduce of the group leaders")
@@ -213,6 +223,8 @@ def fit(
         sync_period=sync_period,
         quorum=quorum,
         cross=cross,
+        n_val=trial.n_val,
+        checkpoint_s=trial.checkpoint_s or 0.0,
     )
 
 
@@ -220,7 +232,9 @@ def fit(
 class Prediction:
     """A task's predicted times on ``workers`` (group name -> workers) with ``split_policy``:
     ``step_s``, ``epoch_s`` and ``finish_s`` (start-up and every epoch) in seconds,
-    ``samples_per_s``, and per group its local batch per worker (``local_batch``), its step's
+    ``samples_per_s``, ``start_s`` (before the first step) and ``epoch_end_s`` (each epoch's
+    validation, model transfers and checkpoint), and per group its local batch per worker
+    (``local_batch``), its step's
     compute seconds (``compute_s``) and the cross-group exchange per step (``exchange_s``).
     ``idle`` names groups the split gives no samples: they still pay their fixed cost and
     the exchange every step."""
@@ -235,6 +249,8 @@ class Prediction:
     local_batch: dict[str, float]
     compute_s: dict[str, float]
     idle: list[str] = field(default_factory=list)
+    start_s: float = 0.0  # before the first step (:func:`_outside_steps`)
+    epoch_end_s: float = 0.0  # each epoch's validation, model transfers and checkpoint
 
     @property
     def total_workers(self) -> int:
@@ -300,6 +316,46 @@ def _diloco_round(
     return local, [seconds] * len(counts)
 
 
+def _outside_steps(
+    model: PerformanceModel,
+    groups: list[GroupModel],
+    counts: list[int],
+    local: list[float],
+    global_batch_size: int,
+    split_policy: str,
+    compute: list[float],
+) -> tuple[float, float]:
+    """The seconds of a task outside its steps, as the engine spends them
+    (worker/engine/session.py): ``(start, epoch_end)``.
+
+    ``start``: the trial's start-up (process creation to data, with the rendezvous that
+    waits for the last rank), the slowest group's optimizer construction, the model sent to
+    every group, the throughput profile (``PROFILE_STEPS`` + 1 steps at the even share, and
+    under the weighted split but for ``diloco`` as many again at the chosen shares) and the
+    agreement check's gradient (one step at the even share). ``epoch_end``: validation
+    (each worker a block of the validation set in proportion to its batch share, the
+    slowest group's), the model sent out again (and, under ``sync``, first fetched from the
+    first worker) and the epoch's checkpoint. Sending the model is priced as the slowest
+    group's timed round trip to the parameter server, or the step's exchange without one.
+    """
+    total = sum(counts)
+    even = global_batch_size / total
+    even_step = max(g.step.at(even) for g in groups)
+    passes = (
+        2 if split_policy == "weighted" and total > 1 and model.sync_strategy != "diloco" else 1
+    )
+    profile = (PROFILE_STEPS + 1) * (even_step + (max(compute) if passes == 2 else 0.0))
+    trips = [g.round_trip.at(model.exchange_bytes) for g in groups if g.round_trip is not None]
+    transfer = max(trips) if trips else exchange_s(model, [g.name for g in groups])
+    start = model.startup_s + max(g.setup_s for g in groups) + transfer + profile + even_step
+    val = max(
+        model.n_val * b / global_batch_size * g.val_s_per_item
+        for g, b in zip(groups, local, strict=True)
+    )
+    pulls = 2 if model.sync_strategy == "sync" and len(groups) > 1 else 1
+    return start, val + pulls * transfer + model.checkpoint_s
+
+
 def predict(
     model: PerformanceModel,
     workers: dict[str, int],
@@ -334,12 +390,17 @@ def predict(
     cross = exchange_s(model, names)
     step = max(compute) + cross
     steps = math.ceil(model.n_train / global_batch_size)
+    start, epoch_end = _outside_steps(
+        model, groups, counts, local, global_batch_size, split_policy, compute
+    )
     return Prediction(
         workers=dict(workers),
         split_policy=split_policy,
         step_s=step,
         epoch_s=step * steps,
-        finish_s=model.startup_s + epochs * step * steps,
+        finish_s=start + epochs * (step * steps + epoch_end) + model.checkpoint_s,
+        start_s=start,
+        epoch_end_s=epoch_end,
         samples_per_s=global_batch_size / step if step > 0 else math.inf,
         exchange_s=cross,
         local_batch={g.name: b for g, b in zip(groups, local, strict=True)},

@@ -119,15 +119,19 @@ class PlanCreate(StrictModel):
 
 class PredictionRead(BaseModel):
     """A task's predicted times on `workers` (group -> workers) with `split_policy`, in
-    seconds: one step, one epoch, and `finish_s` (start-up and every epoch); per group the
-    local batch per worker and the step's compute seconds; the cross-group exchange per
-    step; groups the split gives no samples (`idle`)."""
+    seconds: one step, one epoch (its steps), and `finish_s` (from the ranks' start to the
+    last checkpoint: `start_s`, then every epoch's steps and its end, `epoch_end_s`:
+    validation, the model's transfers and the checkpoint); per group the local batch per
+    worker and the step's compute seconds; the cross-group exchange per step; groups the
+    split gives no samples (`idle`)."""
 
     workers: dict[str, int]
     split_policy: SplitPolicy
     step_s: float
     epoch_s: float
     finish_s: float
+    start_s: float = 0.0
+    epoch_end_s: float = 0.0
     samples_per_s: float
     exchange_s: float
     local_batch: dict[str, float]

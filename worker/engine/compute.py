@@ -6,6 +6,7 @@ import copy
 import math
 import statistics
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,11 +15,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from worker.engine.contract import TrainingCode
+from worker.engine.contract import TrainingCode, default_metrics
 from worker.engine.data import Source
+from worker.engine.distributed import Topology
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import grads_to_vector, params_of
 from worker.engine.reducer import GradientReducer
+from worker.engine.sharding import contiguous_shard
 from worker.engine.state import ModelState
 
 
@@ -266,3 +269,43 @@ def profile_throughput(
     torch.set_rng_state(rng)
     median = statistics.median(times[1:])
     return batch_size / median if median > 0 else 0.0
+
+
+@torch.no_grad()
+def validate(
+    code: TrainingCode,
+    topo: Topology,
+    model: torch.nn.Module,
+    data: Source,
+    batch_size: int,
+    shares: list[int] | None = None,
+) -> dict[str, tuple[float, float]]:
+    """This worker's share of validation: ``name -> (value * count, count)`` summed over batches.
+
+    Names are ``val_loss`` and ``val_<key>`` for each key of the user's
+    ``metrics`` (or :func:`default_metrics`), weighted by batch size. The worker's part
+    is a contiguous block of the validation set (:func:`worker.engine.sharding.contiguous_shard`)
+    in proportion to ``shares`` (the workers' batch shares, which follow their measured
+    speed under the weighted split, so a slower worker validates fewer items and none
+    waits long for another; even when None), read in batches of ``batch_size`` planned
+    ahead; the sums over every worker are the sample-weighted means over the whole set.
+    """
+    metrics_fn = code.metrics or default_metrics
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    weights = None if shares is None else [float(s) for s in shares]
+    shard = contiguous_shard(len(data), topo.n_workers, topo.worker_index, weights)
+    batches = [
+        torch.arange(start, min(start + batch_size, shard.stop), dtype=torch.int64)
+        for start in range(shard.start, shard.stop, batch_size)
+    ]
+    data.plan(batches)
+    model.eval()
+    for indices in batches:
+        inputs, target = to_device(data.take(indices), topo.device)
+        output = model(inputs)
+        values = {"loss": float(code.loss_fn(output, target)), **metrics_fn(output, target)}
+        for key, value in values.items():
+            totals[f"val_{key}"][0] += float(value) * len(indices)
+            totals[f"val_{key}"][1] += len(indices)
+    model.train()
+    return {k: (v[0], v[1]) for k, v in totals.items()}

@@ -18,7 +18,6 @@ import argparse
 import ctypes
 import os
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -43,7 +42,6 @@ def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
     on every compute worker, :func:`worker.engine.data.prepare_data`), then to
     ``spec.seed * 1000 + rank`` for training (dropout differs by worker).
     """
-    started = time.perf_counter()
     clock = report.StartupClock()
     clock.mark("import")  # the interpreter, torch and the engine
     topo = distributed.init(env, spec, timeout_s)
@@ -61,7 +59,7 @@ def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
     clock.mark("data")
     seed_everything(spec.seed * 1000 + env.rank)
     if spec.trial is not None:
-        run_trial(spec, code, topo, model, data, started)
+        run_trial(spec, code, topo, model, data, clock)
         final = ModelState.of(model).vector()
     elif topo.is_ps:
         final = run_parameter_server(spec, code, topo, model, data, clock)

@@ -131,8 +131,12 @@ class StartupClock:
     """
 
     def __init__(self) -> None:
-        self.last = psutil.Process().create_time()
+        self.created = self.last = psutil.Process().create_time()
         self.parts: list[tuple[str, float]] = []
+
+    def elapsed(self) -> float:
+        """Seconds since the process's creation."""
+        return max(0.0, time.time() - self.created)
 
     def mark(self, part: str) -> None:
         """The part ``part`` ends now."""

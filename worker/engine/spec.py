@@ -23,7 +23,7 @@ from contracts.plan import (
     SyncStrategy,
 )
 from contracts.preprocess import PreprocessStep
-from contracts.trial import TrialOptions
+from contracts.trial import PROFILE_STEPS, TrialOptions
 
 OnNonFinite = Literal["fail", "skip_step"]
 
@@ -83,7 +83,7 @@ class RunSpec(BaseModel):
     groups: list[GroupPlan] = Field(min_length=1)
     split_policy: SplitPolicy = "even"
     rebalance_every: int = Field(default=10, ge=0)
-    profile_steps: int = Field(default=5, ge=1, le=100)
+    profile_steps: int = Field(default=PROFILE_STEPS, ge=1, le=100)
     sync_strategy: SyncStrategy = "sync"
     sync_period: int = Field(default=1, ge=1)
     quorum: int | None = Field(default=None, ge=1)

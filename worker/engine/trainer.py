@@ -11,60 +11,18 @@ BatchNorm running statistics) travel with the parameters
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from worker.engine import report, session
-from worker.engine.compute import to_device
-from worker.engine.contract import TrainingCode, default_metrics
-from worker.engine.data import DataSources, Source, StreamView
+from worker.engine.compute import validate
+from worker.engine.contract import TrainingCode
+from worker.engine.data import DataSources, StreamView
 from worker.engine.distributed import Topology
 from worker.engine.run import Run
-from worker.engine.sharding import contiguous_shard
 from worker.engine.spec import RunSpec
-
-
-@torch.no_grad()
-def validate(
-    code: TrainingCode,
-    topo: Topology,
-    model: torch.nn.Module,
-    data: Source,
-    batch_size: int,
-    shares: list[int] | None = None,
-) -> dict[str, tuple[float, float]]:
-    """This worker's share of validation: ``name -> (value * count, count)`` summed over batches.
-
-    Names are ``val_loss`` and ``val_<key>`` for each key of the user's
-    ``metrics`` (or :func:`default_metrics`), weighted by batch size. The worker's part
-    is a contiguous block of the validation set (:func:`worker.engine.sharding.contiguous_shard`)
-    in proportion to ``shares`` (the workers' batch shares, which follow their measured
-    speed under the weighted split, so a slower worker validates fewer items and none
-    waits long for another; even when None), read in batches of ``batch_size`` planned
-    ahead; the sums over every worker are the sample-weighted means over the whole set.
-    """
-    metrics_fn = code.metrics or default_metrics
-    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    weights = None if shares is None else [float(s) for s in shares]
-    shard = contiguous_shard(len(data), topo.n_workers, topo.worker_index, weights)
-    batches = [
-        torch.arange(start, min(start + batch_size, shard.stop), dtype=torch.int64)
-        for start in range(shard.start, shard.stop, batch_size)
-    ]
-    data.plan(batches)
-    model.eval()
-    for indices in batches:
-        inputs, target = to_device(data.take(indices), topo.device)
-        output = model(inputs)
-        values = {"loss": float(code.loss_fn(output, target)), **metrics_fn(output, target)}
-        for key, value in values.items():
-            totals[f"val_{key}"][0] += float(value) * len(indices)
-            totals[f"val_{key}"][1] += len(indices)
-    model.train()
-    return {k: (v[0], v[1]) for k, v in totals.items()}
 
 
 def report_worker_epoch(run: Run, results: dict[str, Any], seconds: float) -> None:

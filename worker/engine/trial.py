@@ -12,8 +12,11 @@ Every rank runs :func:`run_trial` instead of the training session (docs/architec
 3. the groups time the strategy's cross-group exchange at the same two sizes: for ``sync``
    the group leaders' allreduce, for ``periodic`` and ``quorum`` each leader's round trip
    to the parameter server, one leader at a time;
-4. the parameter server gathers every timing (one ``gather_object``) and reports them as a
-   ``trial`` event (:class:`contracts.trial.TrialResult`); the backend fits the plan's
+4. the parameter server gathers every timing (one ``gather_object``), with each worker's
+   optimizer construction and validation pass (over its even block of the validation set)
+   and its own write of a checkpoint of the model and the user's optimizer, and reports
+   them as a ``trial`` event (:class:`contracts.trial.TrialResult`) with the seconds from
+   its process's creation to its data (``startup_s``); the backend fits the plan's
    performance model from them (``backend/plans/performance.py``).
 
 The model is trained on trial batches and then dropped: nothing is checkpointed.
@@ -21,16 +24,20 @@ The model is trained on trial batches and then dropped: nothing is checkpointed.
 
 from __future__ import annotations
 
+import copy
+import math
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from worker.engine import report
-from worker.engine.compute import local_gradient
+from worker.engine.compute import local_gradient, validate
 from worker.engine.contract import TrainingCode
 from worker.engine.data import DataSources, Source
 from worker.engine.distributed import Topology
@@ -61,8 +68,10 @@ def time_steps(
     model: torch.nn.Module,
     train: Source,
     n_train: int,
-) -> list[float]:
-    """Step 1: this worker's mean step seconds at each of the trial's batch sizes.
+) -> tuple[list[float], float]:
+    """Step 1: this worker's mean step seconds at each of the trial's batch sizes, and the
+    seconds building the user's optimizer took (a rank's own set-up before its first step:
+    torch imports ``torch._dynamo`` at the first optimizer built, about 0.8 s of CPU).
 
     A step is what a worker does for one synchronous step apart from the exchange: the
     gradient of its local batch (emulated speed included, :class:`SpeedEmulator`), the
@@ -70,7 +79,9 @@ def time_steps(
     assert spec.trial is not None
     pace = Pace(spec.emulation_pace) if spec.emulation_pace else None
     emulator = SpeedEmulator(spec.speed_factor_of(topo.rank), topo.device, pace)
+    started = time.perf_counter()
     optimizer = code.build_optimizer(model.parameters())
+    setup_s = time.perf_counter() - started
     params = params_of(model)
     n_params = sum(p.numel() for p in params)
     shard = contiguous_shard(n_train, topo.n_workers, topo.worker_index)
@@ -96,7 +107,46 @@ def time_steps(
             times.append(compute_s + time.perf_counter() - started)
         means.append(statistics.fmean(times[1:]))
     model.zero_grad(set_to_none=True)
-    return means
+    return means, setup_s
+
+
+def time_validation(
+    code: TrainingCode, topo: Topology, model: torch.nn.Module, val: Source | None, batch: int
+) -> float | None:
+    """This worker's validation seconds per item: one pass over its even block of the
+    validation set, as an epoch's end runs it (:func:`worker.engine.compute.validate`);
+    None without a validation set or items."""
+    if val is None or len(val) == 0:
+        return None
+    items = len(contiguous_shard(len(val), topo.n_workers, topo.worker_index))
+    if items == 0:
+        return None
+    started = time.perf_counter()
+    validate(code, topo, model, val, batch)
+    synchronize(topo.device)
+    return (time.perf_counter() - started) / items
+
+
+def time_checkpoint(code: TrainingCode, model: torch.nn.Module, folder: str) -> float:
+    """Seconds the parameter server takes to write one checkpoint of the model and of the
+    user's optimizer with its state (one update of zero gradients fills Adam's moments, so
+    the file is as large as a real one), into a temporary file in ``folder``."""
+    optimizer = code.build_optimizer(model.parameters())
+    saved = copy.deepcopy(model.state_dict())
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    model.zero_grad(set_to_none=True)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        started = time.perf_counter()
+        torch.save(
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+            Path(tmp) / "trial.pt",
+        )
+        seconds = time.perf_counter() - started
+    model.load_state_dict(saved)
+    return seconds
 
 
 def _allreduce(vector: torch.Tensor, group: dist.ProcessGroup | None) -> Callable[[], Any]:
@@ -214,12 +264,14 @@ def run_trial(
     topo: Topology,
     model: torch.nn.Module,
     data: DataSources,
-    started: float,
+    clock: report.StartupClock,
 ) -> None:
     """Take part in the trial as rank ``topo.rank`` (steps 1-4 above). The start-up seconds
-    reported are the parameter server's, from ``started`` (the ``time.perf_counter()`` when
-    the rank began its task: :func:`worker.engine.launch.run`, in a warm interpreter too) to
-    here: rendezvous, the user's code, model and data.
+    reported are the parameter server's, from its process's creation (``clock``) to here:
+    the interpreter and torch, the rendezvous with the last rank, the user's code, model
+    and data. Workers also time their optimizer's construction and a validation pass, the
+    parameter server a checkpoint (the parts of a task's time outside its steps that
+    ``backend/plans/performance.py`` predicts).
 
     Raises whatever the user's code raises."""
     assert spec.trial is not None
@@ -227,15 +279,19 @@ def run_trial(
     state = ModelState.of(model)
     numel = state.n_params + state.n_buffers + 2
     dtype = params_of(model)[0].dtype
-    startup_s = time.perf_counter() - started
+    startup_s = clock.elapsed()
     mine: dict[str, Any] = {"exchanges": []}
     if not topo.is_ps:
         assert data.train is not None
+        step_s, setup_s = time_steps(spec, code, topo, model, data.train, data.n_train)
+        batch = math.ceil(spec.global_batch_size / topo.n_workers)
         mine["worker"] = {
             "rank": topo.rank,
             "group_index": topo.group_index,
             "batch_sizes": list(spec.trial.batch_sizes),
-            "step_s": time_steps(spec, code, topo, model, data.train, data.n_train),
+            "step_s": step_s,
+            "setup_s": setup_s,
+            "val_s_per_item": time_validation(code, topo, model, data.val, batch),
         }
         in_group = time_group_allreduce(spec, topo, numel, dtype)
         if in_group is not None and topo.am_i_leader:
@@ -251,8 +307,10 @@ def run_trial(
     report.trial(
         {
             "n_train": data.n_train,
+            "n_val": data.n_val,
             "exchange_bytes": numel * element,
             "startup_s": startup_s,
+            "checkpoint_s": time_checkpoint(code, model, spec.checkpoint_dir),
             "workers": workers,
             "exchanges": exchanges,
         }

@@ -30,9 +30,12 @@ def _trial(
     cross: Ring | None = CROSS,
     trips: dict[int, tuple[float, float]] | None = None,
     sizes: tuple[int, ...] = (8, 16, 32),
+    outside: dict[int, tuple[float, float]] | None = None,
 ) -> TrialResult:
     """A trial whose every timing is exactly the given cost: step ``a + c b`` per group,
-    rings for the allreduces, ``l + n m`` round trips."""
+    rings for the allreduces, ``l + n m`` round trips; with ``outside``, per group its
+    optimizer's set-up seconds and validation seconds per item, 1,000 validation items and
+    a 0.2 s checkpoint."""
     timed = []
     rank = 1
     for g, count in workers.items():
@@ -44,6 +47,11 @@ def _trial(
                     "group_index": g,
                     "batch_sizes": list(sizes),
                     "step_s": [a + c * b for b in sizes],
+                    **(
+                        {"setup_s": outside[g][0], "val_s_per_item": outside[g][1]}
+                        if outside
+                        else {}
+                    ),
                 }
             )
             rank += 1
@@ -86,6 +94,7 @@ def _trial(
             "startup_s": 3.0,
             "workers": timed,
             "exchanges": exchanges,
+            **({"n_val": 1000, "checkpoint_s": 0.2} if outside else {}),
         }
     )
 
@@ -106,6 +115,41 @@ def test_fit_recovers_the_costs_the_timings_came_from() -> None:
     assert PerformanceModel.from_json(model.to_json()) == model  # stored as JSON and back
 
 
+def test_the_finish_counts_set_up_profiling_validation_and_checkpoints() -> None:
+    """A task's time outside its steps, as the engine spends it: the slowest group's
+    optimizer set-up, two profiles under the weighted split (once at the even share, once
+    at the chosen shares), the agreement check's step, and each epoch's validation (a block
+    in proportion to the batch share, the slowest group's time), the model's transfers and
+    a checkpoint, plus the final checkpoint."""
+    trial = _trial(
+        {0: (0.010, 0.002), 1: (0.030, 0.006)},
+        {0: 2, 1: 1},
+        trips={0: (0.001, 1e-9), 1: (0.004, 3e-9)},
+        outside={0: (0.5, 1e-4), 1: (1.5, 3e-4)},
+    )
+    model = fit(trial, GROUPS, sync_strategy="periodic", sync_period=4)
+    assert PerformanceModel.from_json(model.to_json()) == model
+    assert [g.setup_s for g in model.groups] == [0.5, 1.5] and model.checkpoint_s == 0.2
+    found = predict(
+        model, {"fast": 2, "slow": 1}, split_policy="weighted", global_batch_size=64, epochs=3
+    )
+    b = 64 / 3
+    even_step = max(0.010 + 0.002 * b, 0.030 + 0.006 * b)
+    trip = 0.004 + 3e-9 * BYTES  # the slowest group's round trip
+    start = 3.0 + 1.5 + trip + 6 * (even_step + max(found.compute_s.values())) + even_step
+    assert found.start_s == pytest.approx(start)
+    local = found.local_batch
+    val = max(1000 * local["fast"] / 64 * 1e-4, 1000 * local["slow"] / 64 * 3e-4)
+    assert found.epoch_end_s == pytest.approx(val + trip + 0.2)
+    assert found.finish_s == pytest.approx(start + 3 * (found.epoch_s + val + trip + 0.2) + 0.2)
+    # diloco profiles once: a slow group trains at about the fastest group's step size.
+    diloco = fit(trial, GROUPS, sync_strategy="diloco", sync_period=16)
+    once = predict(
+        diloco, {"fast": 2, "slow": 1}, split_policy="weighted", global_batch_size=64, epochs=3
+    )
+    assert once.start_s == pytest.approx(3.0 + 1.5 + trip + 6 * even_step + even_step)
+
+
 def test_fit_line_refuses_one_batch_size_and_clamps_noise() -> None:
     with pytest.raises(ValueError, match="distinct"):
         fit_line([(4.0, 1.0), (4.0, 2.0)])
@@ -123,7 +167,13 @@ def test_even_and_weighted_predictions_follow_the_costs() -> None:
     assert even.local_batch == {"fast": pytest.approx(b), "slow": pytest.approx(b)}
     assert even.step_s == pytest.approx(max(0.010 + ring + 0.002 * b, 0.030 + 0.006 * b) + cross)
     assert even.epoch_s == pytest.approx(even.step_s * math.ceil(N_TRAIN / 64))
-    assert even.finish_s == pytest.approx(3.0 + 3 * even.epoch_s)
+    # Outside the steps: nothing timed but start-up, so the model sent out (the leaders'
+    # allreduce priced: no round trip timed), one profile and the agreement check's step.
+    even_step = max(0.010 + 0.002 * b, 0.030 + 0.006 * b)
+    start = 3.0 + cross + 7 * even_step
+    assert even.start_s == pytest.approx(start)
+    assert even.epoch_end_s == pytest.approx(2 * cross)  # fetched from a worker, sent out
+    assert even.finish_s == pytest.approx(start + 3 * (even.epoch_s + 2 * cross))
     weighted = predict(model, {"fast": 2, "slow": 1}, split_policy="weighted", **kwargs)
     # Both groups end their compute together, the batch is whole, and it beats even.
     assert weighted.compute_s["fast"] == pytest.approx(weighted.compute_s["slow"], rel=1e-6)

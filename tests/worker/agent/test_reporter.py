@@ -6,6 +6,7 @@ import json
 import queue
 from pathlib import Path
 
+from contracts.trial import TrialResult
 from tests.worker.agent.fakes import FakeApi
 from worker.agent.reporter import Reporter
 from worker.engine.report import PREFIX
@@ -234,7 +235,7 @@ def test_trial_timings_are_taken_from_the_parameter_server_only(api: FakeApi) ->
     )
     (stored,) = api.calls("trial")
     assert stored.url.path.endswith("/tasks/4/trial") and stored.method == "PUT"
-    assert api.bodies("trial") == [TRIAL]
+    assert api.bodies("trial") == [TrialResult.model_validate(TRIAL).model_dump(mode="json")]
     logged = [x["text"] for x in api.bodies("logs")[0]["lines"]]
     assert any("malformed 'trial' event from ps" in line for line in logged)
 

@@ -48,6 +48,11 @@ def test_trial_times_every_worker_and_exchange(
     assert {w.rank: w.group_index for w in result.workers} == {1: 0, 2: 0, 3: 1}
     for worker in result.workers:
         assert worker.batch_sizes == [4, 16] and all(s > 0 for s in worker.step_s)
+        # the parts of a task outside its steps that a plan predicts
+        assert worker.setup_s is not None and worker.setup_s >= 0
+        assert worker.val_s_per_item is not None and worker.val_s_per_item > 0
+    assert result.n_val > 0 and result.checkpoint_s is not None and result.checkpoint_s > 0
+    assert not any(Path(spec.checkpoint_dir).rglob("*.pt")), "the timed checkpoint is removed"
     kinds = {(e.kind, e.group_index) for e in result.exchanges}
     cross = (
         {("leaders_allreduce", None)}
