@@ -51,15 +51,20 @@ class TrialOptions(BaseModel):
 
 
 class WorkerTiming(StrictModel):
-    """One compute worker's mean step seconds at each local batch size (same order); the
+    """One compute worker's mean step seconds at each local batch size (same order) and
+    their standard deviation (`step_sd`); the seconds from its process's creation to its
+    data, less the rendezvous's wait for other ranks (`startup_s`: its own start-up); the
     seconds it took to build the user's optimizer (`setup_s`, the rank's own preparation
     before its first step); its validation seconds per item over its even block of the
-    validation set (`val_s_per_item`). Both None in a trial from before they were timed."""
+    validation set (`val_s_per_item`). The last four are None in a trial from before they
+    were timed."""
 
     rank: int = Field(ge=1, le=100_001)
     group_index: int = Field(ge=0, le=100_000)
     batch_sizes: list[BatchSize] = Field(min_length=2, max_length=8)
     step_s: list[float] = Field(min_length=2, max_length=8)
+    step_sd: list[float] | None = Field(default=None, min_length=2, max_length=8)
+    startup_s: float | None = Field(default=None, ge=0.0, le=1e6)
     setup_s: float | None = Field(default=None, ge=0.0, le=1e6)
     val_s_per_item: float | None = Field(default=None, ge=0.0, le=1e6)
 
@@ -67,6 +72,10 @@ class WorkerTiming(StrictModel):
     def _paired(self) -> "WorkerTiming":
         if len(self.batch_sizes) != len(self.step_s):
             raise ValueError("step_s: one value per batch size")
+        if self.step_sd is not None and (
+            len(self.step_sd) != len(self.step_s) or any(not 0 <= s < 1e6 for s in self.step_sd)
+        ):
+            raise ValueError("step_sd: one non-negative, finite value per batch size")
         if any(not 0 < s < 1e6 for s in self.step_s):
             raise ValueError("step_s: seconds must be positive and finite")
         return self

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from contracts.plan import ROUND_STRATEGIES
-from contracts.trial import PROFILE_STEPS, ExchangeTiming, TrialResult
+from contracts.trial import PROFILE_STEPS, ExchangeTiming, TrialResult, WorkerTiming
 
 MAX_SUBSETS = 2_000  # the deadline search's worker-count combinations, at most
 
@@ -112,6 +112,8 @@ class GroupModel:
     round_trip: Line | None = None  # to the parameter server (periodic, quorum)
     setup_s: float = 0.0  # building the user's optimizer, before the first step
     val_s_per_item: float = 0.0  # a validation pass's seconds per item
+    startup_s: float = 0.0  # its own start-up: process creation to data, no waits
+    jitter: float = 0.0  # its steps' coefficient of variation (standard deviation / mean)
 
     def fixed_s(self, workers: int, n_bytes: int) -> float:
         """Seconds of a step that do not grow with the local batch: ``a`` and the in-group
@@ -159,6 +161,8 @@ class PerformanceModel:
                 round_trip=Line(**g["round_trip"]) if g["round_trip"] else None,
                 setup_s=g.get("setup_s", 0.0),
                 val_s_per_item=g.get("val_s_per_item", 0.0),
+                startup_s=g.get("startup_s", 0.0),
+                jitter=g.get("jitter", 0.0),
             )
             for g in data["groups"]
         ]
@@ -206,10 +210,19 @@ def fit(
             raise ValueError(f"the trial timed no allreduce of group {name!r}")
         if trip is None and len(groups) > 1 and sync_strategy != "sync":
             raise ValueError(f"the trial timed no round trip of group {name!r}")
-        setup = max((w.setup_s or 0.0) for w in timed)
-        val = max((w.val_s_per_item or 0.0) for w in timed)
         fitted.append(
-            GroupModel(name, device_type, workers, fit_line(points), ring, trip, setup, val)
+            GroupModel(
+                name,
+                device_type,
+                workers,
+                fit_line(points),
+                ring,
+                trip,
+                setup_s=max((w.setup_s or 0.0) for w in timed),
+                val_s_per_item=max((w.val_s_per_item or 0.0) for w in timed),
+                startup_s=max((w.startup_s or 0.0) for w in timed),
+                jitter=max(_jitter(w) for w in timed),
+            )
         )
     cross = next((Ring.fit(e) for e in trial.exchanges if e.kind == "leaders_allreduce"), None)
     if cross is None and len(groups) > 1 and sync_strategy == "sync":
@@ -316,6 +329,56 @@ def _diloco_round(
     return local, [seconds] * len(counts)
 
 
+def _jitter(worker: WorkerTiming) -> float:
+    """A worker's step-time coefficient of variation: the median over its batch sizes of
+    standard deviation / mean (0 without ``step_sd``)."""
+    if not worker.step_sd:
+        return 0.0
+    return statistics.median(
+        sd / mean for sd, mean in zip(worker.step_sd, worker.step_s, strict=True) if mean > 0
+    )
+
+
+def expected_max(means: Sequence[float], sds: Sequence[float]) -> float:
+    """E[max_i X_i] of independent normal X_i ~ N(means[i], sds[i]^2): the expected time of a
+    synchronous step, which waits for the slowest of the groups' varying step times.
+
+    Clark's method (C. E. Clark, "The Greatest of a Finite Set of Random Variables",
+    Operations Research 9(2), 1961): the max of two normals has exact first two moments,
+    and the running max is taken as normal with them. Exact for one or two variables; with
+    every ``sd`` 0 it is ``max(means)``. Raises ValueError for no means or a negative sd."""
+    if not means or len(means) != len(sds) or min(sds) < 0:
+        raise ValueError("expected_max needs one non-negative sd per mean")
+    mean, var = means[0], sds[0] ** 2
+    for mu, sd in zip(means[1:], sds[1:], strict=True):
+        spread = math.sqrt(var + sd * sd)
+        if spread == 0:
+            mean, var = max(mean, mu), 0.0
+            continue
+        alpha = (mean - mu) / spread
+        cdf, cdf_neg = _phi_cdf(alpha), _phi_cdf(-alpha)
+        pdf = math.exp(-alpha * alpha / 2) / math.sqrt(2 * math.pi)
+        first = mean * cdf + mu * cdf_neg + spread * pdf
+        second = (mean**2 + var) * cdf + (mu**2 + sd * sd) * cdf_neg + (mean + mu) * spread * pdf
+        mean, var = first, max(0.0, second - first * first)
+    return mean
+
+
+def _phi_cdf(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+def _startup(model: PerformanceModel, groups: list[GroupModel]) -> float:
+    """The start-up of a task on ``groups``: the trial's (all its groups), with the slowest
+    trial group's own start-up replaced by the slowest of ``groups`` (a faster subset does
+    not wait at the rendezvous for a group it leaves out); the trial's where a group's own
+    start-up was not timed."""
+    own = [g.startup_s for g in model.groups]
+    if min(own, default=0.0) <= 0:
+        return model.startup_s
+    return max(0.0, model.startup_s - max(own) + max(g.startup_s for g in groups))
+
+
 def _outside_steps(
     model: PerformanceModel,
     groups: list[GroupModel],
@@ -347,7 +410,8 @@ def _outside_steps(
     profile = (PROFILE_STEPS + 1) * (even_step + (max(compute) if passes == 2 else 0.0))
     trips = [g.round_trip.at(model.exchange_bytes) for g in groups if g.round_trip is not None]
     transfer = max(trips) if trips else exchange_s(model, [g.name for g in groups])
-    start = model.startup_s + max(g.setup_s for g in groups) + transfer + profile + even_step
+    setup = max(g.setup_s for g in groups)
+    start = _startup(model, groups) + setup + transfer + profile + even_step
     val = max(
         model.n_val * b / global_batch_size * g.val_s_per_item
         for g, b in zip(groups, local, strict=True)
@@ -388,7 +452,8 @@ def predict(
             local = [global_batch_size / total] * len(groups)
         compute = [f + s * b for f, s, b in zip(fixed, slopes, local, strict=True)]
     cross = exchange_s(model, names)
-    step = max(compute) + cross
+    spread = [g.jitter * c for g, c in zip(groups, compute, strict=True)]
+    step = expected_max(compute, spread) + cross
     steps = math.ceil(model.n_train / global_batch_size)
     start, epoch_end = _outside_steps(
         model, groups, counts, local, global_batch_size, split_policy, compute

@@ -68,10 +68,12 @@ def time_steps(
     model: torch.nn.Module,
     train: Source,
     n_train: int,
-) -> tuple[list[float], float]:
-    """Step 1: this worker's mean step seconds at each of the trial's batch sizes, and the
-    seconds building the user's optimizer took (a rank's own set-up before its first step:
-    torch imports ``torch._dynamo`` at the first optimizer built, about 0.8 s of CPU).
+) -> tuple[list[float], list[float], float]:
+    """Step 1: this worker's mean step seconds at each of the trial's batch sizes, their
+    standard deviations (a throttled or shared device's steps vary, and every synchronous
+    step waits for the slowest group's), and the seconds building the user's optimizer took
+    (a rank's own set-up before its first step: torch imports ``torch._dynamo`` at the first
+    optimizer built, about 0.8 s of CPU).
 
     A step is what a worker does for one synchronous step apart from the exchange: the
     gradient of its local batch (emulated speed included, :class:`SpeedEmulator`), the
@@ -87,7 +89,7 @@ def time_steps(
     shard = contiguous_shard(n_train, topo.n_workers, topo.worker_index)
     pool = torch.arange(shard.start, shard.stop) if len(shard) else torch.arange(n_train)
     generator = torch.Generator().manual_seed(spec.seed * 1000 + topo.rank)
-    means = []
+    means, spreads = [], []
     for size in spec.trial.batch_sizes:
         batches = [
             pool[torch.randint(0, len(pool), (size,), generator=generator)]
@@ -106,8 +108,9 @@ def time_steps(
             synchronize(topo.device)
             times.append(compute_s + time.perf_counter() - started)
         means.append(statistics.fmean(times[1:]))
+        spreads.append(statistics.pstdev(times[1:]))
     model.zero_grad(set_to_none=True)
-    return means, setup_s
+    return means, spreads, setup_s
 
 
 def time_validation(
@@ -283,13 +286,16 @@ def run_trial(
     mine: dict[str, Any] = {"exchanges": []}
     if not topo.is_ps:
         assert data.train is not None
-        step_s, setup_s = time_steps(spec, code, topo, model, data.train, data.n_train)
+        own = sum(seconds for part, seconds in clock.parts if part != "rendezvous")
+        step_s, step_sd, setup_s = time_steps(spec, code, topo, model, data.train, data.n_train)
         batch = math.ceil(spec.global_batch_size / topo.n_workers)
         mine["worker"] = {
             "rank": topo.rank,
             "group_index": topo.group_index,
             "batch_sizes": list(spec.trial.batch_sizes),
             "step_s": step_s,
+            "step_sd": step_sd,
+            "startup_s": own,
             "setup_s": setup_s,
             "val_s_per_item": time_validation(code, topo, model, data.val, batch),
         }

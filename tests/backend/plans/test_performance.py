@@ -9,6 +9,7 @@ import pytest
 from backend.plans.performance import (
     PerformanceModel,
     Ring,
+    expected_max,
     fit,
     fit_line,
     predict,
@@ -148,6 +149,44 @@ def test_the_finish_counts_set_up_profiling_validation_and_checkpoints() -> None
         diloco, {"fast": 2, "slow": 1}, split_policy="weighted", global_batch_size=64, epochs=3
     )
     assert once.start_s == pytest.approx(3.0 + 1.5 + trip + 6 * even_step + even_step)
+
+
+def test_expected_max_is_clarks_and_exact_for_two() -> None:
+    """Two standard normals: E[max] = 1/sqrt(pi) exactly; no spread: the plain max; a far
+    slower one: its own mean (the other never decides the step)."""
+    assert expected_max([0.0, 0.0], [1.0, 1.0]) == pytest.approx(1 / math.sqrt(math.pi))
+    assert expected_max([0.2, 0.5, 0.3], [0.0, 0.0, 0.0]) == pytest.approx(0.5)
+    assert expected_max([0.010, 1.0], [0.001, 0.01]) == pytest.approx(1.0, abs=1e-9)
+    # three groups balanced to the same mean wait longer than two, and than any one
+    two, three = expected_max([1.0] * 2, [0.1] * 2), expected_max([1.0] * 3, [0.1] * 3)
+    assert 1.0 < two < three
+    with pytest.raises(ValueError):
+        expected_max([], [])
+    with pytest.raises(ValueError):
+        expected_max([1.0], [-0.1])
+
+
+def test_varying_steps_and_a_slow_starter_are_priced() -> None:
+    """A group whose steps vary makes every synchronous step wait longer than its mean; a
+    subset without the slowest-starting group does not wait for its start-up."""
+    trial = _trial({0: (0.010, 0.002), 1: (0.030, 0.006)}, {0: 2, 1: 1})
+    data = trial.model_dump()
+    for worker in data["workers"]:
+        slow = worker["group_index"] == 1
+        worker["step_sd"] = [0.3 * t if slow else 0.0 for t in worker["step_s"]]
+        worker["startup_s"] = 4.0 if slow else 2.0
+    model = fit(TrialResult.model_validate(data), GROUPS, sync_strategy="sync")
+    assert [g.jitter for g in model.groups] == [0.0, pytest.approx(0.3)]
+    steady = fit(trial, GROUPS, sync_strategy="sync")
+    kwargs = {"global_batch_size": 64, "epochs": 3, "split_policy": "weighted"}
+    both, calm = (
+        predict(model, {"fast": 2, "slow": 1}, **kwargs),
+        predict(steady, {"fast": 2, "slow": 1}, **kwargs),
+    )
+    assert both.step_s > calm.step_s
+    alone = predict(model, {"fast": 2}, **kwargs)
+    # the trial's start-up (3.0) waited for the slow group's 4.0 s; the fast group's is 2.0
+    assert alone.start_s - predict(steady, {"fast": 2}, **kwargs).start_s == pytest.approx(-2.0)
 
 
 def test_fit_line_refuses_one_batch_size_and_clamps_noise() -> None:

@@ -51,6 +51,8 @@ def test_trial_times_every_worker_and_exchange(
         # the parts of a task outside its steps that a plan predicts
         assert worker.setup_s is not None and worker.setup_s >= 0
         assert worker.val_s_per_item is not None and worker.val_s_per_item > 0
+        assert worker.step_sd is not None and len(worker.step_sd) == 2
+        assert worker.startup_s is not None and worker.startup_s > 0
     assert result.n_val > 0 and result.checkpoint_s is not None and result.checkpoint_s > 0
     assert not any(Path(spec.checkpoint_dir).rglob("*.pt")), "the timed checkpoint is removed"
     kinds = {(e.kind, e.group_index) for e in result.exchanges}
