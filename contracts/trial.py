@@ -104,7 +104,8 @@ class TrialResult(StrictModel):
     """What the parameter server reports at the end of a trial: the training and validation
     sets' sizes, the bytes one step exchanges (the model's gradient and buffers vector), the
     seconds from its process's creation to the first timed step (`startup_s`: interpreter,
-    torch, rendezvous with the last rank, the user's code, model and data), the seconds one
+    torch, rendezvous with the last rank, the user's code, model and data), its own part of
+    them (`ps_startup_s`: without the rendezvous's wait), the seconds one
     checkpoint of the model and the user's optimizer takes to write (`checkpoint_s`, None
     in a trial from before it was timed), and every timing."""
 
@@ -112,6 +113,7 @@ class TrialResult(StrictModel):
     n_val: int = Field(default=0, ge=0, le=INT32_MAX)
     exchange_bytes: int = Field(ge=1, le=2**40)
     startup_s: float = Field(ge=0.0, le=1e6)
+    ps_startup_s: float | None = Field(default=None, ge=0.0, le=1e6)
     checkpoint_s: float | None = Field(default=None, ge=0.0, le=1e6)
     workers: list[WorkerTiming] = Field(min_length=1, max_length=10_000)
     exchanges: list[ExchangeTiming] = Field(default_factory=list, max_length=10_000)

@@ -136,6 +136,7 @@ class PerformanceModel:
     cross: Ring | None = None  # sync: the leaders' allreduce
     n_val: int = 0
     checkpoint_s: float = 0.0  # one checkpoint written by the parameter server
+    ps_startup_s: float = 0.0  # the parameter server's own start-up, without waits
 
     def group(self, name: str) -> GroupModel:
         for group in self.groups:
@@ -238,6 +239,7 @@ def fit(
         cross=cross,
         n_val=trial.n_val,
         checkpoint_s=trial.checkpoint_s or 0.0,
+        ps_startup_s=trial.ps_startup_s or 0.0,
     )
 
 
@@ -368,15 +370,27 @@ def _phi_cdf(x: float) -> float:
     return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
 
 
+def _spreads(
+    model: PerformanceModel, groups: list[GroupModel], compute: list[float]
+) -> list[float]:
+    """The standard deviation of each group's step time where it decides the wait: every
+    step under ``sync``; a round's sum of H steps under ``periodic`` and ``diloco`` (its
+    spread shrinks by sqrt(H), the steps' variations being independent); none under
+    ``quorum``, which does not wait for the slowest group."""
+    if model.sync_strategy == "quorum":
+        return [0.0] * len(groups)
+    scale = 1 / math.sqrt(model.sync_period) if model.sync_strategy in ROUND_STRATEGIES else 1
+    return [g.jitter * c * scale for g, c in zip(groups, compute, strict=True)]
+
+
 def _startup(model: PerformanceModel, groups: list[GroupModel]) -> float:
-    """The start-up of a task on ``groups``: the trial's (all its groups), with the slowest
-    trial group's own start-up replaced by the slowest of ``groups`` (a faster subset does
-    not wait at the rendezvous for a group it leaves out); the trial's where a group's own
-    start-up was not timed."""
+    """The start-up of a task on ``groups``: its slowest rank's own start-up (process
+    creation to data, without waits), the parameter server's included; the trial's (which
+    waited for every group) where the groups' own start-ups were not timed."""
     own = [g.startup_s for g in model.groups]
-    if min(own, default=0.0) <= 0:
+    if min(own, default=0.0) <= 0 or model.ps_startup_s <= 0:
         return model.startup_s
-    return max(0.0, model.startup_s - max(own) + max(g.startup_s for g in groups))
+    return max(model.ps_startup_s, *(g.startup_s for g in groups))
 
 
 def _outside_steps(
@@ -452,8 +466,7 @@ def predict(
             local = [global_batch_size / total] * len(groups)
         compute = [f + s * b for f, s, b in zip(fixed, slopes, local, strict=True)]
     cross = exchange_s(model, names)
-    spread = [g.jitter * c for g, c in zip(groups, compute, strict=True)]
-    step = expected_max(compute, spread) + cross
+    step = expected_max(compute, _spreads(model, groups, compute)) + cross
     steps = math.ceil(model.n_train / global_batch_size)
     start, epoch_end = _outside_steps(
         model, groups, counts, local, global_batch_size, split_policy, compute

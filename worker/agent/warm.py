@@ -21,6 +21,7 @@ import json
 import os
 import resource
 import sys
+import time
 
 PR_SET_NAME = 15
 
@@ -60,6 +61,9 @@ def main(argv: list[str]) -> int:
     line = sys.stdin.readline()
     if not line:
         return 0
+    from worker.engine import report
+
+    report.RANK_STARTED = time.time()  # a rank's start-up counts from its order, not the wait
     order = json.loads(line)
     limit_memory(int(order["memory_limit_bytes"]))
     os.environ.update(order["env"])

@@ -122,8 +122,15 @@ def parse_event(line: str) -> dict[str, Any] | None:
     return event
 
 
+RANK_STARTED: float | None = None
+"""When this process was given its rank (``time.time()``), where that is later than its
+creation: a warm interpreter of the agent's pool (``worker/agent/warm.py``) waits, torch
+already imported, until a task needs it. None: the process's creation."""
+
+
 class StartupClock:
-    """Where a rank's start-up went: seconds per part, in order, from the process's creation.
+    """Where a rank's start-up went: seconds per part, in order, from the process's creation
+    (or :data:`RANK_STARTED`).
 
     :meth:`mark` closes a part; :meth:`report` logs them in one line and reports the total
     as the metric ``startup_s`` (step 0), so a slow group's start-up (on a third of a core,
@@ -131,7 +138,7 @@ class StartupClock:
     """
 
     def __init__(self) -> None:
-        self.created = self.last = psutil.Process().create_time()
+        self.created = self.last = RANK_STARTED or psutil.Process().create_time()
         self.parts: list[tuple[str, float]] = []
 
     def elapsed(self) -> float:

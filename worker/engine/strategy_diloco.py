@@ -35,7 +35,10 @@ counts and converge to another objective), sets it as the gradient of the
 global model and steps the *outer* optimizer: SGD with Nesterov momentum
 (``outer_lr``, ``outer_momentum``; Douillard et al., "DiLoCo: Distributed
 Low-Communication Training of Language Models", 2023). The result goes back to
-every worker, which starts the next round from it. With outer lr 1 and no
+every worker, which starts the next round from it (``diloco_exchange: blocking``), or
+takes it a round late (``overlapped``, :class:`RoundExchange`); with ``async`` the server
+applies each group's part as it arrives and answers that group alone
+(:class:`AsyncServer`). With outer lr 1 and no
 momentum the outer step is ``theta_start - d``; with equal step counts that is
 the sample-weighted mean of the group models, which is ``periodic``.
 

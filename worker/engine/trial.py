@@ -283,10 +283,10 @@ def run_trial(
     numel = state.n_params + state.n_buffers + 2
     dtype = params_of(model)[0].dtype
     startup_s = clock.elapsed()
+    own = sum(seconds for part, seconds in clock.parts if part != "rendezvous")
     mine: dict[str, Any] = {"exchanges": []}
     if not topo.is_ps:
         assert data.train is not None
-        own = sum(seconds for part, seconds in clock.parts if part != "rendezvous")
         step_s, step_sd, setup_s = time_steps(spec, code, topo, model, data.train, data.n_train)
         batch = math.ceil(spec.global_batch_size / topo.n_workers)
         mine["worker"] = {
@@ -316,6 +316,7 @@ def run_trial(
             "n_val": data.n_val,
             "exchange_bytes": numel * element,
             "startup_s": startup_s,
+            "ps_startup_s": own,
             "checkpoint_s": time_checkpoint(code, model, spec.checkpoint_dir),
             "workers": workers,
             "exchanges": exchanges,

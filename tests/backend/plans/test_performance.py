@@ -169,12 +169,14 @@ def test_expected_max_is_clarks_and_exact_for_two() -> None:
 def test_varying_steps_and_a_slow_starter_are_priced() -> None:
     """A group whose steps vary makes every synchronous step wait longer than its mean; a
     subset without the slowest-starting group does not wait for its start-up."""
-    trial = _trial({0: (0.010, 0.002), 1: (0.030, 0.006)}, {0: 2, 1: 1})
+    trips = {0: (0.001, 1e-9), 1: (0.004, 3e-9)}
+    trial = _trial({0: (0.010, 0.002), 1: (0.030, 0.006)}, {0: 2, 1: 1}, trips=trips)
     data = trial.model_dump()
     for worker in data["workers"]:
         slow = worker["group_index"] == 1
         worker["step_sd"] = [0.3 * t if slow else 0.0 for t in worker["step_s"]]
         worker["startup_s"] = 4.0 if slow else 2.0
+    data["ps_startup_s"] = 1.5
     model = fit(TrialResult.model_validate(data), GROUPS, sync_strategy="sync")
     assert [g.jitter for g in model.groups] == [0.0, pytest.approx(0.3)]
     steady = fit(trial, GROUPS, sync_strategy="sync")
@@ -185,8 +187,17 @@ def test_varying_steps_and_a_slow_starter_are_priced() -> None:
     )
     assert both.step_s > calm.step_s
     alone = predict(model, {"fast": 2}, **kwargs)
-    # the trial's start-up (3.0) waited for the slow group's 4.0 s; the fast group's is 2.0
-    assert alone.start_s - predict(steady, {"fast": 2}, **kwargs).start_s == pytest.approx(-2.0)
+    # the slowest rank's own start-up: the slow group's 4.0 s with it, the fast group's 2.0
+    # without (the parameter server's 1.5 is shorter); untimed, the trial's 3.0
+    assert both.start_s - calm.start_s == pytest.approx(4.0 - 3.0)
+    assert alone.start_s - predict(steady, {"fast": 2}, **kwargs).start_s == pytest.approx(-1.0)
+    # a periodic round's wait is the spread of H = 4 steps' sum: half a step's, relatively
+    varying = TrialResult.model_validate(data)
+    rounds = fit(varying, GROUPS, sync_strategy="periodic", sync_period=4)
+    steady_rounds = fit(trial, GROUPS, sync_strategy="periodic", sync_period=4)
+    round_step = predict(rounds, {"fast": 2, "slow": 1}, **kwargs).step_s
+    steady_step = predict(steady_rounds, {"fast": 2, "slow": 1}, **kwargs).step_s
+    assert steady_step < round_step < steady_step + (both.step_s - calm.step_s)
 
 
 def test_fit_line_refuses_one_batch_size_and_clamps_noise() -> None:

@@ -103,6 +103,37 @@ def test_async_with_every_round_a_barrier_equals_blocking(
     assert not any("stale" in line for line in run.output[0]), run.text(0)
 
 
+def test_async_lets_a_fast_group_run_ahead_and_scales_its_stale_parts(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    """An even split and a group emulated at a tenth of the pace (padded to ten times its own
+    compute, so ten times slower however busy the host): between the epoch's barriers the
+    fast group takes several rounds while the slow one takes one, so the server applies
+    parts a round or more stale (it logs the stalest), and the model still learns."""
+    groups = [
+        {"name": "fast", "device_type": "cpu", "workers": 1},
+        {"name": "slow", "device_type": "cpu", "workers": 1, "speed_factor": 0.1},
+    ]
+    spec = make_spec(
+        groups=groups,
+        global_batch_size=16,
+        sync_period=2,
+        epochs=3,
+        rebalance_every=0,
+        on_disagreement="off",
+        diloco_exchange="async",
+        **AVERAGING,
+    )
+    run, finals = run_with_dump(spec, tmp_path / "params")
+    stale = [line for line in run.output[0] if "diloco async: updates up to" in line]
+    assert stale and max(int(line.split("up to ")[1].split()[0]) for line in stale) >= 1, run.text(
+        0
+    )
+    assert all(finals[r].equal(finals[0]) for r in finals), "the epoch's end is a barrier"
+    val = finite(run.metrics("val_loss"))
+    assert val[-1] < untrained_val_loss(spec.seed) / 4, val
+
+
 @pytest.mark.parametrize("exchange", ["blocking", "overlapped", "async"])
 def test_a_much_slower_group_takes_fewer_local_steps_and_the_task_trains(
     make_spec: Callable[..., RunSpec], tmp_path: Path, exchange: str
