@@ -30,8 +30,17 @@ for odd seeds so the shared host's drift weighs on all alike):
   periodic (``sync_period`` 4 and 16) and quorum (Z = 1 of 2 groups, ``max_staleness`` 2).
 - ``diloco16``, ``diloco16_overlapped``: ``sync_strategy: diloco``, rounds of 16 steps, the
   default outer optimizer, the ``blocking`` and the ``overlapped`` exchange.
+- ``diloco16_async``: the same with the ``async`` exchange (rebalancing at epoch ends, as a
+  task gets it).
 - ``fast``: the engine on the fast group alone (``sync``): what a user of the platform runs
   without the slow pool, start-up, profiling and per-epoch validation included.
+
+Start (``--start``): ``cold`` (the default) starts every engine rank in a fresh interpreter,
+which imports torch and the engine and, at its optimizer, ``torch._dynamo`` (about 2.5 s of
+CPU, three times that at a third of a core); ``warm`` forks them from an interpreter that
+imported those before the run (``worker.engine.prefork``), as the agents' warm pool
+(``warm_pool``, on by default) starts a task's ranks on the platform. The plain arms start
+cold either way (what a user runs without the platform).
 
 Sizes (``--size``): ``0.1M`` (the default, above), ``10M`` and ``25M``: a 784 -> H -> H -> 10
 MLP on the same digits (bench/workloads/mnist_mlp.py, H = 2800 and 4600, Adam at 1e-4),
@@ -87,12 +96,14 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import IO, Any
 
 from bench.common import emit, workload
 from bench.stats import paired_ratios, summary
 from bench.throttle import CpuGroup, Throttle, ThrottleError, exit_unavailable, place_ranks
+from worker.engine import prefork
 from worker.engine.local import launch_local
 from worker.engine.ranks import free_port
 from worker.engine.spec import RunSpec
@@ -180,6 +191,7 @@ class Settings:
     max_epochs: int
     target: float
     size: str = "0.1M"
+    start: str = "cold"  # the engine ranks' start (--start)
 
     @property
     def code(self) -> str:
@@ -494,7 +506,7 @@ def measure(
     rates = [group_rates(base, cpu)]
     log(f"group rates before (samples/s): {rates[0]}")
     for seed in seeds:
-        settings = Settings(seed, base.batch, base.max_epochs, base.target, base.size)
+        settings = Settings(seed, base.batch, base.max_epochs, base.target, base.size, base.start)
         for arm in seed_order(arms, seed):
             throttled_ns = cpu["slow"].stat()["throttled_time"]
             if arm in ENGINE_ARMS:
@@ -528,7 +540,9 @@ def report(
     reached: dict[str, str] = {}
     speed = statistics.median(r["slow"] / r["fast"] for r in rates)
     gains: dict[str, dict[str, Any]] = {}
-    suffix = "" if base.size == "0.1M" else f"_{base.size}"
+    suffix = ("" if base.size == "0.1M" else f"_{base.size}") + (
+        "_warm" if base.start == "warm" else ""
+    )
     for arm, arm_curves in curves.items():
         references = {name: hits for name, hits in crossings.items() if name != arm}
         figures = arm_figures(arm_curves, base.target, references)
@@ -551,7 +565,7 @@ def report(
     engine = [c for arm in ENGINE_ARMS if arm in curves for c in curves[arm]]
     best = max((gains[a]["median"], a) for a in NEW_ARMS if a in gains) if gains else None
     emit(
-        f"hetero_tta_gain_{base.size}",
+        f"hetero_tta_gain_{base.size}" + ("_warm" if base.start == "warm" else ""),
         best[0] if best else float("nan"),
         ">= 0.9 (the best of the new modes; ideal 1.0)",
         best_arm=best[1] if best else None,
@@ -560,6 +574,7 @@ def report(
         ideal_speedup=round(1 + speed, 3),
         seeds=seeds,
         target_accuracy=base.target,
+        engine_start=base.start,
     )
     if not any(arm in curves for arm in STRATEGY_ARMS):
         return  # the summary compares periodic and quorum with sync: none of them ran
@@ -584,6 +599,14 @@ def report(
     )
 
 
+def start_warm() -> None:
+    """Engine ranks from now on fork from an interpreter that imported torch, its
+    ``torch._dynamo`` and the engine (:mod:`worker.engine.prefork`), started here, before
+    any timing, as the agents' warm pool has its interpreters ready before a task."""
+    prefork.enable()
+    forkserver.ensure_running()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=1, help="paired seeds")
@@ -596,6 +619,12 @@ def main() -> None:
     parser.add_argument(
         "--target", type=float, default=None, help="validation accuracy (default: the size's)"
     )
+    parser.add_argument(
+        "--start",
+        choices=["cold", "warm"],
+        default="cold",
+        help="engine ranks in fresh interpreters, or forked from a warm one (the warm pool)",
+    )
     parser.add_argument("--batch", type=int, default=64, help="global batch")
     parser.add_argument("--max-epochs", type=int, default=15)
     parser.add_argument("--slow-fraction", type=float, default=1 / 3)
@@ -605,7 +634,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     target = args.target if args.target is not None else SIZES[args.size].target
-    base = Settings(args.seed, args.batch, args.max_epochs, target, args.size)
+    base = Settings(args.seed, args.batch, args.max_epochs, target, args.size, args.start)
     if args.plain == "rate":
         rate_rank(base, RATE_SECONDS)
         return
@@ -615,10 +644,12 @@ def main() -> None:
     arms = args.arms.split(",")
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     if args.quick:
-        seeds, base = seeds[:2], Settings(0, args.batch, 6, 0.95, args.size)
+        seeds, base = seeds[:2], Settings(0, args.batch, 6, 0.95, args.size, args.start)
     unknown = set(arms) - set(ARMS)
     if unknown:
         parser.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
+    if args.start == "warm":
+        start_warm()
     # SIGTERM (a timeout, run_all stopped) unwinds like ctrl-C: ranks killed, cgroups removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
