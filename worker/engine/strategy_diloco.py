@@ -237,9 +237,10 @@ class RoundExchange:
         the group's, alike on every member), take the global model that is due, and with
         ``drain`` wait for the one just asked for too.
 
-        The pseudo-gradient and the merge are this worker's own work; only the transfers are
-        waits (:class:`worker.engine.compute.BusyClock`), so a group whose exchange costs it
-        more gets a smaller share of the data."""
+        The pseudo-gradient, the merge and (``blocking``) the leader's upload are this
+        worker's own work, the rest of the transfers waits
+        (:class:`worker.engine.compute.BusyClock`), so a group whose exchange costs it more
+        gets a smaller share of the data."""
         state, topo = run.state, run.topo
         with run.clock.waiting():
             wait_all(self.sends)  # the last round's vector is out of the send buffer
@@ -258,6 +259,12 @@ class RoundExchange:
             self.send[self.size :] = self.send.new_tensor([loss_sum, samples * steps, samples])
             self.sends = post_to_ps(topo, self.send)
             self.receives = post_from_ps(topo, self.receive)
+            if run.spec.diloco_exchange == "blocking":
+                # The upload is the group's own cost (the server takes every group's at once),
+                # so it counts as busy: a group whose link or CPU makes it slow gets a smaller
+                # share of the data, as its slower steps would.
+                wait_all(self.sends)
+                self.sends = []
         self.pending = True
         if drain:
             self.drain(run)
