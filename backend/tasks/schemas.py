@@ -85,8 +85,8 @@ class TaskCreate(StrictModel):
         default=1,
         ge=1,
         le=10_000,
-        description="periodic: steps between model averages; diloco: steps in a round "
-        f"(the fastest group's local steps, at least 2; default {DILOCO_PERIOD})",
+        description="periodic: steps between model averages (default 1); diloco: steps in a "
+        f"round (the fastest group's local steps, at least 2; default {DILOCO_PERIOD})",
     )
     quorum: int | None = Field(
         default=None, ge=1, le=16, description="groups a quorum update waits for (default M - 1)"

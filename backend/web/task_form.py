@@ -91,6 +91,12 @@ def _widget(kind: Any, info: FieldInfo) -> tuple[str, tuple[str, ...], dict[str,
     return ("text", (), {}) if kind is str else None
 
 
+# Fields whose default depends on the sync strategy chosen beside them (TaskCreate sets it
+# when they are left out): the form leaves them blank, so a diloco task gets its round of 16
+# and the non-blocking exchanges their epoch-end rebalancing unless the user types a value.
+STRATEGY_DEFAULTS = frozenset({"sync_period", "rebalance_every"})
+
+
 def _field(name: str, info: FieldInfo) -> FormField | None:
     widget = _widget(_plain(info.annotation), info)
     if widget is None:
@@ -100,7 +106,7 @@ def _field(name: str, info: FieldInfo) -> FormField | None:
         name=name,
         label=label,
         kind=widget[0],
-        default=_default(info),
+        default="" if name in STRATEGY_DEFAULTS else _default(info),
         options=widget[1],
         attrs=widget[2],
         hint=(info.description or "").replace("`", ""),

@@ -76,6 +76,37 @@ def test_valid_submission_opens_the_queued_task(client: TestClient) -> None:
     assert "cpu-a × 2" in page.find("dl", class_="summary").text()
 
 
+def test_strategy_dependent_fields_start_blank_and_take_the_strategys_default(
+    client: TestClient,
+) -> None:
+    """The round length and the rebalancing interval depend on the strategy chosen beside
+    them: the form shows them blank, so a diloco task submitted as the form stands gets its
+    round of 16 and, with the async exchange, rebalancing at epoch ends only."""
+    make_group(client, "cpu-a", capacity=2)
+    make_group(client, "cpu-b", capacity=1)
+    project, version = make_project(client)
+    page = parse(client.get(f"/projects/{project['id']}").text)
+    assert page.by_id("task-sync_period").attrs.get("value", "") == ""
+    assert page.by_id("task-rebalance_every").attrs.get("value", "") == ""
+    form = _form(
+        version,
+        {"cpu-a": "1", "cpu-b": "1"},
+        sync_strategy="diloco",
+        diloco_exchange="async",
+        sync_period="",
+        rebalance_every="",
+    )
+    url = f"/projects/{project['id']}/tasks"
+    response = client.post(url, data=with_csrf(client, form), follow_redirects=False)
+    assert response.status_code == 303, response.text
+    spec = client.get("/api/v1/tasks").json()[0]["spec"]
+    assert (spec["sync_period"], spec["rebalance_every"], spec["diloco_exchange"]) == (
+        16,
+        0,
+        "async",
+    )
+
+
 def test_unused_group_is_left_out_of_the_task(client: TestClient) -> None:
     make_group(client, "cpu-a", capacity=2)
     make_group(client, "cpu-b", capacity=1)
