@@ -26,11 +26,10 @@ broadcast after the leaders' allreduce is not priced (docs/benchmarks.md, ``plan
 gives the measured error).
 
 **DiLoCo.** With the ``weighted`` split a ``diloco`` group takes, in a round, its share of
-the round's samples in local steps as large per worker as the fastest group's (``b``), so a
-group's rate is its rate at ``b``, ``r_g = W_g b / (a_g + c_g b)`` with its fixed cost ``a_g``,
-every group's round ends together, and a split step (``G`` samples) takes ``G / sum r_g``
-plus the round trip over ``sync_period`` steps; ``b`` is the fastest group's per-worker share
-of ``G`` at those rates (a fixed point, found by iteration). With ``even``, as ``periodic``.
+the round's samples in local steps of the global batch ``G`` (``G / W_g`` per worker), so
+its rate is ``r_g = G / (a_g + c_g G / W_g)`` with its fixed cost ``a_g``, every group's
+round ends together, and a split step (``G`` samples) takes ``G / sum r_g`` plus the round
+trip over ``sync_period`` steps. With ``even``, as ``periodic``.
 
 **Splits.** ``even``: every worker takes ``G / W`` samples. ``weighted``: the shares the
 load balancer aims for, the split that makes every group's compute and in-group allreduce
@@ -309,23 +308,12 @@ def _balanced(fixed: list[float], slopes: list[float], counts: list[int], batch:
 def _diloco_round(
     fixed: list[float], slopes: list[float], counts: list[int], batch: int
 ) -> tuple[list[float], list[float]]:
-    """``diloco`` with the weighted split (the module's docstring): every group's per-worker
-    share of a split step and the seconds a split step's samples take (alike for every
-    group: their rounds end together)."""
-
-    def rates_at(b: float) -> list[float]:
-        return [n * b / (f + s * b) for f, s, n in zip(fixed, slopes, counts, strict=True)]
-
-    def fastest_share(b: float) -> float:  # the fastest group's per-worker share at rates(b)
-        rates = rates_at(b)
-        return batch * max(r / n for r, n in zip(rates, counts, strict=True)) / sum(rates)
-
-    # b - fastest_share(b) rises from <= 0 (b -> 0) to > 0 (b = batch): bisection
-    low, high = 0.0, float(batch)
-    for _ in range(60):
-        middle = (low + high) / 2
-        low, high = (middle, high) if middle < fastest_share(middle) else (low, middle)
-    rates = rates_at(high)
+    """``diloco`` with the weighted split (worker/engine/strategy_diloco.py): every group
+    takes its samples in steps of the global batch, ``batch / W_g`` per worker, so its rate
+    is ``batch / (f_g + s_g batch / W_g)``; the split gives it samples in proportion. Returns
+    every group's per-worker share of a split step and the seconds a split step's samples
+    take (alike for every group: their rounds end together)."""
+    rates = [batch / (f + s * batch / n) for f, s, n in zip(fixed, slopes, counts, strict=True)]
     seconds = batch / sum(rates)
     local = [batch * r / sum(rates) / n for r, n in zip(rates, counts, strict=True)]
     return local, [seconds] * len(counts)

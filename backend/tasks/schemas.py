@@ -86,7 +86,7 @@ class TaskCreate(StrictModel):
         ge=1,
         le=10_000,
         description="periodic: steps between model averages (default 1); diloco: steps in a "
-        f"round (the fastest group's local steps, at least 2; default {DILOCO_PERIOD})",
+        f"round (global batches, at least 2; default {DILOCO_PERIOD})",
     )
     quorum: int | None = Field(
         default=None, ge=1, le=16, description="groups a quorum update waits for (default M - 1)"

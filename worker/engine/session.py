@@ -91,8 +91,8 @@ def initial_shares(run: Run, train: Source | None) -> list[int]:
     it, and the shares are chosen again from those rates: samples/s depends
     on the batch (a small batch costs more per sample, a large one may leave
     the cache), so a rate measured at the batch a worker will train with
-    predicts its step time better (not under ``diloco``, whose slower groups take fewer
-    steps of about the fastest group's size: :attr:`Strategy.steps_at_share`). The rates
+    predicts its step time better (not under ``diloco``, whose groups take their samples
+    in steps of the global batch: :attr:`Strategy.steps_at_share`). The rates
     reported are the last profile's.
     Profiling reads items of the worker's shard under the even split only
     (:meth:`worker.engine.split.SplitState.first_shard`), so a worker reads no

@@ -58,8 +58,8 @@ class Strategy(ABC, Generic[RunT]):
     epoch end, and a checkpoint keeps that one optimizer state.
     ``steps_at_share``: every worker's step is its share of the global batch, so the
     ``weighted`` split profiles once more at the share the first profile gave it; False
-    where a slower group takes its samples in fewer steps of about the fastest group's
-    size (``diloco``), whose rate the first profile, at the even share, already measures.
+    where every group takes its samples in steps of the global batch (``diloco``), whose
+    rate the first profile, at the even share, measures closer.
     """
 
     name: ClassVar[str]

@@ -9,16 +9,18 @@ epoch's end). In a round every worker takes the samples the split assigns it
 for those H steps, but a group takes them in its own number of local steps:
 
 - ``split_policy: weighted``: the split's shares follow each worker's measured
-  samples/s, so a group's samples per worker in the round, relative to the
-  group with the most, is its speed relative to the fastest. A group takes
-  ``tau_g = clamp(round(H * m_g / max_h m_h), 1, H)`` local steps, ``m_g`` its
-  round samples per worker: the fastest group takes H steps of the split's
-  shares; a group at a third of its speed takes H/3 steps of the same size per
-  worker (not H steps of a third of the size, whose fixed costs, the backward
-  over every parameter and the update, would dominate). Every group then spends
-  about the same time on its round, so none waits long for another (Liu et al., "Asynchronous
-  Local-SGD Training for Language Modeling", 2024, arXiv 2401.09135: local step
-  counts scaled to each worker's speed).
+  samples/s, so a group's samples in the round are in proportion to its speed. A
+  group takes them in steps of the task's global batch B, as it would train alone:
+  ``tau_g = clamp(round(n_g / B), 1, H)`` local steps, ``n_g`` its round samples (a
+  round holds H global batches in all). A group at a third of the speed takes a third
+  as many steps, each as large as a faster group's (not H steps of a third of the
+  size, whose fixed costs, the backward over every parameter and the update, would
+  dominate), and a faster group takes fewer steps than H, each of B samples, rather
+  than H smaller ones: at 10M parameters a step costs about the same at 50 samples as
+  at 64 (its weights' traffic and the update dominate), so only fewer steps make the
+  fast group faster. Every group then spends about the same time on its round, so none
+  waits long for another (Liu et al., "Asynchronous Local-SGD Training for Language
+  Modeling", 2024, arXiv 2401.09135: local step counts scaled to each worker's speed).
 - ``even``: every group takes H local steps of the split's shares.
 
 At the round's end each leader sends its *pseudo-gradient*
@@ -106,26 +108,25 @@ def round_samples(split: SplitState, start: int, end: int) -> list[int]:
 
 
 def local_steps(
-    samples: list[int], groups: list[list[int]], length: int, *, scaled: bool
+    samples: list[int], groups: list[list[int]], length: int, *, batch: int | None
 ) -> list[int]:
     """Local steps ``tau_g`` each group takes in a round of ``length`` split steps.
 
     ``samples[i]`` is worker ``i``'s samples in the round and ``groups[g]`` the worker
-    indices of group ``g``. Unscaled, every group takes ``length`` steps; scaled, a group
-    takes ``clamp(round(length * m_g / max_h m_h), 1, length)``, ``m_g`` its samples per
-    worker. A group without samples (left out) takes none.
+    indices of group ``g``. Without ``batch`` every group takes ``length`` steps; with the
+    global batch B, a group takes ``clamp(round(n_g / B), 1, length)``, ``n_g`` its round
+    samples (steps of about B samples, as it would train alone). A group without samples
+    (left out) takes none.
     """
-    totals = [sum(samples[i] for i in members) for members in groups]
-    per_worker = [t / len(members) for t, members in zip(totals, groups, strict=True)]
-    top = max(per_worker, default=0.0)
     steps = []
-    for total, mean in zip(totals, per_worker, strict=True):
+    for members in groups:
+        total = sum(samples[i] for i in members)
         if total == 0:
             steps.append(0)
-        elif not scaled:
+        elif batch is None:
             steps.append(length)
         else:
-            steps.append(min(length, max(1, math.floor(length * mean / top + 0.5))))
+            steps.append(min(length, max(1, math.floor(total / batch + 0.5))))
     return steps
 
 
@@ -146,7 +147,8 @@ def group_steps(run: Run, start: int, end: int) -> list[int]:
     spec = run.spec
     groups = [[r - 1 for r in spec.group_ranks(g)] for g in range(len(spec.groups))]
     samples = round_samples(run.split, start, end)
-    return local_steps(samples, groups, end - start, scaled=spec.split_policy == "weighted")
+    batch = spec.global_batch_size if spec.split_policy == "weighted" else None
+    return local_steps(samples, groups, end - start, batch=batch)
 
 
 class RoundPlan:
@@ -506,7 +508,7 @@ class DiLoCo(Strategy[Run]):
 
     name = "diloco"
     group_optimizers = True
-    steps_at_share = False  # a slow group takes fewer steps of the fastest's size
+    steps_at_share = False  # every group takes steps of the global batch
 
     @override
     def worker_epoch(self, run: Run) -> None:

@@ -28,15 +28,16 @@ from worker.engine.strategy_diloco import chunk_counts, local_steps, round_sampl
 AVERAGING = {"sync_strategy": "diloco", "outer_lr": 1.0, "outer_momentum": 0.0}
 
 
-def test_local_steps_follow_the_samples_per_worker_of_each_group() -> None:
+def test_local_steps_take_each_groups_samples_in_global_batches() -> None:
     # group 0: two workers of 30 samples a round; group 1: one worker of 10 (a third as fast)
     groups = [[0, 1], [2]]
-    assert local_steps([30, 30, 10], groups, 8, scaled=True) == [8, 3]
-    assert local_steps([30, 30, 10], groups, 8, scaled=False) == [8, 8]
+    assert local_steps([30, 30, 10], groups, 8, batch=10) == [6, 1]  # 60 and 10 samples
+    assert local_steps([30, 30, 10], groups, 8, batch=None) == [8, 8]  # the even split
     # never more than the round's steps, at least one while a group has samples, none without
-    assert local_steps([30, 30, 1], groups, 8, scaled=True) == [8, 1]
-    assert local_steps([30, 30, 0], groups, 8, scaled=True) == [8, 0]
-    assert local_steps([5, 5, 40], groups, 4, scaled=True) == [1, 4]
+    assert local_steps([80, 80, 10], groups, 8, batch=10) == [8, 1]
+    assert local_steps([30, 30, 1], groups, 8, batch=10) == [6, 1]
+    assert local_steps([30, 30, 0], groups, 8, batch=10) == [6, 0]
+    assert local_steps([5, 5, 40], groups, 4, batch=12) == [1, 3]
 
 
 def test_a_round_hands_each_worker_its_split_samples_in_its_groups_local_steps() -> None:
@@ -139,10 +140,10 @@ def test_a_much_slower_group_takes_fewer_local_steps_and_the_task_trains(
     make_spec: Callable[..., RunSpec], tmp_path: Path, exchange: str
 ) -> None:
     """The slow group is emulated at a tenth of the pace: the weighted split gives it about a
-    tenth of the samples per worker, so it takes 1-2 of the round's 5 local steps (the fast
-    group all 5), however fast the host; the global model still learns, and with the
-    overlapped and async exchanges every rank still ends on the global model (the epoch's end
-    drains)."""
+    twentieth of the round's 5 global batches of 16, so it takes one local step a round and
+    the fast group 4-5 (its samples in steps of 16), however fast the host; the global
+    model still learns, and with the overlapped and async exchanges every rank still ends on
+    the global model (the epoch's end drains)."""
     groups = [
         {"name": "fast", "device_type": "cpu", "workers": 2},
         {"name": "slow", "device_type": "cpu", "workers": 1, "speed_factor": 0.1},
@@ -161,7 +162,7 @@ def test_a_much_slower_group_takes_fewer_local_steps_and_the_task_trains(
     assert rounds, run.text(0)
     for line in rounds:
         fast, slow = (int(part.split()[-1]) for part in line.split("local steps ")[1].split(","))
-        assert fast == 5 and 1 <= slow <= 2, line
+        assert 4 <= fast <= 5 and slow == 1, line
     assert all(finals[r].equal(finals[0]) for r in finals), "every rank ends on the global model"
     val = finite(run.metrics("val_loss"))
     assert val[-1] < untrained_val_loss(spec.seed) / 4, val
