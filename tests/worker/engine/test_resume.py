@@ -96,8 +96,9 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         },
         "step-33.pt",
     ),
-    # The same on the weighted split below: the slow worker takes 1 local step a round of 4
-    # (step-48.pt: in epoch 1), the fast one 4.
+    # The same on the weighted split below: shares 3 + 1, so in a round of 4 global batches the
+    # slow worker takes 1 local step and the fast one 3 (steps of the global batch)
+    # (step-48.pt: in epoch 1).
     "diloco-weighted": (
         {
             "sync_strategy": "diloco",
