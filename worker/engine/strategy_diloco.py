@@ -107,20 +107,16 @@ def round_samples(split: SplitState, start: int, end: int) -> list[int]:
     return [a - b for a, b in zip(before, after, strict=True)]
 
 
-def local_steps(
-    samples: list[int], groups: list[list[int]], length: int, *, batch: int | None
-) -> list[int]:
+def local_steps(totals: list[int], length: int, *, batch: int | None) -> list[int]:
     """Local steps ``tau_g`` each group takes in a round of ``length`` split steps.
 
-    ``samples[i]`` is worker ``i``'s samples in the round and ``groups[g]`` the worker
-    indices of group ``g``. Without ``batch`` every group takes ``length`` steps; with the
-    global batch B, a group takes ``clamp(round(n_g / B), 1, length)``, ``n_g`` its round
-    samples (steps of about B samples, as it would train alone). A group without samples
-    (left out) takes none.
+    ``totals[g]`` is group ``g``'s samples ``n_g`` in the round. Without ``batch`` every
+    group takes ``length`` steps; with the global batch B, a group takes
+    ``clamp(round(n_g / B), 1, length)`` (steps of about B samples, as it would train
+    alone). A group without samples (left out) takes none.
     """
     steps = []
-    for members in groups:
-        total = sum(samples[i] for i in members)
+    for total in totals:
         if total == 0:
             steps.append(0)
         elif batch is None:
@@ -142,13 +138,21 @@ def chunk_counts(split: SplitState, worker: int, start: int, end: int, steps: in
     return even_shares(round_samples(split, start, end)[worker], steps)
 
 
-def group_steps(run: Run, start: int, end: int) -> list[int]:
-    """Every group's local steps in the round ``[start, end)`` under the split's shares."""
-    spec = run.spec
-    groups = [[r - 1 for r in spec.group_ranks(g)] for g in range(len(spec.groups))]
+def group_samples(run: Run, start: int, end: int) -> list[int]:
+    """Every group's samples ``n_g`` in the round ``[start, end)`` under the split's shares."""
     samples = round_samples(run.split, start, end)
+    return [
+        sum(samples[r - 1] for r in run.spec.group_ranks(g)) for g in range(len(run.spec.groups))
+    ]
+
+
+def group_steps(run: Run, start: int, end: int, totals: list[int] | None = None) -> list[int]:
+    """Every group's local steps in the round ``[start, end)`` under the split's shares
+    (``totals``: its :func:`group_samples`, when the caller has them)."""
+    spec = run.spec
     batch = spec.global_batch_size if spec.split_policy == "weighted" else None
-    return local_steps(samples, groups, end - start, batch=batch)
+    totals = group_samples(run, start, end) if totals is None else totals
+    return local_steps(totals, end - start, batch=batch)
 
 
 class RoundPlan:
@@ -374,12 +378,9 @@ class AsyncServer:
         start = split.step
         while start < split.steps_per_epoch:
             end = round_end(split, spec.sync_period, start)
-            steps = group_steps(run, start, end)
+            per_group = group_samples(run, start, end)
+            steps = group_steps(run, start, end, per_group)
             logged = log_local_steps(run, start, end, steps, logged)
-            samples = round_samples(split, start, end)
-            per_group = [
-                sum(samples[r - 1] for r in spec.group_ranks(g)) for g in range(len(steps))
-            ]
             n = float(sum(per_group))
             tau_eff = sum(m * k for m, k in zip(per_group, steps, strict=True)) / n if n else 0.0
             last = end == split.steps_per_epoch

@@ -30,14 +30,13 @@ AVERAGING = {"sync_strategy": "diloco", "outer_lr": 1.0, "outer_momentum": 0.0}
 
 def test_local_steps_take_each_groups_samples_in_global_batches() -> None:
     # group 0: two workers of 30 samples a round; group 1: one worker of 10 (a third as fast)
-    groups = [[0, 1], [2]]
-    assert local_steps([30, 30, 10], groups, 8, batch=10) == [6, 1]  # 60 and 10 samples
-    assert local_steps([30, 30, 10], groups, 8, batch=None) == [8, 8]  # the even split
+    assert local_steps([60, 10], 8, batch=10) == [6, 1]
+    assert local_steps([60, 10], 8, batch=None) == [8, 8]  # the even split
     # never more than the round's steps, at least one while a group has samples, none without
-    assert local_steps([80, 80, 10], groups, 8, batch=10) == [8, 1]
-    assert local_steps([30, 30, 1], groups, 8, batch=10) == [6, 1]
-    assert local_steps([30, 30, 0], groups, 8, batch=10) == [6, 0]
-    assert local_steps([5, 5, 40], groups, 4, batch=12) == [1, 3]
+    assert local_steps([160, 10], 8, batch=10) == [8, 1]
+    assert local_steps([60, 1], 8, batch=10) == [6, 1]
+    assert local_steps([60, 0], 8, batch=10) == [6, 0]
+    assert local_steps([10, 40], 4, batch=12) == [1, 3]
 
 
 def test_a_round_hands_each_worker_its_split_samples_in_its_groups_local_steps() -> None:
