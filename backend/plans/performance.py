@@ -389,6 +389,7 @@ def _outside_steps(
     global_batch_size: int,
     split_policy: str,
     compute: list[float],
+    cross: float,
 ) -> tuple[float, float]:
     """The seconds of a task outside its steps, as the engine spends them
     (worker/engine/session.py): ``(start, epoch_end)``.
@@ -401,7 +402,8 @@ def _outside_steps(
     (each worker a block of the validation set in proportion to its batch share, the
     slowest group's), the model sent out again (and, under ``sync``, first fetched from the
     first worker) and the epoch's checkpoint. Sending the model is priced as the slowest
-    group's timed round trip to the parameter server, or the step's exchange without one.
+    group's timed round trip to the parameter server, or the step's exchange (``cross``)
+    without one.
     """
     total = sum(counts)
     even = global_batch_size / total
@@ -411,7 +413,7 @@ def _outside_steps(
     )
     profile = (PROFILE_STEPS + 1) * (even_step + (max(compute) if passes == 2 else 0.0))
     trips = [g.round_trip.at(model.exchange_bytes) for g in groups if g.round_trip is not None]
-    transfer = max(trips) if trips else exchange_s(model, [g.name for g in groups])
+    transfer = max(trips) if trips else cross
     setup = max(g.setup_s for g in groups)
     start = _startup(model, groups) + setup + transfer + profile + even_step
     val = max(
@@ -457,7 +459,7 @@ def predict(
     step = expected_max(compute, _spreads(model, groups, compute)) + cross
     steps = math.ceil(model.n_train / global_batch_size)
     start, epoch_end = _outside_steps(
-        model, groups, counts, local, global_batch_size, split_policy, compute
+        model, groups, counts, local, global_batch_size, split_policy, compute, cross
     )
     return Prediction(
         workers=dict(workers),
