@@ -170,11 +170,14 @@ class Provenance(StrictModel):
 
 class Alarm(StrictModel):
     """An alarm a task's parameter server raised about one of its groups (e.g. numbers that
-    disagree with its own, ``worker.engine.agreement``); becomes an alarm event of the task."""
+    disagree with its own, ``worker.engine.agreement``); becomes an alarm event of the task.
+    ``kind`` ``guard``: not a fault but the guard parking a group or taking it back
+    (``worker.engine.guard``); becomes a guard event."""
 
     reason: str = Field(min_length=1, max_length=2000)
     group: str = Field(max_length=100)
     attempt: int = Field(default=1, ge=1)
+    kind: Literal["alarm", "guard"] = "alarm"
 
 
 class Progress(StrictModel):

@@ -29,6 +29,7 @@ ENGINE_OPTIONS = (
     "outer_lr",
     "outer_momentum",
     "diloco_exchange",
+    "guard",
     "exchange_fraction",
     "checkpoint_every",
     "rebalance_every",
@@ -77,6 +78,7 @@ class TaskSpec(BaseModel):
     outer_lr: float | None = None
     outer_momentum: float | None = None
     diloco_exchange: str | None = None
+    guard: bool | None = None
     exchange_fraction: float | None = None
     checkpoint_every: int | None = None
     rebalance_every: int | None = None

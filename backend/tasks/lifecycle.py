@@ -223,14 +223,17 @@ def attempt_sub_statuses(session: Session, task: Task) -> list[SubTaskStatus]:
     )
 
 
-def alarm(session: Session, task: Task, reason: str) -> TaskEvent:
-    """Record an alarm: a failure the monitor detected (the status does not change)."""
+def alarm(
+    session: Session, task: Task, reason: str, kind: EventKind = EventKind.ALARM
+) -> TaskEvent:
+    """Record an alarm: a failure the monitor detected (the status does not change); with
+    ``kind`` GUARD, a guard move instead."""
     event = TaskEvent(
         task_id=task.id,
         from_status=task.status,
         to_status=task.status,
         reason=reason,
-        kind=EventKind.ALARM,
+        kind=kind,
         created_at=utcnow(),
     )
     session.add(event)

@@ -51,10 +51,12 @@ class SubTaskStatus(enum.StrEnum):
 
 
 class EventKind(enum.StrEnum):
-    """A task event is a status change, or an alarm (a failure detected by the monitor)."""
+    """A task event is a status change, an alarm (a failure detected by the monitor), or a
+    guard move (the engine's guard parked a group or took it back, worker/engine/guard.py)."""
 
     STATUS = "status"
     ALARM = "alarm"
+    GUARD = "guard"
 
 
 def _enum(cls: type[enum.Enum]) -> Enum:

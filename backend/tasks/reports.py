@@ -151,23 +151,25 @@ def save_checkpoint(
 
 
 def add_alarm(session: Session, *, task: Task, data: Alarm) -> bool:
-    """Record the alarm as a task event, unless it comes from an earlier attempt or the same
-    reason was recorded in this attempt already (a retried request). Returns True if stored."""
+    """Record the alarm (or guard move, ``data.kind``) as a task event, unless it comes from an
+    earlier attempt or the same reason was recorded in this attempt already (a retried
+    request). Returns True if stored."""
     if data.attempt != task.attempt:
         return False
-    reason = f"alarm in attempt {data.attempt}: {data.reason}"
+    kind = EventKind(data.kind)
+    reason = f"{data.kind} in attempt {data.attempt}: {data.reason}"
     done = session.scalar(
         select(TaskEvent.id)
         .where(
             TaskEvent.task_id == task.id,
-            TaskEvent.kind == EventKind.ALARM,
+            TaskEvent.kind == kind,
             TaskEvent.reason == reason,
         )
         .limit(1)
     )
     if done is not None:
         return False
-    lifecycle.alarm(session, task, reason)
+    lifecycle.alarm(session, task, reason, kind)
     session.commit()
     return True
 

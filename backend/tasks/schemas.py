@@ -115,6 +115,12 @@ class TaskCreate(StrictModel):
         "each group's update as it arrives, scaled down when stale, so no group waits for "
         "another",
     )
+    guard: bool = Field(
+        default=True,
+        description="sync with the weighted split: park a group whose part in each step "
+        "costs more than it adds (its update or the exchange outlasts the others' step), "
+        "and take it back when it would gain; each move is an event of the task",
+    )
     exchange_fraction: float = Field(
         default=0.0,
         ge=0.0,

@@ -36,8 +36,8 @@ PACKAGE = "worker.engine"
 
 LAYERS: list[set[str]] = [  # from the bottom
     # No engine imports: the spec, the event lines, the user's code, sample counts and
-    # index helpers, preprocessing, speed emulation.
-    {"contract", "emulation", "preprocess", "report", "sharding", "spec"},
+    # index helpers, preprocessing, speed emulation, the guard's cost model.
+    {"contract", "emulation", "guard", "preprocess", "report", "sharding", "spec"},
     # The process group, the split and its balancer, numerical faults, checkpoint files,
     # rank processes.
     {"balance", "checkpoint", "distributed", "numerics", "ranks", "split"},

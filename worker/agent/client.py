@@ -156,12 +156,15 @@ class InternalApi:
         )
         return int(response.json()["id"])
 
-    def alarm(self, task_id: int, *, reason: str, group: str, attempt: int = 1) -> None:
-        """Raise an alarm event of the task about group ``group``."""
+    def alarm(
+        self, task_id: int, *, reason: str, group: str, attempt: int = 1, kind: str = "alarm"
+    ) -> None:
+        """Raise an alarm event of the task about group ``group`` (``kind`` ``guard``: a guard
+        event, the guard parked the group or took it back)."""
         self._call(
             "POST",
             f"/tasks/{task_id}/alarms",
-            json={"reason": reason, "group": group, "attempt": attempt},
+            json={"reason": reason, "group": group, "attempt": attempt, "kind": kind},
         )
 
     def trial(self, task_id: int, result: dict[str, Any]) -> None:

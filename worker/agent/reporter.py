@@ -112,13 +112,19 @@ class Reporter:
             self._progress = (min(1.0, done / total), int(event["epoch"]))
         elif kind == "checkpoint":
             self._upload(node, event)
-        elif kind == "alarm" and node == node_name(0):  # the parameter server speaks for the task
+        elif kind in ("alarm", "guard") and node == node_name(0):  # the PS speaks for the task
             try:
-                alarm = Alarm(reason=event["reason"], group=event["group"], attempt=self.attempt)
+                alarm = Alarm(
+                    reason=event["reason"], group=event["group"], attempt=self.attempt, kind=kind
+                )
             except ValidationError as exc:
-                raise ValueError(f"alarm refused: {exc.errors()[0]['msg']}") from None
+                raise ValueError(f"{kind} refused: {exc.errors()[0]['msg']}") from None
             self.api.alarm(
-                self.task_id, reason=alarm.reason, group=alarm.group, attempt=alarm.attempt
+                self.task_id,
+                reason=alarm.reason,
+                group=alarm.group,
+                attempt=alarm.attempt,
+                kind=alarm.kind,
             )
 
         elif kind == "trial" and node == node_name(0):  # a plan's trial timings

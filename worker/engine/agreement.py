@@ -105,6 +105,11 @@ class CheckedRun(Protocol):
     def params(self) -> list[torch.nn.Parameter]:
         """The model's parameters in flat-vector order."""
 
+    @property
+    def parked_groups(self) -> frozenset[int]:
+        """The groups the guard parked (:mod:`worker.engine.guard`): off the step path, their
+        replicas wait at the step they were parked."""
+
 
 def tolerance(run: CheckedRun, device_type: str, against: str = PS_DEVICE_TYPE) -> float:
     """The relative L2 distance allowed between a group of ``device_type`` and a reference
@@ -318,11 +323,13 @@ def check_parameters(run: CheckedRun) -> None:
     """Check 2 above, on every rank, for strategies whose workers step replicas of one model
     (``sync``): one float64 allreduce of a ``[G, 4]`` table (row ``g`` group ``g``'s
     leader's checksum and the seconds it took); every rank then takes the same decision
-    from it. The reference is group 0's replica, the one the parameter server takes its
-    model from; when every other group (two or more) disagrees with it, group 0 is the one
-    named, and the task fails (the model's source cannot be left out). The slowest
-    checksum's seconds count to ``run.agreement_s``: the check's own work on the step's
-    path (a wait for a rank still finishing its step is not the check's)."""
+    from it. The reference is the replica the parameter server takes its model from: group
+    0's, or the first group's the guard has not parked (a parked group's replica is not
+    compared: it waits at the step it was parked); when every other group (two or more)
+    disagrees with it, the reference is the one named, and the task fails (the model's
+    source cannot be left out). The slowest checksum's seconds count to
+    ``run.agreement_s``: the check's own work on the step's path (a wait for a rank still
+    finishing its step is not the check's)."""
     spec = run.spec
     if spec.on_disagreement == "off" or not spec.agreement_every or not run.strategy.replicated:
         return
@@ -334,19 +341,20 @@ def check_parameters(run: CheckedRun) -> None:
         table[topo.group_index, 3] = time.perf_counter() - started
     dist.all_reduce(table, op=dist.ReduceOp.SUM)
     run.agreement_s += float(table[:, 3].max())
-    source = spec.groups[0].device_type
+    out = run.parked_groups
+    ref = min(g for g in range(groups) if g not in out)
+    source = spec.groups[ref].device_type
+    others = [g for g in range(groups) if g != ref and g not in out | run.excluded_groups]
     found = {
         g: gap
-        for g in range(1, groups)
-        if g not in run.excluded_groups
-        and disagrees(run, g, gap := distance(table[g, :3], table[0, :3]), source)
+        for g in others
+        if disagrees(run, g, gap := distance(table[g, :3], table[ref, :3]), source)
     }
-    others = [g for g in range(1, groups) if g not in run.excluded_groups]
     what = f"its parameters' checksum at step {run.step}"
     if len(others) >= 2 and set(found) == set(others):
         gap = min(found.values())
-        act(run, {0: gap}, f"{what} (every other group's differs from it)", fail=True)
-    act(run, found, what, against=(spec.groups[0].name, source))
+        act(run, {ref: gap}, f"{what} (every other group's differs from it)", fail=True)
+    act(run, found, what, against=(spec.groups[ref].name, source))
 
 
 def act(

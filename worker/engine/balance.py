@@ -65,7 +65,9 @@ class Balancer:
     most ``settle``. ``smoothing`` in (0, 1] is the newest window's weight in the rate
     estimate (1: each window alone). Every rank holds its own Balancer and feeds it the
     same windows, so all hold the same estimate and take the same decisions. Workers in
-    ``excluded`` (:meth:`exclude`) keep a share of 0 and are left out of every decision.
+    ``excluded`` (:meth:`exclude`) keep a share of 0 and are left out of every decision;
+    so are the workers of groups the guard parked (``parked``, :meth:`park`), until it
+    takes them back.
     """
 
     policy: SplitPolicy
@@ -78,6 +80,12 @@ class Balancer:
     moving: bool = False
     estimate: list[float] | None = field(default=None, repr=False)
     excluded: frozenset[int] = frozenset()
+    parked: frozenset[int] = frozenset()
+
+    @property
+    def left_out(self) -> frozenset[int]:
+        """The workers that take no share: excluded or parked."""
+        return self.excluded | self.parked
 
     def exclude(self, workers: set[int], shares: list[int]) -> list[int]:
         """Shares without ``workers`` from now on (e.g. a group whose numerics disagree,
@@ -85,7 +93,18 @@ class Balancer:
         under ``even``, else in proportion to their rate estimates (their current shares
         before the first estimate). Raises ValueError when no worker would be left."""
         self.excluded = self.excluded | frozenset(workers)
-        keep = [i for i in range(len(shares)) if i not in self.excluded]
+        return self._reshare(shares)
+
+    def park(self, workers: set[int], shares: list[int]) -> list[int]:
+        """Shares with exactly ``workers`` parked (:mod:`worker.engine.guard`): a parked
+        worker takes none, the others share the batch as :meth:`exclude` does. Raises
+        ValueError when no worker would be left."""
+        self.parked = frozenset(workers)
+        self.moving = False
+        return self._reshare(shares)
+
+    def _reshare(self, shares: list[int]) -> list[int]:
+        keep = [i for i in range(len(shares)) if i not in self.left_out]
         if not keep:
             raise ValueError("every worker is excluded: none is left to train")
         if self.policy == "even":
@@ -132,8 +151,8 @@ class Balancer:
             rates = self.update_estimate(window, measured)
         else:
             rates = self.estimate
-        if self.excluded:
-            keep = [i for i in range(len(shares)) if i not in self.excluded]
+        if self.left_out:
+            keep = [i for i in range(len(shares)) if i not in self.left_out]
             kept = self._decide([shares[i] for i in keep], [rates[i] for i in keep])
             return None if kept is None else self._expand(kept, keep, len(shares))
         return self._decide(shares, rates)

@@ -124,6 +124,9 @@ class Work:
     compute_s: float = 0.0
     samples: int = 0
     sections: list[tuple[float, int, float]] = field(default_factory=list)
+    own_s: float = 0.0  # of compute_s: the worker's own work between sections (its update)
+    steps: int = 0  # the sections accounted, with samples or not
+    opened: float = field(default_factory=time.perf_counter)  # when the window began
 
     #: Fraction of a window's sections, the slowest per sample, that ``robust_seconds`` drops.
     TRIM = 0.1
@@ -131,11 +134,14 @@ class Work:
     #: just before it (it was the last to arrive at the previous sync point).
     SUSTAINED = 0.1
 
-    def add(self, seconds: float, samples: int, waited: float = 0.0) -> None:
+    def add(self, seconds: float, samples: int, waited: float = 0.0, own: float = 0.0) -> None:
         """Account one busy section; ``waited`` is the seconds this worker was idle, waiting
-        for other ranks, just before it."""
+        for other ranks, just before it, and ``own`` the seconds of ``seconds`` that were its
+        own work since the last section (its optimizer step, bookkeeping)."""
         self.compute_s += seconds
         self.samples += samples
+        self.own_s += own
+        self.steps += 1
         if seconds > 0 and samples > 0:
             self.sections.append((seconds, samples, waited))
 

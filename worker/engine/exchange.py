@@ -308,19 +308,20 @@ def sum_over_world(totals: dict[str, tuple[float, float]]) -> dict[str, tuple[fl
 
 
 def gather_work(
-    topo: Topology, compute_s: float, samples: float
-) -> tuple[list[float], list[float]]:
-    """Every worker's ``(compute seconds, samples)`` on every rank, as two lists over workers.
+    topo: Topology, compute_s: float, samples: float, *more: float
+) -> tuple[list[float], ...]:
+    """Every worker's ``(compute seconds, samples, *more)`` on every rank, as one list over
+    workers for each.
 
-    One float64 allreduce over the world of a ``[2, W]`` tensor in which each
+    One float64 allreduce over the world of a ``[2 + len(more), W]`` tensor in which each
     worker fills its own column (the parameter server contributes zeros).
     """
-    table = torch.zeros(2, topo.n_workers, dtype=torch.float64)
+    values = [compute_s, samples, *more]
+    table = torch.zeros(len(values), topo.n_workers, dtype=torch.float64)
     if not topo.is_ps:
-        table[0, topo.worker_index] = compute_s
-        table[1, topo.worker_index] = samples
+        table[:, topo.worker_index] = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(table, op=dist.ReduceOp.SUM)
-    return table[0].tolist(), table[1].tolist()
+    return tuple(row.tolist() for row in table)
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:

@@ -80,7 +80,8 @@ class GradientReducer:
     Built once per worker for the model's ``params`` (flat-vector order), a
     tail of ``tail_numel`` elements and ``n_groups``, the groups the sum spans:
     the task's groups (sync), or 1 for the sum inside this worker's group only
-    (periodic's and quorum's exact in-group step). Per step:
+    (periodic's and quorum's exact in-group step); ``cross`` the leaders' process group when
+    it is not the topology's (:func:`worker.engine.run.step_groups`). Per step:
     :meth:`begin` with the local sample count (arms the hooks), the forward
     pass, :meth:`set_tail`, the backward pass, then :meth:`finish`, which
     returns the global sum, shape [P + T], on ``topo.device``. Outside
@@ -89,7 +90,13 @@ class GradientReducer:
     """
 
     def __init__(
-        self, topo: Topology, params: list[torch.nn.Parameter], tail_numel: int, n_groups: int
+        self,
+        topo: Topology,
+        params: list[torch.nn.Parameter],
+        tail_numel: int,
+        n_groups: int,
+        *,
+        cross: dist.ProcessGroup | None = None,
     ) -> None:
         if topo.group is None:
             raise RuntimeError("the gradient reducer is for compute workers")
@@ -106,8 +113,9 @@ class GradientReducer:
                 self.bucket_of[i] = k
         self.in_group = topo.group if len(topo.group_ranks) > 1 else None
         self.multi_group = n_groups > 1
-        # On the leaders, when the sum spans more than one group.
-        self.cross = topo.cross if self.multi_group else None
+        # On the leaders, when the sum spans more than one group: ``cross`` when given (the
+        # leaders of the groups the guard has not parked), else the topology's.
+        self.cross = (cross or topo.cross) if self.multi_group else None
         # The collective the hooks launch: the in-group sum, or with one worker per group the
         # leaders' sum. (On a non-CPU device the leaders' gloo sum waits for the end.)
         self.first_stage = self.in_group

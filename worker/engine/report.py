@@ -11,6 +11,8 @@ output and forwards events to the backend with :func:`parse_event`. Event shapes
     {"type": "progress", "epoch": int, "step": int, "steps_per_epoch": int, "epochs": int}
     {"type": "rendezvous", "port": int}  (rank 0 only, when told to pick its own port)
     {"type": "alarm", "reason": str, "group": str}  (the parameter server: a group to look at)
+    {"type": "guard", "reason": str, "group": str}  (the parameter server: the guard parked a
+     group or took it back, :mod:`worker.engine.guard`)
     {"type": "trial", "result": {...}}  (the parameter server: a plan's trial timings,
      :class:`contracts.trial.TrialResult`)
     {"type": "done"}
@@ -93,6 +95,12 @@ def alarm(reason: str, *, group: str) -> None:
     """Report an alarm about group ``group`` (the task's events show it), e.g. a group whose
     numbers disagree with the parameter server's (:mod:`worker.engine.agreement`)."""
     emit({"type": "alarm", "reason": reason, "group": group})
+
+
+def guard(reason: str, *, group: str) -> None:
+    """Report that the guard parked group ``group`` or took it back (the task's timeline
+    shows it, :mod:`worker.engine.guard`)."""
+    emit({"type": "guard", "reason": reason, "group": group})
 
 
 def trial(result: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ steps every rank knows in advance: the load-balancing check every
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +30,10 @@ from worker.engine.checkpoint import gather_worker_states, save_checkpoint
 from worker.engine.compute import BusyClock, Work, local_gradient, reduced_gradient
 from worker.engine.contract import TrainingCode
 from worker.engine.data import Source
-from worker.engine.distributed import FIRST_WORKER, Topology
+from worker.engine.distributed import FIRST_WORKER, Topology  # noqa: F401 (re-exported)
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import gather_work, receive_at_ps, send_to_ps
+from worker.engine.guard import GroupCost, Guard
 from worker.engine.numerics import NonFiniteError, blame, describe, local_faults
 from worker.engine.provenance import ShardLedger
 from worker.engine.reducer import GradientReducer
@@ -80,11 +82,21 @@ class Run:
     excluded_groups: set[int] = field(default_factory=set)  # left out on disagreement
     outer: torch.optim.Optimizer | None = None  # diloco: the parameter server's outer optimizer
     outer_state: dict[str, Any] | None = None  # its checkpointed state, loaded at first use
+    guard: Guard | None = None  # the guard's state where it acts (:func:`guarding`)
+    # The step's process groups (leaders' allreduce, every stepping worker) by parked groups.
+    comm: dict[frozenset[int], tuple[Any, Any]] = field(default_factory=dict)
     state: ModelState = field(init=False)
     strategy: Strategy[Run] = field(kw_only=True)
 
     def __post_init__(self) -> None:
         self.state = ModelState.of(self.model)
+        if guarding(self):
+            self.guard = Guard(len(self.spec.groups))
+
+    @property
+    def parked_groups(self) -> frozenset[int]:
+        """The groups the guard has parked (indices, :mod:`worker.engine.guard`)."""
+        return self.guard.parked if self.guard is not None else frozenset()
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
@@ -146,8 +158,8 @@ class Run:
                     len(taken),
                 )
         seconds += own_s
-        self.window.add(seconds, len(taken), waited_s)
-        self.epoch_work.add(seconds, len(taken), waited_s)
+        self.window.add(seconds, len(taken), waited_s, own_s)
+        self.epoch_work.add(seconds, len(taken), waited_s, own_s)
         self.clock.section_done()
         if reducer is None:
             return vector
@@ -180,7 +192,10 @@ def nonfinite_step(run: Run, group: dist.ProcessGroup | None) -> None:
     reason = describe(found, epoch=run.epoch, step=run.step + 1)
     if run.spec.on_nonfinite == "fail":
         raise NonFiniteError(reason)
-    if run.strategy.counts_skips(run.topo):
+    counts = run.strategy.counts_skips(run.topo)
+    if run.guard is not None:  # the first worker may be parked: the source counts instead
+        counts = run.topo.rank == source_worker(run)
+    if counts:
         run.skipped += 1
         report.log(f"skipped the optimizer step: {reason}")
 
@@ -193,6 +208,174 @@ def _crossed(now: int, before: int, every: int | None) -> bool:
     return bool(every) and now // every > before // every  # type: ignore[operator]
 
 
+def guarding(run: Run) -> bool:
+    """True when the guard acts on this run (:mod:`worker.engine.guard`): ``guard`` on, a
+    strategy whose every step waits for every group, the ``weighted`` split (the guard
+    decides from the measured rates) and more than one group."""
+    spec = run.spec
+    return (
+        run.strategy.guarded
+        and spec.guard
+        and spec.split_policy == "weighted"
+        and len(spec.groups) > 1
+    )
+
+
+def parked(run: Run) -> frozenset[int]:
+    """The groups the guard has parked (indices); empty where it does not act."""
+    return run.parked_groups
+
+
+def stepping(run: Run) -> bool:
+    """True when this rank takes part in the steps: the parameter server, and every worker
+    of a group the guard has not parked."""
+    return run.topo.group_index not in parked(run)
+
+
+def source_worker(run: Run) -> int:
+    """The compute rank replicated strategies take the model and optimizer from (checkpoints,
+    epoch ends, a parked group taken back): the first worker of the first group not parked."""
+    out = parked(run)
+    first = next(g for g in range(len(run.spec.groups)) if g not in out)
+    return run.spec.group_ranks(first)[0]
+
+
+def step_groups(run: Run) -> tuple[Any, Any]:
+    """This worker's ``(cross, workers)`` process groups for a step: the leaders' and every
+    worker's, of the groups not parked (the topology's own when none is; None where this
+    rank is not a member)."""
+    out = parked(run)
+    if not out:
+        return run.topo.cross, run.topo.workers
+    return run.comm[out]
+
+
+def _step_comm(run: Run, out: frozenset[int]) -> None:
+    """Build the step's process groups without the groups ``out`` (every rank, together, in
+    the same order: a control point), once for each set."""
+    if not out or out in run.comm:
+        return
+    spec, rank = run.spec, run.topo.rank
+    kept = [g for g in range(len(spec.groups)) if g not in out]
+    leaders = [spec.group_ranks(g)[0] for g in kept]
+    members = [r for g in kept for r in spec.group_ranks(g)]
+    cross = dist.new_group(leaders, backend="gloo") if len(leaders) > 1 else None
+    workers = dist.new_group(members, backend="gloo")
+    run.comm[out] = (cross if rank in leaders else None, workers if rank in members else None)
+
+
+def _on_cpu(value: Any) -> Any:
+    """``value`` with every tensor in it moved to the CPU (to pickle across devices)."""
+    if isinstance(value, Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_on_cpu(v) for v in value)
+    return value
+
+
+def refresh(run: Run, groups: set[int], source: int) -> None:
+    """The workers of ``groups`` take the parameters, buffers and optimizer state of rank
+    ``source`` (point to point): a parked group coming back to the step path holds what
+    the others train with. Every other rank does nothing."""
+    targets = [r for g in sorted(groups) for r in run.spec.group_ranks(g)]
+    rank, state = run.topo.rank, run.state
+    if rank == source:
+        vector = state.vector().cpu()
+        optimizer = _on_cpu(run.optimizer.state_dict()) if run.optimizer is not None else None
+        for target in targets:
+            dist.send(vector, dst=target)
+            dist.send_object_list([optimizer], dst=target)
+    elif rank in targets:
+        vector = torch.empty(state.n_params + state.n_buffers, dtype=run.params[0].dtype)
+        dist.recv(vector, src=source)
+        state.load_(vector.to(run.topo.device))
+        box: list[Any] = [None]
+        dist.recv_object_list(box, src=source)
+        if run.optimizer is not None and box[0] is not None:
+            run.optimizer.load_state_dict(box[0])
+
+
+def _group_costs(run: Run, columns: tuple[list[float], ...]) -> tuple[dict[int, GroupCost], float]:
+    """Each stepping group's measured cost (:class:`worker.engine.guard.GroupCost`) and the
+    step's overhead (seconds: the wall time of a step beyond the busiest worker's busy
+    time), from the window's gathered ``(busy s, samples, own s, steps, wall s)`` columns;
+    a group with a worker that took no sample in the window is left out of the costs."""
+    busy, samples, own, steps, wall = columns
+    costs: dict[int, GroupCost] = {}
+    busiest, longest = 0.0, 0.0
+    for g in range(len(run.spec.groups)):
+        if g in parked(run):
+            continue
+        fixed, rate, measured = 0.0, 0.0, True
+        for w in (r - 1 for r in run.spec.group_ranks(g)):
+            if steps[w] <= 0 or samples[w] <= 0:
+                measured = False
+                continue
+            per_step, own_per_step = busy[w] / steps[w], own[w] / steps[w]
+            busiest, longest = max(busiest, per_step), max(longest, wall[w] / steps[w])
+            section = per_step - own_per_step
+            fixed = max(fixed, own_per_step)
+            rate += samples[w] / steps[w] / section if section > 0 else 0.0
+        if measured and rate > 0:
+            costs[g] = GroupCost(fixed_s=fixed, rate=rate)
+    return costs, longest - busiest
+
+
+def guard_check(run: Run, columns: tuple[list[float], ...]) -> bool:
+    """Control point, where the guard acts: take the window's costs, then park one group or
+    take one back when the guard's prediction says the step gets shorter
+    (:meth:`worker.engine.guard.Guard.decide`). Returns True when a group moved: the shares
+    are set for the new groups (the balancer's usual move waits for the next window).
+
+    A move is a guard event of the task (:func:`worker.engine.report.guard`) and a log line;
+    a group taken back first takes the model and optimizer state from the first stepping
+    worker (:func:`refresh`).
+    """
+    guard = run.guard
+    assert guard is not None
+    costs, overhead = _group_costs(run, columns)
+    before = guard.parked
+    stepping_now = len(run.spec.groups) - len(before)
+    guard.observe(costs, overhead, stepping_now)
+    schedule = run.spec.debug_guard_schedule
+    if schedule is None:
+        after = guard.decide(run.spec.global_batch_size, left_out=run.excluded_groups)
+    else:  # a test's schedule moves the groups, alone
+        after = frozenset(schedule.get(run.step, before))
+    if after == before:
+        return False
+    source = source_worker(run)
+    now_s = guard.predicted_s(
+        [g for g in range(guard.n_groups) if g not in before], run.spec.global_batch_size
+    )
+    then_s = guard.predicted_s(
+        [g for g in range(guard.n_groups) if g not in after], run.spec.global_batch_size
+    )
+    workers = {r - 1 for g in after for r in run.spec.group_ranks(g)}
+    shares = run.balancer.park(workers, run.split.shares)
+    guard.parked = after
+    if before - after:
+        refresh(run, set(before - after), source)
+    _step_comm(run, after)
+    if run.reducer is not None:
+        run.reducer.close()
+        run.reducer = None
+    for g in sorted(before ^ after):
+        name = run.spec.groups[g].name
+        what = "parked" if g in after else "taken back"
+        reason = (
+            f"group {name!r} {what} at step {run.step}: predicted step "
+            f"{now_s * 1000:.1f} ms -> {then_s * 1000:.1f} ms (shares {shares})"
+        )
+        if run.topo.is_ps:
+            report.guard(reason, group=name)
+            report.log(f"guard: {reason}")
+    run.split.set_shares(shares)
+    return True
+
+
 def rebalance(run: Run, window: Work, *, update: bool = True) -> None:
     """Control point: every rank learns all workers' work and takes the same decision.
 
@@ -200,9 +383,20 @@ def rebalance(run: Run, window: Work, *, update: bool = True) -> None:
     worker fills its own entries (sums with zeros, so every rank holds the
     same bits), and the balancer is a pure function of that table and of the
     shares and controller state every rank already shares, so no broadcast of
-    the decision is needed. The parameter server logs it.
+    the decision is needed. The parameter server logs it. Where the guard acts, it
+    decides first, on a fresh window (``update``), and a move it makes is the check's.
     """
-    compute_s, samples = gather_work(run.topo, window.robust_seconds, window.samples)
+    columns = gather_work(
+        run.topo,
+        window.robust_seconds,
+        window.samples,
+        window.own_s,
+        window.steps,
+        time.perf_counter() - window.opened,
+    )
+    compute_s, samples = columns[0], columns[1]
+    if run.guard is not None and update and guard_check(run, columns):
+        return
     proposal = run.balancer.propose(run.split.shares, compute_s, samples, update=update)
     if proposal is None:
         return
@@ -281,8 +475,9 @@ def control_point(run: Run) -> None:
 
 
 def pull_replica(run: Run) -> None:
-    """Replicated strategies: the parameter server takes the first worker's parameters and
-    buffers, and the epoch's loss sum and sample count, so far (one point-to-point vector
+    """Replicated strategies: the parameter server takes the parameters and buffers of the
+    first worker the guard has not parked (:func:`source_worker`), and the epoch's loss sum
+    and sample count, so far (one point-to-point vector
     ``[params (P), buffers (B)]``, then ``[loss_sum, samples]`` in float64); other workers do
     nothing.
 
@@ -293,11 +488,13 @@ def pull_replica(run: Run) -> None:
         return
     run.pulled_at = run.step
     state, topo = run.state, run.topo
+    source = source_worker(run)
     if topo.is_ps:
-        state.load_(receive_at_ps(topo, state.n_params + state.n_buffers, run.params[0].dtype, 1))
-        totals = receive_at_ps(topo, 2, torch.float64, 1)
+        n = state.n_params + state.n_buffers
+        state.load_(receive_at_ps(topo, n, run.params[0].dtype, source))
+        totals = receive_at_ps(topo, 2, torch.float64, source)
         run.loss_sum, run.samples = float(totals[0]), int(round(float(totals[1])))
-    elif topo.rank == FIRST_WORKER:
+    elif topo.rank == source:
         send_to_ps(topo, state.vector())
         # The totals apart, in float64: a half-precision model's dtype would overflow them.
         send_to_ps(topo, torch.tensor([run.loss_sum, float(run.samples)], dtype=torch.float64))
@@ -306,9 +503,9 @@ def pull_replica(run: Run) -> None:
 def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     """Control point: workers send RNG and local optimizer states; the PS writes ``name``.
 
-    With a replicated optimizer (sync) the parameter server first takes the first
-    worker's model (:func:`pull_replica`) and optimizer state, so the checkpoint
-    holds what the workers train with.
+    With a replicated optimizer (sync) the parameter server first takes the source
+    worker's model (:func:`pull_replica`, :func:`source_worker`) and optimizer state, so
+    the checkpoint holds what the workers train with.
     """
     replicated = run.strategy.replicated
     if replicated:
@@ -317,14 +514,15 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
         # At an epoch's end the segment was closed before the neighbour exchange.
         run.ledger.close(run.split, epoch=run.epoch, step=run.step)
     local_optimizer = None
-    sends = run.topo.rank == FIRST_WORKER if replicated else run.topo.am_i_leader
+    source = source_worker(run)
+    sends = run.topo.rank == source if replicated else run.topo.am_i_leader
     if run.optimizer is not None and not run.topo.is_ps and sends:
         local_optimizer = run.optimizer.state_dict()
     states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
     if states is None:
         return
     if replicated and run.optimizer is not None:
-        run.optimizer.load_state_dict(states[FIRST_WORKER]["optimizer"])
+        run.optimizer.load_state_dict(states[source]["optimizer"])
     per_group = run.strategy.group_optimizers
     leaders = run.spec.leader_ranks()
     state: dict[str, Any] = {

@@ -356,6 +356,7 @@ def train(
             run.ledger.begin(run.split, run.step)
         run.epoch_work, run.loss_sum, run.samples, run.stats = Work(), 0.0, 0, {}
         run.clock = BusyClock()  # the first section follows the epoch's end: not sustained
+        run.window.opened = time.perf_counter()  # its wall time counts from the first step
         run.skipped = 0
         started = time.perf_counter()
         (strategy.server_epoch if run.topo.is_ps else strategy.worker_epoch)(run)

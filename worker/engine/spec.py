@@ -48,6 +48,8 @@ class RunSpec(BaseModel):
     step of ``outer_lr`` and ``outer_momentum`` on the groups' pseudo-gradients, the next
     round waiting for it (``diloco_exchange: blocking``) or not (``overlapped``), or each
     group's update applied as it arrives (``async``), :mod:`worker.engine.strategy_diloco`).
+    ``guard`` (default on) lets a ``sync`` task with the ``weighted`` split park a group
+    whose part in each step costs more than it adds (:mod:`worker.engine.guard`).
     ``exchange_fraction`` of each worker's shard moves to its ring neighbour
     after every epoch. ``checkpoint_every`` adds a checkpoint every N steps.
     ``data`` says how compute workers read their shards (:class:`contracts.data.DataOptions`:
@@ -71,6 +73,9 @@ class RunSpec(BaseModel):
     ``rank-{rank}.pt`` there, and the parameter server every step's global
     batch indices (every strategy; the split's batches) to ``batches.pt``; the
     equivalence tests replay those batches in one process (docs/heterogeneity.md).
+    ``debug_guard_schedule`` (tests, set on the RunSpec only): at the guard's check at step
+    ``s`` the parked groups become exactly ``schedule[s]`` (group indices), and they move
+    at no other check, so a test can park a group and take it back at known steps.
     ``trial`` (a plan's trial task, set from the task's spec): the ranks time the task's
     step and exchanges instead of training (:mod:`worker.engine.trial`).
     """
@@ -91,6 +96,7 @@ class RunSpec(BaseModel):
     outer_lr: float = Field(default=0.7, gt=0.0, le=10.0)
     outer_momentum: float = Field(default=0.5, ge=0.0, lt=1.0)
     diloco_exchange: DilocoExchange = "blocking"
+    guard: bool = True
     exchange_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     checkpoint_every: int | None = Field(default=None, ge=1)
     on_nonfinite: OnNonFinite = "fail"
@@ -105,6 +111,7 @@ class RunSpec(BaseModel):
         list[tuple[Annotated[int, Field(ge=1)], Annotated[float, Field(gt=0)]]] | None
     ) = Field(default=None, min_length=1)
     debug_dump_dir: str | None = None
+    debug_guard_schedule: dict[int, list[int]] | None = None
     trial: TrialOptions | None = None
 
     @model_validator(mode="after")

@@ -60,12 +60,16 @@ class Strategy(ABC, Generic[RunT]):
     ``weighted`` split profiles once more at the share the first profile gave it; False
     where every group takes its samples in steps of the global batch (``diloco``), whose
     rate the first profile, at the even share, measures closer.
+    ``guarded``: every step waits for every group, so the guard may park a group that
+    lengthens the step (:mod:`worker.engine.guard`; the strategy steps only the groups
+    :func:`worker.engine.run.stepping` leaves in).
     """
 
     name: ClassVar[str]
     group_optimizers: ClassVar[bool] = False
     replicated: ClassVar[bool] = False
     steps_at_share: ClassVar[bool] = True
+    guarded: ClassVar[bool] = False
 
     @override
     def __init_subclass__(cls, **kwargs: object) -> None:

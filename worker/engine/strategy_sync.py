@@ -37,6 +37,10 @@ from worker.engine.run import (
     control_due,
     control_point,
     nonfinite_step,
+    parked,
+    source_worker,
+    step_groups,
+    stepping,
 )
 from worker.engine.strategy import Strategy
 
@@ -115,6 +119,7 @@ class Synchronous(Strategy[Run]):
 
     name = "sync"
     replicated = True
+    guarded = True
 
     @override
     def counts_skips(self, topo: Topology) -> bool:
@@ -133,30 +138,42 @@ class Synchronous(Strategy[Run]):
         A non-finite sum (any worker's loss, gradient or buffers) is seen by every
         worker alike: none steps, and they fail or skip together
         (:func:`worker.engine.run.nonfinite_step`, over the workers); a skip puts the
-        buffers back. Before each control point and at the epoch's end the first worker
-        tells the parameter server all is well; on failing, it sends the reason instead,
-        so the server fails with it too.
+        buffers back. Before each control point and at the epoch's end the source worker
+        (:func:`worker.engine.run.source_worker`) tells the parameter server all is well; on
+        failing, it sends the reason instead, so the server fails with it too.
+
+        A worker of a group the guard parked (:mod:`worker.engine.guard`) follows the step
+        schedule without computing and without the step's collectives, which the other
+        groups' leaders and workers run in process groups of their own
+        (:func:`worker.engine.run.step_groups`), and meets them at every control point.
         """
         assert run.optimizer is not None
-        if run.reducer is None:
-            n_tail = run.state.n_buffers + 2
-            run.reducer = GradientReducer(run.topo, run.params, n_tail, len(run.spec.groups))
-        first = run.topo.rank == FIRST_WORKER
         every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
         while not run.split.epoch_done:
-            try:
-                loss_sum, count = step_from_sum(run, run.compute(run.reducer), run.topo.workers)
-            except NonFiniteError as exc:
-                if first:
-                    send_status(run.topo, str(exc))
-                raise
-            run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
+            # The guard moves groups at control points only: the step's groups, the source
+            # and the reducer stay the same from here to the next one.
+            source = run.topo.rank == source_worker(run)
+            if stepping(run):
+                cross, workers = step_groups(run)
+                if run.reducer is None:
+                    n_tail = run.state.n_buffers + 2
+                    n_groups = len(run.spec.groups) - len(parked(run))
+                    run.reducer = GradientReducer(
+                        run.topo, run.params, n_tail, n_groups, cross=cross
+                    )
+                try:
+                    loss_sum, count = step_from_sum(run, run.compute(run.reducer), workers)
+                except NonFiniteError as exc:
+                    if source:
+                        send_status(run.topo, str(exc))
+                    raise
+                run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
             run.split.advance()
             run.step += 1
-            if first:
+            if run.topo.rank == FIRST_WORKER:
                 report_progress(run, every)
-                if control_due(run) or run.split.epoch_done:
-                    send_status(run.topo, None)
+            if source and (control_due(run) or run.split.epoch_done):
+                send_status(run.topo, None)
             control_point(run)
 
     @override
@@ -172,7 +189,7 @@ class Synchronous(Strategy[Run]):
             run.split.advance()
             run.step += 1
             if control_due(run) or run.split.epoch_done:
-                reason = receive_status(run.topo, FIRST_WORKER)
+                reason = receive_status(run.topo, source_worker(run))
                 if reason is not None:
                     raise NonFiniteError(reason)
             control_point(run)

@@ -161,6 +161,30 @@ def test_a_groups_alarm_becomes_a_task_event_once_and_not_from_an_old_attempt(
     ]
 
 
+def test_a_guard_move_becomes_a_guard_event_on_the_timeline_and_the_task_page(
+    client: TestClient, session: Session
+) -> None:
+    """The path of the guard's moves (worker.engine.guard) to the task: an event of its own
+    kind, not an alarm, shown as such on the task page."""
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    reason = "group 'cpu-b' parked at step 8: predicted step 243.1 ms -> 131.0 ms"
+    body = {"reason": reason, "group": "cpu-b", "attempt": 1, "kind": "guard"}
+    url = f"/internal/v1/tasks/{task.id}/alarms"
+    assert client.post(url, headers=agent_headers(), json=body).json() == {"stored": True}
+    assert client.post(url, headers=agent_headers(), json=body).json() == {"stored": False}
+    unknown = client.post(url, headers=agent_headers(), json={**body, "kind": "note"})
+    assert unknown.status_code == 422 and "kind" in unknown.text
+    events = client.get(f"/api/v1/tasks/{task.id}/events").json()
+    assert [(e["kind"], e["reason"]) for e in events if e["kind"] != "status"] == [
+        ("guard", f"guard in attempt 1: {reason}")
+    ]
+    rows = parse(client.get(f"/tasks/{task.id}").text).by_id("timeline").find_all("tr")
+    [row] = [r for r in rows if r.attrs.get("class") == "guard"]
+    assert "parked at step 8" in row.text() and "guard" in row.text()
+
+
 def test_records_a_later_attempt_redid_are_shown_but_not_counted(
     client: TestClient, session: Session
 ) -> None:

@@ -206,10 +206,13 @@ def test_the_parameter_servers_alarms_are_raised_and_a_ranks_are_not(api: FakeAp
         lines(
             ("ps", ev(type="alarm", reason="group 'b' (cpu) disagrees", group="b")),
             ("rank-1", ev(type="alarm", reason="forged by the training code", group="a")),
+            ("ps", ev(type="guard", reason="group 'b' parked at step 8", group="b")),
+            ("rank-1", ev(type="guard", reason="forged too", group="a")),
         )
     )
     assert api.bodies("alarms") == [
-        {"reason": "group 'b' (cpu) disagrees", "group": "b", "attempt": 2}
+        {"reason": "group 'b' (cpu) disagrees", "group": "b", "attempt": 2, "kind": "alarm"},
+        {"reason": "group 'b' parked at step 8", "group": "b", "attempt": 2, "kind": "guard"},
     ]
 
 

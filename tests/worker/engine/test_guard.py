@@ -1,0 +1,190 @@
+"""The guard (worker/engine/guard.py): its cost model and decisions, and a sync task that
+parks a group and takes it back while staying the single-process step on every global batch.
+
+The decisions are pure functions of measured costs, tested on given numbers. The engine's
+side runs real gloo processes: a schedule (``debug_guard_schedule``) parks a group and takes
+it back at known steps, and the result must equal one process on the same global batches
+to 1e-5, every rank on the same bits; a group whose optimizer step really computes for
+much longer than the other group's whole step (a large matrix product, not a sleep) is
+parked by the guard's own prediction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.worker.engine.reference import run_with_dump
+from tests.worker.engine.test_equivalence import assert_matches_reference
+from worker.engine.guard import GroupCost, Guard, step_seconds
+from worker.engine.spec import RunSpec
+
+B = 64
+
+
+def test_balanced_step_of_equal_groups_is_the_batch_over_their_rates() -> None:
+    cost = GroupCost(fixed_s=0.0, rate=100.0)
+    assert step_seconds([cost, cost], B) == pytest.approx(B / 200.0)
+
+
+def test_balanced_step_adds_the_fixed_parts_by_rate() -> None:
+    # (B + sum r_g a_g) / sum r_g: both groups finish together.
+    fast, slow = GroupCost(0.01, 300.0), GroupCost(0.02, 100.0)
+    seconds = (B + 300 * 0.01 + 100 * 0.02) / 400
+    assert step_seconds([fast, slow], B) == pytest.approx(seconds)
+    # check: each group's share over its rate plus its fixed part is that same time
+    share_fast = 300 * (seconds - 0.01)
+    share_slow = 100 * (seconds - 0.02)
+    assert share_fast + share_slow == pytest.approx(B)
+
+
+def test_a_group_whose_fixed_part_outlasts_the_step_takes_no_samples_but_costs_it() -> None:
+    fast, slow = GroupCost(0.01, 1000.0), GroupCost(0.5, 1000.0)
+    assert step_seconds([fast, slow], B) == pytest.approx(0.5)
+    assert step_seconds([fast], B) == pytest.approx(0.01 + B / 1000.0)
+
+
+def test_step_seconds_needs_a_group_with_a_rate() -> None:
+    with pytest.raises(ValueError, match="at least one group"):
+        step_seconds([], B)
+    with pytest.raises(ValueError, match="no group has a measured rate"):
+        step_seconds([GroupCost(0.1, 0.0)], B)
+
+
+def guard_with(costs: dict[int, GroupCost], overhead_s: float = 0.0) -> Guard:
+    guard = Guard(n_groups=len(costs))
+    guard.observe(costs, overhead_s, active=len(costs))
+    return guard
+
+
+def test_identical_groups_stay_on_the_step_path() -> None:
+    guard = guard_with({0: GroupCost(0.005, 500.0), 1: GroupCost(0.005, 500.0)}, 0.01)
+    assert guard.decide(B) == frozenset()
+
+
+def test_a_group_whose_update_outlasts_the_fast_groups_step_is_parked() -> None:
+    # The 10M case of docs/benchmarks.md: the slow group's step with one sample (its update
+    # over every parameter) outlasts the fast group's whole step.
+    fast, slow = GroupCost(fixed_s=0.03, rate=690.0), GroupCost(fixed_s=0.12, rate=230.0)
+    guard = guard_with({0: fast, 1: slow}, overhead_s=0.02)
+    assert guard.decide(B) == frozenset({1})
+
+
+def test_the_slowest_group_is_the_one_parked_and_the_last_group_never_is() -> None:
+    costs = {0: GroupCost(0.3, 50.0), 1: GroupCost(0.001, 1000.0), 2: GroupCost(0.002, 900.0)}
+    guard = guard_with(costs)
+    assert guard.decide(B) == frozenset({0})
+    alone = Guard(n_groups=2, parked=frozenset({1}))
+    alone.observe({0: GroupCost(5.0, 1.0)}, 0.0, active=1)
+    alone.costs[1] = GroupCost(100.0, 1.0)  # worse still: no move helps
+    assert alone.decide(B) == frozenset({1})  # group 0 is the only one stepping: it stays
+
+
+def test_a_parked_group_comes_back_when_the_active_one_slows_down() -> None:
+    guard = guard_with({0: GroupCost(0.01, 2000.0), 1: GroupCost(0.05, 400.0)}, 0.01)
+    guard.parked = guard.decide(B)
+    assert guard.parked == frozenset({1})
+    guard.observe({0: GroupCost(0.01, 2000.0)}, 0.002, active=1)
+    assert guard.decide(B) == frozenset({1})  # unchanged costs: it stays parked
+    guard.observe({0: GroupCost(0.01, 150.0)}, 0.002, active=1)  # the fast group slowed
+    assert guard.decide(B) == frozenset()
+
+
+def test_a_gain_inside_the_margin_moves_nothing() -> None:
+    # Parking group 1 would save about 5 % of the step: under the 10 % margin.
+    fast, slow = GroupCost(0.0, 1000.0), GroupCost(0.0, 50.0)
+    guard = guard_with({0: fast, 1: slow}, overhead_s=0.0)
+    alone = guard.predicted_s([0], B)
+    both = guard.predicted_s([0, 1], B)
+    assert both < alone  # the slow group adds a little
+    guard.overhead_many_s = alone * 1.05 - both  # the exchange takes it back, and 5 % more
+    guard.overhead_one_s = 0.0
+    assert guard.decide(B) == frozenset()
+    guard.overhead_many_s = alone * 1.2 - both
+    assert guard.decide(B) == frozenset({1})
+
+
+def test_groups_left_out_for_good_are_never_taken_back() -> None:
+    guard = guard_with({0: GroupCost(0.01, 100.0), 1: GroupCost(0.001, 1000.0)})
+    guard.parked = frozenset({0})
+    assert guard.decide(B, left_out={0}) == frozenset({0})
+
+
+def test_an_unmeasured_group_moves_nothing() -> None:
+    guard = Guard(n_groups=2)
+    guard.observe({0: GroupCost(0.01, 100.0)}, 0.0, active=2)
+    assert guard.decide(B) == frozenset()
+    assert math.isinf(guard.predicted_s([0, 1], B))
+
+
+GUARDED = {
+    "guard": True,
+    "split_policy": "weighted",
+    "rebalance_every": 2,
+    "epochs": 2,
+    "global_batch_size": 8,
+}
+
+
+@pytest.mark.parametrize(
+    ("schedule", "parked_name"),
+    [
+        ({4: [1], 10: []}, "b"),  # the 1-worker group, then back
+        ({4: [0], 12: []}, "a"),  # the group of the first worker: the model's source moves
+    ],
+)
+def test_a_parked_group_taken_back_keeps_sync_exact(
+    make_spec: Callable[..., RunSpec],
+    tmp_path: Path,
+    schedule: dict[int, list[int]],
+    parked_name: str,
+) -> None:
+    spec = make_spec(
+        **GUARDED,
+        debug_guard_schedule=schedule,
+        checkpoint_every=6,  # a step checkpoint while the group is parked
+        agreement_every=3,  # and agreement checks, which leave the parked replica out
+        on_disagreement="fail",
+    )
+    run, _ = assert_matches_reference(spec, tmp_path / "dump")
+    server = run.text(0)
+    assert f"guard: group {parked_name!r} parked at step 4" in server
+    assert f"guard: group {parked_name!r} taken back at step {max(schedule)}" in server
+
+
+SLOW_UPDATE = """
+import os
+
+WORK = torch.randn(384, 384, generator=torch.Generator().manual_seed(0))
+
+
+class SlowOnRank3(torch.optim.SGD):
+    def step(self, closure=None):
+        if os.environ["RANK"] == "3":  # group b's only worker: about 0.5 GFLOP per update
+            product = WORK
+            for _ in range(8):
+                product = torch.tanh(product @ WORK)
+        return super().step(closure)
+
+
+def build_optimizer(params):
+    return SlowOnRank3(params, lr=0.02, momentum=0.9)
+"""
+
+
+def test_the_guard_parks_a_group_whose_update_outlasts_the_step(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    module = tmp_path / "slow_update.py"
+    tiny = Path(__file__).resolve().parents[3] / "examples" / "tiny_regression.py"
+    module.write_text(tiny.read_text() + SLOW_UPDATE)
+    spec = make_spec(**{**GUARDED, "code": str(module), "global_batch_size": 16, "epochs": 1})
+    run, finals = run_with_dump(spec, tmp_path / "dump")
+    server = run.text(0)
+    assert "guard: group 'b' parked" in server, server[-3000:]
+    for rank in range(1, spec.world_size):
+        assert torch.equal(finals[rank], finals[0])

@@ -1,0 +1,151 @@
+"""The guard: a resource group whose part in a synchronous step costs more than it adds
+leaves the step path, and comes back when it would gain.
+
+Under ``sync`` every step waits for every group. A group's step has a part that scales
+with its share of the global batch (forward and backward: ``n_g / r_g`` seconds at
+``r_g`` samples/s, summed over its workers) and a part that does not: the optimizer
+update of every parameter and the step's bookkeeping (``a_g`` seconds), and the step pays
+an overhead ``x`` beyond the slowest group's busy time (the cross-group allreduce and the
+waits around it). With shares balanced so that every group finishes together, a step of
+the active groups ``S`` lasts (water-filling)
+
+    T(S) = (B + sum_{g in S'} r_g a_g) / sum_{g in S'} r_g        (1)
+
+where ``S'`` is the groups of ``S`` with ``a_g < T(S)`` (a group whose fixed part alone
+outlasts that gets no samples, and its step still costs ``a_g``), and the whole step
+``max(T(S), max_{g in S} a_g) + x(S)``. ``B`` is the global batch, the same whatever
+``S``, so the set with the shortest step has the most samples/s. A group's *marginal
+contribution* is the step time without it minus the step time with it: when it is
+negative (adding the group makes every step longer: at 10M parameters a CPU group's
+one-sample step, update included, outlasts a faster group's whole step), the guard parks
+the group. A parked group takes no share and no part in the step's collectives: the
+active groups' leaders allreduce in a process group without it. At every later check the
+guard compares the step with the group back, from the group's last measured costs and
+the active groups' fresh ones, and takes it back when that is shorter.
+
+The overhead with several groups and with one is each taken from the last window that ran
+so; before a window has run with one group, a single group's overhead is taken as none (its
+step has no cross-group exchange), and the window after a park measures it: a park that
+was optimistic is undone at the next check.
+
+Decisions are this module's pure functions of a table every rank holds alike (the
+rebalancing window's work, :func:`worker.engine.run.rebalance`), so every rank parks the
+same groups at the same step without a broadcast. A move needs a predicted gain of
+``margin`` (default 10 %) of the current step, so noise around the break-even point does
+not move groups back and forth; one group moves per check.
+
+This is the per-step cost model of heterogeneity-aware data parallelism with a
+per-worker fixed cost (Chen et al., "Semi-Dynamic Load Balancing", SoCC 2020; the
+fastest-subset rule of Jiang et al., "HeterPS", 2021), applied to whole resource groups.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GroupCost:
+    """One resource group's measured per-step cost: ``fixed_s`` seconds a step that do not
+    depend on its share (the slowest of its workers' update and bookkeeping), and ``rate``
+    samples/s of the part that does (forward and backward, summed over its workers)."""
+
+    fixed_s: float
+    rate: float
+
+
+def step_seconds(costs: Iterable[GroupCost], batch: int) -> float:
+    """Seconds of one balanced step of ``batch`` samples on the groups of ``costs``, before
+    the overhead: equation (1) of this module, at least the largest fixed part.
+
+    Raises ValueError when ``costs`` is empty or no group has a positive rate.
+    """
+    groups = sorted(costs, key=lambda cost: cost.fixed_s)
+    if not groups:
+        raise ValueError("a step needs at least one group")
+    longest_fixed = groups[-1].fixed_s
+    taking = [cost for cost in groups if cost.rate > 0]
+    if not taking:
+        raise ValueError("no group has a measured rate")
+    # Drop the groups whose fixed part outlasts the balanced step (they get no samples).
+    while taking:
+        total_rate = sum(cost.rate for cost in taking)
+        seconds = (batch + sum(cost.rate * cost.fixed_s for cost in taking)) / total_rate
+        if taking[-1].fixed_s < seconds or len(taking) == 1:
+            return max(seconds, longest_fixed)
+        taking.pop()
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class Guard:
+    """The guard's state, alike on every rank: each group's last measured cost, the step's
+    overhead as last measured with one active group and with several, and the parked groups.
+
+    ``margin``: the predicted gain, as a fraction of the current step, a move needs.
+    """
+
+    n_groups: int
+    margin: float = 0.10
+    costs: dict[int, GroupCost] = field(default_factory=dict)
+    overhead_one_s: float | None = None
+    overhead_many_s: float | None = None
+    parked: frozenset[int] = frozenset()
+
+    def observe(self, costs: Mapping[int, GroupCost], overhead_s: float, active: int) -> None:
+        """Take a window's measured ``costs`` (the groups that took samples in it) and the
+        step's overhead ``overhead_s`` (seconds), measured with ``active`` groups active."""
+        self.costs.update(costs)
+        if not math.isfinite(overhead_s) or overhead_s < 0:
+            return
+        if active == 1:
+            self.overhead_one_s = overhead_s
+        else:
+            self.overhead_many_s = overhead_s
+
+    def predicted_s(self, active: Iterable[int], batch: int) -> float:
+        """Predicted seconds of one step on the ``active`` groups (inf without their costs)."""
+        chosen = sorted(set(active))
+        if not chosen or any(g not in self.costs for g in chosen):
+            return math.inf
+        overhead = self.overhead_one_s if len(chosen) == 1 else self.overhead_many_s
+        if overhead is None and len(chosen) > 1:  # never measured with several: as with one
+            overhead = self.overhead_one_s
+        # One group alone, never measured so: no cross-group exchange, so none is assumed
+        # (the first window after parking measures it, and the group comes back if that
+        # was optimistic).
+        try:
+            seconds = step_seconds([self.costs[g] for g in chosen], batch)
+        except ValueError:
+            return math.inf
+        return seconds + (overhead or 0.0)
+
+    def decide(self, batch: int, left_out: Iterable[int] = ()) -> frozenset[int]:
+        """The parked groups from now on: one group parked or taken back when that shortens
+        the predicted step by ``margin`` or more, else the parked groups unchanged.
+
+        ``left_out``: groups out of training for good (excluded on disagreement), never
+        taken back by the guard. At least one group stays active.
+        """
+        gone = set(left_out)
+        active = [g for g in range(self.n_groups) if g not in self.parked and g not in gone]
+        if not active:
+            return self.parked
+        now = self.predicted_s(active, batch)
+        if not math.isfinite(now):  # an active group not measured yet: nothing to compare
+            return self.parked
+        moves: list[tuple[float, frozenset[int]]] = []
+        if len(active) > 1:
+            for g in active:
+                rest = [a for a in active if a != g]
+                moves.append((self.predicted_s(rest, batch), self.parked | {g}))
+        for g in sorted(self.parked - gone):
+            moves.append((self.predicted_s([*active, g], batch), self.parked - {g}))
+        if not moves:
+            return self.parked
+        best_s, best = min(moves, key=lambda move: (move[0], sorted(move[1])))
+        if math.isfinite(best_s) and best_s <= now * (1.0 - self.margin):
+            return best
+        return self.parked
