@@ -38,8 +38,9 @@ Rounds: the five runs go in one order in even rounds and in the reverse order in
 and the line gives the median over ``--rounds`` rounds with a 95 % bootstrap interval
 (``bench.stats.summary``). The strategies: ``sync`` (one gradient sum every step, no
 parameter server on the step path) with the guard off, ``sync_guarded`` (the same with the
-guard on, the default: worker/engine/guard.py) and ``periodic`` (models averaged every 8
-steps; the guard does not act on it), and
+guard on, the default: worker/engine/guard.py), ``periodic`` (models averaged every 8
+steps; guarded too) and ``diloco`` (rounds of 16 global batches, local steps scaled to each
+group's speed, blocking exchange; not guarded: its rounds already scale), and
 two model sizes: ``34k``
 (bench/workloads/hetero_cnn.py, 4,096 samples, global batch 256, about 1.8 M
 multiply-adds a sample) and ``10M`` (bench/workloads/sized_mlp.py at hidden width 3030,
@@ -53,7 +54,7 @@ Busy processes: at most one per core (the workers; the parameter servers mostly 
 
 Needs root and the cgroup v1 cpu controller; exits 2 with a message where it is missing.
 
-    python -m bench.hetero_real [--rounds 5] [--sizes 34k,10M]
+    python -m bench.hetero_real [--rounds 5] [--sizes 34k,10M] [--strategies sync,periodic]
 """
 
 from __future__ import annotations
@@ -87,9 +88,11 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "sync": {"guard": False},
     "sync_guarded": {"guard": True},
     "periodic": {"sync_strategy": "periodic", "sync_period": 8},
+    "diloco": {"sync_strategy": "diloco", "sync_period": 16},
 }
-GUARDED = ("sync_guarded", "periodic")
-"""The arms with the guard on (the default): it acts under sync only (worker/engine/guard.py)."""
+GUARDED = ("sync_guarded", "periodic", "diloco")
+"""The arms with the guard on (the default): it acts under sync and periodic
+(worker/engine/guard.py); diloco's rounds are scaled to each group's speed instead."""
 GUARDED_TARGET = ">= 0.95 (fast alone = 1.0)"
 FAST = {"name": "fast", "device_type": "cpu", "workers": 1}
 SLOW = {"name": "slow", "device_type": "cpu", "workers": 1}
@@ -147,11 +150,13 @@ def throughput(
     return model.samples / statistics.median(ps_metric(run, "epoch_time_s")[1:])
 
 
-def measure(size: str, cpu: dict[str, CpuGroup], rounds: int) -> dict[str, dict[str, Any]]:
+def measure(
+    size: str, cpu: dict[str, CpuGroup], rounds: int, strategies: list[str]
+) -> dict[str, dict[str, Any]]:
     """Paired rounds of fast alone, slow alone, fast beside a neighbour and together under
-    each strategy; per strategy, the ratios' summaries."""
+    each of ``strategies``; per strategy, the ratios' summaries."""
     model = MODELS[size]
-    shares: dict[str, list[list[float]]] = {strategy: [] for strategy in STRATEGIES}
+    shares: dict[str, list[list[float]]] = {strategy: [] for strategy in strategies}
     before = {name: group.stat() for name, group in cpu.items()}
     load = os.getloadavg()[0]
 
@@ -164,9 +169,9 @@ def measure(size: str, cpu: dict[str, CpuGroup], rounds: int) -> dict[str, dict[
         "slow": lambda: throughput(model, [SLOW], cpu, {}),
         "fast beside neighbour": beside,
     }
-    for strategy, options in STRATEGIES.items():
+    for strategy in strategies:
         arms[f"together {strategy}"] = partial(
-            throughput, model, [FAST, SLOW], cpu, options, shares[strategy]
+            throughput, model, [FAST, SLOW], cpu, STRATEGIES[strategy], shares[strategy]
         )
     rates = paired_rounds(arms, rounds)
     fast, slow, fast_beside = rates["fast"], rates["slow"], rates["fast beside neighbour"]
@@ -185,7 +190,7 @@ def measure(size: str, cpu: dict[str, CpuGroup], rounds: int) -> dict[str, dict[
         "load_avg_1min": [round(load, 2), round(os.getloadavg()[0], 2)],
     }
     found = {}
-    for strategy in STRATEGIES:
+    for strategy in strategies:
         together = rates[f"together {strategy}"]
         gain = paired_ratios(together, fast)
         found[strategy] = {
@@ -210,19 +215,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="heterogeneity gain with real CPU throttling")
     parser.add_argument("--rounds", type=int, default=5, help="paired, counterbalanced")
     parser.add_argument("--sizes", default="34k,10M", help=f"of {sorted(MODELS)}")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES), help=f"of {list(STRATEGIES)}")
     parser.add_argument("--slow-fraction", type=float, default=SLOW_FRACTION)
     parser.add_argument(
         "--period-us", type=int, default=PERIOD_US, help="CFS period of the quotas (µs)"
     )
     args = parser.parse_args()
-    sizes, strategies = args.sizes.split(","), list(STRATEGIES)
+    sizes, strategies = args.sizes.split(","), args.strategies.split(",")
+    if unknown := set(strategies) - set(STRATEGIES):
+        parser.error(f"unknown strategies {sorted(unknown)}: choose from {list(STRATEGIES)}")
     worst: dict[str, tuple[float, str]] = {}
     guarded: dict[str, float] = {}
     try:
         with Throttle(prefix=PREFIX, period_us=args.period_us) as throttle:
             cpu = throttle.fast_and_slow(args.slow_fraction)
             for size in sizes:
-                by_strategy = measure(size, cpu, args.rounds)
+                by_strategy = measure(size, cpu, args.rounds, strategies)
                 for strategy in strategies:
                     found = by_strategy[strategy]
                     gain, efficiency = found.pop("gain_ratio"), found.pop("efficiency")
@@ -254,6 +262,8 @@ def main() -> None:
     ):
         value, where = worst[name]
         emit(benchmark, value, target, worst_of=where, rounds=args.rounds)
+    if not guarded:
+        return
     where = min(guarded, key=lambda arm: guarded[arm])
     emit(
         "guarded_speedup_min",

@@ -163,8 +163,11 @@ def post_to_leader(topo: Topology, vector: Tensor, leader: int) -> list[Any]:
     ]
 
 
-def gather_at_ps(topo: Topology, numel: int, dtype: torch.dtype) -> Tensor:
-    """Parameter-server side of the upward sum: returns the sum over all workers, shape [numel].
+def gather_at_ps(
+    topo: Topology, numel: int, dtype: torch.dtype, leaders: list[int] | None = None
+) -> Tensor:
+    """Parameter-server side of the upward sum: returns the sum over all workers, shape [numel]
+    (over the groups of ``leaders``, global ranks, when given: the others are parked).
 
     Receives every group leader's vector at once (point to point, in pieces)
     and adds them in leader order, piece by piece as they arrive: the server's
@@ -172,7 +175,7 @@ def gather_at_ps(topo: Topology, numel: int, dtype: torch.dtype) -> Tensor:
     pass partial sums around a ring through the leaders. The order of the
     additions is fixed, so the result does not depend on arrival order.
     """
-    leaders = leader_ranks(topo)
+    leaders = leader_ranks(topo) if leaders is None else leaders
     total = torch.empty(numel, dtype=dtype)
     spare = [_scratch(i, numel, dtype) for i in range(len(leaders) - 1)]
     parts = pieces(numel, total.element_size())
@@ -190,8 +193,10 @@ def gather_at_ps(topo: Topology, numel: int, dtype: torch.dtype) -> Tensor:
     return total
 
 
-def broadcast_down(topo: Topology, vector: Tensor) -> Tensor:
+def broadcast_down(topo: Topology, vector: Tensor, leaders: list[int] | None = None) -> Tensor:
     """Send ``vector`` from the parameter server to every worker; returns the received tensor.
+    ``leaders`` (parameter server): the groups to send to, by their leaders' global ranks,
+    when not every group (the others are parked).
 
     On rank 0 ``vector`` is the payload (CPU); elsewhere it gives shape and dtype
     and, when it is on ``topo.device``, is the buffer the result is received into
@@ -202,7 +207,8 @@ def broadcast_down(topo: Topology, vector: Tensor) -> Tensor:
     """
     if topo.is_ps:
         payload = vector.contiguous()
-        wait_all([w for rank in leader_ranks(topo) for w in post_to_leader(topo, payload, rank)])
+        to = leader_ranks(topo) if leaders is None else leaders
+        wait_all([w for rank in to for w in post_to_leader(topo, payload, rank)])
         return vector
     assert topo.group is not None and topo.leader_rank is not None
     received = vector.to(topo.device)

@@ -240,6 +240,12 @@ def source_worker(run: Run) -> int:
     return run.spec.group_ranks(first)[0]
 
 
+def stepping_leaders(run: Run) -> list[int]:
+    """Global ranks of the leaders of the groups the guard has not parked, in group order."""
+    out = parked(run)
+    return [run.spec.group_ranks(g)[0] for g in range(len(run.spec.groups)) if g not in out]
+
+
 def step_groups(run: Run) -> tuple[Any, Any]:
     """This worker's ``(cross, workers)`` process groups for a step: the leaders' and every
     worker's, of the groups not parked (the topology's own when none is; None where this

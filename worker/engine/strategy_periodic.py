@@ -37,7 +37,7 @@ from worker.engine.exchange import (
     leader_reduce,
     load_vector_,
 )
-from worker.engine.run import Run, control_point
+from worker.engine.run import Run, control_point, stepping, stepping_leaders
 from worker.engine.strategy import Strategy
 from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, report_progress, step_from_sum
 
@@ -76,24 +76,33 @@ class Periodic(Strategy[Run]):
 
     name = "periodic"
     group_optimizers = True
+    guarded = True
 
     @override
     def worker_epoch(self, run: Run) -> None:
-        """Compute rank: local exact steps inside the group, model averaging at sync points."""
+        """Compute rank: local exact steps inside the group, model averaging at sync points.
+
+        A worker of a group the guard parked (:mod:`worker.engine.guard`) follows the step
+        schedule without computing and without the averaging, and meets the others at
+        every control point; a group taken back there receives the global model.
+        """
         assert run.optimizer is not None
         group_samples, group_loss = 0.0, 0.0
         sync_base = run.state.snapshot()
         while not run.split.epoch_done:
-            loss_sum, count = group_step(run)
-            group_samples, group_loss = group_samples + count, group_loss + loss_sum
+            if stepping(run):
+                loss_sum, count = group_step(run)
+                group_samples, group_loss = group_samples + count, group_loss + loss_sum
             run.split.advance()
             run.step += 1
             if is_sync_point(run):
-                with run.clock.waiting():
-                    average_models(run, group_samples, group_loss, sync_base)
+                if stepping(run):
+                    with run.clock.waiting():
+                        average_models(run, group_samples, group_loss, sync_base)
                 group_samples, group_loss = 0.0, 0.0
-                sync_base = run.state.snapshot()
                 control_point(run)
+                # After the control point: a group taken back there has a new model.
+                sync_base = run.state.snapshot()
 
     @override
     def server_epoch(self, run: Run) -> None:
@@ -112,11 +121,12 @@ class Periodic(Strategy[Run]):
             run.step += 1
             if not is_sync_point(run):
                 continue
-            total = gather_at_ps(run.topo, numel + 2, run.params[0].dtype)
+            leaders = stepping_leaders(run)
+            total = gather_at_ps(run.topo, numel + 2, run.params[0].dtype, leaders)
             if total[-1] > 0:
                 load_vector_(total[:n_params] / total[-1], run.params)
                 state.add_mean_change(None, total[n_params:-2], float(total[-1]))
-            broadcast_down(run.topo, state.vector())
+            broadcast_down(run.topo, state.vector(), leaders)
             run.loss_sum += float(total[-2])
             run.samples += int(round(float(total[-1])))
             report_progress(run, every)

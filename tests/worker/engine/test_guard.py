@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.worker.engine.reference import run_with_dump
+from tests.worker.engine.reference import dumped_batches, run_with_dump
 from tests.worker.engine.test_equivalence import assert_matches_reference
 from worker.engine.guard import GroupCost, Guard, step_seconds
 from worker.engine.spec import RunSpec
@@ -188,3 +188,30 @@ def test_the_guard_parks_a_group_whose_update_outlasts_the_step(
     assert "guard: group 'b' parked" in server, server[-3000:]
     for rank in range(1, spec.world_size):
         assert torch.equal(finals[rank], finals[0])
+
+
+def test_periodic_parks_a_group_out_of_the_averaging_and_takes_it_back(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    """Under periodic the parked group skips its local steps and the averaging (the parameter
+    server averages the others' models only), and comes back with the global model."""
+    spec = make_spec(
+        **GUARDED,
+        sync_strategy="periodic",
+        sync_period=2,
+        debug_guard_schedule={4: [1], 12: []},
+        checkpoint_every=6,
+    )
+    run, finals = run_with_dump(spec, tmp_path / "dump")
+    for rank in range(1, spec.world_size):
+        assert torch.equal(finals[rank], finals[0]), f"rank {rank} differs from the PS"
+    batches = dumped_batches(tmp_path / "dump")
+    steps = math.ceil(160 / spec.global_batch_size)
+    for epoch in range(spec.epochs):
+        seen = torch.cat(batches[epoch * steps : (epoch + 1) * steps])
+        assert torch.equal(seen.sort().values, torch.arange(160)), "not every sample once"
+    server = run.text(0)
+    assert "guard: group 'b' parked at step 4" in server
+    assert "guard: group 'b' taken back at step 12" in server
+    val = [v for v in run.metrics("val_loss") if v is not None]
+    assert len(val) == spec.epochs and all(math.isfinite(v) for v in val)
