@@ -9,8 +9,12 @@ task of its own on these cgroups: the fast group alone, the slow group alone (ea
 the whole global batch) and both together (weighted split), once per strategy. The
 standalone runs are synchronous training on the one group (what a user without the
 slow group runs) and serve both strategies. Throughput is training
-samples over the ``epoch_time_s`` of the parameter server (validation excluded) of the
-second of 2 epochs (the first warms up and lets the balancer settle).
+samples over the ``epoch_wall_s`` of the parameter server of the second of 2 epochs (the
+first warms up and lets the balancer settle): the epoch's steps, its end with validation,
+and the first epoch's checkpoint: all a user waits for an epoch (before 2026-11-28,
+``epoch_time_s``: the steps alone as the parameter server times them, which leaves out the
+epoch's end, where a slow or parked group's share of the collectives shows, and which
+the parameter server starts later than a lone worker, after writing the checkpoint).
 
 Per round, from the three throughputs ``r_fast``, ``r_slow`` (alone) and ``together``:
 
@@ -129,7 +133,7 @@ def throughput(
     shares: list[list[float]] | None = None,
 ) -> float:
     """Training samples/s of one run of ``model`` on ``groups`` (each rank in its cgroup):
-    samples over the median epoch seconds after the first epoch. When ``shares`` is given,
+    samples over the median ``epoch_wall_s`` after the first epoch. When ``shares`` is given,
     the last group's batch shares (the slow worker's, per epoch) are appended to it."""
     run = run_task(
         {
@@ -147,7 +151,7 @@ def throughput(
     if shares is not None:
         slow = run.metrics("batch_share", rank=len(groups))  # the last rank's
         shares.append([round(v, 4) for v in slow if v is not None])
-    return model.samples / statistics.median(ps_metric(run, "epoch_time_s")[1:])
+    return model.samples / statistics.median(ps_metric(run, "epoch_wall_s")[1:])
 
 
 def measure(

@@ -31,7 +31,9 @@ def report_server_epoch(run: Run, results: dict[str, Any], seconds: float) -> No
 
     ``train_loss`` (mean over the epoch's samples), ``samples_per_s`` (samples
     / training seconds), ``epoch_time_s`` (seconds of the epoch's steps,
-    without validation), every ``val_*`` mean, for quorum sync ``updates``
+    without validation), ``epoch_wall_s`` (seconds from the previous epoch's report, or the
+    start of training, to this one's: the steps, the epoch's end and validation, and the
+    previous epoch's checkpoint, all that a user waits for an epoch), every ``val_*`` mean, for quorum sync ``updates``
     and ``max_staleness``, and with ``on_nonfinite: skip_step``
     ``skipped_steps`` (optimizer steps skipped in the epoch, summed over the
     groups' optimizers with periodic and quorum sync). Skipped steps' samples
@@ -43,6 +45,7 @@ def report_server_epoch(run: Run, results: dict[str, Any], seconds: float) -> No
         "train_loss": run.loss_sum / run.samples if run.samples else math.nan,
         "samples_per_s": run.samples / seconds if seconds > 0 else 0.0,
         "epoch_time_s": seconds,
+        "epoch_wall_s": results["epoch_wall_s"],
         **run.stats,
     }
     if run.spec.on_nonfinite == "skip_step":

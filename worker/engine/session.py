@@ -51,7 +51,15 @@ from worker.engine.exchange import (
     sum_over_world,
 )
 from worker.engine.provenance import ShardLedger
-from worker.engine.run import MIN_WINDOW_STEPS, Run, checkpoint, pull_replica, rebalance
+from worker.engine.run import (
+    MIN_WINDOW_STEPS,
+    Run,
+    checkpoint,
+    pull_replica,
+    rebalance,
+    stepping,
+    stepping_leaders,
+)
 from worker.engine.sharding import even_shares
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
@@ -302,7 +310,8 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
         # different devices (a CUDA group beside CPU groups) round differently: once an epoch
         # every worker takes the first worker's model again, through the parameter server.
         pull_replica(run)
-    sync_state(run.topo, run.state)
+    if stepping(run):  # a parked group takes the model when it is taken back (run.refresh)
+        sync_state(run.topo, run.state, stepping_leaders(run))
     counted = {SKIPPED: (float(run.skipped), 1.0)} if run.strategy.counts_skips(run.topo) else {}
     val = sum_over_world({**val_totals, **counted})
     skipped = int(val.pop(SKIPPED, (0.0, 0.0))[0])
@@ -346,6 +355,7 @@ def train(
 ) -> None:
     """Run every remaining epoch; ``validate`` and ``report_epoch`` are the role's own parts."""
     strategy = run.strategy
+    reported = time.perf_counter()
     for epoch in range(run.epoch, run.spec.epochs):
         run.epoch = epoch
         if not under_way:
@@ -362,6 +372,8 @@ def train(
         (strategy.server_epoch if run.topo.is_ps else strategy.worker_epoch)(run)
         seconds = time.perf_counter() - started
         results = end_epoch(run, validate(run))
+        now = time.perf_counter()
+        results["epoch_wall_s"], reported = now - reported, now
         report_epoch(run, results, seconds)
         checkpoint(run, f"epoch-{epoch}.pt", epoch_complete=True)
         if strategy.reports_progress(run.topo):  # the epoch's work is done, its end included

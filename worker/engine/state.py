@@ -116,8 +116,10 @@ class ModelState:
             offset += n
 
 
-def sync_state(topo: Topology, state: ModelState) -> None:
-    """Give every worker the parameter server's parameters and buffers (in place)."""
-    received = broadcast_down(topo, state.vector().cpu() if topo.is_ps else state.vector())
+def sync_state(topo: Topology, state: ModelState, leaders: list[int] | None = None) -> None:
+    """Give every worker the parameter server's parameters and buffers (in place); only the
+    groups of ``leaders`` (their leaders' global ranks) when given, and only their workers
+    may call it then."""
+    received = broadcast_down(topo, state.vector().cpu() if topo.is_ps else state.vector(), leaders)
     if not topo.is_ps:
         state.load_(received)
