@@ -33,8 +33,8 @@ def report_server_epoch(run: Run, results: dict[str, Any], seconds: float) -> No
     / training seconds), ``epoch_time_s`` (seconds of the epoch's steps,
     without validation), ``epoch_wall_s`` (seconds from the previous epoch's report, or the
     start of training, to this one's: the steps, the epoch's end and validation, and the
-    previous epoch's checkpoint, all that a user waits for an epoch), every ``val_*`` mean, for quorum sync ``updates``
-    and ``max_staleness``, and with ``on_nonfinite: skip_step``
+    previous epoch's checkpoint, all that a user waits for an epoch), every ``val_*`` mean,
+    for quorum sync ``updates`` and ``max_staleness``, and with ``on_nonfinite: skip_step``
     ``skipped_steps`` (optimizer steps skipped in the epoch, summed over the
     groups' optimizers with periodic and quorum sync). Skipped steps' samples
     are left out of ``train_loss`` and ``samples_per_s``. Unless ``on_disagreement`` is
