@@ -47,7 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from contracts.plan import ROUND_STRATEGIES
+from contracts.plan import GUARD_MARGIN, GUARDED_STRATEGIES, ROUND_STRATEGIES
 from contracts.trial import PROFILE_STEPS, ExchangeTiming, TrialResult, WorkerTiming
 
 MAX_SUBSETS = 2_000  # the deadline search's worker-count combinations, at most
@@ -251,7 +251,10 @@ class Prediction:
     (``local_batch``), its step's
     compute seconds (``compute_s``) and the cross-group exchange per step (``exchange_s``).
     ``idle`` names groups the split gives no samples: they still pay their fixed cost and
-    the exchange every step."""
+    the exchange every step. ``parked``: groups the guard would park (worker/engine/guard.py:
+    ``sync`` and ``periodic`` with the weighted split), which take no samples and no part
+    in the steps once it has: the times are the other groups', after the first check
+    (``GUARD_CHECK_STEPS``) on them all."""
 
     workers: dict[str, int]
     split_policy: str
@@ -265,6 +268,7 @@ class Prediction:
     idle: list[str] = field(default_factory=list)
     start_s: float = 0.0  # before the first step (:func:`_outside_steps`)
     epoch_end_s: float = 0.0  # each epoch's validation, model transfers and checkpoint
+    parked: list[str] = field(default_factory=list)
 
     @property
     def total_workers(self) -> int:
@@ -424,25 +428,32 @@ def _outside_steps(
     return start, val + pulls * transfer + model.checkpoint_s
 
 
-def predict(
+GUARD_CHECK_STEPS = 10
+"""Steps before the guard's first check (the engine's default ``rebalance_every``): they run
+on every group."""
+
+
+@dataclass
+class _Step:
+    """One step on some groups: its seconds, and per group its local batch and compute."""
+
+    seconds: float
+    local: list[float]
+    compute: list[float]
+    cross: float
+
+
+def _step(
     model: PerformanceModel,
     workers: dict[str, int],
-    *,
+    names: Sequence[str],
     global_batch_size: int,
-    epochs: int,
     split_policy: str,
-) -> Prediction:
-    """Predicted times of the task on ``workers`` (candidate group name -> workers, each
-    at least 1). Raises KeyError for a group the model does not have, ValueError when the
-    global batch is smaller than the workers or the trial lacks an exchange it needs."""
-    names = list(workers)
-    total = sum(workers.values())
-    if not names or min(workers.values()) < 1:
-        raise ValueError("every group predicted needs one worker or more")
-    if global_batch_size < total:
-        raise ValueError(f"global batch {global_batch_size} < {total} workers")
+) -> _Step:
+    """A step on the groups ``names`` (of ``workers``), split by ``split_policy``."""
     n = model.exchange_bytes
     groups = [model.group(name) for name in names]
+    total = sum(workers[name] for name in names)
     fixed = [g.fixed_s(workers[g.name], n) for g in groups]
     slopes = [max(g.step.slope, 1e-12) for g in groups]
     counts = [workers[g.name] for g in groups]
@@ -456,24 +467,91 @@ def predict(
             local = [global_batch_size / total] * len(groups)
         compute = [f + s * b for f, s, b in zip(fixed, slopes, local, strict=True)]
     cross = exchange_s(model, names)
-    step = expected_max(compute, _spreads(model, groups, compute)) + cross
-    steps = math.ceil(model.n_train / global_batch_size)
-    start, epoch_end = _outside_steps(
-        model, groups, counts, local, global_batch_size, split_policy, compute, cross
+    seconds = expected_max(compute, _spreads(model, groups, compute)) + cross
+    return _Step(seconds, local, compute, cross)
+
+
+def guarded_groups(
+    model: PerformanceModel,
+    workers: dict[str, int],
+    *,
+    global_batch_size: int,
+    split_policy: str,
+    guard: bool = True,
+) -> list[str]:
+    """The groups of ``workers`` the guard keeps stepping (worker/engine/guard.py): one at a
+    time, the group whose leaving shortens the predicted step by ``GUARD_MARGIN`` or more
+    is parked, while one does (``sync`` and ``periodic`` with the weighted split and
+    ``guard`` on; every group otherwise)."""
+    active = list(workers)
+    if not (guard and split_policy == "weighted" and model.sync_strategy in GUARDED_STRATEGIES):
+        return active
+    now = _step(model, workers, active, global_batch_size, split_policy).seconds
+    while len(active) > 1:
+        options = [
+            (_step(model, workers, rest, global_batch_size, split_policy).seconds, rest)
+            for rest in ([a for a in active if a != g] for g in active)
+        ]
+        best_s, rest = min(options, key=lambda option: option[0])
+        if best_s > now * (1.0 - GUARD_MARGIN):
+            break
+        now, active = best_s, rest
+    return active
+
+
+def predict(
+    model: PerformanceModel,
+    workers: dict[str, int],
+    *,
+    global_batch_size: int,
+    epochs: int,
+    split_policy: str,
+    guard: bool = True,
+) -> Prediction:
+    """Predicted times of the task on ``workers`` (candidate group name -> workers, each
+    at least 1), with the guard's parking (:func:`guarded_groups`) when ``guard``. Raises
+    KeyError for a group the model does not have, ValueError when the global batch is
+    smaller than the workers or the trial lacks an exchange it needs."""
+    names = list(workers)
+    total = sum(workers.values())
+    if not names or min(workers.values()) < 1:
+        raise ValueError("every group predicted needs one worker or more")
+    if global_batch_size < total:
+        raise ValueError(f"global batch {global_batch_size} < {total} workers")
+    groups = [model.group(name) for name in names]
+    counts = [workers[g.name] for g in groups]
+    kept = guarded_groups(
+        model, workers, global_batch_size=global_batch_size, split_policy=split_policy, guard=guard
     )
+    full = _step(model, workers, names, global_batch_size, split_policy)
+    on = full if kept == names else _step(model, workers, kept, global_batch_size, split_policy)
+    by_name = dict(zip(kept, zip(on.local, on.compute, strict=True), strict=True))
+    local = [by_name[name][0] if name in by_name else 0.0 for name in names]
+    compute = [by_name[name][1] if name in by_name else 0.0 for name in names]
+    steps = math.ceil(model.n_train / global_batch_size)
+    # Start-up and each epoch's end as with every group (a parked one still meets the others
+    # at the epoch's collectives); the steps before the guard's first check on them all.
+    start, epoch_end = _outside_steps(
+        model, groups, counts, full.local, global_batch_size, split_policy, full.compute, full.cross
+    )
+    before_check = min(GUARD_CHECK_STEPS, steps * epochs) * (full.seconds - on.seconds)
     return Prediction(
         workers=dict(workers),
         split_policy=split_policy,
-        step_s=step,
-        epoch_s=step * steps,
-        finish_s=start + epochs * (step * steps + epoch_end) + model.checkpoint_s,
+        step_s=on.seconds,
+        epoch_s=on.seconds * steps,
+        finish_s=start
+        + epochs * (on.seconds * steps + epoch_end)
+        + before_check
+        + model.checkpoint_s,
         start_s=start,
         epoch_end_s=epoch_end,
-        samples_per_s=global_batch_size / step if step > 0 else math.inf,
-        exchange_s=cross,
+        samples_per_s=global_batch_size / on.seconds if on.seconds > 0 else math.inf,
+        exchange_s=on.cross,
         local_batch={g.name: b for g, b in zip(groups, local, strict=True)},
         compute_s={g.name: c for g, c in zip(groups, compute, strict=True)},
-        idle=[g.name for g, b in zip(groups, local, strict=True) if b <= 0.0],
+        idle=[g.name for g, b in zip(groups, local, strict=True) if b <= 0.0 and g.name in kept],
+        parked=[name for name in names if name not in kept],
     )
 
 
@@ -522,7 +600,7 @@ def recommend(
     Raises ValueError when no subset can hold the global batch."""
     names = [g.name for g in model.groups]
     asked = {g.name: g.workers for g in model.groups}
-    kwargs = {"global_batch_size": global_batch_size, "epochs": epochs}
+    kwargs: dict[str, Any] = {"global_batch_size": global_batch_size, "epochs": epochs}
     options = [
         predict(model, {n: asked[n] for n in subset}, split_policy=policy, **kwargs)
         for subset in subsets(names)
@@ -560,8 +638,14 @@ def recommend(
         if not math.isfinite(gain):
             left_out[name] = "with it the workers would exceed the global batch"
             continue
-        added = fastest(with_it)
-        assert added is not None
+        guarded = fastest(with_it)
+        assert guarded is not None
+        # Why it costs: its prediction as if the guard let it be (it parks it after its first
+        # check, when the predicted step is that much longer).
+        unguarded = [
+            predict(model, with_it, split_policy=p, guard=False, **kwargs) for p in split_policies
+        ]
+        added = min(unguarded, key=lambda p: p.finish_s)
         exchange = added.exchange_s - best.exchange_s
         saved = max(best.compute_s.values()) - max(added.compute_s.values())
         compute = (
@@ -574,6 +658,8 @@ def recommend(
             f"adding it would finish {-gain:.1f} s later: its cross-group exchange adds "
             f"{exchange * 1000:.1f} ms per step, {compute}"
         )
+        if name in guarded.parked:
+            left_out[name] += "; submitted with it, the guard parks it at its first check"
     result = Recommendation(options, best, gains, left_out)
     if deadline_s is not None:
         result.deadline_s = deadline_s
@@ -586,7 +672,7 @@ def _for_deadline(
     asked: dict[str, int],
     deadline_s: float,
     split_policies: Sequence[str],
-    kwargs: dict[str, int],
+    kwargs: dict[str, Any],
 ) -> Prediction | None:
     """The prediction with the fewest workers finishing within ``deadline_s`` (ties: the
     fastest), or None."""

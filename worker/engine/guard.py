@@ -45,6 +45,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from contracts.plan import GUARD_MARGIN
+
 
 @dataclass(frozen=True)
 class GroupCost:
@@ -88,7 +90,7 @@ class Guard:
     """
 
     n_groups: int
-    margin: float = 0.10
+    margin: float = GUARD_MARGIN
     costs: dict[int, GroupCost] = field(default_factory=dict)
     overhead_one_s: float | None = None
     overhead_many_s: float | None = None

@@ -242,6 +242,7 @@ def test_recommendation_leaves_out_a_group_whose_exchange_costs_more_than_it_sav
     assert found.best.workers == {"fast": 2}
     assert set(found.left_out) == {"slow"}
     assert "exchange adds" in found.left_out["slow"] and "compute saves" in found.left_out["slow"]
+    assert "the guard parks it" in found.left_out["slow"]
     assert found.marginal_gain_s["slow"] < 0  # adding it would cost time
     alone = recommend(fit(trial, GROUPS[:1], sync_strategy="sync"), global_batch_size=64, epochs=2)
     assert alone.marginal_gain_s == {"fast": None}  # the only group cannot be left out
@@ -289,14 +290,17 @@ def test_diloco_takes_a_slow_groups_samples_without_its_fixed_cost_every_step() 
     trial = _trial({0: (0.01, 0.001), 1: (0.5, 0.003)}, {0: 2, 1: 1}, cross=None, trips=trips)
     kwargs = {"global_batch_size": 64, "epochs": 1, "split_policy": "weighted"}
     workers = {"fast": 2, "slow": 1}
-    periodic = predict(
-        fit(trial, GROUPS, sync_strategy="periodic", sync_period=8), workers, **kwargs
-    )
+    periodic_model = fit(trial, GROUPS, sync_strategy="periodic", sync_period=8)
+    periodic = predict(periodic_model, workers, guard=False, **kwargs)
     diloco = predict(fit(trial, GROUPS, sync_strategy="diloco", sync_period=8), workers, **kwargs)
     fast_alone = predict(
         fit(trial, GROUPS, sync_strategy="diloco", sync_period=8), {"fast": 2}, **kwargs
     )
     assert periodic.step_s >= 0.5 > diloco.step_s
+    # With the guard (the default), periodic parks the slow group: the fast group's step.
+    guarded = predict(periodic_model, workers, **kwargs)
+    alone = predict(periodic_model, {"fast": 2}, **kwargs)
+    assert guarded.parked == ["slow"] and guarded.step_s == pytest.approx(alone.step_s)
     assert diloco.step_s < fast_alone.step_s  # the slow group adds to the fast one
     # the split step's samples, spread by the groups' rates at the fast group's local batch
     fast, slow = diloco.local_batch["fast"], diloco.local_batch["slow"]
@@ -318,13 +322,23 @@ def test_quorum_epochs_are_set_by_the_slowest_group() -> None:
 def test_water_filling_gives_a_group_past_its_fixed_cost_nothing() -> None:
     trial = _trial({0: (0.01, 0.001), 1: (0.5, 0.001)}, {0: 2, 1: 1}, cross=Ring(1e-6, 1e-12))
     model = fit(trial, GROUPS, sync_strategy="sync")
-    weighted = predict(
-        model, {"fast": 2, "slow": 1}, split_policy="weighted", global_batch_size=64, epochs=1
-    )
+    kwargs = {"split_policy": "weighted", "global_batch_size": 64, "epochs": 1}
+    weighted = predict(model, {"fast": 2, "slow": 1}, guard=False, **kwargs)
     # The fast workers take all 64 samples (32 each) and finish long before 0.5 s.
     assert weighted.local_batch["slow"] == 0.0 and weighted.idle == ["slow"]
     assert weighted.local_batch["fast"] == pytest.approx(32.0)
     assert weighted.step_s >= 0.5  # the idle group still pays its fixed cost
+    # The guard parks it: the step is the fast group's, after the first check's 10 steps.
+    guarded = predict(model, {"fast": 2, "slow": 1}, **kwargs)
+    alone = predict(model, {"fast": 2}, **kwargs)
+    assert guarded.parked == ["slow"] and guarded.idle == []
+    assert guarded.step_s == pytest.approx(alone.step_s) and alone.step_s < 0.5 / 10
+    # Start-up and the epoch's end as with both groups; the steps after the first check as
+    # the fast group's alone.
+    steps = round(weighted.epoch_s / weighted.step_s)
+    saved = (steps - 10) * (weighted.step_s - guarded.step_s)
+    assert weighted.finish_s - guarded.finish_s == pytest.approx(saved)
+    assert guarded.start_s == weighted.start_s and guarded.epoch_end_s == weighted.epoch_end_s
 
 
 @pytest.mark.parametrize("missing", ["leaders_allreduce", "group_allreduce"])
