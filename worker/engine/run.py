@@ -26,7 +26,7 @@ from torch import Tensor
 from worker.engine import report
 from worker.engine.agreement import check_parameters, hooked_precision
 from worker.engine.balance import Balancer, imbalance
-from worker.engine.checkpoint import gather_worker_states, save_checkpoint
+from worker.engine.checkpoint import gather_worker_states, save_checkpoint, to_cpu
 from worker.engine.compute import BusyClock, Work, local_gradient, reduced_gradient
 from worker.engine.contract import TrainingCode
 from worker.engine.data import Source
@@ -270,17 +270,6 @@ def _step_comm(run: Run, out: frozenset[int]) -> None:
     run.comm[out] = (cross if rank in leaders else None, workers if rank in members else None)
 
 
-def _on_cpu(value: Any) -> Any:
-    """``value`` with every tensor in it moved to the CPU (to pickle across devices)."""
-    if isinstance(value, Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: _on_cpu(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_on_cpu(v) for v in value)
-    return value
-
-
 def refresh(run: Run, groups: set[int], source: int) -> None:
     """The workers of ``groups`` take the parameters, buffers and optimizer state of rank
     ``source`` (point to point): a parked group coming back to the step path holds what
@@ -289,7 +278,7 @@ def refresh(run: Run, groups: set[int], source: int) -> None:
     rank, state = run.topo.rank, run.state
     if rank == source:
         vector = state.vector().cpu()
-        optimizer = _on_cpu(run.optimizer.state_dict()) if run.optimizer is not None else None
+        optimizer = to_cpu(run.optimizer.state_dict()) if run.optimizer is not None else None
         for target in targets:
             dist.send(vector, dst=target)
             dist.send_object_list([optimizer], dst=target)
@@ -521,7 +510,9 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
         run.ledger.close(run.split, epoch=run.epoch, step=run.step)
     local_optimizer = None
     source = source_worker(run)
-    sends = run.topo.rank == source if replicated else run.topo.am_i_leader
+    # A parked group's optimizer is not sent: it takes the source's when taken back, and the
+    # checkpoint keeps that for it (its slow link would hold up every checkpoint).
+    sends = run.topo.rank == source if replicated else run.topo.am_i_leader and stepping(run)
     if run.optimizer is not None and not run.topo.is_ps and sends:
         local_optimizer = run.optimizer.state_dict()
     states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
@@ -534,7 +525,9 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     state: dict[str, Any] = {
         "model": run.model.state_dict(),
         "optimizer": None if per_group or run.optimizer is None else run.optimizer.state_dict(),
-        "group_optimizers": {g: states[r]["optimizer"] for g, r in enumerate(leaders)}
+        "group_optimizers": {
+            g: states[source if g in parked(run) else r]["optimizer"] for g, r in enumerate(leaders)
+        }
         if per_group
         else None,
         "epoch": run.epoch,

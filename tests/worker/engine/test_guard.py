@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.worker.engine.reference import dumped_batches, run_with_dump
+from tests.worker.engine.reference import dumped_batches, reference_run, run_with_dump
 from tests.worker.engine.test_equivalence import assert_matches_reference
 from worker.engine.guard import GroupCost, Guard, step_seconds
 from worker.engine.spec import RunSpec
@@ -217,3 +217,22 @@ def test_periodic_parks_a_group_out_of_the_averaging_and_takes_it_back(
     assert "guard: group 'b' taken back at step 12" in server
     val = [v for v in run.metrics("val_loss") if v is not None]
     assert len(val) == spec.epochs and all(math.isfinite(v) for v in val)
+
+
+def test_a_group_parked_across_epoch_ends_loses_no_sample(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    """Parked from step 4 to the end of 3 epochs: the others take every sample once an epoch
+    (the split gives the parked worker none, also in the epochs that start with it parked),
+    and the stepping ranks are the single-process steps on those batches."""
+    spec = make_spec(**{**GUARDED, "debug_guard_schedule": {4: [1]}, "epochs": 3})
+    run, finals = run_with_dump(spec, tmp_path / "dump")
+    batches = dumped_batches(tmp_path / "dump")
+    steps = math.ceil(160 / spec.global_batch_size)
+    for epoch in range(spec.epochs):
+        seen = torch.cat(batches[epoch * steps : (epoch + 1) * steps])
+        assert torch.equal(seen.sort().values, torch.arange(160)), "not every sample once"
+    expected, _ = reference_run(spec, batches)
+    for rank in (0, 1, 2):  # the parameter server and group a's two workers
+        torch.testing.assert_close(finals[rank], expected, atol=1e-5, rtol=0)
+    assert "taken back" not in run.text(0)
