@@ -44,7 +44,7 @@ and the line gives the median over ``--rounds`` rounds with a 95 % bootstrap int
 parameter server on the step path) with the guard off, ``sync_guarded`` (the same with the
 guard on, the default: worker/engine/guard.py), ``periodic`` (models averaged every 8
 steps; guarded too) and ``diloco`` (rounds of 16 global batches, local steps scaled to each
-group's speed, blocking exchange; not guarded: its rounds already scale), and
+group's speed, blocking exchange; guarded too), and
 two model sizes: ``34k``
 (bench/workloads/hetero_cnn.py, 4,096 samples, global batch 256, about 1.8 M
 multiply-adds a sample) and ``10M`` (bench/workloads/sized_mlp.py at hidden width 3030,
@@ -98,8 +98,7 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "diloco": {"sync_strategy": "diloco", "sync_period": 16},
 }
 GUARDED = ("sync_guarded", "periodic", "diloco")
-"""The arms with the guard on (the default): it acts under sync and periodic
-(worker/engine/guard.py); diloco's rounds are scaled to each group's speed instead."""
+"""The arms with the guard on (the default; worker/engine/guard.py)."""
 GUARDED_TARGET = ">= 0.95 (fast alone = 1.0)"
 FAST = {"name": "fast", "device_type": "cpu", "workers": 1}
 SLOW = {"name": "slow", "device_type": "cpu", "workers": 1}

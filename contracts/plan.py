@@ -16,9 +16,10 @@ the next round; `overlapped` goes on at once and takes it one round late; `async
 parameter server apply each group's update as it arrives, so a group waits for its own
 exchange only (two or more groups)."""
 ROUND_STRATEGIES = ("periodic", "diloco")
-GUARDED_STRATEGIES = ("sync", "periodic")
-"""The strategies whose groups all meet at every step or averaging, where the guard may park
-a group that lengthens them (worker/engine/guard.py; the planner predicts the same)."""
+GUARDED_STRATEGIES = ("sync", "periodic", "diloco")
+"""The strategies whose groups all meet at every step or round, where the guard may park a
+group that lengthens them (worker/engine/guard.py; ``diloco`` with its blocking exchange
+only; the planner predicts the same)."""
 GUARD_MARGIN = 0.10
 """The predicted shortening of the step, as a fraction, that moves a group (guard, planner)."""
 """The strategies whose groups train on their own for `sync_period` steps (a round) and keep

@@ -117,7 +117,8 @@ class TaskCreate(StrictModel):
     )
     guard: bool = Field(
         default=True,
-        description="sync and periodic with the weighted split: park a group whose part in "
+        description="sync, periodic and diloco (blocking) with the weighted split: park a "
+        "group whose part in "
         "each step costs more than it adds (its update or the exchange outlasts the others' step), "
         "and take it back when it would gain; each move is an event of the task",
     )

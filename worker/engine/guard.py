@@ -34,6 +34,13 @@ same groups at the same step without a broadcast. A move needs a predicted gain 
 ``margin`` (default 10 %) of the current step, so noise around the break-even point does
 not move groups back and forth; one group moves per check.
 
+Under ``diloco`` (its blocking exchange) every group takes its round's samples in local steps
+of the whole global batch, so a group adds its rate ``R_g = B / (a_g + B / r_g)`` and no
+group's fixed part holds the others; what a slow group can cost is the round's exchange (its
+upload and download at its own speed, which the others wait for at the round's end), the
+overhead ``x``. A split step then lasts ``B / sum R_g + x`` (the planner's ``diloco`` model,
+backend/plans/performance.py).
+
 This is the per-step cost model of heterogeneity-aware data parallelism with a
 per-worker fixed cost (Chen et al., "Semi-Dynamic Load Balancing", SoCC 2020; the
 fastest-subset rule of Jiang et al., "HeterPS", 2021), applied to whole resource groups.
@@ -81,16 +88,31 @@ def step_seconds(costs: Iterable[GroupCost], batch: int) -> float:
     raise AssertionError("unreachable")
 
 
+def round_step_seconds(costs: Iterable[GroupCost], batch: int) -> float:
+    """Seconds of ``batch`` samples on the groups of ``costs`` when each takes its samples in
+    local steps of the whole ``batch`` (``diloco``, worker/engine/strategy_diloco.py): group
+    ``g`` takes a step in ``a_g + batch / r_g`` seconds, so its rate is ``R_g = batch / (a_g
+    + batch / r_g)``, and the groups together take ``batch / sum R_g``. Raises ValueError
+    when no group has a positive rate."""
+    rates = [batch / (c.fixed_s + batch / c.rate) for c in costs if c.rate > 0]
+    if not rates:
+        raise ValueError("no group has a measured rate")
+    return batch / sum(rates)
+
+
 @dataclass
 class Guard:
     """The guard's state, alike on every rank: each group's last measured cost, the step's
     overhead as last measured with one active group and with several, and the parked groups.
 
     ``margin``: the predicted gain, as a fraction of the current step, a move needs.
+    ``rounds``: the groups take local steps of the whole global batch (``diloco``), so a
+    step of the split is priced by :func:`round_step_seconds` instead of equation (1).
     """
 
     n_groups: int
     margin: float = GUARD_MARGIN
+    rounds: bool = False
     costs: dict[int, GroupCost] = field(default_factory=dict)
     overhead_one_s: float | None = None
     overhead_many_s: float | None = None
@@ -118,8 +140,9 @@ class Guard:
         # One group alone, never measured so: no cross-group exchange, so none is assumed
         # (the first window after parking measures it, and the group comes back if that
         # was optimistic).
+        price = round_step_seconds if self.rounds else step_seconds
         try:
-            seconds = step_seconds([self.costs[g] for g in chosen], batch)
+            seconds = price([self.costs[g] for g in chosen], batch)
         except ValueError:
             return math.inf
         return seconds + (overhead or 0.0)

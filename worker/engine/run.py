@@ -91,7 +91,8 @@ class Run:
     def __post_init__(self) -> None:
         self.state = ModelState.of(self.model)
         if guarding(self):
-            self.guard = Guard(len(self.spec.groups))
+            rounds = self.spec.sync_strategy == "diloco"
+            self.guard = Guard(len(self.spec.groups), rounds=rounds)
 
     @property
     def parked_groups(self) -> frozenset[int]:
@@ -214,7 +215,7 @@ def guarding(run: Run) -> bool:
     decides from the measured rates) and more than one group."""
     spec = run.spec
     return (
-        run.strategy.guarded
+        run.strategy.guards(spec)
         and spec.guard
         and spec.split_policy == "weighted"
         and len(spec.groups) > 1
@@ -293,11 +294,13 @@ def refresh(run: Run, groups: set[int], source: int) -> None:
 
 
 def _group_costs(run: Run, columns: tuple[list[float], ...]) -> tuple[dict[int, GroupCost], float]:
-    """Each stepping group's measured cost (:class:`worker.engine.guard.GroupCost`) and the
-    step's overhead (seconds: the wall time of a step beyond the busiest worker's busy
-    time), from the window's gathered ``(busy s, samples, own s, steps, wall s)`` columns;
-    a group with a worker that took no sample in the window is left out of the costs."""
+    """Each stepping group's measured cost per local step (:class:`worker.engine.guard.
+    GroupCost`) and the overhead of a step of the split (seconds: its wall time beyond the
+    busiest worker's busy time), from the window's gathered ``(busy s, samples, own s, local
+    steps, wall s)`` columns and its split steps (since the last check); a group with a
+    worker that took no sample in the window is left out of the costs."""
     busy, samples, own, steps, wall = columns
+    split_steps = max(1, run.step - run.last_balance)
     costs: dict[int, GroupCost] = {}
     busiest, longest = 0.0, 0.0
     for g in range(len(run.spec.groups)):
@@ -309,7 +312,8 @@ def _group_costs(run: Run, columns: tuple[list[float], ...]) -> tuple[dict[int, 
                 measured = False
                 continue
             per_step, own_per_step = busy[w] / steps[w], own[w] / steps[w]
-            busiest, longest = max(busiest, per_step), max(longest, wall[w] / steps[w])
+            busiest = max(busiest, busy[w] / split_steps)
+            longest = max(longest, wall[w] / split_steps)
             section = per_step - own_per_step
             fixed = max(fixed, own_per_step)
             rate += samples[w] / steps[w] / section if section > 0 else 0.0

@@ -89,6 +89,11 @@ class Strategy(ABC, Generic[RunT]):
     def server_epoch(self, run: RunT) -> None:
         """Parameter server: its part of the remaining steps of the epoch ``run.epoch``."""
 
+    def guards(self, spec: Any) -> bool:
+        """True when the guard may park a group of a task with ``spec`` (a RunSpec) under this
+        strategy: ``guarded`` unless a strategy narrows it."""
+        return self.guarded
+
     def reports_progress(self, topo: Topology) -> bool:
         """True on the one rank that reports the task's progress (so the agents never send
         two ranks' differing views of it): by default the parameter server, which drives

@@ -84,7 +84,14 @@ from worker.engine.exchange import (
     vector_to_grads,
     wait_all,
 )
-from worker.engine.run import Run, control_due, control_point, reads_model
+from worker.engine.run import (
+    Run,
+    control_due,
+    control_point,
+    reads_model,
+    stepping,
+    stepping_leaders,
+)
 from worker.engine.sharding import Batches, even_shares
 from worker.engine.split import SplitState
 from worker.engine.state import ModelState
@@ -510,15 +517,23 @@ class DiLoCo(Strategy[Run]):
     name = "diloco"
     group_optimizers = True
     steps_at_share = False  # every group takes steps of the global batch
+    guarded = True
+
+    @override
+    def guards(self, spec: Any) -> bool:
+        """The blocking exchange only: there every round's end is a point where all groups
+        hold the global model, which a group taken back needs."""
+        return bool(spec.diloco_exchange == "blocking")
 
     @override
     def worker_epoch(self, run: Run) -> None:
         """Compute rank: the epoch's rounds, each its group's local steps, then the exchange.
 
         The plan is made again after a control point changed the shares (a rebalance moves
-        samples between the shards)."""
+        samples between the shards). A group the guard parked (blocking exchange only) takes
+        no local step and no part in the exchange; taken back, it starts its rounds from the
+        model it is given then (:func:`worker.engine.run.refresh`)."""
         assert run.optimizer is not None
-        reducer = run.group_reducer()
         plan, r, position = RoundPlan(run), 0, 0
         exchange = RoundExchange(run)
         while not run.split.epoch_done:
@@ -526,12 +541,11 @@ class DiLoCo(Strategy[Run]):
                 plan, r, position = RoundPlan(run), 0, 0
             start, end, counts = plan.rounds[r]
             loss_sum, samples, steps = 0.0, 0.0, 0
-            for k, count in enumerate(counts):
+            for k, count in enumerate(counts):  # none while the group is parked
                 indices = plan.flat[position : position + count]
                 upcoming = partial(plan.upcoming, r, k, position)
-                step_loss, step_count = step_from_sum(
-                    run, run.compute(reducer, indices=indices, upcoming=upcoming), run.topo.group
-                )
+                computed = run.compute(run.group_reducer(), indices=indices, upcoming=upcoming)
+                step_loss, step_count = step_from_sum(run, computed, run.topo.group)
                 position += count
                 loss_sum, samples = loss_sum + step_loss, samples + step_count
                 steps += 1 if step_count > 0 else 0
@@ -539,8 +553,12 @@ class DiLoCo(Strategy[Run]):
                 run.split.advance()
                 run.step += 1
             r += 1
-            exchange.end_round(run, [loss_sum, samples, float(steps)], drain=drains(run))
+            was_stepping = stepping(run)
+            if was_stepping:
+                exchange.end_round(run, [loss_sum, samples, float(steps)], drain=drains(run))
             control_point(run)
+            if stepping(run) and not was_stepping:  # taken back, with the global model
+                exchange = RoundExchange(run)
 
     @override
     def server_epoch(self, run: Run) -> None:
@@ -572,7 +590,8 @@ class DiLoCo(Strategy[Run]):
             if not drain:  # the workers go on: the control point (a rebalance) comes first
                 control_point(run)
             dtype = exchange_dtype(run)
-            total = gather_at_ps(run.topo, n_params + n_buffers + TAIL, dtype)
+            leaders = stepping_leaders(run)  # every group's, unless the guard parked some
+            total = gather_at_ps(run.topo, n_params + n_buffers + TAIL, dtype, leaders)
             samples, weighted_steps = float(total[-1]), float(total[-2])
             if samples > 0:
                 tau_eff = weighted_steps / samples
@@ -581,7 +600,7 @@ class DiLoCo(Strategy[Run]):
                 outer.step()
                 outer.zero_grad(set_to_none=True)
                 state.add_mean_change(None, total[n_params : n_params + n_buffers], samples)
-            broadcast_down(run.topo, state.vector().to(dtype))
+            broadcast_down(run.topo, state.vector().to(dtype), leaders)
             run.loss_sum += float(total[-3])
             run.samples += int(round(samples))
             report_progress(run, every)

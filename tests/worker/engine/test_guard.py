@@ -20,7 +20,7 @@ import torch
 
 from tests.worker.engine.reference import dumped_batches, reference_run, run_with_dump
 from tests.worker.engine.test_equivalence import assert_matches_reference
-from worker.engine.guard import GroupCost, Guard, step_seconds
+from worker.engine.guard import GroupCost, Guard, round_step_seconds, step_seconds
 from worker.engine.spec import RunSpec
 
 B = 64
@@ -236,3 +236,55 @@ def test_a_group_parked_across_epoch_ends_loses_no_sample(
     for rank in (0, 1, 2):  # the parameter server and group a's two workers
         torch.testing.assert_close(finals[rank], expected, atol=1e-5, rtol=0)
     assert "taken back" not in run.text(0)
+
+
+def test_diloco_parks_a_group_out_of_the_rounds_and_takes_it_back(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    """Under diloco (blocking) the parked group takes no local step and sends no
+    pseudo-gradient (the outer step is the other group's); taken back, it starts its rounds
+    from the global model."""
+    spec = make_spec(
+        **GUARDED,
+        sync_strategy="diloco",
+        sync_period=4,
+        debug_guard_schedule={4: [1], 12: []},
+        checkpoint_every=8,
+    )
+    run, finals = run_with_dump(spec, tmp_path / "dump")
+    for rank in range(1, spec.world_size):
+        assert torch.equal(finals[rank], finals[0]), f"rank {rank} differs from the PS"
+    batches = dumped_batches(tmp_path / "dump")
+    steps = math.ceil(160 / spec.global_batch_size)
+    for epoch in range(spec.epochs):
+        seen = torch.cat(batches[epoch * steps : (epoch + 1) * steps])
+        assert torch.equal(seen.sort().values, torch.arange(160)), "not every sample once"
+    server = run.text(0)
+    assert "guard: group 'b' parked at step 4" in server
+    assert "guard: group 'b' taken back at step 12" in server
+    val = [v for v in run.metrics("val_loss") if v is not None]
+    assert len(val) == spec.epochs and all(math.isfinite(v) for v in val)
+
+
+def test_the_guard_acts_on_diloco_with_the_blocking_exchange_only(
+    make_spec: Callable[..., RunSpec],
+) -> None:
+    from worker.engine.session import strategy_for
+
+    diloco = strategy_for("diloco")
+    assert diloco.guards(make_spec(sync_strategy="diloco", sync_period=4))
+    for exchange in ("overlapped", "async"):
+        spec = make_spec(sync_strategy="diloco", sync_period=4, diloco_exchange=exchange)
+        assert not diloco.guards(spec)
+    assert not strategy_for("quorum").guards(make_spec(sync_strategy="quorum", quorum=1))
+
+
+def test_rounds_are_priced_by_each_groups_rate_with_its_fixed_part() -> None:
+    fast, slow = GroupCost(0.03, 690.0), GroupCost(0.12, 230.0)
+    rate_fast, rate_slow = B / (0.03 + B / 690.0), B / (0.12 + B / 230.0)
+    assert round_step_seconds([fast, slow], B) == pytest.approx(B / (rate_fast + rate_slow))
+    guard = Guard(n_groups=2, rounds=True)
+    guard.observe({0: fast, 1: slow}, 0.01, active=2)
+    assert guard.decide(B) == frozenset()  # it adds its rate, and the exchange is cheap
+    guard.observe({0: fast, 1: slow}, 0.2, active=2)  # the round's exchange waits for it
+    assert guard.decide(B) == frozenset({1})
