@@ -25,8 +25,10 @@ the active groups' fresh ones, and takes it back when that is shorter.
 
 The overhead with several groups and with one is each taken from the last window that ran
 so; before a window has run with one group, a single group's overhead is taken as none (its
-step has no cross-group exchange), and the window after a park measures it: a park that
-was optimistic is undone at the next check.
+step has no cross-group exchange). A park is then checked by measurement: when the window
+after it shows a step (wall seconds) no shorter than the window before it, the group is
+taken back at once, and the overhead that window measured keeps the guard from parking it
+again on the same costs.
 
 Decisions are this module's pure functions of a table every rank holds alike (the
 rebalancing window's work, :func:`worker.engine.run.rebalance`), so every rank parks the
@@ -117,11 +119,22 @@ class Guard:
     overhead_one_s: float | None = None
     overhead_many_s: float | None = None
     parked: frozenset[int] = frozenset()
+    step_s: float | None = None  # the last window's measured wall seconds a step
+    probation: tuple[int, float] | None = None  # the group last parked, the step before it
+    undone: tuple[float, float] | None = None  # the last decision undid a park: (before, after)
 
-    def observe(self, costs: Mapping[int, GroupCost], overhead_s: float, active: int) -> None:
-        """Take a window's measured ``costs`` (the groups that took samples in it) and the
-        step's overhead ``overhead_s`` (seconds), measured with ``active`` groups active."""
+    def observe(
+        self,
+        costs: Mapping[int, GroupCost],
+        overhead_s: float,
+        active: int,
+        step_s: float | None = None,
+    ) -> None:
+        """Take a window's measured ``costs`` (the groups that took samples in it), the
+        step's overhead ``overhead_s`` (seconds), measured with ``active`` groups active, and
+        the window's wall seconds a step ``step_s`` (what :meth:`decide` checks a park by)."""
         self.costs.update(costs)
+        self.step_s = step_s
         if not math.isfinite(overhead_s) or overhead_s < 0:
             return
         if active == 1:
@@ -155,6 +168,15 @@ class Guard:
         taken back by the guard. At least one group stays active.
         """
         gone = set(left_out)
+        # A park is checked by measurement, once: a step no shorter than before it is undone
+        # (the prediction was wrong, e.g. the lone group's overhead was not the none assumed).
+        self.undone = None
+        if self.probation is not None:
+            parked_g, before_s = self.probation
+            self.probation = None
+            if parked_g in self.parked and self.step_s is not None and self.step_s >= before_s:
+                self.undone = (before_s, self.step_s)
+                return self.parked - {parked_g}
         active = [g for g in range(self.n_groups) if g not in self.parked and g not in gone]
         if not active:
             return self.parked
@@ -171,6 +193,9 @@ class Guard:
         if not moves:
             return self.parked
         best_s, best = min(moves, key=lambda move: (move[0], sorted(move[1])))
-        if math.isfinite(best_s) and best_s <= now * (1.0 - self.margin):
-            return best
-        return self.parked
+        if not (math.isfinite(best_s) and best_s <= now * (1.0 - self.margin)):
+            return self.parked
+        if len(best) > len(self.parked) and self.step_s is not None:
+            (parked_g,) = best - self.parked
+            self.probation = (parked_g, self.step_s)
+        return best

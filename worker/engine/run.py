@@ -293,12 +293,15 @@ def refresh(run: Run, groups: set[int], source: int) -> None:
             run.optimizer.load_state_dict(box[0])
 
 
-def _group_costs(run: Run, columns: tuple[list[float], ...]) -> tuple[dict[int, GroupCost], float]:
+def _group_costs(
+    run: Run, columns: tuple[list[float], ...]
+) -> tuple[dict[int, GroupCost], float, float]:
     """Each stepping group's measured cost per local step (:class:`worker.engine.guard.
     GroupCost`) and the overhead of a step of the split (seconds: its wall time beyond the
     busiest worker's busy time), from the window's gathered ``(busy s, samples, own s, local
     steps, wall s)`` columns and its split steps (since the last check); a group with a
-    worker that took no sample in the window is left out of the costs."""
+    worker that took no sample in the window is left out of the costs. Also the window's
+    wall seconds a split step (its slowest worker's)."""
     busy, samples, own, steps, wall = columns
     split_steps = max(1, run.step - run.last_balance)
     costs: dict[int, GroupCost] = {}
@@ -319,7 +322,7 @@ def _group_costs(run: Run, columns: tuple[list[float], ...]) -> tuple[dict[int, 
             rate += samples[w] / steps[w] / section if section > 0 else 0.0
         if measured and rate > 0:
             costs[g] = GroupCost(fixed_s=fixed, rate=rate)
-    return costs, longest - busiest
+    return costs, longest - busiest, longest
 
 
 def guard_check(run: Run, columns: tuple[list[float], ...]) -> bool:
@@ -334,10 +337,10 @@ def guard_check(run: Run, columns: tuple[list[float], ...]) -> bool:
     """
     guard = run.guard
     assert guard is not None
-    costs, overhead = _group_costs(run, columns)
+    costs, overhead, step_s = _group_costs(run, columns)
     before = guard.parked
     stepping_now = len(run.spec.groups) - len(before)
-    guard.observe(costs, overhead, stepping_now)
+    guard.observe(costs, overhead, stepping_now, step_s)
     schedule = run.spec.debug_guard_schedule
     if schedule is None:
         after = guard.decide(run.spec.global_batch_size, left_out=run.excluded_groups)
@@ -364,10 +367,13 @@ def guard_check(run: Run, columns: tuple[list[float], ...]) -> bool:
     for g in sorted(before ^ after):
         name = run.spec.groups[g].name
         what = "parked" if g in after else "taken back"
-        reason = (
-            f"group {name!r} {what} at step {run.step}: predicted step "
-            f"{now_s * 1000:.1f} ms -> {then_s * 1000:.1f} ms (shares {shares})"
-        )
+        why = f"predicted step {now_s * 1000:.1f} ms -> {then_s * 1000:.1f} ms"
+        if guard.undone is not None:
+            was_s, parked_s = guard.undone
+            why = (
+                f"the step measured {parked_s * 1000:.1f} ms without it, {was_s * 1000:.1f} ms with"
+            )
+        reason = f"group {name!r} {what} at step {run.step}: {why} (shares {shares})"
         if run.topo.is_ps:
             report.guard(reason, group=name)
             report.log(f"guard: {reason}")

@@ -288,3 +288,30 @@ def test_rounds_are_priced_by_each_groups_rate_with_its_fixed_part() -> None:
     assert guard.decide(B) == frozenset()  # it adds its rate, and the exchange is cheap
     guard.observe({0: fast, 1: slow}, 0.2, active=2)  # the round's exchange waits for it
     assert guard.decide(B) == frozenset({1})
+
+
+def test_a_park_the_next_window_does_not_bear_out_is_undone_and_not_repeated() -> None:
+    # The prediction parks the slow group on the assumption that one group alone has no
+    # overhead; the window after it measures a step no shorter than before: it comes back.
+    fast, slow = GroupCost(0.01, 2000.0), GroupCost(0.03, 500.0)
+    guard = Guard(n_groups=2)
+    guard.observe({0: fast, 1: slow}, 0.02, active=2, step_s=0.0556)
+    guard.parked = guard.decide(B)
+    assert guard.parked == frozenset({1}) and guard.probation == (1, 0.0556)
+    guard.observe({0: fast}, 0.03, active=1, step_s=0.072)  # measured: slower alone
+    guard.parked = guard.decide(B)
+    assert guard.parked == frozenset() and guard.undone == (0.0556, 0.072)
+    # With the lone group's overhead now measured, the same costs park nothing again.
+    guard.observe({0: fast, 1: slow}, 0.02, active=2, step_s=0.0556)
+    assert guard.decide(B) == frozenset()
+
+
+def test_a_park_the_next_window_bears_out_stays() -> None:
+    fast, slow = GroupCost(0.03, 690.0), GroupCost(0.12, 230.0)
+    guard = Guard(n_groups=2)
+    guard.observe({0: fast, 1: slow}, 0.02, active=2, step_s=0.17)
+    guard.parked = guard.decide(B)
+    assert guard.parked == frozenset({1})
+    guard.observe({0: fast}, 0.005, active=1, step_s=0.12)
+    guard.parked = guard.decide(B)
+    assert guard.parked == frozenset({1}) and guard.undone is None and guard.probation is None
