@@ -68,6 +68,9 @@ def run_case(
             "seed": 5,
             "groups": groups,
             "split_policy": split,
+            # The guard would park a group of this tiny model (one group alone is faster),
+            # and this check is of every group's numerics, not of the guard.
+            "guard": False,
             "checkpoint_dir": str(folder / "checkpoints"),
             "debug_dump_dir": str(folder / "dump"),
             **options,
