@@ -25,10 +25,10 @@ the active groups' fresh ones, and takes it back when that is shorter.
 
 The overhead with several groups and with one is each taken from the last window that ran
 so; before a window has run with one group, a single group's overhead is taken as none (its
-step has no cross-group exchange). A park is then checked by measurement: when the window
-after it shows a step (wall seconds) no shorter than the window before it, the group is
-taken back at once, and the overhead that window measured keeps the guard from parking it
-again on the same costs.
+step has no cross-group exchange). A park is then checked by measurement: unless the window
+after it shows a step (wall seconds) at least half the margin shorter than the window before
+it, the group is taken back at once, and the overhead that window measured keeps the guard
+from parking it again on the same costs.
 
 Decisions are this module's pure functions of a table every rank holds alike (the
 rebalancing window's work, :func:`worker.engine.run.rebalance`), so every rank parks the
@@ -168,13 +168,15 @@ class Guard:
         taken back by the guard. At least one group stays active.
         """
         gone = set(left_out)
-        # A park is checked by measurement, once: a step no shorter than before it is undone
-        # (the prediction was wrong, e.g. the lone group's overhead was not the none assumed).
+        # A park is checked by measurement, once: unless the step came out at least half the
+        # margin shorter than before it, it is undone (the prediction was wrong, e.g. the
+        # lone group's overhead was not the none assumed; half: one window's noise).
         self.undone = None
         if self.probation is not None:
             parked_g, before_s = self.probation
             self.probation = None
-            if parked_g in self.parked and self.step_s is not None and self.step_s >= before_s:
+            kept = self.step_s is not None and self.step_s <= before_s * (1 - self.margin / 2)
+            if parked_g in self.parked and self.step_s is not None and not kept:
                 self.undone = (before_s, self.step_s)
                 return self.parked - {parked_g}
         active = [g for g in range(self.n_groups) if g not in self.parked and g not in gone]
