@@ -21,9 +21,10 @@ def predicted_finish_s(
     split_policy: str,
     sync_strategy: str,
     sync_period: int = 1,
+    guard: bool = True,
 ) -> float:
     """Seconds a task of ``project_id`` on ``workers`` (group -> workers) is predicted to take
-    from its start, by plan ``plan_id``'s model.
+    from its start, by plan ``plan_id``'s model (with the guard's parking when ``guard``).
 
     Raises:
         Invalid (field `plan_id`): no such plan in the project, its model is not fitted yet,
@@ -52,6 +53,7 @@ def predicted_finish_s(
             global_batch_size=global_batch_size,
             epochs=epochs,
             split_policy=split_policy,
+            guard=guard,
         ).finish_s
     except KeyError as exc:
         raise Invalid(f"plan {plan_id}: {exc.args[0]}", field="plan_id") from None

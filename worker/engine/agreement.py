@@ -342,7 +342,8 @@ def check_parameters(run: CheckedRun) -> None:
     dist.all_reduce(table, op=dist.ReduceOp.SUM)
     run.agreement_s += float(table[:, 3].max())
     out = run.parked_groups
-    ref = min(g for g in range(groups) if g not in out)
+    stepping = [g for g in range(groups) if g not in out]
+    ref = ([g for g in stepping if g not in run.excluded_groups] or stepping)[0]
     source = spec.groups[ref].device_type
     others = [g for g in range(groups) if g != ref and g not in out | run.excluded_groups]
     found = {

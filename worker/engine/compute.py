@@ -127,6 +127,7 @@ class Work:
     own_s: float = 0.0  # of compute_s: the worker's own work between sections (its update)
     steps: int = 0  # the sections accounted, with samples or not
     opened: float = field(default_factory=time.perf_counter)  # when the window began
+    closed: float | None = None  # when its last step ended, if before the check (epoch end)
 
     #: Fraction of a window's sections, the slowest per sample, that ``robust_seconds`` drops.
     TRIM = 0.1

@@ -56,6 +56,9 @@ from dataclasses import dataclass, field
 
 from contracts.plan import GUARD_MARGIN
 
+VETO_CHANGE = 0.15
+"""How much slower the step must become before a park that was undone is tried again."""
+
 
 @dataclass(frozen=True)
 class GroupCost:
@@ -122,6 +125,7 @@ class Guard:
     step_s: float | None = None  # the last window's measured wall seconds a step
     probation: tuple[int, float] | None = None  # the group last parked, the step before it
     undone: tuple[float, float] | None = None  # the last decision undid a park: (before, after)
+    vetoed: dict[int, float] = field(default_factory=dict)  # undone parks: the step with it
 
     def observe(
         self,
@@ -178,6 +182,7 @@ class Guard:
             kept = self.step_s is not None and self.step_s <= before_s * (1 - self.margin / 2)
             if parked_g in self.parked and self.step_s is not None and not kept:
                 self.undone = (before_s, self.step_s)
+                self.vetoed[parked_g] = before_s
                 return self.parked - {parked_g}
         active = [g for g in range(self.n_groups) if g not in self.parked and g not in gone]
         if not active:
@@ -188,6 +193,14 @@ class Guard:
         moves: list[tuple[float, frozenset[int]]] = []
         if len(active) > 1:
             for g in active:
+                # An undone park is not tried again until the step with the group has become
+                # VETO_CHANGE slower than it was measured then (with three groups or more the
+                # overhead learnt from the undo is overwritten by the next window's).
+                vetoed_s = self.vetoed.get(g)
+                if vetoed_s is not None and (
+                    self.step_s is None or self.step_s <= vetoed_s * (1 + VETO_CHANGE)
+                ):
+                    continue
                 rest = [a for a in active if a != g]
                 moves.append((self.predicted_s(rest, batch), self.parked | {g}))
         for g in sorted(self.parked - gone):

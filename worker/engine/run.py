@@ -25,7 +25,7 @@ from torch import Tensor
 
 from worker.engine import report
 from worker.engine.agreement import check_parameters, hooked_precision
-from worker.engine.balance import Balancer, imbalance
+from worker.engine.balance import Balancer, imbalance, rates_of
 from worker.engine.checkpoint import gather_worker_states, save_checkpoint, to_cpu
 from worker.engine.compute import BusyClock, Work, local_gradient, reduced_gradient
 from worker.engine.contract import TrainingCode
@@ -193,12 +193,17 @@ def nonfinite_step(run: Run, group: dist.ProcessGroup | None) -> None:
     reason = describe(found, epoch=run.epoch, step=run.step + 1)
     if run.spec.on_nonfinite == "fail":
         raise NonFiniteError(reason)
-    counts = run.strategy.counts_skips(run.topo)
-    if run.guard is not None:  # the first worker may be parked: the source counts instead
-        counts = run.topo.rank == source_worker(run)
-    if counts:
+    if counts_skips(run):
         run.skipped += 1
         report.log(f"skipped the optimizer step: {reason}")
+
+
+def counts_skips(run: Run) -> bool:
+    """True on the rank that counts skipped optimizer steps (the strategy's, but under a
+    replicated one with the guard the source worker: the first worker may be parked)."""
+    if run.guard is not None and run.strategy.replicated:
+        return run.topo.rank == source_worker(run)
+    return run.strategy.counts_skips(run.topo)
 
 
 # The fewest steps a rebalancing window holds (fewer are noise: two steps, one of them slowed).
@@ -235,10 +240,13 @@ def stepping(run: Run) -> bool:
 
 def source_worker(run: Run) -> int:
     """The compute rank replicated strategies take the model and optimizer from (checkpoints,
-    epoch ends, a parked group taken back): the first worker of the first group not parked."""
+    epoch ends, a parked group taken back): the first worker of the first group neither
+    parked nor excluded for disagreeing (if every stepping group is excluded, not parked)."""
     out = parked(run)
-    first = next(g for g in range(len(run.spec.groups)) if g not in out)
-    return run.spec.group_ranks(first)[0]
+    groups = [g for g in range(len(run.spec.groups)) if g not in out]
+    # Not a group left out for disagreeing, while another one steps.
+    trusted = [g for g in groups if g not in run.excluded_groups] or groups
+    return run.spec.group_ranks(trusted[0])[0]
 
 
 def stepping_leaders(run: Run) -> list[int]:
@@ -272,21 +280,26 @@ def _step_comm(run: Run, out: frozenset[int]) -> None:
 
 
 def refresh(run: Run, groups: set[int], source: int) -> None:
-    """The workers of ``groups`` take the parameters, buffers and optimizer state of rank
-    ``source`` (point to point): a parked group coming back to the step path holds what
-    the others train with. Every other rank does nothing."""
+    """The workers of ``groups`` take the parameters, buffers, optimizer state and the epoch's
+    loss and sample totals of rank ``source`` (point to point): a parked group coming back to
+    the step path holds what the others train with. Every other rank does nothing."""
     targets = [r for g in sorted(groups) for r in run.spec.group_ranks(g)]
     rank, state = run.topo.rank, run.state
     if rank == source:
         vector = state.vector().cpu()
+        totals = torch.tensor([run.loss_sum, float(run.samples)], dtype=torch.float64)
         optimizer = to_cpu(run.optimizer.state_dict()) if run.optimizer is not None else None
         for target in targets:
             dist.send(vector, dst=target)
+            dist.send(totals, dst=target)
             dist.send_object_list([optimizer], dst=target)
     elif rank in targets:
         vector = torch.empty(state.n_params + state.n_buffers, dtype=run.params[0].dtype)
         dist.recv(vector, src=source)
         state.load_(vector.to(run.topo.device))
+        totals = torch.empty(2, dtype=torch.float64)
+        dist.recv(totals, src=source)  # the epoch's loss and samples so far, which it missed
+        run.loss_sum, run.samples = float(totals[0]), int(round(float(totals[1])))
         box: list[Any] = [None]
         dist.recv_object_list(box, src=source)
         if run.optimizer is not None and box[0] is not None:
@@ -348,6 +361,12 @@ def guard_check(run: Run, columns: tuple[list[float], ...]) -> bool:
         after = frozenset(schedule.get(run.step, before))
     if after == before:
         return False
+    # The balancer sizes the new shares by its rate estimate: take this window into it first
+    # (the parked workers' rates are kept; at the first check there was none yet).
+    busy, samples = columns[0], columns[1]
+    run.balancer.update_estimate(
+        rates_of(busy, samples), [t > 0 and n > 0 for t, n in zip(busy, samples, strict=True)]
+    )
     source = source_worker(run)
     now_s = guard.predicted_s(
         [g for g in range(guard.n_groups) if g not in before], run.spec.global_batch_size
@@ -397,7 +416,7 @@ def rebalance(run: Run, window: Work, *, update: bool = True) -> None:
         window.samples,
         window.own_s,
         window.steps,
-        time.perf_counter() - window.opened,
+        (window.closed or time.perf_counter()) - window.opened,
     )
     compute_s, samples = columns[0], columns[1]
     if run.guard is not None and update and guard_check(run, columns):
@@ -477,6 +496,7 @@ def control_point(run: Run) -> None:
         if _crossed(run.step, run.last_checkpoint, spec.checkpoint_every):
             checkpoint(run, f"step-{run.step}.pt", epoch_complete=False)
             run.last_checkpoint = run.step
+    run.window.opened = time.perf_counter()  # the next window's wall time starts here
 
 
 def pull_replica(run: Run) -> None:

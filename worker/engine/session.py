@@ -55,6 +55,7 @@ from worker.engine.run import (
     MIN_WINDOW_STEPS,
     Run,
     checkpoint,
+    counts_skips,
     pull_replica,
     rebalance,
     stepping,
@@ -312,7 +313,7 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
         pull_replica(run)
     if stepping(run):  # a parked group takes the model when it is taken back (run.refresh)
         sync_state(run.topo, run.state, stepping_leaders(run))
-    counted = {SKIPPED: (float(run.skipped), 1.0)} if run.strategy.counts_skips(run.topo) else {}
+    counted = {SKIPPED: (float(run.skipped), 1.0)} if counts_skips(run) else {}
     val = sum_over_world({**val_totals, **counted})
     skipped = int(val.pop(SKIPPED, (0.0, 0.0))[0])
     compute_s, samples = gather_work(run.topo, run.epoch_work.compute_s, run.epoch_work.samples)
@@ -371,6 +372,7 @@ def train(
         started = time.perf_counter()
         (strategy.server_epoch if run.topo.is_ps else strategy.worker_epoch)(run)
         seconds = time.perf_counter() - started
+        run.window.closed = time.perf_counter()  # the epoch's end is not the window's steps
         results = end_epoch(run, validate(run))
         now = time.perf_counter()
         results["epoch_wall_s"], reported = now - reported, now

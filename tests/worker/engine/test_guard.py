@@ -315,3 +315,20 @@ def test_a_park_the_next_window_bears_out_stays() -> None:
     guard.observe({0: fast}, 0.005, active=1, step_s=0.12)
     guard.parked = guard.decide(B)
     assert guard.parked == frozenset({1}) and guard.undone is None and guard.probation is None
+
+
+def test_an_undone_park_is_not_tried_again_on_the_same_step() -> None:
+    # Three groups: after the undo, the next window with all three overwrites the overhead
+    # learnt from it; the veto keeps the guard from parking the same group every other check.
+    costs = {0: GroupCost(0.01, 2000.0), 1: GroupCost(0.01, 2000.0), 2: GroupCost(0.2, 500.0)}
+    guard = Guard(n_groups=3)
+    guard.observe(costs, 0.03, active=3, step_s=0.23)
+    guard.parked = guard.decide(B)
+    assert guard.parked == frozenset({2})  # its update (0.2 s) outlasts the others' step
+    guard.observe({0: costs[0], 1: costs[1]}, 0.21, active=2, step_s=0.24)  # no faster
+    guard.parked = guard.decide(B)
+    assert guard.parked == frozenset() and guard.vetoed == {2: 0.23}
+    guard.observe(costs, 0.03, active=3, step_s=0.23)
+    assert guard.decide(B) == frozenset()  # the same step as when it was undone
+    guard.observe(costs, 0.03, active=3, step_s=0.30)  # 30 % slower since: tried again
+    assert guard.decide(B) == frozenset({2})
