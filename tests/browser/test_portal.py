@@ -231,6 +231,12 @@ def test_plan_from_the_submit_form_then_use_it(
     task_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
     task = api.get(f"/api/v1/tasks/{task_id}").json()
     assert task["spec"]["plan_id"] == plan["id"] and task["name"] == "planned in chromium"
-    assert task["eta_s"] is not None and task["eta_s"] > 0
+    # The plan's prediction is the task's ETA until its measured steps give a pace. The
+    # planned tiny_regression runs in seconds, so by now the pace may have taken over (and
+    # say nothing, its reports stalled at an epoch's end on a busy host): the ETA is checked
+    # while the task has not started.
+    assert task["spec"]["predicted_s"] > 0 and task["status"] != "FAILED", task
+    if task["status"] in ("QUEUED", "SCHEDULED"):
+        assert task["eta_s"] is not None and task["eta_s"] > 0, task
     assert {g["name"]: g["workers"] for g in task["spec"]["groups"]} == best
     api.post(f"/api/v1/tasks/{task_id}/cancel")
