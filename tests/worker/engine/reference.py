@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -82,6 +83,17 @@ def run_with_dump(
 def dumped_batches(dump_dir: Path) -> list[torch.Tensor]:
     """The global batches the parameter server recorded (``RunSpec.debug_dump_dir``)."""
     return torch.load(dump_dir / "batches.pt")
+
+
+def assert_every_sample_once(
+    spec: RunSpec, batches: list[torch.Tensor], n_items: int = 160
+) -> None:
+    """Each epoch's dumped global batches take every one of the ``n_items`` training items
+    exactly once."""
+    steps = math.ceil(n_items / spec.global_batch_size)
+    for epoch in range(spec.epochs):
+        seen = torch.cat(batches[epoch * steps : (epoch + 1) * steps])
+        assert torch.equal(seen.sort().values, torch.arange(n_items)), "not every sample once"
 
 
 def finite(values: list[float | None]) -> list[float]:

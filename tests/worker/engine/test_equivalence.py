@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from tests.worker.engine.reference import (
+    assert_every_sample_once,
     dumped_batches,
     finite,
     reference_run,
@@ -48,9 +49,7 @@ def assert_matches_reference(run_spec: RunSpec, dump: Path) -> tuple[LocalRun, l
     assert len(batches) == spe * run_spec.epochs
     full = [b for i, b in enumerate(batches) if (i + 1) % spe]
     assert all(len(b) == run_spec.global_batch_size for b in full), "global batch changed"
-    for epoch in range(run_spec.epochs):
-        seen = torch.cat(batches[epoch * spe : (epoch + 1) * spe])
-        assert torch.equal(seen.sort().values, torch.arange(160)), "not every sample once"
+    assert_every_sample_once(run_spec, batches)
     expected, epoch_losses = reference_run(run_spec, batches)
     torch.testing.assert_close(finals[0], expected, atol=1e-5, rtol=0)
     return run, epoch_losses

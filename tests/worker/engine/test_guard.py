@@ -18,7 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.worker.engine.reference import dumped_batches, reference_run, run_with_dump
+from tests.worker.engine.reference import (
+    assert_every_sample_once,
+    dumped_batches,
+    reference_run,
+    run_with_dump,
+)
 from tests.worker.engine.test_equivalence import assert_matches_reference
 from worker.engine.guard import GroupCost, Guard, round_step_seconds, step_seconds
 from worker.engine.spec import RunSpec
@@ -192,26 +197,33 @@ def test_the_guard_parks_a_group_whose_update_outlasts_the_step(
     assert not torch.equal(finals[3], finals[0])
 
 
-def test_periodic_parks_a_group_out_of_the_averaging_and_takes_it_back(
-    make_spec: Callable[..., RunSpec], tmp_path: Path
+@pytest.mark.parametrize(
+    ("strategy", "options"),
+    [
+        # periodic: the parked group skips its local steps and the averaging (the parameter
+        # server averages the others' models only), and comes back with the global model
+        ("periodic", {"sync_period": 2, "checkpoint_every": 6}),
+        # diloco (blocking): it takes no local step and sends no pseudo-gradient (the outer
+        # step is the other group's); taken back, it starts its rounds from the global model
+        ("diloco", {"sync_period": 4, "checkpoint_every": 8}),
+    ],
+)
+def test_a_round_strategy_parks_a_group_and_takes_it_back(
+    make_spec: Callable[..., RunSpec],
+    tmp_path: Path,
+    strategy: str,
+    options: dict[str, int],
 ) -> None:
-    """Under periodic the parked group skips its local steps and the averaging (the parameter
-    server averages the others' models only), and comes back with the global model."""
     spec = make_spec(
         **GUARDED,
-        sync_strategy="periodic",
-        sync_period=2,
+        sync_strategy=strategy,
         debug_guard_schedule={4: [1], 12: []},
-        checkpoint_every=6,
+        **options,
     )
     run, finals = run_with_dump(spec, tmp_path / "dump")
     for rank in range(1, spec.world_size):
         assert torch.equal(finals[rank], finals[0]), f"rank {rank} differs from the PS"
-    batches = dumped_batches(tmp_path / "dump")
-    steps = math.ceil(160 / spec.global_batch_size)
-    for epoch in range(spec.epochs):
-        seen = torch.cat(batches[epoch * steps : (epoch + 1) * steps])
-        assert torch.equal(seen.sort().values, torch.arange(160)), "not every sample once"
+    assert_every_sample_once(spec, dumped_batches(tmp_path / "dump"))
     server = run.text(0)
     assert "guard: group 'b' parked at step 4" in server
     assert "guard: group 'b' taken back at step 12" in server
@@ -228,42 +240,11 @@ def test_a_group_parked_across_epoch_ends_loses_no_sample(
     spec = make_spec(**{**GUARDED, "debug_guard_schedule": {4: [1]}, "epochs": 3})
     run, finals = run_with_dump(spec, tmp_path / "dump")
     batches = dumped_batches(tmp_path / "dump")
-    steps = math.ceil(160 / spec.global_batch_size)
-    for epoch in range(spec.epochs):
-        seen = torch.cat(batches[epoch * steps : (epoch + 1) * steps])
-        assert torch.equal(seen.sort().values, torch.arange(160)), "not every sample once"
+    assert_every_sample_once(spec, batches)
     expected, _ = reference_run(spec, batches)
     for rank in (0, 1, 2):  # the parameter server and group a's two workers
         torch.testing.assert_close(finals[rank], expected, atol=1e-5, rtol=0)
     assert "taken back" not in run.text(0)
-
-
-def test_diloco_parks_a_group_out_of_the_rounds_and_takes_it_back(
-    make_spec: Callable[..., RunSpec], tmp_path: Path
-) -> None:
-    """Under diloco (blocking) the parked group takes no local step and sends no
-    pseudo-gradient (the outer step is the other group's); taken back, it starts its rounds
-    from the global model."""
-    spec = make_spec(
-        **GUARDED,
-        sync_strategy="diloco",
-        sync_period=4,
-        debug_guard_schedule={4: [1], 12: []},
-        checkpoint_every=8,
-    )
-    run, finals = run_with_dump(spec, tmp_path / "dump")
-    for rank in range(1, spec.world_size):
-        assert torch.equal(finals[rank], finals[0]), f"rank {rank} differs from the PS"
-    batches = dumped_batches(tmp_path / "dump")
-    steps = math.ceil(160 / spec.global_batch_size)
-    for epoch in range(spec.epochs):
-        seen = torch.cat(batches[epoch * steps : (epoch + 1) * steps])
-        assert torch.equal(seen.sort().values, torch.arange(160)), "not every sample once"
-    server = run.text(0)
-    assert "guard: group 'b' parked at step 4" in server
-    assert "guard: group 'b' taken back at step 12" in server
-    val = [v for v in run.metrics("val_loss") if v is not None]
-    assert len(val) == spec.epochs and all(math.isfinite(v) for v in val)
 
 
 def test_the_guard_acts_on_diloco_with_the_blocking_exchange_only(
