@@ -227,22 +227,17 @@ def guarding(run: Run) -> bool:
     )
 
 
-def parked(run: Run) -> frozenset[int]:
-    """The groups the guard has parked (indices); empty where it does not act."""
-    return run.parked_groups
-
-
 def stepping(run: Run) -> bool:
     """True when this rank takes part in the steps: the parameter server, and every worker
     of a group the guard has not parked."""
-    return run.topo.group_index not in parked(run)
+    return run.topo.group_index not in run.parked_groups
 
 
 def source_worker(run: Run) -> int:
     """The compute rank replicated strategies take the model and optimizer from (checkpoints,
     epoch ends, a parked group taken back): the first worker of the first group neither
     parked nor excluded for disagreeing (if every stepping group is excluded, not parked)."""
-    out = parked(run)
+    out = run.parked_groups
     groups = [g for g in range(len(run.spec.groups)) if g not in out]
     # Not a group left out for disagreeing, while another one steps.
     trusted = [g for g in groups if g not in run.excluded_groups] or groups
@@ -251,7 +246,7 @@ def source_worker(run: Run) -> int:
 
 def stepping_leaders(run: Run) -> list[int]:
     """Global ranks of the leaders of the groups the guard has not parked, in group order."""
-    out = parked(run)
+    out = run.parked_groups
     return [run.spec.group_ranks(g)[0] for g in range(len(run.spec.groups)) if g not in out]
 
 
@@ -259,7 +254,7 @@ def step_groups(run: Run) -> tuple[Any, Any]:
     """This worker's ``(cross, workers)`` process groups for a step: the leaders' and every
     worker's, of the groups not parked (the topology's own when none is; None where this
     rank is not a member)."""
-    out = parked(run)
+    out = run.parked_groups
     if not out:
         return run.topo.cross, run.topo.workers
     return run.comm[out]
@@ -320,7 +315,7 @@ def _group_costs(
     costs: dict[int, GroupCost] = {}
     busiest, longest = 0.0, 0.0
     for g in range(len(run.spec.groups)):
-        if g in parked(run):
+        if g in run.parked_groups:
             continue
         fixed, rate, measured = 0.0, 0.0, True
         for w in (r - 1 for r in run.spec.group_ranks(g)):
@@ -501,7 +496,7 @@ def control_point(run: Run) -> None:
 
 def pull_replica(run: Run) -> None:
     """Replicated strategies: the parameter server takes the parameters and buffers of the
-    first worker the guard has not parked (:func:`source_worker`), and the epoch's loss sum
+    source worker (:func:`source_worker`: not in a parked group), and the epoch's loss sum
     and sample count, so far (one point-to-point vector
     ``[params (P), buffers (B)]``, then ``[loss_sum, samples]`` in float64); other workers do
     nothing.
@@ -556,7 +551,8 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
         "model": run.model.state_dict(),
         "optimizer": None if per_group or run.optimizer is None else run.optimizer.state_dict(),
         "group_optimizers": {
-            g: states[source if g in parked(run) else r]["optimizer"] for g, r in enumerate(leaders)
+            g: states[source if g in run.parked_groups else r]["optimizer"]
+            for g, r in enumerate(leaders)
         }
         if per_group
         else None,

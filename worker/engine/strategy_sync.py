@@ -37,7 +37,6 @@ from worker.engine.run import (
     control_due,
     control_point,
     nonfinite_step,
-    parked,
     source_worker,
     step_groups,
     stepping,
@@ -157,7 +156,7 @@ class Synchronous(Strategy[Run]):
                 cross, workers = step_groups(run)
                 if run.reducer is None:
                     n_tail = run.state.n_buffers + 2
-                    n_groups = len(run.spec.groups) - len(parked(run))
+                    n_groups = len(run.spec.groups) - len(run.parked_groups)
                     run.reducer = GradientReducer(
                         run.topo, run.params, n_tail, n_groups, cross=cross
                     )
