@@ -14,8 +14,9 @@ Each round (paired, counterbalanced: ``bench.stats.paired_rounds``):
    seconds (the parameter server's ``epoch_time_s``, epochs 1.. as epoch 0 is where the
    balancer settles) against the model's predicted ``epoch_s`` for that subset;
 3. in the same runs, the ETA the platform gives at 25 % progress (the pace of measured
-   steps, as ``Task.finish_estimate``: progress since the first report over the time it
-   took, extrapolated from the report at or past 25 %) against the time the run actually
+   steps, as ``Task.finish_estimate`` computes it with ``remaining_s``: progress since the
+   first report over the time it took, across whole epochs once one has ended,
+   extrapolated from the report at or past 25 %) against the time the run actually
    took from that report to its ``done`` event; and the plan's ``finish_s`` (start-up, every
    epoch with its end, the last checkpoint) against the run's whole wall time, from its
    launch to its ``done`` event.
@@ -45,6 +46,7 @@ from typing import Any
 
 from backend.plans.performance import PerformanceModel, fit, predict
 from backend.plans.service import trial_batch_sizes
+from backend.tasks.models import remaining_s
 from bench.common import emit, ps_metric, run_task, workload
 from bench.stats import paired_rounds, summary
 from bench.throttle import CpuGroup, Throttle, ThrottleError, exit_unavailable, placement
@@ -84,14 +86,26 @@ def plan(cpu: dict[str, CpuGroup]) -> PerformanceModel:
 
 
 def eta_at(
-    reports: list[tuple[float, float]], done_at: float, fraction: float = 0.25
+    reports: list[tuple[float, float, int]], done_at: float, fraction: float = 0.25
 ) -> tuple[float, float]:
     """``(eta, actual)`` seconds from the first progress report at or past ``fraction``:
-    the pace-based ETA (``Task.finish_estimate``) and the time the run then took to its
-    ``done``. ``reports`` are ``(monotonic time, progress)``."""
-    first_t, first_p = reports[0]
-    at_t, at_p = next((t, p) for t, p in reports if p >= fraction and p > first_p)
-    eta = (at_t - first_t) / (at_p - first_p) * (1.0 - at_p)
+    the platform's pace ETA (``Task.finish_estimate``, by ``remaining_s``: over whole epochs
+    once one has ended) and the time the run then took to its ``done``. ``reports`` are
+    ``(monotonic time, progress, epoch)``, as the API stores them (``set_progress``)."""
+    first_t, first_p, first_epoch = reports[0]
+    epoch_mark: tuple[float, float] | None = None
+    latest_epoch = first_epoch
+    for t, p, epoch in reports[1:]:
+        if epoch > latest_epoch:
+            epoch_mark, latest_epoch = (t, p), epoch
+        if p >= fraction and p > first_p:
+            at_t, at_p = t, p
+            break
+    eta = remaining_s(
+        (first_t, first_p),
+        (at_t, at_p),
+        *(epoch_mark if epoch_mark is not None else (None, None)),
+    )
     return eta, done_at - at_t
 
 
@@ -99,14 +113,14 @@ def measured(cpu: dict[str, CpuGroup], subset: tuple[str, ...]) -> dict[str, flo
     """One real run on ``subset``: its epoch seconds, its ETA at 25 % and what followed, and
     its wall seconds."""
     groups = [GROUPS[name] for name in subset]
-    reports: list[tuple[float, float]] = []
+    reports: list[tuple[float, float, int]] = []
     done: list[float] = []
 
     def watch(event: dict[str, Any]) -> bool:
         now = time.monotonic()
         if event["type"] == "progress":
             total = max(1, event["epochs"] * event["steps_per_epoch"])
-            reports.append((now, event["step"] / total))
+            reports.append((now, event["step"] / total, event["epoch"]))
         elif event["type"] == "done":
             done.append(now)
         return False

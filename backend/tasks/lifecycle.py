@@ -295,6 +295,7 @@ def _next_attempt(session: Session, task: Task, reason: str, queued: str) -> Non
     task.attempt += 1
     task.master_addr, task.master_port = None, None
     task.pace_start_at = task.pace_start_progress = task.progress_at = None  # a new pace
+    task.pace_epoch_at = task.pace_epoch_progress = None
     transition(session, task, S.QUEUED, queued)
 
 

@@ -63,6 +63,32 @@ def _enum(cls: type[enum.Enum]) -> Enum:
     return Enum(cls, native_enum=False, length=16, validate_strings=True)
 
 
+def remaining_s(
+    first: tuple[float, float],
+    last: tuple[float, float],
+    epoch_s: float | None = None,
+    epoch_progress: float | None = None,
+) -> float:
+    """Seconds from the latest progress report to the finish, at the measured pace.
+
+    ``first`` and ``last`` are ``(seconds, progress)`` of the attempt's first report after
+    its first step and of the latest one (seconds on one clock, progress in [0, 1]);
+    ``epoch_s`` and ``epoch_progress`` those of the first report of the latest epoch
+    entered since, if any. The pace is the progress gained over the time it took: from
+    ``first`` to that epoch's first report once an epoch has ended, so it spans whole
+    epochs with their ends (validation, checkpoint), which come as often in the rest of the
+    task; until then from ``first`` to ``last``. Step reports alone would leave out the
+    epoch ends still to come (``bench.plan_error`` found its ETA at 25 % progress short
+    that way). Extrapolated linearly from ``last`` to progress 1.
+
+    Raises ZeroDivisionError when the span gained no progress (the caller checks).
+    """
+    (t0, p0), (t1, p1) = first, last
+    if epoch_s is not None and epoch_progress is not None and epoch_progress > p0:
+        t1, p1 = epoch_s, epoch_progress
+    return (t1 - t0) / (p1 - p0) * (1.0 - last[1])
+
+
 class Task(Base):
     """One distributed training run of one code version.
 
@@ -113,11 +139,16 @@ class Task(Base):
     pace_start_at: Mapped[datetime | None] = mapped_column(default=None)
     pace_start_progress: Mapped[float | None] = mapped_column(Float, default=None)
     progress_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The first report of the latest epoch the attempt entered after its pace started (when,
+    # at what progress): the pace then spans whole epochs, their ends included.
+    pace_epoch_at: Mapped[datetime | None] = mapped_column(default=None)
+    pace_epoch_progress: Mapped[float | None] = mapped_column(Float, default=None)
 
     def finish_estimate(self, now: datetime) -> tuple[float | None, datetime | None]:
         """Seconds to finish and the predicted finish (naive UTC) at ``now``, from the pace of
-        this attempt's measured steps: progress gained since its first report over the time
-        it took, extrapolated from the latest report. (0, finished_at) once succeeded;
+        this attempt's measured steps (:func:`remaining_s`): progress gained since its first
+        report over the time it took, over whole epochs once one has ended, extrapolated
+        from the latest report. (0, finished_at) once succeeded;
         (None, None) when it failed or was cancelled, before two reports with progress
         between them (startup, profiling and validation before the first step are not
         counted in the pace), and once the predicted finish has passed with the task still
@@ -136,9 +167,15 @@ class Task(Base):
             return self._predicted(now)
         if self.status is not TaskStatus.RUNNING or last <= start:
             return self._predicted(now)
-        per_progress_s = (last - start).total_seconds() / (self.progress - since)
+        epoch_at = self.pace_epoch_at
+        remaining = remaining_s(
+            (0.0, since),
+            ((last - start).total_seconds(), self.progress),
+            None if epoch_at is None else (epoch_at - start).total_seconds(),
+            self.pace_epoch_progress,
+        )
         try:
-            finish = last + timedelta(seconds=per_progress_s * (1.0 - self.progress))
+            finish = last + timedelta(seconds=remaining)
         except OverflowError:  # a vanishing gain of progress: no estimate
             return None, None
         if finish < now:

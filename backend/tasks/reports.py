@@ -73,14 +73,18 @@ def add_metrics(session: Session, *, task_id: int, batch: MetricBatch) -> None:
 def set_progress(session: Session, *, task: Task, data: Progress) -> None:
     """Store a progress report; the first one of an attempt with progress > 0 (after its
     first step) starts the measured pace (`Task.finish_estimate`), as does one below it
-    (the attempt resumed from an earlier checkpoint). A report of an earlier attempt (sent
-    late, after a restart) is ignored."""
+    (the attempt resumed from an earlier checkpoint); a later one that enters a new epoch
+    marks where the pace's whole epochs end. A report of an earlier attempt (sent late,
+    after a restart) is ignored."""
     if data.attempt is not None and data.attempt != task.attempt:
         return
     now = utcnow()
     start = task.pace_start_progress
     if data.progress > 0 and (start is None or data.progress < start):
         task.pace_start_at, task.pace_start_progress = now, data.progress
+        task.pace_epoch_at = task.pace_epoch_progress = None
+    elif start is not None and data.epoch > task.epoch:
+        task.pace_epoch_at, task.pace_epoch_progress = now, data.progress
     task.progress, task.epoch, task.progress_at = data.progress, data.epoch, now
     session.commit()
 

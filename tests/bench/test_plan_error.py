@@ -10,12 +10,22 @@ from bench.plan_error import BATCH, EPOCHS, eta_at, subset_figures
 
 
 def test_eta_at_25_percent_is_the_pace_since_the_first_report() -> None:
-    # First report at t=10 (progress 0.05), then 0.05 per 2 s: at 0.25 (t=18) the pace is
-    # 8 s per 0.20, so 0.75 more take 30 s; the run was done at t=50, 32 s later.
-    reports = [(10.0 + 2.0 * i, 0.05 * (i + 1)) for i in range(10)]
+    # First report at t=10 (progress 0.05), then 0.05 per 2 s, all in epoch 0: at 0.25
+    # (t=18) the pace is 8 s per 0.20, so 0.75 more take 30 s; the run was done at t=50.
+    reports = [(10.0 + 2.0 * i, 0.05 * (i + 1), 0) for i in range(10)]
     eta, actual = eta_at(reports, done_at=50.0)
     assert eta == pytest.approx(30.0)
     assert actual == pytest.approx(32.0)
+
+
+def test_eta_at_25_percent_spans_the_whole_epoch_once_one_has_ended() -> None:
+    # Epoch 0 is progress 0-0.2, its end takes 4 s: epoch 1's first report (0.22) comes at
+    # t=22 rather than t=18. The pace to it: 12 s per 0.17; from the report at 0.26 (t=26)
+    # the remaining 0.74 take 12 / 0.17 * 0.74 s, not the 16 s per 0.21 of the steps alone.
+    reports = [(10.0, 0.05, 0), (16.0, 0.2, 0), (22.0, 0.22, 1), (26.0, 0.26, 1)]
+    eta, actual = eta_at(reports, done_at=80.0)
+    assert eta == pytest.approx(12 / 0.17 * 0.74)
+    assert actual == pytest.approx(54.0)
 
 
 def test_subset_errors_compare_the_model_with_each_round() -> None:

@@ -18,13 +18,18 @@ T0 = datetime(2026, 11, 26, 8, 0, 0)
 
 
 def _report(
-    client: TestClient, monkeypatch: pytest.MonkeyPatch, task: Task, at: datetime, progress: float
+    client: TestClient,
+    monkeypatch: pytest.MonkeyPatch,
+    task: Task,
+    at: datetime,
+    progress: float,
+    epoch: int = 0,
 ) -> None:
     monkeypatch.setattr(reports, "utcnow", lambda: at)
     response = client.post(
         f"/internal/v1/tasks/{task.id}/progress",
         headers=agent_headers(),
-        json={"progress": progress, "epoch": 0},
+        json={"progress": progress, "epoch": epoch},
     )
     assert response.status_code == 204, response.text
 
@@ -66,18 +71,51 @@ def test_eta_follows_the_pace_of_measured_steps(
     assert task.finish_estimate(T0 + timedelta(seconds=150))[0] == pytest.approx(187.5)
 
 
+def test_once_an_epoch_has_ended_the_pace_spans_whole_epochs_with_their_ends(
+    client: TestClient, session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """4 epochs of 10 s of steps each, and each epoch's end (validation, checkpoint) 6 s:
+    the pace of steps alone would say 10 s an epoch; the task's rest takes 16 s an epoch."""
+    task = _running(session)
+    _report(client, monkeypatch, task, T0, 0.025)  # the first step of epoch 0
+    _report(client, monkeypatch, task, T0 + timedelta(seconds=9), 0.25)  # epoch 0's last step
+    # Epoch 0's end took 6 s; the first report of epoch 1 comes 1 s of steps later.
+    _report(client, monkeypatch, task, T0 + timedelta(seconds=16), 0.275, epoch=1)
+    _report(client, monkeypatch, task, T0 + timedelta(seconds=20), 0.375, epoch=1)
+    session.refresh(task)
+    assert (task.pace_epoch_at, task.pace_epoch_progress) == (T0 + timedelta(seconds=16), 0.275)
+    # 0.25 of the task (one epoch and its end) in 16 s: the remaining 0.625 take 40 s from
+    # the latest report (a pace of steps alone, 0.35 in 20 s, would say 35.7 s).
+    now = T0 + timedelta(seconds=20)
+    assert task.finish_estimate(now)[0] == pytest.approx(40.0)
+    # A later report in the same epoch does not move the mark; the next epoch's first does.
+    _report(client, monkeypatch, task, T0 + timedelta(seconds=24), 0.475, epoch=1)
+    _report(client, monkeypatch, task, T0 + timedelta(seconds=33), 0.525, epoch=2)
+    session.refresh(task)
+    assert task.pace_epoch_progress == 0.525
+    assert task.finish_estimate(now + timedelta(seconds=13))[0] == pytest.approx(33 / 0.5 * 0.475)
+
+
+def test_remaining_s_takes_the_pace_to_the_latest_epoch_mark_or_else_the_latest_report() -> None:
+    assert models.remaining_s((0.0, 0.1), (10.0, 0.3)) == pytest.approx(35.0)
+    assert models.remaining_s((0.0, 0.1), (10.0, 0.3), 8.0, 0.2) == pytest.approx(56.0)
+    # A mark at or before the first report (the pace restarted after it) is not a span.
+    assert models.remaining_s((5.0, 0.2), (15.0, 0.4), 4.0, 0.2) == pytest.approx(30.0)
+
+
 def test_a_restart_starts_a_new_pace_and_an_ended_task_has_finished(
     client: TestClient, session: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     task = _running(session, max_restarts=1)
     _report(client, monkeypatch, task, T0, 0.10)
-    _report(client, monkeypatch, task, T0 + timedelta(seconds=10), 0.20)
+    _report(client, monkeypatch, task, T0 + timedelta(seconds=10), 0.20, epoch=1)
     session.refresh(task)  # the reports came through the API's own session
+    assert task.pace_epoch_at == T0 + timedelta(seconds=10)
     assert lifecycle.restart_or_fail(session, task, "agent lost")
     session.commit()
     session.refresh(task)
     assert task.status is TaskStatus.QUEUED and task.finish_estimate(T0) == (None, None)
-    assert task.pace_start_at is None
+    assert task.pace_start_at is None and task.pace_epoch_at is None
     task.status, task.finished_at = TaskStatus.SUCCEEDED, T0 + timedelta(seconds=99)
     session.commit()
     read = _read(client, task)
