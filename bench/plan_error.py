@@ -82,7 +82,7 @@ def plan(cpu: dict[str, CpuGroup]) -> PerformanceModel:
     run = run_task(task(groups, 1, trial=trial), on_spawn=placement(groups, cpu))
     (event,) = [e for e in run.events if e["type"] == "trial"]
     result = TrialResult.model_validate(event["result"])
-    return fit(result, [(g["name"], "cpu", 1) for g in groups], sync_strategy="sync")
+    return fit(result, [(name, "cpu", 1) for name in QUOTAS], sync_strategy="sync")
 
 
 def eta_at(
