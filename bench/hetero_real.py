@@ -43,8 +43,10 @@ and the line gives the median over ``--rounds`` rounds with a 95 % bootstrap int
 (``bench.stats.summary``). The strategies: ``sync`` (one gradient sum every step, no
 parameter server on the step path) with the guard off, ``sync_guarded`` (the same with the
 guard on, the default: worker/engine/guard.py), ``periodic`` (models averaged every 8
-steps; guarded too) and ``diloco`` (rounds of 16 global batches, local steps scaled to each
-group's speed, blocking exchange; guarded too), and
+steps; guarded too), ``diloco`` (rounds of 16 global batches, local steps scaled to each
+group's speed, blocking exchange; guarded too) and ``diloco_overlapped`` and
+``diloco_async`` (the same with those exchanges, rebalancing at epoch ends as a task
+does; guarded too), and
 two model sizes: ``34k``
 (bench/workloads/hetero_cnn.py, 4,096 samples, global batch 256, about 1.8 M
 multiply-adds a sample) and ``10M`` (bench/workloads/sized_mlp.py at hidden width 3030,
@@ -96,8 +98,21 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "sync_guarded": {"guard": True},
     "periodic": {"sync_strategy": "periodic", "sync_period": 8},
     "diloco": {"sync_strategy": "diloco", "sync_period": 16},
+    # As a task gets them: the overlapped and async exchanges rebalance at epoch ends only.
+    "diloco_overlapped": {
+        "sync_strategy": "diloco",
+        "sync_period": 16,
+        "diloco_exchange": "overlapped",
+        "rebalance_every": 0,
+    },
+    "diloco_async": {
+        "sync_strategy": "diloco",
+        "sync_period": 16,
+        "diloco_exchange": "async",
+        "rebalance_every": 0,
+    },
 }
-GUARDED = ("sync_guarded", "periodic", "diloco")
+GUARDED = ("sync_guarded", "periodic", "diloco", "diloco_overlapped", "diloco_async")
 """The arms with the guard on (the default; worker/engine/guard.py)."""
 GUARDED_TARGET = ">= 0.95 (fast alone = 1.0)"
 FAST = {"name": "fast", "device_type": "cpu", "workers": 1}

@@ -17,11 +17,16 @@ parameter server apply each group's update as it arrives, so a group waits for i
 exchange only (two or more groups)."""
 ROUND_STRATEGIES = ("periodic", "diloco")
 GUARDED_STRATEGIES = ("sync", "periodic", "diloco")
-"""The strategies whose groups all meet at every step or round, where the guard may park a
-group that lengthens them (worker/engine/guard.py; ``diloco`` with its blocking exchange
-only; the planner predicts the same)."""
+"""The strategies whose groups all meet at every step or round, or (``diloco``'s overlapped
+and async exchanges) at the rounds where the guard checks, where the guard may park a group
+that lengthens them (worker/engine/guard.py; the planner predicts the same)."""
 GUARD_MARGIN = 0.10
 """The predicted shortening of the step, as a fraction, that moves a group (guard, planner)."""
+GUARD_CHECK_STEPS = 10
+"""Steps before the guard's first check, which comes at the first control point from this
+many steps of the attempt on, whatever ``rebalance_every`` (a ``diloco`` round's end;
+without in-epoch rebalancing it would wait for the first epoch's end); the steps before it
+run on every group (guard, planner)."""
 """The strategies whose groups train on their own for `sync_period` steps (a round) and keep
 one inner optimizer state per group, which another layout of groups cannot take over."""
 DILOCO_PERIOD = 16

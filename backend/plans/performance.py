@@ -47,7 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from contracts.plan import GUARD_MARGIN, GUARDED_STRATEGIES, ROUND_STRATEGIES
+from contracts.plan import GUARD_CHECK_STEPS, GUARD_MARGIN, GUARDED_STRATEGIES, ROUND_STRATEGIES
 from contracts.trial import PROFILE_STEPS, ExchangeTiming, TrialResult, WorkerTiming
 
 MAX_SUBSETS = 2_000  # the deadline search's worker-count combinations, at most
@@ -426,11 +426,6 @@ def _outside_steps(
     )
     pulls = 2 if model.sync_strategy == "sync" and len(groups) > 1 else 1
     return start, val + pulls * transfer + model.checkpoint_s
-
-
-GUARD_CHECK_STEPS = 10
-"""Steps before the guard's first check (the engine's default ``rebalance_every``): they run
-on every group."""
 
 
 @dataclass

@@ -117,10 +117,11 @@ class TaskCreate(StrictModel):
     )
     guard: bool = Field(
         default=True,
-        description="sync, periodic and diloco (blocking) with the weighted split: park a "
-        "group whose part in "
-        "each step costs more than it adds (its update or the exchange outlasts the others' step), "
-        "and take it back when it would gain; each move is an event of the task",
+        description="sync, periodic and diloco with the weighted split: park a group whose "
+        "part in each step costs more than it adds (its update or the exchange outlasts the "
+        "others' step), and take it back when it would gain, at each rebalancing check "
+        "(diloco's overlapped and async exchanges: at epoch ends unless `rebalance_every` is "
+        "set); each move is an event of the task",
     )
     exchange_fraction: float = Field(
         default=0.0,

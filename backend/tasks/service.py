@@ -119,8 +119,7 @@ def _plan_prediction(session: Session, data: TaskCreate, project_id: int) -> dic
         split_policy=data.split_policy,
         sync_strategy=data.sync_strategy,
         sync_period=data.sync_period,
-        # the engine guards diloco with its blocking exchange only
-        guard=data.guard and data.diloco_exchange == "blocking",
+        guard=data.guard,
     )
     return {"plan_id": data.plan_id, "predicted_s": seconds}
 

@@ -126,6 +126,10 @@ class Guard:
     probation: tuple[int, float] | None = None  # the group last parked, the step before it
     undone: tuple[float, float] | None = None  # the last decision undid a park: (before, after)
     vetoed: dict[int, float] = field(default_factory=dict)  # undone parks: the step with it
+    # Measured over predicted step of each set of active groups, as it last ran: the model
+    # leaves out what it cannot see (a group's compute slowed beside another, the waits of
+    # an overlapped exchange), so a set that has run is priced as it measured.
+    bias: dict[frozenset[int], float] = field(default_factory=dict)
 
     def observe(
         self,
@@ -164,6 +168,11 @@ class Guard:
             return math.inf
         return seconds + (overhead or 0.0)
 
+    def priced_s(self, active: Iterable[int], batch: int) -> float:
+        """:meth:`predicted_s` times the set's :attr:`bias`, where it has run (else 1)."""
+        chosen = frozenset(active)
+        return self.predicted_s(chosen, batch) * self.bias.get(chosen, 1.0)
+
     def decide(self, batch: int, left_out: Iterable[int] = ()) -> frozenset[int]:
         """The parked groups from now on: one group parked or taken back when that shortens
         the predicted step by ``margin`` or more, else the parked groups unchanged.
@@ -187,7 +196,10 @@ class Guard:
         active = [g for g in range(self.n_groups) if g not in self.parked and g not in gone]
         if not active:
             return self.parked
-        now = self.predicted_s(active, batch)
+        modelled = self.predicted_s(active, batch)
+        if self.step_s is not None and math.isfinite(modelled) and modelled > 0:
+            self.bias[frozenset(active)] = self.step_s / modelled
+        now = self.priced_s(active, batch)
         if not math.isfinite(now):  # an active group not measured yet: nothing to compare
             return self.parked
         moves: list[tuple[float, frozenset[int]]] = []
@@ -202,9 +214,9 @@ class Guard:
                 ):
                     continue
                 rest = [a for a in active if a != g]
-                moves.append((self.predicted_s(rest, batch), self.parked | {g}))
+                moves.append((self.priced_s(rest, batch), self.parked | {g}))
         for g in sorted(self.parked - gone):
-            moves.append((self.predicted_s([*active, g], batch), self.parked - {g}))
+            moves.append((self.priced_s([*active, g], batch), self.parked - {g}))
         if not moves:
             return self.parked
         best_s, best = min(moves, key=lambda move: (move[0], sorted(move[1])))

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from contracts.plan import GUARD_CHECK_STEPS
 from worker.engine import report
 from worker.engine.agreement import check_parameters, hooked_precision
 from worker.engine.balance import Balancer, imbalance, rates_of
@@ -363,10 +364,10 @@ def guard_check(run: Run, columns: tuple[list[float], ...]) -> bool:
         rates_of(busy, samples), [t > 0 and n > 0 for t, n in zip(busy, samples, strict=True)]
     )
     source = source_worker(run)
-    now_s = guard.predicted_s(
+    now_s = guard.priced_s(
         [g for g in range(guard.n_groups) if g not in before], run.spec.global_batch_size
     )
-    then_s = guard.predicted_s(
+    then_s = guard.priced_s(
         [g for g in range(guard.n_groups) if g not in after], run.spec.global_batch_size
     )
     workers = {r - 1 for g in after for r in run.spec.group_ranks(g)}
@@ -442,6 +443,20 @@ def _balance_due(run: Run, step: int | None = None) -> bool:
     return enough and _crossed(step, run.last_balance, every)
 
 
+def guard_due(run: Run, step: int | None = None) -> bool:
+    """True when the control point at this step (``step``: at that later global step)
+    runs a rebalancing check at which the guard may park a group or take one back: every
+    rebalancing check, and the attempt's first control point from ``GUARD_CHECK_STEPS``
+    steps on while the guard has measured nothing (so a task without in-epoch rebalancing,
+    ``diloco``'s overlapped and async exchanges, does not run its first epoch on a group
+    that costs more than it adds). Every rank holds the same guard state, so all agree."""
+    if run.guard is None or run.spec.split_policy != "weighted":
+        return False
+    step = run.step if step is None else step
+    first = not run.guard.costs and step - run.last_balance >= GUARD_CHECK_STEPS
+    return first or _balance_due(run, step)
+
+
 def control_due(run: Run, step: int | None = None) -> bool:
     """True when :func:`control_point` at this step will run a collective (every rank agrees).
 
@@ -453,6 +468,7 @@ def control_due(run: Run, step: int | None = None) -> bool:
     step = run.step if step is None else step
     return (
         _balance_due(run, step)
+        or guard_due(run, step)
         or _crossed(step, run.last_checkpoint, spec.checkpoint_every)
         or _agreement_due(run, step)
     )
@@ -481,17 +497,21 @@ def control_point(run: Run) -> None:
     spec = run.spec
     if not control_due(run):
         return
+    started, window = time.perf_counter(), run.window
     with run.clock.waiting():  # the control point's collectives wait for every rank
         if _agreement_due(run):
             check_parameters(run)
             run.last_agreement = run.step
-        if _balance_due(run):
+        if _balance_due(run) or guard_due(run):
             rebalance(run, run.window)
             run.window, run.last_balance = Work(), run.step
         if _crossed(run.step, run.last_checkpoint, spec.checkpoint_every):
             checkpoint(run, f"step-{run.step}.pt", epoch_complete=False)
             run.last_checkpoint = run.step
-    run.window.opened = time.perf_counter()  # the next window's wall time starts here
+    if run.window is window:  # the window goes on: its wall time leaves the control point out
+        window.opened += time.perf_counter() - started
+    else:  # a new window (a rebalancing check): its wall time starts here
+        run.window.opened = time.perf_counter()
 
 
 def pull_replica(run: Run) -> None:

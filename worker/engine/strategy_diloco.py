@@ -76,7 +76,6 @@ from worker.engine.distributed import Topology
 from worker.engine.exchange import (
     broadcast_down,
     gather_at_ps,
-    leader_ranks,
     post_from_ps,
     post_to_leader,
     post_to_ps,
@@ -88,6 +87,7 @@ from worker.engine.run import (
     Run,
     control_due,
     control_point,
+    guard_due,
     reads_model,
     stepping,
     stepping_leaders,
@@ -330,10 +330,13 @@ def exchange_dtype(run: Run) -> torch.dtype:
 def drains(run: Run) -> bool:
     """True when the round that just ended must end with every rank on the global model: the
     ``blocking`` and ``async`` exchanges (a group waits for its own update there), the epoch's
-    last round, and a round whose control point checkpoints or checks the parameters'
-    agreement (every rank computes the same answer)."""
+    last round, a round whose control point checkpoints or checks the parameters'
+    agreement (every rank computes the same answer), and one whose control point lets the
+    guard move a group (a group parked or taken back there leaves or joins with no global
+    model on its way, and the parameter server gathers the round from the groups that
+    stepped in it)."""
     waits = run.spec.diloco_exchange != "overlapped"
-    return waits or run.split.epoch_done or reads_model(run)
+    return waits or run.split.epoch_done or reads_model(run) or guard_due(run)
 
 
 def log_local_steps(
@@ -408,7 +411,7 @@ class AsyncServer:
         state, topo = run.state, run.topo
         self.n_params, n_buffers = state.n_params, state.n_buffers
         dtype = exchange_dtype(run)
-        leaders = leader_ranks(topo)
+        leaders = stepping_leaders(run)  # every group's, unless the guard parked some
         self.groups = len(leaders)
         self.outer = outer_optimizer(run)
         beta = self.outer.param_groups[0]["momentum"]
@@ -520,19 +523,13 @@ class DiLoCo(Strategy[Run]):
     guarded = True
 
     @override
-    def guards(self, spec: Any) -> bool:
-        """The blocking exchange only: there every round's end is a point where all groups
-        hold the global model, which a group taken back needs."""
-        return bool(spec.diloco_exchange == "blocking")
-
-    @override
     def worker_epoch(self, run: Run) -> None:
         """Compute rank: the epoch's rounds, each its group's local steps, then the exchange.
 
         The plan is made again after a control point changed the shares (a rebalance moves
-        samples between the shards). A group the guard parked (blocking exchange only) takes
-        no local step and no part in the exchange; taken back, it starts its rounds from the
-        model it is given then (:func:`worker.engine.run.refresh`)."""
+        samples between the shards). A group the guard parked takes no local step and no part
+        in the exchange; taken back, it starts its rounds from the model it is given then
+        (:func:`worker.engine.run.refresh`)."""
         assert run.optimizer is not None
         plan, r, position = RoundPlan(run), 0, 0
         exchange = RoundExchange(run)

@@ -206,13 +206,18 @@ def test_the_guard_parks_a_group_whose_update_outlasts_the_step(
         # diloco (blocking): it takes no local step and sends no pseudo-gradient (the outer
         # step is the other group's); taken back, it starts its rounds from the global model
         ("diloco", {"sync_period": 4, "checkpoint_every": 8}),
+        # overlapped: the rounds at the guard's checks drain, so the group leaves and comes
+        # back with no global model on its way
+        ("diloco", {"sync_period": 4, "checkpoint_every": 8, "diloco_exchange": "overlapped"}),
+        # async: the guard's checks are barriers; the server serves the stepping groups only
+        ("diloco", {"sync_period": 4, "checkpoint_every": 8, "diloco_exchange": "async"}),
     ],
 )
 def test_a_round_strategy_parks_a_group_and_takes_it_back(
     make_spec: Callable[..., RunSpec],
     tmp_path: Path,
     strategy: str,
-    options: dict[str, int],
+    options: dict[str, int | str],
 ) -> None:
     spec = make_spec(
         **GUARDED,
@@ -247,16 +252,15 @@ def test_a_group_parked_across_epoch_ends_loses_no_sample(
     assert "taken back" not in run.text(0)
 
 
-def test_the_guard_acts_on_diloco_with_the_blocking_exchange_only(
+def test_the_guard_acts_on_every_diloco_exchange_and_not_on_quorum(
     make_spec: Callable[..., RunSpec],
 ) -> None:
     from worker.engine.session import strategy_for
 
     diloco = strategy_for("diloco")
-    assert diloco.guards(make_spec(sync_strategy="diloco", sync_period=4))
-    for exchange in ("overlapped", "async"):
+    for exchange in ("blocking", "overlapped", "async"):
         spec = make_spec(sync_strategy="diloco", sync_period=4, diloco_exchange=exchange)
-        assert not diloco.guards(spec)
+        assert diloco.guards(spec)
     assert not strategy_for("quorum").guards(make_spec(sync_strategy="quorum", quorum=1))
 
 
@@ -269,6 +273,28 @@ def test_rounds_are_priced_by_each_groups_rate_with_its_fixed_part() -> None:
     assert guard.decide(B) == frozenset()  # it adds its rate, and the exchange is cheap
     guard.observe({0: fast, 1: slow}, 0.2, active=2)  # the round's exchange waits for it
     assert guard.decide(B) == frozenset({1})
+
+
+def test_a_set_that_ran_is_priced_as_measured_not_as_modelled() -> None:
+    """diloco, overlapped, 10M parameters, a group at a tenth of the other's speed: by the
+    groups' rates both together take 74 ms a split step and the fast one alone 80 ms
+    (no park), but the window measured 104 ms with both (the fast
+    group's compute slowed beside the other's, the waits for its rounds). Priced as it
+    measured, the set with both loses to the fast group alone, which is parked; once that
+    has run, both are priced by their measured bias, so the group is not taken back."""
+    fast, slow = GroupCost(0.035, 1430.0), GroupCost(0.47, 97.0)
+    guard = Guard(n_groups=2, rounds=True)
+    guard.observe({0: fast, 1: slow}, 0.0, active=2)
+    both, alone = guard.predicted_s([0, 1], B), guard.predicted_s([0], B)
+    assert alone > both  # the model alone would keep both
+    assert guard.decide(B) == frozenset()
+    guard.observe({0: fast, 1: slow}, 0.0, active=2, step_s=both * 1.4)
+    guard.parked = guard.decide(B)
+    assert guard.parked == frozenset({1}) and guard.bias[frozenset({0, 1})] == pytest.approx(1.4)
+    guard.observe({0: fast}, 0.0, active=1, step_s=alone * 1.1)  # alone, as measured
+    guard.parked = guard.decide(B)
+    assert guard.parked == frozenset({1}) and guard.undone is None
+    assert guard.priced_s([0, 1], B) == pytest.approx(both * 1.4)
 
 
 def test_a_park_the_next_window_does_not_bear_out_is_undone_and_not_repeated() -> None:
