@@ -90,6 +90,12 @@ def result_line(client: httpx.Client, task: dict[str, Any], wall_s: float) -> di
         "workers": {g["name"]: g["workers"] for g in task["spec"]["groups"]},
         "global_batch_size": task["spec"]["global_batch_size"],
         "checkpoints": len(client.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()),
+        # a group the guard parked (it cost more than it added) or took back, and why
+        "guard": [
+            e["reason"]
+            for e in client.get(f"/api/v1/tasks/{task['id']}/events").json()
+            if e["kind"] == "guard"
+        ],
     }
 
 
