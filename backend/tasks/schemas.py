@@ -119,9 +119,8 @@ class TaskCreate(StrictModel):
         default=True,
         description="sync, periodic and diloco with the weighted split: park a group whose "
         "part in each step costs more than it adds (its update or the exchange outlasts the "
-        "others' step), and take it back when it would gain, at each rebalancing check "
-        "(diloco's overlapped and async exchanges: at epoch ends unless `rebalance_every` is "
-        "set); each move is an event of the task",
+        "others' step), and take it back when it would gain, at each rebalancing check and "
+        "at a first check from step 10; each move is an event of the task",
     )
     exchange_fraction: float = Field(
         default=0.0,

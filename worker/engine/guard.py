@@ -36,7 +36,7 @@ same groups at the same step without a broadcast. A move needs a predicted gain 
 ``margin`` (default 10 %) of the current step, so noise around the break-even point does
 not move groups back and forth; one group moves per check.
 
-Under ``diloco`` (its blocking exchange) every group takes its round's samples in local steps
+Under ``diloco`` (every exchange) every group takes its round's samples in local steps
 of the whole global batch, so a group adds its rate ``R_g = B / (a_g + B / r_g)`` and no
 group's fixed part holds the others; what a slow group can cost is the round's exchange (its
 upload and download at its own speed, which the others wait for at the round's end), the
@@ -128,7 +128,8 @@ class Guard:
     vetoed: dict[int, float] = field(default_factory=dict)  # undone parks: the step with it
     # Measured over predicted step of each set of active groups, as it last ran: the model
     # leaves out what it cannot see (a group's compute slowed beside another, the waits of
-    # an overlapped exchange), so a set that has run is priced as it measured.
+    # an overlapped exchange), so a set that has run is priced as it measured; one that has
+    # not, with the running set's ratio.
     bias: dict[frozenset[int], float] = field(default_factory=dict)
 
     def observe(
@@ -168,10 +169,12 @@ class Guard:
             return math.inf
         return seconds + (overhead or 0.0)
 
-    def priced_s(self, active: Iterable[int], batch: int) -> float:
-        """:meth:`predicted_s` times the set's :attr:`bias`, where it has run (else 1)."""
+    def priced_s(self, active: Iterable[int], batch: int, default_bias: float = 1.0) -> float:
+        """:meth:`predicted_s` times the set's :attr:`bias` where it has run, else times
+        ``default_bias`` (:meth:`decide` passes the running set's: a shortfall of the model
+        that every set shares, a first window's warm-up say, then favours none)."""
         chosen = frozenset(active)
-        return self.predicted_s(chosen, batch) * self.bias.get(chosen, 1.0)
+        return self.predicted_s(chosen, batch) * self.bias.get(chosen, default_bias)
 
     def decide(self, batch: int, left_out: Iterable[int] = ()) -> frozenset[int]:
         """The parked groups from now on: one group parked or taken back when that shortens
@@ -181,6 +184,10 @@ class Guard:
         taken back by the guard. At least one group stays active.
         """
         gone = set(left_out)
+        active = [g for g in range(self.n_groups) if g not in self.parked and g not in gone]
+        modelled = self.predicted_s(active, batch) if active else math.inf
+        if self.step_s is not None and math.isfinite(modelled) and modelled > 0:
+            self.bias[frozenset(active)] = self.step_s / modelled  # also when a park is undone
         # A park is checked by measurement, once: unless the step came out at least half the
         # margin shorter than before it, it is undone (the prediction was wrong, e.g. the
         # lone group's overhead was not the none assumed; half: one window's noise).
@@ -193,12 +200,9 @@ class Guard:
                 self.undone = (before_s, self.step_s)
                 self.vetoed[parked_g] = before_s
                 return self.parked - {parked_g}
-        active = [g for g in range(self.n_groups) if g not in self.parked and g not in gone]
         if not active:
             return self.parked
-        modelled = self.predicted_s(active, batch)
-        if self.step_s is not None and math.isfinite(modelled) and modelled > 0:
-            self.bias[frozenset(active)] = self.step_s / modelled
+        current = self.bias.get(frozenset(active), 1.0)
         now = self.priced_s(active, batch)
         if not math.isfinite(now):  # an active group not measured yet: nothing to compare
             return self.parked
@@ -214,9 +218,9 @@ class Guard:
                 ):
                     continue
                 rest = [a for a in active if a != g]
-                moves.append((self.priced_s(rest, batch), self.parked | {g}))
+                moves.append((self.priced_s(rest, batch, current), self.parked | {g}))
         for g in sorted(self.parked - gone):
-            moves.append((self.priced_s([*active, g], batch), self.parked - {g}))
+            moves.append((self.priced_s([*active, g], batch, current), self.parked - {g}))
         if not moves:
             return self.parked
         best_s, best = min(moves, key=lambda move: (move[0], sorted(move[1])))

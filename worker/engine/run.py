@@ -349,7 +349,8 @@ def guard_check(run: Run, columns: tuple[list[float], ...]) -> bool:
     costs, overhead, step_s = _group_costs(run, columns)
     before = guard.parked
     stepping_now = len(run.spec.groups) - len(before)
-    guard.observe(costs, overhead, stepping_now, step_s)
+    # A window in which no group was measured has no step time (not one of 0 s).
+    guard.observe(costs, overhead, stepping_now, step_s if step_s > 0 else None)
     schedule = run.spec.debug_guard_schedule
     if schedule is None:
         after = guard.decide(run.spec.global_batch_size, left_out=run.excluded_groups)
@@ -396,7 +397,7 @@ def guard_check(run: Run, columns: tuple[list[float], ...]) -> bool:
     return True
 
 
-def rebalance(run: Run, window: Work, *, update: bool = True) -> None:
+def rebalance(run: Run, window: Work, *, update: bool = True, shares: bool = True) -> None:
     """Control point: every rank learns all workers' work and takes the same decision.
 
     One collective: the work table comes from one allreduce in which each
@@ -404,7 +405,9 @@ def rebalance(run: Run, window: Work, *, update: bool = True) -> None:
     same bits), and the balancer is a pure function of that table and of the
     shares and controller state every rank already shares, so no broadcast of
     the decision is needed. The parameter server logs it. Where the guard acts, it
-    decides first, on a fresh window (``update``), and a move it makes is the check's.
+    decides first, on a fresh window (``update``), and a move it makes is the check's;
+    ``shares`` False: the guard's check only (:func:`guard_due`'s first check, off the
+    balancer's ``rebalance_every`` schedule).
     """
     columns = gather_work(
         run.topo,
@@ -416,6 +419,8 @@ def rebalance(run: Run, window: Work, *, update: bool = True) -> None:
     )
     compute_s, samples = columns[0], columns[1]
     if run.guard is not None and update and guard_check(run, columns):
+        return
+    if not shares:  # the guard's own first check: the balancer keeps to its schedule
         return
     proposal = run.balancer.propose(run.split.shares, compute_s, samples, update=update)
     if proposal is None:
@@ -498,17 +503,19 @@ def control_point(run: Run) -> None:
     if not control_due(run):
         return
     started, window = time.perf_counter(), run.window
+    window.closed = started  # a check here measures the window up to this control point
     with run.clock.waiting():  # the control point's collectives wait for every rank
         if _agreement_due(run):
             check_parameters(run)
             run.last_agreement = run.step
         if _balance_due(run) or guard_due(run):
-            rebalance(run, run.window)
+            rebalance(run, run.window, shares=_balance_due(run))
             run.window, run.last_balance = Work(), run.step
         if _crossed(run.step, run.last_checkpoint, spec.checkpoint_every):
             checkpoint(run, f"step-{run.step}.pt", epoch_complete=False)
             run.last_checkpoint = run.step
     if run.window is window:  # the window goes on: its wall time leaves the control point out
+        window.closed = None
         window.opened += time.perf_counter() - started
     else:  # a new window (a rebalancing check): its wall time starts here
         run.window.opened = time.perf_counter()

@@ -276,25 +276,30 @@ def test_rounds_are_priced_by_each_groups_rate_with_its_fixed_part() -> None:
 
 
 def test_a_set_that_ran_is_priced_as_measured_not_as_modelled() -> None:
-    """diloco, overlapped, 10M parameters, a group at a tenth of the other's speed: by the
-    groups' rates both together take 74 ms a split step and the fast one alone 80 ms
-    (no park), but the window measured 104 ms with both (the fast
-    group's compute slowed beside the other's, the waits for its rounds). Priced as it
-    measured, the set with both loses to the fast group alone, which is parked; once that
-    has run, both are priced by their measured bias, so the group is not taken back."""
+    """diloco, 10M parameters, a group at a tenth of the other's speed. Both together ran
+    1.4 times as long as modelled (the fast group's compute slowed beside the other, the
+    waits for its rounds); the fast group alone ran as modelled. When the fast group later
+    slows down, the model alone would take the slow group back; priced as it ran, the set
+    with both still loses, so it stays parked. A set that has not run takes the running
+    set's ratio, so a shortfall every set shares favours none."""
     fast, slow = GroupCost(0.035, 1430.0), GroupCost(0.47, 97.0)
     guard = Guard(n_groups=2, rounds=True)
-    guard.observe({0: fast, 1: slow}, 0.0, active=2)
-    both, alone = guard.predicted_s([0, 1], B), guard.predicted_s([0], B)
-    assert alone > both  # the model alone would keep both
-    assert guard.decide(B) == frozenset()
-    guard.observe({0: fast, 1: slow}, 0.0, active=2, step_s=both * 1.4)
+    guard.observe({0: fast, 1: slow}, 0.02, active=2)
+    both = guard.predicted_s([0, 1], B)
+    guard.observe({0: fast, 1: slow}, 0.02, active=2, step_s=both * 1.4)
     guard.parked = guard.decide(B)
     assert guard.parked == frozenset({1}) and guard.bias[frozenset({0, 1})] == pytest.approx(1.4)
-    guard.observe({0: fast}, 0.0, active=1, step_s=alone * 1.1)  # alone, as measured
+    alone = guard.predicted_s([0], B)
+    guard.observe({0: fast}, 0.005, active=1, step_s=guard.predicted_s([0], B) + 0.005)
     guard.parked = guard.decide(B)
-    assert guard.parked == frozenset({1}) and guard.undone is None
-    assert guard.priced_s([0, 1], B) == pytest.approx(both * 1.4)
+    assert guard.parked == frozenset({1}) and guard.undone is None and alone > 0
+    slowed = GroupCost(0.035, 300.0)
+    guard.observe({0: slowed}, 0.005, active=1)
+    guard.observe({0: slowed}, 0.005, active=1, step_s=guard.predicted_s([0], B))
+    modelled_back = guard.predicted_s([0, 1], B)
+    assert modelled_back <= guard.predicted_s([0], B) * (1 - guard.margin)  # the model: back
+    assert guard.decide(B) == frozenset({1})  # as it ran: not
+    assert guard.priced_s([0, 1], B) == pytest.approx(modelled_back * 1.4)
 
 
 def test_a_park_the_next_window_does_not_bear_out_is_undone_and_not_repeated() -> None:
