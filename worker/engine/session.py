@@ -235,6 +235,7 @@ def start(
             # Another layout (e.g. a restart on other groups): keep the model, redo the epoch.
             run.epoch = int(package["epoch"]) + (1 if package["epoch_complete"] else 0)
             run.step = run.last_progress = run.last_agreement = int(package["step"])
+            run.last_balance = run.last_checkpoint = run.step  # the marks count from here
             report.log(
                 f"checkpoint split does not fit this layout; epoch {run.epoch} from its start"
             )
