@@ -74,7 +74,8 @@ def set_progress(session: Session, *, task: Task, data: Progress) -> None:
     """Store a progress report; the first one of an attempt with progress > 0 (after its
     first step) starts the measured pace (`Task.finish_estimate`), as does one below it
     (the attempt resumed from an earlier checkpoint); a later one that enters a new epoch
-    marks where the pace's whole epochs end. A report of an earlier attempt (sent late,
+    marks where the pace's whole epochs end, unless the pace started less than 3/4 of an
+    epoch before it (a resume mid-epoch): then the pace starts again there. A report of an earlier attempt (sent late,
     after a restart) is ignored."""
     if data.attempt is not None and data.attempt != task.attempt:
         return
@@ -84,7 +85,13 @@ def set_progress(session: Session, *, task: Task, data: Progress) -> None:
         task.pace_start_at, task.pace_start_progress = now, data.progress
         task.pace_epoch_at = task.pace_epoch_progress = None
     elif start is not None and data.epoch > task.epoch:
-        task.pace_epoch_at, task.pace_epoch_progress = now, data.progress
+        epochs = int((task.spec or {}).get("epochs") or 1)
+        if task.pace_epoch_at is None and data.progress - start < 0.75 / epochs:
+            # Started mid-epoch (a resume): the span to here is part of an epoch plus a
+            # whole end, which would weigh the ends too much; the pace starts here instead.
+            task.pace_start_at, task.pace_start_progress = now, data.progress
+        else:
+            task.pace_epoch_at, task.pace_epoch_progress = now, data.progress
     task.progress, task.epoch, task.progress_at = data.progress, data.epoch, now
     session.commit()
 

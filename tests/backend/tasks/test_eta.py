@@ -76,7 +76,7 @@ def test_once_an_epoch_has_ended_the_pace_spans_whole_epochs_with_their_ends(
 ) -> None:
     """4 epochs of 10 s of steps each, and each epoch's end (validation, checkpoint) 6 s:
     the pace of steps alone would say 10 s an epoch; the task's rest takes 16 s an epoch."""
-    task = _running(session)
+    task = _running(session, epochs=4)
     _report(client, monkeypatch, task, T0, 0.025)  # the first step of epoch 0
     _report(client, monkeypatch, task, T0 + timedelta(seconds=9), 0.25)  # epoch 0's last step
     # Epoch 0's end took 6 s; the first report of epoch 1 comes 1 s of steps later.
@@ -96,6 +96,23 @@ def test_once_an_epoch_has_ended_the_pace_spans_whole_epochs_with_their_ends(
     assert task.finish_estimate(now + timedelta(seconds=13))[0] == pytest.approx(33 / 0.5 * 0.475)
 
 
+def test_a_pace_started_mid_epoch_starts_again_at_the_next_epoch(
+    client: TestClient, session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resumed at 90 % of epoch 0 of 4: the span to epoch 1's first report holds a tenth of
+    an epoch's steps and a whole epoch's end, which would make every epoch look 4 times as
+    long; the pace starts again at that report instead."""
+    task = _running(session, epochs=4)
+    _report(client, monkeypatch, task, T0, 0.225)  # 90 % of epoch 0 (0.25 of the task)
+    _report(client, monkeypatch, task, T0 + timedelta(seconds=7), 0.26, epoch=1)
+    session.refresh(task)
+    assert task.pace_epoch_at is None and task.pace_start_progress == 0.26
+    _report(client, monkeypatch, task, T0 + timedelta(seconds=11), 0.36, epoch=1)
+    session.refresh(task)
+    # 0.10 in 4 s: the remaining 0.64 take 25.6 s (the steps' pace until the next mark)
+    assert task.finish_estimate(T0 + timedelta(seconds=11))[0] == pytest.approx(25.6)
+
+
 def test_remaining_s_takes_the_pace_to_the_latest_epoch_mark_or_else_the_latest_report() -> None:
     assert models.remaining_s((0.0, 0.1), (10.0, 0.3)) == pytest.approx(35.0)
     assert models.remaining_s((0.0, 0.1), (10.0, 0.3), 8.0, 0.2) == pytest.approx(56.0)
@@ -106,7 +123,7 @@ def test_remaining_s_takes_the_pace_to_the_latest_epoch_mark_or_else_the_latest_
 def test_a_restart_starts_a_new_pace_and_an_ended_task_has_finished(
     client: TestClient, session: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    task = _running(session, max_restarts=1)
+    task = _running(session, max_restarts=1, epochs=10)
     _report(client, monkeypatch, task, T0, 0.10)
     _report(client, monkeypatch, task, T0 + timedelta(seconds=10), 0.20, epoch=1)
     session.refresh(task)  # the reports came through the API's own session
