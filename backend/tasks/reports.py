@@ -75,8 +75,8 @@ def set_progress(session: Session, *, task: Task, data: Progress) -> None:
     first step) starts the measured pace (`Task.finish_estimate`), as does one below it
     (the attempt resumed from an earlier checkpoint); a later one that enters a new epoch
     marks where the pace's whole epochs end, unless the pace started less than 3/4 of an
-    epoch before it (a resume mid-epoch): then the pace starts again there. A report of an earlier attempt (sent late,
-    after a restart) is ignored."""
+    epoch before it (a resume mid-epoch): then the pace starts again there. A report of an
+    earlier attempt (sent late, after a restart) is ignored."""
     if data.attempt is not None and data.attempt != task.attempt:
         return
     now = utcnow()
