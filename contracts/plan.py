@@ -16,6 +16,8 @@ the next round; `overlapped` goes on at once and takes it one round late; `async
 parameter server apply each group's update as it arrives, so a group waits for its own
 exchange only (two or more groups)."""
 ROUND_STRATEGIES = ("periodic", "diloco")
+"""The strategies whose groups train on their own for `sync_period` steps (a round) and keep
+one inner optimizer state per group, which another layout of groups cannot take over."""
 GUARDED_STRATEGIES = ("sync", "periodic", "diloco")
 """The strategies whose groups all meet at every step or round, or (``diloco``'s overlapped
 and async exchanges) at the rounds where the guard checks, where the guard may park a group
@@ -27,8 +29,6 @@ GUARD_CHECK_STEPS = 10
 many steps of the attempt on, whatever ``rebalance_every`` (a ``diloco`` round's end;
 without in-epoch rebalancing it would wait for the first epoch's end); the steps before it
 run on every group (guard, planner)."""
-"""The strategies whose groups train on their own for `sync_period` steps (a round) and keep
-one inner optimizer state per group, which another layout of groups cannot take over."""
 DILOCO_PERIOD = 16
 """`diloco`'s round length (`sync_period`) when none is given; a round of one step is refused
 (every group would take every step, which is `periodic` with an outer step)."""

@@ -203,7 +203,7 @@ class Guard:
         if not active:
             return self.parked
         current = self.bias.get(frozenset(active), 1.0)
-        now = self.priced_s(active, batch)
+        now = modelled * current  # priced_s of the running set
         if not math.isfinite(now):  # an active group not measured yet: nothing to compare
             return self.parked
         moves: list[tuple[float, frozenset[int]]] = []

@@ -455,7 +455,7 @@ def guard_due(run: Run, step: int | None = None) -> bool:
     steps on while the guard has measured nothing (so a task without in-epoch rebalancing,
     ``diloco``'s overlapped and async exchanges, does not run its first epoch on a group
     that costs more than it adds). Every rank holds the same guard state, so all agree."""
-    if run.guard is None or run.spec.split_policy != "weighted":
+    if run.guard is None:  # (it acts with the weighted split only: guarding)
         return False
     step = run.step if step is None else step
     first = not run.guard.costs and step - run.last_balance >= GUARD_CHECK_STEPS
