@@ -46,7 +46,7 @@ from typing import Any
 
 from backend.plans.performance import PerformanceModel, fit, predict
 from backend.plans.service import trial_batch_sizes
-from backend.tasks.models import remaining_s
+from backend.tasks.models import next_pace, remaining_s
 from bench.common import emit, ps_metric, run_task, workload
 from bench.stats import paired_rounds, summary
 from bench.throttle import CpuGroup, Throttle, ThrottleError, exit_unavailable, placement
@@ -86,27 +86,29 @@ def plan(cpu: dict[str, CpuGroup]) -> PerformanceModel:
 
 
 def eta_at(
-    reports: list[tuple[float, float, int]], done_at: float, fraction: float = 0.25
+    reports: list[tuple[float, float, int]],
+    done_at: float,
+    *,
+    epochs: int = EPOCHS,
+    fraction: float = 0.25,
 ) -> tuple[float, float]:
     """``(eta, actual)`` seconds from the first progress report at or past ``fraction``:
-    the platform's pace ETA (``Task.finish_estimate``, by ``remaining_s``: over whole epochs
-    once one has ended) and the time the run then took to its ``done``. ``reports`` are
-    ``(monotonic time, progress, epoch)``, as the API stores them (``set_progress``)."""
-    first_t, first_p, first_epoch = reports[0]
-    epoch_mark: tuple[float, float] | None = None
-    latest_epoch = first_epoch
-    for t, p, epoch in reports[1:]:
-        if epoch > latest_epoch:
-            epoch_mark, latest_epoch = (t, p), epoch
-        if p >= fraction and p > first_p:
-            at_t, at_p = t, p
+    the platform's pace ETA (``Task.finish_estimate``: the pace moved report by report by
+    ``next_pace``, as the API's ``set_progress`` moves it, and read by ``remaining_s``) and
+    the time the run then took to its ``done``. ``reports`` are ``(monotonic time,
+    progress, epoch)`` of a task of ``epochs`` epochs."""
+    start: tuple[float, float] | None = None
+    mark: tuple[float, float] | None = None
+    latest_epoch = 0
+    for t, p, epoch in reports:
+        start, mark = next_pace(start, mark, (t, p), new_epoch=epoch > latest_epoch, epochs=epochs)
+        latest_epoch = epoch
+        if start is not None and p >= fraction and p > start[1]:
             break
-    eta = remaining_s(
-        (first_t, first_p),
-        (at_t, at_p),
-        *(epoch_mark if epoch_mark is not None else (None, None)),
-    )
-    return eta, done_at - at_t
+    else:
+        raise ValueError(f"no report at or past {fraction} after the pace started")
+    eta = remaining_s(start, (t, p), *(mark if mark is not None else (None, None)))
+    return eta, done_at - t
 
 
 def measured(cpu: dict[str, CpuGroup], subset: tuple[str, ...]) -> dict[str, float]:

@@ -3,7 +3,7 @@ checkpoints."""
 
 import enum
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import JSON, Enum, Float, ForeignKey, Index, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
@@ -63,6 +63,9 @@ def _enum(cls: type[enum.Enum]) -> Enum:
     return Enum(cls, native_enum=False, length=16, validate_strings=True)
 
 
+T = TypeVar("T")
+
+
 def remaining_s(
     first: tuple[float, float],
     last: tuple[float, float],
@@ -87,6 +90,31 @@ def remaining_s(
     if epoch_s is not None and epoch_progress is not None and epoch_progress > p0:
         t1, p1 = epoch_s, epoch_progress
     return (t1 - t0) / (p1 - p0) * (1.0 - last[1])
+
+
+def next_pace(
+    start: tuple[T, float] | None,
+    mark: tuple[T, float] | None,
+    report: tuple[T, float],
+    *,
+    new_epoch: bool,
+    epochs: int,
+) -> tuple[tuple[T, float] | None, tuple[T, float] | None]:
+    """The pace's ``(start, epoch mark)``, each ``(time, progress)`` or None, after a progress
+    ``report`` of the attempt (:func:`remaining_s` reads them; ``new_epoch``: the report is
+    the first of an epoch, ``epochs``: the task's). A report with progress > 0 starts the
+    pace when there is none, or when it is below the start (a resume from an earlier
+    checkpoint). The first report of an epoch marks where the pace's whole epochs end,
+    unless the pace started less than 3/4 of an epoch before it (a resume mid-epoch: the
+    span would be part of an epoch's steps and a whole end): the pace starts there again."""
+    progress = report[1]
+    if progress > 0 and (start is None or progress < start[1]):
+        return report, None
+    if start is not None and new_epoch:
+        if mark is None and progress - start[1] < 0.75 / epochs:
+            return report, None
+        return start, report
+    return start, mark
 
 
 class Task(Base):

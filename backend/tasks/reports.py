@@ -4,6 +4,7 @@ the ranks they saw alive, with their resource use (and its alarm)."""
 import logging
 import os
 import tempfile
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import select, tuple_, update
@@ -24,6 +25,7 @@ from backend.tasks.models import (
     NodeRole,
     Task,
     TaskEvent,
+    next_pace,
 )
 from backend.tasks.spec import read_spec
 from contracts.agent_api import (
@@ -71,29 +73,27 @@ def add_metrics(session: Session, *, task_id: int, batch: MetricBatch) -> None:
 
 
 def set_progress(session: Session, *, task: Task, data: Progress) -> None:
-    """Store a progress report; the first one of an attempt with progress > 0 (after its
-    first step) starts the measured pace (`Task.finish_estimate`), as does one below it
-    (the attempt resumed from an earlier checkpoint); a later one that enters a new epoch
-    marks where the pace's whole epochs end, unless the pace started less than 3/4 of an
-    epoch before it (a resume mid-epoch): then the pace starts again there. A report of an
-    earlier attempt (sent late, after a restart) is ignored."""
+    """Store a progress report and move the attempt's measured pace (`Task.finish_estimate`)
+    as :func:`backend.tasks.models.next_pace` says. A report of an earlier attempt (sent
+    late, after a restart) is ignored."""
     if data.attempt is not None and data.attempt != task.attempt:
         return
     now = utcnow()
-    start = task.pace_start_progress
-    if data.progress > 0 and (start is None or data.progress < start):
-        task.pace_start_at, task.pace_start_progress = now, data.progress
-        task.pace_epoch_at = task.pace_epoch_progress = None
-    elif start is not None and data.epoch > task.epoch:
-        epochs = int((task.spec or {}).get("epochs") or 1)
-        if task.pace_epoch_at is None and data.progress - start < 0.75 / epochs:
-            # Started mid-epoch (a resume): the span to here is part of an epoch plus a
-            # whole end, which would weigh the ends too much; the pace starts here instead.
-            task.pace_start_at, task.pace_start_progress = now, data.progress
-        else:
-            task.pace_epoch_at, task.pace_epoch_progress = now, data.progress
+    start, mark = next_pace(
+        _pair(task.pace_start_at, task.pace_start_progress),
+        _pair(task.pace_epoch_at, task.pace_epoch_progress),
+        (now, data.progress),
+        new_epoch=data.epoch > task.epoch,
+        epochs=int((task.spec or {}).get("epochs") or 1),
+    )
+    task.pace_start_at, task.pace_start_progress = start or (None, None)
+    task.pace_epoch_at, task.pace_epoch_progress = mark or (None, None)
     task.progress, task.epoch, task.progress_at = data.progress, data.epoch, now
     session.commit()
+
+
+def _pair(at: datetime | None, progress: float | None) -> tuple[datetime, float] | None:
+    return None if at is None or progress is None else (at, progress)
 
 
 def save_checkpoint(

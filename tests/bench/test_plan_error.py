@@ -23,7 +23,7 @@ def test_eta_at_25_percent_spans_the_whole_epoch_once_one_has_ended() -> None:
     # t=22 rather than t=18. The pace to it: 12 s per 0.17; from the report at 0.26 (t=26)
     # the remaining 0.74 take 12 / 0.17 * 0.74 s, not the 16 s per 0.21 of the steps alone.
     reports = [(10.0, 0.05, 0), (16.0, 0.2, 0), (22.0, 0.22, 1), (26.0, 0.26, 1)]
-    eta, actual = eta_at(reports, done_at=80.0)
+    eta, actual = eta_at(reports, done_at=80.0, epochs=5)
     assert eta == pytest.approx(12 / 0.17 * 0.74)
     assert actual == pytest.approx(54.0)
 
