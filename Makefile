@@ -51,7 +51,7 @@ format: install
 
 # Benchmarks (docs/benchmarks.md): one JSON line each. bench: the figures with targets, every
 # ratio from 5 paired rounds (under 30 minutes on this 2-core host); bench-all adds the
-# accuracy runs and the earlier issues' benchmarks (about 105 minutes in all); bench-quick,
+# accuracy runs and the earlier issues' benchmarks (about 150 minutes in all); bench-quick,
 # the engine's core figures, about 6 minutes.
 bench: install
 	$(BIN)/python -m bench.run_all

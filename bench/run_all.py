@@ -41,17 +41,18 @@ BENCHMARKS = (
     "bench.time_to_accuracy --arms single,fast,diloco16,diloco16_overlapped,diloco16_async",
     "bench.time_to_accuracy --start warm --arms fast,diloco16,diloco16_overlapped,diloco16_async",
 )
-LARGE_ARMS = "single,fast,ddp,sync,diloco16,diloco16_overlapped,diloco16_async"
-# `make bench-all` adds the slow accuracy runs and the earlier issues' benchmarks (about 82
+LARGE_ARMS = "single,fast,ddp,sync,diloco16,diloco16_overlapped,diloco16_async,diloco64"
+# `make bench-all` adds the slow accuracy runs and the earlier issues' benchmarks (about 130
 # minutes more).
 MORE = (
     # strategies on accuracy with a really throttled group (issue 20 item 5; root, cgroup v1
     # cpu, else it exits 2): 5 paired seeds to 0.97, about 20 minutes
     "bench.time_to_accuracy --seeds 5",
     # issue 34 item 4 at 10M and 25M parameters (a wide MLP on the same digits to 0.92), 5
-    # paired seeds: about 15 and 30 minutes
-    f"bench.time_to_accuracy --size 10M --seeds 5 --max-epochs 8 --arms {LARGE_ARMS}",
-    f"bench.time_to_accuracy --size 25M --seeds 5 --max-epochs 8 --arms {LARGE_ARMS}",
+    # paired seeds, every arm the same epochs (the final accuracy against sync's): about 35
+    # and 60 minutes
+    f"bench.time_to_accuracy --size 10M --seeds 5 --all-epochs --max-epochs 4 --arms {LARGE_ARMS}",
+    f"bench.time_to_accuracy --size 25M --seeds 5 --all-epochs --max-epochs 3 --arms {LARGE_ARMS}",
     "bench.comm",
     "bench.accuracy_parity",
     # numerical faults (issue 17)

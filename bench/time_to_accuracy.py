@@ -32,6 +32,8 @@ for odd seeds so the shared host's drift weighs on all alike):
   default outer optimizer, the ``blocking`` and the ``overlapped`` exchange.
 - ``diloco16_async``: the same with the ``async`` exchange (rebalancing at epoch ends, as a
   task gets it).
+- ``diloco64``: blocking rounds of 64 steps (one round an epoch on these 4,000 images): at
+  10M the exchange of 40 MB each way per group is then a small part of a round.
 - ``fast``: the engine on the fast group alone (``sync``): what a user of the platform runs
   without the slow pool, start-up, profiling and per-epoch validation included.
 
@@ -138,12 +140,14 @@ ENGINE_ARMS: dict[str, dict[str, Any]] = {
         "diloco_exchange": "async",
         "rebalance_every": 0,
     },
+    # one round an epoch at 10M and 25M (63 steps), where a round moves 40-100 MB each way
+    "diloco64": {"sync_strategy": "diloco", "sync_period": 64},
 }
 ARMS = ("single", "ddp", *ENGINE_ARMS)
 ALONE = ("fast",)  # engine arms on the fast group only
 STRATEGY_ARMS = ("periodic4", "periodic16", "quorum")
 # issue 34's modes: hetero_tta_gain's value
-NEW_ARMS = ("diloco16", "diloco16_overlapped", "diloco16_async")
+NEW_ARMS = ("diloco16", "diloco16_overlapped", "diloco16_async", "diloco64")
 
 
 @dataclass(frozen=True)
@@ -640,8 +644,11 @@ def report(
 def start_warm() -> None:
     """Engine ranks from now on fork from an interpreter that imported torch, its
     ``torch._dynamo`` and the engine (:mod:`worker.engine.prefork`), started here, before
-    any timing, as the agents' warm pool has its interpreters ready before a task."""
-    prefork.enable()
+    any timing, as the agents' warm pool has its interpreters ready before a task. This
+    module is preloaded too: each rank runs it again as its ``__mp_main__``, which would
+    otherwise import its dependencies (0.56 s of CPU, three times that at a third of a core)
+    inside the rank's start-up, where the agents' interpreters import no benchmark."""
+    prefork.enable(also=["bench.time_to_accuracy"])
     forkserver.ensure_running()
 
 
