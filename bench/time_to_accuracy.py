@@ -686,7 +686,13 @@ def main() -> None:
     args = parser.parse_args()
     target = args.target if args.target is not None else SIZES[args.size].target
     base = Settings(
-        args.seed, args.batch, args.max_epochs, target, args.size, args.start, not args.all_epochs
+        args.seed,
+        args.batch,
+        args.max_epochs,
+        target,
+        args.size,
+        args.start,
+        stop=not args.all_epochs,
     )
     if args.plain == "rate":
         rate_rank(base, RATE_SECONDS)

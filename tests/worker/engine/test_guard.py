@@ -290,7 +290,7 @@ def test_a_set_that_ran_is_priced_as_measured_not_as_modelled() -> None:
     guard.parked = guard.decide(B)
     assert guard.parked == frozenset({1}) and guard.bias[frozenset({0, 1})] == pytest.approx(1.4)
     alone = guard.predicted_s([0], B)
-    guard.observe({0: fast}, 0.005, active=1, step_s=guard.predicted_s([0], B) + 0.005)
+    guard.observe({0: fast}, 0.005, active=1, step_s=alone + 0.005)
     guard.parked = guard.decide(B)
     assert guard.parked == frozenset({1}) and guard.undone is None and alone > 0
     slowed = GroupCost(0.035, 300.0)
