@@ -459,8 +459,10 @@ async def simulate(
     windows: list[Window],
     until: float,
     rates: Rates = Rates(),
+    stop: asyncio.Event | None = None,
 ) -> dict[str, Any]:
-    """Run the agents of `plans` until `until` (`time.time()`, s); the report per window.
+    """Run the agents of `plans` until `until` (`time.time()`, s) or until `stop` is set,
+    whichever comes first; the report per window.
 
     `client()` makes one agent's HTTP client (base URL `.../internal/v1`, the agent token);
     `broker()` one agent's broker connection (None: agents take no sub-tasks). Returns
@@ -503,7 +505,9 @@ async def simulate(
 
     starters = [asyncio.create_task(start(plan)) for plan in plans]
     ticker = asyncio.create_task(clock())
-    await asyncio.sleep(max(0.0, until - time.time()))
+    stopped = asyncio.create_task((stop or asyncio.Event()).wait())
+    await asyncio.wait([stopped], timeout=max(0.0, until - time.time()))
+    stopped.cancel()
     for job in [*starters, *jobs, ticker]:
         job.cancel()
 

@@ -4,6 +4,7 @@ heartbeat, and run a task the scheduler placed from claim to finish, so the benc
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -22,6 +23,9 @@ FAST = Rates(
     task_s=(1.0, 1.0),
     rendezvous_poll_s=0.1,
 )
+# How long the test waits for the fleet to register and the task to end: a bound for a hung
+# run, not a speed the test expects (each step waits on its condition, never on a clock).
+PATIENCE_S = 120.0
 
 
 class QueueDispatcher:
@@ -54,8 +58,17 @@ def test_simulated_agents_register_heartbeat_and_run_a_task(
     )
     assert task.status_code == 201, task.text
 
+    task_id = task.json()["id"]
+
+    async def wait_for(what: str, done: Callable[[], bool]) -> None:
+        """Poll `done` (in a thread: it calls the app) until it holds; no speed assumed."""
+        deadline = time.monotonic() + PATIENCE_S
+        while not await asyncio.to_thread(done):
+            assert time.monotonic() < deadline, f"{what} not within {PATIENCE_S} s"
+            await asyncio.sleep(0.1)
+
     async def run() -> dict[str, Any]:
-        broker = MemoryBroker()
+        broker, stop = MemoryBroker(), asyncio.Event()
         now = time.time()
         plans = [AgentPlan(i, "gpu-a" if i % 2 else "gpu-b", now) for i in range(5)]
         fleet = asyncio.create_task(
@@ -67,14 +80,20 @@ def test_simulated_agents_register_heartbeat_and_run_a_task(
                     headers={"Authorization": f"Bearer {TOKEN}"},
                 ),
                 broker=lambda: broker,
-                windows=[Window("all", now, now + 4.5)],
-                until=now + 4.5,
+                windows=[Window("all", now, now + PATIENCE_S)],
+                until=now + PATIENCE_S,
                 rates=FAST,
+                stop=stop,
             )
         )
-        await asyncio.sleep(0.5)  # registered by now
+        await wait_for("5 agents registered", lambda: len(client.get("/api/v1/agents").json()) == 5)
         dispatcher = QueueDispatcher(broker, asyncio.get_running_loop())
         await asyncio.to_thread(schedule_once, session, dispatcher, heartbeat_timeout_s=15)
+        await wait_for(
+            "the task finished",
+            lambda: client.get(f"/api/v1/tasks/{task_id}").json()["status"] == "SUCCEEDED",
+        )
+        stop.set()
         return merge([await fleet])
 
     report = asyncio.run(run())
@@ -89,7 +108,5 @@ def test_simulated_agents_register_heartbeat_and_run_a_task(
     assert requests["claim"]["count"] == 2 and requests["finished"]["count"] == 2
     for kind in ("task_state", "logs", "progress", "metrics", "rendezvous"):
         assert requests[kind]["count"] >= 1, kind
-    task_id = task.json()["id"]
-    assert client.get(f"/api/v1/tasks/{task_id}").json()["status"] == "SUCCEEDED"
     assert client.get(f"/api/v1/tasks/{task_id}/logs").json()
     assert client.get(f"/api/v1/tasks/{task_id}/metrics", params={"resources": "true"}).json()
