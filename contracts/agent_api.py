@@ -59,9 +59,19 @@ class GroupDevice(BaseModel):
 
 
 class Claim(StrictModel):
+    """An agent takes its part. `preparing`: it first builds the code version's environment,
+    so the task is not counted as started until it reports the part ready."""
+
     agent_id: int
     host: str
     attempt: int = Field(default=1, ge=1)
+    preparing: bool = False
+
+
+class Ready(StrictModel):
+    """A preparing part is ready to start its ranks (`detail`: what the preparation took)."""
+
+    detail: str = Field(default="", max_length=2000)
 
 
 class Rendezvous(StrictModel):

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
+from contracts.packages import Environment
 from contracts.plan import GroupPlan, SplitPolicy
 
 DEFAULT_MAX_RUNTIME_S = 86_400
@@ -61,6 +62,11 @@ class SubTaskPayload(BaseModel):
         "validated by worker.engine.spec.RunSpec on the agent",
     )
     limits: TaskLimits = Field(default_factory=TaskLimits)
+    environment: Environment | None = Field(
+        default=None,
+        description="the code version's own packages (its lock), built once per lock on each "
+        "agent (worker.agent.environments); None: the platform's packages only",
+    )
 
     @property
     def group(self) -> GroupPlan:
