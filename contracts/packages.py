@@ -94,6 +94,33 @@ def platform_packages(site_packages: list[Path] | None = None) -> dict[str, str]
     return {normalise(d.metadata["Name"]): d.version for d in found if d.metadata["Name"]}
 
 
+class PackageIndexSettings(BaseModel):
+    """The index settings of the API and of each agent (environment `POLYTRAIN_INDEX_URL`,
+    `POLYTRAIN_EXTRA_INDEX_URLS` (a JSON list), `POLYTRAIN_FIND_LINKS`,
+    `POLYTRAIN_WHEELS_ONLY`): mixed into their pydantic-settings classes. docs/security.md,
+    "Training code's own packages", says what trusting an index means."""
+
+    index_url: str = Field(
+        default=DEFAULT_INDEX_URL, description="the package index code versions' packages come from"
+    )
+    extra_index_urls: list[str] = Field(default_factory=list, description="more indexes")
+    find_links: str | None = Field(
+        default=None, description="a folder of wheels (offline or mirrored sites)"
+    )
+    wheels_only: bool = Field(
+        default=True, description="accept wheels only: no package code runs to build one"
+    )
+
+    def package_index(self) -> PackageIndex:
+        """These settings as uv's index options."""
+        return PackageIndex(
+            index_url=self.index_url,
+            extra_index_urls=self.extra_index_urls,
+            find_links=self.find_links,
+            wheels_only=self.wheels_only,
+        )
+
+
 class Environment(BaseModel):
     """A task's own packages, as the scheduler sends them to its agents: the lock (see the
     module's docstring) and the hash that names its cached environment."""

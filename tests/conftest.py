@@ -108,6 +108,36 @@ def service_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_backend: str
         production.drop_database(url)
 
 
+@pytest.fixture(scope="session")
+def registry_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """uv's cache for this run's `registry` tests (never shared between runs), once the
+    package index (`POLYTRAIN_INDEX_URL`, default PyPI) is known to answer.
+
+    An index out of reach skips the tests that need it, with the reason; on CI (`CI` or
+    `POLYTRAIN_CI` set, as `.ci/run` does) it fails them instead.
+    """
+    index_url = config.Settings().index_url  # type: ignore[call-arg]
+    try:
+        answer = httpx.get(f"{index_url.rstrip('/')}/pip/", timeout=10, follow_redirects=True)
+        problem = f"HTTP {answer.status_code}" if answer.status_code >= 500 else None
+    except httpx.HTTPError as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+    if problem:
+        reason = f"the package index {index_url} cannot be reached ({problem})"
+        if os.environ.get("CI") or os.environ.get("POLYTRAIN_CI"):
+            pytest.fail(f"{reason}: registry tests must run on CI", pytrace=False)
+        pytest.skip(reason)
+    return tmp_path_factory.mktemp("uv-cache")
+
+
+@pytest.fixture
+def registry(service_env: Path, registry_cache: Path) -> Path:
+    """The service resolves requirements against the real package index, with uv's cache
+    of this run (`registry_cache`) in place of its data dir's; tests marked `registry`."""
+    (service_env / "uv-cache").symlink_to(registry_cache, target_is_directory=True)
+    return registry_cache
+
+
 @pytest.fixture
 def client(service_env: Path) -> Iterator[TestClient]:
     """A client of the app without its scheduler thread, logged in as an admin: REST with

@@ -10,6 +10,7 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.messaging import resolve_broker_url
+from contracts.packages import PackageIndexSettings
 
 
 def default_address() -> str:
@@ -22,7 +23,7 @@ def default_address() -> str:
         return "127.0.0.1"
 
 
-class AgentSettings(BaseSettings):
+class AgentSettings(PackageIndexSettings, BaseSettings):
     model_config = SettingsConfigDict(env_prefix="POLYTRAIN_", env_file=".env", extra="ignore")
 
     api_url: str = "http://127.0.0.1:8000"
@@ -63,6 +64,13 @@ class AgentSettings(BaseSettings):
         le=4096,
         description="sandbox uids on this host: at least every "
         "rank and warm interpreter of its agents",
+    )
+
+    env_cache_max_mb: int = Field(
+        default=20_000,
+        ge=1,
+        description="disk for code versions' environments on this host (MiB): beyond it the "
+        "least recently used environments no task runs with are removed",
     )
 
     def resolved_broker_url(self) -> str:

@@ -35,6 +35,7 @@ from contracts.agent_api import (
     MetricBatch,
     Progress,
     Provenance,
+    Ready,
     Rendezvous,
     RendezvousRead,
     TaskState,
@@ -79,6 +80,12 @@ def deregister(agent_id: int, session: SessionDep) -> None:
 @router.post("/sub-tasks/{sub_task_id}/claim", status_code=204)
 def claim(sub_task_id: int, data: Claim, session: SessionDep) -> None:
     fate.claim(session, sub=fate.get_sub_task(session, sub_task_id=sub_task_id), data=data)
+
+
+@router.post("/sub-tasks/{sub_task_id}/ready", status_code=204)
+def ready(sub_task_id: int, data: Ready, session: SessionDep) -> None:
+    """A part that claimed with `preparing` has its environment and starts its ranks."""
+    fate.ready(session, sub=fate.get_sub_task(session, sub_task_id=sub_task_id), data=data)
 
 
 @router.post("/sub-tasks/{sub_task_id}/finished", response_model=TaskState)

@@ -7,9 +7,10 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.messaging import resolve_broker_url
+from contracts.packages import PackageIndexSettings
 
 
-class Settings(BaseSettings):
+class Settings(PackageIndexSettings, BaseSettings):
     """Configuration of the polytrain API service.
 
     The embedded default needs nothing installed: SQLite for the database and
@@ -19,6 +20,11 @@ class Settings(BaseSettings):
     When `admin_email` and `admin_password` are set, the service creates that
     admin at start unless the account exists (the first admin; `polytrain users
     create-admin` does the same from a shell).
+
+    Code versions' own packages are resolved at upload against the package index of
+    `index_url`, `extra_index_urls`, `find_links` and `wheels_only` (`POLYTRAIN_INDEX_URL`,
+    ...; `package_index()`), with uv's cache in `uv_cache_dir` (docs/security.md,
+    "Training code's own packages").
     """
 
     model_config = SettingsConfigDict(env_prefix="POLYTRAIN_", env_file=".env", extra="ignore")
@@ -104,6 +110,11 @@ class Settings(BaseSettings):
     @property
     def code_dir(self) -> Path:
         return self.data_dir / "code"
+
+    @property
+    def uv_cache_dir(self) -> Path:
+        """uv's cache of package metadata and wheels, for resolving code versions' requirements."""
+        return self.data_dir / "uv-cache"
 
 
 @lru_cache

@@ -7,6 +7,7 @@ import io
 import tarfile
 import zipfile
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from backend.core.errors import Invalid
 
@@ -173,14 +174,24 @@ def _entrypoint(files: dict[str, bytes], wanted: str | None) -> str:
     )
 
 
+class Archive(NamedTuple):
+    """A checked archive: `content` its files repacked as one zip (the stored form),
+    `entrypoint` the module's path inside it, `files` its files by path."""
+
+    content: bytes
+    entrypoint: str
+    files: dict[str, bytes]
+
+
 def read_archive(
     content: bytes, *, filename: str, entrypoint: str | None, max_bytes: int
-) -> tuple[bytes, str]:
+) -> Archive:
     """Check an uploaded archive (.zip, .tar.gz) and its entrypoint against the contract.
 
-    Returns the files repacked as one zip (the stored form) and the entrypoint's
-    path inside it. The entrypoint defaults to `train.py`, `main.py` or the only
-    module. A single top-level folder is taken as the archive's root.
+    Returns the files repacked as one zip (the stored form), the entrypoint's path
+    inside it and the files themselves. The entrypoint defaults to `train.py`,
+    `main.py` or the only module. A single top-level folder is taken as the
+    archive's root.
 
     Raises:
         Invalid: unreadable archive, unsafe paths or links, too many or too large
@@ -197,7 +208,7 @@ def read_archive(
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as packed:
         for name in sorted(files):
             packed.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), files[name])
-    return buffer.getvalue(), entry
+    return Archive(buffer.getvalue(), entry, files)
 
 
 _LOADER = '''"""polytrain: the training code of {filename}, entrypoint {entrypoint}.

@@ -47,6 +47,12 @@ class CodeVersion(Base):
     `source` is `example:NAME` for a bundled example, `upload` for a module
     stored under the service's code directory at `path`, or `archive` for a zip
     stored at `path` whose module `entrypoint` (a path inside it) holds the contract.
+
+    `requirements` are the Python packages the code declares (a requirements text beside a
+    module, or an archive's requirements.txt / pyproject.toml dependencies), as declared;
+    `lock` is what the portal resolved them to at upload (exact pins with hashes of the
+    packages the platform lacks, backend.projects.requirements) and `lock_hash` its sha256,
+    the name of its environment on the agents. No lock: the platform's packages only.
     """
 
     __tablename__ = "code_version"
@@ -62,4 +68,7 @@ class CodeVersion(Base):
     path: Mapped[str | None] = mapped_column(String(500), default=None)
     sha256: Mapped[str] = mapped_column(String(64))
     entrypoint: Mapped[str | None] = mapped_column(String(300), default=None)
+    requirements: Mapped[str | None] = mapped_column(Text, default=None)
+    lock: Mapped[str | None] = mapped_column(Text, default=None)
+    lock_hash: Mapped[str | None] = mapped_column(String(64), default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

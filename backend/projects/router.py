@@ -10,6 +10,7 @@ from backend.core.errors import ErrorResponse
 from backend.core.pagination import TOTAL_HEADER, Page, paginated
 from backend.projects import access, service
 from backend.projects.models import CodeVersion, Project
+from backend.projects.requirements import MAX_REQUIREMENTS_CHARS
 from backend.projects.schemas import (
     SHARED_MESSAGE,
     CodeVersionCreate,
@@ -148,6 +149,10 @@ def create_example_version(
             "model": ErrorResponse,
             "description": "neither a .py module nor a .zip/.tar.gz archive",
         },
+        503: {
+            "model": ErrorResponse,
+            "description": "the package index did not answer in time (requirements)",
+        },
     },
 )
 def upload_version(
@@ -166,9 +171,26 @@ def upload_version(
             ),
         ),
     ] = None,
+    requirements: Annotated[
+        str | None,
+        Form(
+            max_length=MAX_REQUIREMENTS_CHARS,
+            examples=["einops>=0.8\ntorch-optimizer\n"],
+            description=(
+                "for a module: its own Python packages, a requirements.txt text (names on the "
+                "package index with version specs; no options, URLs or paths). An archive "
+                "declares them in its own requirements.txt or pyproject.toml instead"
+            ),
+        ),
+    ] = None,
 ) -> CodeVersion:
     """Upload a `.py` training module, or a `.zip`/`.tar.gz` archive with an entrypoint
-    module; each upload is a new immutable version, checked against the contract first."""
+    module; each upload is a new immutable version, checked against the contract first.
+
+    Declared requirements (the `requirements` field beside a module, or an archive's
+    requirements.txt / pyproject.toml) are resolved now into a lock of the packages the
+    platform lacks; one that cannot be resolved, or would replace a platform package such
+    as torch, is refused (422, field `requirements`) and nothing is stored."""
     content = file.file.read(settings.max_upload_bytes + 1)
     return service.add_uploaded_version(
         session,
@@ -177,4 +199,5 @@ def upload_version(
         filename=file.filename or "",
         content=content,
         entrypoint=entrypoint or None,
+        requirements=requirements or None,
     )

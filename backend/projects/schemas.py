@@ -1,6 +1,7 @@
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from backend.core.schemas import UtcDateTime
+from contracts.packages import pins
 from contracts.strict import StrictModel
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 _.-]*$"
@@ -79,6 +80,13 @@ class CodeVersionCreate(StrictModel):
     example: str = Field(pattern=r"^[a-z0-9_]+$", examples=["mnist_cnn"])
 
 
+class PackagePin(BaseModel):
+    """One package of a code version's lock."""
+
+    name: str = Field(examples=["einops"], description="the distribution name (PEP 503)")
+    version: str = Field(examples=["0.8.2"])
+
+
 class CodeVersionRead(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
@@ -89,4 +97,26 @@ class CodeVersionRead(BaseModel):
     filename: str
     sha256: str
     entrypoint: str | None = Field(default=None, description="the module inside an archive")
+    requirements: str | None = Field(
+        default=None,
+        description="the Python packages the code declares, as declared (a requirements text, "
+        "or an archive's requirements.txt / pyproject.toml dependencies)",
+        examples=["einops>=0.8\n"],
+    )
+    lock: str | None = Field(
+        default=None,
+        description="what the requirements resolved to at upload: exact pins with hashes of the "
+        "packages the platform lacks; none: the platform's packages only",
+    )
+    lock_hash: str | None = Field(
+        default=None, description="sha256 of the lock: names its environment on the agents"
+    )
     created_at: UtcDateTime
+
+    @computed_field(description="the lock's packages, `name==version` each")  # type: ignore[prop-decorator]
+    @property
+    def packages(self) -> list[PackagePin]:
+        return [
+            PackagePin(name=name, version=version)
+            for name, version in pins(self.lock or "").items()
+        ]

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from backend.auth.models import User
 from backend.core.config import Settings, private_dir, private_file
 from backend.core.db import utcnow
-from backend.core.errors import Conflict, NotFound, TooLarge, UnsupportedType
+from backend.core.errors import Conflict, Invalid, NotFound, TooLarge, UnsupportedType
 from backend.projects.code import (
     ARCHIVE_SUFFIXES,
     check_contract,
@@ -17,7 +17,14 @@ from backend.projects.code import (
     read_archive,
 )
 from backend.projects.models import CodeVersion, Project, ProjectMember
+from backend.projects.requirements import (
+    MAX_REQUIREMENTS_CHARS,
+    declared_requirements,
+    requirement_lines,
+    resolve,
+)
 from backend.projects.schemas import ProjectCreate, ProjectUpdate
+from contracts.packages import lock_hash
 
 
 def _check_name_free(
@@ -184,6 +191,33 @@ def _check_upload(settings: Settings, filename: str, content: bytes) -> bool:
     return is_archive
 
 
+def _archive_requirements(files: dict[str, bytes], field: str | None) -> str | None:
+    """An archive's own requirements; a requirements field beside it must say the same.
+
+    Raises:
+        Invalid: the field differs from the archive's requirements, or is given beside an
+            archive that declares none (field `requirements`).
+    """
+    own = declared_requirements(files)
+    if field is None:
+        return own
+    where = "requirements.txt" if "requirements.txt" in files else "pyproject.toml"
+    if own is None:
+        raise Invalid(
+            "an archive declares its requirements itself: put them in its requirements.txt "
+            "(or pyproject.toml's [project] dependencies) and leave the requirements field "
+            "empty",
+            field="requirements",
+        )
+    if requirement_lines(own) != requirement_lines(field):
+        raise Invalid(
+            f"the archive's {where} declares other requirements than the requirements field: "
+            f"leave the field empty to use the archive's {where}, or make it the same",
+            field="requirements",
+        )
+    return own
+
+
 def add_uploaded_version(
     session: Session,
     *,
@@ -192,25 +226,45 @@ def add_uploaded_version(
     filename: str,
     content: bytes,
     entrypoint: str | None = None,
+    requirements: str | None = None,
 ) -> CodeVersion:
     """Store an uploaded `.py` module, or an archive with an entrypoint module, as a new
     immutable version; the module (the entrypoint) is checked against the contract first.
 
+    `requirements` (a requirements text) declares a module's own packages; an archive
+    declares them in its own requirements.txt or pyproject.toml (a `requirements` beside
+    it must say the same). They are resolved to a lock now, before anything is stored,
+    against `settings.package_index()` (backend.projects.requirements.resolve).
+
     Raises:
         UnsupportedType: neither a .py file nor a .zip/.tar.gz archive (415).
         TooLarge: over `settings.max_upload_bytes` (413).
-        Invalid: not Python, missing a contract function, or a bad archive or entrypoint (422).
+        Invalid: not Python, missing a contract function, or a bad archive or entrypoint;
+            requirements that are refused or cannot be resolved (field `requirements`) (422).
+        Busy: resolving the requirements took too long (503).
     """
     entry = None
+    declared = requirements.replace("\r\n", "\n") if requirements and requirements.strip() else None
+    if declared and len(declared) > MAX_REQUIREMENTS_CHARS:
+        raise Invalid(
+            f"requirements are over {MAX_REQUIREMENTS_CHARS} characters", field="requirements"
+        )
     if _check_upload(settings, filename, content):
-        content, entry = read_archive(
+        archive = read_archive(
             content,
             filename=filename,
             entrypoint=entrypoint,
             max_bytes=10 * settings.max_upload_bytes,
         )
+        content, entry = archive.content, archive.entrypoint
+        declared = _archive_requirements(archive.files, declared)
     else:
         check_contract(content, filename=filename)
+    lock = (
+        resolve(declared, settings.package_index(), cache_dir=private_dir(settings.uv_cache_dir))
+        if declared
+        else None
+    )
     digest = hashlib.sha256(content).hexdigest()
     path = private_dir(settings.code_dir) / f"{digest}{'.zip' if entry else '.py'}"
     path.write_bytes(content)
@@ -223,6 +277,9 @@ def add_uploaded_version(
         path=str(path.resolve()),
         sha256=digest,
         entrypoint=entry,
+        requirements=declared,
+        lock=lock,
+        lock_hash=lock_hash(lock) if lock else None,
     )
     session.add(version)
     session.commit()

@@ -19,11 +19,13 @@ from sqlalchemy.orm import Session
 from backend.agents.models import SERVING, Agent
 from backend.core.config import get_settings
 from backend.core.db import utcnow
+from backend.projects.models import CodeVersion
 from backend.scheduler import capacity, regrow
 from backend.tasks import lifecycle
 from backend.tasks.models import ACTIVE, Checkpoint, SubTask, SubTaskStatus, Task
 from backend.tasks.spec import read_spec
 from contracts.messaging import RUN_SUBTASK, broker_options, queue_name
+from contracts.packages import Environment
 from contracts.payload import SubTaskPayload, TaskLimits
 
 log = logging.getLogger(__name__)
@@ -73,11 +75,15 @@ class CeleryDispatcher:
 
 
 def payload_for(
-    task: Task, sub: SubTask, *, resume_checkpoint_id: int | None = None
+    task: Task,
+    sub: SubTask,
+    *,
+    resume_checkpoint_id: int | None = None,
+    environment: Environment | None = None,
 ) -> SubTaskPayload:
     """The message for one sub-task of the task's current attempt: the placed groups (with
-    their speed factors), the part's ranks and agent, the engine options and the checkpoint
-    to resume from.
+    their speed factors), the part's ranks and agent, the engine options, the checkpoint
+    to resume from and the code version's environment (:func:`environment_of`).
 
     Raises:
         ValueError: the stored spec has no epochs or global batch size.
@@ -104,7 +110,16 @@ def payload_for(
         attempt=sub.attempt,
         resume_checkpoint_id=resume_checkpoint_id,
         limits=spec.limits or TaskLimits(),
+        environment=environment,
     )
+
+
+def environment_of(session: Session, task: Task) -> Environment | None:
+    """The task's code version's own packages (its lock), or None when it has none."""
+    version = session.get_one(CodeVersion, task.code_version_id)
+    if version.lock is None or version.lock_hash is None:
+        return None
+    return Environment(lock_hash=version.lock_hash, lock=version.lock)
 
 
 def last_checkpoint(session: Session, *, task_id: int) -> Checkpoint | None:
@@ -238,13 +253,20 @@ def dispatch_pending(session: Session, dispatcher: Dispatcher, *, redispatch_aft
         make_durable(session)
     sent = 0
     resumes: dict[int, Checkpoint | None] = {}
+    environments: dict[int, Environment | None] = {}
     for task, sub in rows:
         if task.id not in resumes:
             resumes[task.id] = resume_checkpoint(session, task)
+            environments[task.id] = environment_of(session, task)
         resume = resumes[task.id]
         try:
             dispatcher.send(
-                payload_for(task, sub, resume_checkpoint_id=resume.id if resume else None)
+                payload_for(
+                    task,
+                    sub,
+                    resume_checkpoint_id=resume.id if resume else None,
+                    environment=environments[task.id],
+                )
             )
         except Exception:  # broker down: stays undispatched, sent again next pass
             log.warning("publishing sub-task %s failed; retrying next pass", sub.id, exc_info=True)

@@ -15,13 +15,14 @@ from backend.tasks import lifecycle
 from backend.tasks.models import (
     ACTIVE,
     Allocation,
+    EventKind,
     NodeRole,
     SubTask,
     SubTaskStatus,
     Task,
     TaskStatus,
 )
-from contracts.agent_api import Claim, Finished, Rendezvous
+from contracts.agent_api import Claim, Finished, Ready, Rendezvous
 
 
 def get_sub_task(session: Session, *, sub_task_id: int) -> SubTask:
@@ -36,7 +37,10 @@ def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
     message finds it taken: Conflict.
 
     A message of an earlier attempt (the task restarted since) is refused too.
-    The first claim moves the task from SCHEDULED to RUNNING. Only an active
+    The first claim moves the task from SCHEDULED to RUNNING, unless the claiming agent
+    prepares first (`data.preparing`: it builds the code version's environment): then the
+    part waits in `preparing`, the timeline records the phase, and :func:`ready` starts the
+    task once no part of its attempt prepares any more. Only an active
     agent of the part's group claims it, and only the agent it is booked for (a
     part booked for none, after its agent could not take it, goes to any). A claim
     that would make the agent run more workers than its `workers` is refused. An
@@ -91,7 +95,7 @@ def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
             field="workers",
         )
     lifecycle.move_sub_task(sub, SubTaskStatus.RUNNING)
-    sub.agent_id = data.agent_id
+    sub.agent_id, sub.preparing = data.agent_id, data.preparing
     nodes = (Allocation.role == NodeRole.COMPUTE) & Allocation.rank.between(
         sub.first_rank, sub.first_rank + sub.workers - 1
     )
@@ -107,15 +111,70 @@ def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
         )
         .values(host=data.host)
     )
-    if task.status is TaskStatus.SCHEDULED:
+    if data.preparing:
+        lifecycle.alarm(
+            session,
+            task,
+            f"agent on {data.host} prepares group {sub.group_index} part {sub.part}: "
+            "building the code version's environment",
+            kind=EventKind.PHASE,
+        )
+    else:
+        _start(session, task, sub, f"agent on {data.host} started")
+    session.commit()
+    return sub
+
+
+def ready(session: Session, *, sub: SubTask, data: Ready) -> SubTask:
+    """A preparing part's agent has built the environment (`data.detail`: how long it took,
+    or that it was cached) and starts its ranks. The phase's end goes on the timeline; the
+    task moves from SCHEDULED to RUNNING when no other part of its attempt still prepares.
+
+    Raises:
+        Conflict: the part is not a claimed, preparing part of the task's current attempt.
+    """
+    task = session.get_one(Task, sub.task_id, with_for_update=True)
+    if (
+        sub.status is not SubTaskStatus.RUNNING
+        or not sub.preparing
+        or sub.attempt != task.attempt
+        or not task.status.active
+    ):
+        raise Conflict(
+            f"sub-task {sub.id} (attempt {sub.attempt}, {sub.status.value}) is not preparing; "
+            f"task is {task.status.value} in attempt {task.attempt}"
+        )
+    sub.preparing = False
+    done = f"group {sub.group_index} part {sub.part} prepared"
+    lifecycle.alarm(
+        session, task, f"{done}: {data.detail}" if data.detail else done, kind=EventKind.PHASE
+    )
+    _start(session, task, sub, "environment ready on every claimed part: agent")
+    session.commit()
+    return sub
+
+
+def _start(session: Session, task: Task, sub: SubTask, who: str) -> None:
+    """Move a SCHEDULED task to RUNNING, unless a claimed part of its attempt still prepares."""
+    if task.status is not TaskStatus.SCHEDULED:
+        return
+    session.flush()
+    preparing = session.scalar(
+        select(func.count())
+        .select_from(SubTask)
+        .where(
+            SubTask.task_id == task.id,
+            SubTask.attempt == task.attempt,
+            SubTask.preparing.is_(True),
+        )
+    )
+    if not preparing:
         lifecycle.transition(
             session,
             task,
             TaskStatus.RUNNING,
-            f"agent on {data.host} started group {sub.group_index} part {sub.part}",
+            f"{who} group {sub.group_index} part {sub.part}",
         )
-    session.commit()
-    return sub
 
 
 def _hand_back(session: Session, sub: SubTask, agent: Agent) -> None:

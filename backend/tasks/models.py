@@ -5,7 +5,18 @@ import enum
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import JSON, Enum, Float, ForeignKey, Index, String, Text, UniqueConstraint, text
+from sqlalchemy import (
+    JSON,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.core.db import Base, utcnow
@@ -51,12 +62,14 @@ class SubTaskStatus(enum.StrEnum):
 
 
 class EventKind(enum.StrEnum):
-    """A task event is a status change, an alarm (a failure detected by the monitor), or a
-    guard move (the engine's guard parked a group or took it back, worker/engine/guard.py)."""
+    """A task event is a status change, an alarm (a failure detected by the monitor), a
+    guard move (the engine's guard parked a group or took it back, worker/engine/guard.py), or
+    a phase before training (an agent builds the code version's environment)."""
 
     STATUS = "status"
     ALARM = "alarm"
     GUARD = "guard"
+    PHASE = "phase"
 
 
 def _enum(cls: type[enum.Enum]) -> Enum:
@@ -293,6 +306,9 @@ class SubTask(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     attempt: Mapped[int] = mapped_column(default=1, server_default="1")
     dispatched_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Claimed, but its agent builds the code version's environment first (Claim.preparing):
+    # the task does not count as started while a part of its attempt prepares.
+    preparing: Mapped[bool] = mapped_column(default=False, server_default=false())
 
 
 class Allocation(Base):

@@ -89,9 +89,11 @@ def add_uploaded_version(
     project: Project,
     upload: UploadFile | None,
     entrypoint: str = "",
+    requirements: str = "",
 ) -> tuple[CodeVersion | None, FieldErrors, int]:
-    """Store an uploaded module or archive as a new code version, or return the error
-    and its HTTP status (413 too large, 415 not Python, 422 breaks the contract)."""
+    """Store an uploaded module or archive (with a module's requirements, if any) as a new
+    code version, or return the error and its HTTP status (413 too large, 415 not Python,
+    422 breaks the contract or refused requirements, 503 the package index too slow)."""
     if upload is None or not upload.filename:
         return None, {"file": "choose a .py module or a .zip / .tar.gz archive to upload"}, 422
     content = upload.file.read(settings.max_upload_bytes + 1)
@@ -103,6 +105,7 @@ def add_uploaded_version(
             filename=upload.filename,
             content=content,
             entrypoint=entrypoint.strip() or None,
+            requirements=requirements or None,
         )
     except ServiceError as exc:
         session.rollback()

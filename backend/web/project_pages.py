@@ -19,6 +19,7 @@ from backend.web import forms, views
 from backend.web.forms import ProjectForm, validation_errors
 from backend.web.task_form import TaskForm, submit_task
 from backend.web.templating import redirect, render
+from contracts.packages import pins
 
 router = APIRouter(include_in_schema=False)
 
@@ -158,11 +159,13 @@ def upload_version(
     user: WebUser,
     file: Annotated[UploadFile | None, File()] = None,
     entrypoint: Annotated[str, Form()] = "",
+    requirements: Annotated[str, Form()] = "",
 ) -> Response:
-    """Upload a `.py` module or an archive as the project's next code version."""
+    """Upload a `.py` module or an archive as the project's next code version; a module's
+    requirements are resolved first (a refusal shows the form again as entered)."""
     project = project_access.writable_project(session, user=user, project_id=project_id)
     version, errors, status = forms.add_uploaded_version(
-        session, settings, project, file, entrypoint
+        session, settings, project, file, entrypoint, requirements
     )
     if version is None:
         return _project_page(
@@ -172,11 +175,13 @@ def upload_version(
             project,
             errors=errors,
             entrypoint=entrypoint,
+            requirements=requirements,
             status_code=status,
         )
+    packages = f", {len(pins(version.lock))} packages locked" if version.lock else ""
     return redirect(
         f"/projects/{project.id}",
-        flash=f"Code version v{version.version} added ({version.filename}).",
+        flash=f"Code version v{version.version} added ({version.filename}{packages}).",
     )
 
 

@@ -9,6 +9,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
 from backend.core.paths import asset
+from contracts.packages import pins
 
 TEMPLATE_DIR = asset("frontend/templates")
 FLASH_COOKIE = "polytrain_flash"
@@ -48,8 +49,17 @@ def format_duration(seconds: float | None) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
+def lock_pins(lock: str | None) -> list[str]:
+    """A code version's lock as its packages, `name==version` each (none without a lock)."""
+    return [f"{name}=={version}" for name, version in pins(lock or "").items()]
+
+
 templates.env.filters.update(
-    time=format_time, bytes=format_bytes, percent=percent, duration=format_duration
+    time=format_time,
+    bytes=format_bytes,
+    percent=percent,
+    duration=format_duration,
+    pins=lock_pins,
 )
 
 

@@ -15,6 +15,7 @@ from backend.projects import access as project_access
 from backend.projects import service as projects
 from backend.projects.code import list_examples
 from backend.projects.models import Project
+from backend.projects.requirements import MAX_REQUIREMENTS_CHARS
 from backend.resource_groups import service as groups
 from backend.tasks import provenance
 from backend.tasks import service as tasks
@@ -100,6 +101,8 @@ def project_page(
         "versions": versions,
         "examples": list_examples(),
         "example": example,
+        "requirements": "",
+        "max_requirements": MAX_REQUIREMENTS_CHARS,
         "tasks": project_tasks,
         "groups": group_rows(session, form),
         "form": form,

@@ -54,7 +54,7 @@
       ["events", "sub-tasks", "allocations"].map((part) => P.getJSON(`${api}/${part}`)));
     P.fillTable($("timeline"), events, (e) => [
       [P.fmtTime(e.created_at), "nowrap"], e.from_status || "—",
-      e.kind === "alarm" || e.kind === "guard" ? e.kind : e.to_status, e.reason]);
+      e.kind === "status" ? e.to_status : e.kind, e.reason]);
     P.fillTable($("sub-tasks"), subTasks, (s) => [
       [String(s.group_index), "num"], s.resource_group + (s.hosts_parameter_server ? " (PS)" : ""),
       [String(s.workers), "num"], s.status, s.detail], "Not dispatched yet.");

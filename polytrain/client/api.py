@@ -77,10 +77,11 @@ class Api:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         return httpx.Client(base_url=self.url + "/api/v1", headers=headers, timeout=timeout)
 
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One request; the decoded JSON answer (None for 204). Raises ClientError."""
+    def call(self, method: str, path: str, *, timeout: float = 30, **kwargs: Any) -> Any:
+        """One request, answered within `timeout` seconds; the decoded JSON answer (None for
+        204). Raises ClientError."""
         try:
-            with self.client() as client:
+            with self.client(timeout=timeout) as client:
                 response = client.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise ClientError(f"cannot reach the API at {self.url}: {exc}") from exc

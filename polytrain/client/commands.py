@@ -1,4 +1,5 @@
-"""The client commands of `polytrain`: log in, projects, plan, submit, status, logs, cancel."""
+"""The client commands of `polytrain`: log in, projects, upload, plan, submit, status, logs,
+cancel."""
 
 import json
 import time
@@ -118,6 +119,45 @@ def create_project(
     except ClientError as exc:
         raise _fail(exc) from exc
     console.print(f"project {row['id']}: {escape(row['name'])}")
+
+
+def upload(
+    project: Annotated[str, typer.Argument(help="a project name (created if missing) or id")],
+    code: Annotated[
+        Path,
+        typer.Argument(help="a .py module or a .zip/.tar.gz archive", exists=True, dir_okay=False),
+    ],
+    entrypoint: Annotated[
+        str | None, typer.Option(help="the module inside an archive (default train.py, ...)")
+    ] = None,
+    requirements: Annotated[
+        Path | None,
+        typer.Option(
+            help="a requirements file: the module's own packages, resolved by the portal to "
+            "exact versions (an archive declares them in its own requirements.txt)",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    api_url: ApiUrl = None,
+) -> None:
+    """Upload training code as the project's next code version; prints its id and the
+    packages its requirements resolved to."""
+    api = Api.resolve(url=api_url)
+    try:
+        project_id = task_spec.project_id(api, project)
+        version = task_spec.upload_code(
+            api, project_id, code, entrypoint=entrypoint, requirements=requirements
+        )
+    except ClientError as exc:
+        raise _fail(exc) from exc
+    console.print(
+        f"code version {version['id']} (v{version['version']}) of project {project_id}: "
+        f"{escape(version['filename'])}",
+        highlight=False,
+    )
+    for package in version.get("packages") or []:
+        console.print(f"  {package['name']}=={package['version']}", highlight=False)
 
 
 def submit(
@@ -494,7 +534,7 @@ def plan_cancel(plan_id: int, api_url: ApiUrl = None) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the client commands to the `polytrain` command."""
-    for command in (login, logout, plan, submit, status, logs, cancel):
+    for command in (login, logout, upload, plan, submit, status, logs, cancel):
         app.command()(command)
     app.command("plan-show")(plan_show)
     app.command("plan-cancel")(plan_cancel)

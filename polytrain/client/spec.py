@@ -4,6 +4,7 @@
 project: mnist                 # a project name (created if missing) or id
 code: ./train.py               # a .py module or .zip/.tar.gz archive to upload ...
 # entrypoint: pkg/train.py     # ... (the module inside an archive)
+# requirements: ./requirements.txt  # ... (a module's own packages; an archive has its own)
 # example: mnist_cnn           # ... or a bundled example
 # code_version_id: 3           # ... or an existing version
 name: mnist across two groups
@@ -28,7 +29,10 @@ import yaml
 
 from polytrain.client.api import Api, ClientError
 
-CODE_KEYS = ("code", "entrypoint", "example", "code_version_id")
+# An upload waits for the portal to resolve its requirements (two uv steps, each at most
+# backend.projects.requirements.RESOLVE_TIMEOUT_S).
+UPLOAD_TIMEOUT_S = 300.0
+CODE_KEYS = ("code", "entrypoint", "requirements", "example", "code_version_id")
 # What a plan takes from the task file (POST /api/v1/plans); the rest is the task's own.
 PLAN_KEYS = (
     "name",
@@ -74,15 +78,49 @@ def code_version_id(api: Api, project: int, spec: dict[str, Any], base: Path) ->
     if "example" in spec:
         version = api.post(f"/projects/{project}/code-versions", json={"example": spec["example"]})
         return int(version["id"])
-    path = (base / spec["code"]).resolve()
+    requirements = (base / spec["requirements"]) if spec.get("requirements") else None
+    version = upload_code(
+        api,
+        project,
+        base / spec["code"],
+        entrypoint=spec.get("entrypoint"),
+        requirements=requirements,
+    )
+    return int(version["id"])
+
+
+def upload_code(
+    api: Api,
+    project: int,
+    code: Path,
+    *,
+    entrypoint: str | None = None,
+    requirements: Path | None = None,
+) -> dict[str, Any]:
+    """Upload a module or archive as the project's next code version; `requirements` is a
+    requirements file declaring a module's own packages (an archive holds its own).
+    Returns the API's code version (with its resolved `packages`).
+
+    Raises:
+        ClientError: a file is missing, or the API refused the upload (its message).
+    """
+    path = code.resolve()
     if not path.is_file():
         raise ClientError(f"code file {path} does not exist")
-    data = {"entrypoint": spec["entrypoint"]} if spec.get("entrypoint") else {}
+    data = {"entrypoint": entrypoint} if entrypoint else {}
+    if requirements is not None:
+        try:
+            data["requirements"] = requirements.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ClientError(f"cannot read requirements file {requirements}: {exc}") from exc
     with path.open("rb") as fh:
-        version = api.post(
-            f"/projects/{project}/code-versions/upload", files={"file": (path.name, fh)}, data=data
+        version: dict[str, Any] = api.post(
+            f"/projects/{project}/code-versions/upload",
+            files={"file": (path.name, fh)},
+            data=data,
+            timeout=UPLOAD_TIMEOUT_S,
         )
-    return int(version["id"])
+    return version
 
 
 def task_body(spec: dict[str, Any], project: int, version: int) -> dict[str, Any]:

@@ -94,3 +94,36 @@ def test_time_to_finish_reads_the_apis_estimate() -> None:
     running = {"eta_s": 725.4, "predicted_finish_at": "2026-11-26T09:03:00Z"}
     assert _eta(running) == "12 min 5 s (at 2026-11-26T09:03:00Z)"
     assert _eta({"eta_s": 0.0, "predicted_finish_at": "2026-11-26T09:03:00Z"}).startswith("0 s")
+
+
+@pytest.mark.registry
+@pytest.mark.usefixtures("registry")
+def test_upload_with_a_requirements_file(  # type: ignore[no-untyped-def]
+    run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`polytrain upload` sends a module with its requirements file; the portal's lock is
+    printed as its packages, and a refusal names the requirement."""
+    monkeypatch.setenv("POLYTRAIN_TOKEN", add_account(ADMIN_EMAIL, admin=True).token)
+    (tmp_path / "train.py").write_bytes(GOOD)
+    (tmp_path / "requirements.txt").write_text("einops\n")
+    uploaded = run(
+        "upload",
+        "digits",
+        str(tmp_path / "train.py"),
+        "--requirements",
+        str(tmp_path / "requirements.txt"),
+    )
+    assert uploaded.exit_code == 0, uploaded.output
+    assert "code version 1 (v1) of project 1: train.py" in uploaded.output
+    assert re.search(r"^  einops==\S+$", uploaded.output, re.MULTILINE)
+    (tmp_path / "requirements.txt").write_text("torch==2.12.0\n")
+    refused = run(
+        "upload",
+        "digits",
+        str(tmp_path / "train.py"),
+        "--requirements",
+        str(tmp_path / "requirements.txt"),
+    )
+    assert refused.exit_code == 1
+    assert "torch==2.12.0 would replace the platform's torch" in refused.output
+    assert "(field requirements)" in refused.output

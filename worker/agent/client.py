@@ -93,12 +93,25 @@ class InternalApi:
     def deregister(self, agent_id: int) -> None:
         self._call("POST", f"/agents/{agent_id}/deregister")
 
-    def claim(self, sub_task_id: int, *, agent_id: int, host: str, attempt: int = 1) -> None:
+    def claim(
+        self,
+        sub_task_id: int,
+        *,
+        agent_id: int,
+        host: str,
+        attempt: int = 1,
+        preparing: bool = False,
+    ) -> None:
+        """Take the part; `preparing`: the environment is built first (then :meth:`ready`)."""
         self._call(
             "POST",
             f"/sub-tasks/{sub_task_id}/claim",
-            json={"agent_id": agent_id, "host": host, "attempt": attempt},
+            json={"agent_id": agent_id, "host": host, "attempt": attempt, "preparing": preparing},
         )
+
+    def ready(self, sub_task_id: int, *, detail: str) -> None:
+        """The preparing part's environment is there: the task may count as started."""
+        self._call("POST", f"/sub-tasks/{sub_task_id}/ready", json={"detail": detail})
 
     def finished(
         self, sub_task_id: int, *, succeeded: bool, detail: str, cause: str = "user"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from worker.agent.monitoring import ResourceSampler
-from worker.agent.sandbox import Sandbox, check_rank_env, rank_environment
+from worker.agent.sandbox import Sandbox, check_rank_env, env_dir, rank_environment
 from worker.agent.uids import Lease
 from worker.engine.ranks import RankProcess, RankSet, spawn
 
@@ -108,14 +108,17 @@ def start_slot(sandbox: Sandbox, *, warm: bool = False) -> Slot:
         lease.release()
         raise
     threading.Thread(
-        target=_release_when_done, args=(popen, lease), name="uid-lease", daemon=True
+        target=_release_when_done, args=(popen, lease, rank_dir), name="uid-lease", daemon=True
     ).start()
     return Slot(popen, rank_dir, lease)
 
 
-def _release_when_done(popen: subprocess.Popen[str], lease: Lease) -> None:
+def _release_when_done(popen: subprocess.Popen[str], lease: Lease, rank_dir: Path) -> None:
+    """When the interpreter has ended: its uid back to the pool, its links to an environment
+    gone (so an evicted environment's disk is freed)."""
     popen.wait()
     lease.release()
+    shutil.rmtree(env_dir(rank_dir), ignore_errors=True)
 
 
 class WarmPool:
@@ -180,6 +183,7 @@ class WarmPool:
             slot.popen.kill()
             slot.popen.wait()
             shutil.rmtree(slot.rank_dir, ignore_errors=True)
+            shutil.rmtree(env_dir(slot.rank_dir), ignore_errors=True)
 
 
 PEER_ERRORS = (

@@ -5,11 +5,13 @@ import logging
 import queue
 import time
 import traceback
+from contextlib import ExitStack
 from pathlib import Path
 
 from contracts.agent_api import ACTIVE_STATUSES
 from contracts.payload import SubTaskPayload
 from worker.agent.client import Conflict, InternalApi
+from worker.agent.environments import EnvironmentBuildFailed, EnvironmentCache
 from worker.agent.netpolicy import NetworkPolicyUnavailable
 from worker.agent.processes import (
     ProcessSet,
@@ -97,11 +99,17 @@ class SubTaskRunner:
         sandbox: Sandbox,
         registry: RunningRegistry | None = None,
         pool: WarmPool | None = None,
+        environments: EnvironmentCache | None = None,
     ) -> None:
         self.settings, self.api, self.agent_id = settings, api, agent_id
         self.sandbox = sandbox
         self.registry = registry or RunningRegistry()
         self.pool = pool
+        self.environments = environments or EnvironmentCache(
+            Path(settings.data_dir).resolve() / "agent" / "envs",
+            settings.package_index(),
+            max_bytes=settings.env_cache_max_mb * 1024 * 1024,
+        )
 
     def run(self, payload: SubTaskPayload) -> str:
         """Run one payload (validated by the caller, once) to its end; "ignored" for a
@@ -112,6 +120,7 @@ class SubTaskRunner:
                 agent_id=self.agent_id,
                 host=self.settings.advertise_addr,
                 attempt=payload.attempt,
+                preparing=payload.environment is not None,
             )
         except Conflict as exc:
             log.info("ignoring sub-task %s: %s", payload.sub_task_id, exc)
@@ -127,13 +136,15 @@ class SubTaskRunner:
             self.api, payload.task_id, group=payload.group.name, attempt=payload.attempt
         )
         self.registry.add(payload.task_id, procs)
+        held = ExitStack()  # what the ranks use until they are gone (their environment)
         try:
-            succeeded, detail, cause = self._run_claimed(payload, procs, reporter)
+            succeeded, detail, cause = self._run_claimed(payload, procs, reporter, held)
         except Exception:
             succeeded, detail, cause = False, traceback.format_exc(), "infra"
             reporter.agent_line(f"agent error: {detail}")
         finally:
             procs.kill_all()
+            held.close()
             procs.drain_readers()
             try:
                 reporter.pump(procs.lines)
@@ -145,15 +156,32 @@ class SubTaskRunner:
         return "succeeded" if succeeded else "failed"
 
     def _run_claimed(
-        self, payload: SubTaskPayload, procs: ProcessSet, reporter: Reporter
+        self, payload: SubTaskPayload, procs: ProcessSet, reporter: Reporter, held: ExitStack
     ) -> Outcome:
-        """Start each rank in its own sandboxed slot and directory, then watch them."""
+        """Build or find the code version's environment (a phase of its own: the task is
+        not started until it is there), start each rank in its own sandboxed slot and
+        directory, then watch them."""
         code = self.api.code(payload.task_id)
         task_dir = self._task_dir(payload)
         peers = Peers(self.api, payload.task_id, payload.attempt, [self.settings.advertise_addr])
+        site: Path | None = None
+        if payload.environment is not None:
+            try:
+                lease = self.environments.prepare(payload.environment, reporter.agent_line)
+            except EnvironmentBuildFailed as exc:
+                reporter.agent_line(str(exc))
+                return False, str(exc), "user"
+            held.callback(lease.release)
+            site = lease.site
+            how = f"built in {lease.seconds:.1f} s" if lease.built else "cached"
+            detail = f"environment {payload.environment.lock_hash[:12]} {how}"
+            reporter.agent_line(detail)
+            self.api.ready(payload.sub_task_id, detail=detail)
 
         def start(rank: int, addr: str, port: int) -> None:
             slot = self.pool.acquire() if self.pool else start_slot(self.sandbox)
+            if site is not None:
+                self.sandbox.link_environment(slot.rank_dir, site)
             peers.leases.append(slot.lease)
             procs.add(rank, slot.popen)
             reporter.rank_dirs[node_name(rank)] = slot.rank_dir

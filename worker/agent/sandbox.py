@@ -35,6 +35,7 @@ from pathlib import Path
 from worker.agent import netpolicy
 from worker.agent.netpolicy import NetworkPolicyUnavailable
 from worker.agent.uids import DEFAULT_UID_COUNT, DEFAULT_UID_FIRST, SandboxUnavailable, UidPool
+from worker.agent.warm import ENV_MOUNT
 from worker.engine.ranks import REPO_ROOT
 
 INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (make install does it)"
@@ -200,11 +201,30 @@ class Sandbox:
         return cls(bwrap, setpriv, pool, entry.pw_gid, ranks_dir, datasets)
 
     def new_rank_dir(self, uid: int) -> Path:
-        """A fresh empty directory for one rank, owned by sandbox uid `uid` (mode 0700)."""
+        """A fresh empty directory for one rank, owned by sandbox uid `uid` (mode 0700), and
+        beside it the agent's empty folder for the rank's environment (:meth:`env_dir`)."""
         path = self.ranks_dir / uuid.uuid4().hex
         path.mkdir(mode=0o700)
         os.chown(path, uid, self.gid)
+        env_dir(path).mkdir(mode=0o755)
         return path
+
+    @staticmethod
+    def link_environment(rank_dir: Path, site: Path) -> int:
+        """Show a rank the environment `site` (a cached site-packages folder): hard-link its
+        tree into the rank's environment folder, which its sandbox mounts read-only at
+        :data:`ENV_MOUNT` from the start (a warm interpreter's mounts are fixed before its
+        task is known). Links, not copies: no bytes move, and the files stay root's and
+        read-only. The number of files linked."""
+        target, count = env_dir(rank_dir), 0
+        for folder, dirs, files in os.walk(site):
+            relative = Path(folder).relative_to(site)
+            for name in dirs:
+                (target / relative / name).mkdir(mode=0o755)
+            for name in files:
+                os.link(Path(folder) / name, target / relative / name, follow_symlinks=False)
+                count += 1
+        return count
 
     def command(self, rank_dir: Path, argv: list[str], uid: int) -> list[str]:
         """The command line running `python argv...` as `uid` in `rank_dir` inside the sandbox."""
@@ -284,7 +304,14 @@ class Sandbox:
                 args += [*_parents(path), "--ro-bind", str(path), str(path)]
         if self.datasets_dir is not None:  # the admin's shared datasets, read-only
             args += [*_parents(self.datasets_dir), "--ro-bind", *[str(self.datasets_dir)] * 2]
+        args += [*_parents(Path(ENV_MOUNT)), "--ro-bind", str(env_dir(rank_dir)), ENV_MOUNT]
         return args + [*_parents(rank_dir), "--bind", str(rank_dir), str(rank_dir)]
+
+
+def env_dir(rank_dir: Path) -> Path:
+    """The agent's folder (root's, 0755) beside a rank's directory that the rank sees
+    read-only at :data:`ENV_MOUNT`: empty, or its task's environment."""
+    return rank_dir.with_name(rank_dir.name + ".env")
 
 
 def check_datasets_dir(datasets: Path, data_dir: Path) -> None:

@@ -24,6 +24,9 @@ import sys
 import time
 
 PR_SET_NAME = 15
+# Where a rank sees its code version's own packages (worker.agent.environments): its slot's
+# hard-linked copy of the environment, read-only, added after the platform's site-packages.
+ENV_MOUNT = "/polytrain/env"
 
 
 def _warm_up() -> None:
@@ -54,6 +57,16 @@ def limit_memory(limit_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
+def _add_environment() -> None:
+    """The code version's own packages (worker.agent.environments), when its agent linked
+    them into this rank's read-only folder, go after the platform's: what the platform ships
+    (torch, the engine) cannot be shadowed. `site.addsitedir` also reads their `.pth` files."""
+    import site
+
+    if os.path.isdir(ENV_MOUNT) and os.listdir(ENV_MOUNT):
+        site.addsitedir(ENV_MOUNT)
+
+
 def main(argv: list[str]) -> int:
     if "--cold" not in argv:
         _warm_up()
@@ -68,6 +81,7 @@ def main(argv: list[str]) -> int:
     limit_memory(int(order["memory_limit_bytes"]))
     os.environ.update(order["env"])
     os.chdir(order["cwd"])
+    _add_environment()
     _name(f"pt-rank-{os.environ.get('RANK', '?')}")
     from worker.engine.launch import exit_now
     from worker.engine.launch import main as launch

@@ -1,0 +1,262 @@
+"""A code version's own packages on an agent: one environment per lock, built once, cached.
+
+A code version that declares requirements carries a *lock* (:mod:`contracts.packages`): exact
+pins with hashes of the packages the platform lacks. The first task that needs a lock on this
+host builds its environment with uv (`uv pip install --target`, `--no-deps`,
+`--require-hashes`, wheels only by default, so no package code runs at install time) into
+`<data_dir>/agent/envs/<lock hash>/`; every later task with the same lock uses it as it is.
+
+* **Once.** Builds hold an exclusive `flock` on `<hash>.build`: two tasks (or two agents of
+  the host) that need the same environment at once build it once; the second waits and
+  finds it ready.
+* **In use.** A task holds a shared `flock` on `<hash>.use` while its ranks run
+  (:meth:`EnvironmentCache.prepare` returns a lease); eviction takes it exclusively without
+  waiting, so it never removes an environment a task uses or builds.
+* **Evicted least recently used** beyond `max_bytes` (`AgentSettings.env_cache_max_mb`):
+  after each build the environments in no task's use are removed, oldest use first, until
+  the cache fits.
+* **Read-only for the ranks.** The environment's files belong to root, mode 0644/0755; each
+  rank's sandbox sees its own hard-linked copy of the tree read-only
+  (:meth:`worker.agent.sandbox.Sandbox.link_environment`), so a rank can neither change the
+  cache nor see another lock's environment.
+
+Where this sits in the data flow: docs/architecture.md, "Training code's own packages".
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from contracts.packages import Environment, PackageIndex, lock_hash, pins, platform_packages, uv_bin
+
+log = logging.getLogger(__name__)
+READY = ".ready"
+LAST_USED = ".last-used"
+BUILD_TIMEOUT_S = 1800.0
+
+
+class EnvironmentBuildFailed(RuntimeError):
+    """An environment could not be built; the message names the package and the indexes
+    tried, and ends with the installer's own output."""
+
+
+@dataclass
+class Lease:
+    """A task's use of one environment: `site` is its folder (a site-packages directory);
+    the environment stays on disk until :meth:`release`."""
+
+    site: Path
+    built: bool
+    seconds: float
+    _fd: int
+
+    def release(self) -> None:
+        """End the use (idempotent)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class EnvironmentCache:
+    """The environments of one host, under `root` (`<data_dir>/agent/envs`).
+
+    `index` says where uv finds packages (agent settings: `POLYTRAIN_INDEX_URL`, ...);
+    `max_bytes` bounds the cache (least recently used environments in no use go first).
+    """
+
+    def __init__(self, root: Path, index: PackageIndex, *, max_bytes: int) -> None:
+        self.root, self.index, self.max_bytes = root, index, max_bytes
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o755)
+        self.uv_cache = self.root.parent / "uv-cache"
+
+    def path(self, lock_hash_hex: str) -> Path:
+        """The folder of a lock's environment (its site-packages)."""
+        return self.root / lock_hash_hex
+
+    def prepare(self, env: Environment, say: Callable[[str], None]) -> Lease:
+        """The environment of `env`'s lock, built first if this host has none; `say` gets the
+        build's progress, line by line (the task's log).
+
+        Raises:
+            ValueError: the lock does not hash to `env.lock_hash`, or names a package the
+                platform ships (torch, ...): the portal would never send one.
+            EnvironmentBuildFailed: the installer failed (names the package and the indexes).
+        """
+        if lock_hash(env.lock) != env.lock_hash:
+            raise ValueError(f"the lock does not hash to {env.lock_hash}")
+        shipped = sorted(set(pins(env.lock)) & set(platform_packages()))
+        if shipped:
+            raise ValueError(f"the lock names packages the platform ships: {', '.join(shipped)}")
+        site = self.path(env.lock_hash)
+        # Two locks per environment: `.use`, held shared by every task using it (eviction
+        # takes it exclusively or skips), and `.build`, exclusive while one checks or builds.
+        use = os.open(self.root / f"{env.lock_hash}.use", os.O_RDWR | os.O_CREAT, 0o600)
+        started, built = time.monotonic(), False
+        try:
+            fcntl.flock(use, fcntl.LOCK_SH)
+            build = os.open(self.root / f"{env.lock_hash}.build", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(build, fcntl.LOCK_EX)  # one build per lock, across agents
+                if not (site / READY).exists():
+                    say(
+                        f"environment {env.lock_hash[:12]}: building {len(pins(env.lock))} "
+                        f"packages from {self.index.describe()}"
+                    )
+                    self._build(env, site, say)
+                    built = True
+            finally:
+                os.close(build)
+            (site / LAST_USED).touch()
+        except BaseException:
+            os.close(use)
+            raise
+        lease = Lease(site, built, time.monotonic() - started, use)
+        if built:
+            self.evict(keep=env.lock_hash)
+        return lease
+
+    def _build(self, env: Environment, site: Path, say: Callable[[str], None]) -> None:
+        """Install the lock into a staging folder, make it read-only, then move it in place."""
+        shutil.rmtree(site, ignore_errors=True)  # a build that died halfway
+        staging = self.root / f".staging-{uuid.uuid4().hex}"
+        staging.mkdir(mode=0o755)
+        try:
+            lock_file = staging.parent / f"{staging.name}.txt"
+            lock_file.write_text(env.lock)
+            command = [
+                uv_bin(),
+                "pip",
+                "install",
+                "--python",
+                sys.executable,
+                "--target",
+                str(staging),
+                "--no-deps",
+                "--require-hashes",
+                "--no-progress",
+                *self.index.uv_args(),
+                "-r",
+                str(lock_file),
+            ]
+            environ = {
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "HOME": str(self.root),
+                "UV_CACHE_DIR": str(self.uv_cache),
+                "UV_NO_CONFIG": "1",
+            }
+            for var in ("SSL_CERT_FILE", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY"):
+                if var in os.environ:
+                    environ[var] = os.environ[var]
+            output: list[str] = []
+            try:
+                proc = subprocess.Popen(
+                    command,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    env=environ,
+                )
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    output.append(line.rstrip())
+                    say(f"uv: {line.rstrip()}")
+                code = proc.wait(timeout=BUILD_TIMEOUT_S)
+            finally:
+                lock_file.unlink(missing_ok=True)
+            if code != 0:
+                raise EnvironmentBuildFailed(self._failure(env, output))
+            _read_only(staging)
+            (staging / READY).touch()
+            staging.rename(site)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _failure(self, env: Environment, output: list[str]) -> str:
+        """The build's error: the package (when uv names one) and the indexes it tried."""
+        text = "\n".join(output[-30:])
+        lowered = text.lower()
+        named = sorted(
+            (lowered.find(token), f"{name}=={version}")
+            for name, version in pins(env.lock).items()
+            for token in (f"{name}==", f"/{name}/")
+            if token in lowered
+        )
+        package = f"package {named[0][1]}" if named else "the packages of the lock"
+        return (
+            f"could not install {package} into environment {env.lock_hash[:12]} from "
+            f"{self.index.describe()}:\n{text}"
+        )
+
+    def evict(self, keep: str | None = None) -> list[str]:
+        """Remove environments in no use, least recently used first, until the cache holds at
+        most `max_bytes`; the lock hashes removed. `keep` is never removed."""
+        sizes = {p.name: _size(p) for p in self.root.iterdir() if (p / READY).exists()}
+        total = sum(sizes.values())
+        removed: list[str] = []
+        by_use = sorted(sizes, key=lambda name: _last_used(self.root / name))
+        for name in by_use:
+            if total <= self.max_bytes:
+                break
+            if name == keep:
+                continue
+            fd = os.open(self.root / f"{name}.use", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # a task uses it (or builds it)
+                os.close(fd)
+                continue
+            try:
+                doomed = self.root / f".evicted-{uuid.uuid4().hex}"
+                (self.root / name).rename(doomed)
+                shutil.rmtree(doomed, ignore_errors=True)
+                total -= sizes[name]
+                removed.append(name)
+                log.info("environment %s evicted (least recently used)", name[:12])
+            finally:
+                os.close(fd)
+        return removed
+
+    @contextmanager
+    def using(self, env: Environment, say: Callable[[str], None]) -> Iterator[Lease]:
+        """:meth:`prepare` as a context: the lease ends with the block."""
+        lease = self.prepare(env, say)
+        try:
+            yield lease
+        finally:
+            lease.release()
+
+
+def _read_only(root: Path) -> None:
+    """Every file 0644 and folder 0755, owned by this process's user (root on an agent)."""
+    for folder, _, files in os.walk(root):
+        os.chmod(folder, 0o755)
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o755 if os.access(path, os.X_OK) else 0o644)
+
+
+def _size(path: Path) -> int:
+    return sum(
+        os.lstat(os.path.join(folder, name)).st_size
+        for folder, _, files in os.walk(path)
+        for name in files
+    )
+
+
+def _last_used(path: Path) -> float:
+    try:
+        return (path / LAST_USED).stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
