@@ -17,7 +17,7 @@ host builds its environment with uv (`uv pip install --target`, `--no-deps`,
   the cache fits.
 * **Read-only for the ranks.** The environment's files belong to root, mode 0644/0755; each
   rank's sandbox sees its own hard-linked copy of the tree read-only
-  (:meth:`worker.agent.sandbox.Sandbox.link_environment`), so a rank can neither change the
+  (:func:`worker.agent.sandbox.link_environment`), so a rank can neither change the
   cache nor see another lock's environment.
 
 Where this sits in the data flow: docs/architecture.md, "Training code's own packages".

@@ -22,7 +22,7 @@ from worker.agent.processes import (
     start_slot,
 )
 from worker.agent.reporter import Reporter
-from worker.agent.sandbox import Sandbox, write_rank_file
+from worker.agent.sandbox import Sandbox, link_environment, write_rank_file
 from worker.agent.uids import Lease
 from worker.config import AgentSettings
 from worker.engine.ranks import RankProcess, node_name, rank_env
@@ -181,7 +181,7 @@ class SubTaskRunner:
         def start(rank: int, addr: str, port: int) -> None:
             slot = self.pool.acquire() if self.pool else start_slot(self.sandbox)
             if site is not None:
-                self.sandbox.link_environment(slot.rank_dir, site)
+                link_environment(slot.rank_dir, site)
             peers.leases.append(slot.lease)
             procs.add(rank, slot.popen)
             reporter.rank_dirs[node_name(rank)] = slot.rank_dir

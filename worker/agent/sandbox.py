@@ -209,23 +209,6 @@ class Sandbox:
         env_dir(path).mkdir(mode=0o755)
         return path
 
-    @staticmethod
-    def link_environment(rank_dir: Path, site: Path) -> int:
-        """Show a rank the environment `site` (a cached site-packages folder): hard-link its
-        tree into the rank's environment folder, which its sandbox mounts read-only at
-        :data:`ENV_MOUNT` from the start (a warm interpreter's mounts are fixed before its
-        task is known). Links, not copies: no bytes move, and the files stay root's and
-        read-only. The number of files linked."""
-        target, count = env_dir(rank_dir), 0
-        for folder, dirs, files in os.walk(site):
-            relative = Path(folder).relative_to(site)
-            for name in dirs:
-                (target / relative / name).mkdir(mode=0o755)
-            for name in files:
-                os.link(Path(folder) / name, target / relative / name, follow_symlinks=False)
-                count += 1
-        return count
-
     def command(self, rank_dir: Path, argv: list[str], uid: int) -> list[str]:
         """The command line running `python argv...` as `uid` in `rank_dir` inside the sandbox."""
         return [
@@ -312,6 +295,24 @@ def env_dir(rank_dir: Path) -> Path:
     """The agent's folder (root's, 0755) beside a rank's directory that the rank sees
     read-only at :data:`ENV_MOUNT`: empty, or its task's environment."""
     return rank_dir.with_name(rank_dir.name + ".env")
+
+
+def link_environment(rank_dir: Path, site: Path) -> int:
+    """Show a rank the environment `site` (a cached site-packages folder): hard-link its
+    tree into the rank's environment folder (:func:`env_dir`), which its sandbox mounts
+    read-only at :data:`ENV_MOUNT` from the start (a warm interpreter's mounts are fixed
+    before its task is known). Links, not copies: no bytes move, and the files stay root's
+    and read-only. The number of files linked."""
+    target, count = env_dir(rank_dir), 0
+    target.mkdir(mode=0o755, exist_ok=True)
+    for folder, dirs, files in os.walk(site):
+        relative = Path(folder).relative_to(site)
+        for name in dirs:
+            (target / relative / name).mkdir(mode=0o755)
+        for name in files:
+            os.link(Path(folder) / name, target / relative / name, follow_symlinks=False)
+            count += 1
+    return count
 
 
 def check_datasets_dir(datasets: Path, data_dir: Path) -> None:

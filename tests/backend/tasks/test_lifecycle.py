@@ -13,8 +13,8 @@ from backend.scheduler.service import schedule_next
 from backend.tasks import fate, lifecycle
 from backend.tasks import service as tasks
 from backend.tasks.models import SubTask, SubTaskStatus, TaskEvent, TaskStatus
-from contracts.agent_api import Finished
-from tests.backend.scheduling import group, running_task, submit, version
+from contracts.agent_api import Claim, Finished, Ready
+from tests.backend.scheduling import agent_named, group, running_task, submit, version
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -108,3 +108,46 @@ def test_the_same_finished_report_again_changes_nothing(session: Session, succee
     assert first.status is (SubTaskStatus.SUCCEEDED if succeeded else SubTaskStatus.FAILED)
     assert task.status is (TaskStatus.RUNNING if succeeded else TaskStatus.FAILED)
     assert second.status is (SubTaskStatus.RUNNING)
+
+
+def test_a_task_starts_only_when_no_part_still_builds_its_environment(session: Session) -> None:
+    group(session, "cpu-a", 1)
+    group(session, "cpu-b", 1)
+    task = submit(
+        session,
+        version(session),
+        [{"name": "cpu-a", "workers": 1}, {"name": "cpu-b", "workers": 1}],
+    )
+    assert schedule_next(session) == task.id
+    a, b = session.scalars(
+        select(SubTask).where(SubTask.task_id == task.id).order_by(SubTask.group_index)
+    ).all()
+    for part in (a, b):
+        agent = agent_named(session, f"agent-cpu-{'ab'[part.group_index]}")
+        fate.claim(session, sub=part, data=Claim(agent_id=agent.id, host="h", preparing=True))
+    session.refresh(task)
+    assert task.status is TaskStatus.SCHEDULED and task.started_at is None
+    fate.ready(session, sub=a, data=Ready(detail="environment 0123 built in 41.0 s"))
+    session.refresh(task)
+    assert task.status is TaskStatus.SCHEDULED  # cpu-b still builds
+    fate.ready(session, sub=b, data=Ready(detail="environment 0123 cached"))
+    session.refresh(task)
+    assert task.status is TaskStatus.RUNNING and task.started_at is not None
+    events = session.scalars(
+        select(TaskEvent).where(TaskEvent.task_id == task.id).order_by(TaskEvent.id)
+    ).all()
+    phases = [e.reason for e in events if e.kind.value == "phase"]
+    assert phases == [
+        "agent on h prepares group 0 part 0: building the code version's environment",
+        "agent on h prepares group 1 part 0: building the code version's environment",
+        "group 0 part 0 prepared: environment 0123 built in 41.0 s",
+        "group 1 part 0 prepared: environment 0123 cached",
+    ]
+    # The phase is before the start: the time a task ran does not count the build.
+    [running] = [
+        e for e in events if e.to_status is TaskStatus.RUNNING and e.kind.value == "status"
+    ]
+    assert running.created_at >= events[-2].created_at
+    # A part that is not preparing (any more) cannot report ready again.
+    with pytest.raises(Conflict, match="is not preparing"):
+        fate.ready(session, sub=b, data=Ready())

@@ -34,6 +34,7 @@ BODIES: dict[str, type[BaseModel]] = {  # what each route's body must be, as the
     "alarms": schemas.Alarm,
     "provenance": schemas.Provenance,
     "rendezvous": schemas.Rendezvous,
+    "ready": schemas.Ready,
     "trial": TrialResult,
 }
 
@@ -141,6 +142,8 @@ class FakeApi:
             )
         if route == "finished":
             return httpx.Response(200, json={"status": "RUNNING"})
+        if route == "ready":
+            return httpx.Response(204)
         if route == "checkpoints" and request.method == "POST":
             return httpx.Response(200, json={"id": len(self.calls("checkpoints"))})
         if route == "provenance":

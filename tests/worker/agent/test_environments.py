@@ -13,7 +13,7 @@ import pytest
 
 from contracts.packages import Environment, PackageIndex, lock_hash, uv_bin
 from worker.agent.environments import READY, EnvironmentBuildFailed, EnvironmentCache
-from worker.agent.sandbox import Sandbox, env_dir, rank_environment
+from worker.agent.sandbox import Sandbox, env_dir, link_environment, rank_environment
 from worker.agent.warm import ENV_MOUNT
 
 GiB = 1024**3
@@ -105,7 +105,7 @@ print(json.dumps({{
         uid = sandbox.pool.lease()
         try:
             rank_dir = sandbox.new_rank_dir(uid.uid)
-            assert sandbox.link_environment(rank_dir, lease.site) > 5
+            assert link_environment(rank_dir, lease.site) > 5
             done = subprocess.run(
                 sandbox.command(rank_dir, ["-c", probe], uid.uid),
                 env=rank_environment({}, rank_dir, dict(os.environ)),

@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from contracts.packages import lock_hash
 from tests.worker.agent.conftest import HOST
 from tests.worker.agent.fakes import FakeApi, FakePool, event
+from worker.agent.environments import READY
 from worker.agent.runner import Peers
+from worker.agent.sandbox import env_dir
+from worker.config import AgentSettings
 
 Run = Callable[..., tuple[str, FakePool]]
 RENDEZVOUS = event("rendezvous", port=4242)
@@ -179,3 +183,41 @@ def test_peers_stop_following_another_attempt(
     api.attempt, api.peer_hosts = 2, ["10.0.0.66"]
     peers.refresh()
     assert peers.complete and lease.admitted == [] and peers.hosts == [HOST]
+
+
+def test_a_cached_environment_is_linked_for_every_rank_and_reported_ready(
+    api: FakeApi, run_with: Run, settings: AgentSettings
+) -> None:
+    lock = "einops==0.8.2\n"
+    site = Path(settings.data_dir).resolve() / "agent" / "envs" / lock_hash(lock)
+    (site / "einops").mkdir(parents=True)
+    (site / "einops" / "__init__.py").write_text("VERSION = 'cached'\n")
+    (site / READY).touch()
+    outcome, pool = run_with(
+        {0: RENDEZVOUS}, environment={"lock_hash": lock_hash(lock), "lock": lock}
+    )
+    assert outcome == "succeeded"
+    assert api.bodies("claim")[0]["preparing"] is True
+    assert api.bodies("ready") == [{"detail": f"environment {lock_hash(lock)[:12]} cached"}]
+    for slot in pool.slots:  # each rank's read-only folder holds the same files
+        linked = env_dir(slot.rank_dir) / "einops" / "__init__.py"
+        assert linked.stat().st_ino == (site / "einops" / "__init__.py").stat().st_ino
+
+
+def test_an_environment_that_cannot_be_built_fails_the_task_with_the_installers_message(
+    api: FakeApi, run_with: Run, settings: AgentSettings
+) -> None:
+    settings.index_url = "http://127.0.0.1:9/simple"  # nothing listens: an offline site
+    lock = "einops==0.8.2\n"
+    outcome, pool = run_with(
+        {0: RENDEZVOUS}, environment={"lock_hash": lock_hash(lock), "lock": lock}
+    )
+    assert outcome == "failed" and pool.slots == []  # no rank started
+    assert api.bodies("claim")[0]["preparing"] is True and api.bodies("ready") == []
+    [finished] = api.bodies("finished")
+    assert not finished["succeeded"] and finished["cause"] == "user"
+    detail = finished["detail"]
+    assert "could not install package einops==0.8.2" in detail
+    assert "http://127.0.0.1:9/simple" in detail
+    assert any(line.startswith("uv: ") for line in logged(api))  # the installer's own output
+    assert any("could not install package einops==0.8.2" in line for line in logged(api))
