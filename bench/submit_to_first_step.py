@@ -19,7 +19,19 @@ submission (target <= 3 s), with `--runs` later cold submissions beside it.
 submissions with no pause between them (after a warm-up), so the pools
 cannot refill between tasks; median.
 
-    python -m bench.submit_to_first_step [--runs 5] [--only redis|embedded|cold]
+`--only environment` (issue 35): what a code version's own packages cost a task once its
+agents have them cached, on the embedded default with the warm pools. Two uploads of the
+same tiny model (`tiny_regression`): one plain, one that also imports einops and declares
+`einops` as its requirement (resolved at upload into a non-empty lock). One warm-up
+submission of the latter builds the environment on each agent (`environment_build_s`: its
+submit to first step); then `--runs` submissions of each, alternating (the order reversed in
+every other round, `bench.stats.paired_rounds`), `--pause` seconds apart.
+`submit_to_first_step_cached_env_extra_s` = median with the environment - median without
+(target <= 0.3 s; ideal 0: a cached environment costs a lease, one `/ready` round trip and
+one hard-link pass per rank). Each run also gives the server's submit -> RUNNING and, with
+the environment, each part's claim -> prepared (the `phase` events' timestamps).
+
+    python -m bench.submit_to_first_step [--runs 5] [--only redis|embedded|cold|environment]
 """
 
 import argparse
@@ -31,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,11 +53,16 @@ import psycopg  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from bench.services import PG_SERVER, example_project, redis_server  # noqa: E402
+from bench.stats import paired_rounds, summary  # noqa: E402
 from polytrain.stack import GroupSetup, LocalStack  # noqa: E402
 from worker.engine.ranks import free_port  # noqa: E402
 
 TARGETS = {"redis": 2.0, "embedded": 5.0}
 COLD_TARGET_S = 3.0
+CACHED_ENV_TARGET_S = 0.3
+ROOT = Path(__file__).resolve().parents[1]
+# The environment's requirement: a small pure-Python wheel the platform lacks.
+REQUIREMENTS = "einops\n"
 GROUPS = [GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1)]
 
 
@@ -56,6 +74,12 @@ def _admin(sql: str) -> None:
 
 def first_step_s(api: httpx.Client, version: dict) -> float:
     """Seconds from submission to progress > 0; the task is then cancelled and released."""
+    return first_step(api, version)[0]
+
+
+def first_step(api: httpx.Client, version: dict) -> tuple[float, int]:
+    """(seconds from submission to progress > 0, the task's id); the task is then cancelled
+    and released."""
     started = time.perf_counter()
     task = (
         api.post(
@@ -82,7 +106,7 @@ def first_step_s(api: httpx.Client, version: dict) -> float:
     api.post(f"/api/v1/tasks/{task['id']}/cancel")
     while any(g["allocated_workers"] for g in api.get("/api/v1/resource-groups").json()):
         time.sleep(0.1)
-    return elapsed
+    return elapsed, int(task["id"])
 
 
 def measure(stack: LocalStack, runs: int, pause_s: float, warm_up: bool = True) -> list[float]:
@@ -153,6 +177,122 @@ def run_embedded_modes(runs: int, workdir: Path) -> list[dict]:
     ]
 
 
+def upload(api: httpx.Client, project_id: int, code: str, requirements: str | None) -> dict:
+    """A code version of `code` (a module) through the upload route, its `requirements`
+    resolved by the API (real uv, the package index)."""
+    return (
+        api.post(
+            f"/api/v1/projects/{project_id}/code-versions/upload",
+            files={"file": ("train.py", code.encode(), "text/x-python")},
+            data={"requirements": requirements} if requirements else {},
+            timeout=300,
+        )
+        .raise_for_status()
+        .json()
+    )
+
+
+def _round(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
+
+
+def timeline(api: httpx.Client, task_id: int) -> dict:
+    """The server's timestamps of a task: submit -> RUNNING, and per preparing part its
+    claim -> prepared (the agent's environment lease and its `/ready`), seconds."""
+    task = api.get(f"/api/v1/tasks/{task_id}").json()
+    events = api.get(f"/api/v1/tasks/{task_id}/events").json()
+    created = datetime.fromisoformat(task["created_at"])
+    running = [e for e in events if e["kind"] == "status" and e["to_status"] == "RUNNING"]
+    claims: dict[str, datetime] = {}
+    prepare: list[float] = []
+    details: list[str] = []
+    for event in events:
+        if event["kind"] != "phase":
+            continue
+        at, reason = datetime.fromisoformat(event["created_at"]), event["reason"]
+        if "prepares group" in reason:
+            claims[reason.split(" prepares ")[1].split(":")[0]] = at
+        elif " prepared" in reason:
+            part = reason.split(" prepared")[0]
+            if part in claims:
+                prepare.append((at - claims[part]).total_seconds())
+            details.append(reason.split(": ", 1)[-1])
+    to_running = (
+        (datetime.fromisoformat(running[0]["created_at"]) - created).total_seconds()
+        if running
+        else None
+    )
+    return {"to_running_s": to_running, "prepare_s": prepare, "details": details}
+
+
+def run_environment_mode(runs: int, workdir: Path, pause_s: float) -> dict:
+    """With the warm pools: a plain tiny_regression against the same module importing einops
+    from its cached environment, alternating submissions after one that builds it."""
+    plain = (ROOT / "examples" / "tiny_regression.py").read_text()
+    with_env = plain.replace(
+        "import torch\n", "import einops  # the environment's package\nimport torch\n", 1
+    )
+    assert with_env != plain
+    load_before = os.getloadavg()[0]
+    with LocalStack(data_dir=workdir / "environment", port=free_port(), groups=GROUPS) as stack:
+        with httpx.Client(base_url=stack.url, timeout=30, headers=stack.headers) as api:
+            project = api.post("/api/v1/projects", json={"name": "bench-env"}).raise_for_status()
+            project_id = project.json()["id"]
+            versions = {"without_env": upload(api, project_id, plain, None)}
+            resolving = time.perf_counter()
+            versions["with_env"] = upload(api, project_id, with_env, REQUIREMENTS)
+            resolve_s = time.perf_counter() - resolving
+            build_s, build_task = first_step(api, versions["with_env"])
+            built = timeline(api, build_task)
+            tasks: dict[str, list[int]] = {name: [] for name in versions}
+
+            def arm(name: str) -> float:
+                time.sleep(pause_s)
+                seconds, task_id = first_step(api, versions[name])
+                tasks[name].append(task_id)
+                return seconds
+
+            timings = paired_rounds(
+                {"with_env": lambda: arm("with_env"), "without_env": lambda: arm("without_env")},
+                runs,
+            )
+            timelines = {name: [timeline(api, t) for t in ids] for name, ids in tasks.items()}
+    with_s, without_s = timings["with_env"], timings["without_env"]
+    medians = {name: statistics.median(values) for name, values in timings.items()}
+    extra = [w - o for w, o in zip(with_s, without_s, strict=True)]
+    return {
+        "benchmark": "submit_to_first_step_cached_env_extra_s",
+        "value": round(medians["with_env"] - medians["without_env"], 3),
+        "target": CACHED_ENV_TARGET_S,
+        "unit": "s",
+        "stat": "median with a cached environment - median without, alternating submissions",
+        "with_env_s": [round(t, 3) for t in with_s],
+        "without_env_s": [round(t, 3) for t in without_s],
+        "medians": {name: round(value, 3) for name, value in medians.items()},
+        "spread": {
+            "with_env_max_s": round(max(with_s), 3),
+            "without_env_max_s": round(max(without_s), 3),
+            "paired_extra_s": summary(extra, digits=3),
+        },
+        "environment_build_s": round(build_s, 3),
+        "environment_build": built["details"],
+        "resolve_at_upload_s": round(resolve_s, 3),
+        "packages": [f"{p['name']}=={p['version']}" for p in versions["with_env"]["packages"]],
+        "to_running_s": {
+            name: [_round(t["to_running_s"]) for t in found] for name, found in timelines.items()
+        },
+        "prepare_s": [[round(s, 3) for s in t["prepare_s"]] for t in timelines["with_env"]],
+        "n": runs,
+        "warm_pool": True,
+        "pause_s": pause_s,
+        "broker": "sqlalchemy+sqlite",
+        "database": "sqlite",
+        "workers": {g.name: g.workers for g in GROUPS},
+        "example": "tiny_regression (uploaded), and with `import einops` + requirement einops",
+        "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }
+
+
 def run_stack(kind: str, runs: int, workdir: Path, pause_s: float) -> dict:
     redis_proc, database = None, None
     stack = LocalStack(data_dir=workdir / kind, port=free_port(), groups=GROUPS)
@@ -191,16 +331,18 @@ def run_stack(kind: str, runs: int, workdir: Path, pause_s: float) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--only", choices=[*sorted(TARGETS), "cold"])
+    parser.add_argument("--only", choices=[*sorted(TARGETS), "cold", "environment"])
     parser.add_argument(
         "--pause", type=float, default=10.0, help="seconds between submissions (warm pools refill)"
     )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="polytrain-bench-"))
     try:
-        for kind in [args.only] if args.only else ["redis", "embedded", "cold"]:
+        for kind in [args.only] if args.only else ["redis", "embedded", "cold", "environment"]:
             if kind == "cold":
                 lines = run_embedded_modes(args.runs, workdir)
+            elif kind == "environment":
+                lines = [run_environment_mode(args.runs, workdir, args.pause)]
             else:
                 lines = [run_stack(kind, args.runs, workdir, args.pause)]
             for line in lines:

@@ -89,15 +89,19 @@ class EnvironmentCache:
         build's progress, line by line (the task's log).
 
         Raises:
-            ValueError: the lock does not hash to `env.lock_hash`, or names a package the
-                platform ships (torch, ...): the portal would never send one.
-            EnvironmentBuildFailed: the installer failed (names the package and the indexes).
+            ValueError: the lock does not hash to `env.lock_hash`.
+            EnvironmentBuildFailed: the installer failed (names the package and the indexes),
+                or the lock names a package this agent's platform ships (torch, ...: the
+                API's install differs from the agent's).
         """
         if lock_hash(env.lock) != env.lock_hash:
             raise ValueError(f"the lock does not hash to {env.lock_hash}")
         shipped = sorted(set(pins(env.lock)) & set(platform_packages()))
-        if shipped:
-            raise ValueError(f"the lock names packages the platform ships: {', '.join(shipped)}")
+        if shipped:  # the API's environment differs from this agent's: say so, don't retry
+            raise EnvironmentBuildFailed(
+                f"the lock names packages the platform ships on this agent: "
+                f"{', '.join(shipped)}; give the API and the agents the same polytrain install"
+            )
         site = self.path(env.lock_hash)
         # Two locks per environment: `.use`, held shared by every task using it (eviction
         # takes it exclusively or skips), and `.build`, exclusive while one checks or builds.

@@ -83,8 +83,12 @@ def test_a_rank_imports_its_environment_read_only_after_the_platforms_packages(
 ) -> None:
     cache = EnvironmentCache(tmp_path / "envs", PackageIndex(), max_bytes=GiB)
     sandbox = Sandbox.detect(user="polytrain-run", data_dir=tmp_path)
+    # Like a warm interpreter, the rank starts before its task (and environment) is known:
+    # it waits for a line, and the environment is linked in meanwhile.
     probe = f"""
-import json, sys
+import json, os, sys
+print(json.dumps(os.listdir("{ENV_MOUNT}")), flush=True)
+sys.stdin.readline()
 from worker.agent.warm import _add_environment
 _add_environment()
 import einops, torch
@@ -105,18 +109,23 @@ print(json.dumps({{
         uid = sandbox.pool.lease()
         try:
             rank_dir = sandbox.new_rank_dir(uid.uid)
-            assert link_environment(rank_dir, lease.site) > 5
-            done = subprocess.run(
+            rank = subprocess.Popen(
                 sandbox.command(rank_dir, ["-c", probe], uid.uid),
                 env=rank_environment({}, rank_dir, dict(os.environ)),
-                capture_output=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
-                timeout=120,
             )
+            assert rank.stdout is not None
+            before = json.loads(rank.stdout.readline() or "null")
+            assert link_environment(rank_dir, lease.site) > 5
+            out, err = rank.communicate("go\n", timeout=120)
         finally:
             uid.release()
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
+    assert rank.returncode == 0, err
+    seen = json.loads(out)
+    assert before == []  # nothing to see before its task's environment is linked
     assert seen["einops"] == f"{ENV_MOUNT}/einops/__init__.py"
     assert seen["torch"].startswith(sys.prefix)  # the platform's torch, not the environment's
     assert seen["last"] == ENV_MOUNT
@@ -158,7 +167,7 @@ def test_an_unreachable_index_fails_naming_the_package_and_the_index(tmp_path: P
 def test_a_lock_naming_a_platform_package_or_the_wrong_hash_is_refused(tmp_path: Path) -> None:
     cache = EnvironmentCache(tmp_path / "envs", PackageIndex(), max_bytes=GiB)
     lock = "torch==2.12.0\n"
-    with pytest.raises(ValueError, match="the platform ships: torch"):
+    with pytest.raises(EnvironmentBuildFailed, match="the platform ships on this agent: torch"):
         cache.prepare(Environment(lock_hash=lock_hash(lock), lock=lock), lambda line: None)
     with pytest.raises(ValueError, match="does not hash"):
         cache.prepare(Environment(lock_hash="0" * 64, lock=lock), lambda line: None)
