@@ -176,7 +176,11 @@ class SubTaskRunner:
             how = f"built in {lease.seconds:.1f} s" if lease.built else "cached"
             detail = f"environment {payload.environment.lock_hash[:12]} {how}"
             reporter.agent_line(detail)
-            self.api.ready(payload.sub_task_id, detail=detail)
+            try:
+                self.api.ready(payload.sub_task_id, detail=detail)
+            except Conflict as exc:  # cancelled or restarted while the environment was built
+                reporter.agent_line(f"not starting the ranks: {exc}")
+                return False, f"stopped: {exc}", "stopped"
 
         def start(rank: int, addr: str, port: int) -> None:
             slot = self.pool.acquire() if self.pool else start_slot(self.sandbox)

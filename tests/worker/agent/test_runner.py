@@ -185,14 +185,20 @@ def test_peers_stop_following_another_attempt(
     assert peers.complete and lease.admitted == [] and peers.hosts == [HOST]
 
 
-def test_a_cached_environment_is_linked_for_every_rank_and_reported_ready(
-    api: FakeApi, run_with: Run, settings: AgentSettings
-) -> None:
-    lock = "einops==0.8.2\n"
+def cached_environment(settings: AgentSettings, lock: str) -> Path:
+    """An environment of `lock` already on this host (as a build leaves it)."""
     site = Path(settings.data_dir).resolve() / "agent" / "envs" / lock_hash(lock)
     (site / "einops").mkdir(parents=True)
     (site / "einops" / "__init__.py").write_text("VERSION = 'cached'\n")
     (site / READY).touch()
+    return site
+
+
+def test_a_cached_environment_is_linked_for_every_rank_and_reported_ready(
+    api: FakeApi, run_with: Run, settings: AgentSettings
+) -> None:
+    lock = "einops==0.8.2\n"
+    site = cached_environment(settings, lock)
     outcome, pool = run_with(
         {0: RENDEZVOUS}, environment={"lock_hash": lock_hash(lock), "lock": lock}
     )
@@ -221,3 +227,17 @@ def test_an_environment_that_cannot_be_built_fails_the_task_with_the_installers_
     assert "http://127.0.0.1:9/simple" in detail
     assert any(line.startswith("uv: ") for line in logged(api))  # the installer's own output
     assert any("could not install package einops==0.8.2" in line for line in logged(api))
+
+
+def test_a_task_cancelled_while_its_environment_was_prepared_starts_no_rank(
+    api: FakeApi, run_with: Run, settings: AgentSettings
+) -> None:
+    lock = "einops==0.8.2\n"
+    cached_environment(settings, lock)
+    api.fail["ready"] = [409]  # the API refuses: the task is no longer this attempt's
+    outcome, pool = run_with(
+        {0: RENDEZVOUS}, environment={"lock_hash": lock_hash(lock), "lock": lock}
+    )
+    assert outcome == "failed" and pool.slots == []
+    [finished] = api.bodies("finished")
+    assert (finished["succeeded"], finished["cause"]) == (False, "stopped")
