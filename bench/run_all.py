@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 # `make bench`: the engine's and the service's figures with their targets (issue 20), every
-# ratio from 5 paired, counterbalanced rounds, and issue 34's time to accuracy (one seed);
-# about 26 minutes on this 2-core host.
+# ratio from 5 paired, counterbalanced rounds, issue 34's time to accuracy (one seed) and
+# issue 35's cached environment; about 28.5 minutes on this 2-core host.
 BENCHMARKS = (
     # the engine against plain DDP, 4 model sizes x 5 rounds (item 2): about 8.5 minutes
     "bench.engine_vs_ddp",
@@ -33,6 +33,9 @@ BENCHMARKS = (
     "bench.comm_scaling",
     "bench.schedule_decision",
     "bench.submit_to_first_step --only cold",
+    # issue 35: a task whose code version's environment is cached on its agents against the
+    # same model without one (5 alternating submissions each, einops from PyPI): 2.5 minutes
+    "bench.submit_to_first_step --only environment",
     "bench.api_p99 --only mixed",
     # issue 34 item 4, one seed at 0.1M parameters: the fast group alone (plain PyTorch and
     # the engine) against both groups under diloco (blocking, overlapped, async) to 0.97 on

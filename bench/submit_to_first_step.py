@@ -22,14 +22,16 @@ cannot refill between tasks; median.
 `--only environment` (issue 35): what a code version's own packages cost a task once its
 agents have them cached, on the embedded default with the warm pools. Two uploads of the
 same tiny model (`tiny_regression`): one plain, one that also imports einops and declares
-`einops` as its requirement (resolved at upload into a non-empty lock). One warm-up
-submission of the latter builds the environment on each agent (`environment_build_s`: its
-submit to first step); then `--runs` submissions of each, alternating (the order reversed in
-every other round, `bench.stats.paired_rounds`), `--pause` seconds apart.
+`einops` as its requirement (resolved at upload into a non-empty lock). After one plain
+warm-up (a fresh stack's pools are still warming), one submission of the latter builds the
+environment on each agent (`environment_build_s`: its submit to first step); then `--runs`
+submissions of each, alternating (the order reversed in every other round,
+`bench.stats.paired_rounds`), `--pause` seconds apart.
 `submit_to_first_step_cached_env_extra_s` = median with the environment - median without
 (target <= 0.3 s; ideal 0: a cached environment costs a lease, one `/ready` round trip and
-one hard-link pass per rank). Each run also gives the server's submit -> RUNNING and, with
-the environment, each part's claim -> prepared (the `phase` events' timestamps).
+one hard-link pass per rank). Where the difference goes, per run, from the server's and
+the agents' timestamps: submit -> RUNNING, each part's claim -> prepared, each agent's
+ranks started, and the ranks' own start-up parts (`timeline`).
 
     python -m bench.submit_to_first_step [--runs 5] [--only redis|embedded|cold|environment]
 """
@@ -43,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -196,12 +198,24 @@ def _round(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 3)
 
 
+def _at(stamp: str) -> datetime:
+    """An API timestamp (UTC, with or without its zone) as an aware datetime."""
+    at = datetime.fromisoformat(stamp)
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
 def timeline(api: httpx.Client, task_id: int) -> dict:
-    """The server's timestamps of a task: submit -> RUNNING, and per preparing part its
-    claim -> prepared (the agent's environment lease and its `/ready`), seconds."""
+    """Where a task's start went, from the server's and the agents' timestamps, seconds after
+    its submission: RUNNING (`to_running_s`), each preparing part's claim -> prepared (its
+    agent's environment lease and `/ready`, `prepare_s`), each agent's "environment ...
+    cached/built" line (`env_ready_s`) and "started ranks" line (`ranks_started_s`: the
+    environment linked into each rank, every rank given its order); and the ranks' own
+    start-up parts (`startup_s`: each part's slowest rank; `model` includes loading the
+    user's module, so its `import einops`)."""
     task = api.get(f"/api/v1/tasks/{task_id}").json()
     events = api.get(f"/api/v1/tasks/{task_id}/events").json()
-    created = datetime.fromisoformat(task["created_at"])
+    logs = api.get(f"/api/v1/tasks/{task_id}/logs").json()
+    created = _at(task["created_at"])
     running = [e for e in events if e["kind"] == "status" and e["to_status"] == "RUNNING"]
     claims: dict[str, datetime] = {}
     prepare: list[float] = []
@@ -209,7 +223,7 @@ def timeline(api: httpx.Client, task_id: int) -> dict:
     for event in events:
         if event["kind"] != "phase":
             continue
-        at, reason = datetime.fromisoformat(event["created_at"]), event["reason"]
+        at, reason = _at(event["created_at"]), event["reason"]
         if "prepares group" in reason:
             claims[reason.split(" prepares ")[1].split(":")[0]] = at
         elif " prepared" in reason:
@@ -217,12 +231,39 @@ def timeline(api: httpx.Client, task_id: int) -> dict:
             if part in claims:
                 prepare.append((at - claims[part]).total_seconds())
             details.append(reason.split(": ", 1)[-1])
-    to_running = (
-        (datetime.fromisoformat(running[0]["created_at"]) - created).total_seconds()
+    env_ready: dict[str, float] = {}
+    ranks_started: dict[str, float] = {}
+    startup: dict[str, float] = {}
+    for line in logs:
+        after = (_at(line["time"]) - created).total_seconds()
+        text = line["text"]
+        if line["node"].startswith("agent-") and text.startswith("environment "):
+            env_ready[line["node"]] = round(after, 3)
+        elif line["node"].startswith("agent-") and ": started ranks " in text:
+            ranks_started[line["node"]] = round(after, 3)
+        elif " start-up " in text and ": " in text:  # "rank R start-up T s: part s, ..."
+            for part in text.split(": ", 1)[1].split(", "):
+                name, _, seconds = part.rpartition(" ")
+                startup[name] = max(startup.get(name, 0.0), float(seconds))
+    return {
+        "to_running_s": (_at(running[0]["created_at"]) - created).total_seconds()
         if running
-        else None
-    )
-    return {"to_running_s": to_running, "prepare_s": prepare, "details": details}
+        else None,
+        "prepare_s": prepare,
+        "details": details,
+        "env_ready_s": env_ready,
+        "ranks_started_s": ranks_started,
+        "startup_s": startup,
+    }
+
+
+def _median_of(found: list[dict], key: str) -> dict[str, float]:
+    """Per name, the median over runs of `found[i][key][name]`."""
+    names = sorted({name for t in found for name in t[key]})
+    return {
+        name: round(statistics.median(t[key][name] for t in found if name in t[key]), 3)
+        for name in names
+    }
 
 
 def run_environment_mode(runs: int, workdir: Path, pause_s: float) -> dict:
@@ -242,6 +283,10 @@ def run_environment_mode(runs: int, workdir: Path, pause_s: float) -> dict:
             resolving = time.perf_counter()
             versions["with_env"] = upload(api, project_id, with_env, REQUIREMENTS)
             resolve_s = time.perf_counter() - resolving
+            # A fresh stack's first task pays more than its environment (the pools are still
+            # warming): one plain warm-up first, then the build after the usual pause.
+            first_step(api, versions["without_env"])
+            time.sleep(pause_s)
             build_s, build_task = first_step(api, versions["with_env"])
             built = timeline(api, build_task)
             tasks: dict[str, list[int]] = {name: [] for name in versions}
@@ -282,6 +327,14 @@ def run_environment_mode(runs: int, workdir: Path, pause_s: float) -> dict:
             name: [_round(t["to_running_s"]) for t in found] for name, found in timelines.items()
         },
         "prepare_s": [[round(s, 3) for s in t["prepare_s"]] for t in timelines["with_env"]],
+        "ranks_started_s": {
+            name: [max(t["ranks_started_s"].values(), default=None) for t in found]
+            for name, found in timelines.items()
+        },
+        "env_ready_s": [t["env_ready_s"] for t in timelines["with_env"]],
+        "startup_s_median": {
+            name: _median_of(found, "startup_s") for name, found in timelines.items()
+        },
         "n": runs,
         "warm_pool": True,
         "pause_s": pause_s,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field
 
@@ -26,10 +27,10 @@ DEFAULT_INDEX_URL = "https://pypi.org/simple"
 
 
 class PackageIndex(BaseModel):
-    """Where uv looks for packages: `index_url` (default PyPI), `extra_index_urls`, and
-    `find_links` (a local folder of wheels, for an offline or mirrored site). With
-    `wheels_only` (the default) no source distribution is accepted, so no package code
-    runs while resolving or installing."""
+    """Where uv looks for packages: `index_url` (default PyPI; empty: no index at all, only
+    `find_links`), `extra_index_urls`, and `find_links` (a local folder of wheels, for an
+    offline or mirrored site). With `wheels_only` (the default) no source distribution is
+    accepted, so no package code runs while resolving or installing."""
 
     index_url: str = DEFAULT_INDEX_URL
     extra_index_urls: list[str] = Field(default_factory=list)
@@ -38,7 +39,7 @@ class PackageIndex(BaseModel):
 
     def uv_args(self) -> list[str]:
         """The uv options that select these indexes (for `uv pip install` and `compile`)."""
-        args = ["--index-url", self.index_url]
+        args = ["--index-url", self.index_url] if self.index_url else ["--no-index"]
         for url in self.extra_index_urls:
             args += ["--extra-index-url", url]
         if self.find_links:
@@ -49,10 +50,19 @@ class PackageIndex(BaseModel):
 
     def describe(self) -> str:
         """The indexes, as an error message names them."""
-        parts = [self.index_url, *self.extra_index_urls]
+        parts = [_public(url) for url in (self.index_url, *self.extra_index_urls) if url]
         if self.find_links:
             parts.append(f"wheels in {self.find_links}")
-        return ", ".join(parts)
+        return ", ".join(parts) or "no index"
+
+
+def _public(url: str) -> str:
+    """`url` without the credentials a mirror's URL may carry (`https://user:token@host/`):
+    errors that name an index reach users."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
 
 
 def uv_bin() -> str:
@@ -101,7 +111,9 @@ class PackageIndexSettings(BaseModel):
     "Training code's own packages", says what trusting an index means."""
 
     index_url: str = Field(
-        default=DEFAULT_INDEX_URL, description="the package index code versions' packages come from"
+        default=DEFAULT_INDEX_URL,
+        description="the package index code versions' packages come from; empty: none (only "
+        "the wheels in find_links, for a site with no index at all)",
     )
     extra_index_urls: list[str] = Field(default_factory=list, description="more indexes")
     find_links: str | None = Field(

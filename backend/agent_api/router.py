@@ -82,10 +82,13 @@ def claim(sub_task_id: int, data: Claim, session: SessionDep) -> None:
     fate.claim(session, sub=fate.get_sub_task(session, sub_task_id=sub_task_id), data=data)
 
 
-@router.post("/sub-tasks/{sub_task_id}/ready", status_code=204)
-def ready(sub_task_id: int, data: Ready, session: SessionDep) -> None:
-    """A part that claimed with `preparing` has its environment and starts its ranks."""
-    fate.ready(session, sub=fate.get_sub_task(session, sub_task_id=sub_task_id), data=data)
+@router.post("/sub-tasks/{sub_task_id}/ready", response_model=TaskState)
+def ready(sub_task_id: int, data: Ready, session: SessionDep) -> TaskState:
+    """A part that claimed with `preparing` has its environment; the task's state after it:
+    its agent starts the ranks once the task is RUNNING (every part has it)."""
+    sub = fate.ready(session, sub=fate.get_sub_task(session, sub_task_id=sub_task_id), data=data)
+    task = tasks.get(session, task_id=sub.task_id)
+    return TaskState(status=task.status.value, attempt=task.attempt)
 
 
 @router.post("/sub-tasks/{sub_task_id}/finished", response_model=TaskState)

@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,13 @@ FIELD = "requirements"
 # Longest requirements text accepted (characters): a form field, or an archive's file.
 MAX_REQUIREMENTS_CHARS = 20_000
 RESOLVE_TIMEOUT_S = 120.0
+# Resolutions at once in this API process: each waits on the index for up to
+# RESOLVE_TIMEOUT_S in a request thread, which the agents' heartbeats share; more uploads
+# with requirements at once are answered 503 (Busy) rather than queued.
+MAX_CONCURRENT_RESOLUTIONS = 2
+_resolving = threading.BoundedSemaphore(MAX_CONCURRENT_RESOLUTIONS)
+# A comment: `#` at the start or after whitespace, to the end (linear: no nested repeat).
+_COMMENT = re.compile(r"(?:^|(?<=\s))#.*$")
 # uv's plan of a dry run: ` + name==version` (would install), ` - name==version` (would
 # remove: replace one of the platform's packages).
 _PLAN_LINE = re.compile(r"^\s*([+-])\s+([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", re.MULTILINE)
@@ -107,7 +115,7 @@ def requirement_lines(requirements: str) -> list[str]:
     lines: list[str] = []
     numbered = _joined_lines(requirements)
     for number, raw in numbered:
-        line = re.sub(r"(^|\s+)#.*$", "", raw).strip()
+        line = _COMMENT.sub("", raw).strip()
         if not line:
             continue
         kind = _refused_kind(line)
@@ -315,6 +323,20 @@ def resolve(requirements: str, index: PackageIndex, *, cache_dir: Path) -> str |
     lines = requirement_lines(requirements)
     if not lines:
         return None
+    if not _resolving.acquire(blocking=False):
+        raise Busy(
+            f"{MAX_CONCURRENT_RESOLUTIONS} uploads are resolving their requirements now; "
+            "try again in a few seconds",
+            retry_after_s=5,
+        )
+    try:
+        return _resolve(lines, index, cache_dir=cache_dir)
+    finally:
+        _resolving.release()
+
+
+def _resolve(lines: list[str], index: PackageIndex, *, cache_dir: Path) -> str | None:
+    """:func:`resolve`'s steps 2-4 for checked `lines`."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="polytrain-resolve-") as folder:
         wanted = Path(folder) / "requirements.in"

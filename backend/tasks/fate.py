@@ -149,26 +149,29 @@ def ready(session: Session, *, sub: SubTask, data: Ready) -> SubTask:
     lifecycle.alarm(
         session, task, f"{done}: {data.detail}" if data.detail else done, kind=EventKind.PHASE
     )
-    _start(session, task, sub, "environment ready on every claimed part: agent")
+    _start(session, task, sub, "environment ready on every part: agent", every_part=True)
     session.commit()
     return sub
 
 
-def _start(session: Session, task: Task, sub: SubTask, who: str) -> None:
-    """Move a SCHEDULED task to RUNNING, unless a claimed part of its attempt still prepares."""
+def _start(
+    session: Session, task: Task, sub: SubTask, who: str, *, every_part: bool = False
+) -> None:
+    """Move a SCHEDULED task to RUNNING, unless a claimed part of its attempt still prepares
+    or, with `every_part` (a task with an environment: each part prepares it), a part is not
+    claimed yet, since it will prepare too."""
     if task.status is not TaskStatus.SCHEDULED:
         return
     session.flush()
-    preparing = session.scalar(
+    waiting: ColumnElement[bool] = SubTask.preparing.is_(True)
+    if every_part:
+        waiting |= SubTask.status == SubTaskStatus.PENDING
+    held_back = session.scalar(
         select(func.count())
         .select_from(SubTask)
-        .where(
-            SubTask.task_id == task.id,
-            SubTask.attempt == task.attempt,
-            SubTask.preparing.is_(True),
-        )
+        .where(SubTask.task_id == task.id, SubTask.attempt == task.attempt, waiting)
     )
-    if not preparing:
+    if not held_back:
         lifecycle.transition(
             session,
             task,

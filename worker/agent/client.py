@@ -109,9 +109,13 @@ class InternalApi:
             json={"agent_id": agent_id, "host": host, "attempt": attempt, "preparing": preparing},
         )
 
-    def ready(self, sub_task_id: int, *, detail: str) -> None:
-        """The preparing part's environment is there: the task may count as started."""
-        self._call("POST", f"/sub-tasks/{sub_task_id}/ready", json={"detail": detail})
+    def ready(self, sub_task_id: int, *, detail: str) -> tuple[str, int]:
+        """The preparing part's environment is there; the task's status and attempt after
+        it (RUNNING once every part has it)."""
+        state = self._call(
+            "POST", f"/sub-tasks/{sub_task_id}/ready", json={"detail": detail}
+        ).json()
+        return str(state["status"]), int(state.get("attempt", 1))
 
     def finished(
         self, sub_task_id: int, *, succeeded: bool, detail: str, cause: str = "user"

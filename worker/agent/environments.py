@@ -26,11 +26,15 @@ Where this sits in the data flow: docs/architecture.md, "Training code's own pac
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import os
+import queue
+import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -49,6 +53,17 @@ BUILD_TIMEOUT_S = 1800.0
 class EnvironmentBuildFailed(RuntimeError):
     """An environment could not be built; the message names the package and the indexes
     tried, and ends with the installer's own output."""
+
+
+class BuildStopped(RuntimeError):
+    """The task that waited for a build no longer wants it (cancelled, restarted): the
+    installer was stopped; the message says why."""
+
+
+NAME = re.compile(r"^[0-9a-f]{64}$")  # an environment's folder: its lock hash
+# What the installer may see of the agent's environment: not its secrets (POLYTRAIN_*,
+# DATABASE_URL, BROKER_URL), which a source build (wheels_only off) would otherwise reach.
+SECRET_ENV = ("POLYTRAIN_", "DATABASE_URL", "BROKER_URL")
 
 
 @dataclass
@@ -79,24 +94,47 @@ class EnvironmentCache:
         self.root, self.index, self.max_bytes = root, index, max_bytes
         self.root.mkdir(parents=True, exist_ok=True, mode=0o755)
         self.uv_cache = self.root.parent / "uv-cache"
+        self.sweep()
+
+    def sweep(self, older_than_s: float = BUILD_TIMEOUT_S + 60) -> list[str]:
+        """Remove what a killed agent left: staging folders of builds that cannot still be
+        running (older than `older_than_s`) and folders evicted but not yet deleted."""
+        removed = []
+        now = time.time()
+        for path in self.root.iterdir():
+            stale = now - path.lstat().st_mtime > older_than_s
+            if path.name.startswith(".evicted-") or (path.name.startswith(".staging-") and stale):
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+                removed.append(path.name)
+        return removed
 
     def path(self, lock_hash_hex: str) -> Path:
         """The folder of a lock's environment (its site-packages)."""
         return self.root / lock_hash_hex
 
-    def prepare(self, env: Environment, say: Callable[[str], None]) -> Lease:
+    def prepare(
+        self,
+        env: Environment,
+        say: Callable[[str], None],
+        stop: Callable[[], str | None] = lambda: None,
+    ) -> Lease:
         """The environment of `env`'s lock, built first if this host has none; `say` gets the
-        build's progress, line by line (the task's log).
+        build's progress, line by line (the task's log); `stop`, asked about once a second
+        during a build, says why the task no longer wants it (None: go on).
 
         Raises:
             ValueError: the lock does not hash to `env.lock_hash`.
+            BuildStopped: `stop` answered; the installer was killed.
             EnvironmentBuildFailed: the installer failed (names the package and the indexes),
                 or the lock names a package this agent's platform ships (torch, ...: the
                 API's install differs from the agent's).
         """
         if lock_hash(env.lock) != env.lock_hash:
             raise ValueError(f"the lock does not hash to {env.lock_hash}")
-        shipped = sorted(set(pins(env.lock)) & set(platform_packages()))
+        shipped = sorted(set(pins(env.lock)) & _platform())
         if shipped:  # the API's environment differs from this agent's: say so, don't retry
             raise EnvironmentBuildFailed(
                 f"the lock names packages the platform ships on this agent: "
@@ -117,7 +155,7 @@ class EnvironmentCache:
                         f"environment {env.lock_hash[:12]}: building {len(pins(env.lock))} "
                         f"packages from {self.index.describe()}"
                     )
-                    self._build(env, site, say)
+                    self._build(env, site, say, stop)
                     built = True
             finally:
                 os.close(build)
@@ -130,13 +168,20 @@ class EnvironmentCache:
             self.evict(keep=env.lock_hash)
         return lease
 
-    def _build(self, env: Environment, site: Path, say: Callable[[str], None]) -> None:
-        """Install the lock into a staging folder, make it read-only, then move it in place."""
+    def _build(
+        self,
+        env: Environment,
+        site: Path,
+        say: Callable[[str], None],
+        stop: Callable[[], str | None],
+    ) -> None:
+        """Install the lock into a staging folder, make it read-only, then move it in place.
+        The installer is killed after BUILD_TIMEOUT_S or when `stop` answers."""
         shutil.rmtree(site, ignore_errors=True)  # a build that died halfway
         staging = self.root / f".staging-{uuid.uuid4().hex}"
         staging.mkdir(mode=0o755)
+        lock_file = staging.parent / f"{staging.name}.txt"
         try:
-            lock_file = staging.parent / f"{staging.name}.txt"
             lock_file.write_text(env.lock)
             command = [
                 uv_bin(),
@@ -149,42 +194,80 @@ class EnvironmentCache:
                 "--no-deps",
                 "--require-hashes",
                 "--no-progress",
+                # Bytecode now: the ranks cannot write it to the read-only environment, and
+                # would compile every module of it at each start.
+                "--compile-bytecode",
                 *self.index.uv_args(),
                 "-r",
                 str(lock_file),
             ]
-            environ = {
-                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                "HOME": str(self.root),
-                "UV_CACHE_DIR": str(self.uv_cache),
-                "UV_NO_CONFIG": "1",
-            }
-            for var in ("SSL_CERT_FILE", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY"):
-                if var in os.environ:
-                    environ[var] = os.environ[var]
-            output: list[str] = []
-            try:
-                proc = subprocess.Popen(
-                    command,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    env=environ,
-                )
-                assert proc.stdout is not None
-                for line in proc.stdout:
-                    output.append(line.rstrip())
-                    say(f"uv: {line.rstrip()}")
-                code = proc.wait(timeout=BUILD_TIMEOUT_S)
-            finally:
-                lock_file.unlink(missing_ok=True)
-            if code != 0:
-                raise EnvironmentBuildFailed(self._failure(env, output))
+            environ = {k: v for k, v in os.environ.items() if not k.startswith(SECRET_ENV)}
+            environ.update({"UV_CACHE_DIR": str(self.uv_cache), "UV_NO_CONFIG": "1"})
+            output = self._run(command, environ, say, stop)
             _read_only(staging)
             (staging / READY).touch()
             staging.rename(site)
+        except EnvironmentBuildFailed as exc:
+            raise EnvironmentBuildFailed(self._failure(env, str(exc).splitlines())) from None
         finally:
+            lock_file.unlink(missing_ok=True)
             shutil.rmtree(staging, ignore_errors=True)
+        del output
+
+    @staticmethod
+    def _run(
+        command: list[str],
+        environ: dict[str, str],
+        say: Callable[[str], None],
+        stop: Callable[[], str | None],
+    ) -> list[str]:
+        """Run the installer, its output line by line to `say`; its output.
+
+        Raises:
+            EnvironmentBuildFailed: it failed or ran past BUILD_TIMEOUT_S (the message is
+                its output).
+            BuildStopped: `stop` answered.
+        """
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ
+        )
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.put(line.rstrip())
+            lines.put(None)
+
+        threading.Thread(target=read, name="uv-output", daemon=True).start()
+        output: list[str] = []
+        deadline, asked = time.monotonic() + BUILD_TIMEOUT_S, time.monotonic()
+        try:
+            while True:
+                try:
+                    line = lines.get(timeout=0.5)
+                except queue.Empty:
+                    line = ""
+                if line is None:
+                    break
+                if line:
+                    output.append(line)
+                    say(f"uv: {line}")
+                if time.monotonic() > deadline:
+                    output.append(f"the installer ran past {BUILD_TIMEOUT_S:.0f} s: stopped")
+                    raise EnvironmentBuildFailed("\n".join(output))
+                if time.monotonic() - asked >= 1.0:
+                    asked = time.monotonic()
+                    why = stop()
+                    if why:
+                        raise BuildStopped(why)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        if proc.returncode != 0:
+            raise EnvironmentBuildFailed("\n".join(output))
+        return output
 
     def _failure(self, env: Environment, output: list[str]) -> str:
         """The build's error: the package (when uv names one) and the indexes it tried."""
@@ -205,7 +288,11 @@ class EnvironmentCache:
     def evict(self, keep: str | None = None) -> list[str]:
         """Remove environments in no use, least recently used first, until the cache holds at
         most `max_bytes`; the lock hashes removed. `keep` is never removed."""
-        sizes = {p.name: _size(p) for p in self.root.iterdir() if (p / READY).exists()}
+        sizes = {
+            p.name: _size(p)
+            for p in self.root.iterdir()
+            if NAME.match(p.name) and (p / READY).exists()
+        }
         total = sum(sizes.values())
         removed: list[str] = []
         by_use = sorted(sizes, key=lambda name: _last_used(self.root / name))
@@ -239,6 +326,12 @@ class EnvironmentCache:
             yield lease
         finally:
             lease.release()
+
+
+@functools.lru_cache(maxsize=1)
+def _platform() -> frozenset[str]:
+    """The platform's distributions, read once per agent (0.1 s of metadata each time)."""
+    return frozenset(platform_packages())
 
 
 def _read_only(root: Path) -> None:

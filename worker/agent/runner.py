@@ -9,9 +9,10 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from contracts.agent_api import ACTIVE_STATUSES
+from contracts.packages import Environment
 from contracts.payload import SubTaskPayload
 from worker.agent.client import Conflict, InternalApi
-from worker.agent.environments import EnvironmentBuildFailed, EnvironmentCache
+from worker.agent.environments import BuildStopped, EnvironmentBuildFailed, EnvironmentCache
 from worker.agent.netpolicy import NetworkPolicyUnavailable
 from worker.agent.processes import (
     ProcessSet,
@@ -167,18 +168,11 @@ class SubTaskRunner:
         site: Path | None = None
         if payload.environment is not None:
             try:
-                lease = self.environments.prepare(payload.environment, reporter.agent_line)
+                site = self._prepare(payload, payload.environment, reporter, held)
             except EnvironmentBuildFailed as exc:
                 reporter.agent_line(str(exc))
                 return False, str(exc), "user"
-            held.callback(lease.release)
-            site = lease.site
-            how = f"built in {lease.seconds:.1f} s" if lease.built else "cached"
-            detail = f"environment {payload.environment.lock_hash[:12]} {how}"
-            reporter.agent_line(detail)
-            try:
-                self.api.ready(payload.sub_task_id, detail=detail)
-            except Conflict as exc:  # cancelled or restarted while the environment was built
+            except (BuildStopped, Conflict) as exc:  # cancelled or restarted meanwhile
                 reporter.agent_line(f"not starting the ranks: {exc}")
                 return False, f"stopped: {exc}", "stopped"
 
@@ -214,6 +208,45 @@ class SubTaskRunner:
             f"{self.settings.advertise_addr}, rendezvous {addr}:{port}"
         )
         return self._watch(payload, procs, reporter, peers)
+
+    def _prepare(
+        self, payload: SubTaskPayload, env: Environment, reporter: Reporter, held: ExitStack
+    ) -> Path:
+        """The code version's environment on this host (built if it has none, the installer's
+        lines flushed to the task's log as they come), reported ready; then wait until every
+        part of the task has it (the task is RUNNING), so no rank waits at the rendezvous on
+        a host still building. The environment's folder, held until the ranks are gone.
+
+        Raises:
+            EnvironmentBuildFailed: it cannot be built.
+            BuildStopped, Conflict: the task is no longer this attempt's active task.
+        """
+        flushed = [time.monotonic()]
+
+        def say(line: str) -> None:
+            reporter.agent_line(line)
+            if time.monotonic() - flushed[0] >= 1.0:  # live, at most a request a second
+                flushed[0] = time.monotonic()
+                reporter.flush()
+
+        def stop() -> str | None:
+            status, attempt = self.api.task_state(payload.task_id)
+            if status in ACTIVE_STATUSES and attempt == payload.attempt:
+                return None
+            return f"task is {status} in attempt {attempt}"
+
+        lease = self.environments.prepare(env, say, stop)
+        held.callback(lease.release)
+        how = f"built in {lease.seconds:.1f} s" if lease.built else "cached"
+        detail = f"environment {env.lock_hash[:12]} {how}"
+        reporter.agent_line(detail)
+        status, attempt = self.api.ready(payload.sub_task_id, detail=detail)
+        while status != "RUNNING":
+            if status not in ACTIVE_STATUSES or attempt != payload.attempt:
+                raise BuildStopped(f"task is {status} in attempt {attempt}")
+            time.sleep(0.05)
+            status, attempt = self.api.task_state(payload.task_id)
+        return lease.site
 
     def _await_rendezvous(
         self, payload: SubTaskPayload, procs: ProcessSet, reporter: Reporter

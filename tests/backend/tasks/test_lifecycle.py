@@ -122,15 +122,21 @@ def test_a_task_starts_only_when_no_part_still_builds_its_environment(session: S
     a, b = session.scalars(
         select(SubTask).where(SubTask.task_id == task.id).order_by(SubTask.group_index)
     ).all()
-    for part in (a, b):
-        agent = agent_named(session, f"agent-cpu-{'ab'[part.group_index]}")
-        fate.claim(session, sub=part, data=Claim(agent_id=agent.id, host="h", preparing=True))
+    agents = {p.id: agent_named(session, f"agent-cpu-{'ab'[p.group_index]}") for p in (a, b)}
+
+    def claim(part: SubTask) -> None:
+        data = Claim(agent_id=agents[part.id].id, host="h", preparing=True)
+        fate.claim(session, sub=part, data=data)
+
+    # cpu-a had it cached: claimed and ready before cpu-b's agent even claimed its part.
+    claim(a)
+    fate.ready(session, sub=a, data=Ready(detail="environment 0123 cached"))
     session.refresh(task)
     assert task.status is TaskStatus.SCHEDULED and task.started_at is None
-    fate.ready(session, sub=a, data=Ready(detail="environment 0123 built in 41.0 s"))
+    claim(b)
     session.refresh(task)
-    assert task.status is TaskStatus.SCHEDULED  # cpu-b still builds
-    fate.ready(session, sub=b, data=Ready(detail="environment 0123 cached"))
+    assert task.status is TaskStatus.SCHEDULED  # cpu-b builds
+    fate.ready(session, sub=b, data=Ready(detail="environment 0123 built in 41.0 s"))
     session.refresh(task)
     assert task.status is TaskStatus.RUNNING and task.started_at is not None
     events = session.scalars(
@@ -139,9 +145,9 @@ def test_a_task_starts_only_when_no_part_still_builds_its_environment(session: S
     phases = [e.reason for e in events if e.kind.value == "phase"]
     assert phases == [
         "agent on h prepares group 0 part 0: building the code version's environment",
+        "group 0 part 0 prepared: environment 0123 cached",
         "agent on h prepares group 1 part 0: building the code version's environment",
-        "group 0 part 0 prepared: environment 0123 built in 41.0 s",
-        "group 1 part 0 prepared: environment 0123 cached",
+        "group 1 part 0 prepared: environment 0123 built in 41.0 s",
     ]
     # The phase is before the start: the time a task ran does not count the build.
     [running] = [

@@ -143,7 +143,7 @@ class FakeApi:
         if route == "finished":
             return httpx.Response(200, json={"status": "RUNNING"})
         if route == "ready":
-            return httpx.Response(204)
+            return httpx.Response(200, json={"status": self.status, "attempt": self.attempt})
         if route == "checkpoints" and request.method == "POST":
             return httpx.Response(200, json={"id": len(self.calls("checkpoints"))})
         if route == "provenance":

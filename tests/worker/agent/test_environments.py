@@ -12,11 +12,18 @@ from pathlib import Path
 import pytest
 
 from contracts.packages import Environment, PackageIndex, lock_hash, uv_bin
-from worker.agent.environments import READY, EnvironmentBuildFailed, EnvironmentCache
+from worker.agent.environments import (
+    READY,
+    BuildStopped,
+    EnvironmentBuildFailed,
+    EnvironmentCache,
+)
 from worker.agent.sandbox import Sandbox, env_dir, link_environment, rank_environment
 from worker.agent.warm import ENV_MOUNT
 
 GiB = 1024**3
+# A lock as uv needs one (a hash per file) that no index is asked about before the fetch.
+HASHED = "einops==0.8.2 \\\n    --hash=sha256:" + "0" * 64 + "\n"
 
 
 def make_lock(requirements: str, cache: Path) -> str:
@@ -132,7 +139,7 @@ print(json.dumps({{
     assert seen["write"].startswith("refused") and seen["create"].startswith("refused")
     # The cache itself is untouched, and the rank's links are the same files (no copy).
     cached = lease.site / "einops" / "__init__.py"
-    assert "x" not in cached.read_text()[-1:]
+    assert not cached.read_text().endswith("x")
     assert os.stat(cached).st_ino == os.stat(env_dir(rank_dir) / "einops" / "__init__.py").st_ino
 
 
@@ -154,14 +161,18 @@ def test_a_failed_build_names_the_package_and_keeps_the_installers_message(
     assert not cache.path(bad.lock_hash).exists()  # nothing half-built stays
 
 
-def test_an_unreachable_index_fails_naming_the_package_and_the_index(tmp_path: Path) -> None:
-    lock = "einops==0.8.2\n"
+def test_an_unreachable_index_fails_naming_the_package_and_the_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("UV_HTTP_RETRIES", "0")  # the agent's environment reaches uv
+    lock = HASHED
     offline = PackageIndex(index_url="http://127.0.0.1:9/simple")
     cache = EnvironmentCache(tmp_path / "envs", offline, max_bytes=GiB)
     with pytest.raises(EnvironmentBuildFailed) as failed:
         cache.prepare(Environment(lock_hash=lock_hash(lock), lock=lock), lambda line: None)
     message = str(failed.value)
     assert "package einops==0.8.2" in message and "http://127.0.0.1:9/simple" in message
+    assert "Connection refused" in message  # uv's own words: the index did not answer
 
 
 def test_a_lock_naming_a_platform_package_or_the_wrong_hash_is_refused(tmp_path: Path) -> None:
@@ -194,3 +205,34 @@ def test_eviction_removes_the_least_recently_used_environments_in_no_use(tmp_pat
         os.close(held)
     assert cache.evict() == ["a" * 64]  # no longer in use
     assert [p.name for p in cache.root.iterdir() if (p / READY).exists()] == ["d" * 64]
+
+
+def test_a_build_in_progress_is_never_evicted_and_a_killed_agents_leftovers_are_swept(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "envs"
+    root.mkdir()
+    building = root / ".staging-0f"  # a build about to move in place: already marked ready
+    building.mkdir()
+    (building / "module.py").write_bytes(b"#" * 1000)
+    (building / READY).touch()
+    (root / ".evicted-1a").mkdir()  # renamed away, not yet deleted, when the agent died
+    old = root / ".staging-2b"  # a build older than any build may run
+    old.mkdir()
+    os.utime(old, (1000, 1000))
+    cache = EnvironmentCache(root, PackageIndex(), max_bytes=1)
+    assert sorted(p.name for p in root.iterdir()) == [".staging-0f"]
+    assert cache.evict() == [] and (building / "module.py").exists()
+
+
+def test_a_build_the_task_no_longer_wants_is_stopped(tmp_path: Path) -> None:
+    lock = HASHED
+    offline = PackageIndex(index_url="http://127.0.0.1:9/simple")  # uv retries for seconds
+    cache = EnvironmentCache(tmp_path / "envs", offline, max_bytes=GiB)
+    with pytest.raises(BuildStopped, match="task is CANCELLED"):
+        cache.prepare(
+            Environment(lock_hash=lock_hash(lock), lock=lock),
+            lambda line: None,
+            stop=lambda: "task is CANCELLED in attempt 1",
+        )
+    assert [p.name for p in cache.root.iterdir() if p.is_dir()] == []  # nothing half-built

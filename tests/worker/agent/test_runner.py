@@ -211,10 +211,11 @@ def test_a_cached_environment_is_linked_for_every_rank_and_reported_ready(
 
 
 def test_an_environment_that_cannot_be_built_fails_the_task_with_the_installers_message(
-    api: FakeApi, run_with: Run, settings: AgentSettings
+    api: FakeApi, run_with: Run, settings: AgentSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("UV_HTTP_RETRIES", "0")  # fail at once, not after uv's retries
     settings.index_url = "http://127.0.0.1:9/simple"  # nothing listens: an offline site
-    lock = "einops==0.8.2\n"
+    lock = "einops==0.8.2 \\\n    --hash=sha256:" + "0" * 64 + "\n"
     outcome, pool = run_with(
         {0: RENDEZVOUS}, environment={"lock_hash": lock_hash(lock), "lock": lock}
     )
@@ -224,7 +225,7 @@ def test_an_environment_that_cannot_be_built_fails_the_task_with_the_installers_
     assert not finished["succeeded"] and finished["cause"] == "user"
     detail = finished["detail"]
     assert "could not install package einops==0.8.2" in detail
-    assert "http://127.0.0.1:9/simple" in detail
+    assert "http://127.0.0.1:9/simple" in detail and "Connection refused" in detail
     assert any(line.startswith("uv: ") for line in logged(api))  # the installer's own output
     assert any("could not install package einops==0.8.2" in line for line in logged(api))
 
