@@ -335,6 +335,7 @@ def run_environment_mode(runs: int, workdir: Path, pause_s: float) -> dict:
         "startup_s_median": {
             name: _median_of(found, "startup_s") for name, found in timelines.items()
         },
+        "startup_s": {name: [t["startup_s"] for t in found] for name, found in timelines.items()},
         "n": runs,
         "warm_pool": True,
         "pause_s": pause_s,
