@@ -203,7 +203,7 @@ class EnvironmentCache:
             ]
             environ = {k: v for k, v in os.environ.items() if not k.startswith(SECRET_ENV)}
             environ.update({"UV_CACHE_DIR": str(self.uv_cache), "UV_NO_CONFIG": "1"})
-            output = self._run(command, environ, say, stop)
+            self._run(command, environ, say, stop)
             _read_only(staging)
             (staging / READY).touch()
             staging.rename(site)
@@ -212,7 +212,6 @@ class EnvironmentCache:
         finally:
             lock_file.unlink(missing_ok=True)
             shutil.rmtree(staging, ignore_errors=True)
-        del output
 
     @staticmethod
     def _run(
@@ -220,8 +219,8 @@ class EnvironmentCache:
         environ: dict[str, str],
         say: Callable[[str], None],
         stop: Callable[[], str | None],
-    ) -> list[str]:
-        """Run the installer, its output line by line to `say`; its output.
+    ) -> None:
+        """Run the installer, its output line by line to `say`.
 
         Raises:
             EnvironmentBuildFailed: it failed or ran past BUILD_TIMEOUT_S (the message is
@@ -267,7 +266,6 @@ class EnvironmentCache:
             proc.wait()
         if proc.returncode != 0:
             raise EnvironmentBuildFailed("\n".join(output))
-        return output
 
     def _failure(self, env: Environment, output: list[str]) -> str:
         """The build's error: the package (when uv names one) and the indexes it tried."""
