@@ -10,6 +10,10 @@ from pydantic import AfterValidator, BaseModel, Field
 DeviceType = Literal["cpu", "cuda", "npu"]
 SplitPolicy = Literal["even", "weighted"]
 SyncStrategy = Literal["sync", "periodic", "quorum", "diloco"]
+Sharding = Literal["none", "fsdp"]
+"""How a group holds the model: `none`, every worker the whole of it; `fsdp`, each of its W
+workers 1/W of the parameters, gradients and optimizer state (torch's FSDP2 over the group,
+worker/engine/fsdp.py)."""
 DilocoExchange = Literal["blocking", "overlapped", "async"]
 """How `diloco` rounds meet the parameter server: `blocking` waits for the outer update before
 the next round; `overlapped` goes on at once and takes it one round late; `async` has the
@@ -93,10 +97,12 @@ class GroupPlan(BaseModel):
     ``speed_factor`` (0 < f <= 1) is *emulation*: every compute section of the
     group's workers is padded with sleep so it takes ``1 / f`` times as long as
     this host takes undisturbed (see :mod:`worker.engine.emulation`). 1.0 means
-    the hardware's own speed.
+    the hardware's own speed. ``sharding``: the group's own (:data:`Sharding`), None for the
+    task's.
     """
 
     name: str = Field(min_length=1)
     device_type: DeviceType
     workers: int = Field(ge=1)
     speed_factor: float = Field(default=1.0, gt=0.0, le=1.0)
+    sharding: Sharding | None = None  # the group's own; None: the task's

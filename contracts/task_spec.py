@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.data import DataOptions
 from contracts.payload import TaskLimits
-from contracts.plan import DeviceType, GroupPlan, OnGroupLoss, SplitPolicy
+from contracts.plan import DeviceType, GroupPlan, OnGroupLoss, Sharding, SplitPolicy
 from contracts.preprocess import PreprocessStep
 from contracts.trial import TrialOptions
 
@@ -30,6 +30,8 @@ ENGINE_OPTIONS = (
     "outer_momentum",
     "diloco_exchange",
     "guard",
+    "sharding",
+    "fsdp_units",
     "exchange_fraction",
     "checkpoint_every",
     "rebalance_every",
@@ -46,7 +48,8 @@ ENGINE_OPTIONS = (
 class RequestItem(BaseModel):
     """One item of the request as stored: a named group (`name`, `device_type`, `workers`)
     or a device type the scheduler places (`device_type`, `workers`, `placement`,
-    `labels`); `speed_factor` only when it is not 1 (emulation)."""
+    `labels`); `speed_factor` only when it is not 1 (emulation); `sharding` only when the
+    item sets its own."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -56,6 +59,7 @@ class RequestItem(BaseModel):
     placement: Placement | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     speed_factor: float = Field(default=1.0, gt=0.0, le=1.0)
+    sharding: Sharding | None = None
 
 
 class TaskSpec(BaseModel):
@@ -79,6 +83,8 @@ class TaskSpec(BaseModel):
     outer_momentum: float | None = None
     diloco_exchange: str | None = None
     guard: bool | None = None
+    sharding: Sharding | None = None
+    fsdp_units: list[str] | None = None
     exchange_fraction: float | None = None
     checkpoint_every: int | None = None
     rebalance_every: int | None = None
@@ -124,6 +130,19 @@ class TaskSpec(BaseModel):
             if not item.name and item.device_type == group.device_type:
                 return item.speed_factor
         return 1.0
+
+    def sharding_of(self, group: GroupPlan) -> Sharding | None:
+        """A placed group's own sharding: its own if stored, else that of the request item
+        naming it, else of a device-type item of its device type; None: the task's."""
+        if group.sharding is not None:
+            return group.sharding
+        for item in self.request:
+            if item.name == group.name and item.sharding is not None:
+                return item.sharding
+        for item in self.request:
+            if not item.name and item.device_type == group.device_type:
+                return item.sharding
+        return None
 
     def engine_options(self) -> dict[str, object]:
         """The engine options that are set; a quorum above the placed groups means all

@@ -37,12 +37,14 @@ PACKAGE = "worker.engine"
 LAYERS: list[set[str]] = [  # from the bottom
     # No engine imports: the spec, the event lines, the user's code, sample counts and
     # index helpers, preprocessing, speed emulation, the guard's cost model.
-    {"contract", "emulation", "guard", "preprocess", "report", "sharding", "spec"},
+    # Tensors that may be sharded over a group.
+    {"contract", "emulation", "guard", "preprocess", "report", "sharded", "sharding", "spec"},
     # The process group, the split and its balancer, numerical faults, checkpoint files,
     # rank processes.
     {"balance", "checkpoint", "distributed", "numerics", "ranks", "split"},
-    # Transfers between ranks, shard provenance, the strategies' interface and registry.
-    {"exchange", "provenance", "reducer", "strategy"},
+    # Transfers between ranks, shard provenance, the strategies' interface and registry, the
+    # model sharded over a group (FSDP2).
+    {"exchange", "fsdp", "provenance", "reducer", "strategy"},
     # The data path; the model's state as flat vectors.
     {"data", "state"},
     # A worker's forward and backward.

@@ -50,7 +50,7 @@ import hashlib
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -66,6 +66,7 @@ from worker.engine.contract import TrainingCode
 from worker.engine.data import Source, TensorData
 from worker.engine.distributed import FIRST_WORKER, Topology
 from worker.engine.exchange import broadcast_object, receive_at_ps, send_to_ps
+from worker.engine.sharded import full, materialised
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
 from worker.engine.strategy import Strategy
@@ -183,11 +184,22 @@ def _fixed_batch(run: CheckedRun, train: Source | None) -> Any:
     return broadcast_object(batch, src=FIRST_WORKER)
 
 
+def _sharded_member(run: CheckedRun) -> bool:
+    """True on a worker of a group that holds its model sharded: every member takes part in
+    its group's forward, backward and gathers, not only the leader."""
+    index = run.topo.group_index
+    return index is not None and run.spec.sharded(index)
+
+
 def _gradients(run: CheckedRun, batch: Any) -> list[Tensor]:
     """This rank's gradient of the user's loss (the batch mean) on ``batch``, in eval mode,
     per parameter in flat-vector order (``[numel_i]`` each, on the rank's device; zeros for
     a parameter the loss does not reach). The model's mode and buffers are as before; the
-    caller clears the gradients (``zero_grad``) once it has used them."""
+    caller clears the gradients (``zero_grad``) once it has used them.
+
+    A sharded group's members all run it: the leader's loss counts once and the others'
+    are scaled by 0, so the group's summed gradient is the leader's bit for bit, gathered
+    whole a parameter at a time."""
     data = TensorData.from_batch(batch)
     model, was_training = run.model, run.model.training
     model.eval()
@@ -195,11 +207,13 @@ def _gradients(run: CheckedRun, batch: Any) -> list[Tensor]:
         model.zero_grad(set_to_none=True)
         with hooked_precision(run):
             loss = batch_loss(run.code, model, data, torch.arange(len(data)), run.topo.device)
-            loss.backward()
+            (loss if run.topo.am_i_leader or run.topo.is_ps else loss * 0.0).backward()
     finally:
         model.train(was_training)
     return [
-        p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1)
+        full(p.grad).detach().reshape(-1)
+        if p.grad is not None
+        else torch.zeros(p.shape, dtype=p.dtype, device=p.device).reshape(-1)
         for p in run.params
     ]
 
@@ -250,8 +264,9 @@ def _check_gradients(run: CheckedRun, train: Source | None) -> None:
                     gap = distance(received, reference)
                     if disagrees(run, group, gap):
                         gaps[group] = gap
-        elif topo.am_i_leader:
+        elif topo.am_i_leader or _sharded_member(run):
             gradients = _gradients(run, batch)
+        if topo.am_i_leader:
             send_to_ps(topo, digest(gradients))
             asked = torch.zeros(1, dtype=torch.uint8)
             dist.recv(asked, 0, topo.leaders)
@@ -283,7 +298,7 @@ CHECKSUM_PERIOD = 1021
 _CHUNK = 1 << 20
 
 
-def checksum(params: list[torch.nn.Parameter]) -> Tensor:
+def checksum(params: Iterable[Tensor]) -> Tensor:
     """``[sum, sum of squares, sum of w_i x_i]`` over the parameters' values ``x_i`` in
     flat-vector order, with ``w_i = 1 + i mod CHECKSUM_PERIOD``, in float64 (``[3]``, CPU).
 
@@ -335,10 +350,12 @@ def check_parameters(run: CheckedRun) -> None:
         return
     topo, groups = run.topo, len(spec.groups)
     table = torch.zeros(groups, 4, dtype=torch.float64)
-    if topo.am_i_leader and topo.group_index is not None:
+    if (topo.am_i_leader or _sharded_member(run)) and topo.group_index is not None:
         started = time.perf_counter()
-        table[topo.group_index, :3] = checksum(run.params)
-        table[topo.group_index, 3] = time.perf_counter() - started
+        mine = checksum(materialised(run.params))  # a sharded group's members gather it
+        if topo.am_i_leader:
+            table[topo.group_index, :3] = mine
+            table[topo.group_index, 3] = time.perf_counter() - started
     dist.all_reduce(table, op=dist.ReduceOp.SUM)
     run.agreement_s += float(table[:, 3].max())
     out = run.parked_groups

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from worker.engine.contract import TrainingCode, default_metrics
@@ -21,6 +22,7 @@ from worker.engine.distributed import Topology
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import grads_to_vector, params_of
 from worker.engine.reducer import GradientReducer
+from worker.engine.sharded import is_sharded
 from worker.engine.sharding import contiguous_shard
 from worker.engine.state import ModelState
 
@@ -82,6 +84,47 @@ def reduced_gradient(
     if loss is not None:
         loss.backward()
     return loss_sum
+
+
+def sharded_gradient(
+    code: TrainingCode,
+    model: torch.nn.Module,
+    data: Source,
+    indices: Tensor,
+    device: Any,
+    state: ModelState,
+    base: list[Tensor],
+) -> tuple[float, Tensor]:
+    """Forward and backward of a sharded model (:mod:`worker.engine.fsdp`) on ``indices``:
+    ``(loss_sum, tail)``, the tail ``[buffer_change_sum (B), loss_sum, count]`` of this
+    worker alone, and each parameter's ``.grad`` this worker's rows of its group's sum of
+    per-sample gradients (the loss is scaled by the count; the group's reduce-scatter sums).
+
+    Every member of the group runs the unit gathers of forward and the reduce-scatters of
+    backward together, so a worker without samples in the step still runs both, on one
+    item, with the loss scaled by 0 (it adds nothing) and its buffers put back.
+    """
+    for p in state.params:  # model.zero_grad(set_to_none=True), without the module walk
+        p.grad = None
+    count = len(indices)
+    taken = indices if count else torch.zeros(1, dtype=torch.int64)
+    loss = batch_loss(code, model, data, taken, device)
+    loss_sum = loss.item() * count
+    like = torch.zeros(0, dtype=state.params[0].dtype, device=device)
+    change = state.buffer_change(base, float(count), like)
+    if not count:
+        state.restore(base)
+    (loss * count).backward()
+    tail = torch.tensor([loss_sum, float(count)], dtype=like.dtype, device=device)
+    return loss_sum, torch.cat([change, tail])
+
+
+def _forward_backward(
+    code: TrainingCode, model: torch.nn.Module, data: Source, indices: Tensor, device: Any
+) -> None:
+    """The user's loss on ``indices`` and its backward, gradients left in the parameters."""
+    model.zero_grad(set_to_none=True)
+    batch_loss(code, model, data, indices, device).backward()
 
 
 def local_gradient(
@@ -265,9 +308,11 @@ def profile_throughput(
         for _ in range(steps + 1)
     ]
     data.plan(batches)
+    # A sharded model's gradient stays in its rows (its group's members profile together).
+    step = _forward_backward if any(is_sharded(p) for p in model.parameters()) else local_gradient
     for indices in batches:
         _, seconds = emulator.run(
-            lambda idx=indices: local_gradient(code, model, data, idx, device),  # type: ignore[misc]
+            lambda idx=indices: step(code, model, data, idx, device),  # type: ignore[misc]
             batch_size,
         )
         times.append(seconds)
@@ -286,6 +331,7 @@ def validate(
     data: Source,
     batch_size: int,
     shares: list[int] | None = None,
+    lockstep: bool = False,
 ) -> dict[str, tuple[float, float]]:
     """This worker's share of validation: ``name -> (value * count, count)`` summed over batches.
 
@@ -296,6 +342,9 @@ def validate(
     speed under the weighted split, so a slower worker validates fewer items and none
     waits long for another; even when None), read in batches of ``batch_size`` planned
     ahead; the sums over every worker are the sample-weighted means over the whole set.
+    ``lockstep`` (a sharded group, whose every forward gathers each unit over the group):
+    every member runs as many forwards as the member with the most batches, the extra ones
+    on one item and not counted.
     """
     metrics_fn = code.metrics or default_metrics
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
@@ -307,6 +356,14 @@ def validate(
     ]
     data.plan(batches)
     model.eval()
+    extra = 0
+    if lockstep:
+        most = torch.tensor([len(batches)])
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=topo.group)
+        extra = int(most.item()) - len(batches)
+    for _ in range(extra):
+        inputs, _target = to_device(data.take(torch.zeros(1, dtype=torch.int64)), topo.device)
+        model(inputs)
     for indices in batches:
         inputs, target = to_device(data.take(indices), topo.device)
         output = model(inputs)

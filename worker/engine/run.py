@@ -28,16 +28,24 @@ from worker.engine import report
 from worker.engine.agreement import check_parameters, hooked_precision
 from worker.engine.balance import Balancer, imbalance, rates_of
 from worker.engine.checkpoint import gather_worker_states, save_checkpoint, to_cpu
-from worker.engine.compute import BusyClock, Work, local_gradient, reduced_gradient
+from worker.engine.compute import (
+    BusyClock,
+    Work,
+    local_gradient,
+    reduced_gradient,
+    sharded_gradient,
+)
 from worker.engine.contract import TrainingCode
 from worker.engine.data import Source
 from worker.engine.distributed import FIRST_WORKER, Topology  # noqa: F401 (re-exported)
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import gather_work, receive_at_ps, send_to_ps
+from worker.engine.fsdp import assemble, chunk_rows, group_sum_, local_state, merge_states
 from worker.engine.guard import GroupCost, Guard
 from worker.engine.numerics import NonFiniteError, blame, describe, local_faults
 from worker.engine.provenance import ShardLedger
 from worker.engine.reducer import GradientReducer
+from worker.engine.sharded import local
 from worker.engine.sharding import Batches
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
@@ -88,6 +96,7 @@ class Run:
     comm: dict[frozenset[int], tuple[Any, Any]] = field(default_factory=dict)
     state: ModelState = field(init=False)
     strategy: Strategy[Run] = field(kw_only=True)
+    _tail: Tensor | None = field(default=None, init=False, repr=False)  # sharded: the step's
 
     def __post_init__(self) -> None:
         self.state = ModelState.of(self.model)
@@ -99,6 +108,12 @@ class Run:
     def parked_groups(self) -> frozenset[int]:
         """The groups the guard has parked (indices, :mod:`worker.engine.guard`)."""
         return self.guard.parked if self.guard is not None else frozenset()
+
+    @property
+    def sharded(self) -> bool:
+        """True on a worker of a group that holds its model sharded (:mod:`worker.engine.fsdp`)."""
+        index = self.topo.group_index
+        return index is not None and self.spec.sharded(index)
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
@@ -146,7 +161,12 @@ class Run:
         code, model, device, state = self.code, self.model, self.topo.device, self.state
         own_s, waited_s = self.clock.take()
         with hooked_precision(self):
-            if reducer is None:
+            if self.spec.any_sharded:
+                self.local_loss, seconds = emulator.run(
+                    lambda: self._sharded_part(code, model, train, taken, device, state, base),
+                    len(taken),
+                )
+            elif reducer is None:
                 vector, seconds = emulator.run(
                     lambda: local_gradient(code, model, train, taken, device, state, base),
                     len(taken),
@@ -163,10 +183,32 @@ class Run:
         self.window.add(seconds, len(taken), waited_s, own_s)
         self.epoch_work.add(seconds, len(taken), waited_s, own_s)
         self.clock.section_done()
+        if self.spec.any_sharded:
+            with self.clock.waiting():
+                return self._sharded_sum()
         if reducer is None:
             return vector
         with self.clock.waiting():
             return reducer.finish()
+
+    def _sharded_part(self, *args: Any) -> float:
+        """A worker's forward and backward in a task with a sharded group (its own model
+        sharded or whole: :func:`worker.engine.compute.sharded_gradient`); keeps its tail
+        for :meth:`_sharded_sum`."""
+        loss_sum, self._tail = sharded_gradient(*args)
+        return loss_sum
+
+    def _sharded_sum(self) -> Tensor:
+        """A task with a sharded group: the step's gradient summed over every group (in
+        place, :func:`worker.engine.fsdp.group_sum_`, when there are several; one sharded
+        group's reduce-scatter has summed it already), and the returned tail
+        ``[buffer_change_sum (B), loss_sum, count]`` summed over every compute worker."""
+        if len(self.spec.groups) > 1:
+            group_sum_([p.grad for p in self.params], self.params, self.topo)
+        tail = self._tail
+        assert tail is not None
+        dist.all_reduce(tail, group=self.topo.workers)
+        return tail
 
     def group_reducer(self) -> GradientReducer:
         """The reducer of this worker's group-only sum (periodic, quorum), built at first use."""
@@ -218,10 +260,12 @@ def _crossed(now: int, before: int, every: int | None) -> bool:
 def guarding(run: Run) -> bool:
     """True when the guard acts on this run (:mod:`worker.engine.guard`): ``guard`` on, a
     strategy whose every step waits for every group, the ``weighted`` split (the guard
-    decides from the measured rates) and more than one group."""
+    decides from the measured rates) and more than one group, none of them sharded (a
+    parked group's return would take a sharded replica whole)."""
     spec = run.spec
     return (
-        run.strategy.guards(spec)
+        not spec.any_sharded
+        and run.strategy.guards(spec)
         and spec.guard
         and spec.split_policy == "weighted"
         and len(spec.groups) > 1
@@ -536,7 +580,9 @@ def pull_replica(run: Run) -> None:
     run.pulled_at = run.step
     state, topo = run.state, run.topo
     source = source_worker(run)
-    if topo.is_ps:
+    if run.spec.sharded(run.spec.group_of(source)):
+        _pull_sharded(run, source)
+    elif topo.is_ps:
         n = state.n_params + state.n_buffers
         state.load_(receive_at_ps(topo, n, run.params[0].dtype, source))
         totals = receive_at_ps(topo, 2, torch.float64, source)
@@ -545,6 +591,64 @@ def pull_replica(run: Run) -> None:
         send_to_ps(topo, state.vector())
         # The totals apart, in float64: a half-precision model's dtype would overflow them.
         send_to_ps(topo, torch.tensor([run.loss_sum, float(run.samples)], dtype=torch.float64))
+
+
+def _pull_sharded(run: Run, source: int) -> None:
+    """:func:`pull_replica` from a sharded group: every member sends the parameter server its
+    own rows of every parameter (one vector each, point to point), so no worker gathers the
+    whole model; the server assembles them (:func:`worker.engine.fsdp.assemble`), then takes
+    the buffers and the totals from ``source`` as from a whole replica."""
+    state, topo, spec = run.state, run.topo, run.spec
+    members = spec.group_ranks(spec.group_of(source))
+    width = len(members)
+    if topo.is_ps:
+        dtype = run.params[0].dtype
+        layouts = [_rows_and_size(p, width) for p in run.params]
+        vectors = [
+            _recv(sum(rows[i] * size for rows, size in layouts), dtype, member)
+            for i, member in enumerate(members)
+        ]
+        offsets = [0] * width
+        with torch.no_grad():
+            for param, (rows, size) in zip(run.params, layouts, strict=True):
+                pieces = []
+                for i, vector in enumerate(vectors):
+                    n = rows[i] * size
+                    pieces.append(vector[offsets[i] : offsets[i] + n])
+                    offsets[i] += n
+                param.copy_(assemble(param.shape, pieces))
+        if state.buffers:
+            state.load_buffers_(_recv(state.n_buffers, dtype, source))
+        totals = _recv(2, torch.float64, source)
+        run.loss_sum, run.samples = float(totals[0]), int(round(float(totals[1])))
+    elif topo.rank in members:
+        dist.send(torch.cat([local(p).detach().reshape(-1).cpu() for p in run.params]), dst=0)
+        if topo.rank == source:
+            if state.buffers:
+                dist.send(
+                    torch.cat(
+                        [
+                            b.detach().reshape(-1).cpu().to(run.params[0].dtype)
+                            for b in state.buffers
+                        ]
+                    ),
+                    dst=0,
+                )
+            dist.send(torch.tensor([run.loss_sum, float(run.samples)], dtype=torch.float64), dst=0)
+
+
+def _rows_and_size(param: Tensor, width: int) -> tuple[list[int], int]:
+    """The rows of ``param``'s first dimension each of ``width`` members holds, and the
+    elements of one row."""
+    if param.dim() == 0:
+        return [1] + [0] * (width - 1), 1
+    return chunk_rows(param.shape[0], width), param[0].numel() if param.shape[0] else 0
+
+
+def _recv(numel: int, dtype: torch.dtype, src: int) -> Tensor:
+    buffer = torch.empty(numel, dtype=dtype)
+    dist.recv(buffer, src=src)
+    return buffer
 
 
 def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
@@ -565,13 +669,29 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     # A parked group's optimizer is not sent: it takes the source's when taken back, and the
     # checkpoint keeps that for it (its slow link would hold up every checkpoint).
     sends = run.topo.rank == source if replicated else run.topo.am_i_leader and stepping(run)
-    if run.optimizer is not None and not run.topo.is_ps and sends:
+    sharded_source = (
+        run.spec.group_ranks(run.spec.group_of(source))
+        if run.spec.sharded(run.spec.group_of(source))
+        else []
+    )
+    if (
+        run.optimizer is not None
+        and not run.topo.is_ps
+        and (sends or run.topo.rank in sharded_source)
+    ):
         local_optimizer = run.optimizer.state_dict()
+        if run.sharded:  # this worker's rows; the server assembles the group's
+            local_optimizer = local_state(local_optimizer)
     states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
     if states is None:
         return
     if replicated and run.optimizer is not None:
-        run.optimizer.load_state_dict(states[source]["optimizer"])
+        if sharded_source:
+            shapes = [p.shape for p in run.params]
+            parts = [states[r]["optimizer"] for r in sharded_source]
+            run.optimizer.load_state_dict(merge_states(parts, shapes))
+        else:
+            run.optimizer.load_state_dict(states[source]["optimizer"])
     per_group = run.strategy.group_optimizers
     leaders = run.spec.leader_ranks()
     state: dict[str, Any] = {

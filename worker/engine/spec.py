@@ -19,6 +19,7 @@ from contracts.plan import (
     DilocoExchange,
     GroupPlan,
     OnDisagreement,
+    Sharding,
     SplitPolicy,
     SyncStrategy,
 )
@@ -50,6 +51,10 @@ class RunSpec(BaseModel):
     group's update applied as it arrives (``async``), :mod:`worker.engine.strategy_diloco`).
     ``guard`` (default on) lets a ``sync`` task with the ``weighted`` split park a group
     whose part in each step costs more than it adds (:mod:`worker.engine.guard`).
+    ``sharding`` (``none`` or ``fsdp``; a group's own ``sharding`` wins) shards the model,
+    its gradients and its optimizer state over each ``fsdp`` group's workers, in units of the
+    module classes ``fsdp_units`` names or chosen by size (:mod:`worker.engine.fsdp`); with
+    ``sync`` only so far, and the guard does not act on such a task.
     ``exchange_fraction`` of each worker's shard moves to its ring neighbour
     after every epoch. ``checkpoint_every`` adds a checkpoint every N steps.
     ``data`` says how compute workers read their shards (:class:`contracts.data.DataOptions`:
@@ -97,6 +102,8 @@ class RunSpec(BaseModel):
     outer_momentum: float = Field(default=0.5, ge=0.0, lt=1.0)
     diloco_exchange: DilocoExchange = "blocking"
     guard: bool = True
+    sharding: Sharding = "none"
+    fsdp_units: list[str] = Field(default_factory=list)
     exchange_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     checkpoint_every: int | None = Field(default=None, ge=1)
     on_nonfinite: OnNonFinite = "fail"
@@ -127,7 +134,18 @@ class RunSpec(BaseModel):
             raise ValueError(f"quorum {self.quorum} > {len(self.groups)} groups")
         if any(step.op == "tokenize" for step in self.preprocess[1:]):
             raise ValueError("tokenize must be the first preprocessing step")
+        check_sharding(self)
         return self
+
+    def sharded(self, g: int | str) -> bool:
+        """True when group ``g`` (index or name) holds its model sharded (``fsdp``)."""
+        plan = self.groups[self.group_index(g)]
+        return (plan.sharding or self.sharding) == "fsdp"
+
+    @property
+    def any_sharded(self) -> bool:
+        """True when some group holds its model sharded."""
+        return any(self.sharded(g) for g in range(len(self.groups)))
 
     @property
     def world_size(self) -> int:
@@ -180,3 +198,23 @@ class RunSpec(BaseModel):
     def speed_factor_of(self, rank: int) -> float:
         """Emulated speed factor of compute rank ``rank`` (its group's)."""
         return self.groups[self.group_of(rank)].speed_factor
+
+
+def check_sharding(spec: RunSpec) -> None:
+    """Raises ValueError, naming the field, for sharding that cannot be run: ``fsdp`` on a
+    group of one worker (nothing to shard), with a strategy other than ``sync``, or
+    ``fsdp_units`` on a task that shards no group."""
+    sharded = [g for g in spec.groups if (g.sharding or spec.sharding) == "fsdp"]
+    for group in sharded:
+        if group.workers < 2:
+            raise ValueError(
+                f"sharding 'fsdp' needs 2 or more workers in group {group.name!r}, which has "
+                "1: there is nothing to shard (give it more workers, or sharding 'none')"
+            )
+    if sharded and spec.sync_strategy != "sync":
+        raise ValueError(
+            f"sharding 'fsdp' runs with sync_strategy 'sync' only so far, not "
+            f"{spec.sync_strategy!r} (its parameter server is not sharded yet)"
+        )
+    if spec.fsdp_units and not sharded:
+        raise ValueError("fsdp_units applies only where a group has sharding 'fsdp'")

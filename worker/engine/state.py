@@ -11,6 +11,11 @@ the parameter server adds to its own buffers (integer buffers rounded to the
 nearest integer, so a counter moves as in one process); the downward vector
 is ``[params (P), buffers (B)]``. Buffers of other dtypes (bool masks) are
 not exchanged and keep the value every rank built.
+
+A sharded model's parameters (DTensors, :mod:`worker.engine.fsdp`) count and read whole:
+``n_params`` is the whole model's, :meth:`ModelState.vector` gathers each parameter over
+the group (a collective: every member calls it alike) and :meth:`ModelState.load_` keeps
+this worker's rows of the vector it is given.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ import torch
 from torch import Tensor
 
 from worker.engine.distributed import Topology
-from worker.engine.exchange import broadcast_down, load_vector_, params_of
+from worker.engine.exchange import broadcast_down, params_of
+from worker.engine.fsdp import load_whole_
+from worker.engine.sharded import materialised
 
 
 def _exchanged(buffer: Tensor) -> bool:
@@ -95,8 +102,10 @@ class ModelState:
 
     @torch.no_grad()
     def vector(self, *tail: float) -> Tensor:
-        """``[params (P), buffers (B), *tail]`` in the parameters' dtype, on their device."""
-        parts = [p.detach().reshape(-1) for p in self.params]
+        """``[params (P), buffers (B), *tail]`` in the parameters' dtype, on their device;
+        a sharded model's parameters gathered whole, one at a time (every member of the
+        group calls it alike)."""
+        parts = [p.detach().reshape(-1) for p in materialised(self.params)]
         dtype, device = self.params[0].dtype, self.params[0].device
         parts += [b.detach().reshape(-1).to(dtype) for b in self.buffers]
         if tail:
@@ -105,10 +114,20 @@ class ModelState:
 
     @torch.no_grad()
     def load_(self, vector: Tensor) -> None:
-        """Copy ``[params (P), buffers (B)]`` (or a longer vector starting so) into the model."""
-        p = self.n_params
-        load_vector_(vector[:p], self.params)
-        offset = p
+        """Copy ``[params (P), buffers (B)]`` (or a longer vector starting so) into the model
+        (a sharded parameter takes this worker's rows of its part)."""
+        offset = 0
+        for param in self.params:
+            n = param.numel()
+            load_whole_(param, vector[offset : offset + n])
+            offset += n
+        self.load_buffers_(vector[offset:])
+
+    @torch.no_grad()
+    def load_buffers_(self, vector: Tensor) -> None:
+        """Copy ``[buffers (B)]`` (or a longer vector starting so) into the buffers (integer
+        buffers rounded)."""
+        offset = 0
         for buffer in self.buffers:
             n = buffer.numel()
             values = vector[offset : offset + n].view_as(buffer)

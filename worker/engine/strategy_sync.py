@@ -15,6 +15,13 @@ checkpoints and epoch ends (:func:`worker.engine.run.pull_replica`).
 One step is exactly one single-process step on the same global batch
 (synchronous data parallelism, Goyal et al. 2017).
 
+A task with a sharded group (``sharding: fsdp``, :mod:`worker.engine.fsdp`) takes the same
+step with each sharded worker holding its rows: its group's reduce-scatter sums the
+gradients during backward (one sharded group: that is the whole sum), the groups' sums are
+added a parameter at a time (:func:`worker.engine.fsdp.group_sum_`), the tail
+``[buffer_change_sum, loss_sum, count]`` is summed over the workers, and each worker divides
+its rows by the count and steps its shard of the optimizer (:func:`sharded_update`).
+
 Trade-off: exact and deterministic for a given split, but every step waits
 for the slowest worker, so it needs balanced shares (``weighted`` split) and
 compute that dominates the sum's transfer.
@@ -22,6 +29,7 @@ compute that dominates the sum's transfer.
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 from typing_extensions import override
@@ -41,6 +49,7 @@ from worker.engine.run import (
     step_groups,
     stepping,
 )
+from worker.engine.sharded import local
 from worker.engine.strategy import Strategy
 
 PROGRESS_REPORTS_PER_EPOCH = 10
@@ -74,6 +83,42 @@ def step_from_sum(run: Run, total: Tensor, group: dist.ProcessGroup | None) -> t
     assert run.buffer_base is not None
     run.state.restore(run.buffer_base)
     return 0.0, 0
+
+
+def sharded_update(run: Run, tail: Tensor, group: dist.ProcessGroup | None) -> tuple[float, int]:
+    """One exact step of a worker in a task with a sharded group, from the summed ``tail``
+    ``[buffer_change_sum (B), loss_sum, count]`` and the parameters' gradients (this
+    worker's rows of the global sum, :meth:`worker.engine.run.Run.compute`): its
+    ``(loss_sum, count)``, zeros when skipped.
+
+    Whether every gradient row and the tail are finite is agreed over ``group`` (one
+    allreduce of a flag: no worker holds the whole gradient to check); a non-finite step
+    fails or skips on every worker at once (:func:`worker.engine.run.nonfinite_step`) and
+    puts the buffers back. Otherwise each worker divides its rows by the count (the mean
+    over every sample of the step), steps its shard of the optimizer and moves the buffers
+    by the sample-weighted mean change.
+    """
+    assert run.optimizer is not None and run.buffer_base is not None
+    grads = [local(p.grad) for p in run.params if p.grad is not None]
+    bad = not bool(torch.isfinite(tail).all()) or any(
+        not bool(torch.isfinite(g).all()) for g in grads
+    )
+    flag = torch.tensor([float(bad)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    if flag.item():
+        nonfinite_step(run, group)
+        run.state.restore(run.buffer_base)
+        return 0.0, 0
+    loss_sum, count_sum = tail[-2:].tolist()
+    count = int(round(count_sum))
+    if count > 0:
+        for grad in grads:
+            grad.div_(count_sum)
+        run.optimizer.step()
+        for p in run.params:
+            p.grad = None
+        run.state.add_mean_change(run.buffer_base, tail[:-2], count)
+    return loss_sum, count
 
 
 def apply_update(total: Tensor, run: Run) -> tuple[float, int]:
@@ -152,7 +197,16 @@ class Synchronous(Strategy[Run]):
             # The guard moves groups at control points only: the step's groups, the source
             # and the reducer stay the same from here to the next one.
             source = run.topo.rank == source_worker(run)
-            if stepping(run):
+            if stepping(run) and run.spec.any_sharded:
+                _, workers = step_groups(run)
+                try:
+                    loss_sum, count = sharded_update(run, run.compute(), workers)
+                except NonFiniteError as exc:
+                    if source:
+                        send_status(run.topo, str(exc))
+                    raise
+                run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
+            elif stepping(run):
                 cross, workers = step_groups(run)
                 if run.reducer is None:
                     n_tail = run.state.n_buffers + 2

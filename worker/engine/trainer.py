@@ -21,6 +21,7 @@ from worker.engine.compute import validate
 from worker.engine.contract import TrainingCode
 from worker.engine.data import DataSources, StreamView
 from worker.engine.distributed import Topology
+from worker.engine.fsdp import shard_model
 from worker.engine.run import Run
 from worker.engine.spec import RunSpec
 
@@ -69,6 +70,9 @@ def run_worker(
     val_data = data.val
     assert val_data is not None
     model.to(topo.device)
+    sharded = topo.group_index is not None and spec.sharded(topo.group_index)
+    if sharded:
+        shard_model(model, topo, spec.fsdp_units)
     strategy = session.strategy_for(spec.sync_strategy)
     own_optimizer = strategy.group_optimizers or strategy.replicated
     optimizer = code.build_optimizer(model.parameters()) if own_optimizer else None
@@ -87,6 +91,7 @@ def run_worker(
             val_data,
             math.ceil(spec.global_batch_size / topo.n_workers),
             r.split.shares,
+            lockstep=sharded,
         ),
         report_worker_epoch,
     )

@@ -57,6 +57,18 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     # 23 steps per epoch: step 35 is in the middle of epoch 1, after an exchange.
     "sync-even-exchange": ({"exchange_fraction": 0.25, "checkpoint_every": 7}, "step-35.pt"),
     "sync-batchnorm": ({"checkpoint_every": 7}, "step-35.pt"),
+    # Group "a" sharded (FSDP2): the checkpoint holds the momentum its two workers' rows
+    # assemble, and each takes its rows of it back.
+    "sync-fsdp": (
+        {
+            "checkpoint_every": 7,
+            "groups": [
+                {"name": "a", "device_type": "cpu", "workers": 2, "sharding": "fsdp"},
+                {"name": "b", "device_type": "cpu", "workers": 1},
+            ],
+        },
+        "step-35.pt",
+    ),
     # Periodic sync checkpoints at sync points; this one interrupts at an epoch end.
     "periodic": (
         {

@@ -1,0 +1,154 @@
+"""Sharding inside a group (``sharding: fsdp``, worker/engine/fsdp.py): each worker of a
+sharded group holds its rows of the model, and a step is still the single-process step on
+the step's global batch, to 1e-5.
+
+Real gloo processes on CPU. The cases: a sharded group of 2 beside an unsharded group of one
+emulated slow worker on the weighted split, rebalanced mid-epoch; two sharded groups of 3 and
+2 workers (the tiny model's output layer has one row, so some workers hold none of it) on an
+odd global batch; BatchNorm's buffers in a sharded group, by the documented rule. Every run
+checks the parameters' agreement every few steps and checkpoints mid-epoch, which gather the
+sharded replica at the parameter server.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tests.worker.engine.reference import (
+    assert_every_sample_once,
+    dumped_batches,
+    reference_run,
+    run_with_dump,
+)
+from tests.worker.engine.test_buffers import ATOL, bn_spec, checkpoint_model, rule_reference
+from worker.engine.fsdp import ShardingError, chunk_rows, named_units, shard_model, size_units
+from worker.engine.sharded import is_sharded, local
+from worker.engine.spec import RunSpec
+
+CASES = {
+    "sharded-beside-whole-weighted": {
+        "groups": [
+            {"name": "a", "device_type": "cpu", "workers": 2, "sharding": "fsdp"},
+            {"name": "b", "device_type": "cpu", "workers": 1, "speed_factor": 0.25},
+        ],
+        "split_policy": "weighted",
+        "rebalance_every": 3,
+        "global_batch_size": 8,
+    },
+    "two-sharded-groups-3-and-2": {
+        "groups": [
+            {"name": "a", "device_type": "cpu", "workers": 3},
+            {"name": "b", "device_type": "cpu", "workers": 2},
+        ],
+        "sharding": "fsdp",
+        "global_batch_size": 7,
+    },
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sharded_groups_step_as_one_process(
+    case: str, make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    spec = make_spec(agreement_every=4, checkpoint_every=6, **CASES[case])
+    _, finals = run_with_dump(spec, tmp_path / "params")
+    for rank in range(1, spec.world_size):
+        assert torch.equal(finals[rank], finals[0]), f"rank {rank} differs from the PS"
+    batches = dumped_batches(tmp_path / "params")
+    assert_every_sample_once(spec, batches)
+    expected, _ = reference_run(spec, batches)
+    torch.testing.assert_close(finals[0], expected, atol=1e-5, rtol=0)
+    # The agreement checks (before training, then every 4 steps) passed: a disagreement
+    # fails the run (on_disagreement: fail), which run_with_dump asserts against.
+    assert (Path(spec.checkpoint_dir) / "step-6.pt").exists()
+
+
+def test_buffers_of_a_sharded_group_follow_the_rule(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    groups = [{"name": "a", "device_type": "cpu", "workers": 3}]
+    spec = bn_spec(make_spec, tmp_path, groups=groups, sharding="fsdp")
+    _, finals = run_with_dump(spec, tmp_path / "dump")
+    for rank in range(1, spec.world_size):  # parameters and buffers, [P + B]
+        assert torch.equal(finals[rank], finals[0]), f"rank {rank} differs from the PS"
+    got = checkpoint_model(spec).state_dict()
+    rule = rule_reference(spec, dumped_batches(tmp_path / "dump")).state_dict()
+    assert float(got["0.running_mean"][-1]) > 3.0, got["0.running_mean"]
+    for name, want in rule.items():
+        torch.testing.assert_close(got[name], want, atol=ATOL, rtol=0, msg=name)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.inner = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.inner(x))
+
+
+def _model() -> torch.nn.Module:
+    return torch.nn.Sequential(Block(32), Block(32), torch.nn.Linear(32, 2))
+
+
+def test_units_by_size_and_by_name() -> None:
+    model = _model()
+    # Each block holds 1056 of 2178 parameters (>= 1/8): a unit; the 66-parameter head is
+    # left to the root.
+    assert size_units(model) == [model[0].inner, model[1].inner]
+    assert named_units(model, ["Block"]) == [model[1], model[0]]
+    with pytest.raises(ShardingError, match=r"fsdp_units names \['Blok'\].*'Block'"):
+        named_units(model, ["Blok"])
+    assert chunk_rows(7, 2) == [4, 3] and chunk_rows(1, 3) == [1, 0, 0]
+
+
+def _shard_in_world(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    from worker.engine.distributed import Topology
+
+    group = dist.new_group([0, 1])
+    topo = Topology(
+        rank=rank,
+        world_size=2,
+        n_workers=2,
+        group_index=0,
+        group=group,
+        group_ranks=(0, 1),
+        leaders=group,
+        device=torch.device("cpu"),
+    )
+    torch.manual_seed(0)
+    model = shard_model(_model(), topo, ["Block"])
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 32)).sum().backward()
+    optimizer.step()
+    held = sum(local(p).numel() for p in model.parameters())
+    state = sum(
+        local(v).numel()
+        for s in optimizer.state.values()
+        for v in s.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
+    sharded = all(is_sharded(p) for p in model.parameters())
+    torch.save({"held": held, "state": state, "sharded": sharded}, f"{out}/rank-{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_each_member_holds_its_rows_of_parameters_and_optimizer_state(tmp_path: Path) -> None:
+    port = 29000 + os.getpid() % 1000
+    mp.spawn(_shard_in_world, args=(port, str(tmp_path)), nprocs=2)
+    total = sum(p.numel() for p in _model().parameters())  # 2178
+    found = [torch.load(tmp_path / f"rank-{r}.pt") for r in range(2)]
+    assert all(f["sharded"] for f in found)
+    assert sum(f["held"] for f in found) == total
+    for f in found:
+        assert f["held"] <= total / 2 + 32  # half of each parameter's rows, rounded up
+        assert f["state"] == 2 * f["held"]  # Adam's two moments, of its rows only

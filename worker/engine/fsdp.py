@@ -1,0 +1,225 @@
+"""Sharding inside a resource group: the model wrapped with torch's FSDP2 over the group.
+
+With ``sharding: fsdp`` (the task's, or a group's own) every worker of the group holds 1/W
+of each parameter, of its gradient and of the optimizer state (ZeRO stage 3: Rajbhandari
+et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC 2020;
+torch's FSDP2, ``torch.distributed.fsdp.fully_shard`` on DTensor, Zhao et al., "PyTorch
+FSDP", VLDB 2023). Each parameter becomes a DTensor sharded on its first dimension over
+the group's device mesh (gloo on CPU, NCCL on CUDA: the group's own process group); a
+*unit* (a submodule wrapped on its own) is gathered whole for its forward and backward
+only, so at most a unit or two is unsharded at a time. Buffers are not sharded: every
+member holds them (they travel with the step as without sharding, docs/heterogeneity.md,
+"Buffers").
+
+The engine keeps its exact sums (docs/heterogeneity.md, "Sharding inside a group"): the
+gradient reduce-scatter inside the group *sums* (divide factor 1, a plain sum on gloo),
+and the step's loss is scaled by the worker's sample count, so each member ends backward
+holding its rows of the group's sum of per-sample gradients, as the unsharded reducer
+holds the whole of it.
+
+Units: the module classes named in ``fsdp_units`` (every module of those classes), or by
+size: walking the model bottom-up, a module becomes a unit once the parameters it holds
+outside units already chosen reach ``1 / UNITS_BY_SIZE`` of the model's. The whole model
+is the last unit (it holds what no other unit took).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from worker.engine.distributed import Topology
+from worker.engine.sharded import full, local
+
+UNITS_BY_SIZE = 8
+"""By size, a unit holds at least this fraction (1/8) of the model's parameters."""
+
+
+class ShardingError(ValueError):
+    """A model that cannot be sharded as asked (the message names the field to change)."""
+
+
+def size_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Submodules to wrap as units, bottom-up (children before parents), by size: a module
+    whose parameters outside the units already chosen hold at least ``1 / UNITS_BY_SIZE``
+    of the model's. The root is never among them (it is always the last unit)."""
+    total = sum(p.numel() for p in model.parameters())
+    least = max(1, total // UNITS_BY_SIZE)
+    chosen: list[torch.nn.Module] = []
+
+    def left(module: torch.nn.Module) -> int:  # parameters not in a chosen unit below
+        own = sum(p.numel() for p in module.parameters(recurse=False))
+        below = 0
+        for child in module.children():
+            count = left(child)
+            if count >= least and child is not model:
+                chosen.append(child)
+            else:
+                below += count
+        return own + below
+
+    left(model)
+    return chosen
+
+
+def named_units(model: torch.nn.Module, names: Sequence[str]) -> list[torch.nn.Module]:
+    """Every submodule whose class name is in ``names``, outermost first skipped below an
+    outer match (a unit inside a unit of the same list is wrapped too: FSDP2 nests them),
+    listed bottom-up. Raises ShardingError naming ``fsdp_units`` when a name matches no
+    module of the model, with the class names it has."""
+    found = [m for m in model.modules() if type(m).__name__ in set(names) and m is not model]
+    missing = sorted(set(names) - {type(m).__name__ for m in found})
+    if missing:
+        have = sorted({type(m).__name__ for m in model.modules()})
+        raise ShardingError(
+            f"fsdp_units names {missing}, which is no module class of the model; "
+            f"its classes are {have}"
+        )
+    return list(reversed(found))
+
+
+def shard_model(
+    model: torch.nn.Module, topo: Topology, units: Sequence[str] = ()
+) -> torch.nn.Module:
+    """Wrap ``model`` (on ``topo.device``) with FSDP2 over this worker's group, in place:
+    each unit (:func:`named_units` for ``units``, else :func:`size_units`), then the root.
+    Every member of the group calls it alike. Gradients are summed over the group, not
+    averaged. Returns the model (its parameters are now DTensors: build the optimizer after).
+
+    Raises ShardingError for ``units`` that name no module class, RuntimeError where the
+    worker has no group (the parameter server)."""
+    if topo.group is None:
+        raise RuntimeError("only a compute worker's group shards its model")
+    mesh = DeviceMesh.from_group(topo.group, device_type=topo.device.type)
+    chosen = named_units(model, units) if units else size_units(model)
+    for unit in chosen:
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            # gloo has no pre-multiplied sum; with a divide factor of 1 it is a plain sum.
+            module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def rows_of(whole: Tensor, like: DTensor) -> Tensor:
+    """This worker's rows of ``whole`` (the full tensor, shaped as ``like``), as ``like`` is
+    sharded; no communication (every member holds ``whole``)."""
+    return distribute_tensor(
+        whole, like.device_mesh, like.placements, src_data_rank=None
+    ).to_local()
+
+
+@torch.no_grad()
+def load_whole_(param: Tensor, whole: Tensor) -> None:
+    """Set ``param`` (sharded or not) from its whole value, in place."""
+    if isinstance(param, DTensor):
+        param.to_local().copy_(rows_of(whole.to(param.device).view(param.shape), param))
+    else:
+        param.copy_(whole.view_as(param))
+
+
+def like(param: DTensor, rows: Tensor) -> DTensor:
+    """``rows`` (this worker's, as :func:`rows_of` gives them) as a DTensor sharded as
+    ``param``."""
+    return DTensor.from_local(
+        rows,
+        param.device_mesh,
+        param.placements,
+        run_check=False,
+        shape=param.shape,
+        stride=param.stride(),
+    )
+
+
+def chunk_rows(n: int, members: int) -> list[int]:
+    """Rows of a first dimension of ``n`` each of ``members`` holds under ``Shard(0)``
+    (torch.chunk's split: ``ceil(n / members)`` each, the last ones short or empty)."""
+    size = -(-n // members) if n else 0
+    return [max(0, min(n, (i + 1) * size) - i * size) for i in range(members)]
+
+
+def assemble(shape: torch.Size, parts: Sequence[Tensor]) -> Tensor:
+    """The whole tensor of ``shape`` from every member's rows, in member order."""
+    if not shape:
+        return parts[0]
+    return torch.cat([p.reshape(-1, *shape[1:]) for p in parts]).reshape(shape)
+
+
+def local_state(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer's ``state_dict()`` with every DTensor replaced by this worker's rows."""
+    state = {
+        key: {
+            name: local(value) if isinstance(value, Tensor) else value for name, value in s.items()
+        }
+        for key, s in state_dict["state"].items()
+    }
+    return {"state": state, "param_groups": state_dict["param_groups"]}
+
+
+def merge_states(states: Sequence[dict[str, Any]], shapes: Sequence[torch.Size]) -> dict[str, Any]:
+    """One optimizer ``state_dict`` of the whole model from its group members' local ones
+    (:func:`local_state`, in member order): a state tensor shaped as its parameter's rows
+    is assembled whole, any other (Adam's scalar ``step``) taken from the first member.
+    ``shapes``: the parameters' whole shapes, by their index in the state dict."""
+    merged: dict[int, dict[str, Any]] = {}
+    for key, first in states[0]["state"].items():
+        shape = shapes[int(key)]
+        merged[key] = {
+            name: assemble(shape, [s["state"][key][name] for s in states])
+            if isinstance(value, Tensor) and value.dim() > 0
+            else value
+            for name, value in first.items()
+        }
+    return {"state": merged, "param_groups": states[0]["param_groups"]}
+
+
+def shard_state(state_dict: dict[str, Any], params: Sequence[Tensor]) -> dict[str, Any]:
+    """An optimizer ``state_dict`` of the whole model (the parameter server's, a checkpoint's)
+    made this worker's: each state tensor shaped as its sharded parameter becomes a DTensor
+    of this worker's rows, so the sharded optimizer can load it."""
+    state: dict[Any, dict[str, Any]] = {}
+    for key, values in state_dict["state"].items():
+        param = params[int(key)]
+        state[key] = {}
+        for name, value in values.items():
+            if isinstance(param, DTensor) and isinstance(value, Tensor) and value.dim() > 0:
+                value = like(param, rows_of(value.to(param.device).view(param.shape), param))
+            state[key][name] = value
+    return {"state": state, "param_groups": state_dict["param_groups"]}
+
+
+def group_sum_(grads: Sequence[Tensor | None], params: Sequence[Tensor], topo: Topology) -> None:
+    """The step's gradient sum across the groups, for a task with a sharded group: each
+    group's sum (sharded: gathered a parameter at a time; unsharded: allreduced in the
+    group), then the leaders' allreduce (``topo.cross``), then the leader's broadcast in the
+    group; a sharded worker keeps its rows. Every compute worker calls it alike; ``grads``
+    are the parameters' gradients after backward (None: not reached), set in place."""
+    members = len(topo.group_ranks)
+    for param, grad in zip(params, grads, strict=True):
+        if isinstance(param, DTensor):
+            whole = full(grad) if grad is not None else None
+        else:
+            whole = grad
+        if whole is None:  # a parameter the loss did not reach: zeros
+            whole = torch.zeros(param.shape, dtype=param.dtype, device=param.device)
+        if not isinstance(param, DTensor) and members > 1:
+            dist.all_reduce(whole, group=topo.group)
+        if topo.cross is not None:  # gloo, on CPU
+            on_cpu = whole.cpu()
+            dist.all_reduce(on_cpu, group=topo.cross)
+            whole.copy_(on_cpu)
+        if members > 1:
+            dist.broadcast(whole, src=topo.group_ranks[0], group=topo.group)
+        if isinstance(param, DTensor):
+            param.grad = like(param, rows_of(whole.to(param.device), param))
+        else:
+            param.grad = whole
