@@ -97,6 +97,7 @@ class Run:
     state: ModelState = field(init=False)
     strategy: Strategy[Run] = field(kw_only=True)
     _tail: Tensor | None = field(default=None, init=False, repr=False)  # sharded: the step's
+    grad_fault: bool | None = None  # sharded: this worker's gradient was non-finite before the sum
 
     def __post_init__(self) -> None:
         self.state = ModelState.of(self.model)
@@ -203,8 +204,12 @@ class Run:
         place, :func:`worker.engine.fsdp.group_sum_`, when there are several; one sharded
         group's reduce-scatter has summed it already), and the returned tail
         ``[buffer_change_sum (B), loss_sum, count]`` summed over every compute worker."""
+        # Whether this worker's gradient (a sharded worker's: its rows of its group's sum) is
+        # finite before the groups' sums mix it with the others' (naming where a fault is).
+        grads = [p.grad for p in self.params]
+        self.grad_fault = any(g is not None and not bool(local(g).isfinite().all()) for g in grads)
         if len(self.spec.groups) > 1:
-            group_sum_([p.grad for p in self.params], self.params, self.topo)
+            group_sum_(grads, self.params, self.topo)
         tail = self._tail
         assert tail is not None
         dist.all_reduce(tail, group=self.topo.workers)
@@ -232,6 +237,8 @@ def nonfinite_step(run: Run, group: dist.ProcessGroup | None) -> None:
     faults = None
     if not run.topo.is_ps:
         faults = local_faults(run.local_loss, run.params, run.state.buffers)
+        if run.grad_fault is not None:  # a task with a sharded group: as before the groups' sum
+            faults[1] = run.grad_fault
     found = blame(run.spec, run.topo.worker_index, faults, group)
     reason = describe(found, epoch=run.epoch, step=run.step + 1)
     if run.spec.on_nonfinite == "fail":

@@ -22,13 +22,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.worker.engine.reference import (
+    TIMEOUT_S,
     assert_every_sample_once,
     dumped_batches,
+    finite,
     reference_run,
     run_with_dump,
 )
 from tests.worker.engine.test_buffers import ATOL, bn_spec, checkpoint_model, rule_reference
+from tests.worker.engine.test_numerics import NAN_LOSS, launch, user_spec
 from worker.engine.fsdp import ShardingError, chunk_rows, named_units, shard_model, size_units
+from worker.engine.local import launch_local
 from worker.engine.sharded import is_sharded, local
 from worker.engine.spec import RunSpec
 
@@ -152,3 +156,85 @@ def test_each_member_holds_its_rows_of_parameters_and_optimizer_state(tmp_path: 
     for f in found:
         assert f["held"] <= total / 2 + 32  # half of each parameter's rows, rounded up
         assert f["state"] == 2 * f["held"]  # Adam's two moments, of its rows only
+
+
+def test_a_sharded_checkpoint_resumes_on_another_number_of_workers(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    """A checkpoint taken mid-epoch with group "a" sharded over 2 workers goes on with one
+    group of 4 sharded workers (each takes its rows of the model and of the optimizer's
+    momentum; the output layer's one row is on the first only): it ends where the same
+    resume on 4 whole replicas ends."""
+    first = make_spec(
+        epochs=1,
+        checkpoint_every=5,
+        groups=[
+            {"name": "a", "device_type": "cpu", "workers": 2, "sharding": "fsdp"},
+            {"name": "b", "device_type": "cpu", "workers": 1},
+        ],
+    )
+    stop_at = "step-10.pt"
+    launch_local(
+        first,
+        timeout_s=TIMEOUT_S,
+        stop_when=lambda e: e["type"] == "checkpoint" and Path(e["path"]).name == stop_at,
+    )
+    finals = {}
+    for sharding in ("fsdp", "none"):
+        moved = make_spec(
+            epochs=2,
+            groups=[{"name": "solo", "device_type": "cpu", "workers": 4}],
+            sharding=sharding,
+            checkpoint_dir=str(tmp_path / sharding),
+            resume_from=str(Path(first.checkpoint_dir) / stop_at),
+        )
+        run, finals[sharding] = run_with_dump(moved, tmp_path / f"params-{sharding}")
+        assert "continues epoch 0 at step 10 of 23 on 4 workers" in "\n".join(run.output[0])
+    torch.testing.assert_close(finals["fsdp"][0], finals["none"][0], atol=1e-5, rtol=0)
+
+
+def test_fsdp_units_naming_no_module_class_fails_the_task_naming_the_field(
+    make_spec: Callable[..., RunSpec],
+) -> None:
+    spec = make_spec(
+        groups=[{"name": "a", "device_type": "cpu", "workers": 2}],
+        sharding="fsdp",
+        fsdp_units=["TransformerBlock"],
+    )
+    run = launch_local(spec, timeout_s=TIMEOUT_S)
+    assert not run.ok
+    said = "\n".join(run.text(r) for r in run.output)
+    assert "fsdp_units names ['TransformerBlock']" in said and "'Linear'" in said
+
+
+SHARDED_A = [
+    {"name": "a", "device_type": "cpu", "workers": 2, "sharding": "fsdp"},
+    {"name": "b", "device_type": "cpu", "workers": 1},
+]
+
+
+def test_a_nonfinite_loss_in_a_sharded_group_fails_every_rank_naming_where(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    source = NAN_LOSS.format(rank=2, step=5)
+    spec = user_spec(make_spec, tmp_path, source, groups=SHARDED_A, checkpoint_every=2)
+    run = launch(spec)
+    assert not run.timed_out and all(c == 1 for c in run.returncodes.values()), run.returncodes
+    for rank in run.output:  # every rank fails on the fault itself, not on a lost peer
+        text = run.text(rank)
+        assert "NonFiniteError: non-finite" in text and "at epoch 0, step 5" in text, text
+        # Group a's summed gradient is non-finite on both its workers; group b's is not.
+        assert "loss and gradient on rank 2 (group 'a')" in text, text
+        assert "group 'b'" not in text.split("NonFiniteError")[-1], text
+    assert [e["step"] for e in run.events if e["type"] == "checkpoint"] == [2, 4]
+
+
+def test_skip_step_in_a_sharded_group_skips_everywhere(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    source = NAN_LOSS.format(rank=1, step=4)
+    spec = user_spec(make_spec, tmp_path, source, groups=SHARDED_A, on_nonfinite="skip_step")
+    run, finals = run_with_dump(spec, tmp_path / "dump")
+    assert all(torch.equal(finals[r], finals[0]) for r in finals)
+    assert all(torch.isfinite(finals[0]))
+    assert finite(run.metrics("skipped_steps")) == [1.0, 0.0]
