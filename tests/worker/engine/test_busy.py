@@ -40,7 +40,9 @@ class Items:
 def a_run() -> Run:
     split = SimpleNamespace(take=lambda worker: torch.arange(8), upcoming=lambda worker: [])
     return Run(
-        spec=SimpleNamespace(sync_strategy="periodic", guard=False),  # type: ignore[arg-type]
+        spec=SimpleNamespace(  # type: ignore[arg-type]
+            sync_strategy="periodic", guard=False, any_sharded=False
+        ),
         code=SimpleNamespace(loss_fn=torch.nn.functional.mse_loss),  # type: ignore[arg-type]
         topo=SimpleNamespace(worker_index=0, device=torch.device("cpu")),  # type: ignore[arg-type]
         model=torch.nn.Linear(4, 1),
