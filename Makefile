@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install sandbox demo up test lint format bench bench-all bench-quick gpu-check clean
+.PHONY: install sandbox demo up test lint format bench bench-all bench-quick gpu-check gpu-wheels clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (set PY=...)"; exit 1; }
@@ -62,11 +62,16 @@ bench-all: install
 bench-quick: install
 	$(BIN)/python -m bench.run_all --quick --out var/bench-quick-results.jsonl
 
-# The engine's GPU path (a CUDA group beside a CPU group, every strategy): one JSON line, exit
-# 2 without a GPU. Needs torch with CUDA and pydantic only, so it also runs on a bare GPU
-# machine with its own python3 (the .venv's when there is one; this target installs nothing).
+# The engine's GPU path (the CUDA tests, a CUDA group beside a CPU group for every strategy, a
+# sharded CUDA group): one JSON line, exit 2 without a GPU. Runs on a bare GPU machine with its
+# own python3 and CUDA torch, from wheels carried in var/gpu-wheels (gpu-wheels, below).
 gpu-check:
-	$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) scripts/gpu_check.py
+	scripts/gpu_check.sh
+
+# The wheels gpu-check needs on a GPU machine without network (Python 3.12 by default), into
+# var/gpu-wheels: scripts/gpu_wheels.sh [VERSION].
+gpu-wheels:
+	scripts/gpu_wheels.sh
 
 clean:
 	rm -rf var .pytest_cache

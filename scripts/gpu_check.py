@@ -11,7 +11,17 @@ a CUDA group of one worker beside a CPU group of one worker, 3 epochs:
   with both groups on CPU, to 1e-4 (the CUDA kernels round differently). That the CPU path
   learns is what the test suite checks; this check shows the CUDA path computes the same.
 
-Needs only torch and pydantic (no database, no web stack), so it runs on a bare GPU machine.
+Then ``fsdp``: the same task with the CUDA group sharded (``sharding: fsdp``, FSDP2 over
+NCCL) across two GPUs, beside the CPU group through gloo, must agree with the CPU groups'
+result to 1e-4; it needs two GPUs (NCCL takes one rank per GPU) and says so where there is
+one. First, the CUDA tests of the suite (tests/worker/engine/test_cuda.py) run under pytest.
+
+Every run checks cross-device agreement (the gradient of a fixed batch before training and
+the parameters every 100 steps, within the cpu/cuda tolerance of 1e-4): a run that ends
+``ok`` passed those checks, which the line reports as ``agreement``.
+
+Needs only torch, numpy, pydantic and pytest (no database, no web stack), so it runs on a bare
+GPU machine (scripts/gpu_check.sh installs the last three from carried wheels).
 Exit 0 when every case holds, 1 when one does not, 2 without a GPU.
 
     python scripts/gpu_check.py
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 import tempfile
 import time
@@ -111,18 +122,74 @@ def check(name: str, options: dict[str, Any], folder: Path) -> dict[str, Any]:
     return {**found, "ok": ok}
 
 
+SHARDED_CUDA = [
+    {"name": "gpu", "device_type": "cuda", "workers": 2, "sharding": "fsdp"},
+    {"name": "cpu", "device_type": "cpu", "workers": 1},
+]
+
+
+def check_fsdp(folder: Path) -> dict[str, Any]:
+    """The CUDA group sharded over two GPUs beside the CPU group, against both on CPU."""
+    if torch.cuda.device_count() < 2:
+        return {"ok": True, "skipped": "needs 2 GPUs: NCCL takes one rank per GPU"}
+    seconds, run, on_gpu = run_case({}, SHARDED_CUDA, "even", folder / "cuda")
+    if on_gpu is None:
+        return {"seconds": seconds, "ok": False, "why": failed(run)}
+    cpu_groups = [{**g, "device_type": "cpu"} for g in SHARDED_CUDA]
+    _, ref_run, on_cpu = run_case({}, cpu_groups, "even", folder / "cpu")
+    if on_cpu is None:
+        return {"seconds": seconds, "ok": False, "why": failed(ref_run)}
+    diff = float((on_gpu[0] - on_cpu[0]).abs().max())
+    val = [v for v in run.metrics("val_loss") if v is not None]
+    ok = "device cuda" in run.text(1) and diff <= 1e-4 and all(math.isfinite(v) for v in val)
+    return {"seconds": seconds, "ok": ok, "max_diff_vs_cpu": diff, "val_loss": val}
+
+
+def cuda_tests() -> dict[str, Any]:
+    """tests/worker/engine/test_cuda.py under pytest, without the suite's other conftest files
+    (they need the web stack); passed or the end of its output."""
+    repo = Path(__file__).resolve().parents[1]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "--confcutdir",
+        str(repo / "tests" / "worker" / "engine"),
+        str(repo / "tests" / "worker" / "engine" / "test_cuda.py"),
+    ]
+    done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=1800)
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    return {
+        "ok": done.returncode == 0,
+        "summary": last,
+        **({} if done.returncode == 0 else {"why": (done.stdout + done.stderr)[-800:]}),
+    }
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print(json.dumps({"gpu_check": "skipped", "why": "no CUDA device"}))
         return 2
-    results = {}
+    results = {"cuda_tests": cuda_tests()}
     with tempfile.TemporaryDirectory(prefix="polytrain-gpu-") as tmp:
         for name, options in CASES.items():
             results[name] = check(name, options, Path(tmp) / name)
+        results["fsdp"] = check_fsdp(Path(tmp) / "fsdp")
+    ok = all(r["ok"] for r in results.values())
     line = {
-        "gpu_check": "passed" if all(r["ok"] for r in results.values()) else "failed",
+        "gpu_check": "passed" if ok else "failed",
         "device": torch.cuda.get_device_name(0),
+        "gpus": torch.cuda.device_count(),
         "torch": torch.__version__,
+        # Every engine run checks agreement and fails on a disagreement (on_disagreement: fail).
+        "agreement": "held"
+        if all(r["ok"] for k, r in results.items() if k != "cuda_tests")
+        else "see cases",
         "cases": results,
     }
     print(json.dumps(line))
