@@ -31,6 +31,7 @@ from tests.worker.engine.reference import (
 )
 from tests.worker.engine.test_buffers import ATOL, bn_spec, checkpoint_model, rule_reference
 from tests.worker.engine.test_numerics import NAN_LOSS, launch, user_spec
+from tests.worker.engine.test_provenance import covers_once, provenance_of
 from worker.engine.fsdp import ShardingError, chunk_rows, named_units, shard_model, size_units
 from worker.engine.local import launch_local
 from worker.engine.sharded import is_sharded, local
@@ -62,7 +63,7 @@ def test_sharded_groups_step_as_one_process(
     case: str, make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:
     spec = make_spec(agreement_every=4, checkpoint_every=6, **CASES[case])
-    _, finals = run_with_dump(spec, tmp_path / "params")
+    run, finals = run_with_dump(spec, tmp_path / "params")
     for rank in range(1, spec.world_size):
         assert torch.equal(finals[rank], finals[0]), f"rank {rank} differs from the PS"
     batches = dumped_batches(tmp_path / "params")
@@ -72,6 +73,10 @@ def test_sharded_groups_step_as_one_process(
     # The agreement checks (before training, then every 4 steps) passed: a disagreement
     # fails the run (on_disagreement: fail), which run_with_dump asserts against.
     assert (Path(spec.checkpoint_dir) / "step-6.pt").exists()
+    # The checkpoints' shard provenance: each epoch's records cover every sample once.
+    records = provenance_of(run.events)
+    for epoch in range(spec.epochs):
+        assert covers_once([r for r in records if r["epoch"] == epoch], 160), epoch
 
 
 def test_buffers_of_a_sharded_group_follow_the_rule(
