@@ -26,6 +26,7 @@ is the last unit (it holds what no other unit took).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -154,34 +155,6 @@ def assemble(shape: torch.Size, parts: Sequence[Tensor]) -> Tensor:
     return torch.cat([p.reshape(-1, *shape[1:]) for p in parts]).reshape(shape)
 
 
-def local_state(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """An optimizer's ``state_dict()`` with every DTensor replaced by this worker's rows."""
-    state = {
-        key: {
-            name: local(value) if isinstance(value, Tensor) else value for name, value in s.items()
-        }
-        for key, s in state_dict["state"].items()
-    }
-    return {"state": state, "param_groups": state_dict["param_groups"]}
-
-
-def merge_states(states: Sequence[dict[str, Any]], shapes: Sequence[torch.Size]) -> dict[str, Any]:
-    """One optimizer ``state_dict`` of the whole model from its group members' local ones
-    (:func:`local_state`, in member order): a state tensor shaped as its parameter's rows
-    is assembled whole, any other (Adam's scalar ``step``) taken from the first member.
-    ``shapes``: the parameters' whole shapes, by their index in the state dict."""
-    merged: dict[int, dict[str, Any]] = {}
-    for key, first in states[0]["state"].items():
-        shape = shapes[int(key)]
-        merged[key] = {
-            name: assemble(shape, [s["state"][key][name] for s in states])
-            if isinstance(value, Tensor) and value.dim() > 0
-            else value
-            for name, value in first.items()
-        }
-    return {"state": merged, "param_groups": states[0]["param_groups"]}
-
-
 def shard_state(state_dict: dict[str, Any], params: Sequence[Tensor]) -> dict[str, Any]:
     """An optimizer ``state_dict`` of the whole model (the parameter server's, a checkpoint's)
     made this worker's: each state tensor shaped as its sharded parameter becomes a DTensor
@@ -195,6 +168,69 @@ def shard_state(state_dict: dict[str, Any], params: Sequence[Tensor]) -> dict[st
                 value = like(param, rows_of(value.to(param.device).view(param.shape), param))
             state[key][name] = value
     return {"state": state, "param_groups": state_dict["param_groups"]}
+
+
+@dataclass(frozen=True)
+class Rows:
+    """In an optimizer state's outline (:func:`outline`): a state tensor sent by rows."""
+
+    dtype: torch.dtype
+
+
+def outline(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer ``state_dict()`` with each state tensor shaped as its parameter (one
+    dimension or more) replaced by :class:`Rows`: what the parameter server needs to receive
+    the rows (:func:`receive_state_rows`); scalars (Adam's ``step``) and the parameter groups
+    are kept."""
+    state = {
+        key: {
+            name: Rows(value.dtype)
+            if isinstance(value, Tensor) and value.dim() > 0
+            else local(value)
+            if isinstance(value, Tensor)
+            else value
+            for name, value in values.items()
+        }
+        for key, values in state_dict["state"].items()
+    }
+    return {"state": state, "param_groups": state_dict["param_groups"]}
+
+
+def _in_order(state: dict[Any, dict[str, Any]]) -> list[tuple[Any, str]]:
+    return [(key, name) for key in sorted(state, key=int) for name in sorted(state[key])]
+
+
+def send_state_rows(state_dict: dict[str, Any]) -> None:
+    """A sharded worker: send the parameter server (rank 0) its rows of each state tensor of
+    its optimizer, one tensor at a time in the outline's order (point to point)."""
+    state = state_dict["state"]
+    for key, name in _in_order(state):
+        value = state[key][name]
+        if isinstance(value, Tensor) and value.dim() > 0:
+            dist.send(local(value).detach().contiguous().cpu(), dst=0)
+
+
+def receive_state_rows(
+    outlined: dict[str, Any], members: Sequence[int], shapes: Sequence[torch.Size]
+) -> dict[str, Any]:
+    """Parameter server: the whole optimizer ``state_dict`` of a sharded group, from its
+    members' rows (:func:`send_state_rows`, ``members`` their global ranks in order) and the
+    first member's :func:`outline`; each tensor assembled as it arrives, so the server holds
+    the result and one tensor's rows, never a member's whole state besides. ``shapes``: the
+    parameters' whole shapes by index (a state tensor is shaped as its parameter)."""
+    state: dict[Any, dict[str, Any]] = {k: dict(v) for k, v in outlined["state"].items()}
+    for key, name in _in_order(state):
+        value = state[key][name]
+        if not isinstance(value, Rows):
+            continue
+        shape = shapes[int(key)]
+        parts = []
+        for member, rows in zip(members, chunk_rows(shape[0], len(members)), strict=True):
+            buffer = torch.empty((rows, *shape[1:]), dtype=value.dtype)
+            dist.recv(buffer, src=member)
+            parts.append(buffer)
+        state[key][name] = assemble(shape, parts)
+    return {"state": state, "param_groups": outlined["param_groups"]}
 
 
 def group_sum_(grads: Sequence[Tensor | None], params: Sequence[Tensor], topo: Topology) -> None:

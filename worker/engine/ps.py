@@ -89,7 +89,8 @@ def run_parameter_server(
     if spec.resume_from:
         state = load_checkpoint(spec.resume_from)
         model.load_state_dict(state["model"])
-        if state["optimizer"] is not None:
+        # Under sync the server never steps: with a sharded group the state stays in the file.
+        if state["optimizer"] is not None and not spec.any_sharded:
             optimizer.load_state_dict(state["optimizer"])
         package = resume_package(state)
         outer_state = state.get("outer_optimizer")  # diloco's outer momentum stays here
@@ -98,14 +99,18 @@ def run_parameter_server(
     if spec.debug_dump_dir:
         run.batches = []
     session.train(run, under_way, lambda r: {}, report_server_epoch)
+    # A sharded source group's optimizer state went into the checkpoints only (run.py).
+    directory = Path(spec.checkpoint_dir)
+    held = load_checkpoint(str(directory / run.optimizer_in)) if run.optimizer_in else None
     final = {
         "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "optimizer": held["optimizer"] if held is not None else optimizer.state_dict(),
         "epoch": spec.epochs - 1,
         "step": run.step,
         "epoch_complete": True,
     }
-    save_checkpoint(Path(spec.checkpoint_dir) / "final.pt", final)
+    del held
+    save_checkpoint(directory / "final.pt", final)
     _dump_batches(run)
     report.done()
     return run.state.vector()

@@ -40,7 +40,14 @@ from worker.engine.data import Source
 from worker.engine.distributed import FIRST_WORKER, Topology  # noqa: F401 (re-exported)
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import gather_work, receive_at_ps, send_to_ps
-from worker.engine.fsdp import assemble, chunk_rows, group_sum_, local_state, merge_states
+from worker.engine.fsdp import (
+    assemble,
+    chunk_rows,
+    group_sum_,
+    outline,
+    receive_state_rows,
+    send_state_rows,
+)
 from worker.engine.guard import GroupCost, Guard
 from worker.engine.numerics import NonFiniteError, blame, describe, local_faults
 from worker.engine.provenance import ShardLedger
@@ -98,6 +105,9 @@ class Run:
     strategy: Strategy[Run] = field(kw_only=True)
     _tail: Tensor | None = field(default=None, init=False, repr=False)  # sharded: the step's
     grad_fault: bool | None = None  # sharded: this worker's gradient was non-finite before the sum
+    # The checkpoint holding the latest optimizer state when the server did not load it (a
+    # sharded source group's, assembled into the file only).
+    optimizer_in: str | None = None
 
     def __post_init__(self) -> None:
         self.state = ModelState.of(self.model)
@@ -676,34 +686,36 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     # A parked group's optimizer is not sent: it takes the source's when taken back, and the
     # checkpoint keeps that for it (its slow link would hold up every checkpoint).
     sends = run.topo.rank == source if replicated else run.topo.am_i_leader and stepping(run)
-    sharded_source = (
-        run.spec.group_ranks(run.spec.group_of(source))
-        if run.spec.sharded(run.spec.group_of(source))
-        else []
-    )
-    if (
-        run.optimizer is not None
-        and not run.topo.is_ps
-        and (sends or run.topo.rank in sharded_source)
-    ):
+    source_group = run.spec.group_of(source)
+    # A sharded source group's members send their rows, a tensor at a time, after the gather
+    # (the first one its optimizer's outline in it): no rank gathers a member's whole state.
+    sharded = run.spec.group_ranks(source_group) if run.spec.sharded(source_group) else []
+    if run.optimizer is not None and not run.topo.is_ps and sends:
         local_optimizer = run.optimizer.state_dict()
-        if run.sharded:  # this worker's rows; the server assembles the group's
-            local_optimizer = local_state(local_optimizer)
+        if sharded:
+            local_optimizer = outline(local_optimizer)
     states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
+    if run.topo.rank in sharded and run.optimizer is not None:
+        send_state_rows(run.optimizer.state_dict())
     if states is None:
         return
-    if replicated and run.optimizer is not None:
-        if sharded_source:
-            shapes = [p.shape for p in run.params]
-            parts = [states[r]["optimizer"] for r in sharded_source]
-            run.optimizer.load_state_dict(merge_states(parts, shapes))
-        else:
-            run.optimizer.load_state_dict(states[source]["optimizer"])
+    optimizer_state = None
+    if replicated and run.optimizer is not None and sharded:
+        shapes = [p.shape for p in run.params]
+        optimizer_state = receive_state_rows(states[source]["optimizer"], sharded, shapes)
+        run.optimizer_in = name  # not loaded: the server never steps it (ps.py's final.pt)
+    elif replicated and run.optimizer is not None:
+        run.optimizer.load_state_dict(states[source]["optimizer"])
+        run.optimizer_in = None
     per_group = run.strategy.group_optimizers
     leaders = run.spec.leader_ranks()
     state: dict[str, Any] = {
         "model": run.model.state_dict(),
-        "optimizer": None if per_group or run.optimizer is None else run.optimizer.state_dict(),
+        "optimizer": optimizer_state
+        if optimizer_state is not None
+        else None
+        if per_group or run.optimizer is None
+        else run.optimizer.state_dict(),
         "group_optimizers": {
             g: states[source if g in run.parked_groups else r]["optimizer"]
             for g, r in enumerate(leaders)

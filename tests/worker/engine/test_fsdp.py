@@ -73,6 +73,12 @@ def test_sharded_groups_step_as_one_process(
     # The agreement checks (before training, then every 4 steps) passed: a disagreement
     # fails the run (on_disagreement: fail), which run_with_dump asserts against.
     assert (Path(spec.checkpoint_dir) / "step-6.pt").exists()
+    # final.pt holds the whole optimizer state, assembled from the sharded workers' rows
+    # (the parameter server, which never steps under sync, did not load it).
+    final = torch.load(Path(spec.checkpoint_dir) / "final.pt", weights_only=True)
+    shapes = [tuple(t.shape) for t in final["model"].values()]
+    momenta = [tuple(s["momentum_buffer"].shape) for s in final["optimizer"]["state"].values()]
+    assert momenta == shapes
     # The checkpoints' shard provenance: each epoch's records cover every sample once.
     records = provenance_of(run.events)
     for epoch in range(spec.epochs):
