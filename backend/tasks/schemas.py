@@ -1,6 +1,14 @@
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from backend.core.schemas import UtcDateTime
 from backend.tasks.models import EventKind, NodeRole, SubTaskStatus, TaskStatus
@@ -18,6 +26,7 @@ from contracts.plan import (
     DilocoExchange,
     OnDisagreement,
     OnGroupLoss,
+    Sharding,
     SplitPolicy,
     SyncStrategy,
     check_period,
@@ -25,6 +34,16 @@ from contracts.plan import (
 from contracts.preprocess import PreprocessStep
 from contracts.strict import StrictModel
 from contracts.task_spec import ENGINE_OPTIONS
+
+
+def _class_name(value: str) -> str:
+    if not value.isidentifier():
+        raise ValueError(f"{value!r} is not a class name (a Python identifier, e.g. Block)")
+    return value
+
+
+ClassName = Annotated[str, Field(max_length=100), AfterValidator(_class_name)]
+"""A module class name, as `fsdp_units` lists them (`type(module).__name__`)."""
 
 
 class GroupRequest(StrictModel):
@@ -47,6 +66,22 @@ class GroupRequest(StrictModel):
         le=1.0,
         description="emulation only: the group computes this fraction as fast (1 = real speed)",
     )
+    sharding: Sharding | None = Field(
+        default=None,
+        description="this group's own `sharding` (see the task's), e.g. `fsdp` on the "
+        "group whose workers cannot hold the whole model; default: the task's. `fsdp` needs "
+        "2 or more workers in the group (a device_type item: in each group it is placed on)",
+    )
+
+    @field_validator("sharding")
+    @classmethod
+    def _shards_something(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value == "fsdp" and info.data.get("workers") == 1:
+            raise ValueError(
+                "'fsdp' needs 2 or more workers in the group: with 1 there is nothing to shard "
+                "(give it more workers, or sharding 'none')"
+            )
+        return value
 
     @model_validator(mode="after")
     def _one_form(self) -> "GroupRequest":
@@ -121,6 +156,23 @@ class TaskCreate(StrictModel):
         "part in each step costs more than it adds (its update or the exchange outlasts the "
         "others' step), and take it back when it would gain, at each rebalancing check and "
         "at a first check from step 10; each move is an event of the task",
+    )
+    sharding: Sharding = Field(
+        default="none",
+        description="how each group holds the model: `none`, every worker all of it; `fsdp` "
+        "(FSDP2 within a group), each of a group's W workers holds 1/W of the parameters, "
+        "gradients and optimizer state. Choose `fsdp` when the model, its gradients and "
+        "optimizer state do not fit one worker's memory. Needs sync_strategy `sync` and 2 or "
+        "more workers in every sharded group (a device_type request may be placed as "
+        "several groups: one given 1 worker fails the task at its start); a group's own "
+        "`sharding` in resource_groups wins",
+    )
+    fsdp_units: list[ClassName] = Field(
+        default_factory=list,
+        max_length=32,
+        title="FSDP units",
+        description="fsdp: the module classes wrapped as FSDP units, by class name (e.g. "
+        "TransformerBlock); empty: chosen by size",
     )
     exchange_fraction: float = Field(
         default=0.0,
@@ -281,7 +333,7 @@ class TaskCreate(StrictModel):
     def _quorum_fits(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is None:
             return value
-        if info.data.get("sync_strategy") != "quorum":
+        if _strategy(info) not in ("quorum", None):
             raise ValueError("quorum applies to sync_strategy 'quorum' only")
         groups = info.data.get("resource_groups") or []
         most = _most_groups(groups)
@@ -289,16 +341,63 @@ class TaskCreate(StrictModel):
             raise ValueError(f"quorum ({value}) is larger than the number of groups ({most})")
         return value
 
+    @field_validator("sync_strategy")
+    @classmethod
+    def _sharded_groups_sync(cls, value: str, info: ValidationInfo) -> str:
+        groups = info.data.get("resource_groups") or []
+        own = [i for i, g in enumerate(groups) if g.sharding == "fsdp"]
+        if own and value != "sync":
+            raise ValueError(
+                f"{value!r} does not run sharded groups yet (resource_groups.{own[0]} has "
+                "sharding 'fsdp'; the parameter server is not sharded): use 'sync', or "
+                "leave that group's sharding out"
+            )
+        return value
+
+    @field_validator("sharding")
+    @classmethod
+    def _sharding_fits(cls, value: str, info: ValidationInfo) -> str:
+        if value != "fsdp":
+            return value
+        strategy = _strategy(info)
+        if strategy not in ("sync", None):
+            raise ValueError(
+                f"'fsdp' runs with sync_strategy 'sync' only so far, not {strategy!r} (the "
+                "parameter server is not sharded yet)"
+            )
+        for i, group in enumerate(info.data.get("resource_groups") or []):
+            if group.sharding is None and group.workers == 1:
+                raise ValueError(
+                    f"'fsdp' needs 2 or more workers in each group, and resource_groups.{i} "
+                    f"({group.name or group.device_type}) has 1: there is nothing to shard "
+                    "(give it more workers, or its own sharding 'none')"
+                )
+        return value
+
+    @field_validator("fsdp_units")
+    @classmethod
+    def _units_need_fsdp(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if not value or not {"sharding", "resource_groups"} <= info.data.keys():
+            return value  # checked against valid settings only
+        groups = info.data["resource_groups"]
+        if not any((g.sharding or info.data["sharding"]) == "fsdp" for g in groups):
+            raise ValueError(
+                "fsdp_units applies only where a group has sharding 'fsdp' (set sharding "
+                "'fsdp', for the task or a group)"
+            )
+        return value
+
     @field_validator("sync_period")
     @classmethod
     def _period_needs_periodic(cls, value: int, info: ValidationInfo) -> int:
-        return check_period(value, info.data.get("sync_strategy"))
+        strategy = _strategy(info)
+        return value if strategy is None else check_period(value, strategy)
 
     @field_validator("outer_lr", "outer_momentum", "diloco_exchange")
     @classmethod
     def _outer_needs_diloco(cls, value: Any, info: ValidationInfo) -> Any:
         unset = value is None or (info.field_name == "diloco_exchange" and value == "blocking")
-        if not unset and info.data.get("sync_strategy") != "diloco":
+        if not unset and _strategy(info) not in ("diloco", None):
             raise ValueError(f"{info.field_name} applies to sync_strategy 'diloco' only")
         if value == "async" and _most_groups(info.data.get("resource_groups") or []) < 2:
             raise ValueError(
@@ -319,6 +418,13 @@ class TaskCreate(StrictModel):
     def limits(self) -> TaskLimits:
         """The per-rank limits stored in the task's spec and enforced by the agents."""
         return TaskLimits(max_runtime_s=self.max_runtime_s, memory_limit_mb=self.memory_limit_mb)
+
+
+def _strategy(info: ValidationInfo) -> str | None:
+    """The task's sync strategy, None when it was refused: the settings that depend on it
+    are not checked against it then (its own error says what is wrong)."""
+    strategy: str | None = info.data.get("sync_strategy")
+    return strategy
 
 
 def _most_groups(requested: list[GroupRequest]) -> int:

@@ -63,9 +63,7 @@ def submit(
         )
     request, groups = requests.resolve(session, data.resource_groups)
     requests.check_loader_workers(session, request, data.data.num_workers)
-    for item, asked in zip(request, data.resource_groups, strict=True):
-        if asked.speed_factor != 1.0:
-            item["speed_factor"] = asked.speed_factor  # emulation; see worker.engine.emulation
+    _keep_own_settings(request, data.resource_groups)
     spec = TaskSpec.model_validate(
         {
             "epochs": data.epochs,
@@ -96,6 +94,17 @@ def submit(
     if commit:
         session.commit()
     return task
+
+
+def _keep_own_settings(request: list[dict], asked: list[GroupRequest]) -> None:
+    """Copy each asked item's own settings into its resolved request item: its speed factor
+    when not 1 (emulation; see worker.engine.emulation) and its sharding when it sets one
+    (the placed groups take them from there: `TaskSpec.speed_factor`, `TaskSpec.sharding_of`)."""
+    for item, own in zip(request, asked, strict=True):
+        if own.speed_factor != 1.0:
+            item["speed_factor"] = own.speed_factor
+        if own.sharding is not None:
+            item["sharding"] = own.sharding
 
 
 def _plan_prediction(session: Session, data: TaskCreate, project_id: int) -> dict[str, object]:
@@ -197,6 +206,7 @@ def retry(session: Session, *, task: Task) -> Task:
         for item in spec.requested()
     ]
     request, groups = requests.resolve(session, asked)
+    _keep_own_settings(request, asked)
     copy = Task(
         project_id=task.project_id,
         code_version_id=task.code_version_id,

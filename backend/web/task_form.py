@@ -1,7 +1,8 @@
 """The task submission form, built from `TaskCreate` so that every field it has is offered.
 
 Fields with choices become selects, numbers become number inputs with the
-schema's bounds, and a nested settings model (one level) becomes a group of
+schema's bounds, a list of names (`fsdp_units`) a text input of comma-separated
+names, and a nested settings model (one level) becomes a group of
 inputs named `parent.child`. Resource groups, the code version (or a bundled
 example) and dependencies have their own widgets; `plan_id` is a hidden input that the
 page's "Use this plan" button sets (frontend/static/plan.js).
@@ -10,7 +11,7 @@ page's "Use this plan" button sets (frontend/static/plan.js).
 import re
 import types
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -42,7 +43,8 @@ _GROUP_FIELD = re.compile(r"^resource_groups\.(\d+)(\..*)?$")
 
 @dataclass(frozen=True)
 class FormField:
-    """One input of the form: `kind` is `select`, `number` or `text`."""
+    """One input of the form: `kind` is `select`, `number` or `text`; `names`: a text input
+    of comma-separated names that the schema takes as a list."""
 
     name: str
     label: str
@@ -51,6 +53,7 @@ class FormField:
     options: tuple[str, ...] = ()
     attrs: dict[str, str] = field(default_factory=dict)
     hint: str = ""
+    names: bool = False
 
     @property
     def basic(self) -> bool:
@@ -77,7 +80,17 @@ def _bounds(info: FieldInfo) -> dict[str, str]:
 
 def _default(info: FieldInfo) -> str:
     value = None if info.is_required() else info.get_default(call_default_factory=True)
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
     return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _names(kind: Any) -> bool:
+    """Whether `kind` is a list of strings (constrained or not), typed as names in one input."""
+    if get_origin(kind) is not list:
+        return False
+    item = get_args(kind)[0]
+    return item is str or (get_origin(item) is Annotated and get_args(item)[0] is str)
 
 
 def _widget(kind: Any, info: FieldInfo) -> tuple[str, tuple[str, ...], dict[str, str]] | None:
@@ -88,6 +101,8 @@ def _widget(kind: Any, info: FieldInfo) -> tuple[str, tuple[str, ...], dict[str,
         return "select", ("true", "false"), {}
     if kind in (int, float):
         return "number", (), {"step": "1" if kind is int else "any", **_bounds(info)}
+    if _names(kind):
+        return "text", (), {}
     return ("text", (), {}) if kind is str else None
 
 
@@ -98,7 +113,8 @@ STRATEGY_DEFAULTS = frozenset({"sync_period", "rebalance_every"})
 
 
 def _field(name: str, info: FieldInfo) -> FormField | None:
-    widget = _widget(_plain(info.annotation), info)
+    kind = _plain(info.annotation)
+    widget = _widget(kind, info)
     if widget is None:
         return None
     label = info.title or name.rsplit(".", 1)[-1].replace("_", " ").capitalize()
@@ -109,7 +125,9 @@ def _field(name: str, info: FieldInfo) -> FormField | None:
         default="" if name in STRATEGY_DEFAULTS else _default(info),
         options=widget[1],
         attrs=widget[2],
-        hint=(info.description or "").replace("`", ""),
+        hint=(info.description or "").replace("`", "")
+        + ("; separate names with commas" if _names(kind) else ""),
+        names=_names(kind),
     )
 
 
@@ -178,14 +196,16 @@ def _group_requests(form: TaskForm) -> tuple[list[dict], FieldErrors]:
 
 
 def _to_form_fields(errors: FieldErrors, names: list[str]) -> FieldErrors:
-    """Re-key `resource_groups.I...` errors to `group.NAME` and `depends_on.I` to `depends_on`."""
+    """Re-key `resource_groups.I...` errors to `group.NAME`, and `depends_on.I` or a list of
+    names' `FIELD.I` (`fsdp_units.0`) to the field's own input."""
+    lists = {"depends_on", *(f.name for f in task_fields() if f.names)}
     keyed: FieldErrors = {}
     for key, message in errors.items():
         match = _GROUP_FIELD.match(key)
         if match and int(match.group(1)) < len(names):
             key = f"group.{names[int(match.group(1))]}"
-        elif key.startswith("depends_on."):
-            key = "depends_on"
+        elif key.partition(".")[0] in lists:
+            key = key.partition(".")[0]
         keyed.setdefault(key, message)
     return keyed
 
@@ -196,11 +216,14 @@ def _settings(form: TaskForm) -> dict[str, Any]:
         raw = form.value(form_field).strip()
         if raw == "":
             continue
+        value: str | list[str] = raw
+        if form_field.names:
+            value = [name.strip() for name in raw.split(",") if name.strip()]
         parent, _, child = form_field.name.partition(".")
         if child:
-            payload.setdefault(parent, {})[child] = raw
+            payload.setdefault(parent, {})[child] = value
         else:
-            payload[parent] = raw
+            payload[parent] = value
     return payload
 
 

@@ -124,13 +124,32 @@ def _plans(spec: TaskSpec) -> list[GroupPlan] | list[RequestItem]:
     return spec.groups or spec.request
 
 
+def _own_sharding(spec: TaskSpec, plan: GroupPlan | RequestItem) -> str:
+    """` (fsdp)` after a group or request item that sets its own sharding, else ``."""
+    own = spec.sharding_of(plan) if isinstance(plan, GroupPlan) else plan.sharding
+    return f" ({own})" if own else ""
+
+
+def _displayed(value: Any) -> Any:
+    """A stored setting as the page shows it: `—` for none, a list of names (`fsdp_units`)
+    joined by commas; None: not shown (mappings, other lists)."""
+    if value is None:
+        return "—"
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return ", ".join(value)
+    return None if isinstance(value, dict | list) else value
+
+
 def spec_summary(spec: TaskSpec) -> dict[str, Any]:
-    """The task spec for display: `groups` as `name × workers` strings, total workers."""
+    """The task spec for display: `groups` as `name × workers` strings (with a group's own
+    sharding), total workers, and the other settings (scalars and lists of names)."""
     plans = _plans(spec)
     shown = {"groups", "request", "epochs", "global_batch_size", "split_policy", "seed"}
     return {
         "groups": [
-            f"{g.name or (g.device_type or '?') + ' (any group)'} × {g.workers}" for g in plans
+            f"{g.name or (g.device_type or '?') + ' (any group)'} × {g.workers}"
+            f"{_own_sharding(spec, g)}"
+            for g in plans
         ],
         "workers": sum(g.workers for g in plans),
         "epochs": spec.epochs,
@@ -138,9 +157,9 @@ def spec_summary(spec: TaskSpec) -> dict[str, Any]:
         "split_policy": spec.split_policy,
         "seed": spec.seed,
         "extra": {
-            k: "—" if v is None else v
+            k: value
             for k, v in spec.stored().items()
-            if k not in shown and not isinstance(v, dict | list)
+            if k not in shown and (value := _displayed(v)) is not None
         },
     }
 

@@ -9,14 +9,17 @@ code: ./train.py               # a .py module or .zip/.tar.gz archive to upload 
 # code_version_id: 3           # ... or an existing version
 name: mnist across two groups
 resource_groups:
-  - {name: cpu-a, workers: 2}
+  - {name: cpu-a, workers: 2}  # {..., sharding: fsdp}: its 2 workers hold half the model each
   - {name: cpu-b, workers: 1}
 epochs: 3
 global_batch_size: 64
+# sharding: fsdp               # every group without its own (sync_strategy sync, 2+ workers)
+# fsdp_units: [TransformerBlock]  # with fsdp: the classes wrapped as units (default: by size)
 ```
 
 Every other key goes to `POST /api/v1/tasks` as it is (split_policy, seed,
-priority, depends_on, ...): the API validates it and names a faulty field.
+priority, depends_on, sharding, fsdp_units, ...), and each resource group as written: the
+API validates it and names a faulty field.
 
 `polytrain plan` reads the same file: its resource groups are the candidates (each with
 the most workers the plan may use there), and `PLAN_KEYS` go to `POST /api/v1/plans`.

@@ -60,6 +60,36 @@ def test_login_submit_status_logs_cancel(run, server: str, tmp_path: Path) -> No
     assert not (tmp_path / "credentials.json").exists()
 
 
+def test_submit_passes_sharding_and_a_groups_own_on_to_the_api(  # type: ignore[no-untyped-def]
+    run, server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import httpx
+
+    account = add_account(ADMIN_EMAIL, admin=True)
+    monkeypatch.setenv("POLYTRAIN_TOKEN", account.token)
+    with httpx.Client(base_url=server, headers=account.headers) as api:
+        make_group(api, "cpu-a", capacity=2)  # type: ignore[arg-type]
+        make_group(api, "cpu-b", capacity=2)  # type: ignore[arg-type]
+        (tmp_path / "train.py").write_bytes(GOOD)
+        task_file = tmp_path / "task.yaml"
+        head = "project: digits\ncode: train.py\nglobal_batch_size: 8\nsharding: fsdp\n"
+        task_file.write_text(
+            f"{head}fsdp_units: [Linear]\nresource_groups:\n  - {{name: cpu-a, workers: 2}}\n"
+            "  - {name: cpu-b, workers: 2, sharding: none}\n"
+        )
+        submitted = run("submit", str(task_file))
+        assert submitted.exit_code == 0, submitted.output
+        spec = api.get("/api/v1/tasks/1").json()["spec"]
+        assert (spec["sharding"], spec["fsdp_units"]) == ("fsdp", ["Linear"])
+        assert [item.get("sharding") for item in spec["request"]] == [None, "none"]
+
+        task_file.write_text(f"{head}resource_groups:\n  - {{name: cpu-a, workers: 1}}\n")
+        refused = run("submit", str(task_file))
+        assert refused.exit_code == 1
+        assert "(field sharding)" in refused.output and "nothing to shard" in refused.output
+        assert len(api.get("/api/v1/tasks").json()) == 1
+
+
 def test_refusals_are_clear(run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     add_account("ada@example.org")
     wrong = run("login", "--email", "ada@example.org", input="nope\n")

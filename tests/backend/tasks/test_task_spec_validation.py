@@ -5,8 +5,11 @@ Also the throughput read model: per worker and per group, from reported metrics.
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
 
+from backend.scheduler.service import schedule_once
 from contracts.task_spec import TaskSpec
+from tests.backend import scheduling
 from tests.conftest import agent_headers, make_group, make_project, register_agent, task_request
 
 
@@ -84,6 +87,72 @@ def test_diloco_options_reach_the_spec_with_a_round_of_16_by_default(
     assert spec["rebalance_every"] == 10  # blocking keeps the default checks
     body = task_request(version, sync_strategy="diloco", diloco_exchange="async", rebalance_every=5)
     assert client.post("/api/v1/tasks", json=body).json()["spec"]["rebalance_every"] == 5
+
+
+def test_sharding_reaches_the_spec_per_task_and_per_group(
+    client: TestClient, version: dict
+) -> None:
+    groups = [
+        {"name": "cpu-a", "workers": 2},
+        {"name": "cpu-b", "workers": 1, "sharding": "none"},
+    ]
+    body = task_request(
+        version, resource_groups=groups, sharding="fsdp", fsdp_units=["Net", "Linear"]
+    )
+    response = client.post("/api/v1/tasks", json=body)
+    assert response.status_code == 201, response.text
+    spec = response.json()["spec"]
+    assert (spec["sharding"], spec["fsdp_units"]) == ("fsdp", ["Net", "Linear"])
+    assert "sharding" not in spec["request"][0] and spec["request"][1]["sharding"] == "none"
+    stored = TaskSpec.model_validate(spec)
+    assert [stored.sharding_of(g) for g in stored.groups] == [None, "none"]  # None: the task's
+    engine = stored.engine_options()
+    assert (engine["sharding"], engine["fsdp_units"]) == ("fsdp", ["Net", "Linear"])
+
+    # A group's own, with the task's left at none; and a device-type item's own.
+    groups = [
+        {"name": "cpu-a", "workers": 2, "sharding": "fsdp"},
+        {"name": "cpu-b", "workers": 1, "speed_factor": 0.5},
+    ]
+    own = client.post("/api/v1/tasks", json=task_request(version, resource_groups=groups)).json()
+    spec = own["spec"]
+    assert (spec["sharding"], spec["fsdp_units"]) == ("none", [])
+    assert spec["request"][0]["sharding"] == "fsdp" and "sharding" not in spec["request"][1]
+    device = [{"device_type": "cpu", "workers": 2, "sharding": "fsdp"}]
+    spec = client.post("/api/v1/tasks", json=task_request(version, resource_groups=device))
+    assert spec.json()["spec"]["request"][0]["sharding"] == "fsdp"
+
+    # A retry keeps each item's own settings.
+    client.post(f"/api/v1/tasks/{own['id']}/cancel")
+    retried = client.post(f"/api/v1/tasks/{own['id']}/retry")
+    assert retried.status_code == 201, retried.text
+    request = retried.json()["spec"]["request"]
+    assert (request[0]["sharding"], request[1]["speed_factor"]) == ("fsdp", 0.5)
+
+
+@pytest.mark.parametrize(
+    "request_items,groups",
+    [
+        (
+            [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 2, "sharding": "none"}],
+            [("cpu-a", None), ("cpu-b", "none")],
+        ),
+        ([{"device_type": "cpu", "workers": 2, "sharding": "fsdp"}], [("cpu-a", "fsdp")]),
+    ],
+)
+def test_each_groups_sharding_reaches_the_agents(
+    session: Session, request_items: list[dict], groups: list[tuple]
+) -> None:
+    scheduling.group(session, "cpu-a", 2)
+    scheduling.group(session, "cpu-b", 2)
+    code = scheduling.version(session)
+    scheduling.submit(session, code, request_items, sharding="fsdp", fsdp_units=["Linear"])
+    dispatcher = scheduling.RecordingDispatcher()
+    assert schedule_once(session, dispatcher, heartbeat_timeout_s=15) == 1
+    assert dispatcher.sent
+    for payload in dispatcher.sent:
+        assert [(g.name, g.sharding) for g in payload.groups] == groups
+        assert (payload.engine["sharding"], payload.engine["fsdp_units"]) == ("fsdp", ["Linear"])
 
 
 def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> None:
@@ -166,6 +235,81 @@ def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> Non
             {"preprocess": [{"op": "augment", "copies": 2, "flip": True}]},
             "preprocess.0.augment.flip",
             "unknown field",
+        ),
+        ({"sharding": "fsdp"}, "sharding", "resource_groups.1 (cpu-b) has 1: there is nothing"),
+        (
+            {
+                "resource_groups": [
+                    {"name": "cpu-a", "workers": 2},
+                    {"name": "cpu-b", "workers": 1, "sharding": "fsdp"},
+                ]
+            },
+            "resource_groups.1.sharding",
+            "'fsdp' needs 2 or more workers in the group",
+        ),
+        (
+            {"resource_groups": [{"device_type": "cpu", "workers": 1, "sharding": "fsdp"}]},
+            "resource_groups.0.sharding",
+            "nothing to shard",
+        ),
+        (
+            {"sharding": "fsdp", "resource_groups": [{"device_type": "cpu", "workers": 1}]},
+            "sharding",
+            "resource_groups.0 (cpu) has 1",
+        ),
+        (
+            {
+                "sharding": "fsdp",
+                "sync_strategy": "periodic",
+                "resource_groups": [{"name": "cpu-a", "workers": 2}],
+            },
+            "sharding",
+            "sync_strategy 'sync' only so far, not 'periodic'",
+        ),
+        (
+            {
+                "sync_strategy": "diloco",
+                "resource_groups": [{"name": "cpu-a", "workers": 2, "sharding": "fsdp"}],
+            },
+            "sync_strategy",
+            "'diloco' does not run sharded groups yet (resource_groups.0 has sharding 'fsdp'",
+        ),
+        ({"fsdp_units": ["Block"]}, "fsdp_units", "applies only where a group has sharding"),
+        (
+            {
+                "sharding": "fsdp",
+                "fsdp_units": ["Block"],
+                "resource_groups": [
+                    {"name": "cpu-a", "workers": 2, "sharding": "none"},
+                    {"name": "cpu-b", "workers": 1, "sharding": "none"},
+                ],
+            },
+            "fsdp_units",
+            "applies only where a group has sharding 'fsdp'",
+        ),
+        (
+            {
+                "sharding": "fsdp",
+                "resource_groups": [{"name": "cpu-a", "workers": 2}],
+                "fsdp_units": ["Block", "nn.Linear"],
+            },
+            "fsdp_units.1",
+            "'nn.Linear' is not a class name",
+        ),
+        (
+            {
+                "sharding": "fsdp",
+                "resource_groups": [{"name": "cpu-a", "workers": 2}],
+                "fsdp_units": ["Block"] * 33,
+            },
+            "fsdp_units",
+            "at most 32 items",
+        ),
+        ({"sharding": "zero3"}, "sharding", "'none' or 'fsdp'"),
+        (
+            {"resource_groups": [{"name": "cpu-a", "workers": 2, "sharding": "full"}]},
+            "resource_groups.0.sharding",
+            "'none' or 'fsdp'",
         ),
         ({"name": "run\x00one"}, "name", "must not contain NUL"),
         (

@@ -4,7 +4,7 @@ from fastapi.testclient import TestClient
 
 from backend.tasks.models import Task
 from tests.backend.web.dom import Node, parse
-from tests.conftest import make_group, make_project, with_csrf
+from tests.conftest import make_group, make_project, task_request, with_csrf
 
 
 def _form(version: dict, workers: dict[str, str], **fields: str) -> dict:
@@ -105,6 +105,60 @@ def test_strategy_dependent_fields_start_blank_and_take_the_strategys_default(
         0,
         "async",
     )
+
+
+def test_sharding_from_the_form_is_kept_after_an_error_and_shown_on_the_task(
+    client: TestClient,
+) -> None:
+    make_group(client, "cpu-a", capacity=2)
+    make_group(client, "cpu-b", capacity=1)
+    project, version = make_project(client)
+    url = f"/projects/{project['id']}/tasks"
+    page = parse(client.get(f"/projects/{project['id']}").text)
+    options = [o.attrs["value"] for o in page.by_id("task-sharding").find_all("option")]
+    assert options == ["none", "fsdp"]
+    assert "fit one worker's memory" in page.by_id("task-sharding").parent.text()
+    assert page.by_id("task-fsdp_units").attrs.get("value", "") == ""
+
+    def post(workers: dict[str, str], **fields: str):  # type: ignore[no-untyped-def]
+        form = _form(version, workers, sharding="fsdp", **fields)
+        return client.post(url, data=with_csrf(client, form), follow_redirects=False)
+
+    refused = post({"cpu-a": "2", "cpu-b": "1"}, fsdp_units="TransformerBlock, Linear")
+    assert refused.status_code == 422
+    page = parse(refused.text)
+    error = page.find(data_field="sharding").text()
+    assert "resource_groups.1 (cpu-b) has 1: there is nothing to shard" in error
+    assert page.by_id("task-sharding").find("option", selected="").attrs["value"] == "fsdp"
+    assert page.by_id("task-fsdp_units").attrs["value"] == "TransformerBlock, Linear"
+    assert "open" in page.by_id("more-settings").attrs
+    bad_name = parse(post({"cpu-a": "2"}, fsdp_units="Block, nn.Linear").text)
+    assert "'nn.Linear' is not a class name" in bad_name.find(data_field="fsdp_units").text()
+    assert bad_name.by_id("task-fsdp_units").attrs["value"] == "Block, nn.Linear"
+    assert client.get("/api/v1/tasks").json() == []
+
+    accepted = post({"cpu-a": "2"}, fsdp_units=" TransformerBlock,Linear, ")
+    assert accepted.status_code == 303, accepted.text
+    spec = client.get("/api/v1/tasks").json()[0]["spec"]
+    assert (spec["sharding"], spec["fsdp_units"]) == ("fsdp", ["TransformerBlock", "Linear"])
+    summary = parse(client.get(accepted.headers["location"]).text).find("dl", class_="summary")
+    shown = {dt.text(): dt.parent.find("dd").text() for dt in summary.find_all("dt")}
+    assert (shown["sharding"], shown["fsdp units"]) == ("fsdp", "TransformerBlock, Linear")
+
+
+def test_task_page_shows_a_groups_own_sharding(client: TestClient) -> None:
+    make_group(client, "cpu-a", capacity=2)
+    make_group(client, "cpu-b", capacity=1)
+    _, version = make_project(client)
+    groups = [
+        {"name": "cpu-a", "workers": 2, "sharding": "fsdp"},
+        {"name": "cpu-b", "workers": 1},
+    ]
+    task = client.post("/api/v1/tasks", json=task_request(version, resource_groups=groups))
+    assert task.status_code == 201, task.text
+    page = parse(client.get(f"/tasks/{task.json()['id']}").text)
+    groups_shown = page.find("dl", class_="summary").find("dd").text()
+    assert "cpu-a × 2 (fsdp), cpu-b × 1 " in groups_shown
 
 
 def test_unused_group_is_left_out_of_the_task(client: TestClient) -> None:
