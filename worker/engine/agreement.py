@@ -191,15 +191,12 @@ def _sharded_member(run: CheckedRun) -> bool:
     return index is not None and run.spec.sharded(index)
 
 
-def _gradients(run: CheckedRun, batch: Any) -> list[Tensor]:
-    """This rank's gradient of the user's loss (the batch mean) on ``batch``, in eval mode,
-    per parameter in flat-vector order (``[numel_i]`` each, on the rank's device; zeros for
-    a parameter the loss does not reach). The model's mode and buffers are as before; the
-    caller clears the gradients (``zero_grad``) once it has used them.
-
-    A sharded group's members all run it: the leader's loss counts once and the others'
-    are scaled by 0, so the group's summed gradient is the leader's bit for bit, gathered
-    whole a parameter at a time."""
+def _backward(run: CheckedRun, batch: Any) -> None:
+    """The user's loss (the batch mean) on ``batch`` and its backward, in eval mode, the
+    gradients left in the parameters; the model's mode and buffers are as before; the caller
+    clears the gradients (``zero_grad``) once it has used them. In a sharded group the
+    leader's loss counts once and the others' are scaled by 0, so the group's summed
+    gradient is the leader's bit for bit."""
     data = TensorData.from_batch(batch)
     model, was_training = run.model, run.model.training
     model.eval()
@@ -210,12 +207,25 @@ def _gradients(run: CheckedRun, batch: Any) -> list[Tensor]:
             (loss if run.topo.am_i_leader or run.topo.is_ps else loss * 0.0).backward()
     finally:
         model.train(was_training)
-    return [
-        full(p.grad).detach().reshape(-1)
-        if p.grad is not None
-        else torch.zeros(p.shape, dtype=p.dtype, device=p.device).reshape(-1)
-        for p in run.params
-    ]
+
+
+def _each_gradient(run: CheckedRun) -> Iterator[Tensor]:
+    """The gradients :func:`_backward` left, whole, per parameter in flat-vector order
+    (``[numel_i]`` each, on the rank's device; zeros for a parameter the loss does not
+    reach); a sharded parameter's gathered over its group when its turn comes (every member
+    iterates alike)."""
+    for p in run.params:
+        if p.grad is not None:
+            yield full(p.grad).detach().reshape(-1)
+        else:
+            yield torch.zeros(p.shape, dtype=p.dtype, device=p.device).reshape(-1)
+
+
+def _gradients(run: CheckedRun, batch: Any) -> list[Tensor]:
+    """This rank's gradient of the user's loss on ``batch`` (:func:`_backward`), per
+    parameter in flat-vector order (:func:`_each_gradient`), all at once."""
+    _backward(run, batch)
+    return list(_each_gradient(run))
 
 
 def check_gradients(run: CheckedRun, train: Source | None) -> None:
@@ -265,24 +275,49 @@ def _check_gradients(run: CheckedRun, train: Source | None) -> None:
                     if disagrees(run, group, gap):
                         gaps[group] = gap
         elif topo.am_i_leader or _sharded_member(run):
-            gradients = _gradients(run, batch)
-        if topo.am_i_leader:
-            send_to_ps(topo, digest(gradients))
-            asked = torch.zeros(1, dtype=torch.uint8)
-            dist.recv(asked, 0, topo.leaders)
-            if asked.item():
-                for grad in gradients:
-                    send_to_ps(topo, grad)
+            _send_gradients(run, batch)
     run.model.zero_grad(set_to_none=True)
     dist.broadcast(gaps, src=0)
     found = {g: gap for g, gap in enumerate(gaps.tolist()) if not math.isnan(gap)}
     act(run, found, "its gradient of a fixed batch")
 
 
+def _send_gradients(run: CheckedRun, batch: Any) -> None:
+    """A group leader's side of check 1 (with the other members of a sharded group): the
+    digest of its gradient of ``batch``, then the gradient itself when the server asks.
+    A sharded group gathers the gradient a parameter at a time, for the digest and again
+    for the sending (the leader tells its members whether it was asked), so no member holds
+    the whole gradient."""
+    topo = run.topo
+    if not _sharded_member(run):
+        gradients = _gradients(run, batch)
+        send_to_ps(topo, digest(gradients))
+        asked = torch.zeros(1, dtype=torch.uint8)
+        dist.recv(asked, 0, topo.leaders)
+        if asked.item():
+            for grad in gradients:
+                send_to_ps(topo, grad)
+        return
+    _backward(run, batch)
+    if topo.am_i_leader:
+        send_to_ps(topo, digest(_each_gradient(run)))
+    else:
+        for _ in _each_gradient(run):  # the gathers need every member
+            pass
+    asked = torch.zeros(1, dtype=torch.uint8)
+    if topo.am_i_leader:
+        dist.recv(asked, 0, topo.leaders)
+    dist.broadcast(asked, src=topo.group_ranks[0], group=topo.group)
+    if asked.item():
+        for grad in _each_gradient(run):
+            if topo.am_i_leader:
+                send_to_ps(topo, grad)
+
+
 DIGEST_BYTES = 32
 
 
-def digest(tensors: Sequence[Tensor]) -> Tensor:
+def digest(tensors: Iterable[Tensor]) -> Tensor:
     """SHA-256 of the tensors' bytes, in order (``[32]`` uint8, CPU): equal digests mean the
     same bits (a collision is not a concern against faulty hardware, which is not trying)."""
     hasher = hashlib.sha256()

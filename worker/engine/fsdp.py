@@ -25,6 +25,7 @@ is the last unit (it holds what no other unit took).
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,12 +40,38 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from worker.engine.distributed import Topology
 from worker.engine.sharded import full, local
 
-UNITS_BY_SIZE = 8
-"""By size, a unit holds at least this fraction (1/8) of the model's parameters."""
+UNITS_BY_SIZE = 32
+"""By size, a unit holds at least 1/32 of the model's parameters: a model of many equal
+blocks (an MLP's layers, a transformer's blocks) gets one unit a block, so at most a block or
+two is gathered whole at a time (with 1/8, 12 blocks of 1/12 each were no unit of their own,
+and the root, the whole model, was gathered at once: no memory saved)."""
 
 
 class ShardingError(ValueError):
     """A model that cannot be sharded as asked (the message names the field to change)."""
+
+
+MMAP_THRESHOLD_BYTES = 1 << 20
+"""glibc's mmap threshold on a sharded worker: allocations from 1 MiB up are mapped on their
+own and unmapped when freed."""
+
+
+def return_freed_memory() -> None:
+    """Make glibc give large freed blocks back to the system at once on this process: a fixed
+    mmap threshold (:data:`MMAP_THRESHOLD_BYTES`, ``mallopt(M_MMAP_THRESHOLD)``, which also
+    stops glibc raising it). By default glibc raises the threshold to the size of each mapped
+    block freed, so a sharded worker's unit gathers (a unit's parameters and gradients,
+    allocated and freed every step, by the main and the autograd threads) end up in heaps
+    that keep them: measured on a 50M-parameter MLP (2 workers, Adam), 1.7-1.9 GiB of data
+    memory per worker with the default against 0.86-0.89 GiB with a fixed threshold, where
+    the model's whole state is 0.8 GiB. A no-op where glibc is absent."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError):
+        pass
+
+
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 
 
 def size_units(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -22,6 +22,7 @@ from worker.engine.checkpoint import load_checkpoint, resume_package, save_check
 from worker.engine.contract import TrainingCode
 from worker.engine.data import DataSources
 from worker.engine.distributed import Topology
+from worker.engine.fsdp import return_freed_memory
 from worker.engine.run import Run
 from worker.engine.spec import RunSpec
 
@@ -84,6 +85,8 @@ def run_parameter_server(
     missing ``resume_from``.
     """
     model.to("cpu")
+    if spec.any_sharded:  # it assembles each checkpoint's state from rows, then frees it
+        return_freed_memory()
     optimizer = code.build_optimizer(model.parameters())
     package, outer_state = None, None
     if spec.resume_from:

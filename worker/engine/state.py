@@ -112,6 +112,12 @@ class ModelState:
             parts.append(torch.tensor(tail, dtype=dtype, device=device))
         return torch.cat(parts)
 
+    def empty(self) -> Tensor:
+        """An uninitialised ``[P + B]`` vector of the parameters' dtype, on their device (a
+        buffer to receive :meth:`vector`'s values into)."""
+        params = self.params[0]
+        return torch.empty(self.n_params + self.n_buffers, dtype=params.dtype, device=params.device)
+
     @torch.no_grad()
     def load_(self, vector: Tensor) -> None:
         """Copy ``[params (P), buffers (B)]`` (or a longer vector starting so) into the model
@@ -139,6 +145,6 @@ def sync_state(topo: Topology, state: ModelState, leaders: list[int] | None = No
     """Give every worker the parameter server's parameters and buffers (in place); only the
     groups of ``leaders`` (their leaders' global ranks) when given, and only their workers
     may call it then."""
-    received = broadcast_down(topo, state.vector().cpu() if topo.is_ps else state.vector(), leaders)
+    received = broadcast_down(topo, state.vector().cpu() if topo.is_ps else state.empty(), leaders)
     if not topo.is_ps:
         state.load_(received)

@@ -21,7 +21,7 @@ from worker.engine.compute import validate
 from worker.engine.contract import TrainingCode
 from worker.engine.data import DataSources, StreamView
 from worker.engine.distributed import Topology
-from worker.engine.fsdp import shard_model
+from worker.engine.fsdp import return_freed_memory, shard_model
 from worker.engine.run import Run
 from worker.engine.spec import RunSpec
 
@@ -62,7 +62,8 @@ def run_worker(
     clock: report.StartupClock | None = None,
 ) -> Tensor:
     """Train as compute rank ``topo.rank`` until the last epoch; returns final parameters and
-    buffers [P + B]. ``clock``: the start-up's parts so far (:func:`worker.engine.session.start`
+    buffers [P + B] (a sharded worker: only for ``spec.debug_dump_dir``, else an empty
+    tensor). ``clock``: the start-up's parts so far (:func:`worker.engine.session.start`
     adds its own and reports them).
 
     Raises whatever the user's code raises.
@@ -72,6 +73,7 @@ def run_worker(
     model.to(topo.device)
     sharded = topo.group_index is not None and spec.sharded(topo.group_index)
     if sharded:
+        return_freed_memory()  # before the whole model built here is freed for its rows
         shard_model(model, topo, spec.fsdp_units)
     strategy = session.strategy_for(spec.sync_strategy)
     own_optimizer = strategy.group_optimizers or strategy.replicated
@@ -97,4 +99,6 @@ def run_worker(
     )
     if run.reducer is not None:
         run.reducer.close()
+    if sharded and not spec.debug_dump_dir:  # only a debug dump reads it: gather nothing
+        return torch.empty(0)
     return run.state.vector().cpu()

@@ -115,7 +115,7 @@ def _model() -> torch.nn.Module:
 
 def test_units_by_size_and_by_name() -> None:
     model = _model()
-    # Each block holds 1056 of 2178 parameters (>= 1/8): a unit; the 66-parameter head is
+    # Each block holds 1056 of 2178 parameters (>= 1/32): a unit; the 66-parameter head (< 1/32) is
     # left to the root.
     assert size_units(model) == [model[0].inner, model[1].inner]
     assert named_units(model, ["Block"]) == [model[1], model[0]]
