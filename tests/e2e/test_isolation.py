@@ -224,6 +224,51 @@ def loss_fn(output, target):
     assert done["attempt"] == 1  # a limit is the user's: no restart
 
 
+# A 50M-parameter MLP with SGD and momentum: 0.6 GiB of parameters, gradients and momentum.
+# Whole, each of its two workers took 1.5 GiB of data memory (VmData peak, 2026-11-28);
+# sharded over the two (sharding: fsdp), 0.77-0.79 GiB, and the parameter server 0.91 GiB.
+# Its checkpoint (model and momentum, 0.4 GB) fits the platform's upload limit.
+BIG_MLP = """
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+def build_model():
+    blocks = [nn.Sequential(nn.Linear(2048, 2048), nn.Tanh()) for _ in range(12)]
+    return nn.Sequential(*blocks, nn.Linear(2048, 1))
+
+def build_datasets():
+    x = torch.randn(24, 2048, generator=torch.Generator().manual_seed(0))
+    return TensorDataset(x[:16], x[:16, :1].clone()), TensorDataset(x[16:], x[16:, :1].clone())
+
+def build_optimizer(params):
+    return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+
+def loss_fn(output, target):
+    return nn.functional.mse_loss(output, target)
+"""
+
+
+def test_a_model_too_large_whole_trains_sharded_under_the_same_limit(api: httpx.Client) -> None:
+    version = new_version(api, source=BIG_MLP.encode())
+    limits = {
+        "resource_groups": [{"name": "cpu-a", "workers": 2}],
+        "epochs": 1,
+        "global_batch_size": 8,
+        "max_restarts": 0,
+        "memory_limit_mb": 1250,
+    }
+    whole = submit(api, version, **limits)
+    done = wait_for(api, whole["id"], {"SUCCEEDED", "FAILED"})
+    assert done["status"] == "FAILED"
+    assert "memory_limit_mb=1250 exceeded" in done["status_reason"], done["status_reason"]
+    sharded = submit(api, version, **limits, sharding="fsdp")
+    done = wait_for(api, sharded["id"], {"SUCCEEDED", "FAILED"})
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    checkpoints = api.get(f"/api/v1/tasks/{sharded['id']}/checkpoints").json()
+    assert checkpoints, "the sharded task saved no checkpoint"
+
+
 def test_wall_clock_limit_fails_the_task_naming_the_limit(api: httpx.Client) -> None:
     slow = TINY.replace(
         "def loss_fn(output, target):",
