@@ -155,6 +155,39 @@ def load_whole_(param: Tensor, whole: Tensor) -> None:
         param.copy_(whole.view_as(param))
 
 
+def row_layout(param: Tensor, width: int) -> tuple[list[int], int]:
+    """The rows of whole ``param``'s first dimension each of ``width`` members holds
+    (:func:`chunk_rows`), and the elements of one row (a scalar: one row, the first's)."""
+    if param.dim() == 0:
+        return [1] + [0] * (width - 1), 1
+    return chunk_rows(param.shape[0], width), param[0].numel() if param.shape[0] else 0
+
+
+def rows_vector(params: Sequence[Tensor], member: int, width: int) -> Tensor:
+    """Member ``member`` of ``width``'s rows of every whole parameter, flat and concatenated
+    in order (what :func:`load_rows_` takes)."""
+    parts = []
+    for param in params:
+        rows, _ = row_layout(param, width)
+        start = sum(rows[:member])
+        whole = param.detach().reshape(-1) if param.dim() == 0 else param.detach()
+        parts.append(whole[start : start + rows[member]].reshape(-1))
+    return torch.cat(parts)
+
+
+@torch.no_grad()
+def load_rows_(params: Sequence[Tensor], vector: Tensor) -> int:
+    """Copy this worker's rows of every parameter from ``vector`` (:func:`rows_vector`'s
+    layout) into its sharded parameters; returns the elements read."""
+    offset = 0
+    for param in params:
+        mine = local(param)
+        n = mine.numel()
+        mine.copy_(vector[offset : offset + n].view_as(mine))
+        offset += n
+    return offset
+
+
 def like(param: DTensor, rows: Tensor) -> DTensor:
     """``rows`` (this worker's, as :func:`rows_of` gives them) as a DTensor sharded as
     ``param``."""

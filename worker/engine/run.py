@@ -42,10 +42,10 @@ from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import gather_work, receive_at_ps, send_to_ps
 from worker.engine.fsdp import (
     assemble,
-    chunk_rows,
     group_sum_,
     outline,
     receive_state_rows,
+    row_layout,
     send_state_rows,
 )
 from worker.engine.guard import GroupCost, Guard
@@ -620,7 +620,7 @@ def _pull_sharded(run: Run, source: int) -> None:
     width = len(members)
     if topo.is_ps:
         dtype = run.params[0].dtype
-        layouts = [_rows_and_size(p, width) for p in run.params]
+        layouts = [row_layout(p, width) for p in run.params]
         vectors = [
             _recv(sum(rows[i] * size for rows, size in layouts), dtype, member)
             for i, member in enumerate(members)
@@ -652,14 +652,6 @@ def _pull_sharded(run: Run, source: int) -> None:
                     dst=0,
                 )
             dist.send(torch.tensor([run.loss_sum, float(run.samples)], dtype=torch.float64), dst=0)
-
-
-def _rows_and_size(param: Tensor, width: int) -> tuple[list[int], int]:
-    """The rows of ``param``'s first dimension each of ``width`` members holds, and the
-    elements of one row."""
-    if param.dim() == 0:
-        return [1] + [0] * (width - 1), 1
-    return chunk_rows(param.shape[0], width), param[0].numel() if param.shape[0] else 0
 
 
 def _recv(numel: int, dtype: torch.dtype, src: int) -> Tensor:

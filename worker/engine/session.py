@@ -220,7 +220,7 @@ def start(
     )
     if topo.is_ps:
         run.ledger = ShardLedger(spec)
-    sync_state(topo, run.state)
+    sync_state(topo, run.state, spec=spec)
     if clock is not None:
         clock.mark("sync")
     package = broadcast_object(package)
@@ -315,7 +315,7 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
         # every worker takes the first worker's model again, through the parameter server.
         pull_replica(run)
     if stepping(run):  # a parked group takes the model when it is taken back (run.refresh)
-        sync_state(run.topo, run.state, stepping_leaders(run))
+        sync_state(run.topo, run.state, stepping_leaders(run), run.spec)
     counted = {SKIPPED: (float(run.skipped), 1.0)} if counts_skips(run) else {}
     val = sum_over_world({**val_totals, **counted})
     skipped = int(val.pop(SKIPPED, (0.0, 0.0))[0])

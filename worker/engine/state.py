@@ -24,12 +24,14 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from worker.engine.distributed import Topology
 from worker.engine.exchange import broadcast_down, params_of
-from worker.engine.fsdp import load_whole_
-from worker.engine.sharded import materialised
+from worker.engine.fsdp import load_rows_, load_whole_, rows_vector
+from worker.engine.sharded import local, materialised
+from worker.engine.spec import RunSpec
 
 
 def _exchanged(buffer: Tensor) -> bool:
@@ -141,10 +143,46 @@ class ModelState:
             offset += n
 
 
-def sync_state(topo: Topology, state: ModelState, leaders: list[int] | None = None) -> None:
+def sync_state(
+    topo: Topology,
+    state: ModelState,
+    leaders: list[int] | None = None,
+    spec: RunSpec | None = None,
+) -> None:
     """Give every worker the parameter server's parameters and buffers (in place); only the
     groups of ``leaders`` (their leaders' global ranks) when given, and only their workers
-    may call it then."""
+    may call it then.
+
+    With ``spec``, a sharded group (:meth:`worker.engine.spec.RunSpec.sharded`) does not take
+    the whole vector: the server sends each of its workers that worker's rows of every
+    parameter and the buffers (point to point, after the other groups' broadcast), so no
+    worker of it receives the whole model."""
+    groups = range(len(spec.groups)) if spec is not None else range(0)
+    sharded = [g for g in groups if spec is not None and spec.sharded(g)]
+    if spec is not None and leaders is not None:
+        sharded = [g for g in sharded if spec.group_ranks(g)[0] in leaders]
+    if spec is not None and sharded:
+        whole = [r for r in (leaders or spec.leader_ranks()) if spec.group_of(r) not in sharded]
+        if topo.is_ps:
+            if whole:
+                broadcast_down(topo, state.vector().cpu(), whole)
+            dtype = state.params[0].dtype
+            buffers = [b.detach().reshape(-1).to(dtype) for b in state.buffers]
+            for g in sharded:
+                members = spec.group_ranks(g)
+                for i, member in enumerate(members):
+                    dist.send(
+                        torch.cat([rows_vector(state.params, i, len(members)), *buffers]), member
+                    )
+            return
+        if topo.group_index in sharded:
+            held = sum(local(p).numel() for p in state.params)
+            received = torch.empty(held + state.n_buffers, dtype=state.params[0].dtype)
+            dist.recv(received, src=0)
+            read = load_rows_(state.params, received.to(state.params[0].device))
+            state.load_buffers_(received[read:])
+            return
+        leaders = whole
     received = broadcast_down(topo, state.vector().cpu() if topo.is_ps else state.empty(), leaders)
     if not topo.is_ps:
         state.load_(received)
