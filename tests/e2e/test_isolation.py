@@ -226,7 +226,7 @@ def loss_fn(output, target):
 
 # A 50M-parameter MLP with SGD and momentum: 0.6 GiB of parameters, gradients and momentum.
 # Whole, each of its two workers took 1.5 GiB of data memory (VmData peak, 2026-11-28);
-# sharded over the two (sharding: fsdp), 0.77-0.79 GiB, and the parameter server 0.91 GiB.
+# sharded over the two (sharding: fsdp), 0.69-0.72 GiB, and the parameter server 0.91 GiB.
 # Its checkpoint (model and momentum, 0.4 GB) fits the platform's upload limit.
 BIG_MLP = """
 import torch
