@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 # `make bench`: the engine's and the service's figures with their targets (issue 20), every
-# ratio from 5 paired, counterbalanced rounds, issue 34's time to accuracy (one seed) and
-# issue 35's cached environment; about 28.5 minutes on this 2-core host.
+# ratio from 5 paired, counterbalanced rounds, issue 34's time to accuracy (one seed),
+# issue 35's cached environment and issue 36's sharding; about 29.5 minutes on this 2-core
+# host.
 BENCHMARKS = (
     # the engine against plain DDP, 4 model sizes x 5 rounds (item 2): about 8.5 minutes
     "bench.engine_vs_ddp",
@@ -39,13 +40,17 @@ BENCHMARKS = (
     "bench.api_p99 --only mixed",
     # issue 34 item 4, one seed at 0.1M parameters: the fast group alone (plain PyTorch and
     # the engine) against both groups under diloco (blocking, overlapped, async) to 0.97 on
-    # MNIST, hetero_tta_gain, engine ranks started cold and warm (the agents' warm pool):
-    # about 2 and 1.5 minutes
-    "bench.time_to_accuracy --arms single,fast,diloco16,diloco16_overlapped,diloco16_async",
+    # MNIST, hetero_tta_gain, engine ranks started warm (the agents' warm pool):
+    # about 1.5 minutes (the cold start, 2 minutes more, is in bench-all)
     "bench.time_to_accuracy --start warm --arms fast,diloco16,diloco16_overlapped,diloco16_async",
+    # issue 36, sharding inside a group (fsdp): peak memory per worker with fsdp over without
+    # at 25M parameters, Adam (one run an arm: memory is no timing), about 1 minute; the
+    # engine with fsdp against plain FSDP2 at 10M parameters, 3 rounds, under 2
+    "bench.sharded_memory --sizes 25M",
+    "bench.fsdp_vs_torch --sizes 10M --rounds 3",
 )
 LARGE_ARMS = "single,fast,ddp,sync,diloco16,diloco16_overlapped,diloco16_async,diloco64"
-# `make bench-all` adds the slow accuracy runs and the earlier issues' benchmarks (about 130
+# `make bench-all` adds the slow accuracy runs and the earlier issues' benchmarks (about 135
 # minutes more).
 MORE = (
     # strategies on accuracy with a really throttled group (issue 20 item 5; root, cgroup v1
@@ -78,6 +83,12 @@ MORE = (
     # minutes), and how far the optimal split moves by itself (under a minute)
     "bench.hetero_bound",
     "bench.speed_noise",
+    # issue 36: the engine with fsdp against plain FSDP2 at 1M and 10M parameters, 5 rounds:
+    # about 5 minutes; peak memory at 25M and 100M, about 3.5
+    "bench.fsdp_vs_torch",
+    "bench.sharded_memory",
+    # issue 34 item 4 with the engine's ranks started cold (about 2 minutes)
+    "bench.time_to_accuracy --arms single,fast,diloco16,diloco16_overlapped,diloco16_async",
 )
 # `make bench-quick` (--quick): the engine's core figures in a few minutes, fewer sizes and rounds.
 QUICK = (
