@@ -133,11 +133,12 @@ class TaskSpec(BaseModel):
 
     def sharding_of(self, group: GroupPlan) -> Sharding | None:
         """A placed group's own sharding: its own if stored, else that of the request item
-        naming it, else of a device-type item of its device type; None: the task's."""
+        naming it (None if that item sets none), else of a device-type item of its device
+        type; None: the task's."""
         if group.sharding is not None:
             return group.sharding
         for item in self.request:
-            if item.name == group.name and item.sharding is not None:
+            if item.name == group.name:
                 return item.sharding
         for item in self.request:
             if not item.name and item.device_type == group.device_type:

@@ -67,3 +67,20 @@ def test_a_spec_from_before_the_request_form_requests_its_groups() -> None:
     spec = TaskSpec.model_validate(OLD)
     assert [item.model_dump(exclude_unset=True) for item in spec.requested()] == OLD["groups"]
     assert spec.named_groups() == {"cpu-a"}
+
+
+def test_a_group_takes_the_sharding_of_the_request_item_that_names_it() -> None:
+    spec = TaskSpec.model_validate(
+        {
+            "sharding": "none",
+            "request": [
+                {"name": "g1", "workers": 1},
+                {"device_type": "cpu", "workers": 2, "sharding": "fsdp"},
+            ],
+        }
+    )
+    named = GroupPlan(name="g1", device_type="cpu", workers=1)
+    placed = GroupPlan(name="g2", device_type="cpu", workers=2)
+    # g1's item sets none (the task's applies), not the device-type item's.
+    assert spec.sharding_of(named) is None
+    assert spec.sharding_of(placed) == "fsdp"

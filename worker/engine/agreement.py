@@ -307,7 +307,9 @@ def _send_gradients(run: CheckedRun, batch: Any) -> None:
     asked = torch.zeros(1, dtype=torch.uint8)
     if topo.am_i_leader:
         dist.recv(asked, 0, topo.leaders)
-    dist.broadcast(asked, src=topo.group_ranks[0], group=topo.group)
+    told = asked.to(topo.device)  # the group's own backend: nccl on a CUDA group
+    dist.broadcast(told, src=topo.group_ranks[0], group=topo.group)
+    asked = told.cpu()
     if asked.item():
         for grad in _each_gradient(run):
             if topo.am_i_leader:

@@ -101,20 +101,29 @@ def sharded_gradient(
     per-sample gradients (the loss is scaled by the count; the group's reduce-scatter sums).
 
     Every member of the group runs the unit gathers of forward and the reduce-scatters of
-    backward together, so a worker without samples in the step still runs both, on one
-    item, with the loss scaled by 0 (it adds nothing) and its buffers put back.
+    backward together, so a sharded worker without samples in the step still runs both, on
+    one item in eval mode (buffers unchanged), with the loss scaled by 0 (it adds nothing);
+    a whole worker without samples computes nothing (its gradient counts as zeros).
     """
     for p in state.params:  # model.zero_grad(set_to_none=True), without the module walk
         p.grad = None
     count = len(indices)
-    taken = indices if count else torch.zeros(1, dtype=torch.int64)
-    loss = batch_loss(code, model, data, taken, device)
-    loss_sum = loss.item() * count
     like = torch.zeros(0, dtype=state.params[0].dtype, device=device)
-    change = state.buffer_change(base, float(count), like)
-    if not count:
-        state.restore(base)
-    (loss * count).backward()
+    loss_sum = 0.0
+    if count:
+        loss = batch_loss(code, model, data, indices, device)
+        loss_sum = loss.item() * count
+        change = state.buffer_change(base, float(count), like)
+        (loss * count).backward()
+    else:
+        change = like.new_zeros(state.n_buffers)
+        if is_sharded(state.params[0]):  # its group's gathers need it: one item, adding 0
+            model.eval()  # (BatchNorm takes one item in eval mode; the buffers stay)
+            try:
+                one = batch_loss(code, model, data, torch.zeros(1, dtype=torch.int64), device)
+                (one * 0.0).backward()
+            finally:
+                model.train()
     tail = torch.tensor([loss_sum, float(count)], dtype=like.dtype, device=device)
     return loss_sum, torch.cat([change, tail])
 
@@ -358,7 +367,7 @@ def validate(
     model.eval()
     extra = 0
     if lockstep:
-        most = torch.tensor([len(batches)])
+        most = torch.tensor([len(batches)], device=topo.device)  # nccl on a CUDA group
         dist.all_reduce(most, op=dist.ReduceOp.MAX, group=topo.group)
         extra = int(most.item()) - len(batches)
     for _ in range(extra):

@@ -103,6 +103,11 @@ def named_units(model: torch.nn.Module, names: Sequence[str]) -> list[torch.nn.M
     listed bottom-up. Raises ShardingError naming ``fsdp_units`` when a name matches no
     module of the model, with the class names it has."""
     found = [m for m in model.modules() if type(m).__name__ in set(names) and m is not model]
+    if type(model).__name__ in names:
+        raise ShardingError(
+            f"fsdp_units names {type(model).__name__!r}, the model itself, which is always "
+            "the last unit: name the classes of its parts (blocks, layers)"
+        )
     missing = sorted(set(names) - {type(m).__name__ for m in found})
     if missing:
         have = sorted({type(m).__name__ for m in model.modules()})
@@ -153,6 +158,12 @@ def load_whole_(param: Tensor, whole: Tensor) -> None:
         param.to_local().copy_(rows_of(whole.to(param.device).view(param.shape), param))
     else:
         param.copy_(whole.view_as(param))
+
+
+def optimizer_params(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    """The optimizer's parameters in the order its ``state_dict`` numbers them (group by
+    group: a user's groups, say weight decay on matrices only, reorder the model's)."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def row_layout(param: Tensor, width: int) -> tuple[list[int], int]:
@@ -218,7 +229,8 @@ def assemble(shape: torch.Size, parts: Sequence[Tensor]) -> Tensor:
 def shard_state(state_dict: dict[str, Any], params: Sequence[Tensor]) -> dict[str, Any]:
     """An optimizer ``state_dict`` of the whole model (the parameter server's, a checkpoint's)
     made this worker's: each state tensor shaped as its sharded parameter becomes a DTensor
-    of this worker's rows, so the sharded optimizer can load it."""
+    of this worker's rows, so the sharded optimizer can load it. ``params``: the optimizer's,
+    in its numbering (:func:`optimizer_params`)."""
     state: dict[Any, dict[str, Any]] = {}
     for key, values in state_dict["state"].items():
         param = params[int(key)]
@@ -277,7 +289,8 @@ def receive_state_rows(
     members' rows (:func:`send_state_rows`, ``members`` their global ranks in order) and the
     first member's :func:`outline`; each tensor assembled as it arrives, so the server holds
     the result and one tensor's rows, never a member's whole state besides. ``shapes``: the
-    parameters' whole shapes by index (a state tensor is shaped as its parameter)."""
+    parameters' whole shapes in the optimizer's numbering (:func:`optimizer_params`; a state
+    tensor is shaped as its parameter)."""
     state: dict[Any, dict[str, Any]] = {k: dict(v) for k, v in outlined["state"].items()}
     for key, name in _in_order(state):
         value = state[key][name]
@@ -298,9 +311,13 @@ def group_sum_(grads: Sequence[Tensor | None], params: Sequence[Tensor], topo: T
     group's sum (sharded: gathered a parameter at a time; unsharded: allreduced in the
     group), then the leaders' allreduce (``topo.cross``), then the leader's broadcast in the
     group; a sharded worker keeps its rows. Every compute worker calls it alike; ``grads``
-    are the parameters' gradients after backward (None: not reached), set in place."""
+    are the parameters' gradients after backward (None: not reached), set in place; a frozen
+    parameter (``requires_grad`` False) keeps none, so the optimizer skips it."""
     members = len(topo.group_ranks)
     for param, grad in zip(params, grads, strict=True):
+        if not param.requires_grad:  # frozen on every rank alike: no gradient, not stepped
+            param.grad = None
+            continue
         if isinstance(param, DTensor):
             whole = full(grad) if grad is not None else None
         else:

@@ -99,6 +99,8 @@ def run_parameter_server(
         outer_state = state.get("outer_optimizer")  # diloco's outer momentum stays here
     run, under_way = session.start(spec, code, topo, model, optimizer, data, package, clock)
     run.outer_state = outer_state
+    if spec.resume_from and spec.any_sharded and package is not None:
+        run.optimizer_in = str(Path(spec.resume_from).resolve())  # not loaded above
     if spec.debug_dump_dir:
         run.batches = []
     session.train(run, under_way, lambda r: {}, report_server_epoch)

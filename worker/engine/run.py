@@ -43,6 +43,7 @@ from worker.engine.exchange import gather_work, receive_at_ps, send_to_ps
 from worker.engine.fsdp import (
     assemble,
     group_sum_,
+    optimizer_params,
     outline,
     receive_state_rows,
     row_layout,
@@ -693,7 +694,7 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
         return
     optimizer_state = None
     if replicated and run.optimizer is not None and sharded:
-        shapes = [p.shape for p in run.params]
+        shapes = [p.shape for p in optimizer_params(run.optimizer)]  # its state's numbering
         optimizer_state = receive_state_rows(states[source]["optimizer"], sharded, shapes)
         run.optimizer_in = name  # not loaded: the server never steps it (ps.py's final.pt)
     elif replicated and run.optimizer is not None:

@@ -50,7 +50,7 @@ from worker.engine.exchange import (
     gather_work,
     sum_over_world,
 )
-from worker.engine.fsdp import shard_state
+from worker.engine.fsdp import optimizer_params, shard_state
 from worker.engine.provenance import ShardLedger
 from worker.engine.run import (
     MIN_WINDOW_STEPS,
@@ -227,7 +227,8 @@ def start(
     replica = package is not None and run.strategy.replicated and not topo.is_ps
     if replica and optimizer is not None and package["optimizer"] is not None:
         whole = package["optimizer"]  # a sharded worker keeps its rows of it
-        optimizer.load_state_dict(shard_state(whole, run.params) if run.sharded else whole)
+        mine = shard_state(whole, optimizer_params(optimizer)) if run.sharded else whole
+        optimizer.load_state_dict(mine)
     if package is not None and fits(package, run):
         under_way = restore(run, package)
     elif package is not None and continues(package, run):

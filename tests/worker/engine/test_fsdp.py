@@ -249,3 +249,45 @@ def test_skip_step_in_a_sharded_group_skips_everywhere(
     assert all(torch.equal(finals[r], finals[0]) for r in finals)
     assert all(torch.isfinite(finals[0]))
     assert finite(run.metrics("skipped_steps")) == [1.0, 0.0]
+
+
+# Weight decay on matrices only: the optimizer's groups number its parameters in another
+# order than the model's (its state and a checkpoint's follow the optimizer's numbering).
+PARAM_GROUPS = """
+import torch
+from examples.tiny_regression import build_datasets, build_model, loss_fn
+
+def build_optimizer(params):
+    params = list(params)
+    decay = [p for p in params if p.dim() > 1]
+    rest = [p for p in params if p.dim() <= 1]
+    groups = [{"params": decay, "weight_decay": 0.01}, {"params": rest}]
+    return torch.optim.SGD(groups, lr=0.02, momentum=0.9)
+"""
+# The first layer frozen, with weight decay: it must not move.
+FROZEN = """
+import torch
+from torch import nn
+from examples.tiny_regression import build_datasets, loss_fn
+
+def build_model():
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    return model
+
+def build_optimizer(params):
+    return torch.optim.SGD(params, lr=0.02, momentum=0.9, weight_decay=0.1)
+"""
+
+
+@pytest.mark.parametrize("source", [PARAM_GROUPS, FROZEN], ids=["param-groups", "frozen"])
+def test_optimizer_groups_and_frozen_parameters_step_as_one_process(
+    source: str, make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    module = tmp_path / "user_code.py"
+    module.write_text(source)
+    spec = make_spec(code=str(module), groups=SHARDED_A, checkpoint_every=6)
+    _, finals = run_with_dump(spec, tmp_path / "params")
+    expected, _ = reference_run(spec, dumped_batches(tmp_path / "params"))
+    torch.testing.assert_close(finals[0], expected, atol=1e-5, rtol=0)
