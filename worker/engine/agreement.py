@@ -184,13 +184,6 @@ def _fixed_batch(run: CheckedRun, train: Source | None) -> Any:
     return broadcast_object(batch, src=FIRST_WORKER)
 
 
-def _sharded_member(run: CheckedRun) -> bool:
-    """True on a worker of a group that holds its model sharded: every member takes part in
-    its group's forward, backward and gathers, not only the leader."""
-    index = run.topo.group_index
-    return index is not None and run.spec.sharded(index)
-
-
 def _backward(run: CheckedRun, batch: Any) -> None:
     """The user's loss (the batch mean) on ``batch`` and its backward, in eval mode, the
     gradients left in the parameters; the model's mode and buffers are as before; the caller
@@ -274,7 +267,7 @@ def _check_gradients(run: CheckedRun, train: Source | None) -> None:
                     gap = distance(received, reference)
                     if disagrees(run, group, gap):
                         gaps[group] = gap
-        elif topo.am_i_leader or _sharded_member(run):
+        elif topo.am_i_leader or run.spec.sharded(topo.group_index):
             _send_gradients(run, batch)
     run.model.zero_grad(set_to_none=True)
     dist.broadcast(gaps, src=0)
@@ -289,7 +282,7 @@ def _send_gradients(run: CheckedRun, batch: Any) -> None:
     for the sending (the leader tells its members whether it was asked), so no member holds
     the whole gradient."""
     topo = run.topo
-    if not _sharded_member(run):
+    if not run.spec.sharded(topo.group_index):
         gradients = _gradients(run, batch)
         send_to_ps(topo, digest(gradients))
         asked = torch.zeros(1, dtype=torch.uint8)
@@ -387,7 +380,7 @@ def check_parameters(run: CheckedRun) -> None:
         return
     topo, groups = run.topo, len(spec.groups)
     table = torch.zeros(groups, 4, dtype=torch.float64)
-    if (topo.am_i_leader or _sharded_member(run)) and topo.group_index is not None:
+    if (topo.am_i_leader or run.spec.sharded(topo.group_index)) and topo.group_index is not None:
         started = time.perf_counter()
         mine = checksum(materialised(run.params))  # a sharded group's members gather it
         if topo.am_i_leader:

@@ -186,6 +186,37 @@ def rows_vector(params: Sequence[Tensor], member: int, width: int) -> Tensor:
     return torch.cat(parts)
 
 
+def own_rows(params: Sequence[Tensor]) -> Tensor:
+    """This worker's rows of every sharded parameter, flat and concatenated in order, on the
+    CPU (:func:`rows_vector`'s layout for this member; :func:`assemble_rows_` takes every
+    member's)."""
+    return torch.cat([local(p).detach().reshape(-1).cpu() for p in params])
+
+
+@torch.no_grad()
+def assemble_rows_(params: Sequence[Tensor], vectors: Sequence[Tensor]) -> None:
+    """Set every whole parameter from each member's rows (``vectors``, in member order, each
+    in :func:`rows_vector`'s layout): the inverse of :func:`rows_vector`."""
+    offsets = [0] * len(vectors)
+    for param in params:
+        rows, size = row_layout(param, len(vectors))
+        pieces = []
+        for i, vector in enumerate(vectors):
+            n = rows[i] * size
+            pieces.append(vector[offsets[i] : offsets[i] + n])
+            offsets[i] += n
+        param.copy_(assemble(param.shape, pieces))
+
+
+def rows_numel(params: Sequence[Tensor], member: int, width: int) -> int:
+    """Elements in member ``member`` of ``width``'s :func:`rows_vector` of whole ``params``."""
+    total = 0
+    for param in params:
+        rows, size = row_layout(param, width)
+        total += rows[member] * size
+    return total
+
+
 @torch.no_grad()
 def load_rows_(params: Sequence[Tensor], vector: Tensor) -> int:
     """Copy this worker's rows of every parameter from ``vector`` (:func:`rows_vector`'s

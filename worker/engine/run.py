@@ -41,12 +41,13 @@ from worker.engine.distributed import FIRST_WORKER, Topology  # noqa: F401 (re-e
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import gather_work, receive_at_ps, send_to_ps
 from worker.engine.fsdp import (
-    assemble,
+    assemble_rows_,
     group_sum_,
     optimizer_params,
     outline,
+    own_rows,
     receive_state_rows,
-    row_layout,
+    rows_numel,
     send_state_rows,
 )
 from worker.engine.guard import GroupCost, Guard
@@ -124,8 +125,7 @@ class Run:
     @property
     def sharded(self) -> bool:
         """True on a worker of a group that holds its model sharded (:mod:`worker.engine.fsdp`)."""
-        index = self.topo.group_index
-        return index is not None and self.spec.sharded(index)
+        return self.spec.sharded(self.topo.group_index)
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
@@ -614,44 +614,27 @@ def pull_replica(run: Run) -> None:
 def _pull_sharded(run: Run, source: int) -> None:
     """:func:`pull_replica` from a sharded group: every member sends the parameter server its
     own rows of every parameter (one vector each, point to point), so no worker gathers the
-    whole model; the server assembles them (:func:`worker.engine.fsdp.assemble`), then takes
+    whole model; the server assembles them (:func:`worker.engine.fsdp.assemble_rows_`), then takes
     the buffers and the totals from ``source`` as from a whole replica."""
     state, topo, spec = run.state, run.topo, run.spec
     members = spec.group_ranks(spec.group_of(source))
     width = len(members)
     if topo.is_ps:
         dtype = run.params[0].dtype
-        layouts = [row_layout(p, width) for p in run.params]
         vectors = [
-            _recv(sum(rows[i] * size for rows, size in layouts), dtype, member)
+            _recv(rows_numel(run.params, i, width), dtype, member)
             for i, member in enumerate(members)
         ]
-        offsets = [0] * width
-        with torch.no_grad():
-            for param, (rows, size) in zip(run.params, layouts, strict=True):
-                pieces = []
-                for i, vector in enumerate(vectors):
-                    n = rows[i] * size
-                    pieces.append(vector[offsets[i] : offsets[i] + n])
-                    offsets[i] += n
-                param.copy_(assemble(param.shape, pieces))
+        assemble_rows_(run.params, vectors)
         if state.buffers:
             state.load_buffers_(_recv(state.n_buffers, dtype, source))
         totals = _recv(2, torch.float64, source)
         run.loss_sum, run.samples = float(totals[0]), int(round(float(totals[1])))
     elif topo.rank in members:
-        dist.send(torch.cat([local(p).detach().reshape(-1).cpu() for p in run.params]), dst=0)
+        dist.send(own_rows(run.params), dst=0)
         if topo.rank == source:
             if state.buffers:
-                dist.send(
-                    torch.cat(
-                        [
-                            b.detach().reshape(-1).cpu().to(run.params[0].dtype)
-                            for b in state.buffers
-                        ]
-                    ),
-                    dst=0,
-                )
+                dist.send(state.buffers_vector().cpu(), dst=0)
             dist.send(torch.tensor([run.loss_sum, float(run.samples)], dtype=torch.float64), dst=0)
 
 

@@ -137,8 +137,11 @@ class RunSpec(BaseModel):
         check_sharding(self)
         return self
 
-    def sharded(self, g: int | str) -> bool:
-        """True when group ``g`` (index or name) holds its model sharded (``fsdp``)."""
+    def sharded(self, g: int | str | None) -> bool:
+        """True when group ``g`` (index or name) holds its model sharded (``fsdp``); False for
+        None (the parameter server's group index: it holds the whole model)."""
+        if g is None:
+            return False
         plan = self.groups[self.group_index(g)]
         return (plan.sharding or self.sharding) == "fsdp"
 

@@ -103,13 +103,21 @@ class ModelState:
             buffer.copy_(start)
 
     @torch.no_grad()
+    def buffers_vector(self) -> Tensor:
+        """``[buffers (B)]`` in the parameters' dtype, on the buffers' device (empty: none)."""
+        dtype = self.params[0].dtype
+        if not self.buffers:
+            return torch.zeros(0, dtype=dtype, device=self.params[0].device)
+        return torch.cat([b.detach().reshape(-1).to(dtype) for b in self.buffers])
+
+    @torch.no_grad()
     def vector(self, *tail: float) -> Tensor:
         """``[params (P), buffers (B), *tail]`` in the parameters' dtype, on their device;
         a sharded model's parameters gathered whole, one at a time (every member of the
         group calls it alike)."""
         parts = [p.detach().reshape(-1) for p in materialised(self.params)]
         dtype, device = self.params[0].dtype, self.params[0].device
-        parts += [b.detach().reshape(-1).to(dtype) for b in self.buffers]
+        parts.append(self.buffers_vector())
         if tail:
             parts.append(torch.tensor(tail, dtype=dtype, device=device))
         return torch.cat(parts)
@@ -166,13 +174,12 @@ def sync_state(
         if topo.is_ps:
             if whole:
                 broadcast_down(topo, state.vector().cpu(), whole)
-            dtype = state.params[0].dtype
-            buffers = [b.detach().reshape(-1).to(dtype) for b in state.buffers]
+            buffers = state.buffers_vector()
             for g in sharded:
                 members = spec.group_ranks(g)
                 for i, member in enumerate(members):
                     dist.send(
-                        torch.cat([rows_vector(state.params, i, len(members)), *buffers]), member
+                        torch.cat([rows_vector(state.params, i, len(members)), buffers]), member
                     )
             return
         if topo.group_index in sharded:

@@ -157,6 +157,20 @@ def report_progress(run: Run, every: int) -> None:
         run.last_progress = run.step
 
 
+def _step(run: Run) -> tuple[float, int]:
+    """One step of a stepping worker: its ``(loss_sum, count)`` (zeros when skipped); with a
+    sharded group in the task the sharded step (:func:`sharded_update`), else the global sum
+    reduced while backward runs (the reducer built at first use for the step's groups)."""
+    cross, workers = step_groups(run)
+    if run.spec.any_sharded:
+        return sharded_update(run, run.compute(), workers)
+    if run.reducer is None:
+        n_tail = run.state.n_buffers + 2
+        n_groups = len(run.spec.groups) - len(run.parked_groups)
+        run.reducer = GradientReducer(run.topo, run.params, n_tail, n_groups, cross=cross)
+    return step_from_sum(run, run.compute(run.reducer), workers)
+
+
 class Synchronous(Strategy[Run]):
     """``sync``: one global sum and one replicated optimizer step per step (this module's
     docstring)."""
@@ -197,25 +211,9 @@ class Synchronous(Strategy[Run]):
             # The guard moves groups at control points only: the step's groups, the source
             # and the reducer stay the same from here to the next one.
             source = run.topo.rank == source_worker(run)
-            if stepping(run) and run.spec.any_sharded:
-                _, workers = step_groups(run)
+            if stepping(run):
                 try:
-                    loss_sum, count = sharded_update(run, run.compute(), workers)
-                except NonFiniteError as exc:
-                    if source:
-                        send_status(run.topo, str(exc))
-                    raise
-                run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
-            elif stepping(run):
-                cross, workers = step_groups(run)
-                if run.reducer is None:
-                    n_tail = run.state.n_buffers + 2
-                    n_groups = len(run.spec.groups) - len(run.parked_groups)
-                    run.reducer = GradientReducer(
-                        run.topo, run.params, n_tail, n_groups, cross=cross
-                    )
-                try:
-                    loss_sum, count = step_from_sum(run, run.compute(run.reducer), workers)
+                    loss_sum, count = _step(run)
                 except NonFiniteError as exc:
                     if source:
                         send_status(run.topo, str(exc))

@@ -71,7 +71,7 @@ def run_worker(
     val_data = data.val
     assert val_data is not None
     model.to(topo.device)
-    sharded = topo.group_index is not None and spec.sharded(topo.group_index)
+    sharded = spec.sharded(topo.group_index)
     if sharded:
         return_freed_memory()  # before the whole model built here is freed for its rows
         shard_model(model, topo, spec.fsdp_units)
