@@ -44,22 +44,19 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from bench.common import emit, workload
+from bench.common import emit, ps_metric, run_task, workload
 from bench.stats import paired_ratios, paired_rounds, summary
 from bench.throttle import pin
 from bench.workloads import deep_mlp
 from worker.engine.fsdp import MMAP_THRESHOLD_BYTES, size_units
 from worker.engine.launch import exit_now
-from worker.engine.local import LocalRun, launch_local
+from worker.engine.local import LocalRun
 from worker.engine.ranks import free_port
-from worker.engine.spec import RunSpec
 
 GLOBAL_BATCH, EPOCHS = 128, 2
 CORES = (0, 1)  # compute process i runs on core CORES[i]
@@ -152,36 +149,25 @@ def torch_step_s(
 
 def engine_run(hidden: int) -> LocalRun:
     """The engine's run of :data:`EPOCHS` epochs, one group of 2 workers with ``sharding:
-    fsdp``; exits 1 if it fails."""
-    with tempfile.TemporaryDirectory(prefix="polytrain-bench-") as tmp:
-        spec = RunSpec.model_validate(
-            {
-                "task_id": 0,
-                "code": workload("deep_mlp"),
-                "epochs": EPOCHS,
-                "global_batch_size": GLOBAL_BATCH,
-                "groups": [{"name": "a", "device_type": "cpu", "workers": 2}],
-                "sharding": "fsdp",
-                "checkpoint_dir": str(Path(tmp) / "ck"),
-            }
-        )
-        run = launch_local(
-            spec,
-            timeout_s=900,
-            env_extra=_env(hidden, GLOBAL_BATCH, steps_for(hidden)),
-            on_spawn=lambda pids: [pin(pids[r], CORES[r - 1]) for r in (1, 2)],
-        )
-    if not run.ok:
-        for rank in run.output:
-            print(f"--- rank {rank}\n" + "\n".join(run.output[rank][-20:]), file=sys.stderr)
-        sys.exit(1)
-    return run
+    fsdp``; exits 1 if it fails (:func:`bench.common.run_task`)."""
+    return run_task(
+        {
+            "code": workload("deep_mlp"),
+            "epochs": EPOCHS,
+            "global_batch_size": GLOBAL_BATCH,
+            "groups": [{"name": "a", "device_type": "cpu", "workers": 2}],
+            "sharding": "fsdp",
+        },
+        timeout_s=900,
+        env=_env(hidden, GLOBAL_BATCH, steps_for(hidden)),
+        on_spawn=lambda pids: [pin(pids[r], CORES[r - 1]) for r in (1, 2)],
+    )
 
 
 def engine_step_s(run: LocalRun, steps: int) -> list[float]:
     """Seconds a step of an engine run: the parameter server's ``epoch_time_s`` over the
     epoch's steps, epochs after the first."""
-    return [t / steps for t in run.metrics("epoch_time_s", rank=0)[1:] if t is not None]
+    return [t / steps for t in ps_metric(run, "epoch_time_s")[1:]]
 
 
 def main() -> None:
