@@ -44,7 +44,13 @@ def test_task_spans_two_groups_and_succeeds(api: httpx.Client, stack: LocalStack
     done = wait_for(api, task["id"], {"SUCCEEDED", "FAILED", "CANCELLED"})
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     events = api.get(f"/api/v1/tasks/{task['id']}/events").json()
-    assert [e["to_status"] for e in events] == ["QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED"]
+    said = [(e["kind"], e["to_status"], e["reason"]) for e in events]
+    assert [e["to_status"] for e in events] == [
+        "QUEUED",
+        "SCHEDULED",
+        "RUNNING",
+        "SUCCEEDED",
+    ], said
 
     allocations = api.get(f"/api/v1/tasks/{task['id']}/allocations").json()
     compute = sorted(
