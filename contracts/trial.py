@@ -57,7 +57,15 @@ class WorkerTiming(StrictModel):
     seconds it took to build the user's optimizer (`setup_s`, the rank's own preparation
     before its first step); its validation seconds per item over its even block of the
     validation set (`val_s_per_item`). The last four are None in a trial from before they
-    were timed."""
+    were timed.
+
+    Memory, in MiB, the peak of what bounds the worker at each batch size (same order): its
+    device's memory on CUDA, its data memory on CPU (what ``memory_limit_mb`` caps;
+    worker/engine/memory.py): `peak_mb` with the whole model; for a worker of a group of two
+    or more, `sharded_step_s` and `sharded_peak_mb` with the model sharded over its group
+    (FSDP2, worker/engine/fsdp.py); `startup_peak_mb`, the peak before the first step (the
+    model built whole and the data read, which a sharded worker also goes through). None
+    where not measured (an older trial, a model that cannot be sharded, no /proc)."""
 
     rank: int = Field(ge=1, le=100_001)
     group_index: int = Field(ge=0, le=100_000)
@@ -67,11 +75,21 @@ class WorkerTiming(StrictModel):
     startup_s: float | None = Field(default=None, ge=0.0, le=1e6)
     setup_s: float | None = Field(default=None, ge=0.0, le=1e6)
     val_s_per_item: float | None = Field(default=None, ge=0.0, le=1e6)
+    startup_peak_mb: float | None = Field(default=None, gt=0.0, lt=1e9)
+    peak_mb: list[float] | None = Field(default=None, min_length=2, max_length=8)
+    sharded_step_s: list[float] | None = Field(default=None, min_length=2, max_length=8)
+    sharded_peak_mb: list[float] | None = Field(default=None, min_length=2, max_length=8)
 
     @model_validator(mode="after")
     def _paired(self) -> "WorkerTiming":
         if len(self.batch_sizes) != len(self.step_s):
             raise ValueError("step_s: one value per batch size")
+        for name in ("peak_mb", "sharded_step_s", "sharded_peak_mb"):
+            values = getattr(self, name)
+            if values is not None and (
+                len(values) != len(self.batch_sizes) or any(not 0 < v < 1e9 for v in values)
+            ):
+                raise ValueError(f"{name}: one positive, finite value per batch size")
         if self.step_sd is not None and (
             len(self.step_sd) != len(self.step_s) or any(not 0 <= s < 1e6 for s in self.step_sd)
         ):

@@ -37,8 +37,18 @@ PACKAGE = "worker.engine"
 LAYERS: list[set[str]] = [  # from the bottom
     # No engine imports: the spec, the event lines, the user's code, sample counts and
     # index helpers, preprocessing, speed emulation, the guard's cost model.
-    # Tensors that may be sharded over a group.
-    {"contract", "emulation", "guard", "preprocess", "report", "sharded", "sharding", "spec"},
+    # Tensors that may be sharded over a group; a rank's peak memory.
+    {
+        "contract",
+        "emulation",
+        "guard",
+        "memory",
+        "preprocess",
+        "report",
+        "sharded",
+        "sharding",
+        "spec",
+    },
     # The process group, the split and its balancer, numerical faults, checkpoint files,
     # rank processes.
     {"balance", "checkpoint", "distributed", "numerics", "ranks", "split"},

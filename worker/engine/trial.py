@@ -6,7 +6,10 @@ Every rank runs :func:`run_trial` instead of the training session (docs/architec
 1. each compute worker times its step, forward, backward and the optimizer step of the
    user's model, at each of the trial's local batch sizes (one warm-up step, then
    ``steps`` timed steps; their mean is kept: an epoch is a sum of steps, so its stalls
-   count), on seeded random items of its even shard;
+   count), on seeded random items of its even shard, with the peak memory of each size's
+   steps (:mod:`worker.engine.memory`); after a validation pass, each worker of a group of
+   two or more does the same with the model sharded over its group (FSDP2), the other
+   choice of ``sharding`` a plan weighs;
 2. each group of two or more workers times its in-group allreduce of a small vector and of
    the step's vector (the model's gradient and buffers, ``[P + B + 2]``);
 3. the groups time the strategy's cross-group exchange at the same two sizes: for ``sync``
@@ -31,13 +34,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from worker.engine import report
-from worker.engine.compute import local_gradient, validate
+from worker.engine import fsdp, memory, report
+from worker.engine.compute import local_gradient, sharded_gradient, validate
 from worker.engine.contract import TrainingCode
 from worker.engine.data import DataSources, Source
 from worker.engine.distributed import Topology
@@ -61,6 +64,58 @@ def _mean_s(action: Callable[[], Any], repeats: int) -> float:
     return statistics.fmean(times)
 
 
+class Timed(NamedTuple):
+    """One worker's steps at each of the trial's batch sizes (same order): mean seconds,
+    their standard deviation, and the peak memory in MiB (:func:`worker.engine.memory.peak_mib`;
+    None where it cannot be read)."""
+
+    step_s: list[float]
+    step_sd: list[float]
+    peak_mb: list[float] | None
+
+
+def _batches(spec: RunSpec, topo: Topology, n_train: int) -> Callable[[int], list[torch.Tensor]]:
+    """Seeded random batches of ``size`` items of this worker's even shard, one warm-up batch
+    and the trial's ``steps`` (the same on every call with the same ``spec`` and rank)."""
+    assert spec.trial is not None
+    steps = spec.trial.steps
+    shard = contiguous_shard(n_train, topo.n_workers, topo.worker_index)
+    pool = torch.arange(shard.start, shard.stop) if len(shard) else torch.arange(n_train)
+    generator = torch.Generator().manual_seed(spec.seed * 1000 + topo.rank)
+
+    def draw(size: int) -> list[torch.Tensor]:
+        return [
+            pool[torch.randint(0, len(pool), (size,), generator=generator)]
+            for _ in range(steps + 1)
+        ]
+
+    return draw
+
+
+def _time_sizes(
+    spec: RunSpec,
+    topo: Topology,
+    train: Source,
+    n_train: int,
+    step: Callable[[torch.Tensor, int], float],
+) -> Timed:
+    """``step(indices, size)`` (its seconds) timed at each batch size after a warm-up step,
+    with the peak memory of each size's steps (the peak reset before each size)."""
+    assert spec.trial is not None
+    draw = _batches(spec, topo, n_train)
+    means, spreads, peaks = [], [], []
+    for size in spec.trial.batch_sizes:
+        batches = draw(size)
+        train.plan(batches)
+        memory.reset_peak(topo.device)
+        times = [step(indices, size) for indices in batches]
+        means.append(statistics.fmean(times[1:]))
+        spreads.append(statistics.pstdev(times[1:]))
+        peaks.append(memory.peak_mib(topo.device))
+    known = [p for p in peaks if p is not None]
+    return Timed(means, spreads, known if len(known) == len(peaks) else None)
+
+
 def time_steps(
     spec: RunSpec,
     code: TrainingCode,
@@ -68,49 +123,86 @@ def time_steps(
     model: torch.nn.Module,
     train: Source,
     n_train: int,
-) -> tuple[list[float], list[float], float]:
-    """Step 1: this worker's mean step seconds at each of the trial's batch sizes, their
-    standard deviations (a throttled or shared device's steps vary, and every synchronous
-    step waits for the slowest group's), and the seconds building the user's optimizer took
-    (a rank's own set-up before its first step: torch imports ``torch._dynamo`` at the first
-    optimizer built, about 0.8 s of CPU).
+) -> tuple[Timed, float]:
+    """Step 1: this worker's steps at each of the trial's batch sizes (:class:`Timed`: the
+    spread, since a throttled or shared device's steps vary and every synchronous step waits
+    for the slowest group's; the peak memory, for the plan's fit check), and the seconds
+    building the user's optimizer took (a rank's own set-up before its first step: torch
+    imports ``torch._dynamo`` at the first optimizer built, about 0.8 s of CPU).
 
     A step is what a worker does for one synchronous step apart from the exchange: the
     gradient of its local batch (emulated speed included, :class:`SpeedEmulator`), the
     gradient loaded into the parameters and one optimizer step."""
-    assert spec.trial is not None
-    pace = Pace(spec.emulation_pace) if spec.emulation_pace else None
-    emulator = SpeedEmulator(spec.speed_factor_of(topo.rank), topo.device, pace)
+    emulator = _emulator(spec, topo)
     started = time.perf_counter()
     optimizer = code.build_optimizer(model.parameters())
     setup_s = time.perf_counter() - started
     params = params_of(model)
     n_params = sum(p.numel() for p in params)
-    shard = contiguous_shard(n_train, topo.n_workers, topo.worker_index)
-    pool = torch.arange(shard.start, shard.stop) if len(shard) else torch.arange(n_train)
-    generator = torch.Generator().manual_seed(spec.seed * 1000 + topo.rank)
-    means, spreads = [], []
-    for size in spec.trial.batch_sizes:
-        batches = [
-            pool[torch.randint(0, len(pool), (size,), generator=generator)]
-            for _ in range(spec.trial.steps + 1)
-        ]
-        train.plan(batches)
-        times = []
-        for indices in batches:
-            vector, compute_s = emulator.run(
-                lambda idx=indices: local_gradient(code, model, train, idx, topo.device),  # type: ignore[misc]
-                size,
-            )
-            started = time.perf_counter()
-            vector_to_grads(vector[:n_params] / size, params)
-            optimizer.step()
-            synchronize(topo.device)
-            times.append(compute_s + time.perf_counter() - started)
-        means.append(statistics.fmean(times[1:]))
-        spreads.append(statistics.pstdev(times[1:]))
+
+    def step(indices: torch.Tensor, size: int) -> float:
+        vector, compute_s = emulator.run(
+            lambda: local_gradient(code, model, train, indices, topo.device), size
+        )
+        started = time.perf_counter()
+        vector_to_grads(vector[:n_params] / size, params)
+        optimizer.step()
+        synchronize(topo.device)
+        return compute_s + time.perf_counter() - started
+
+    timed = _time_sizes(spec, topo, train, n_train, step)
     model.zero_grad(set_to_none=True)
-    return means, spreads, setup_s
+    return timed, setup_s
+
+
+def _emulator(spec: RunSpec, topo: Topology) -> SpeedEmulator:
+    pace = Pace(spec.emulation_pace) if spec.emulation_pace else None
+    return SpeedEmulator(spec.speed_factor_of(topo.rank), topo.device, pace)
+
+
+def time_sharded_steps(
+    spec: RunSpec,
+    code: TrainingCode,
+    topo: Topology,
+    model: torch.nn.Module,
+    train: Source,
+    n_train: int,
+) -> Timed | None:
+    """The other sharding choice, on every worker of a group of two or more under ``sync``
+    (the strategy that runs sharded groups; None elsewhere):
+    the same steps with ``model`` sharded over the group (FSDP2, as a task with ``sharding:
+    fsdp`` runs it, :mod:`worker.engine.fsdp`), timed and their peak memory measured. Every
+    member of the group runs it alike (the unit gathers and reduce-scatters are collectives).
+    ``model`` is sharded in place and is of no further use whole. A model that cannot be
+    sharded (:class:`~worker.engine.fsdp.ShardingError`) gives None, logged."""
+    if topo.group is None or len(topo.group_ranks) < 2 or spec.sync_strategy != "sync":
+        return None
+    emulator = _emulator(spec, topo)
+    fsdp.return_freed_memory()  # as a sharded worker runs (worker/engine/trainer.py)
+    try:
+        fsdp.shard_model(model, topo, spec.fsdp_units)
+    except ValueError as exc:  # ShardingError, or a model FSDP2 refuses
+        report.log(f"trial: rank {topo.rank} did not time the model sharded: {exc}")
+        return None
+    optimizer = code.build_optimizer(model.parameters())
+    state = ModelState.of(model)
+    width = len(topo.group_ranks)
+
+    def step(indices: torch.Tensor, size: int) -> float:
+        base = state.snapshot()
+        _, compute_s = emulator.run(
+            lambda: sharded_gradient(code, model, train, indices, topo.device, state, base),
+            size,
+        )
+        started = time.perf_counter()
+        for param in state.params:
+            if param.grad is not None:
+                param.grad.div_(size * width)
+        optimizer.step()
+        synchronize(topo.device)
+        return compute_s + time.perf_counter() - started
+
+    return _time_sizes(spec, topo, train, n_train, step)
 
 
 def time_validation(
@@ -282,22 +374,30 @@ def run_trial(
     state = ModelState.of(model)
     numel = state.n_params + state.n_buffers + 2
     dtype = params_of(model)[0].dtype
+    del state  # it holds the whole parameters, which a sharded step frees
     startup_s = clock.elapsed()
     own = sum(seconds for part, seconds in clock.parts if part != "rendezvous")
     mine: dict[str, Any] = {"exchanges": []}
+    startup_peak_mb = memory.peak_mib(topo.device)  # the whole model built, the data read
     if not topo.is_ps:
         assert data.train is not None
-        step_s, step_sd, setup_s = time_steps(spec, code, topo, model, data.train, data.n_train)
+        whole, setup_s = time_steps(spec, code, topo, model, data.train, data.n_train)
         batch = math.ceil(spec.global_batch_size / topo.n_workers)
+        val_s_per_item = time_validation(code, topo, model, data.val, batch)
+        sharded = time_sharded_steps(spec, code, topo, model, data.train, data.n_train)
         mine["worker"] = {
             "rank": topo.rank,
             "group_index": topo.group_index,
             "batch_sizes": list(spec.trial.batch_sizes),
-            "step_s": step_s,
-            "step_sd": step_sd,
+            "step_s": whole.step_s,
+            "step_sd": whole.step_sd,
             "startup_s": own,
             "setup_s": setup_s,
-            "val_s_per_item": time_validation(code, topo, model, data.val, batch),
+            "val_s_per_item": val_s_per_item,
+            "startup_peak_mb": startup_peak_mb,
+            "peak_mb": whole.peak_mb,
+            "sharded_step_s": sharded.step_s if sharded else None,
+            "sharded_peak_mb": sharded.peak_mb if sharded else None,
         }
         in_group = time_group_allreduce(spec, topo, numel, dtype)
         if in_group is not None and topo.am_i_leader:

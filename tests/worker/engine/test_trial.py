@@ -53,6 +53,11 @@ def test_trial_times_every_worker_and_exchange(
         assert worker.val_s_per_item is not None and worker.val_s_per_item > 0
         assert worker.step_sd is not None and len(worker.step_sd) == 2
         assert worker.startup_s is not None and worker.startup_s > 0
+        # memory at each size, for the plan's fit check; the sharded choice where there is one
+        assert worker.peak_mb is not None and all(p > 0 for p in worker.peak_mb)
+        can_shard = strategy == "sync" and worker.group_index == 0
+        assert (worker.sharded_peak_mb is not None) == can_shard
+        assert (worker.sharded_step_s is not None) == can_shard
     assert result.n_val > 0 and result.checkpoint_s is not None and result.checkpoint_s > 0
     assert not any(Path(spec.checkpoint_dir).rglob("*.pt")), "the timed checkpoint is removed"
     kinds = {(e.kind, e.group_index) for e in result.exchanges}
@@ -69,3 +74,49 @@ def test_trial_times_every_worker_and_exchange(
         assert exchange.bytes[-1] == result.exchange_bytes  # the step's vector
         assert exchange.bytes[0] < exchange.bytes[-1]
         assert all(s > 0 for s in exchange.seconds)
+
+
+MIB = 2**20
+WIDE = """
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+def build_model():
+    return nn.Sequential(nn.Linear(1000, 4000), nn.Tanh(), nn.Linear(4000, 1000))
+
+def build_datasets():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 1000, generator=g)
+    return TensorDataset(x, x), TensorDataset(x[:32], x[:32])
+
+def loss_fn(output, target):
+    return nn.functional.mse_loss(output, target)
+
+def build_optimizer(params):
+    return torch.optim.Adam(params, lr=1e-3)
+"""
+
+
+def test_trial_measures_memory_whole_and_sharded(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    # An 8M-parameter model with Adam: 128 MiB of parameters, gradients and moments whole, half
+    # of that per worker sharded over a group of 2 (issue 36, item 5: plans know memory).
+    module = tmp_path / "user_code.py"
+    module.write_text(WIDE)
+    spec = make_spec(
+        code=str(module),
+        groups=[{"name": "a", "device_type": "cpu", "workers": 2}],
+        global_batch_size=32,
+        trial={"batch_sizes": [8, 64], "steps": 2, "repeats": 2},
+    )
+    result = _result(spec)
+    state_mib = 4 * 8_005_000 * 4 / MIB  # parameters, gradients, two moments
+    for worker in result.workers:
+        assert worker.peak_mb is not None and worker.sharded_peak_mb is not None
+        assert worker.startup_peak_mb is not None
+        for whole, sharded in zip(worker.peak_mb, worker.sharded_peak_mb, strict=True):
+            # a worker holds half the parameters, gradients and moments, as measured
+            assert whole - sharded > state_mib / 4, (worker.peak_mb, worker.sharded_peak_mb)
+        assert worker.sharded_step_s is not None and all(s > 0 for s in worker.sharded_step_s)

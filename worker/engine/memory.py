@@ -1,0 +1,73 @@
+"""A rank's peak memory, as a plan's trial measures it (docs/architecture.md, "Plans").
+
+The memory that bounds a worker is its device's on CUDA (torch's caching allocator:
+``torch.cuda.max_memory_reserved``) and, on CPU, its *data memory*: heap and private writable
+mappings, what the agent's ``memory_limit_mb`` caps (RLIMIT_DATA, worker/agent/processes.py).
+Linux keeps no peak of data memory, only of resident memory (``VmHWM``), so the peak is taken
+as the data memory now plus how far resident memory once rose above what it holds now::
+
+    peak_data = VmData + (VmHWM - VmRSS)
+
+``VmData`` counts what is reserved but not resident (thread stacks, untouched pages), which
+stays from step to step; the rise of ``VmHWM`` over ``VmRSS`` is what a step allocated and
+freed (activations, gradients, a sharded unit's gathered parameters). Resetting the peak
+(:func:`reset_peak`) writes ``5`` to ``/proc/self/clear_refs`` (Linux 4.0 and later), which
+sets ``VmHWM`` to ``VmRSS``, after ``malloc_trim`` has handed glibc's free heap back; where
+the reset is not allowed the peak is the process's whole-life peak, which is the peak of the
+largest batch when the batch sizes are measured in increasing order, as the trial does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+STATUS = Path("/proc/self/status")
+CLEAR_REFS = Path("/proc/self/clear_refs")
+_FIELDS = ("VmData", "VmHWM", "VmRSS")
+
+
+def _status_kib() -> dict[str, int] | None:
+    """``VmData``, ``VmHWM`` and ``VmRSS`` of this process in KiB; None where /proc has none."""
+    try:
+        lines = STATUS.read_text().splitlines()
+    except OSError:
+        return None
+    found: dict[str, int] = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in _FIELDS:
+            found[key] = int(value.split()[0])
+    return found if len(found) == len(_FIELDS) else None
+
+
+def reset_peak(device: torch.device) -> bool:
+    """Start a new peak on ``device`` from what this process holds now. Returns whether the
+    host's peak could be reset (True on CUDA, where only the device's counts)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_mib(device: torch.device) -> float | None:
+    """The peak, in MiB, since the last :func:`reset_peak` of the memory that bounds a worker
+    on ``device`` (see the module's docstring); None where it cannot be read (no /proc)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_reserved(device) / 2**20
+    kib = _status_kib()
+    if kib is None:
+        return None
+    return (kib["VmData"] + max(0, kib["VmHWM"] - kib["VmRSS"])) / 1024
