@@ -98,7 +98,9 @@ class GroupPlan(BaseModel):
     group's workers is padded with sleep so it takes ``1 / f`` times as long as
     this host takes undisturbed (see :mod:`worker.engine.emulation`). 1.0 means
     the hardware's own speed. ``sharding``: the group's own (:data:`Sharding`), None for the
-    task's.
+    task's. ``max_local_batch``: the most samples one worker of the group takes in a step (its
+    memory cap, which a planner sets from measured memory); the split never gives a worker of
+    the group more (:func:`worker.engine.sharding.capped_shares`); None: no cap.
     """
 
     name: str = Field(min_length=1)
@@ -106,3 +108,40 @@ class GroupPlan(BaseModel):
     workers: int = Field(ge=1)
     speed_factor: float = Field(default=1.0, gt=0.0, le=1.0)
     sharding: Sharding | None = None  # the group's own; None: the task's
+    max_local_batch: int | None = Field(default=None, ge=1)  # per worker and step; None: no cap
+
+
+def check_local_batch(
+    groups: list[tuple[str, int, int | None]], global_batch_size: int, split_policy: str | None
+) -> None:
+    """Raises ValueError when the groups' ``max_local_batch`` cannot run the task: the caps
+    (``max_local_batch × workers`` summed over the groups; a group without one takes any
+    share) hold fewer than ``global_batch_size`` samples a step, or ``split_policy`` ``even``
+    gives a worker more than its group's cap (the largest even share, ``ceil(B / W)``, is
+    checked, whichever workers take the extra samples). ``groups``: ``(label, workers,
+    max_local_batch)`` each, the label naming the group in the message. ``split_policy``
+    None: the first check only."""
+    capped = [(label, workers, cap) for label, workers, cap in groups if cap is not None]
+    if len(capped) == len(groups) and capped:
+        room = sum(workers * cap for _, workers, cap in capped)
+        if room < global_batch_size:
+            parts = "; ".join(f"{label} {w} × {cap}" for label, w, cap in capped)
+            raise ValueError(
+                f"max_local_batch lets the groups take at most {room} samples a step (workers "
+                f"× max_local_batch: {parts}), "
+                f"fewer than global_batch_size {global_batch_size}: lower global_batch_size, "
+                "add workers, or raise a group's max_local_batch"
+            )
+    if split_policy != "even" or not capped:
+        return
+    n_workers = sum(workers for _, workers, _ in groups)
+    even = -(-global_batch_size // n_workers)
+    for label, _, cap in capped:
+        if even > cap:
+            raise ValueError(
+                f"split_policy 'even' gives each worker up to {even} samples a step "
+                f"(global_batch_size {global_batch_size} over {n_workers} workers), more than "
+                f"the max_local_batch {cap} of {label}: use split_policy 'weighted' (it keeps "
+                "each share within its group's max_local_batch), lower global_batch_size, add "
+                "workers, or raise that max_local_batch"
+            )

@@ -8,7 +8,7 @@ written again unchanged. The backend reads and writes it through one accessor
 (`backend.tasks.spec`).
 """
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,8 +48,8 @@ ENGINE_OPTIONS = (
 class RequestItem(BaseModel):
     """One item of the request as stored: a named group (`name`, `device_type`, `workers`)
     or a device type the scheduler places (`device_type`, `workers`, `placement`,
-    `labels`); `speed_factor` only when it is not 1 (emulation); `sharding` only when the
-    item sets its own."""
+    `labels`); `speed_factor` only when it is not 1 (emulation); `sharding` and
+    `max_local_batch` only when the item sets its own."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -60,6 +60,7 @@ class RequestItem(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     speed_factor: float = Field(default=1.0, gt=0.0, le=1.0)
     sharding: Sharding | None = None
+    max_local_batch: int | None = Field(default=None, ge=1)
 
 
 class TaskSpec(BaseModel):
@@ -135,14 +136,27 @@ class TaskSpec(BaseModel):
         """A placed group's own sharding: its own if stored, else that of the request item
         naming it (None if that item sets none), else of a device-type item of its device
         type; None: the task's."""
-        if group.sharding is not None:
-            return group.sharding
+        own: Sharding | None = self._own(group, "sharding")
+        return own
+
+    def max_local_batch_of(self, group: GroupPlan) -> int | None:
+        """A placed group's cap on each worker's samples a step: its own if stored, else that
+        of the request item naming it, else of a device-type item of its device type; None:
+        no cap (also after a move to a group the request does not name)."""
+        own: int | None = self._own(group, "max_local_batch")
+        return own
+
+    def _own(self, group: GroupPlan, setting: str) -> Any:
+        """A placed group's own ``setting``: the group's if stored, else the request item's
+        naming it (None if that item sets none), else a device-type item's of its type."""
+        if getattr(group, setting) is not None:
+            return getattr(group, setting)
         for item in self.request:
             if item.name == group.name:
-                return item.sharding
+                return getattr(item, setting)
         for item in self.request:
             if not item.name and item.device_type == group.device_type:
-                return item.sharding
+                return getattr(item, setting)
         return None
 
     def engine_options(self) -> dict[str, object]:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -75,6 +75,29 @@ def fit_line(points: Sequence[tuple[float, float]]) -> Line:
     slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx
     slope = max(0.0, slope)
     return Line(max(0.0, mean_y - slope * mean_x), slope)
+
+
+def upper_line(points: Sequence[tuple[float, float]]) -> Line:
+    """The least-squares line through ``points`` (:func:`fit_line`) raised just enough to
+    lie on or above every point: a memory line that must not promise room a measurement
+    did not show."""
+    line = fit_line(points)
+    lift = max(y - line.at(x) for x, y in points)
+    return Line(line.intercept + max(0.0, lift), line.slope)
+
+
+def _measured(
+    timed: Sequence[WorkerTiming],
+    name: str,
+    through: Callable[[Sequence[tuple[float, float]]], Line],
+) -> Line | None:
+    """The line ``through`` the largest of ``timed``'s measurements ``name`` at each batch
+    size; None where any worker lacks them."""
+    values = [getattr(w, name) for w in timed]
+    if any(v is None for v in values):
+        return None
+    sizes = timed[0].batch_sizes
+    return through([(float(b), max(v[i] for v in values)) for i, b in enumerate(sizes)])
 
 
 @dataclass(frozen=True)
@@ -113,12 +136,61 @@ class GroupModel:
     val_s_per_item: float = 0.0  # a validation pass's seconds per item
     startup_s: float = 0.0  # its own start-up: process creation to data, no waits
     jitter: float = 0.0  # its steps' coefficient of variation (standard deviation / mean)
+    memory: Line | None = None  # MiB a worker holds at its peak against its local batch
+    sharded_memory: Line | None = None  # the same with the model sharded over ``workers``
+    sharded_step: Line | None = None  # the step's seconds with the model sharded
+    startup_peak_mb: float = 0.0  # the peak before the first step (the model built whole)
+    memory_limit_mb: float | None = None  # what one worker may hold; None: not known
 
-    def fixed_s(self, workers: int, n_bytes: int) -> float:
+    def fixed_s(self, workers: int, n_bytes: int, sharding: str = "none") -> float:
         """Seconds of a step that do not grow with the local batch: ``a`` and the in-group
-        allreduce among ``workers``."""
+        allreduce among ``workers`` (sharded: the line's ``a``, the group's reduce-scatter and
+        gathers being inside the timed step)."""
+        if sharding == "fsdp" and self.sharded_step is not None:
+            return self.sharded_step.intercept
         ring = self.ring.seconds(n_bytes, workers) if self.ring is not None else 0.0
         return self.step.intercept + ring
+
+    def slope(self, sharding: str = "none") -> float:
+        """Seconds a step takes per sample of the local batch (at least 1e-12)."""
+        line = self.sharded_step if sharding == "fsdp" and self.sharded_step else self.step
+        return max(line.slope, 1e-12)
+
+    def can_shard(self, workers: int, sync_strategy: str) -> bool:
+        """Whether ``workers`` of this group may run the model sharded (``fsdp``: two or more,
+        under ``sync``, measured by the trial)."""
+        measured = self.sharded_step is not None and self.sharded_memory is not None
+        return measured and workers >= 2 and sync_strategy == "sync"
+
+    def memory_mb(self, local_batch: float, workers: int, sharding: str) -> float | None:
+        """MiB one worker holds at its peak with ``local_batch`` samples a step, among
+        ``workers`` (None: the trial did not measure it). Never below the start-up's peak
+        (the model built whole). Sharded over ``w`` workers, a worker saves ``(1 - 1/w)`` of
+        the model's state (parameters, gradients, optimizer state), which the trial measured
+        at the asked workers ``W`` as the whole line less the sharded one, ``S (1 - 1/W)``."""
+        if self.memory is None:
+            return None
+        whole = self.memory.at(local_batch)
+        if sharding == "fsdp" and self.sharded_memory is not None and workers >= 2:
+            saved = max(0.0, whole - self.sharded_memory.at(local_batch))
+            if self.workers >= 2:
+                whole -= saved * (1 - 1 / workers) / (1 - 1 / self.workers)
+        return max(self.startup_peak_mb, whole)
+
+    def most_samples(self, workers: int, sharding: str, limit: int) -> int | None:
+        """The most samples a step, at most ``limit``, that one of ``workers`` holds within
+        ``memory_limit_mb`` (0: not even one; None: no limit known or not measured)."""
+        if self.memory_limit_mb is None or self.memory is None:
+            return None
+        low, high = 0, limit
+        while low < high:  # the largest b with memory_mb(b) <= the limit (memory grows with b)
+            mid = (low + high + 1) // 2
+            needed = self.memory_mb(mid, workers, sharding)
+            if needed is not None and needed <= self.memory_limit_mb:
+                low = mid
+            else:
+                high = mid - 1
+        return low
 
 
 @dataclass(frozen=True)
@@ -151,6 +223,9 @@ class PerformanceModel:
         def ring(d: dict[str, Any] | None) -> Ring | None:
             return Ring(**d) if d else None
 
+        def line(d: dict[str, Any] | None) -> Line | None:
+            return Line(**d) if d else None
+
         groups = [
             GroupModel(
                 name=g["name"],
@@ -163,6 +238,11 @@ class PerformanceModel:
                 val_s_per_item=g.get("val_s_per_item", 0.0),
                 startup_s=g.get("startup_s", 0.0),
                 jitter=g.get("jitter", 0.0),
+                memory=line(g.get("memory")),
+                sharded_memory=line(g.get("sharded_memory")),
+                sharded_step=line(g.get("sharded_step")),
+                startup_peak_mb=g.get("startup_peak_mb", 0.0),
+                memory_limit_mb=g.get("memory_limit_mb"),
             )
             for g in data["groups"]
         ]
@@ -176,11 +256,16 @@ def fit(
     sync_strategy: str,
     sync_period: int = 1,
     quorum: int | None = None,
+    memory_limit_mb: dict[str, float] | None = None,
 ) -> PerformanceModel:
     """The performance model of a trial on ``groups`` (``(name, device_type, workers)`` in the
     trial's group order). A group's step line goes through its slowest worker's time at
-    each batch size. Raises ValueError when a group has no timed worker, its workers were
-    timed at different sizes, or an exchange the strategy needs was not timed."""
+    each batch size, its memory lines (whole and sharded) over its largest peak at each,
+    raised to lie on or above every measured peak (:func:`upper_line`);
+    ``memory_limit_mb`` gives what one worker of a group may hold (group name -> MiB; a group
+    left out has no known limit). Raises ValueError when a group has no timed worker, its
+    workers were timed at different sizes, or an exchange the strategy needs was not
+    timed."""
     fitted = []
     for index, (name, device_type, workers) in enumerate(groups):
         timed = [w for w in trial.workers if w.group_index == index]
@@ -222,6 +307,11 @@ def fit(
                 val_s_per_item=max((w.val_s_per_item or 0.0) for w in timed),
                 startup_s=max((w.startup_s or 0.0) for w in timed),
                 jitter=max(_jitter(w) for w in timed),
+                memory=_measured(timed, "peak_mb", upper_line),
+                sharded_memory=_measured(timed, "sharded_peak_mb", upper_line),
+                sharded_step=_measured(timed, "sharded_step_s", fit_line),
+                startup_peak_mb=max((w.startup_peak_mb or 0.0) for w in timed),
+                memory_limit_mb=(memory_limit_mb or {}).get(name),
             )
         )
     cross = next((Ring.fit(e) for e in trial.exchanges if e.kind == "leaders_allreduce"), None)
@@ -254,7 +344,10 @@ class Prediction:
     the exchange every step. ``parked``: groups the guard would park (worker/engine/guard.py:
     ``sync`` and ``periodic`` with the weighted split), which take no samples and no part
     in the steps once it has: the times are the other groups', after the first check
-    (``GUARD_CHECK_STEPS``) on them all."""
+    (``GUARD_CHECK_STEPS``) on them all. Memory, per group (:func:`placements`): its
+    ``sharding``, the cap on a worker's share (``max_local_batch``, None: none), a worker's
+    predicted peak MiB at its local batch (``memory_mb``, None: not measured) and what it
+    may hold (``memory_limit_mb``, None: not known)."""
 
     workers: dict[str, int]
     split_policy: str
@@ -269,6 +362,10 @@ class Prediction:
     start_s: float = 0.0  # before the first step (:func:`_outside_steps`)
     epoch_end_s: float = 0.0  # each epoch's validation, model transfers and checkpoint
     parked: list[str] = field(default_factory=list)
+    sharding: dict[str, str] = field(default_factory=dict)  # per group: none or fsdp
+    max_local_batch: dict[str, int | None] = field(default_factory=dict)  # its memory's cap
+    memory_mb: dict[str, float | None] = field(default_factory=dict)  # a worker's peak
+    memory_limit_mb: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def total_workers(self) -> int:
@@ -291,7 +388,7 @@ def exchange_s(model: PerformanceModel, names: Sequence[str]) -> float:
     return seconds / model.sync_period if model.sync_strategy in ROUND_STRATEGIES else seconds
 
 
-def _balanced(fixed: list[float], slopes: list[float], counts: list[int], batch: int) -> float:
+def _balanced(fixed: list[float], slopes: list[float], counts: list[int], batch: float) -> float:
     """The time ``T`` at which ``sum(counts[g] * max(0, (T - fixed[g]) / slopes[g])) ==
     batch``: the weighted split's common step time (water filling in closed form: with the
     groups of the lowest fixed costs taking samples, ``T = (batch + sum n f / s) /
@@ -428,14 +525,154 @@ def _outside_steps(
     return start, val + pulls * transfer + model.checkpoint_s
 
 
+class DoesNotFit(ValueError):
+    """The groups' memory cannot hold the task; the message names the group and the MiB."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How one group holds the task (:func:`placements`): ``sharding`` (``none`` or
+    ``fsdp``) and ``cap``, the most samples one of its workers takes a step (its memory's
+    limit on its batch share; None, no limit below what the split could give it)."""
+
+    sharding: str = "none"
+    cap: int | None = None
+
+
+def placements(
+    model: PerformanceModel,
+    workers: dict[str, int],
+    names: Sequence[str],
+    global_batch_size: int,
+    split_policy: str,
+) -> dict[str, Placement]:
+    """Each group's :class:`Placement` on the groups ``names`` from its measured memory
+    (:meth:`GroupModel.memory_mb`) and its limit, in this order of preference: the whole
+    model at any share the split could give a worker (``even``: ``ceil(G / W)``; weighted:
+    ``ceil(G / W_g)``, the group alone, so that the placement holds whichever groups the
+    guard parks; ``diloco`` weighted runs local steps of that size); sharded at any such
+    share; whole
+    with its share capped; sharded and capped. Raises :class:`DoesNotFit`, naming the
+    group and the MiB, where a group holds no sample (or, under ``even``, not its even
+    share) either way, or the caps together hold less than the global batch."""
+    total = sum(workers[name] for name in names)
+    diloco = split_policy == "weighted" and model.sync_strategy == "diloco"
+    weighted = split_policy == "weighted" and not diloco  # a share that can be capped
+    found: dict[str, Placement] = {}
+    for name in names:
+        group, count = model.group(name), workers[name]
+        most = -(-global_batch_size // (total if split_policy == "even" else count))
+        choices = ["none", "fsdp"] if group.can_shard(count, model.sync_strategy) else ["none"]
+        room = {c: group.most_samples(count, c, most) for c in choices}
+        held = {c: most if r is None else r for c, r in room.items()}  # None: no known limit
+        uncapped = [c for c in choices if held[c] >= most]
+        capped = [c for c in choices if weighted and held[c] >= 1]
+        if uncapped:
+            found[name] = Placement(uncapped[0])
+        elif capped:
+            found[name] = Placement(capped[0], held[capped[0]])
+        else:
+            raise DoesNotFit(_no_room(group, count, 1 if weighted else most, choices))
+    room_all = sum(
+        workers[n] * (p.cap if p.cap is not None else global_batch_size) for n, p in found.items()
+    )
+    if room_all < global_batch_size:
+        caps = ", ".join(f"{n!r} {p.cap} a worker" for n, p in found.items() if p.cap)
+        raise DoesNotFit(
+            f"the groups' memory holds {room_all} samples a step ({caps}), fewer than the "
+            f"global batch of {global_batch_size}"
+        )
+    return found
+
+
+def memory_shortfall(
+    model: PerformanceModel,
+    workers: dict[str, int],
+    *,
+    sharding: dict[str, str],
+    caps: dict[str, int | None],
+    memory_limit_mb: float,
+    global_batch_size: int,
+    split_policy: str,
+) -> tuple[str, str] | None:
+    """The first group of a task as submitted (``sharding`` and ``caps`` per group, the
+    task's ``memory_limit_mb``) whose worker is predicted to need more memory than it may
+    hold at the largest share the split can give it (its cap where set; the even share, or
+    ``ceil(G / W_g)`` under the weighted split), with why; None when all fit or nothing
+    was measured. A CPU group's limit is the task's ``memory_limit_mb`` or, if less, what
+    the plan found its agents to have."""
+    total = sum(workers.values())
+    for name, count in workers.items():
+        group = model.group(name)
+        limit = group.memory_limit_mb
+        if group.device_type == "cpu":
+            limit = min(memory_limit_mb, limit) if limit is not None else memory_limit_mb
+        most = -(-global_batch_size // (total if split_policy == "even" else count))
+        share = min(most, caps.get(name) or most)
+        held = sharding.get(name, "none")
+        needed = group.memory_mb(share, count, held)
+        if limit is None or needed is None or needed <= limit:
+            continue
+        label = "whole" if held == "none" else f"sharded over {count}"
+        return name, (
+            f"group {name!r} does not fit its memory: by plan measurements a worker needs "
+            f"{needed:,.0f} MiB {label} at {share} samples a step and may hold {limit:,.0f} "
+            "MiB; raise memory_limit_mb, shard the group (sharding 'fsdp'), or cap its "
+            "share (max_local_batch)"
+        )
+    return None
+
+
+def _no_room(group: GroupModel, workers: int, samples: int, choices: Sequence[str]) -> str:
+    """Why ``group`` holds no share: what one worker needs, whole and sharded, and has."""
+    needs = []
+    for choice in choices:
+        needed = group.memory_mb(samples, workers, choice)
+        label = "whole" if choice == "none" else f"sharded over {workers}"
+        needs.append(f"{needed:,.0f} MiB {label}")
+    return (
+        f"group {group.name!r} does not fit its memory: a worker needs "
+        f"{' or '.join(needs)} at {samples} sample{'s' if samples != 1 else ''} a step, "
+        f"and may hold {group.memory_limit_mb:,.0f} MiB"
+    )
+
+
+def _capped_fill(
+    share: Callable[[list[int], float], list[float]],
+    counts: list[int],
+    caps: list[int | None],
+    batch: int,
+) -> list[float]:
+    """Per-worker local batches from ``share(free, batch_left)`` (the split of what is left
+    among the groups ``free``), with every group whose share exceeds its cap held at the
+    cap and the rest split again among the others (water filling with ceilings)."""
+    ceiling = [math.inf if c is None else float(c) for c in caps]
+    local = [0.0] * len(counts)
+    free, left = list(range(len(counts))), float(batch)
+    while free:
+        shares = share(free, left)
+        over = [g for g, b in zip(free, shares, strict=True) if b > ceiling[g]]
+        if not over:
+            for g, b in zip(free, shares, strict=True):
+                local[g] = b
+            break
+        for g in over:
+            local[g] = ceiling[g]
+            left -= local[g] * counts[g]
+            free.remove(g)
+    return local
+
+
 @dataclass
 class _Step:
-    """One step on some groups: its seconds, and per group its local batch and compute."""
+    """One step on some groups: its seconds, per group its local batch and compute, and
+    how each group holds the task."""
 
     seconds: float
     local: list[float]
     compute: list[float]
     cross: float
+    placed: dict[str, Placement] = field(default_factory=dict)
 
 
 def _step(
@@ -445,25 +682,35 @@ def _step(
     global_batch_size: int,
     split_policy: str,
 ) -> _Step:
-    """A step on the groups ``names`` (of ``workers``), split by ``split_policy``."""
+    """A step on the groups ``names`` (of ``workers``), split by ``split_policy``, each
+    group placed by its memory (:func:`placements`, whose DoesNotFit it raises)."""
     n = model.exchange_bytes
+    placed = placements(model, workers, names, global_batch_size, split_policy)
     groups = [model.group(name) for name in names]
     total = sum(workers[name] for name in names)
-    fixed = [g.fixed_s(workers[g.name], n) for g in groups]
-    slopes = [max(g.step.slope, 1e-12) for g in groups]
+    fixed = [g.fixed_s(workers[g.name], n, placed[g.name].sharding) for g in groups]
+    slopes = [g.slope(placed[g.name].sharding) for g in groups]
     counts = [workers[g.name] for g in groups]
+    caps = [placed[g.name].cap for g in groups]
     if split_policy == "weighted" and model.sync_strategy == "diloco":
         local, compute = _diloco_round(fixed, slopes, counts, global_batch_size)
     else:
         if split_policy == "weighted":
-            common = _balanced(fixed, slopes, counts, global_batch_size)
-            local = [max(0.0, (common - f) / s) for f, s in zip(fixed, slopes, strict=True)]
+
+            def share(free: list[int], left: float) -> list[float]:
+                sub_fixed, sub_slopes = [fixed[g] for g in free], [slopes[g] for g in free]
+                common = _balanced(sub_fixed, sub_slopes, [counts[g] for g in free], left)
+                return [
+                    max(0.0, (common - f) / s) for f, s in zip(sub_fixed, sub_slopes, strict=True)
+                ]
+
+            local = _capped_fill(share, counts, caps, global_batch_size)
         else:
             local = [global_batch_size / total] * len(groups)
         compute = [f + s * b for f, s, b in zip(fixed, slopes, local, strict=True)]
     cross = exchange_s(model, names)
     seconds = expected_max(compute, _spreads(model, groups, compute)) + cross
-    return _Step(seconds, local, compute, cross)
+    return _Step(seconds, local, compute, cross, placed)
 
 
 def guarded_groups(
@@ -483,10 +730,16 @@ def guarded_groups(
         return active
     now = _step(model, workers, active, global_batch_size, split_policy).seconds
     while len(active) > 1:
-        options = [
-            (_step(model, workers, rest, global_batch_size, split_policy).seconds, rest)
-            for rest in ([a for a in active if a != g] for g in active)
-        ]
+        options = []
+        for rest in ([a for a in active if a != g] for g in active):
+            try:  # the guard does not park a group the others' memory cannot do without
+                options.append(
+                    (_step(model, workers, rest, global_batch_size, split_policy).seconds, rest)
+                )
+            except DoesNotFit:
+                continue
+        if not options:
+            break
         best_s, rest = min(options, key=lambda option: option[0])
         if best_s > now * (1.0 - GUARD_MARGIN):
             break
@@ -506,7 +759,8 @@ def predict(
     """Predicted times of the task on ``workers`` (candidate group name -> workers, each
     at least 1), with the guard's parking (:func:`guarded_groups`) when ``guard``. Raises
     KeyError for a group the model does not have, ValueError when the global batch is
-    smaller than the workers or the trial lacks an exchange it needs."""
+    smaller than the workers or the trial lacks an exchange it needs, and DoesNotFit (a
+    ValueError) when the groups' memory cannot hold the task."""
     names = list(workers)
     total = sum(workers.values())
     if not names or min(workers.values()) < 1:
@@ -547,6 +801,13 @@ def predict(
         compute_s={g.name: c for g, c in zip(groups, compute, strict=True)},
         idle=[g.name for g, b in zip(groups, local, strict=True) if b <= 0.0 and g.name in kept],
         parked=[name for name in names if name not in kept],
+        sharding={name: p.sharding for name, p in full.placed.items()},
+        max_local_batch={name: p.cap for name, p in full.placed.items()},
+        memory_mb={
+            g.name: g.memory_mb(max(b, full_b), workers[g.name], full.placed[g.name].sharding)
+            for g, b, full_b in zip(groups, local, full.local, strict=True)
+        },
+        memory_limit_mb={g.name: g.memory_limit_mb for g in groups},
     )
 
 
@@ -596,24 +857,40 @@ def recommend(
     names = [g.name for g in model.groups]
     asked = {g.name: g.workers for g in model.groups}
     kwargs: dict[str, Any] = {"global_batch_size": global_batch_size, "epochs": epochs}
+    no_room: dict[frozenset[str], str] = {}  # a set whose memory cannot hold the task: why
+
+    def guesses(workers: dict[str, int]) -> list[Prediction]:
+        """The predictions on ``workers`` under each split policy that fits its memory."""
+        found = []
+        for policy in split_policies:
+            try:
+                found.append(predict(model, workers, split_policy=policy, **kwargs))
+            except DoesNotFit as exc:
+                no_room.setdefault(frozenset(workers), str(exc))
+        return found
+
     options = [
-        predict(model, {n: asked[n] for n in subset}, split_policy=policy, **kwargs)
+        guess
         for subset in subsets(names)
         if fits_batch(model, {n: asked[n] for n in subset}, global_batch_size)
-        for policy in split_policies
+        for guess in guesses({n: asked[n] for n in subset})
     ]
+    if not options and no_room:
+        raise DoesNotFit(
+            "no set of the candidate groups fits its memory: "
+            + no_room.get(frozenset(names), next(iter(no_room.values())))
+        )
     if not options:
         raise ValueError("no subset of the candidate groups can hold the global batch")
     options.sort(key=lambda p: (p.finish_s, p.total_workers))
     best = options[0]
 
     def fastest(workers: dict[str, int]) -> Prediction | None:
-        """The prediction on ``workers`` under its fastest split policy (None: no workers, or
-        more than the global batch)."""
+        """The prediction on ``workers`` under its fastest split policy (None: no workers,
+        more than the global batch, or more than its memory holds)."""
         if not workers or not fits_batch(model, workers, global_batch_size):
             return None
-        guesses = [predict(model, workers, split_policy=p, **kwargs) for p in split_policies]
-        return min(guesses, key=lambda p: p.finish_s)
+        return min(guesses(workers), key=lambda p: p.finish_s, default=None)
 
     def finish(workers: dict[str, int]) -> float:
         found = fastest(workers)
@@ -631,14 +908,17 @@ def recommend(
         gain = best.finish_s - finish(with_it)
         gains[name] = gain if math.isfinite(gain) else None
         if not math.isfinite(gain):
-            left_out[name] = "with it the workers would exceed the global batch"
+            left_out[name] = no_room.get(
+                frozenset(with_it), "with it the workers would exceed the global batch"
+            )
             continue
         guarded = fastest(with_it)
         assert guarded is not None
         # Why it costs: its prediction as if the guard let it be (it parks it after its first
         # check, when the predicted step is that much longer).
-        unguarded = [
-            predict(model, with_it, split_policy=p, guard=False, **kwargs) for p in split_policies
+        unguarded = [  # under the split policies that fit its memory
+            predict(model, with_it, split_policy=o.split_policy, guard=False, **kwargs)
+            for o in guesses(with_it)
         ]
         added = min(unguarded, key=lambda p: p.finish_s)
         exchange = added.exchange_s - best.exchange_s
@@ -687,7 +967,10 @@ def _for_deadline(
         if not workers or not fits_batch(model, workers, kwargs["global_batch_size"]):
             continue
         for policy in split_policies:
-            guess = predict(model, workers, split_policy=policy, **kwargs)
+            try:
+                guess = predict(model, workers, split_policy=policy, **kwargs)
+            except DoesNotFit:
+                continue
             if guess.finish_s > deadline_s:
                 continue
             key = (guess.total_workers, guess.finish_s)

@@ -22,6 +22,9 @@ def predicted_finish_s(
     sync_strategy: str,
     sync_period: int = 1,
     guard: bool = True,
+    sharding: dict[str, str] | None = None,
+    caps: dict[str, int | None] | None = None,
+    memory_limit_mb: float | None = None,
 ) -> float:
     """Seconds a task of ``project_id`` on ``workers`` (group -> workers) is predicted to take
     from its start, by plan ``plan_id``'s model (with the guard's parking when ``guard``).
@@ -30,6 +33,9 @@ def predicted_finish_s(
         Invalid (field `plan_id`): no such plan in the project, its model is not fitted yet,
             or a group of the task was not one of its candidates, or the task's sync
             strategy is not the one the plan timed.
+        Invalid (field `memory_limit_mb`): with ``memory_limit_mb``, a group (held as
+            ``sharding`` says, its share capped by ``caps``) is predicted to need more
+            memory than it may hold (:func:`backend.plans.performance.memory_shortfall`).
     """
     plan = session.get(Plan, plan_id)
     if plan is None or plan.project_id != project_id:
@@ -47,6 +53,18 @@ def predicted_finish_s(
         )
     model = dataclasses.replace(model, sync_period=sync_period)
     try:
+        if memory_limit_mb is not None:
+            short = performance.memory_shortfall(
+                model,
+                workers,
+                sharding=sharding or {},
+                caps=caps or {},
+                memory_limit_mb=memory_limit_mb,
+                global_batch_size=global_batch_size,
+                split_policy=split_policy,
+            )
+            if short is not None:
+                raise Invalid(f"plan {plan_id}: {short[1]}", field="memory_limit_mb")
         return performance.predict(
             model,
             workers,

@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from backend.core.schemas import UtcDateTime
+from contracts.payload import DEFAULT_MEMORY_LIMIT_MB
 from contracts.plan import DILOCO_PERIOD, SplitPolicy, SyncStrategy, check_period
 from contracts.strict import StrictModel
 
@@ -52,6 +53,14 @@ class PlanCreate(StrictModel):
         "slowest group's timing, within the ranks' collective timeout)",
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    memory_limit_mb: int = Field(
+        default=DEFAULT_MEMORY_LIMIT_MB,
+        ge=128,
+        le=1_048_576,
+        description="data memory each rank of the planned task may use, in MiB (the task's "
+        "`memory_limit_mb`): with each CPU group's memory per worker, what the plan fits the "
+        "model into, whole or sharded, capping a group's batch share where needed",
+    )
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -123,7 +132,11 @@ class PredictionRead(BaseModel):
     last checkpoint: `start_s`, then every epoch's steps and its end, `epoch_end_s`:
     validation, the model's transfers and the checkpoint); per group the local batch per
     worker and the step's compute seconds; the cross-group exchange per step; groups the
-    split gives no samples (`idle`)."""
+    split gives no samples (`idle`); per group how it holds the model (`sharding`: `none` or
+    `fsdp`), the most samples a step one of its workers may take (`max_local_batch`: its
+    memory's cap, null for none), a worker's predicted peak memory in MiB at its share
+    (`memory_mb`, null where the trial did not measure it) and what it may hold
+    (`memory_limit_mb`, null where not known)."""
 
     workers: dict[str, int]
     split_policy: SplitPolicy
@@ -137,6 +150,10 @@ class PredictionRead(BaseModel):
     local_batch: dict[str, float]
     compute_s: dict[str, float]
     idle: list[str]
+    sharding: dict[str, str] = Field(default_factory=dict)
+    max_local_batch: dict[str, int | None] = Field(default_factory=dict)
+    memory_mb: dict[str, float | None] = Field(default_factory=dict)
+    memory_limit_mb: dict[str, float | None] = Field(default_factory=dict)
 
 
 class PlanRead(BaseModel):

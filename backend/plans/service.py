@@ -14,15 +14,18 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from backend.agents.models import SERVING, Agent
 from backend.core.db import utcnow
 from backend.core.errors import Conflict, NotFound
 from backend.plans import performance
 from backend.plans.models import Plan
 from backend.plans.schemas import PlanCreate, PlanRead, PlanStatus, PredictionRead
+from backend.resource_groups.models import LIVE, ResourceGroup
 from backend.tasks import service as tasks
 from backend.tasks.models import Task, TaskStatus
 from backend.tasks.schemas import GroupRequest, TaskCreate
 from backend.tasks.spec import read_spec
+from contracts.payload import DEFAULT_MEMORY_LIMIT_MB
 from contracts.plan import ROUND_STRATEGIES
 from contracts.trial import TrialOptions, TrialResult
 
@@ -66,6 +69,8 @@ def create(session: Session, *, data: PlanCreate) -> Plan:
             on_group_loss="restart",
             max_restarts=0,
             seed=data.seed,
+            # room to measure the whole model where the planned limit will not hold it
+            memory_limit_mb=max(data.memory_limit_mb, DEFAULT_MEMORY_LIMIT_MB),
         ),
         trial=trial,
         commit=False,
@@ -127,12 +132,45 @@ def store_trial(session: Session, *, task: Task, result: TrialResult) -> Plan:
             sync_strategy=request.sync_strategy,
             sync_period=request.sync_period,
             quorum=request.quorum,
+            memory_limit_mb=memory_limits(
+                session, groups, request.memory_limit_mb or DEFAULT_MEMORY_LIMIT_MB
+            ),
         )
         plan.model, plan.error = model.to_json(), ""
     except ValueError as exc:
         plan.model, plan.error = None, f"the trial's timings cannot be fitted: {exc}"
     session.commit()
     return plan
+
+
+def memory_limits(
+    session: Session, groups: Sequence[tuple[str, str, int]], memory_limit_mb: int
+) -> dict[str, float]:
+    """What one worker of each group may hold, in MiB, for the plan's fit check: on a CPU
+    group the task's ``memory_limit_mb`` or, if less, the smallest host memory per worker
+    among its serving agents (host RAM over the workers the agent runs); on a device group
+    the smallest device memory its agents report. A device group with no agent reporting
+    its memory has no known limit (left out)."""
+    limits: dict[str, float] = {}
+    for name, device_type, _ in groups:
+        agents = session.scalars(
+            select(Agent)
+            .join(ResourceGroup, ResourceGroup.id == Agent.resource_group_id)
+            .where(ResourceGroup.name == name, LIVE, SERVING)
+        ).all()
+        hardware = [(a.hardware or {}, max(1, a.workers)) for a in agents]
+        if device_type == "cpu":
+            per_worker = [
+                h["memory_bytes"] / 2**20 / w for h, w in hardware if h.get("memory_bytes")
+            ]
+            limits[name] = min([float(memory_limit_mb), *per_worker])
+        else:
+            device = [
+                float(h["device_memory_mb"]) for h, _ in hardware if h.get("device_memory_mb")
+            ]
+            if device:
+                limits[name] = min(device)
+    return limits
 
 
 def status(session: Session, plan: Plan) -> tuple[PlanStatus, str]:
@@ -213,16 +251,28 @@ def task_request(plan: Plan, request: PlanCreate, chosen: performance.Prediction
         "project_id": plan.project_id,
         "code_version_id": request.code_version_id,
         "name": request.name,
-        "resource_groups": [{"name": n, "workers": w} for n, w in chosen.workers.items()],
+        "resource_groups": [_group_item(chosen, n, w) for n, w in chosen.workers.items()],
         "global_batch_size": request.global_batch_size,
         "epochs": request.epochs,
         "split_policy": chosen.split_policy,
         "sync_strategy": request.sync_strategy,
         "seed": request.seed,
         "plan_id": plan.id,
+        "memory_limit_mb": request.memory_limit_mb,
     }
     if request.sync_strategy in ROUND_STRATEGIES:
         body["sync_period"] = request.sync_period
     if request.sync_strategy == "quorum" and request.quorum and len(chosen.workers) > 1:
         body["quorum"] = min(request.quorum, len(chosen.workers))
     return body
+
+
+def _group_item(chosen: performance.Prediction, name: str, workers: int) -> dict[str, object]:
+    """One group of the task a plan submits, with the sharding and the cap on a worker's
+    share that its memory needs (:func:`backend.plans.performance.placements`)."""
+    item: dict[str, object] = {"name": name, "workers": workers}
+    if chosen.sharding.get(name, "none") != "none":
+        item["sharding"] = chosen.sharding[name]
+    if chosen.max_local_batch.get(name) is not None:
+        item["max_local_batch"] = chosen.max_local_batch[name]
+    return item

@@ -82,8 +82,9 @@ def payload_for(
     environment: Environment | None = None,
 ) -> SubTaskPayload:
     """The message for one sub-task of the task's current attempt: the placed groups (with
-    their speed factors and own sharding), the part's ranks and agent, the engine options,
-    the checkpoint to resume from and the code version's environment (:func:`environment_of`).
+    their speed factors, own sharding and max_local_batch), the part's ranks and agent, the
+    engine options, the checkpoint to resume from and the code version's environment
+    (:func:`environment_of`).
 
     Raises:
         ValueError: the stored spec has no epochs or global batch size.
@@ -92,7 +93,13 @@ def payload_for(
     if spec.epochs is None or spec.global_batch_size is None:
         raise ValueError(f"task {task.id}'s spec has no epochs or global batch size")
     groups = [
-        g.model_copy(update={"speed_factor": spec.speed_factor(g), "sharding": spec.sharding_of(g)})
+        g.model_copy(
+            update={
+                "speed_factor": spec.speed_factor(g),
+                "sharding": spec.sharding_of(g),
+                "max_local_batch": spec.max_local_batch_of(g),
+            }
+        )
         for g in spec.groups
     ]
     return SubTaskPayload(

@@ -21,8 +21,8 @@ goes on with the groups of the last attempt that can take their workers again
 from typing import TypeVar
 
 from backend.scheduler.capacity import GroupFree
-from contracts.plan import GroupPlan
-from contracts.task_spec import RequestItem
+from contracts.plan import GroupPlan, check_local_batch
+from contracts.task_spec import RequestItem, TaskSpec
 
 Plan = list[GroupPlan]
 Key = TypeVar("Key", str, int)  # a group's name, or an agent's id
@@ -96,12 +96,23 @@ def _named(
     return {best.name: workers}
 
 
-def survivors(previous: Plan, free: dict[str, GroupFree]) -> Plan | None:
+def survivors(
+    previous: Plan, free: dict[str, GroupFree], spec: TaskSpec | None = None
+) -> Plan | None:
     """`shrink`: the groups of the last attempt that can take their workers again now, in
     their order, when some but not all can (None otherwise: nothing to shrink onto, or
-    nothing lost)."""
+    nothing lost, or, given the task's `spec`, groups whose max_local_batch cannot hold its
+    global batch, where the engine would refuse the shrunk task)."""
     kept = [g for g in previous if g.name in free and free[g.name].free >= g.workers]
-    return kept if kept and len(kept) < len(previous) else None
+    if not kept or len(kept) == len(previous):
+        return None
+    if spec is not None and spec.global_batch_size is not None:
+        caps = [(g.name, g.workers, spec.max_local_batch_of(g)) for g in kept]
+        try:
+            check_local_batch(caps, spec.global_batch_size, spec.split_policy)
+        except ValueError:
+            return None
+    return kept
 
 
 def eligible(

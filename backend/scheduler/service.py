@@ -131,7 +131,7 @@ def _first_fit(
                 queued.spec.requested(), free, previous, migrate=policy != "wait"
             )
             if chosen is None and previous is not None and policy == "shrink":
-                chosen = placement.survivors(previous, free)
+                chosen = placement.survivors(previous, free, queued.spec)
             if chosen is not None:
                 return queued, chosen
     return None

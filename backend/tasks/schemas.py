@@ -29,6 +29,7 @@ from contracts.plan import (
     Sharding,
     SplitPolicy,
     SyncStrategy,
+    check_local_batch,
     check_period,
 )
 from contracts.preprocess import PreprocessStep
@@ -73,6 +74,18 @@ class GroupRequest(StrictModel):
         "2 or more workers in the group (a device_type item: in each group it is placed on)",
     )
 
+    max_local_batch: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="the most samples one worker of this group takes in a step (its memory "
+        "cap; a plan sets it from measured memory): the split keeps each of its workers' "
+        "shares within it and the guard parks no group when the others could not hold the "
+        "global batch without exceeding theirs. Default: no cap. The groups' caps times their "
+        "workers must hold global_batch_size, and split_policy `even` must give no worker "
+        "more than its cap (a device_type item: each of its workers, whatever group)",
+    )
+
     @field_validator("sharding")
     @classmethod
     def _shards_something(cls, value: str | None, info: ValidationInfo) -> str | None:
@@ -105,6 +118,7 @@ class TaskCreate(StrictModel):
     )
     split_policy: SplitPolicy = Field(
         default="even",
+        validate_default=True,  # the even split is checked against each max_local_batch
         description="`weighted`: shares of data and batch follow measured "
         "samples/s, re-balanced online",
     )
@@ -326,6 +340,15 @@ class TaskCreate(StrictModel):
             raise ValueError(
                 f"global_batch_size ({value}) is smaller than the number of workers ({workers})"
             )
+        check_local_batch(_capped(groups), value, None)
+        return value
+
+    @field_validator("split_policy")
+    @classmethod
+    def _even_within_caps(cls, value: str, info: ValidationInfo) -> str:
+        if "global_batch_size" in info.data:  # checked against a valid batch only
+            groups = info.data.get("resource_groups") or []
+            check_local_batch(_capped(groups), info.data["global_batch_size"], value)
         return value
 
     @field_validator("quorum")
@@ -425,6 +448,19 @@ def _strategy(info: ValidationInfo) -> str | None:
     are not checked against it then (its own error says what is wrong)."""
     strategy: str | None = info.data.get("sync_strategy")
     return strategy
+
+
+def _capped(requested: list[GroupRequest]) -> list[tuple[str, int, int | None]]:
+    """Each item as `contracts.plan.check_local_batch` takes it: its label in an error
+    (`resource_groups.I (name)`), its workers and its max_local_batch."""
+    return [
+        (
+            f"resource_groups.{i} ({g.name or g.device_type})",
+            g.workers,
+            g.max_local_batch,
+        )
+        for i, g in enumerate(requested)
+    ]
 
 
 def _most_groups(requested: list[GroupRequest]) -> int:

@@ -98,13 +98,16 @@ def submit(
 
 def _keep_own_settings(request: list[dict], asked: list[GroupRequest]) -> None:
     """Copy each asked item's own settings into its resolved request item: its speed factor
-    when not 1 (emulation; see worker.engine.emulation) and its sharding when it sets one
-    (the placed groups take them from there: `TaskSpec.speed_factor`, `TaskSpec.sharding_of`)."""
+    when not 1 (emulation; see worker.engine.emulation), its sharding and its max_local_batch
+    when it sets them (the placed groups take them from there: `TaskSpec.speed_factor`,
+    `TaskSpec.sharding_of`, `TaskSpec.max_local_batch_of`)."""
     for item, own in zip(request, asked, strict=True):
         if own.speed_factor != 1.0:
             item["speed_factor"] = own.speed_factor
         if own.sharding is not None:
             item["sharding"] = own.sharding
+        if own.max_local_batch is not None:
+            item["max_local_batch"] = own.max_local_batch
 
 
 def _plan_prediction(session: Session, data: TaskCreate, project_id: int) -> dict[str, object]:
@@ -129,6 +132,9 @@ def _plan_prediction(session: Session, data: TaskCreate, project_id: int) -> dic
         sync_strategy=data.sync_strategy,
         sync_period=data.sync_period,
         guard=data.guard,
+        sharding={g.name: g.sharding or data.sharding for g in data.resource_groups if g.name},
+        caps={g.name: g.max_local_batch for g in data.resource_groups if g.name},
+        memory_limit_mb=data.memory_limit_mb,
     )
     return {"plan_id": data.plan_id, "predicted_s": seconds}
 

@@ -154,9 +154,11 @@ def has_dependencies() -> bool:
 
 
 class TaskForm(BaseModel):
-    """The submission form as entered: `group[i]` asks for `workers[i]` workers; the
-    settings inputs arrive as extra fields named as in `task_fields()`; `plan_id` is the
-    plan the task follows (set by "Use this plan", blank for none)."""
+    """The submission form as entered: `group[i]` asks for `workers[i]` workers, held as
+    `group_sharding[i]` says (blank: the task's `sharding`) with at most `group_cap[i]`
+    samples a worker a step (its `max_local_batch`, blank: no cap); the settings inputs
+    arrive as extra fields named as in `task_fields()`; `plan_id` is the plan the task
+    follows (set by "Use this plan", blank for none)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -164,8 +166,18 @@ class TaskForm(BaseModel):
     code_version_id: str = ""
     group: list[str] = []
     workers: list[str] = []
+    group_sharding: list[str] = []
+    group_cap: list[str] = []
     depends_on: list[str] = []
     plan_id: str = ""
+
+    def sharding_of(self, group_name: str) -> str:
+        """The sharding entered for `group_name` ("" for the task's)."""
+        return dict(zip(self.group, self.group_sharding, strict=False)).get(group_name, "")
+
+    def cap_of(self, group_name: str) -> str:
+        """The cap on a worker's samples entered for `group_name` ("" for none)."""
+        return dict(zip(self.group, self.group_cap, strict=False)).get(group_name, "")
 
     def value(self, form_field: FormField) -> str:
         """What was entered in `form_field` (its default on a new form)."""
@@ -190,8 +202,20 @@ def _group_requests(form: TaskForm) -> tuple[list[dict], FieldErrors]:
         except ValueError:
             errors[f"group.{name}"] = "enter a whole number of workers (0 = not used)"
             continue
-        if workers != 0:
-            requests.append({"name": name, "workers": workers})
+        if workers == 0:
+            continue
+        item: dict[str, Any] = {"name": name, "workers": workers}
+        if sharding := form.sharding_of(name).strip():
+            item["sharding"] = sharding  # checked by TaskCreate, which names the choices
+        if cap := form.cap_of(name).strip():
+            try:
+                item["max_local_batch"] = int(cap)
+            except ValueError:
+                errors[f"group.{name}"] = (
+                    "enter a whole number of samples a worker may take a step (blank: no cap)"
+                )
+                continue
+        requests.append(item)
     return requests, errors
 
 

@@ -74,6 +74,8 @@ def group_rows(session: Session, form: TaskForm) -> list[dict[str, Any]]:
             "agents_online": g.agents_online,
             "state": g.state.value,
             "workers": form.workers_of(g.name),
+            "sharding": form.sharding_of(g.name),
+            "cap": form.cap_of(g.name),
         }
         for g in groups.list_all(session)
     ]
@@ -124,10 +126,14 @@ def _plans(spec: TaskSpec) -> list[GroupPlan] | list[RequestItem]:
     return spec.groups or spec.request
 
 
-def _own_sharding(spec: TaskSpec, plan: GroupPlan | RequestItem) -> str:
-    """` (fsdp)` after a group or request item that sets its own sharding, else ``."""
-    own = spec.sharding_of(plan) if isinstance(plan, GroupPlan) else plan.sharding
-    return f" ({own})" if own else ""
+def _own_settings(spec: TaskSpec, plan: GroupPlan | RequestItem) -> str:
+    """What follows a group or request item that sets its own settings: ` (fsdp)` for its
+    sharding, ` (max local batch 16)` for its max_local_batch; `` for none."""
+    if isinstance(plan, GroupPlan):
+        own, cap = spec.sharding_of(plan), spec.max_local_batch_of(plan)
+    else:
+        own, cap = plan.sharding, plan.max_local_batch
+    return (f" ({own})" if own else "") + (f" (max local batch {cap})" if cap else "")
 
 
 def _displayed(value: Any) -> Any:
@@ -142,13 +148,14 @@ def _displayed(value: Any) -> Any:
 
 def spec_summary(spec: TaskSpec) -> dict[str, Any]:
     """The task spec for display: `groups` as `name × workers` strings (with a group's own
-    sharding), total workers, and the other settings (scalars and lists of names)."""
+    sharding and max_local_batch), total workers, and the other settings (scalars and lists
+    of names)."""
     plans = _plans(spec)
     shown = {"groups", "request", "epochs", "global_batch_size", "split_policy", "seed"}
     return {
         "groups": [
             f"{g.name or (g.device_type or '?') + ' (any group)'} × {g.workers}"
-            f"{_own_sharding(spec, g)}"
+            f"{_own_settings(spec, g)}"
             for g in plans
         ],
         "workers": sum(g.workers for g in plans),

@@ -75,7 +75,7 @@
       name: input("name").value.trim(),
       resource_groups: candidates.map((g) => ({ name: g.name, workers: numberOr(g.input.value) })),
     };
-    ["global_batch_size", "epochs", "seed"].forEach((name) => {
+    ["global_batch_size", "epochs", "seed", "memory_limit_mb"].forEach((name) => {
       const value = input(name) && input(name).value.trim();
       if (value) body[name] = numberOr(value);
     });
@@ -273,6 +273,23 @@
     return span;
   }
 
+  /** Each group's predicted peak per worker against what it may hold, with its sharding and
+   * cap where the plan set them, e.g. "cpu-a 414 / 512 MiB, fsdp · cpu-b 512 / 512 MiB, ≤ 53
+   * a step"; "—" where the trial measured no memory. */
+  function memoryText(option) {
+    const parts = Object.keys(option.workers).map((name) => {
+      const peak = (option.memory_mb || {})[name];
+      if (peak === null || peak === undefined) return null;
+      const limit = (option.memory_limit_mb || {})[name];
+      let text = `${name} ${Math.round(peak)}${limit ? ` / ${Math.round(limit)}` : ""} MiB`;
+      if ((option.sharding || {})[name] === "fsdp") text += ", fsdp";
+      const cap = (option.max_local_batch || {})[name];
+      if (cap) text += `, ≤ ${cap} a step`;
+      return text;
+    }).filter((part) => part !== null);
+    return parts.length ? parts.join(" · ") : "—";
+  }
+
   function renderResult(current) {
     const chosen = current.for_deadline || current.best;
     $("plan-result").hidden = false;
@@ -298,7 +315,8 @@
       if (same(option, chosen)) tr.dataset.chosen = "true";
       tr.appendChild(first);
       [[option.split_policy, ""], [fixed(option.step_s, 3), "num"], [fixed(option.epoch_s, 1), "num"],
-        [duration(option.finish_s), "num"], [fixed(option.samples_per_s, 1), "num"]].forEach(([text, cls]) => {
+        [duration(option.finish_s), "num"], [fixed(option.samples_per_s, 1), "num"],
+        [memoryText(option), ""]].forEach(([text, cls]) => {
         const td = document.createElement("td");
         td.textContent = text;
         if (cls) td.className = cls;
@@ -390,8 +408,15 @@
     if (!plan || !plan.task_request) return;
     const request = plan.task_request;
     clearErrors();
-    const workers = new Map(request.resource_groups.map((g) => [g.name, g.workers]));
-    groupRows().forEach((g) => { g.input.value = String(workers.get(g.name) || 0); });
+    const asked = new Map(request.resource_groups.map((g) => [g.name, g]));
+    groupRows().forEach((g) => {
+      const item = asked.get(g.name);
+      g.input.value = String(item ? item.workers : 0);
+      const row = g.input.closest("tr");
+      row.querySelector('select[name="group_sharding"]').value = (item && item.sharding) || "";
+      row.querySelector('input[name="group_cap"]').value = item && item.max_local_batch ? String(item.max_local_batch) : "";
+    });
+    if (request.memory_limit_mb) setValue("memory_limit_mb", request.memory_limit_mb);
     setValue("code_version_id", request.code_version_id);
     if (request.name) setValue("name", request.name);
     ["global_batch_size", "epochs", "split_policy", "sync_strategy", "seed"].forEach(

@@ -26,6 +26,13 @@ semi-dynamic load balancing from measured step times
 Non-Dedicated Environments", SoCC 2020; per-node batch sizes from measured
 speed as in the heterogeneous-computing patent family and HetPipe, Park et
 al., USENIX ATC 2020).
+
+A worker may have a cap, the most samples it takes in a step (its group's
+``max_local_batch``, a memory limit). Every share the balancer makes stays within it
+(:func:`worker.engine.sharding.capped_shares`), and the ideal it measures against is the
+capped one (water-filling, :func:`ideal_shares`): a worker held at its cap takes less than
+its speed would give it, and the others finish together without it, so a split that is as
+close to that as whole samples allow is not imbalanced and the controller rests there.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import math
 from dataclasses import dataclass, field
 
 from contracts.plan import SplitPolicy
-from worker.engine.sharding import even_shares, weighted_shares
+from worker.engine.sharding import capped_shares, even_shares
 
 
 def rates_of(compute_s: list[float], samples: list[float]) -> list[float]:
@@ -46,9 +53,46 @@ def rates_of(compute_s: list[float], samples: list[float]) -> list[float]:
     return [fallback if math.isnan(r) else r for r in rates]
 
 
-def imbalance(shares: list[int], rates: list[float]) -> float:
-    """Predicted step time ``max_i b_i / r_i`` over the ideal ``B / sum(r)``, minus 1 (>= 0)."""
-    ideal = sum(shares) / sum(rates)
+def ideal_shares(
+    batch: int, rates: list[float], caps: list[int | None] | None = None
+) -> tuple[list[float], float]:
+    """The shares (real numbers) that make every worker finish together within its cap, and
+    the step time they take: ``b_i = min(c_i, r_i T)`` summing to ``batch`` (water-filling:
+    a worker whose share ``r_i T`` would exceed its cap ``c_i`` is held at it and the rest is
+    shared by the others in proportion to their rates, until none exceeds). Without a cap
+    that binds: ``batch r_i / sum(r)`` and ``T = batch / sum(r)``. When every worker is held
+    (the caps sum to ``batch``), ``T`` is the slowest held worker's ``c_i / r_i``."""
+    caps = caps if caps is not None else [None] * len(rates)
+    held: set[int] = set()
+    while True:
+        rest = batch - sum(c for i, c in enumerate(caps) if i in held and c is not None)
+        free_rate = sum(r for i, r in enumerate(rates) if i not in held)
+        if free_rate <= 0:
+            shares = [float(c) if i in held and c is not None else 0.0 for i, c in enumerate(caps)]
+            step = max((b / r for b, r in zip(shares, rates, strict=True) if r > 0), default=0.0)
+            return shares, step
+        shares = [
+            float(c) if i in held and c is not None else rest * r / free_rate
+            for i, (r, c) in enumerate(zip(rates, caps, strict=True))
+        ]
+        over = {
+            i
+            for i, (b, c) in enumerate(zip(shares, caps, strict=True))
+            if i not in held and c is not None and b > c
+        }
+        if not over:
+            return shares, rest / free_rate
+        held |= over
+
+
+def imbalance(shares: list[int], rates: list[float], caps: list[int | None] | None = None) -> float:
+    """Predicted step time ``max_i b_i / r_i`` over the ideal, minus 1 (>= 0): the ideal is
+    ``B / sum(r)``, or with ``caps`` (per worker, None: none) the capped one of
+    :func:`ideal_shares`, so a worker held at its cap is no imbalance."""
+    if caps is None or all(c is None for c in caps):
+        ideal = sum(shares) / sum(rates)
+    else:
+        ideal = ideal_shares(sum(shares), rates, caps)[1]
     slowest = max(b / r for b, r in zip(shares, rates, strict=True))
     return max(0.0, slowest / ideal - 1.0)
 
@@ -67,7 +111,10 @@ class Balancer:
     same windows, so all hold the same estimate and take the same decisions. Workers in
     ``excluded`` (:meth:`exclude`) keep a share of 0 and are left out of every decision;
     so are the workers of groups the guard parked (``parked``, :meth:`park`), until it
-    takes them back.
+    takes them back. ``caps`` (one per worker, None: no cap; all None by default): the most
+    samples a worker takes in a step (its group's ``max_local_batch``); every share made here
+    stays within it, and a move that would leave workers unable to hold the batch within
+    their caps raises ValueError and changes nothing.
     """
 
     policy: SplitPolicy
@@ -81,6 +128,7 @@ class Balancer:
     estimate: list[float] | None = field(default=None, repr=False)
     excluded: frozenset[int] = frozenset()
     parked: frozenset[int] = frozenset()
+    caps: list[int | None] | None = None
 
     @property
     def left_out(self) -> frozenset[int]:
@@ -91,27 +139,71 @@ class Balancer:
         """Shares without ``workers`` from now on (e.g. a group whose numerics disagree,
         :mod:`worker.engine.agreement`): the other workers share the global batch, evenly
         under ``even``, else in proportion to their rate estimates (their current shares
-        before the first estimate). Raises ValueError when no worker would be left."""
+        before the first estimate), within their caps. Raises ValueError, excluding no one,
+        when no worker would be left or the others' caps cannot hold the batch."""
+        before = self.excluded
         self.excluded = self.excluded | frozenset(workers)
-        return self._reshare(shares)
+        try:
+            return self._reshare(shares)
+        except ValueError:
+            self.excluded = before
+            raise
 
     def park(self, workers: set[int], shares: list[int]) -> list[int]:
         """Shares with exactly ``workers`` parked (:mod:`worker.engine.guard`): a parked
         worker takes none, the others share the batch as :meth:`exclude` does. Raises
-        ValueError when no worker would be left."""
+        ValueError, changing nothing, when no worker would be left or the others' caps
+        cannot hold the batch (:meth:`holds`)."""
+        before = self.parked, self.moving
         self.parked = frozenset(workers)
         self.moving = False
-        return self._reshare(shares)
+        try:
+            return self._reshare(shares)
+        except ValueError:
+            self.parked, self.moving = before
+            raise
+
+    def _caps_of(self, keep: list[int]) -> list[int | None]:
+        """The caps of the workers ``keep`` (None: no cap)."""
+        return [None] * len(keep) if self.caps is None else [self.caps[i] for i in keep]
+
+    def holds(self, keep: list[int]) -> bool:
+        """True when the workers ``keep`` can take the whole batch within their caps."""
+        caps = self._caps_of(keep)
+        if any(c is None for c in caps):
+            return True
+        return sum(c for c in caps if c is not None) >= self.batch
+
+    def _even(self, keep: list[int]) -> list[int]:
+        """Even shares of the batch over ``keep``; ValueError when one exceeds its cap."""
+        kept = even_shares(self.batch, len(keep))
+        for i, share, cap in zip(keep, kept, self._caps_of(keep), strict=True):
+            if cap is not None and share > cap:
+                raise ValueError(
+                    f"the even split gives worker {i} {share} samples a step, above its "
+                    f"max_local_batch {cap} ({len(keep)} workers share {self.batch})"
+                )
+        return kept
+
+    def _capped(self, keep: list[int], weights: list[float]) -> list[int]:
+        """Shares of the batch over ``keep`` in proportion to ``weights``, within the caps."""
+        if not self.holds(keep):
+            room = sum(c for c in self._caps_of(keep) if c is not None)
+            raise ValueError(
+                f"workers {keep} take at most {room} samples a step (their max_local_batch), "
+                f"fewer than the global batch {self.batch}"
+            )
+        return capped_shares(self.batch, weights, self._caps_of(keep))
 
     def _reshare(self, shares: list[int]) -> list[int]:
         keep = [i for i in range(len(shares)) if i not in self.left_out]
         if not keep:
             raise ValueError("every worker is excluded: none is left to train")
         if self.policy == "even":
-            kept = even_shares(self.batch, len(keep))
+            kept = self._even(keep)
         else:
             weights = self.estimate if self.estimate is not None else shares
-            kept = weighted_shares(self.batch, [float(weights[i]) for i in keep])
+            kept = self._capped(keep, [float(weights[i]) for i in keep])
         return self._expand(kept, keep, len(shares))
 
     @staticmethod
@@ -122,10 +214,33 @@ class Balancer:
         return out
 
     def initial(self, rates: list[float]) -> list[int]:
-        """Shares before the first step from profiled ``rates`` (samples/s per worker)."""
+        """Shares before the first step from profiled ``rates`` (samples/s per worker),
+        within the caps. Raises ValueError when the caps cannot hold the batch, or the even
+        split gives a worker more than its cap."""
+        every = list(range(len(rates)))
         if self.policy == "even":
-            return even_shares(self.batch, len(rates))
-        return weighted_shares(self.batch, rates)
+            return self._even(every)
+        return self._capped(every, rates)
+
+    def profiling(self, n_workers: int) -> list[int]:
+        """The shares the workers first profile at: even without caps; with them, as even as
+        they allow (:func:`capped_shares` of equal weights). Raises ValueError as
+        :meth:`initial`."""
+        if self.caps is None or all(c is None for c in self.caps):
+            return even_shares(self.batch, n_workers)
+        return self._capped(list(range(n_workers)), [1.0] * n_workers)
+
+    def fit(self, shares: list[int]) -> list[int]:
+        """``shares`` (e.g. a checkpoint's) when every one is within its cap; else shares in
+        proportion to them within the caps, the left-out workers at 0. Raises ValueError as
+        :meth:`initial`."""
+        caps = self.caps or [None] * len(shares)
+        if all(c is None or b <= c for b, c in zip(shares, caps, strict=True)):
+            return shares
+        keep = [i for i in range(len(shares)) if i not in self.left_out]
+        if self.policy == "even":
+            return self._expand(self._even(keep), keep, len(shares))
+        return self._expand(self._capped(keep, [float(shares[i]) for i in keep]), keep, len(shares))
 
     def propose(
         self,
@@ -153,22 +268,32 @@ class Balancer:
             rates = self.estimate
         if self.left_out:
             keep = [i for i in range(len(shares)) if i not in self.left_out]
-            kept = self._decide([shares[i] for i in keep], [rates[i] for i in keep])
+            kept = self._decide(
+                [shares[i] for i in keep], [rates[i] for i in keep], self._caps_of(keep)
+            )
             return None if kept is None else self._expand(kept, keep, len(shares))
-        return self._decide(shares, rates)
+        return self._decide(shares, rates, self._caps_of(list(range(len(shares)))))
 
-    def _decide(self, shares: list[int], rates: list[float]) -> list[int] | None:
-        """The controller's move from ``shares`` towards shares proportional to ``rates``."""
-        excess = imbalance(shares, rates)
+    def _decide(
+        self, shares: list[int], rates: list[float], caps: list[int | None]
+    ) -> list[int] | None:
+        """The controller's move from ``shares`` towards shares proportional to ``rates``
+        within ``caps`` (:func:`ideal_shares`)."""
+        uncapped = all(c is None for c in caps)
+        excess = imbalance(shares, rates, None if uncapped else caps)
         self.moving = excess > (self.settle if self.moving else self.tolerance)
         if not self.moving:
             return None
-        total = sum(rates)
         damping = 1.0 if excess >= self.jump else self.damping
-        target = [
-            b + damping * (self.batch * r / total - b) for b, r in zip(shares, rates, strict=True)
-        ]
-        proposed = weighted_shares(self.batch, target)
+        if uncapped:
+            total = sum(rates)
+            ideal = [self.batch * r / total for r in rates]
+        else:
+            ideal = ideal_shares(self.batch, rates, caps)[0]
+        target = [b + damping * (i - b) for b, i in zip(shares, ideal, strict=True)]
+        # Each target lies between a share and its ideal, both within the cap, so no share
+        # is cut here: the caps only hold the rounding.
+        proposed = capped_shares(self.batch, target, caps)
         if proposed == shares:
             self.moving = False  # whole samples allow no closer split
             return None

@@ -30,6 +30,10 @@ after it shows a step (wall seconds) at least half the margin shorter than the w
 it, the group is taken back at once, and the overhead that window measured keeps the guard
 from parking it again on the same costs.
 
+A group whose workers have a cap (``max_local_batch``) takes at most ``cap × workers``
+samples a step (``room``): the guard never parks a group when the groups left could not hold
+the global batch within their caps; it keeps the group instead.
+
 Decisions are this module's pure functions of a table every rank holds alike (the
 rebalancing window's work, :func:`worker.engine.run.rebalance`), so every rank parks the
 same groups at the same step without a broadcast. A move needs a predicted gain of
@@ -113,11 +117,15 @@ class Guard:
     ``margin``: the predicted gain, as a fraction of the current step, a move needs.
     ``rounds``: the groups take local steps of the whole global batch (``diloco``), so a
     step of the split is priced by :func:`round_step_seconds` instead of equation (1).
+    ``room``: the most samples each group takes in a step (its ``max_local_batch`` times its
+    workers; None: no cap; the list None: no group has one): a group is parked only when the
+    active groups left can hold the batch (:meth:`holds`).
     """
 
     n_groups: int
     margin: float = GUARD_MARGIN
     rounds: bool = False
+    room: list[int | None] | None = None
     costs: dict[int, GroupCost] = field(default_factory=dict)
     overhead_one_s: float | None = None
     overhead_many_s: float | None = None
@@ -151,6 +159,14 @@ class Guard:
         else:
             self.overhead_many_s = overhead_s
 
+    def holds(self, active: Iterable[int], batch: int) -> bool:
+        """True when the groups ``active`` can take ``batch`` samples a step within their
+        :attr:`room` (always, where one of them has no cap)."""
+        if self.room is None:
+            return True
+        rooms = [self.room[g] for g in active]
+        return any(r is None for r in rooms) or sum(r for r in rooms if r is not None) >= batch
+
     def predicted_s(self, active: Iterable[int], batch: int) -> float:
         """Predicted seconds of one step on the ``active`` groups (inf without their costs)."""
         chosen = sorted(set(active))
@@ -181,7 +197,9 @@ class Guard:
         the predicted step by ``margin`` or more, else the parked groups unchanged.
 
         ``left_out``: groups out of training for good (excluded on disagreement), never
-        taken back by the guard. At least one group stays active.
+        taken back by the guard. At least one group stays active, and the active groups
+        always hold the batch within their :attr:`room` (a park that would leave too little
+        is not considered).
         """
         gone = set(left_out)
         active = [g for g in range(self.n_groups) if g not in self.parked and g not in gone]
@@ -218,6 +236,8 @@ class Guard:
                 ):
                     continue
                 rest = [a for a in active if a != g]
+                if not self.holds(rest, batch):  # the others' caps cannot take the batch
+                    continue
                 moves.append((self.priced_s(rest, batch, current), self.parked | {g}))
         for g in sorted(self.parked - gone):
             moves.append((self.priced_s([*active, g], batch, current), self.parked - {g}))

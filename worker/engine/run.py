@@ -115,7 +115,11 @@ class Run:
         self.state = ModelState.of(self.model)
         if guarding(self):
             rounds = self.spec.sync_strategy == "diloco"
-            self.guard = Guard(len(self.spec.groups), rounds=rounds)
+            room = [
+                None if g.max_local_batch is None else g.max_local_batch * g.workers
+                for g in self.spec.groups
+            ]
+            self.guard = Guard(len(self.spec.groups), rounds=rounds, room=room)
 
     @property
     def parked_groups(self) -> frozenset[int]:
@@ -420,6 +424,17 @@ def guard_check(run: Run, columns: tuple[list[float], ...]) -> bool:
         after = frozenset(schedule.get(run.step, before))
     if after == before:
         return False
+    workers = {r - 1 for g in after for r in run.spec.group_ranks(g)}
+    keep = [w for w in range(run.topo.n_workers) if w not in workers | run.balancer.excluded]
+    if not run.balancer.holds(keep):  # (a test's schedule: the guard's own moves hold it)
+        guard.probation = None
+        if run.topo.is_ps:
+            names = [run.spec.groups[g].name for g in sorted(after - before)]
+            report.log(
+                f"guard: groups {names} stay at step {run.step}: without them the others' "
+                f"max_local_batch cannot hold the global batch {run.spec.global_batch_size}"
+            )
+        return False
     # The balancer sizes the new shares by its rate estimate: take this window into it first
     # (the parked workers' rates are kept; at the first check there was none yet).
     busy, samples = columns[0], columns[1]
@@ -433,7 +448,6 @@ def guard_check(run: Run, columns: tuple[list[float], ...]) -> bool:
     then_s = guard.priced_s(
         [g for g in range(guard.n_groups) if g not in after], run.spec.global_batch_size
     )
-    workers = {r - 1 for g in after for r in run.spec.group_ranks(g)}
     shares = run.balancer.park(workers, run.split.shares)
     guard.parked = after
     if before - after:
@@ -492,7 +506,7 @@ def rebalance(run: Run, window: Work, *, update: bool = True, shares: bool = Tru
         assert rates is not None
         report.log(
             f"rebalance at step {run.step}: shares {run.split.shares} -> {proposal} "
-            f"(predicted imbalance {imbalance(run.split.shares, rates):.1%})"
+            f"(predicted imbalance {imbalance(run.split.shares, rates, run.balancer.caps):.1%})"
         )
     run.split.set_shares(proposal)
 

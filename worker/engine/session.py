@@ -62,7 +62,6 @@ from worker.engine.run import (
     stepping,
     stepping_leaders,
 )
-from worker.engine.sharding import even_shares
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
 from worker.engine.state import sync_state
@@ -96,7 +95,8 @@ def strategy_for(name: str) -> Strategy[Run]:
 def initial_shares(run: Run, train: Source | None) -> list[int]:
     """Fresh start: workers profile their samples/s, every rank picks the same shares from them.
 
-    Every worker profiles at the even share first. With the ``weighted``
+    Every worker profiles at the even share first (within its cap, a group's
+    ``max_local_batch``: :meth:`Balancer.profiling`). With the ``weighted``
     policy they profile once more, each at the share that first profile gave
     it, and the shares are chosen again from those rates: samples/s depends
     on the batch (a small batch costs more per sample, a large one may leave
@@ -108,7 +108,7 @@ def initial_shares(run: Run, train: Source | None) -> list[int]:
     (:meth:`worker.engine.split.SplitState.first_shard`), so a worker reads no
     item outside the block it starts from.
     """
-    shares = even_shares(run.spec.global_batch_size, run.topo.n_workers)
+    shares = run.balancer.profiling(run.topo.n_workers)  # even, within the workers' caps
     again = run.spec.split_policy == "weighted" and run.strategy.steps_at_share
     passes = 2 if again and run.topo.n_workers > 1 else 1
     for done in range(1, passes + 1):
@@ -164,7 +164,8 @@ def keep_excluded(run: Run, package: dict[str, Any], shares: list[int]) -> list[
 def restore(run: Run, package: dict[str, Any]) -> bool:
     """Resume from a checkpoint package; returns True when the epoch continues mid-way."""
     run.split = SplitState.from_state_dict(package["split"])
-    if (shares := keep_excluded(run, package, run.split.shares)) != run.split.shares:
+    shares = run.balancer.fit(keep_excluded(run, package, run.split.shares))  # within caps
+    if shares != run.split.shares:
         run.split.set_shares(shares)
     run.step = int(package["step"])
     run.last_balance = run.last_checkpoint = run.last_progress = run.last_agreement = run.step
@@ -202,7 +203,7 @@ def start(
     emulator = (
         None if topo.is_ps else SpeedEmulator(spec.speed_factor_of(topo.rank), topo.device, pace)
     )
-    balancer = Balancer(spec.split_policy, spec.global_batch_size)
+    balancer = Balancer(spec.split_policy, spec.global_batch_size, caps=spec.local_batch_caps)
     train = data.train
     placeholder = SplitState(data.n_train, spec.global_batch_size, [], [], [])
     strategy = strategy_for(spec.sync_strategy)

@@ -2,7 +2,8 @@
 
 Counts: :func:`even_shares` and :func:`apportion` (largest remainder, so
 shares always sum exactly to the global batch) with :func:`weighted_shares`
-for throughput-proportional splits. Index helpers: per-epoch seeded global
+for throughput-proportional splits and :func:`capped_shares` for such splits within
+per-worker caps (a group's ``max_local_batch``). Index helpers: per-epoch seeded global
 batches (used by single-process references) and contiguous validation shards.
 The per-worker training shards themselves live in :mod:`worker.engine.split`.
 """
@@ -106,6 +107,56 @@ def weighted_shares(total: int, weights: list[float], minimum: int = 1) -> list[
             counts[counts.index(max(counts))] -= 1
             counts[i] += 1
     return counts
+
+
+def capped_shares(
+    total: int, weights: list[float], caps: list[int | None], minimum: int = 1
+) -> list[int]:
+    """Like :func:`weighted_shares`, but no share above its cap (``caps[i]``; None: no cap).
+
+    Water-filling: the shares are made as :func:`weighted_shares` makes them (largest
+    remainder, each at least ``minimum`` where the total allows); every worker whose share
+    exceeds its cap is set to its cap, and what is left is shared by the others in proportion
+    to their weights the same way, until no share exceeds its cap. Shares sum exactly to
+    ``total``; a worker held at a cap below ``minimum`` keeps its cap. Where the uncapped
+    workers left all have weight 0, they share what is left evenly. Without caps (all None)
+    it returns exactly what :func:`weighted_shares` does.
+
+    Raises ValueError naming the numbers when the caps (all set) sum to less than ``total``,
+    when a cap is negative or ``caps`` is not one per weight, and as :func:`weighted_shares`.
+    """
+    if len(caps) != len(weights):
+        raise ValueError(f"{len(caps)} caps for {len(weights)} weights")
+    if all(cap is None for cap in caps):
+        return weighted_shares(total, weights, minimum)
+    if any(cap is not None and cap < 0 for cap in caps):
+        raise ValueError(f"caps must be >= 0 or None, got {caps}")
+    if all(cap is not None for cap in caps):
+        room = sum(cap for cap in caps if cap is not None)
+        if room < total:
+            raise ValueError(f"caps {caps} hold {room} samples, fewer than the {total} to share")
+    held: dict[int, int] = {}  # worker -> its cap, for the workers held at it
+    while True:
+        free = [i for i in range(len(weights)) if i not in held]
+        rest = total - sum(held.values())
+        free_weights = [float(weights[i]) for i in free]
+        if rest > 0 and sum(free_weights) <= 0:
+            free_weights = [1.0] * len(free)
+        counts = weighted_shares(rest, free_weights, minimum)
+        over = {
+            i: cap
+            for i, count in zip(free, counts, strict=True)
+            if (cap := caps[i]) is not None and count > cap
+        }
+        if not over:
+            break
+        held.update(over)
+    out = [0] * len(weights)
+    for i, cap in held.items():
+        out[i] = cap
+    for i, count in zip(free, counts, strict=True):
+        out[i] = count
+    return out
 
 
 def epoch_seed(seed: int, epoch: int) -> int:

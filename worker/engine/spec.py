@@ -22,6 +22,7 @@ from contracts.plan import (
     Sharding,
     SplitPolicy,
     SyncStrategy,
+    check_local_batch,
 )
 from contracts.preprocess import PreprocessStep
 from contracts.trial import PROFILE_STEPS, TrialOptions
@@ -83,6 +84,10 @@ class RunSpec(BaseModel):
     at no other check, so a test can park a group and take it back at known steps.
     ``trial`` (a plan's trial task, set from the task's spec): the ranks time the task's
     step and exchanges instead of training (:mod:`worker.engine.trial`).
+    A group's ``max_local_batch`` caps the samples each of its workers takes in a step: the
+    split keeps every share within it (:class:`worker.engine.balance.Balancer`), and a spec
+    whose caps cannot hold the global batch, or whose ``even`` split exceeds one, is refused
+    (:func:`check_local_batches`).
     """
 
     task_id: int
@@ -135,6 +140,7 @@ class RunSpec(BaseModel):
         if any(step.op == "tokenize" for step in self.preprocess[1:]):
             raise ValueError("tokenize must be the first preprocessing step")
         check_sharding(self)
+        check_local_batches(self)
         return self
 
     def sharded(self, g: int | str | None) -> bool:
@@ -202,6 +208,14 @@ class RunSpec(BaseModel):
         """Emulated speed factor of compute rank ``rank`` (its group's)."""
         return self.groups[self.group_of(rank)].speed_factor
 
+    @property
+    def local_batch_caps(self) -> list[int | None] | None:
+        """Each compute worker's cap on its samples a step (its group's ``max_local_batch``),
+        in worker order; None when no group has one."""
+        if all(g.max_local_batch is None for g in self.groups):
+            return None
+        return [g.max_local_batch for g in self.groups for _ in range(g.workers)]
+
 
 def check_sharding(spec: RunSpec) -> None:
     """Raises ValueError, naming the field, for sharding that cannot be run: ``fsdp`` on a
@@ -221,3 +235,12 @@ def check_sharding(spec: RunSpec) -> None:
         )
     if spec.fsdp_units and not sharded:
         raise ValueError("fsdp_units applies only where a group has sharding 'fsdp'")
+
+
+def check_local_batches(spec: RunSpec) -> None:
+    """Raises ValueError, naming ``max_local_batch``, the group and the numbers, when the
+    groups' caps cannot run the spec: together they hold fewer than ``global_batch_size``
+    samples a step, or the ``even`` split gives a worker more than its group's cap
+    (:func:`contracts.plan.check_local_batch`)."""
+    groups = [(f"group {g.name!r}", g.workers, g.max_local_batch) for g in spec.groups]
+    check_local_batch(groups, spec.global_batch_size, spec.split_policy)

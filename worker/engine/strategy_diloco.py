@@ -155,11 +155,31 @@ def group_samples(run: Run, start: int, end: int) -> list[int]:
 
 def group_steps(run: Run, start: int, end: int, totals: list[int] | None = None) -> list[int]:
     """Every group's local steps in the round ``[start, end)`` under the split's shares
-    (``totals``: its :func:`group_samples`, when the caller has them)."""
+    (``totals``: its :func:`group_samples`, when the caller has them); with a group's
+    ``max_local_batch``, at least as many as keep each of its workers' local steps within
+    it (:func:`capped_steps`)."""
     spec = run.spec
     batch = spec.global_batch_size if spec.split_policy == "weighted" else None
     totals = group_samples(run, start, end) if totals is None else totals
-    return local_steps(totals, end - start, batch=batch)
+    steps = local_steps(totals, end - start, batch=batch)
+    caps = spec.local_batch_caps
+    if caps is None:
+        return steps
+    samples = round_samples(run.split, start, end)
+    return [
+        capped_steps(steps[g], [(samples[r - 1], caps[r - 1]) for r in spec.group_ranks(g)])
+        for g in range(len(spec.groups))
+    ]
+
+
+def capped_steps(steps: int, workers: list[tuple[int, int | None]]) -> int:
+    """A group's local steps in a round: ``steps``, or more where a worker's round samples in
+    ``steps`` near-equal parts (:func:`chunk_counts`) would exceed its cap (``workers``: each
+    worker's ``(round samples, cap)``, None: no cap). No more than the round's split steps
+    are needed: a share is within its cap. A group of no steps (no samples) keeps none."""
+    if steps == 0:
+        return 0
+    return max([steps, *(math.ceil(n / cap) for n, cap in workers if cap is not None)])
 
 
 class RoundPlan:

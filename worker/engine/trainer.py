@@ -81,17 +81,21 @@ def run_worker(
     run, under_way = session.start(spec, code, topo, model, optimizer, data, None, clock)
     share = run.split.shares[topo.worker_index] / run.split.batch
     report.metric("batch_share", share, step=run.step, epoch=run.epoch, rank=topo.rank)
+    val_batch = math.ceil(spec.global_batch_size / topo.n_workers)
+    if (cap := spec.groups[spec.group_of(topo.rank)].max_local_batch) is not None:
+        val_batch = min(val_batch, cap)
     session.train(
         run,
         under_way,
         # In batches of about the worker's share: a global batch per worker could overflow
-        # the loader's shared memory where training never would.
+        # the loader's shared memory where training never would. Within the group's
+        # max_local_batch, where it has one (its workers' memory holds no more).
         lambda r: validate(
             code,
             topo,
             model,
             val_data,
-            math.ceil(spec.global_batch_size / topo.n_workers),
+            val_batch,
             r.split.shares,
             lockstep=sharded,
         ),

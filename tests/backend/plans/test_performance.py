@@ -32,11 +32,13 @@ def _trial(
     trips: dict[int, tuple[float, float]] | None = None,
     sizes: tuple[int, ...] = (8, 16, 32),
     outside: dict[int, tuple[float, float]] | None = None,
+    memory: dict[int, dict[str, tuple[float, float]]] | None = None,
 ) -> TrialResult:
     """A trial whose every timing is exactly the given cost: step ``a + c b`` per group,
     rings for the allreduces, ``l + n m`` round trips; with ``outside``, per group its
     optimizer's set-up seconds and validation seconds per item, 1,000 validation items and
-    a 0.2 s checkpoint."""
+    a 0.2 s checkpoint; with ``memory``, per group lines (intercept, slope) of the measured
+    ``peak_mb`` and, where given, ``sharded_peak_mb`` and ``sharded_step_s``."""
     timed = []
     rank = 1
     for g, count in workers.items():
@@ -53,6 +55,10 @@ def _trial(
                         if outside
                         else {}
                     ),
+                    **{
+                        key: [a0 + c0 * b for b in sizes]
+                        for key, (a0, c0) in ((memory or {}).get(g) or {}).items()
+                    },
                 }
             )
             rank += 1
@@ -355,3 +361,99 @@ def test_a_group_the_model_lacks_is_refused() -> None:
     )
     with pytest.raises(KeyError, match="gpu"):
         predict(model, {"gpu": 1}, split_policy="even", global_batch_size=8, epochs=1)
+
+
+# Memory (issue 36, item 5): 400 MiB whole at no sample plus 2 MiB a sample; sharded over the
+# group of 2, 250 MiB plus 2 MiB a sample (it holds half of the 300 MiB of state), its step
+# 20 % slower.
+MEMORY = {
+    "peak_mb": (400.0, 2.0),
+    "sharded_peak_mb": (250.0, 2.0),
+    "sharded_step_s": (0.012, 0.0024),
+}
+
+
+def _memory_model(limits: dict[str, float], slow_memory: tuple[float, float] = (400.0, 2.0)):
+    trial = _trial(
+        {0: (0.010, 0.002), 1: (0.030, 0.006)},
+        {0: 2, 1: 1},
+        memory={0: MEMORY, 1: {"peak_mb": slow_memory}},
+    )
+    return fit(trial, GROUPS, sync_strategy="sync", memory_limit_mb=limits)
+
+
+def test_memory_lines_are_fitted_and_kept() -> None:
+    model = _memory_model({"fast": 1000.0, "slow": 1000.0})
+    fast, slow = model.groups
+    assert fast.memory is not None and fast.memory.intercept == pytest.approx(400.0)
+    assert fast.sharded_memory is not None and fast.sharded_memory.slope == pytest.approx(2.0)
+    assert fast.sharded_step is not None and fast.sharded_step.slope == pytest.approx(0.0024)
+    assert slow.sharded_memory is None and not slow.can_shard(1, "sync")
+    assert fast.memory_mb(10, 2, "none") == pytest.approx(420.0)
+    assert fast.memory_mb(10, 2, "fsdp") == pytest.approx(270.0)
+    # over 4 workers a worker holds a quarter of the state: 300 * 3/4 saved, not 300 / 2
+    assert fast.memory_mb(10, 4, "fsdp") == pytest.approx(420.0 - 225.0)
+    assert fast.memory_limit_mb == 1000.0
+    assert PerformanceModel.from_json(model.to_json()) == model
+
+
+def test_a_group_with_less_memory_gets_a_cap_on_its_share() -> None:
+    # slow holds 400 + 2 b <= 440: at most 20 samples a step, where its speed alone would not
+    # stop the weighted split from giving it more once the fast group's memory is tight too.
+    model = _memory_model({"fast": 10_000.0, "slow": 440.0}, slow_memory=(400.0, 2.0))
+    guess = predict(
+        model,
+        {"fast": 2, "slow": 1},
+        global_batch_size=256,
+        epochs=1,
+        split_policy="weighted",
+        guard=False,
+    )
+    assert guess.max_local_batch == {"fast": None, "slow": 20}
+    assert guess.local_batch["slow"] <= 20 + 1e-9
+    assert 2 * guess.local_batch["fast"] + guess.local_batch["slow"] == pytest.approx(256)
+    assert guess.sharding == {"fast": "none", "slow": "none"}
+    assert guess.memory_mb["slow"] is not None and guess.memory_mb["slow"] <= 440.0 + 1e-9
+    # the even split would give it 86 samples, more than its memory holds: that set is refused
+    with pytest.raises(ValueError, match=r"group 'slow' does not fit its memory: .*572 MiB whole"):
+        predict(model, {"fast": 2, "slow": 1}, global_batch_size=256, epochs=1, split_policy="even")
+
+
+def test_a_model_too_large_whole_is_planned_sharded() -> None:
+    # fast holds 500 MiB a worker: whole needs 400 + 2 b, over 500 past 50 samples; sharded
+    # 250 + 2 b holds its whole share of a 200 batch (100 a worker), so it shards rather than cap
+    model = _memory_model({"fast": 500.0, "slow": 10_000.0})
+    guess = predict(model, {"fast": 2}, global_batch_size=200, epochs=1, split_policy="even")
+    assert guess.sharding == {"fast": "fsdp"} and guess.max_local_batch == {"fast": None}
+    assert guess.memory_mb["fast"] == pytest.approx(450.0)
+    assert guess.compute_s["fast"] == pytest.approx(0.012 + 0.0024 * 100)  # the sharded step
+    whole = fit(
+        _trial({0: (0.010, 0.002)}, {0: 2}, memory={0: MEMORY}, cross=None),
+        GROUPS[:1],
+        sync_strategy="sync",
+    )
+    plain = predict(whole, {"fast": 2}, global_batch_size=200, epochs=1, split_policy="even")
+    assert plain.sharding == {"fast": "none"}  # no limit known: whole, as before
+
+
+def test_a_group_that_holds_no_sample_is_left_out_naming_it_and_the_bytes() -> None:
+    # slow (one worker: it cannot shard) needs 402 MiB at one sample and may hold 300
+    model = _memory_model({"fast": 10_000.0, "slow": 300.0})
+    found = recommend(model, global_batch_size=64, epochs=1, split_policies=["weighted"])
+    assert set(found.best.workers) == {"fast"}
+    assert found.left_out["slow"] == (
+        "group 'slow' does not fit its memory: a worker needs 402 MiB whole at 1 sample a "
+        "step, and may hold 300 MiB"
+    )
+    assert found.marginal_gain_s["slow"] is None
+    alone = fit(
+        _trial({0: (0.030, 0.006)}, {0: 1}, memory={0: {"peak_mb": (400.0, 2.0)}}, cross=None),
+        [("slow", "cpu", 1)],
+        sync_strategy="sync",
+        memory_limit_mb={"slow": 300.0},
+    )
+    with pytest.raises(
+        ValueError,
+        match="no set of the candidate groups fits its memory: group 'slow' does not fit",
+    ):
+        recommend(alone, global_batch_size=64, epochs=1)

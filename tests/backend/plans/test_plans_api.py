@@ -73,6 +73,61 @@ def _timings(slow_a: float = 0.03) -> dict:
     }
 
 
+def _with_memory(timings: dict) -> dict:
+    """The same report with memory measured: cpu-a's workers need 600 MiB + 2 MiB a sample
+    whole and 350 + 2 sharded over the two of them (a sharded step 20 % slower), cpu-b's
+    worker 300 + 4."""
+    for worker in timings["workers"]:
+        sizes = worker["batch_sizes"]
+        if worker["group_index"] == 0:
+            worker["peak_mb"] = [600 + 2 * b for b in sizes]
+            worker["sharded_peak_mb"] = [350 + 2 * b for b in sizes]
+            worker["sharded_step_s"] = [1.2 * s for s in worker["step_s"]]
+        else:
+            worker["peak_mb"] = [300 + 4 * b for b in sizes]
+    return timings
+
+
+def test_a_plan_fits_the_model_into_each_groups_memory(client: TestClient, version: dict) -> None:
+    plan = client.post("/api/v1/plans", json=_plan_body(version, memory_limit_mb=512)).json()
+    trial = client.get(f"/api/v1/tasks/{plan['trial_task_id']}").json()
+    assert trial["spec"]["limits"]["memory_limit_mb"] == 4096  # room to measure it whole
+    client.put(
+        f"/internal/v1/tasks/{plan['trial_task_id']}/trial",
+        headers=agent_headers(),
+        json=_with_memory(_timings()),
+    ).raise_for_status()
+    ready = client.get(f"/api/v1/plans/{plan['id']}").json()
+    assert ready["status"] == "ready", ready["error"]
+    both = next(
+        o
+        for o in ready["options"]
+        if o["workers"] == {"cpu-a": 2, "cpu-b": 1} and o["split_policy"] == "weighted"
+    )
+    # cpu-a cannot hold the model whole (600 + 2 x 32 > 512 MiB): it is planned sharded;
+    # cpu-b holds (512 - 300) / 4 = 53 samples a step at most, fewer than the 64 it could get
+    assert both["sharding"] == {"cpu-a": "fsdp", "cpu-b": "none"}
+    assert both["max_local_batch"] == {"cpu-a": None, "cpu-b": 53}
+    assert both["memory_limit_mb"] == {"cpu-a": 512, "cpu-b": 512}
+    assert all(both["memory_mb"][g] <= 512 for g in ("cpu-a", "cpu-b"))
+    request = ready["task_request"]
+    assert request["memory_limit_mb"] == 512
+    chosen = ready["best"]
+    groups = {g["name"]: g for g in request["resource_groups"]}
+    assert groups["cpu-a"].get("sharding") == "fsdp"
+    if "cpu-b" in groups and chosen["split_policy"] == "weighted":
+        assert groups["cpu-b"]["max_local_batch"] == 53
+    assert client.post("/api/v1/tasks", json=request).status_code == 201
+
+    # The same task with cpu-a whole is refused before it runs, naming the group and the MiB.
+    whole = {**request, "resource_groups": [{"name": "cpu-a", "workers": 2}]}
+    refused = client.post("/api/v1/tasks", json=whole)
+    assert refused.status_code == 422 and _field(refused) == "memory_limit_mb"
+    message = refused.json()["error"]["message"]
+    assert "group 'cpu-a' does not fit its memory" in message and "664 MiB whole" in message
+    assert "may hold 512 MiB" in message
+
+
 def _field(response) -> str:  # type: ignore[no-untyped-def]
     """The field the error names (the shared error shape)."""
     return str(response.json()["error"].get("field"))

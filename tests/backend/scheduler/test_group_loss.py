@@ -6,16 +6,24 @@ from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from backend.agents.models import Agent
 from backend.core.db import utcnow
-from backend.scheduler.service import schedule_once
-from backend.tasks import lifecycle
-from backend.tasks.models import Task
+from backend.scheduler.service import schedule_next, schedule_once
+from backend.tasks import fate, lifecycle
+from backend.tasks.models import SubTask, Task
 from backend.tasks.models import TaskStatus as S
-from tests.backend.scheduling import RecordingDispatcher, group, held, running_task
+from contracts.agent_api import Claim
+from tests.backend.scheduling import (
+    RecordingDispatcher,
+    group,
+    held,
+    running_task,
+    submit,
+    version,
+)
 from tests.conftest import make_group, make_project
 
 pytestmark = pytest.mark.stack
@@ -47,6 +55,27 @@ def test_shrink_goes_on_with_the_surviving_groups_when_none_has_room(session: Se
     assert _groups(task) == [("cpu-a", 2)]
     assert (held(session, "cpu-a"), held(session, "cpu-b")) == (2, 0)
     assert len(task.spec["request"]) == 2, "the request is kept for a later restart"
+
+
+def test_shrink_waits_when_the_survivors_caps_cannot_hold_the_batch(session: Session) -> None:
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    # cpu-a's workers take at most 20 samples a step each: alone they cannot hold 64.
+    request = [
+        {"name": "cpu-a", "workers": 2, "max_local_batch": 20},
+        {"name": "cpu-b", "workers": 1},
+    ]
+    task = submit(session, version(session), request, split_policy="weighted")
+    assert schedule_next(session) is not None
+    for sub in session.scalars(select(SubTask).where(SubTask.task_id == task.id)):
+        agent = session.get_one(Agent, sub.agent_id)
+        fate.claim(session, sub=sub, data=Claim(agent_id=agent.id, host=agent.host))
+    session.refresh(task)
+    assert task.status is S.RUNNING and task.spec["on_group_loss"] == "shrink"
+    _lose(session, "agent-cpu-b")
+    session.refresh(task)
+    assert task.status is S.QUEUED and task.attempt == 2  # waits for room, not shrunk
+    assert held(session, "cpu-a") == 0
 
 
 def test_shrink_moves_to_a_compatible_group_with_room_first(session: Session) -> None:

@@ -155,6 +155,60 @@ def test_each_groups_sharding_reaches_the_agents(
         assert (payload.engine["sharding"], payload.engine["fsdp_units"]) == ("fsdp", ["Linear"])
 
 
+def test_max_local_batch_reaches_the_spec_and_a_retry_keeps_it(
+    client: TestClient, version: dict
+) -> None:
+    groups = [
+        {"name": "cpu-a", "workers": 2, "max_local_batch": 12},
+        {"name": "cpu-b", "workers": 1, "speed_factor": 0.5},
+    ]
+    body = task_request(version, resource_groups=groups, split_policy="weighted")
+    response = client.post("/api/v1/tasks", json=body)
+    assert response.status_code == 201, response.text
+    task = response.json()
+    request = task["spec"]["request"]
+    assert request[0]["max_local_batch"] == 12 and "max_local_batch" not in request[1]
+    stored = TaskSpec.model_validate(task["spec"])
+    assert [stored.max_local_batch_of(g) for g in stored.groups] == [12, None]
+    device = [{"device_type": "cpu", "workers": 3, "max_local_batch": 11}]
+    spec = client.post("/api/v1/tasks", json=task_request(version, resource_groups=device))
+    assert spec.status_code == 201, spec.text  # even: 11 a worker, within the cap
+    assert spec.json()["spec"]["request"][0]["max_local_batch"] == 11
+
+    client.post(f"/api/v1/tasks/{task['id']}/cancel")
+    retried = client.post(f"/api/v1/tasks/{task['id']}/retry")
+    assert retried.status_code == 201, retried.text
+    request = retried.json()["spec"]["request"]
+    assert (request[0]["max_local_batch"], request[1]["speed_factor"]) == (12, 0.5)
+
+
+@pytest.mark.parametrize(
+    "request_items,groups",
+    [
+        (
+            [
+                {"name": "cpu-a", "workers": 2, "max_local_batch": 20},
+                {"name": "cpu-b", "workers": 2},
+            ],
+            [("cpu-a", 20), ("cpu-b", None)],
+        ),
+        ([{"device_type": "cpu", "workers": 2, "max_local_batch": 40}], [("cpu-a", 40)]),
+    ],
+)
+def test_each_groups_max_local_batch_reaches_the_agents(
+    session: Session, request_items: list[dict], groups: list[tuple]
+) -> None:
+    scheduling.group(session, "cpu-a", 2)
+    scheduling.group(session, "cpu-b", 2)
+    code = scheduling.version(session)
+    scheduling.submit(session, code, request_items, split_policy="weighted")
+    dispatcher = scheduling.RecordingDispatcher()
+    assert schedule_once(session, dispatcher, heartbeat_timeout_s=15) == 1
+    assert dispatcher.sent
+    for payload in dispatcher.sent:
+        assert [(g.name, g.max_local_batch) for g in payload.groups] == groups
+
+
 def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> None:
     spec = client.post("/api/v1/tasks", json=task_request(version)).json()["spec"]
     assert (spec["split_policy"], spec["sync_strategy"], spec["exchange_fraction"]) == (
@@ -304,6 +358,44 @@ def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> Non
             },
             "fsdp_units",
             "at most 32 items",
+        ),
+        (
+            {"resource_groups": [{"name": "cpu-a", "workers": 2, "max_local_batch": 0}]},
+            "resource_groups.0.max_local_batch",
+            "greater than or equal to 1",
+        ),
+        (
+            {
+                "split_policy": "weighted",
+                "resource_groups": [
+                    {"name": "cpu-a", "workers": 2, "max_local_batch": 10},
+                    {"name": "cpu-b", "workers": 1, "max_local_batch": 10},
+                ],
+            },
+            "global_batch_size",
+            "max_local_batch lets the groups take at most 30 samples a step (workers × "
+            "max_local_batch: resource_groups.0 (cpu-a) 2 × 10; resource_groups.1 (cpu-b) "
+            "1 × 10), fewer than global_batch_size 32",
+        ),
+        (
+            {
+                "split_policy": "weighted",
+                "resource_groups": [{"device_type": "cpu", "workers": 2, "max_local_batch": 10}],
+            },
+            "global_batch_size",
+            "at most 20 samples a step (workers × max_local_batch: resource_groups.0 (cpu) 2 × 10)",
+        ),
+        (
+            {
+                "resource_groups": [
+                    {"name": "cpu-a", "workers": 2},
+                    {"name": "cpu-b", "workers": 1, "max_local_batch": 8},
+                ]
+            },
+            "split_policy",
+            "'even' gives each worker up to 11 samples a step (global_batch_size 32 over 3 "
+            "workers), more than the max_local_batch 8 of resource_groups.1 (cpu-b): use "
+            "split_policy 'weighted'",
         ),
         ({"sharding": "zero3"}, "sharding", "'none' or 'fsdp'"),
         (

@@ -138,3 +138,38 @@ def test_nul_in_a_form_field_is_refused_by_name(client: TestClient) -> None:
     assert refused.status_code == 422
     assert "name: must not contain NUL characters" in refused.text
     assert client.get("/api/v1/projects").json() == []
+
+
+def test_task_form_takes_each_groups_sharding_and_cap_and_keeps_them_after_an_error(
+    client: TestClient,
+) -> None:
+    make_group(client, "cpu-a", capacity=2)
+    make_group(client, "cpu-b", capacity=1)
+    project, version = make_project(client)
+    rows = {
+        "group": ["cpu-a", "cpu-b"],
+        "workers": ["2", "1"],
+        "group_sharding": ["fsdp", ""],
+        "group_cap": ["", "three"],
+    }
+    refused = client.post(
+        f"/projects/{project['id']}/tasks", data=with_csrf(client, _task_form(version, **rows))
+    )
+    assert refused.status_code == 422
+    page = parse(refused.text)
+    assert "whole number of samples" in page.find(data_field="group.cpu-b").text()
+    assert page.by_id("sharding-cpu-a").find("option", selected="").attrs["value"] == "fsdp"
+    assert page.by_id("cap-cpu-b").attrs["value"] == "three"
+    assert client.get("/api/v1/tasks").json() == []
+
+    rows["group_cap"] = ["", "3"]
+    made = client.post(
+        f"/projects/{project['id']}/tasks",
+        data=with_csrf(client, _task_form(version, **rows)),
+        follow_redirects=False,
+    )
+    assert made.status_code == 303, made.text
+    (task,) = client.get("/api/v1/tasks").json()
+    asked = {g["name"]: g for g in task["spec"]["request"]}  # placed when it is scheduled
+    assert asked["cpu-a"]["sharding"] == "fsdp" and asked["cpu-a"].get("max_local_batch") is None
+    assert asked["cpu-b"].get("sharding") is None and asked["cpu-b"]["max_local_batch"] == 3

@@ -161,6 +161,22 @@ def test_task_page_shows_a_groups_own_sharding(client: TestClient) -> None:
     assert "cpu-a × 2 (fsdp), cpu-b × 1 " in groups_shown
 
 
+def test_task_page_shows_a_groups_max_local_batch(client: TestClient) -> None:
+    make_group(client, "cpu-a", capacity=2)
+    make_group(client, "cpu-b", capacity=1)
+    _, version = make_project(client)
+    groups = [
+        {"name": "cpu-a", "workers": 2, "sharding": "fsdp", "max_local_batch": 16},
+        {"name": "cpu-b", "workers": 1},
+    ]
+    body = task_request(version, resource_groups=groups, split_policy="weighted")
+    task = client.post("/api/v1/tasks", json=body)
+    assert task.status_code == 201, task.text
+    page = parse(client.get(f"/tasks/{task.json()['id']}").text)
+    groups_shown = page.find("dl", class_="summary").find("dd").text()
+    assert "cpu-a × 2 (fsdp) (max local batch 16), cpu-b × 1 " in groups_shown
+
+
 def test_unused_group_is_left_out_of_the_task(client: TestClient) -> None:
     make_group(client, "cpu-a", capacity=2)
     make_group(client, "cpu-b", capacity=1)
