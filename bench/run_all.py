@@ -87,6 +87,9 @@ MORE = (
     # about 5 minutes; peak memory at 25M and 100M, about 3.5
     "bench.fsdp_vs_torch",
     "bench.sharded_memory",
+    # issue 36 item 5: a plan's predicted peak memory a worker against the task's, whole and
+    # sharded, at 25M parameters (about 2.5 minutes)
+    "bench.plan_memory",
     # issue 34 item 4 with the engine's ranks started cold (about 2 minutes)
     "bench.time_to_accuracy --arms single,fast,diloco16,diloco16_overlapped,diloco16_async",
 )

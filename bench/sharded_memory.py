@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +76,14 @@ def peak_kib(pid: int) -> int | None:
 
 
 class PeakWatch:
-    """Every rank's peak resident set size: pass it as ``on_spawn``; it reads each rank's
-    ``VmHWM`` every :data:`INTERVAL_S` seconds until the rank exits and keeps the last value
-    read (:meth:`mib`, once the run has ended)."""
+    """Every rank's peak memory: pass it as ``on_spawn``; it reads each rank's figure
+    (``read(pid)`` in KiB, None once the rank has exited: by default its peak resident set
+    size, :func:`peak_kib`) every :data:`INTERVAL_S` seconds until the rank exits and keeps
+    the largest value read (:meth:`mib`, once the run has ended)."""
 
-    def __init__(self) -> None:
-        self.kib: dict[int, int] = {}
+    def __init__(self, read: Callable[[int], float | None] | None = None) -> None:
+        self.kib: dict[int, float] = {}
+        self._read = read or peak_kib
         self._thread: threading.Thread | None = None
 
     def __call__(self, pids: dict[int, int]) -> None:
@@ -90,11 +93,11 @@ class PeakWatch:
     def _poll(self, pids: dict[int, int]) -> None:
         while pids:
             for rank, pid in list(pids.items()):
-                kib = peak_kib(pid)
+                kib = self._read(pid)
                 if kib is None:
                     del pids[rank]
                 else:
-                    self.kib[rank] = kib
+                    self.kib[rank] = max(kib, self.kib.get(rank, 0.0))
             time.sleep(INTERVAL_S)
 
     def mib(self, ranks: int) -> dict[int, float]:

@@ -70,34 +70,24 @@ def to_cpu(obj: Any) -> Any:
 
 
 def gather_worker_states(
-    topo_is_ps: bool, rank: int, optimizer_state: dict[str, Any] | None
+    topo_is_ps: bool, rank: int, optimizer_outline: dict[str, Any] | None
 ) -> dict[int, dict[str, Any]] | None:
-    """Collect every compute worker's RNG state (and local optimizer state) at rank 0.
+    """Collect every compute worker's RNG state (and the outline of the optimizer state it
+    sends, ``worker.engine.fsdp.outline``) at rank 0, in one ``gather_object``.
 
-    Call on every rank of the world; returns ``{rank: {"rng", "optimizer"}}``
-    on rank 0 and None elsewhere. The RNG states (small) come in one ``gather_object``, which
-    says which ranks have an optimizer state to send; those then send it point to point, one
-    after another, so rank 0 holds each once (a ``gather_object`` of them would allocate the
-    largest one's size for every rank of the world at once).
+    Call on every rank of the world; returns ``{rank: {"rng", "optimizer"}}`` on rank 0 (the
+    optimizer an outline, or None for a rank that sends none) and None elsewhere. The state
+    tensors themselves follow point to point, a tensor at a time
+    (``worker.engine.fsdp.send_state_rows``), so neither side pickles a copy of the state.
     """
     mine = None
     if not topo_is_ps:
-        mine = {"rng": torch.get_rng_state(), "optimizer": optimizer_state is not None}
+        mine = {"rng": torch.get_rng_state(), "optimizer": optimizer_outline}
     gathered: list[Any] | None = [None] * dist.get_world_size() if topo_is_ps else None
     dist.gather_object((rank, mine), gathered, dst=0)
     if gathered is None:
-        if optimizer_state is not None:
-            dist.send_object_list([to_cpu(optimizer_state)], dst=0)
         return None
-    states = {r: state for r, state in gathered if state is not None}
-    for r in sorted(states):
-        if states[r]["optimizer"]:
-            box: list[Any] = [None]
-            dist.recv_object_list(box, src=r)
-            states[r]["optimizer"] = box[0]
-        else:
-            states[r]["optimizer"] = None
-    return states
+    return {r: state for r, state in gathered if state is not None}
 
 
 def resume_package(state: dict[str, Any]) -> dict[str, Any]:

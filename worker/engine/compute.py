@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import statistics
 import time
@@ -20,7 +19,7 @@ from worker.engine.contract import TrainingCode, default_metrics
 from worker.engine.data import Source
 from worker.engine.distributed import Topology
 from worker.engine.emulation import SpeedEmulator
-from worker.engine.exchange import grads_to_vector, params_of
+from worker.engine.exchange import params_of
 from worker.engine.reducer import GradientReducer
 from worker.engine.sharded import is_sharded
 from worker.engine.sharding import contiguous_shard
@@ -151,7 +150,8 @@ def local_gradient(
     ``loss_fn`` returns the batch mean, so gradient and loss are scaled by the
     local count ``b``; so is the change of ``state``'s buffers since ``base``
     (:meth:`worker.engine.state.ModelState.buffer_change`). With no samples
-    the vector is all zeros.
+    the vector is all zeros. Each gradient is scaled straight into its slice of the one
+    vector returned, so the step holds one [P] vector beside the gradients, not three.
     """
     params = params_of(model)
     model.zero_grad(set_to_none=True)
@@ -161,11 +161,23 @@ def local_gradient(
         loss = batch_loss(code, model, data, indices, device)
         loss.backward()
         loss_sum = loss.item() * count
-    grads = grads_to_vector(params) * count
-    tail = torch.tensor([loss_sum, float(count)], dtype=grads.dtype, device=grads.device)
-    if state is None or base is None:
-        return torch.cat([grads, tail])
-    return torch.cat([grads, state.buffer_change(base, float(count), grads), tail])
+    with_buffers = state is not None and base is not None
+    n_buffers = state.n_buffers if state is not None and with_buffers else 0
+    n_params = sum(p.numel() for p in params)
+    first = params[0]
+    out = torch.empty(n_params + n_buffers + 2, dtype=first.dtype, device=first.device)
+    offset = 0
+    for p in params:
+        part = out[offset : offset + p.numel()]
+        if p.grad is None:
+            part.zero_()
+        else:
+            torch.mul(p.grad.detach().reshape(-1), count, out=part)
+        offset += p.numel()
+    if state is not None and base is not None and n_buffers:
+        out[offset : offset + n_buffers].copy_(state.buffer_change(base, float(count), out))
+    out[-2:].copy_(torch.tensor([loss_sum, float(count)], dtype=out.dtype))
+    return out
 
 
 @dataclass
@@ -307,7 +319,9 @@ def profile_throughput(
     pool = torch.arange(len(data)) if pool is None else pool
     if batch_size < 1 or len(pool) == 0:
         return 0.0
-    saved = copy.deepcopy(model.state_dict())
+    # Forward and backward change no parameter, only buffers (e.g. BatchNorm statistics): a
+    # copy of those, not of the whole model, restores it.
+    saved = [b.detach().clone() for b in model.buffers()]
     rng = torch.get_rng_state()
     generator = torch.Generator().manual_seed(seed)
     times = []
@@ -326,7 +340,9 @@ def profile_throughput(
         )
         times.append(seconds)
     model.zero_grad(set_to_none=True)
-    model.load_state_dict(saved)
+    with torch.no_grad():
+        for buffer, before in zip(model.buffers(), saved, strict=True):
+            buffer.copy_(before)
     torch.set_rng_state(rng)
     median = statistics.median(times[1:])
     return batch_size / median if median > 0 else 0.0

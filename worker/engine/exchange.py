@@ -38,14 +38,6 @@ def params_of(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return list(model.parameters())
 
 
-def grads_to_vector(params: Iterable[torch.nn.Parameter]) -> Tensor:
-    """Concatenate gradients into one 1-D tensor; a parameter without gradient gives zeros."""
-    parts = [
-        (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1) for p in params
-    ]
-    return torch.cat(parts)
-
-
 def vector_to_grads(vector: Tensor, params: Iterable[torch.nn.Parameter]) -> None:
     """Set ``.grad`` of each trainable parameter from its slice of ``vector``.
 

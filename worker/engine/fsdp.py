@@ -275,21 +275,24 @@ def shard_state(state_dict: dict[str, Any], params: Sequence[Tensor]) -> dict[st
 
 @dataclass(frozen=True)
 class Rows:
-    """In an optimizer state's outline (:func:`outline`): a state tensor sent by rows."""
+    """In an optimizer state's outline (:func:`outline`): a state tensor sent by rows, or
+    whole where ``shape`` is given (a whole worker's)."""
 
     dtype: torch.dtype
+    shape: tuple[int, ...] | None = None
 
 
-def outline(state_dict: dict[str, Any]) -> dict[str, Any]:
+def outline(state_dict: dict[str, Any], whole: bool = False) -> dict[str, Any]:
     """An optimizer ``state_dict()`` with each state tensor shaped as its parameter (one
-    dimension or more) replaced by :class:`Rows`: what the parameter server needs to receive
-    the rows (:func:`receive_state_rows`); scalars (Adam's ``step``) and the parameter groups
-    are kept."""
+    dimension or more) replaced by :class:`Rows` (with its shape when ``whole``: a worker
+    that holds the whole model sends each tensor whole): what the parameter server needs to
+    receive them (:func:`receive_state_rows`); scalars (Adam's ``step``, on the CPU) and
+    the parameter groups are kept."""
     state = {
         key: {
-            name: Rows(value.dtype)
+            name: Rows(value.dtype, tuple(value.shape) if whole else None)
             if isinstance(value, Tensor) and value.dim() > 0
-            else local(value)
+            else local(value).cpu()
             if isinstance(value, Tensor)
             else value
             for name, value in values.items()
@@ -304,8 +307,9 @@ def _in_order(state: dict[Any, dict[str, Any]]) -> list[tuple[Any, str]]:
 
 
 def send_state_rows(state_dict: dict[str, Any]) -> None:
-    """A sharded worker: send the parameter server (rank 0) its rows of each state tensor of
-    its optimizer, one tensor at a time in the outline's order (point to point)."""
+    """Send the parameter server (rank 0) each state tensor of this worker's optimizer (a
+    sharded worker: its rows of it), one tensor at a time in the outline's order (point to
+    point): no copy of the whole state is made, as pickling it would (twice)."""
     state = state_dict["state"]
     for key, name in _in_order(state):
         value = state[key][name]
@@ -314,18 +318,24 @@ def send_state_rows(state_dict: dict[str, Any]) -> None:
 
 
 def receive_state_rows(
-    outlined: dict[str, Any], members: Sequence[int], shapes: Sequence[torch.Size]
+    outlined: dict[str, Any], members: Sequence[int], shapes: Sequence[torch.Size] = ()
 ) -> dict[str, Any]:
     """Parameter server: the whole optimizer ``state_dict`` of a sharded group, from its
     members' rows (:func:`send_state_rows`, ``members`` their global ranks in order) and the
     first member's :func:`outline`; each tensor assembled as it arrives, so the server holds
     the result and one tensor's rows, never a member's whole state besides. ``shapes``: the
     parameters' whole shapes in the optimizer's numbering (:func:`optimizer_params`; a state
-    tensor is shaped as its parameter)."""
+    tensor is shaped as its parameter), unused where the outline gives each shape (a whole
+    worker's, ``members`` then that one rank)."""
     state: dict[Any, dict[str, Any]] = {k: dict(v) for k, v in outlined["state"].items()}
     for key, name in _in_order(state):
         value = state[key][name]
         if not isinstance(value, Rows):
+            continue
+        if value.shape is not None:
+            whole = torch.empty(value.shape, dtype=value.dtype)
+            dist.recv(whole, src=members[0])
+            state[key][name] = whole
             continue
         shape = shapes[int(key)]
         parts = []

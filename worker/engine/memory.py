@@ -29,10 +29,11 @@ CLEAR_REFS = Path("/proc/self/clear_refs")
 _FIELDS = ("VmData", "VmHWM", "VmRSS")
 
 
-def _status_kib() -> dict[str, int] | None:
-    """``VmData``, ``VmHWM`` and ``VmRSS`` of this process in KiB; None where /proc has none."""
+def status_kib(pid: int | None = None) -> dict[str, int] | None:
+    """``VmData``, ``VmHWM`` and ``VmRSS`` of process ``pid`` (None: this one) in KiB; None
+    where /proc has none (no such process, a zombie, no /proc)."""
     try:
-        lines = STATUS.read_text().splitlines()
+        lines = (STATUS if pid is None else Path(f"/proc/{pid}/status")).read_text().splitlines()
     except OSError:
         return None
     found: dict[str, int] = {}
@@ -67,7 +68,11 @@ def peak_mib(device: torch.device) -> float | None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_reserved(device) / 2**20
-    kib = _status_kib()
-    if kib is None:
-        return None
+    kib = status_kib()
+    return None if kib is None else data_peak_mib(kib)
+
+
+def data_peak_mib(kib: dict[str, int]) -> float:
+    """The peak data memory in MiB from :func:`status_kib`'s figures:
+    ``VmData + (VmHWM - VmRSS)``."""
     return (kib["VmData"] + max(0, kib["VmHWM"] - kib["VmRSS"])) / 1024

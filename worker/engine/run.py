@@ -677,22 +677,26 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     # checkpoint keeps that for it (its slow link would hold up every checkpoint).
     sends = run.topo.rank == source if replicated else run.topo.am_i_leader and stepping(run)
     source_group = run.spec.group_of(source)
-    # A sharded source group's members send their rows, a tensor at a time, after the gather
-    # (the first one its optimizer's outline in it): no rank gathers a member's whole state.
+    # A sender's optimizer outline travels in the gather, its state tensors after it, one at
+    # a time (a sharded source group's members each their rows): no rank pickles or gathers a
+    # whole state.
     sharded = run.spec.group_ranks(source_group) if run.spec.sharded(source_group) else []
     if run.optimizer is not None and not run.topo.is_ps and sends:
-        local_optimizer = run.optimizer.state_dict()
-        if sharded:
-            local_optimizer = outline(local_optimizer)
+        local_optimizer = outline(run.optimizer.state_dict(), whole=not sharded)
     states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
-    if run.topo.rank in sharded and run.optimizer is not None:
+    if run.optimizer is not None and (local_optimizer is not None or run.topo.rank in sharded):
         send_state_rows(run.optimizer.state_dict())
     if states is None:
         return
+    optimizer = run.optimizer
+    shapes = [p.shape for p in optimizer_params(optimizer)] if sharded and optimizer else []
+    for r in sorted(states):  # the senders' tensors, each rank's in turn
+        if states[r]["optimizer"] is not None:
+            members = sharded if r == source and sharded else [r]
+            states[r]["optimizer"] = receive_state_rows(states[r]["optimizer"], members, shapes)
     optimizer_state = None
     if replicated and run.optimizer is not None and sharded:
-        shapes = [p.shape for p in optimizer_params(run.optimizer)]  # its state's numbering
-        optimizer_state = receive_state_rows(states[source]["optimizer"], sharded, shapes)
+        optimizer_state = states[source]["optimizer"]
         run.optimizer_in = name  # not loaded: the server never steps it (ps.py's final.pt)
     elif replicated and run.optimizer is not None:
         run.optimizer.load_state_dict(states[source]["optimizer"])
