@@ -58,6 +58,10 @@ does that if one has room now, else goes on with the surviving groups (the lost 
 share goes to them by their measured rates, the global batch unchanged); `wait` waits for
 the task's own groups."""
 
+AGREEMENT_BATCH = 8
+"""Items in the fixed batch of the agreement check before training, which every worker takes
+whatever its ``max_local_batch`` (worker/engine/agreement.py; the planner's fit check)."""
+
 DEFAULT_AGREEMENT_TOLERANCE = {"cpu/cpu": 0.0}
 """Cross-device agreement (``worker.engine.agreement``): the relative L2 distance allowed
 between a group's result and the parameter server's, per device-type pair ("a/b", sorted):

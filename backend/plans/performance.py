@@ -47,7 +47,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from contracts.plan import GUARD_CHECK_STEPS, GUARD_MARGIN, GUARDED_STRATEGIES, ROUND_STRATEGIES
+from contracts.plan import (
+    AGREEMENT_BATCH,
+    GUARD_CHECK_STEPS,
+    GUARD_MARGIN,
+    GUARDED_STRATEGIES,
+    ROUND_STRATEGIES,
+)
 from contracts.trial import PROFILE_STEPS, ExchangeTiming, TrialResult, WorkerTiming
 
 MAX_SUBSETS = 2_000  # the deadline search's worker-count combinations, at most
@@ -146,7 +152,7 @@ class GroupModel:
     sharded_memory: Line | None = None  # the same with the model sharded over ``workers``
     sharded_step: Line | None = None  # the step's seconds with the model sharded
     startup_peak_mb: float = 0.0  # the peak before the first step (the model built whole)
-    memory_limit_mb: float | None = None  # what one worker may hold; None: not known
+    memory_limit_mb: float | None = None  # its hardware's memory a worker; None: not known
 
     def fixed_s(self, workers: int, n_bytes: int, sharding: str = "none") -> float:
         """Seconds of a step that do not grow with the local batch: ``a`` and the in-group
@@ -183,16 +189,28 @@ class GroupModel:
                 whole -= saved * (1 - 1 / workers) / (1 - 1 / self.workers)
         return max(self.startup_peak_mb, whole)
 
-    def most_samples(self, workers: int, sharding: str, limit: int) -> int | None:
-        """The most samples a step, at most ``limit``, that one of ``workers`` holds within
-        ``memory_limit_mb`` (0: not even one; None: no limit known or not measured)."""
-        if self.memory_limit_mb is None or self.memory is None:
+    def limit_mb(self, task_limit_mb: float | None) -> float | None:
+        """What one worker may hold, in MiB: on a CPU group the task's ``memory_limit_mb``
+        (its ranks' data memory) or, if less, the host memory per worker its agents have; on a
+        device group its device memory a worker (the task's limit is on host memory). None:
+        not known."""
+        if self.device_type != "cpu":
+            return self.memory_limit_mb
+        known = [v for v in (task_limit_mb, self.memory_limit_mb) if v is not None]
+        return min(known) if known else None
+
+    def most_samples(
+        self, workers: int, sharding: str, most: int, limit_mb: float | None
+    ) -> int | None:
+        """The most samples a step, at most ``most``, that one of ``workers`` holds within
+        ``limit_mb`` (0: not even one; None: no limit known or memory not measured)."""
+        if limit_mb is None or self.memory is None:
             return None
-        low, high = 0, limit
+        low, high = 0, most
         while low < high:  # the largest b with memory_mb(b) <= the limit (memory grows with b)
             mid = (low + high + 1) // 2
             needed = self.memory_mb(mid, workers, sharding)
-            if needed is not None and needed <= self.memory_limit_mb:
+            if needed is not None and needed <= limit_mb:
                 low = mid
             else:
                 high = mid - 1
@@ -214,6 +232,7 @@ class PerformanceModel:
     n_val: int = 0
     checkpoint_s: float = 0.0  # one checkpoint written by the parameter server
     ps_startup_s: float = 0.0  # the parameter server's own start-up, without waits
+    memory_limit_mb: float | None = None  # the planned task's (its ranks' data memory)
 
     def group(self, name: str) -> GroupModel:
         for group in self.groups:
@@ -262,7 +281,8 @@ def fit(
     sync_strategy: str,
     sync_period: int = 1,
     quorum: int | None = None,
-    memory_limit_mb: dict[str, float] | None = None,
+    memory_limit_mb: float | None = None,
+    group_memory_mb: dict[str, float] | None = None,
 ) -> PerformanceModel:
     """The performance model of a trial on ``groups`` (``(name, device_type, workers)`` in the
     trial's group order). A group's step line goes through its slowest worker's time at
@@ -274,11 +294,11 @@ def fit(
     receives only its rows). Measured on a 50M-parameter MLP over 2 workers (SGD with
     momentum): the trial's whole step peaked at 1,378 MiB and the task at 1,506-1,553, one
     vector being 191 MiB; the sharded step at 765-877 MiB from run to run, the task at
-    802-844;
-    ``memory_limit_mb`` gives what one worker of a group may hold (group name -> MiB; a group
-    left out has no known limit). Raises ValueError when a group has no timed worker, its
-    workers were timed at different sizes, or an exchange the strategy needs was not
-    timed."""
+    802-844. ``memory_limit_mb`` is the planned task's (its ranks' data memory, MiB) and
+    ``group_memory_mb`` each group's hardware memory a worker (group name -> MiB: host
+    memory on a CPU group, device memory on a device group; a group left out has none
+    known). Raises ValueError when a group has no timed worker, its workers were timed at
+    different sizes, or an exchange the strategy needs was not timed."""
     fitted = []
     for index, (name, device_type, workers) in enumerate(groups):
         timed = [w for w in trial.workers if w.group_index == index]
@@ -327,7 +347,7 @@ def fit(
                 ),
                 sharded_step=_measured(timed, "sharded_step_s", fit_line),
                 startup_peak_mb=max((w.startup_peak_mb or 0.0) for w in timed),
-                memory_limit_mb=(memory_limit_mb or {}).get(name),
+                memory_limit_mb=(group_memory_mb or {}).get(name),
             )
         )
     cross = next((Ring.fit(e) for e in trial.exchanges if e.kind == "leaders_allreduce"), None)
@@ -345,6 +365,7 @@ def fit(
         n_val=trial.n_val,
         checkpoint_s=trial.checkpoint_s or 0.0,
         ps_startup_s=trial.ps_startup_s or 0.0,
+        memory_limit_mb=memory_limit_mb,
     )
 
 
@@ -563,14 +584,16 @@ def placements(
     split_policy: str,
 ) -> dict[str, Placement]:
     """Each group's :class:`Placement` on the groups ``names`` from its measured memory
-    (:meth:`GroupModel.memory_mb`) and its limit, in this order of preference: the whole
-    model at any share the split could give a worker (``even``: ``ceil(G / W)``; weighted:
-    ``ceil(G / W_g)``, the group alone, so that the placement holds whichever groups the
-    guard parks; ``diloco`` weighted runs local steps of that size); sharded at any such
-    share; whole
-    with its share capped; sharded and capped. Raises :class:`DoesNotFit`, naming the
-    group and the MiB, where a group holds no sample (or, under ``even``, not its even
-    share) either way, or the caps together hold less than the global batch."""
+    (:meth:`GroupModel.memory_mb`) and its limit (:meth:`GroupModel.limit_mb`), in this
+    order of preference: the whole model at any share the split could give a worker
+    (``even``: ``ceil(G / W)``; weighted: ``ceil(G / W_g)``, the group alone, so that the
+    placement holds whichever groups the guard parks; ``diloco`` weighted runs local steps
+    of that size); sharded at any such share; then, under the weighted split but for
+    ``diloco``, its share capped (``max_local_batch``), whole or sharded, whichever holds
+    more samples, and at least the agreement check's batch (:data:`AGREEMENT_BATCH`, which
+    every worker takes whatever its cap). Raises :class:`DoesNotFit`, naming the group and
+    the MiB, where a group holds too few samples either way, or the caps together hold less
+    than the global batch."""
     total = sum(workers[name] for name in names)
     diloco = split_policy == "weighted" and model.sync_strategy == "diloco"
     weighted = split_policy == "weighted" and not diloco  # a share that can be capped
@@ -578,17 +601,22 @@ def placements(
     for name in names:
         group, count = model.group(name), workers[name]
         most = -(-global_batch_size // (total if split_policy == "even" else count))
+        least = min(most, AGREEMENT_BATCH)  # the agreement check's batch is not capped
+        limit = group.limit_mb(model.memory_limit_mb)
         choices = ["none", "fsdp"] if group.can_shard(count, model.sync_strategy) else ["none"]
-        room = {c: group.most_samples(count, c, most) for c in choices}
+        room = {c: group.most_samples(count, c, most, limit) for c in choices}
         held = {c: most if r is None else r for c, r in room.items()}  # None: no known limit
         uncapped = [c for c in choices if held[c] >= most]
-        capped = [c for c in choices if weighted and held[c] >= 1]
+        capped = sorted(  # the choice that holds the most samples
+            (c for c in choices if weighted and held[c] >= least), key=lambda c: -held[c]
+        )
         if uncapped:
             found[name] = Placement(uncapped[0])
         elif capped:
             found[name] = Placement(capped[0], held[capped[0]])
         else:
-            raise DoesNotFit(_no_room(group, count, 1 if weighted else most, choices))
+            samples = least if weighted else most
+            raise DoesNotFit(_no_room(group, count, samples, choices, limit, split_policy))
     room_all = sum(
         workers[n] * (p.cap if p.cap is not None else global_batch_size) for n, p in found.items()
     )
@@ -620,9 +648,7 @@ def memory_shortfall(
     total = sum(workers.values())
     for name, count in workers.items():
         group = model.group(name)
-        limit = group.memory_limit_mb
-        if group.device_type == "cpu":
-            limit = min(memory_limit_mb, limit) if limit is not None else memory_limit_mb
+        limit = group.limit_mb(memory_limit_mb)
         most = -(-global_batch_size // (total if split_policy == "even" else count))
         share = min(most, caps.get(name) or most)
         held = sharding.get(name, "none")
@@ -630,27 +656,51 @@ def memory_shortfall(
         if limit is None or needed is None or needed <= limit:
             continue
         label = "whole" if held == "none" else f"sharded over {count}"
+        helps = [_raise_limit(group)]
+        if held == "none" and group.can_shard(count, model.sync_strategy):
+            helps.append("shard the group (sharding 'fsdp')")
+        if split_policy == "weighted" and model.sync_strategy != "diloco":
+            helps.append("cap its share (max_local_batch; the plan's task_request sets it)")
         return name, (
             f"group {name!r} does not fit its memory: by plan measurements a worker needs "
             f"{needed:,.0f} MiB {label} at {share} samples a step and may hold {limit:,.0f} "
-            "MiB; raise memory_limit_mb, shard the group (sharding 'fsdp'), or cap its "
-            "share (max_local_batch)"
+            f"MiB; {', or '.join(helps)}"
         )
     return None
 
 
-def _no_room(group: GroupModel, workers: int, samples: int, choices: Sequence[str]) -> str:
-    """Why ``group`` holds no share: what one worker needs, whole and sharded, and has."""
+def _no_room(
+    group: GroupModel,
+    workers: int,
+    samples: int,
+    choices: Sequence[str],
+    limit_mb: float | None,
+    split_policy: str,
+) -> str:
+    """Why ``group`` holds too few samples: what one worker needs, whole and sharded, what
+    it may hold, and what would help."""
     needs = []
     for choice in choices:
         needed = group.memory_mb(samples, workers, choice)
         label = "whole" if choice == "none" else f"sharded over {workers}"
         needs.append(f"{needed:,.0f} MiB {label}")
+    helps = [_raise_limit(group)]
+    if len(choices) < 2 and workers < 2:
+        helps.append("give it 2 or more workers so it can shard the model")
+    if split_policy == "even":
+        helps.append("use split_policy 'weighted', which can cap its share")
     return (
         f"group {group.name!r} does not fit its memory: a worker needs "
         f"{' or '.join(needs)} at {samples} sample{'s' if samples != 1 else ''} a step, "
-        f"and may hold {group.memory_limit_mb:,.0f} MiB"
+        f"and may hold {limit_mb or 0:,.0f} MiB; {', or '.join(helps)}"
     )
+
+
+def _raise_limit(group: GroupModel) -> str:
+    """What raises what a worker of ``group`` may hold."""
+    if group.device_type == "cpu":
+        return "raise memory_limit_mb (up to its agents' host memory a worker)"
+    return f"run it on {group.device_type} devices with more memory"
 
 
 def _capped_fill(
@@ -823,7 +873,7 @@ def predict(
             g.name: g.memory_mb(max(b, full_b), workers[g.name], full.placed[g.name].sharding)
             for g, b, full_b in zip(groups, local, full.local, strict=True)
         },
-        memory_limit_mb={g.name: g.memory_limit_mb for g in groups},
+        memory_limit_mb={g.name: g.limit_mb(model.memory_limit_mb) for g in groups},
     )
 
 

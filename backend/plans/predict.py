@@ -51,7 +51,9 @@ def predicted_finish_s(
             f"{sync_strategy!r}: plan again with this strategy",
             field="plan_id",
         )
-    model = dataclasses.replace(model, sync_period=sync_period)
+    model = dataclasses.replace(
+        model, sync_period=sync_period, memory_limit_mb=memory_limit_mb or model.memory_limit_mb
+    )
     try:
         if memory_limit_mb is not None:
             short = performance.memory_shortfall(
@@ -75,3 +77,7 @@ def predicted_finish_s(
         ).finish_s
     except KeyError as exc:
         raise Invalid(f"plan {plan_id}: {exc.args[0]}", field="plan_id") from None
+    except performance.DoesNotFit as exc:  # e.g. caps or sharding the plan would not choose
+        raise Invalid(f"plan {plan_id}: {exc}", field="memory_limit_mb") from None
+    except ValueError as exc:
+        raise Invalid(f"plan {plan_id} cannot predict this task: {exc}", field="plan_id") from None

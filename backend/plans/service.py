@@ -132,9 +132,8 @@ def store_trial(session: Session, *, task: Task, result: TrialResult) -> Plan:
             sync_strategy=request.sync_strategy,
             sync_period=request.sync_period,
             quorum=request.quorum,
-            memory_limit_mb=memory_limits(
-                session, groups, request.memory_limit_mb or DEFAULT_MEMORY_LIMIT_MB
-            ),
+            memory_limit_mb=request.memory_limit_mb or DEFAULT_MEMORY_LIMIT_MB,
+            group_memory_mb=group_memory(session, groups),
         )
         plan.model, plan.error = model.to_json(), ""
     except ValueError as exc:
@@ -143,34 +142,38 @@ def store_trial(session: Session, *, task: Task, result: TrialResult) -> Plan:
     return plan
 
 
-def memory_limits(
-    session: Session, groups: Sequence[tuple[str, str, int]], memory_limit_mb: int
-) -> dict[str, float]:
-    """What one worker of each group may hold, in MiB, for the plan's fit check: on a CPU
-    group the task's ``memory_limit_mb`` or, if less, the smallest host memory per worker
-    among its serving agents (host RAM over the workers the agent runs); on a device group
-    the smallest device memory its agents report. A device group with no agent reporting
-    its memory has no known limit (left out)."""
-    limits: dict[str, float] = {}
+CUDA_CONTEXT_MB = 512
+"""Device memory a CUDA process's context takes, outside what torch's allocator reports (the
+trial's device peaks): left out of a device's memory in the fit check."""
+
+
+def group_memory(session: Session, groups: Sequence[tuple[str, str, int]]) -> dict[str, float]:
+    """Each group's hardware memory a worker, in MiB, for the plan's fit check: on a CPU group
+    the smallest host memory per worker among its serving agents (host RAM over the workers
+    the agent runs); on a device group the smallest device memory its agents report, less a
+    CUDA context (:data:`CUDA_CONTEXT_MB`), shared by the workers of an agent that runs more
+    workers than it has devices. A group whose agents report none is left out (not known);
+    the task's own ``memory_limit_mb`` bounds a CPU group's workers as well
+    (``GroupModel.limit_mb``)."""
+    found: dict[str, float] = {}
     for name, device_type, _ in groups:
         agents = session.scalars(
             select(Agent)
             .join(ResourceGroup, ResourceGroup.id == Agent.resource_group_id)
             .where(ResourceGroup.name == name, LIVE, SERVING)
         ).all()
-        hardware = [(a.hardware or {}, max(1, a.workers)) for a in agents]
-        if device_type == "cpu":
-            per_worker = [
-                h["memory_bytes"] / 2**20 / w for h, w in hardware if h.get("memory_bytes")
-            ]
-            limits[name] = min([float(memory_limit_mb), *per_worker])
-        else:
-            device = [
-                float(h["device_memory_mb"]) for h, _ in hardware if h.get("device_memory_mb")
-            ]
-            if device:
-                limits[name] = min(device)
-    return limits
+        per_worker = []
+        for agent in agents:
+            hardware, workers = agent.hardware or {}, max(1, agent.workers)
+            if device_type == "cpu" and hardware.get("memory_bytes"):
+                per_worker.append(hardware["memory_bytes"] / 2**20 / workers)
+            elif device_type != "cpu" and hardware.get("device_memory_mb"):
+                devices = max(1, len(hardware.get("cuda_devices") or []))
+                usable = max(0.0, float(hardware["device_memory_mb"]) - CUDA_CONTEXT_MB)
+                per_worker.append(usable * min(1.0, devices / workers))
+        if per_worker:
+            found[name] = min(per_worker)
+    return found
 
 
 def status(session: Session, plan: Plan) -> tuple[PlanStatus, str]:
@@ -251,7 +254,7 @@ def task_request(plan: Plan, request: PlanCreate, chosen: performance.Prediction
         "project_id": plan.project_id,
         "code_version_id": request.code_version_id,
         "name": request.name,
-        "resource_groups": [_group_item(chosen, n, w) for n, w in chosen.workers.items()],
+        "resource_groups": [group_item(chosen, n, w) for n, w in chosen.workers.items()],
         "global_batch_size": request.global_batch_size,
         "epochs": request.epochs,
         "split_policy": chosen.split_policy,
@@ -267,12 +270,12 @@ def task_request(plan: Plan, request: PlanCreate, chosen: performance.Prediction
     return body
 
 
-def _group_item(chosen: performance.Prediction, name: str, workers: int) -> dict[str, object]:
+def group_item(chosen: performance.Prediction, name: str, workers: int) -> dict[str, object]:
     """One group of the task a plan submits, with the sharding and the cap on a worker's
     share that its memory needs (:func:`backend.plans.performance.placements`)."""
     item: dict[str, object] = {"name": name, "workers": workers}
-    if chosen.sharding.get(name, "none") != "none":
-        item["sharding"] = chosen.sharding[name]
+    if chosen.memory_mb.get(name) is not None:  # placed by its memory: whole or sharded, said
+        item["sharding"] = chosen.sharding.get(name, "none")
     if chosen.max_local_batch.get(name) is not None:
         item["max_local_batch"] = chosen.max_local_batch[name]
     return item

@@ -58,7 +58,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from contracts.plan import DEFAULT_AGREEMENT_TOLERANCE, OTHER_PAIR_TOLERANCE, pair_key
+from contracts.plan import (
+    AGREEMENT_BATCH,
+    DEFAULT_AGREEMENT_TOLERANCE,
+    OTHER_PAIR_TOLERANCE,
+    pair_key,
+)
 from worker.engine import report
 from worker.engine.balance import Balancer
 from worker.engine.compute import batch_loss
@@ -70,9 +75,6 @@ from worker.engine.sharded import full, materialised
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
 from worker.engine.strategy import Strategy
-
-AGREEMENT_BATCH = 8
-"""Items in the fixed batch of the check before training."""
 
 PS_DEVICE_TYPE = "cpu"
 """The parameter server computes on the CPU."""

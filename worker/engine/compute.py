@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -164,15 +165,15 @@ def local_gradient(
     with_buffers = state is not None and base is not None
     n_buffers = state.n_buffers if state is not None and with_buffers else 0
     n_params = sum(p.numel() for p in params)
-    first = params[0]
-    out = torch.empty(n_params + n_buffers + 2, dtype=first.dtype, device=first.device)
+    dtype = functools.reduce(torch.promote_types, (p.dtype for p in params))  # as cat promotes
+    out = torch.empty(n_params + n_buffers + 2, dtype=dtype, device=params[0].device)
     offset = 0
     for p in params:
         part = out[offset : offset + p.numel()]
         if p.grad is None:
             part.zero_()
-        else:
-            torch.mul(p.grad.detach().reshape(-1), count, out=part)
+        else:  # the gradient in the vector's dtype, then scaled: as cat, then multiply, did
+            part.copy_(p.grad.detach().reshape(-1)).mul_(count)
         offset += p.numel()
     if state is not None and base is not None and n_buffers:
         out[offset : offset + n_buffers].copy_(state.buffer_change(base, float(count), out))

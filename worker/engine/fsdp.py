@@ -306,15 +306,15 @@ def _in_order(state: dict[Any, dict[str, Any]]) -> list[tuple[Any, str]]:
     return [(key, name) for key in sorted(state, key=int) for name in sorted(state[key])]
 
 
-def send_state_rows(state_dict: dict[str, Any]) -> None:
-    """Send the parameter server (rank 0) each state tensor of this worker's optimizer (a
-    sharded worker: its rows of it), one tensor at a time in the outline's order (point to
-    point): no copy of the whole state is made, as pickling it would (twice)."""
+def send_state_rows(state_dict: dict[str, Any], dst: int = 0) -> None:
+    """Send rank ``dst`` (the parameter server by default) each state tensor of this worker's
+    optimizer (a sharded worker: its rows of it), one tensor at a time in the outline's order
+    (point to point): no copy of the whole state is made, as pickling it would (twice)."""
     state = state_dict["state"]
     for key, name in _in_order(state):
         value = state[key][name]
         if isinstance(value, Tensor) and value.dim() > 0:
-            dist.send(local(value).detach().contiguous().cpu(), dst=0)
+            dist.send(local(value).detach().contiguous().cpu(), dst=dst)
 
 
 def receive_state_rows(

@@ -49,6 +49,7 @@ def reset_peak(device: torch.device) -> bool:
     host's peak could be reset (True on CUDA, where only the device's counts)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()  # what an earlier phase freed is not held as reserved
         torch.cuda.reset_peak_memory_stats(device)
         return True
     try:

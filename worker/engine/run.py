@@ -350,11 +350,14 @@ def refresh(run: Run, groups: set[int], source: int) -> None:
     if rank == source:
         vector = state.vector().cpu()
         totals = torch.tensor([run.loss_sum, float(run.samples)], dtype=torch.float64)
-        optimizer = to_cpu(run.optimizer.state_dict()) if run.optimizer is not None else None
+        optimizer = run.optimizer.state_dict() if run.optimizer is not None else None
+        shape = to_cpu(outline(optimizer, whole=True)) if optimizer is not None else None
         for target in targets:
             dist.send(vector, dst=target)
             dist.send(totals, dst=target)
-            dist.send_object_list([optimizer], dst=target)
+            dist.send_object_list([shape], dst=target)  # its outline, then a tensor at a time
+            if optimizer is not None:
+                send_state_rows(optimizer, dst=target)
     elif rank in targets:
         vector = torch.empty(state.n_params + state.n_buffers, dtype=run.params[0].dtype)
         dist.recv(vector, src=source)
@@ -364,8 +367,10 @@ def refresh(run: Run, groups: set[int], source: int) -> None:
         run.loss_sum, run.samples = float(totals[0]), int(round(float(totals[1])))
         box: list[Any] = [None]
         dist.recv_object_list(box, src=source)
-        if run.optimizer is not None and box[0] is not None:
-            run.optimizer.load_state_dict(box[0])
+        if box[0] is not None:
+            received = receive_state_rows(box[0], [source])
+            if run.optimizer is not None:
+                run.optimizer.load_state_dict(received)
 
 
 def _group_costs(
@@ -682,7 +687,7 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     # whole state.
     sharded = run.spec.group_ranks(source_group) if run.spec.sharded(source_group) else []
     if run.optimizer is not None and not run.topo.is_ps and sends:
-        local_optimizer = outline(run.optimizer.state_dict(), whole=not sharded)
+        local_optimizer = to_cpu(outline(run.optimizer.state_dict(), whole=not sharded))
     states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
     if run.optimizer is not None and (local_optimizer is not None or run.topo.rank in sharded):
         send_state_rows(run.optimizer.state_dict())

@@ -8,6 +8,7 @@ import pytest
 
 from backend.plans.performance import (
     PerformanceModel,
+    Prediction,
     Ring,
     expected_max,
     fit,
@@ -379,7 +380,19 @@ def _memory_model(limits: dict[str, float], slow_memory: tuple[float, float] = (
         {0: 2, 1: 1},
         memory={0: MEMORY, 1: {"peak_mb": slow_memory}},
     )
-    return fit(trial, GROUPS, sync_strategy="sync", memory_limit_mb=limits)
+    return fit(trial, GROUPS, sync_strategy="sync", group_memory_mb=limits)
+
+
+def _both_weighted(model: PerformanceModel) -> Prediction:
+    """Both groups' prediction, weighted split, 256 a step, the guard off."""
+    return predict(
+        model,
+        {"fast": 2, "slow": 1},
+        global_batch_size=256,
+        epochs=1,
+        split_policy="weighted",
+        guard=False,
+    )
 
 
 def test_memory_lines_are_fitted_and_kept() -> None:
@@ -403,14 +416,7 @@ def test_a_group_with_less_memory_gets_a_cap_on_its_share() -> None:
     # slow holds 400 + 2 b <= 441: at most 20 samples a step, where its speed alone would not
     # stop the weighted split from giving it more once the fast group's memory is tight too.
     model = _memory_model({"fast": 10_000.0, "slow": 441.0}, slow_memory=(400.0, 2.0))
-    guess = predict(
-        model,
-        {"fast": 2, "slow": 1},
-        global_batch_size=256,
-        epochs=1,
-        split_policy="weighted",
-        guard=False,
-    )
+    guess = _both_weighted(model)
     assert guess.max_local_batch == {"fast": None, "slow": 20}
     assert guess.local_batch["slow"] <= 20 + 1e-9
     assert 2 * guess.local_batch["fast"] + guess.local_batch["slow"] == pytest.approx(256)
@@ -444,18 +450,31 @@ def test_a_group_that_holds_no_sample_is_left_out_naming_it_and_the_bytes() -> N
     found = recommend(model, global_batch_size=64, epochs=1, split_policies=["weighted"])
     assert set(found.best.workers) == {"fast"}
     assert found.left_out["slow"] == (
-        "group 'slow' does not fit its memory: a worker needs 402 MiB whole at 1 sample a "
-        "step, and may hold 300 MiB"
+        "group 'slow' does not fit its memory: a worker needs 416 MiB whole at 8 samples a "
+        "step, and may hold 300 MiB; raise memory_limit_mb (up to its agents' host memory a "
+        "worker), or give it 2 or more workers so it can shard the model"
     )
     assert found.marginal_gain_s["slow"] is None
     alone = fit(
         _trial({0: (0.030, 0.006)}, {0: 1}, memory={0: {"peak_mb": (400.0, 2.0)}}, cross=None),
         [("slow", "cpu", 1)],
         sync_strategy="sync",
-        memory_limit_mb={"slow": 300.0},
+        group_memory_mb={"slow": 300.0},
     )
     with pytest.raises(
         ValueError,
         match="no set of the candidate groups fits its memory: group 'slow' does not fit",
     ):
         recommend(alone, global_batch_size=64, epochs=1)
+
+
+def test_a_capped_group_takes_the_choice_that_holds_more_and_the_task_limit_bounds_cpu() -> None:
+    # fast holds 2 + ... : whole 400 + 2 b within 420 holds 10 samples a worker, sharded
+    # 250 + 2 b holds 85; with a batch of 256 neither holds its 128, so it is capped sharded
+    model = _memory_model({"fast": 420.0, "slow": 10_000.0})
+    guess = _both_weighted(model)
+    assert guess.sharding["fast"] == "fsdp" and guess.max_local_batch["fast"] == 84
+    # the task's memory_limit_mb bounds a CPU group below its agents' memory, not above it
+    fast = model.groups[0]
+    assert fast.limit_mb(300.0) == 300.0 and fast.limit_mb(8_000.0) == 420.0
+    assert fast.limit_mb(None) == 420.0

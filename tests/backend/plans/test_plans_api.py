@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from fastapi.testclient import TestClient
 
-from backend.plans import service
-from tests.conftest import add_account, agent_headers, make_group, make_project
+from backend.plans import performance, service
+from tests.conftest import add_account, agent_headers, make_group, make_project, register_agent
 
 pytestmark = pytest.mark.stack
 
@@ -88,10 +88,8 @@ def _with_memory(timings: dict) -> dict:
     return timings
 
 
-def test_a_plan_fits_the_model_into_each_groups_memory(client: TestClient, version: dict) -> None:
-    plan = client.post("/api/v1/plans", json=_plan_body(version, memory_limit_mb=512)).json()
-    trial = client.get(f"/api/v1/tasks/{plan['trial_task_id']}").json()
-    assert trial["spec"]["limits"]["memory_limit_mb"] == 4096  # room to measure it whole
+def _ready_with_memory(client: TestClient, plan: dict) -> dict:
+    """The plan once its trial reported :func:`_with_memory`'s timings."""
     client.put(
         f"/internal/v1/tasks/{plan['trial_task_id']}/trial",
         headers=agent_headers(),
@@ -99,6 +97,14 @@ def test_a_plan_fits_the_model_into_each_groups_memory(client: TestClient, versi
     ).raise_for_status()
     ready = client.get(f"/api/v1/plans/{plan['id']}").json()
     assert ready["status"] == "ready", ready["error"]
+    return ready
+
+
+def test_a_plan_fits_the_model_into_each_groups_memory(client: TestClient, version: dict) -> None:
+    plan = client.post("/api/v1/plans", json=_plan_body(version, memory_limit_mb=512)).json()
+    trial = client.get(f"/api/v1/tasks/{plan['trial_task_id']}").json()
+    assert trial["spec"]["limits"]["memory_limit_mb"] == 4096  # room to measure it whole
+    ready = _ready_with_memory(client, plan)
     both = next(
         o
         for o in ready["options"]
@@ -110,17 +116,22 @@ def test_a_plan_fits_the_model_into_each_groups_memory(client: TestClient, versi
     assert both["max_local_batch"] == {"cpu-a": None, "cpu-b": 53}
     assert both["memory_limit_mb"] == {"cpu-a": 512, "cpu-b": 512}
     assert all(both["memory_mb"][g] <= 512 for g in ("cpu-a", "cpu-b"))
-    request = ready["task_request"]
-    assert request["memory_limit_mb"] == 512
-    chosen = ready["best"]
-    groups = {g["name"]: g for g in request["resource_groups"]}
-    assert groups["cpu-a"].get("sharding") == "fsdp"
-    if "cpu-b" in groups and chosen["split_policy"] == "weighted":
-        assert groups["cpu-b"]["max_local_batch"] == 53
+    # What "Use this plan" submits for that option: each group's sharding and cap
+    option = performance.Prediction(**both)
+    groups = [service.group_item(option, n, w) for n, w in option.workers.items()]
+    assert groups == [
+        {"name": "cpu-a", "workers": 2, "sharding": "fsdp"},
+        {"name": "cpu-b", "workers": 1, "sharding": "none", "max_local_batch": 53},
+    ]
+    assert ready["task_request"]["memory_limit_mb"] == 512  # the recommended one, whichever
+    request = {**ready["task_request"], "resource_groups": groups, "split_policy": "weighted"}
     assert client.post("/api/v1/tasks", json=request).status_code == 201
+    # a task may raise its limit above the plan's: cpu-a then fits whole
+    roomy = {**request, "resource_groups": [{"name": "cpu-a", "workers": 2}]}
+    assert client.post("/api/v1/tasks", json={**roomy, "memory_limit_mb": 2048}).status_code == 201
 
     # The same task with cpu-a whole is refused before it runs, naming the group and the MiB.
-    whole = {**request, "resource_groups": [{"name": "cpu-a", "workers": 2}]}
+    whole = roomy
     refused = client.post("/api/v1/tasks", json=whole)
     assert refused.status_code == 422 and _field(refused) == "memory_limit_mb"
     message = refused.json()["error"]["message"]
@@ -310,3 +321,23 @@ def test_forged_timings_fail_the_plan_and_reads_still_answer(
         f"/internal/v1/tasks/{plan['trial_task_id']}/trial", headers=agent_headers(), json=huge
     )
     assert refused.status_code == 422
+
+
+def test_a_cpu_groups_agents_bound_what_a_worker_may_hold(
+    client: TestClient, version: dict
+) -> None:
+    # cpu-b's agent has 1.2 GiB of host memory for its 2 workers: 614 MiB a worker, less than
+    # the plan's 4,096 MiB limit; cpu-a's agent 64 GiB for 2, so the limit holds there.
+    hardware = {"device_type": "cpu", "cpu_cores": 2}
+    register_agent(
+        client, "cpu-b", {**hardware, "memory_bytes": int(1.2 * 2**30)}, name="b1"
+    ).raise_for_status()
+    register_agent(
+        client, "cpu-a", {**hardware, "memory_bytes": 64 * 2**30}, name="a1"
+    ).raise_for_status()
+    ready = _ready_with_memory(
+        client, client.post("/api/v1/plans", json=_plan_body(version)).json()
+    )
+    both = [o for o in ready["options"] if set(o["workers"]) == {"cpu-a", "cpu-b"}]
+    assert both and all(o["memory_limit_mb"]["cpu-b"] == pytest.approx(614.4) for o in both)
+    assert all(o["memory_limit_mb"]["cpu-a"] == 4096 for o in both)
