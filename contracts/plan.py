@@ -14,6 +14,15 @@ Sharding = Literal["none", "fsdp"]
 """How a group holds the model: `none`, every worker the whole of it; `fsdp`, each of its W
 workers 1/W of the parameters, gradients and optimizer state (torch's FSDP2 over the group,
 worker/engine/fsdp.py)."""
+FsdpParamDtype = Literal["float32", "bfloat16"]
+"""The dtype a sharded group computes in: its gathered parameters and activations (FSDP2's
+``MixedPrecisionPolicy.param_dtype``); its gradients are reduced and its optimizer steps in
+float32 whichever (``reduce_dtype``), and the parameters stay float32 between steps."""
+BFLOAT16_TOLERANCE = 0.05
+"""The agreement checks' tolerance (relative L2) for a group that computes in bfloat16
+(``fsdp_param_dtype``), unless the task gives a wider one: bfloat16 keeps 8 bits of
+mantissa, so its gradients differ from float32's by about 1e-2 (measured on the test models
+0.4-1.3e-2)."""
 DilocoExchange = Literal["blocking", "overlapped", "async"]
 """How `diloco` rounds meet the parameter server: `blocking` waits for the outer update before
 the next round; `overlapped` goes on at once and takes it one round late; `async` has the

@@ -32,6 +32,7 @@ ENGINE_OPTIONS = (
     "guard",
     "sharding",
     "fsdp_units",
+    "fsdp_param_dtype",
     "exchange_fraction",
     "checkpoint_every",
     "rebalance_every",
@@ -86,6 +87,7 @@ class TaskSpec(BaseModel):
     guard: bool | None = None
     sharding: Sharding | None = None
     fsdp_units: list[str] | None = None
+    fsdp_param_dtype: str | None = None
     exchange_fraction: float | None = None
     checkpoint_every: int | None = None
     rebalance_every: int | None = None

@@ -60,6 +60,7 @@ from torch import Tensor
 
 from contracts.plan import (
     AGREEMENT_BATCH,
+    BFLOAT16_TOLERANCE,
     DEFAULT_AGREEMENT_TOLERANCE,
     OTHER_PAIR_TOLERANCE,
     pair_key,
@@ -114,12 +115,17 @@ class CheckedRun(Protocol):
         replicas wait at the step they were parked."""
 
 
-def tolerance(run: CheckedRun, device_type: str, against: str = PS_DEVICE_TYPE) -> float:
-    """The relative L2 distance allowed between a group of ``device_type`` and a reference
-    computed on ``against`` (the parameter server's CPU by default)."""
-    key = pair_key(device_type, against)
+def tolerance(run: CheckedRun, group: int, against: str = PS_DEVICE_TYPE) -> float:
+    """The relative L2 distance allowed between group ``group`` and a reference computed on
+    ``against`` (the parameter server's CPU by default): the task's or the default for the
+    pair of device types, and at least :data:`contracts.plan.BFLOAT16_TOLERANCE` for a
+    sharded group computing in bfloat16 (``fsdp_param_dtype``)."""
+    key = pair_key(run.spec.groups[group].device_type, against)
     given = run.spec.agreement_tolerance
-    return given.get(key, DEFAULT_AGREEMENT_TOLERANCE.get(key, OTHER_PAIR_TOLERANCE))
+    allowed = given.get(key, DEFAULT_AGREEMENT_TOLERANCE.get(key, OTHER_PAIR_TOLERANCE))
+    if run.spec.sharded(group) and run.spec.fsdp_param_dtype == "bfloat16":
+        return max(allowed, BFLOAT16_TOLERANCE)
+    return allowed
 
 
 def distance(value: Tensor | Sequence[Tensor], reference: Tensor | Sequence[Tensor]) -> float:
@@ -146,7 +152,7 @@ def distance(value: Tensor | Sequence[Tensor], reference: Tensor | Sequence[Tens
 def disagrees(run: CheckedRun, group: int, gap: float, against: str = PS_DEVICE_TYPE) -> bool:
     """True when ``gap`` exceeds group ``group``'s tolerance against a reference computed on
     ``against`` (exact: any difference)."""
-    return gap > tolerance(run, run.spec.groups[group].device_type, against)
+    return gap > tolerance(run, group, against)
 
 
 @contextmanager
@@ -434,7 +440,7 @@ def act(
         reason = (
             f"group {plan.name!r} ({plan.device_type}) disagrees with {name} ({device}): "
             f"{what} is {gap:.3g} away (relative L2), tolerance "
-            f"{tolerance(run, plan.device_type, device):g} for "
+            f"{tolerance(run, group, device):g} for "
             f"{pair_key(plan.device_type, device)}"
         )
         reasons.append(reason)

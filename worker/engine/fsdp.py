@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from worker.engine.distributed import Topology
@@ -119,12 +119,19 @@ def named_units(model: torch.nn.Module, names: Sequence[str]) -> list[torch.nn.M
 
 
 def shard_model(
-    model: torch.nn.Module, topo: Topology, units: Sequence[str] = ()
+    model: torch.nn.Module,
+    topo: Topology,
+    units: Sequence[str] = (),
+    param_dtype: str = "float32",
 ) -> torch.nn.Module:
     """Wrap ``model`` (on ``topo.device``) with FSDP2 over this worker's group, in place:
     each unit (:func:`named_units` for ``units``, else :func:`size_units`), then the root.
     Every member of the group calls it alike. Gradients are summed over the group, not
-    averaged. Returns the model (its parameters are now DTensors: build the optimizer after).
+    averaged. ``param_dtype`` ``bfloat16``: mixed precision (FSDP2's ``MixedPrecisionPolicy``):
+    each unit's gathered parameters, so its forward and backward, in bfloat16, its gradients
+    reduced in float32, the sharded parameters and the optimizer kept in float32, and the
+    model's output cast back to float32 for the user's loss.
+    Returns the model (its parameters are now DTensors: build the optimizer after).
 
     Raises ShardingError for ``units`` that name no module class, RuntimeError where the
     worker has no group (the parameter server)."""
@@ -132,9 +139,15 @@ def shard_model(
         raise RuntimeError("only a compute worker's group shards its model")
     mesh = DeviceMesh.from_group(topo.group, device_type=topo.device.type)
     chosen = named_units(model, units) if units else size_units(model)
+    low = getattr(torch, param_dtype)
+    policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
     for unit in chosen:
-        fully_shard(unit, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    # the model's output in float32, so the user's loss (and metrics) see what they would whole
+    root = MixedPrecisionPolicy(
+        param_dtype=low, reduce_dtype=torch.float32, output_dtype=torch.float32
+    )
+    fully_shard(model, mesh=mesh, mp_policy=root)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

@@ -17,6 +17,7 @@ from contracts.data import DataOptions
 from contracts.plan import (
     AgreementTolerance,
     DilocoExchange,
+    FsdpParamDtype,
     GroupPlan,
     OnDisagreement,
     Sharding,
@@ -54,7 +55,8 @@ class RunSpec(BaseModel):
     whose part in each step costs more than it adds (:mod:`worker.engine.guard`).
     ``sharding`` (``none`` or ``fsdp``; a group's own ``sharding`` wins) shards the model,
     its gradients and its optimizer state over each ``fsdp`` group's workers, in units of the
-    module classes ``fsdp_units`` names or chosen by size (:mod:`worker.engine.fsdp`); with
+    module classes ``fsdp_units`` names or chosen by size (:mod:`worker.engine.fsdp`),
+    computing in ``fsdp_param_dtype`` (``bfloat16``: mixed precision, FSDP2's policy); with
     ``sync`` only so far, and the guard does not act on such a task.
     ``exchange_fraction`` of each worker's shard moves to its ring neighbour
     after every epoch. ``checkpoint_every`` adds a checkpoint every N steps.
@@ -109,6 +111,7 @@ class RunSpec(BaseModel):
     guard: bool = True
     sharding: Sharding = "none"
     fsdp_units: list[str] = Field(default_factory=list)
+    fsdp_param_dtype: FsdpParamDtype = "float32"
     exchange_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     checkpoint_every: int | None = Field(default=None, ge=1)
     on_nonfinite: OnNonFinite = "fail"
@@ -220,7 +223,7 @@ class RunSpec(BaseModel):
 def check_sharding(spec: RunSpec) -> None:
     """Raises ValueError, naming the field, for sharding that cannot be run: ``fsdp`` on a
     group of one worker (nothing to shard), with a strategy other than ``sync``, or
-    ``fsdp_units`` on a task that shards no group."""
+    ``fsdp_units`` or ``fsdp_param_dtype`` on a task that shards no group."""
     sharded = [g for g in spec.groups if (g.sharding or spec.sharding) == "fsdp"]
     for group in sharded:
         if group.workers < 2:
@@ -235,6 +238,8 @@ def check_sharding(spec: RunSpec) -> None:
         )
     if spec.fsdp_units and not sharded:
         raise ValueError("fsdp_units applies only where a group has sharding 'fsdp'")
+    if spec.fsdp_param_dtype != "float32" and not sharded:
+        raise ValueError("fsdp_param_dtype applies only where a group has sharding 'fsdp'")
 
 
 def check_local_batches(spec: RunSpec) -> None:

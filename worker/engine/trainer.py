@@ -74,7 +74,7 @@ def run_worker(
     sharded = spec.sharded(topo.group_index)
     if sharded:
         return_freed_memory()  # before the whole model built here is freed for its rows
-        shard_model(model, topo, spec.fsdp_units)
+        shard_model(model, topo, spec.fsdp_units, spec.fsdp_param_dtype)
     strategy = session.strategy_for(spec.sync_strategy)
     own_optimizer = strategy.group_optimizers or strategy.replicated
     optimizer = code.build_optimizer(model.parameters()) if own_optimizer else None

@@ -180,7 +180,7 @@ def time_sharded_steps(
     emulator = _emulator(spec, topo)
     fsdp.return_freed_memory()  # as a sharded worker runs (worker/engine/trainer.py)
     try:
-        fsdp.shard_model(model, topo, spec.fsdp_units)
+        fsdp.shard_model(model, topo, spec.fsdp_units, spec.fsdp_param_dtype)
     except ValueError as exc:  # ShardingError, or a model FSDP2 refuses
         report.log(f"trial: rank {topo.rank} did not time the model sharded: {exc}")
         return None

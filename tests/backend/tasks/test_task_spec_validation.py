@@ -97,17 +97,23 @@ def test_sharding_reaches_the_spec_per_task_and_per_group(
         {"name": "cpu-b", "workers": 1, "sharding": "none"},
     ]
     body = task_request(
-        version, resource_groups=groups, sharding="fsdp", fsdp_units=["Net", "Linear"]
+        version,
+        resource_groups=groups,
+        sharding="fsdp",
+        fsdp_units=["Net", "Linear"],
+        fsdp_param_dtype="bfloat16",
     )
     response = client.post("/api/v1/tasks", json=body)
     assert response.status_code == 201, response.text
     spec = response.json()["spec"]
     assert (spec["sharding"], spec["fsdp_units"]) == ("fsdp", ["Net", "Linear"])
+    assert spec["fsdp_param_dtype"] == "bfloat16"
     assert "sharding" not in spec["request"][0] and spec["request"][1]["sharding"] == "none"
     stored = TaskSpec.model_validate(spec)
     assert [stored.sharding_of(g) for g in stored.groups] == [None, "none"]  # None: the task's
     engine = stored.engine_options()
     assert (engine["sharding"], engine["fsdp_units"]) == ("fsdp", ["Net", "Linear"])
+    assert engine["fsdp_param_dtype"] == "bfloat16"
 
     # A group's own, with the task's left at none; and a device-type item's own.
     groups = [
@@ -329,6 +335,20 @@ def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> Non
             "'diloco' does not run sharded groups yet (resource_groups.0 has sharding 'fsdp'",
         ),
         ({"fsdp_units": ["Block"]}, "fsdp_units", "applies only where a group has sharding"),
+        (
+            {"fsdp_param_dtype": "bfloat16"},
+            "fsdp_param_dtype",
+            "fsdp_param_dtype applies only where a group has sharding 'fsdp'",
+        ),
+        (
+            {
+                "sharding": "fsdp",
+                "fsdp_param_dtype": "float16",
+                "resource_groups": [{"name": "cpu-a", "workers": 2}],
+            },
+            "fsdp_param_dtype",
+            "Input should be 'float32' or 'bfloat16'",
+        ),
         (
             {
                 "sharding": "fsdp",

@@ -291,3 +291,25 @@ def test_optimizer_groups_and_frozen_parameters_step_as_one_process(
     _, finals = run_with_dump(spec, tmp_path / "params")
     expected, _ = reference_run(spec, dumped_batches(tmp_path / "params"))
     torch.testing.assert_close(finals[0], expected, atol=1e-5, rtol=0)
+
+
+def test_bfloat16_mixed_precision_computes_low_and_keeps_float32(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    # fsdp_param_dtype bfloat16: the sharded group's forward and backward in bfloat16 (FSDP2's
+    # MixedPrecisionPolicy), its gradients reduced and its optimizer stepped in float32. The
+    # result is near the float32 single-process run but not equal to it, every rank agrees,
+    # and the agreement checks (every 4 steps, on_disagreement: fail) pass at bfloat16's
+    # tolerance, where float32's cpu/cpu tolerance (0) would fail the task.
+    spec = make_spec(
+        agreement_every=4,
+        fsdp_param_dtype="bfloat16",
+        **CASES["sharded-beside-whole-weighted"],
+    )
+    run, finals = run_with_dump(spec, tmp_path / "params")
+    for rank in range(1, spec.world_size):
+        assert torch.equal(finals[rank], finals[0]), f"rank {rank} differs from the PS"
+    assert finals[0].dtype == torch.float32
+    expected, _ = reference_run(spec, dumped_batches(tmp_path / "params"))
+    gap = float((finals[0] - expected).norm() / expected.norm())
+    assert 1e-6 < gap < 2e-2, gap
