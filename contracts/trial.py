@@ -125,7 +125,9 @@ class TrialResult(StrictModel):
     torch, rendezvous with the last rank, the user's code, model and data), its own part of
     them (`ps_startup_s`: without the rendezvous's wait), the seconds one
     checkpoint of the model and the user's optimizer takes to write (`checkpoint_s`, None
-    in a trial from before it was timed), and every timing."""
+    in a trial from before it was timed), its own peak memory over the trial in MiB
+    (`ps_peak_mb`: the whole model, and a checkpoint's optimizer state; None where not
+    measured), and every timing."""
 
     n_train: int = Field(ge=1, le=INT32_MAX)
     n_val: int = Field(default=0, ge=0, le=INT32_MAX)
@@ -133,5 +135,6 @@ class TrialResult(StrictModel):
     startup_s: float = Field(ge=0.0, le=1e6)
     ps_startup_s: float | None = Field(default=None, ge=0.0, le=1e6)
     checkpoint_s: float | None = Field(default=None, ge=0.0, le=1e6)
+    ps_peak_mb: float | None = Field(default=None, gt=0.0, lt=1e9)
     workers: list[WorkerTiming] = Field(min_length=1, max_length=10_000)
     exchanges: list[ExchangeTiming] = Field(default_factory=list, max_length=10_000)

@@ -233,6 +233,7 @@ class PerformanceModel:
     checkpoint_s: float = 0.0  # one checkpoint written by the parameter server
     ps_startup_s: float = 0.0  # the parameter server's own start-up, without waits
     memory_limit_mb: float | None = None  # the planned task's (its ranks' data memory)
+    ps_peak_mb: float = 0.0  # the parameter server's peak in the trial (0: not measured)
 
     def group(self, name: str) -> GroupModel:
         for group in self.groups:
@@ -366,6 +367,7 @@ def fit(
         checkpoint_s=trial.checkpoint_s or 0.0,
         ps_startup_s=trial.ps_startup_s or 0.0,
         memory_limit_mb=memory_limit_mb,
+        ps_peak_mb=trial.ps_peak_mb or 0.0,
     )
 
 
@@ -593,7 +595,11 @@ def placements(
     more samples, and at least the agreement check's batch (:data:`AGREEMENT_BATCH`, which
     every worker takes whatever its cap). Raises :class:`DoesNotFit`, naming the group and
     the MiB, where a group holds too few samples either way, or the caps together hold less
-    than the global batch."""
+    than the global batch, and where the parameter server does not fit
+    (:func:`server_shortfall`)."""
+    server = server_shortfall(model, model.memory_limit_mb)
+    if server is not None:
+        raise DoesNotFit(server)
     total = sum(workers[name] for name in names)
     diloco = split_policy == "weighted" and model.sync_strategy == "diloco"
     weighted = split_policy == "weighted" and not diloco  # a share that can be capped
@@ -629,6 +635,20 @@ def placements(
     return found
 
 
+def server_shortfall(model: PerformanceModel, memory_limit_mb: float | None) -> str | None:
+    """Why the parameter server does not fit the task's ``memory_limit_mb`` (its ranks' data
+    memory), by its peak in the trial (the whole model and a checkpoint of the user's
+    optimizer); None when it fits or either is not known. Sharding the groups does not
+    help it: it holds the whole model."""
+    if not model.ps_peak_mb or memory_limit_mb is None or model.ps_peak_mb <= memory_limit_mb:
+        return None
+    return (
+        f"the parameter server does not fit its memory: it needs {model.ps_peak_mb:,.0f} MiB "
+        f"(the whole model, and a checkpoint's optimizer state) and may hold "
+        f"{memory_limit_mb:,.0f} MiB; raise memory_limit_mb"
+    )
+
+
 def memory_shortfall(
     model: PerformanceModel,
     workers: dict[str, int],
@@ -645,6 +665,9 @@ def memory_shortfall(
     ``ceil(G / W_g)`` under the weighted split), with why; None when all fit or nothing
     was measured. A CPU group's limit is the task's ``memory_limit_mb`` or, if less, what
     the plan found its agents to have."""
+    server = server_shortfall(model, memory_limit_mb)
+    if server is not None:
+        return "parameter server", server
     total = sum(workers.values())
     for name, count in workers.items():
         group = model.group(name)

@@ -29,13 +29,13 @@ from worker.engine.data import prepare_data
 from worker.engine.distributed import ClusterEnv
 from worker.engine.ps import run_parameter_server
 from worker.engine.spec import RunSpec
-from worker.engine.state import ModelState
 from worker.engine.trainer import run_worker
 from worker.engine.trial import run_trial
 
 
 def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
-    """Take part in the task as rank ``env.rank``; returns its final parameters and buffers [P + B].
+    """Take part in the task as rank ``env.rank``; returns its final parameters and buffers
+    [P + B] where ``spec.debug_dump_dir`` is set (an empty tensor otherwise, and in a trial).
 
     The global generators are reset to ``spec.seed`` before ``build_model``
     (so every rank builds the same model) and before ``build_datasets`` (run
@@ -60,7 +60,7 @@ def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
     seed_everything(spec.seed * 1000 + env.rank)
     if spec.trial is not None:
         run_trial(spec, code, topo, model, data, clock)
-        final = ModelState.of(model).vector()
+        final = torch.empty(0)  # a trial trains nothing
     elif topo.is_ps:
         final = run_parameter_server(spec, code, topo, model, data, clock)
     else:

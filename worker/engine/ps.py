@@ -76,7 +76,8 @@ def run_parameter_server(
     data: DataSources,
     clock: report.StartupClock | None = None,
 ) -> Tensor:
-    """Run rank 0 until the last epoch: returns the final parameters and buffers [P + B].
+    """Run rank 0 until the last epoch: returns the final parameters and buffers [P + B] where
+    ``spec.debug_dump_dir`` is set, else an empty tensor.
 
     Writes the checkpoints of :mod:`worker.engine.checkpoint` and ``final.pt``
     in ``spec.checkpoint_dir``, then reports ``done``; with ``spec.debug_dump_dir``
@@ -118,4 +119,4 @@ def run_parameter_server(
     save_checkpoint(directory / "final.pt", final)
     _dump_batches(run)
     report.done()
-    return run.state.vector()
+    return run.state.vector() if spec.debug_dump_dir else torch.empty(0)

@@ -62,9 +62,9 @@ def run_worker(
     clock: report.StartupClock | None = None,
 ) -> Tensor:
     """Train as compute rank ``topo.rank`` until the last epoch; returns final parameters and
-    buffers [P + B] (a sharded worker: only for ``spec.debug_dump_dir``, else an empty
-    tensor). ``clock``: the start-up's parts so far (:func:`worker.engine.session.start`
-    adds its own and reports them).
+    buffers [P + B] for ``spec.debug_dump_dir``, else an empty tensor (a copy of the model
+    at the end would only raise the rank's peak memory). ``clock``: the start-up's parts so
+    far (:func:`worker.engine.session.start` adds its own and reports them).
 
     Raises whatever the user's code raises.
     """
@@ -103,6 +103,6 @@ def run_worker(
     )
     if run.reducer is not None:
         run.reducer.close()
-    if sharded and not spec.debug_dump_dir:  # only a debug dump reads it: gather nothing
+    if not spec.debug_dump_dir:  # only a debug dump reads it: gather or copy nothing
         return torch.empty(0)
     return run.state.vector().cpu()

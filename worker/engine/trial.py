@@ -410,6 +410,7 @@ def run_trial(
     workers = [part["worker"] for part in gathered if "worker" in part]
     exchanges = [e for part in gathered for e in part["exchanges"]]
     element = torch.empty(0, dtype=dtype).element_size()
+    checkpoint_s = time_checkpoint(code, model, spec.checkpoint_dir)
     report.trial(
         {
             "n_train": data.n_train,
@@ -417,7 +418,9 @@ def run_trial(
             "exchange_bytes": numel * element,
             "startup_s": startup_s,
             "ps_startup_s": own,
-            "checkpoint_s": time_checkpoint(code, model, spec.checkpoint_dir),
+            "checkpoint_s": checkpoint_s,
+            # its whole life's peak: the model, and a checkpoint's optimizer state
+            "ps_peak_mb": memory.peak_mib(torch.device("cpu")),
             "workers": workers,
             "exchanges": exchanges,
         }

@@ -478,3 +478,19 @@ def test_a_capped_group_takes_the_choice_that_holds_more_and_the_task_limit_boun
     fast = model.groups[0]
     assert fast.limit_mb(300.0) == 300.0 and fast.limit_mb(8_000.0) == 420.0
     assert fast.limit_mb(None) == 420.0
+
+
+def test_a_parameter_server_that_does_not_fit_fails_every_set_naming_it() -> None:
+    trial = _trial(
+        {0: (0.010, 0.002), 1: (0.030, 0.006)}, {0: 2, 1: 1}, memory={0: MEMORY, 1: MEMORY}
+    )
+    trial = trial.model_copy(update={"ps_peak_mb": 900.0})
+    roomy = fit(trial, GROUPS, sync_strategy="sync", memory_limit_mb=1000.0)
+    assert recommend(roomy, global_batch_size=64, epochs=1).options  # the server fits
+    tight = fit(trial, GROUPS, sync_strategy="sync", memory_limit_mb=800.0)
+    with pytest.raises(
+        ValueError,
+        match="the parameter server does not fit its memory: it "
+        "needs 900 MiB .* may hold 800 MiB; raise memory_limit_mb",
+    ):
+        recommend(tight, global_batch_size=64, epochs=1)

@@ -59,6 +59,7 @@ def test_trial_times_every_worker_and_exchange(
         assert (worker.sharded_peak_mb is not None) == can_shard
         assert (worker.sharded_step_s is not None) == can_shard
     assert result.n_val > 0 and result.checkpoint_s is not None and result.checkpoint_s > 0
+    assert result.ps_peak_mb is not None and result.ps_peak_mb > 0  # the server's fit check
     assert not any(Path(spec.checkpoint_dir).rglob("*.pt")), "the timed checkpoint is removed"
     kinds = {(e.kind, e.group_index) for e in result.exchanges}
     cross = (
