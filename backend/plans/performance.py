@@ -152,7 +152,7 @@ class GroupModel:
     sharded_memory: Line | None = None  # the same with the model sharded over ``workers``
     sharded_step: Line | None = None  # the step's seconds with the model sharded
     startup_peak_mb: float = 0.0  # the peak before the first step (the model built whole)
-    memory_limit_mb: float | None = None  # its hardware's memory a worker; None: not known
+    memory_per_worker_mb: float | None = None  # its hardware's memory a worker; None: unknown
 
     def fixed_s(self, workers: int, n_bytes: int, sharding: str = "none") -> float:
         """Seconds of a step that do not grow with the local batch: ``a`` and the in-group
@@ -195,8 +195,8 @@ class GroupModel:
         device group its device memory a worker (the task's limit is on host memory). None:
         not known."""
         if self.device_type != "cpu":
-            return self.memory_limit_mb
-        known = [v for v in (task_limit_mb, self.memory_limit_mb) if v is not None]
+            return self.memory_per_worker_mb
+        known = [v for v in (task_limit_mb, self.memory_per_worker_mb) if v is not None]
         return min(known) if known else None
 
     def most_samples(
@@ -268,7 +268,7 @@ class PerformanceModel:
                 sharded_memory=line(g.get("sharded_memory")),
                 sharded_step=line(g.get("sharded_step")),
                 startup_peak_mb=g.get("startup_peak_mb", 0.0),
-                memory_limit_mb=g.get("memory_limit_mb"),
+                memory_per_worker_mb=g.get("memory_per_worker_mb"),
             )
             for g in data["groups"]
         ]
@@ -348,7 +348,7 @@ def fit(
                 ),
                 sharded_step=_measured(timed, "sharded_step_s", fit_line),
                 startup_peak_mb=max((w.startup_peak_mb or 0.0) for w in timed),
-                memory_limit_mb=(group_memory_mb or {}).get(name),
+                memory_per_worker_mb=(group_memory_mb or {}).get(name),
             )
         )
     cross = next((Ring.fit(e) for e in trial.exchanges if e.kind == "leaders_allreduce"), None)
@@ -606,7 +606,7 @@ def placements(
     found: dict[str, Placement] = {}
     for name in names:
         group, count = model.group(name), workers[name]
-        most = -(-global_batch_size // (total if split_policy == "even" else count))
+        most = largest_share(global_batch_size, total, count, split_policy)
         least = min(most, AGREEMENT_BATCH)  # the agreement check's batch is not capped
         limit = group.limit_mb(model.memory_limit_mb)
         choices = ["none", "fsdp"] if group.can_shard(count, model.sync_strategy) else ["none"]
@@ -672,13 +672,12 @@ def memory_shortfall(
     for name, count in workers.items():
         group = model.group(name)
         limit = group.limit_mb(memory_limit_mb)
-        most = -(-global_batch_size // (total if split_policy == "even" else count))
+        most = largest_share(global_batch_size, total, count, split_policy)
         share = min(most, caps.get(name) or most)
         held = sharding.get(name, "none")
         needed = group.memory_mb(share, count, held)
         if limit is None or needed is None or needed <= limit:
             continue
-        label = "whole" if held == "none" else f"sharded over {count}"
         helps = [_raise_limit(group)]
         if held == "none" and group.can_shard(count, model.sync_strategy):
             helps.append("shard the group (sharding 'fsdp')")
@@ -686,8 +685,8 @@ def memory_shortfall(
             helps.append("cap its share (max_local_batch; the plan's task_request sets it)")
         return name, (
             f"group {name!r} does not fit its memory: by plan measurements a worker needs "
-            f"{needed:,.0f} MiB {label} at {share} samples a step and may hold {limit:,.0f} "
-            f"MiB; {', or '.join(helps)}"
+            f"{_need(group, share, count, held)} at {share} samples a step and may hold "
+            f"{limit:,.0f} MiB; {', or '.join(helps)}"
         )
     return None
 
@@ -702,11 +701,7 @@ def _no_room(
 ) -> str:
     """Why ``group`` holds too few samples: what one worker needs, whole and sharded, what
     it may hold, and what would help."""
-    needs = []
-    for choice in choices:
-        needed = group.memory_mb(samples, workers, choice)
-        label = "whole" if choice == "none" else f"sharded over {workers}"
-        needs.append(f"{needed:,.0f} MiB {label}")
+    needs = [_need(group, samples, workers, choice) for choice in choices]
     helps = [_raise_limit(group)]
     if len(choices) < 2 and workers < 2:
         helps.append("give it 2 or more workers so it can shard the model")
@@ -717,6 +712,21 @@ def _no_room(
         f"{' or '.join(needs)} at {samples} sample{'s' if samples != 1 else ''} a step, "
         f"and may hold {limit_mb or 0:,.0f} MiB; {', or '.join(helps)}"
     )
+
+
+def largest_share(global_batch_size: int, total: int, workers: int, split_policy: str) -> int:
+    """The most samples a step one of a group's ``workers`` can be given, of ``total``
+    workers: the even share ``ceil(G / W)``, or under the weighted split ``ceil(G / W_g)``
+    (the group alone, whichever groups the guard parks)."""
+    return -(-global_batch_size // (total if split_policy == "even" else workers))
+
+
+def _need(group: GroupModel, samples: int, workers: int, sharding: str) -> str:
+    """What one of ``group``'s ``workers`` needs at ``samples`` a step held as ``sharding``,
+    e.g. ``416 MiB whole`` (memory measured: the callers have checked)."""
+    needed = group.memory_mb(samples, workers, sharding) or 0.0
+    label = "whole" if sharding == "none" else f"sharded over {workers}"
+    return f"{needed:,.0f} MiB {label}"
 
 
 def _raise_limit(group: GroupModel) -> str:

@@ -162,11 +162,15 @@ def local_gradient(
         loss = batch_loss(code, model, data, indices, device)
         loss.backward()
         loss_sum = loss.item() * count
-    with_buffers = state is not None and base is not None
-    n_buffers = state.n_buffers if state is not None and with_buffers else 0
     n_params = sum(p.numel() for p in params)
     dtype = functools.reduce(torch.promote_types, (p.dtype for p in params))  # as cat promotes
-    out = torch.empty(n_params + n_buffers + 2, dtype=dtype, device=params[0].device)
+    like = torch.empty(0, dtype=dtype, device=params[0].device)
+    change = (
+        state.buffer_change(base, float(count), like)
+        if state is not None and base is not None
+        else like
+    )
+    out = like.new_empty(n_params + change.numel() + 2)
     offset = 0
     for p in params:
         part = out[offset : offset + p.numel()]
@@ -175,8 +179,7 @@ def local_gradient(
         else:  # the gradient in the vector's dtype, then scaled: as cat, then multiply, did
             part.copy_(p.grad.detach().reshape(-1)).mul_(count)
         offset += p.numel()
-    if state is not None and base is not None and n_buffers:
-        out[offset : offset + n_buffers].copy_(state.buffer_change(base, float(count), out))
+    out[offset : offset + change.numel()].copy_(change)
     out[-2:].copy_(torch.tensor([loss_sum, float(count)], dtype=out.dtype))
     return out
 

@@ -37,6 +37,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from worker.engine.checkpoint import to_cpu
 from worker.engine.distributed import Topology
 from worker.engine.sharded import full, local
 
@@ -299,20 +300,21 @@ def outline(state_dict: dict[str, Any], whole: bool = False) -> dict[str, Any]:
     """An optimizer ``state_dict()`` with each state tensor shaped as its parameter (one
     dimension or more) replaced by :class:`Rows` (with its shape when ``whole``: a worker
     that holds the whole model sends each tensor whole): what the parameter server needs to
-    receive them (:func:`receive_state_rows`); scalars (Adam's ``step``, on the CPU) and
-    the parameter groups are kept."""
+    receive them (:func:`receive_state_rows`); scalars (Adam's ``step``) and the parameter
+    groups are kept, any tensor among them on the CPU (it unpickles on a host without the
+    worker's device)."""
     state = {
         key: {
             name: Rows(value.dtype, tuple(value.shape) if whole else None)
             if isinstance(value, Tensor) and value.dim() > 0
-            else local(value).cpu()
+            else local(value)
             if isinstance(value, Tensor)
             else value
             for name, value in values.items()
         }
         for key, values in state_dict["state"].items()
     }
-    return {"state": state, "param_groups": state_dict["param_groups"]}
+    return to_cpu({"state": state, "param_groups": state_dict["param_groups"]})
 
 
 def _in_order(state: dict[Any, dict[str, Any]]) -> list[tuple[Any, str]]:

@@ -27,7 +27,7 @@ from contracts.plan import GUARD_CHECK_STEPS
 from worker.engine import report
 from worker.engine.agreement import check_parameters, hooked_precision
 from worker.engine.balance import Balancer, imbalance, rates_of
-from worker.engine.checkpoint import gather_worker_states, save_checkpoint, to_cpu
+from worker.engine.checkpoint import gather_worker_states, save_checkpoint
 from worker.engine.compute import (
     BusyClock,
     Work,
@@ -351,11 +351,11 @@ def refresh(run: Run, groups: set[int], source: int) -> None:
         vector = state.vector().cpu()
         totals = torch.tensor([run.loss_sum, float(run.samples)], dtype=torch.float64)
         optimizer = run.optimizer.state_dict() if run.optimizer is not None else None
-        shape = to_cpu(outline(optimizer, whole=True)) if optimizer is not None else None
+        outlined = outline(optimizer, whole=True) if optimizer is not None else None
         for target in targets:
             dist.send(vector, dst=target)
             dist.send(totals, dst=target)
-            dist.send_object_list([shape], dst=target)  # its outline, then a tensor at a time
+            dist.send_object_list([outlined], dst=target)  # then a tensor at a time
             if optimizer is not None:
                 send_state_rows(optimizer, dst=target)
     elif rank in targets:
@@ -687,7 +687,7 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     # whole state.
     sharded = run.spec.group_ranks(source_group) if run.spec.sharded(source_group) else []
     if run.optimizer is not None and not run.topo.is_ps and sends:
-        local_optimizer = to_cpu(outline(run.optimizer.state_dict(), whole=not sharded))
+        local_optimizer = outline(run.optimizer.state_dict(), whole=not sharded)
     states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
     if run.optimizer is not None and (local_optimizer is not None or run.topo.rank in sharded):
         send_state_rows(run.optimizer.state_dict())

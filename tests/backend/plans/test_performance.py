@@ -408,7 +408,7 @@ def test_memory_lines_are_fitted_and_kept() -> None:
     # over 4 workers a worker saves 3/4 of what it shares, not 1/2: 1.5 times the saving at 2
     saved_at_2 = 150.0 + vector / 2
     assert fast.memory_mb(10, 4, "fsdp") == pytest.approx(420.0 + vector - 1.5 * saved_at_2)
-    assert fast.memory_limit_mb == 1000.0
+    assert fast.memory_per_worker_mb == 1000.0
     assert PerformanceModel.from_json(model.to_json()) == model
 
 
