@@ -84,7 +84,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 def build_model():
-    return nn.Sequential(nn.Linear(1000, 4000), nn.Tanh(), nn.Linear(4000, 1000))
+    return nn.Sequential(nn.Linear(1000, 8000), nn.Tanh(), nn.Linear(8000, 1000))
 
 def build_datasets():
     g = torch.Generator().manual_seed(0)
@@ -102,7 +102,7 @@ def build_optimizer(params):
 def test_trial_measures_memory_whole_and_sharded(
     make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:
-    # An 8M-parameter model with Adam: 128 MiB of parameters, gradients and moments whole, half
+    # A 16M-parameter model with Adam: 256 MiB of parameters, gradients and moments whole, half
     # of that per worker sharded over a group of 2 (issue 36, item 5: plans know memory).
     module = tmp_path / "user_code.py"
     module.write_text(WIDE)
@@ -113,11 +113,13 @@ def test_trial_measures_memory_whole_and_sharded(
         trial={"batch_sizes": [8, 64], "steps": 2, "repeats": 2},
     )
     result = _result(spec)
-    state_mib = 4 * 8_005_000 * 4 / MIB  # parameters, gradients, two moments
+    state_mib = 4 * 16_009_000 * 4 / MIB  # parameters, gradients, two moments
     for worker in result.workers:
         assert worker.peak_mb is not None and worker.sharded_peak_mb is not None
         assert worker.startup_peak_mb is not None
         for whole, sharded in zip(worker.peak_mb, worker.sharded_peak_mb, strict=True):
-            # a worker holds half the parameters, gradients and moments, as measured
-            assert whole - sharded > state_mib / 4, (worker.peak_mb, worker.sharded_peak_mb)
+            # a worker holds half the parameters, gradients and moments, as measured: half the
+            # state is 128 MiB; a clean-clone run on a loaded host saw the 8M model's 64 MiB
+            # come out as 26-44, what glibc's heaps keep between the phases, so an eighth
+            assert whole - sharded > state_mib / 8, (worker.peak_mb, worker.sharded_peak_mb)
         assert worker.sharded_step_s is not None and all(s > 0 for s in worker.sharded_step_s)
