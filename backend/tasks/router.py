@@ -1,11 +1,13 @@
-"""REST for tasks: submission, reads, cancel and retry, logs (also streamed), checkpoints.
+"""REST for tasks: submission, reads, cancel and retry, logs (also streamed, and as a text
+file), checkpoints.
 
 Every route checks that the caller may see the task's project.
 """
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -36,6 +38,7 @@ from backend.tasks.schemas import (
 
 router = APIRouter(prefix="/tasks", tags=["tasks"], dependencies=[UserAuth])
 LOG_POLL_S = 0.5
+LOG_TEXT_PAGE = 1000  # lines per database query of a log download (`logs.txt`)
 
 
 def valid_task(task_id: int, session: SessionDep, user: CurrentUser) -> Task:
@@ -172,6 +175,61 @@ def task_logs(
 ) -> list:
     """Log lines after the cursor `after_id`, optionally of one node (e.g. `ps`, `rank-1`)."""
     return list(service.logs(session, task_id=task.id, after_id=after_id, node=node, limit=limit))
+
+
+def _log_text(task_id: int, node: str | None) -> Iterator[bytes]:
+    """The task's log as UTF-8 text, one chunk per `LOG_TEXT_PAGE` lines, each page read
+    with a session of its own (the log is never held whole); ends at the first page that is
+    not full, so lines that arrive meanwhile are included up to then."""
+    cursor = 0
+    while True:
+        with get_sessionmaker()() as session:
+            lines = service.logs(
+                session, task_id=task_id, after_id=cursor, node=node, limit=LOG_TEXT_PAGE
+            )
+            chunk = "".join(service.log_text(line) for line in lines).encode()
+            cursor = lines[-1].id if lines else cursor
+        if chunk:  # yielded with the connection back in the pool, however slow the reader
+            yield chunk
+        if len(lines) < LOG_TEXT_PAGE:
+            return
+
+
+@router.get(
+    "/{task_id}/logs.txt",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {
+                "text/plain": {"example": "2026-11-22T06:00:00.500Z rank-1   epoch 1 ...\n"}
+            },
+            "description": "the log as text, one line per log line, oldest first (an "
+            "attachment named `task-<id>[-<node>]-logs.txt`)",
+        }
+    },
+)
+def download_logs(
+    task: TaskDep,
+    session: SessionDep,
+    node: Annotated[
+        str | None, Query(description="only this node's lines, e.g. `ps`, `rank-1`")
+    ] = None,
+) -> StreamingResponse:
+    """The task's whole log (or one node's) as a text file, streamed as it is read: per line
+    its UTC time (ms), node and text. 404 for a node that is neither in the task's spec nor
+    in its log (the message lists the spec's nodes)."""
+    if node:
+        service.check_log_node(session, task=task, node=node)
+    session.close()  # the download reads with sessions of its own
+    label = f"-{re.sub(r'[^A-Za-z0-9._-]', '_', node)}" if node else ""
+    return StreamingResponse(
+        _log_text(task.id, node or None),
+        media_type="text/plain; charset=utf-8",
+        headers={
+            "Content-Disposition": f'attachment; filename="task-{task.id}{label}-logs.txt"',
+            "X-Accel-Buffering": "no",
+        },
+    )
 
 
 def _poll_logs(task_id: int, cursor: int, node: str | None) -> tuple[list[str], TaskStatus]:

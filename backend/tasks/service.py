@@ -1,6 +1,7 @@
 """Task submission, reads and cancellation."""
 
 from collections.abc import Sequence
+from datetime import UTC
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -309,6 +310,38 @@ def logs(
     if node:
         query = query.where(LogLine.node == node)
     return session.scalars(query.order_by(LogLine.id).limit(limit)).all()
+
+
+def log_nodes(task: Task) -> list[str]:
+    """The nodes the task's spec gives logs: `ps` (rank 0), `rank-1` … `rank-W` and
+    `agent-<group>` for each named group (its agents' own lines), read from the spec only."""
+    spec = read_spec(task)
+    plans: list[GroupPlan] | list[RequestItem] = spec.groups or spec.request
+    workers = sum(plan.workers for plan in plans)
+    agents = [f"agent-{plan.name}" for plan in plans if plan.name]
+    return ["ps", *(f"rank-{rank}" for rank in range(1, workers + 1)), *agents]
+
+
+def check_log_node(session: Session, *, task: Task, node: str) -> None:
+    """`node` is one of the task's log nodes: one its spec gives (`log_nodes`, a node that
+    has logged nothing yet included) or one that has a line (a node of an earlier attempt).
+
+    Raises:
+        NotFound: neither; the message names the node and the spec's nodes.
+    """
+    if node in log_nodes(task):
+        return
+    logged = select(LogLine.id).where(LogLine.task_id == task.id, LogLine.node == node).limit(1)
+    if session.scalar(logged) is None:
+        nodes = ", ".join(log_nodes(task))
+        raise NotFound(f"task {task.id} has no node {node!r} (its nodes: {nodes})", field="node")
+
+
+def log_text(line: LogLine) -> str:
+    """One line of a log download: UTC time to the millisecond, node, text, newline, e.g.
+    `2026-11-22T06:00:00.500Z rank-1   epoch 1 ...`."""
+    at = line.time if line.time.tzinfo is None else line.time.astimezone(UTC).replace(tzinfo=None)
+    return f"{at.isoformat(timespec='milliseconds')}Z {line.node:<8} {line.text}\n"
 
 
 def metrics(

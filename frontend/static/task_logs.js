@@ -1,4 +1,6 @@
-/* Task page: the live log stream (server-sent events) with follow/pause and a node filter. */
+/* Task page: the live log stream (server-sent events) with follow/pause, a node filter, a
+ * search box (hides the lines that do not contain its text, new ones too) and a download
+ * link for the filtered node. Log text is only ever set as textContent. */
 "use strict";
 
 (function () {
@@ -7,11 +9,16 @@
   const nodeSelect = document.getElementById("log-node");
   const followButton = document.getElementById("log-follow");
   const state = document.getElementById("log-state");
+  const search = document.getElementById("log-search");
+  const matches = document.getElementById("log-matches");
+  const download = document.getElementById("log-download");
   const MAX_LINES = 5000;
   let source = null;
   let lastId = 0;
   let following = true;
   let pending = [];
+  let needle = "";  // the search text, lower case; "" shows every line
+  let shown = 0;  // lines in the view that match it
 
   function setState(text) { state.textContent = text; }
 
@@ -20,6 +27,31 @@
     followButton.setAttribute("aria-pressed", String(on));
     followButton.textContent = on ? "Following" : "Paused";
     if (on) view.scrollTop = view.scrollHeight;
+  }
+
+  /** Whether a row contains the search text (case-insensitive, in time, node or text). */
+  function matchesSearch(row) {
+    if (!needle) return true;
+    return [...row.children].map((span) => span.textContent).join(" ").toLowerCase().includes(needle);
+  }
+
+  /** Show or hide a row for the search; true when it is shown. */
+  function applySearch(row) {
+    const match = matchesSearch(row);
+    row.hidden = !match;
+    return match;
+  }
+
+  function showCount() {
+    matches.textContent = needle ? `${shown} of ${view.childElementCount} lines` : "";
+  }
+
+  function onSearch() {
+    needle = search.value.trim().toLowerCase();
+    shown = 0;
+    for (const row of view.children) if (applySearch(row)) shown += 1;
+    showCount();
+    if (following) view.scrollTop = view.scrollHeight;
   }
 
   function lineElement(line) {
@@ -38,10 +70,18 @@
 
   function flush() {
     const fragment = document.createDocumentFragment();
-    pending.forEach((line) => fragment.appendChild(lineElement(line)));
+    pending.forEach((line) => {
+      const row = lineElement(line);
+      if (applySearch(row)) shown += 1;
+      fragment.appendChild(row);
+    });
     pending = [];
     view.appendChild(fragment);
-    while (view.childElementCount > MAX_LINES) view.firstElementChild.remove();
+    while (view.childElementCount > MAX_LINES) {
+      if (!view.firstElementChild.hidden) shown -= 1;
+      view.firstElementChild.remove();
+    }
+    showCount();
     if (following) view.scrollTop = view.scrollHeight;
   }
 
@@ -93,12 +133,23 @@
     pending = [];
     lastId = 0;
     view.replaceChildren();
+    shown = 0;
+    showCount();
+    setDownload();
     setState("connecting…");
     connect();
   }
 
+  /** The download link gives the node the view is filtered to (all nodes when none). */
+  function setDownload() {
+    const node = nodeSelect.value;
+    download.href = download.dataset.baseUrl + (node ? `?node=${encodeURIComponent(node)}` : "");
+  }
+
   followButton.addEventListener("click", () => setFollowing(!following));
+  search.addEventListener("input", onSearch);
   view.addEventListener("wheel", (event) => { if (event.deltaY < 0 && following) setFollowing(false); });
   nodeSelect.addEventListener("change", restart);
+  setDownload();
   connect();
 })();

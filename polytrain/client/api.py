@@ -4,6 +4,7 @@ The token comes from `--token`, then `POLYTRAIN_TOKEN`, then what `polytrain log
 saved (in `POLYTRAIN_CONFIG`, default `~/.config/polytrain/credentials.json`, mode 0600).
 """
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -95,6 +96,39 @@ class Api:
     def post(self, path: str, **kwargs: Any) -> Any:
         return self.call("POST", path, **kwargs)
 
+    @contextlib.contextmanager
+    def _opened(
+        self, path: str, *, timeout: float | None, what: str, **kwargs: Any
+    ) -> Iterator[httpx.Response]:
+        """`GET path` opened as a stream, its status checked; `what` names the transfer in a
+        connection error.
+
+        Raises:
+            ClientError: refused (before any of the body), or the connection failed.
+        """
+        try:
+            with (
+                self.client(timeout=timeout) as client,
+                client.stream("GET", path, **kwargs) as response,
+            ):
+                if response.status_code >= 400:
+                    response.read()
+                    raise ClientError(error_message(response))
+                yield response
+        except httpx.TransportError as exc:
+            raise ClientError(f"{what} interrupted: {exc}") from exc
+
+    def stream(
+        self, path: str, *, params: dict[str, Any] | None = None, timeout: float = 60
+    ) -> Iterator[bytes]:
+        """The body of `GET path` in chunks as they arrive (each within `timeout` seconds).
+
+        Raises:
+            ClientError: refused (before any chunk), or the connection failed.
+        """
+        with self._opened(path, timeout=timeout, what="download", params=params) as response:
+            yield from response.iter_bytes()
+
     def events(self, path: str, last_id: int = 0) -> Iterator[tuple[str, dict[str, Any], int]]:
         """Server-sent events of `path` as `(event, data, id)`, resuming after `last_id`.
 
@@ -102,17 +136,8 @@ class Api:
             ClientError: refused, or the connection failed.
         """
         headers = {"Last-Event-ID": str(last_id)} if last_id else {}
-        try:
-            with (
-                self.client(timeout=None) as client,
-                client.stream("GET", path, headers=headers) as response,
-            ):
-                if response.status_code >= 400:
-                    response.read()
-                    raise ClientError(error_message(response))
-                yield from _parse_events(response.iter_lines())
-        except httpx.TransportError as exc:
-            raise ClientError(f"log stream interrupted: {exc}") from exc
+        with self._opened(path, timeout=None, what="log stream", headers=headers) as response:
+            yield from _parse_events(response.iter_lines())
 
 
 def _parse_events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any], int]]:

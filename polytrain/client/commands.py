@@ -1,6 +1,7 @@
 """The client commands of `polytrain`: log in, projects, upload, plan, submit, status, logs,
-cancel."""
+download, cancel."""
 
+import itertools
 import json
 import time
 from pathlib import Path
@@ -302,6 +303,45 @@ def logs(
         raise _fail(exc) from exc
 
 
+def download(
+    task_id: int,
+    logs: Annotated[
+        bool, typer.Option("--logs", help="the task's log as text (the only kind for now)")
+    ] = False,
+    node: Annotated[str | None, typer.Option(help="only this node, e.g. ps, rank-2")] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output", "-o", help="write to this file (default: standard output)", dir_okay=False
+        ),
+    ] = None,
+    api_url: ApiUrl = None,
+) -> None:
+    """Download what a task produced. For now only its logs (--logs): every line so far,
+    `TIME NODE TEXT` per line, as the API's `logs.txt` gives them, streamed as they come."""
+    if not logs:
+        err.print("nothing to download: pass --logs (logs are the only kind for now)")
+        raise typer.Exit(2)
+    chunks = Api.resolve(url=api_url).stream(
+        f"/tasks/{task_id}/logs.txt", params={"node": node} if node else None
+    )
+    try:
+        body = itertools.chain([next(chunks, b"")], chunks)  # refused before a file is made
+        if output is None:
+            for chunk in body:
+                typer.echo(chunk, nl=False)
+            return
+        try:
+            with output.open("wb") as fh:
+                fh.writelines(body)
+        except ClientError:
+            output.unlink(missing_ok=True)  # no partial log left to be taken for the whole
+            raise
+    except ClientError as exc:
+        raise _fail(exc) from exc
+    err.print(f"task {task_id} logs: {output.stat().st_size} bytes in {output}", highlight=False)
+
+
 def cancel(task_id: int, api_url: ApiUrl = None) -> None:
     """Cancel a task that has not ended."""
     try:
@@ -534,7 +574,7 @@ def plan_cancel(plan_id: int, api_url: ApiUrl = None) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the client commands to the `polytrain` command."""
-    for command in (login, logout, upload, plan, submit, status, logs, cancel):
+    for command in (login, logout, upload, plan, submit, status, logs, download, cancel):
         app.command()(command)
     app.command("plan-show")(plan_show)
     app.command("plan-cancel")(plan_cancel)

@@ -72,6 +72,37 @@ def _watch(page: Page, api: httpx.Client) -> None:
     assert rates and float(rates[0]) > 0, metrics
 
 
+def _search_and_download_logs(page: Page) -> None:
+    """The log view's search hides the lines without its text (case-insensitive), new ones
+    too, says how many match and keeps following; the download link gives the filtered node."""
+    rows = page.locator("#log-view .log-line")
+    word = (rows.first.locator(".log-text").inner_text().split() or ["rank-3"])[0]
+    page.fill("#log-search", word.upper())
+    expect(page.locator("#log-matches")).to_have_text(re.compile(r"^[1-9]\d* of \d+ lines$"))
+    shown = page.locator("#log-view .log-line:visible").all_inner_texts()
+    assert shown and all(word.lower() in text.lower() for text in shown)
+    page.fill("#log-search", "no line has this ⁂")
+    expect(page.locator("#log-matches")).to_have_text(re.compile(r"^0 of \d+ lines$"))
+    total = rows.count()
+    expect(rows).not_to_have_count(total, timeout=30_000)  # more arrive, hidden as they do
+    assert page.locator("#log-view .log-line:visible").count() == 0
+    expect(page.locator("#log-follow")).to_have_attribute("aria-pressed", "true")
+    at_bottom = "v => v.scrollTop + v.clientHeight >= v.scrollHeight - 2"
+    page.fill("#log-search", "")
+    expect(page.locator("#log-matches")).to_have_text("")
+    expect(page.locator("#log-view .log-line[hidden]")).to_have_count(0)
+    page.wait_for_function(f"({at_bottom})(document.getElementById('log-view'))")
+    href = page.locator("#log-download").evaluate("a => a.href")  # absolute
+    assert href.endswith("/logs.txt?node=rank-3"), href
+    response = page.request.get(href)
+    assert response.ok and response.headers["content-type"] == "text/plain; charset=utf-8"
+    assert re.search(
+        r'filename="task-\d+-rank-3-logs.txt"', response.headers["content-disposition"]
+    )
+    lines = response.text().splitlines()
+    assert lines and all(line.split()[1] == "rank-3" for line in lines)
+
+
 def test_log_in_create_upload_submit_watch_and_cancel(
     page: Page, stack: LocalStack, api: httpx.Client, tmp_path: Path
 ) -> None:
@@ -83,6 +114,7 @@ def test_log_in_create_upload_submit_watch_and_cancel(
     expect(page.locator("#log-view .log-line").first).to_be_visible(timeout=30_000)
     nodes = set(page.locator("#log-view .log-line .log-node").all_inner_texts())
     assert nodes == {"rank-3"}
+    _search_and_download_logs(page)
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("#cancel-form button")
     expect(page.locator("#task-status")).to_have_text("CANCELLED")

@@ -1,5 +1,5 @@
 """The `polytrain` client commands against a real HTTP server: login, projects, submit from
-YAML, status, logs (also --follow over server-sent events), cancel, logout."""
+YAML, status, logs (also --follow over server-sent events), download --logs, cancel, logout."""
 
 import re
 from pathlib import Path
@@ -115,6 +115,56 @@ def test_first_admin_from_the_cli_then_groups_ensure(
     first = run("groups", "ensure", "cpu-b", "--capacity", "1")
     assert first.exit_code == 0 and "resource group cpu-b: created" in first.output
     assert "resource group cpu-b: exists" in run("groups", "ensure", "cpu-b").output
+
+
+def test_download_logs_to_a_file_or_stdout(  # type: ignore[no-untyped-def]
+    run, server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`polytrain download TASK --logs` writes `logs.txt` to a file or standard output, one
+    node's with --node; a node or task that is not there is a clear error and no file."""
+    import httpx
+
+    account = add_account(ADMIN_EMAIL, admin=True)
+    monkeypatch.setenv("POLYTRAIN_TOKEN", account.token)
+    with httpx.Client(base_url=server, headers=account.headers) as api:
+        make_group(api, "cpu-a", capacity=2)  # type: ignore[arg-type]
+    (tmp_path / "train.py").write_bytes(GOOD)
+    (tmp_path / "task.yaml").write_text(
+        "project: digits\ncode: train.py\nglobal_batch_size: 8\n"
+        "resource_groups:\n  - {name: cpu-a, workers: 2}\n"
+    )
+    assert run("submit", str(tmp_path / "task.yaml")).exit_code == 0
+    lines = [
+        {"node": node, "seq": seq, "time": f"2026-01-01T00:00:0{i}", "text": f"{node} says {i}"}
+        for i, (node, seq) in enumerate([("ps", 0), ("rank-1", 0), ("ps", 1)])
+    ]
+    httpx.post(
+        f"{server}/internal/v1/tasks/1/logs", headers=agent_headers(), json={"lines": lines}
+    ).raise_for_status()
+
+    saved = run("download", "1", "--logs", "-o", str(tmp_path / "all.txt"))
+    assert saved.exit_code == 0, saved.output
+    assert (tmp_path / "all.txt").read_text().splitlines() == [
+        "2026-01-01T00:00:00.000Z ps       ps says 0",
+        "2026-01-01T00:00:01.000Z rank-1   rank-1 says 1",
+        "2026-01-01T00:00:02.000Z ps       ps says 2",
+    ]
+    printed = run("download", "1", "--logs", "--node", "ps")
+    assert printed.exit_code == 0
+    assert printed.stdout.splitlines() == [
+        "2026-01-01T00:00:00.000Z ps       ps says 0",
+        "2026-01-01T00:00:02.000Z ps       ps says 2",
+    ]
+    unknown = run("download", "1", "--logs", "--node", "rank-9", "-o", str(tmp_path / "x.txt"))
+    assert unknown.exit_code == 1
+    assert "task 1 has no node 'rank-9' (its nodes: ps, rank-1, rank-2, agent-cpu-a)" in (
+        unknown.output
+    )
+    assert not (tmp_path / "x.txt").exists()
+    missing = run("download", "7", "--logs")
+    assert missing.exit_code == 1 and "task 7 does not exist" in missing.output
+    nothing = run("download", "1")
+    assert nothing.exit_code == 2 and "pass --logs" in nothing.output
 
 
 def test_time_to_finish_reads_the_apis_estimate() -> None:

@@ -66,6 +66,7 @@ PROJECT_SCOPED = [
     ("get", "/api/v1/tasks/{task_id}/metrics", None),
     ("get", "/api/v1/tasks/{task_id}/logs", None),
     ("get", "/api/v1/tasks/{task_id}/logs/stream", None),
+    ("get", "/api/v1/tasks/{task_id}/logs.txt", None),
     ("get", "/api/v1/tasks/{task_id}/checkpoints", None),
     ("get", "/api/v1/tasks/{task_id}/provenance", None),
     ("get", "/api/v1/tasks/{task_id}/throughput", None),

@@ -195,6 +195,10 @@ def test_task_page_has_log_view_charts_and_node_filter(client: TestClient) -> No
     nodes = [o.attrs["value"] for o in page.by_id("log-node").find_all("option")]
     assert nodes == ["", "ps", "rank-1", "rank-2"]
     assert page.by_id("log-follow").attrs["aria-pressed"] == "true"
+    download = page.by_id("log-download")  # task_logs.js adds ?node= for the filtered node
+    assert download.attrs["href"] == f"/api/v1/tasks/{task_id}/logs.txt"
+    assert "download" in download.attrs
+    assert page.by_id("log-search").attrs["type"] == "search"
     scripts = [s.attrs.get("src", "") for s in page.find_all("script")]
     assert any(src.endswith("/static/vendor/chart.umd.js") for src in scripts)
     assert client.get("/static/vendor/chart.umd.js").status_code == 200
