@@ -3,8 +3,12 @@
 Three groups of one worker each in CPU cgroups of their own (bench/throttle.py): "a" pinned
 to core 0 with no quota, "b" and "c" pinned to core 1 at 1/2 and 1/4 of it (together 3/4
 of the core, so neither takes from the other). The task is bench/workloads/hetero_cnn.py
-(4,096 samples, global batch 256, 16 steps an epoch, ``sync``, ``weighted`` split) for
-``EPOCHS`` epochs.
+(``--items`` training samples, default 16,384: 64 steps an epoch of the global batch 256,
+``sync``, ``weighted`` split) for ``EPOCHS`` epochs. An epoch lasts seconds (3-6 s on this
+host), so the figures measure the model rather than the host's jitter: with the workload's
+own 4,096 samples (until 2026-11-28) an epoch lasted 0.5-1.5 s and a 6-epoch run's steps
+3-9 s, so the 50 ms at which events are read, one checkpoint's write and a throttled core's
+spread moved a subset's error by several per cent from run to run.
 
 Each round (paired, counterbalanced: ``bench.stats.paired_rounds``):
 
@@ -27,7 +31,12 @@ predictions and the ETAs; target <= 0.10; and ``plan_finish_error``, the worst s
 median absolute finish error, target <= 0.10 (issue 34). Needs root and the cgroup v1 cpu
 controller; exits 2 with a message where it is missing.
 
-    python -m bench.plan_error [--rounds 9]
+    python -m bench.plan_error [--rounds 9] [--items 16384] [--strategy sync|diloco]
+
+``--strategy diloco`` (issue 34: the planner predicts the new strategy's time) runs every
+trial and run with ``sync_strategy: diloco`` (rounds of 16 steps, the blocking exchange,
+the default outer optimizer) and names the lines ``plan_error_diloco...`` and
+``plan_finish_error_diloco``.
 
 Nine rounds by default, not five: one round's errors spread by ±0.2 to ±0.35 on this
 2-core host (a quarter of a core is not a steady device, and the host's own speed drifts),
@@ -42,6 +51,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from backend.plans.performance import PerformanceModel, fit, predict
@@ -54,6 +64,7 @@ from contracts.trial import TrialResult
 
 PREFIX = "ptbench-plan"
 BATCH, EPOCHS = 256, 6  # epochs 1-5 measure the epoch time (epoch 0: the balancer settles)
+ITEMS = 16384  # training samples: 64 steps an epoch
 TARGET = "|error| <= 0.10 (epoch time of each subset, ETA at 25 % progress)"
 FINISH_TARGET = "|error| <= 0.10 (the plan's finish_s against the run's wall time, worst subset)"
 QUOTAS = {"a": (None, 0), "b": (1 / 2, 1), "c": (1 / 4, 1)}  # fraction of a core, core
@@ -61,28 +72,63 @@ GROUPS = {name: {"name": name, "device_type": "cpu", "workers": 1} for name in Q
 SUBSETS = [("a", "b", "c"), ("a", "b"), ("b", "c")]
 
 
-def task(groups: list[dict[str, Any]], epochs: int, **extra: Any) -> dict[str, Any]:
+STRATEGIES: dict[str, dict[str, Any]] = {
+    "sync": {"sync_strategy": "sync"},
+    # issue 34's strategy: rounds of 16 steps (4 an epoch), the default outer optimizer
+    "diloco": {"sync_strategy": "diloco", "sync_period": 16},
+}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every run of a benchmark run trains: ``items`` training samples, under the sync
+    strategy named ``strategy`` (a key of :data:`STRATEGIES`)."""
+
+    items: int = ITEMS
+    strategy: str = "sync"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The ranks' environment: the workload's training samples."""
+        return {"POLYTRAIN_BENCH_ITEMS": str(self.items)}
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The strategy's RunSpec fields."""
+        return STRATEGIES[self.strategy]
+
+
+def task(
+    groups: list[dict[str, Any]], epochs: int, setup: Setup = Setup(), **extra: Any
+) -> dict[str, Any]:
     """The RunSpec fields of one run on ``groups``."""
     return {
         "code": workload("hetero_cnn"),
         "epochs": epochs,
         "global_batch_size": BATCH,
         "groups": groups,
-        "sync_strategy": "sync",
         "split_policy": "weighted",
         "on_disagreement": "off",
+        **setup.fields,
         **extra,
     }
 
 
-def plan(cpu: dict[str, CpuGroup]) -> PerformanceModel:
+def plan(cpu: dict[str, CpuGroup], setup: Setup = Setup()) -> PerformanceModel:
     """The trial on all three groups, fitted."""
     groups = [GROUPS[name] for name in QUOTAS]
     trial = {"batch_sizes": trial_batch_sizes(BATCH, len(groups)), "steps": 5, "repeats": 5}
-    run = run_task(task(groups, 1, trial=trial), on_spawn=placement(groups, cpu))
+    run = run_task(
+        task(groups, 1, setup, trial=trial), env=setup.env, on_spawn=placement(groups, cpu)
+    )
     (event,) = [e for e in run.events if e["type"] == "trial"]
     result = TrialResult.model_validate(event["result"])
-    return fit(result, [(name, "cpu", 1) for name in QUOTAS], sync_strategy="sync")
+    return fit(
+        result,
+        [(name, "cpu", 1) for name in QUOTAS],
+        sync_strategy=setup.fields["sync_strategy"],
+        sync_period=setup.fields.get("sync_period", 1),
+    )
 
 
 def eta_at(
@@ -111,7 +157,9 @@ def eta_at(
     return eta, done_at - t
 
 
-def measured(cpu: dict[str, CpuGroup], subset: tuple[str, ...]) -> dict[str, float]:
+def measured(
+    cpu: dict[str, CpuGroup], subset: tuple[str, ...], setup: Setup = Setup()
+) -> dict[str, float]:
     """One real run on ``subset``: its epoch seconds, its ETA at 25 % and what followed, and
     its wall seconds."""
     groups = [GROUPS[name] for name in subset]
@@ -128,7 +176,12 @@ def measured(cpu: dict[str, CpuGroup], subset: tuple[str, ...]) -> dict[str, flo
         return False
 
     started = time.monotonic()
-    run = run_task(task(groups, EPOCHS), on_spawn=placement(groups, cpu), stop_when=watch)
+    run = run_task(
+        task(groups, EPOCHS, setup),
+        env=setup.env,
+        on_spawn=placement(groups, cpu),
+        stop_when=watch,
+    )
     eta, actual = eta_at(reports, done[0])
     return {
         "epoch_s": statistics.median(ps_metric(run, "epoch_time_s")[1:]),
@@ -138,11 +191,11 @@ def measured(cpu: dict[str, CpuGroup], subset: tuple[str, ...]) -> dict[str, flo
     }
 
 
-def measure(cpu: dict[str, CpuGroup], rounds: int) -> dict[str, list[Any]]:
+def measure(cpu: dict[str, CpuGroup], rounds: int, setup: Setup = Setup()) -> dict[str, list[Any]]:
     """Every run of every round: the plan and one run per subset."""
-    arms: dict[str, Callable[[], Any]] = {"plan": lambda: plan(cpu)}
+    arms: dict[str, Callable[[], Any]] = {"plan": lambda: plan(cpu, setup)}
     for subset in SUBSETS:
-        arms["".join(subset)] = lambda s=subset: measured(cpu, s)  # type: ignore[misc]
+        arms["".join(subset)] = lambda s=subset: measured(cpu, s, setup)  # type: ignore[misc]
     return paired_rounds(arms, rounds)
 
 
@@ -175,6 +228,8 @@ def subset_figures(runs: dict[str, list[Any]], subset: tuple[str, ...]) -> dict[
 def main() -> None:
     parser = argparse.ArgumentParser(description="a plan's predictions against real runs")
     parser.add_argument("--rounds", type=int, default=9, help="paired, counterbalanced")
+    parser.add_argument("--items", type=int, default=ITEMS, help="training samples")
+    parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="sync")
     args = parser.parse_args()
     try:
         with Throttle(prefix=PREFIX) as throttle:
@@ -183,10 +238,11 @@ def main() -> None:
                 for name, (fraction, core) in QUOTAS.items()
             }
             load = os.getloadavg()[0]
-            runs = measure(cpu, args.rounds)
+            runs = measure(cpu, args.rounds, Setup(args.items, args.strategy))
             load_avg = [round(load, 2), round(os.getloadavg()[0], 2)]
     except ThrottleError as err:
         exit_unavailable(err, "bench.plan_error")
+    suffix = "" if args.strategy == "sync" else f"_{args.strategy}"
     worst: list[float] = []
     finish: dict[str, float] = {}
     for subset in SUBSETS:
@@ -195,7 +251,7 @@ def main() -> None:
         worst.append(value)
         finish["".join(subset)] = found["finish_error"]["median"]
         emit(
-            f"plan_error_{''.join(subset)}",
+            f"plan_error{suffix}_{''.join(subset)}",
             value,
             TARGET,
             **found,
@@ -204,11 +260,13 @@ def main() -> None:
         )
     models = runs["plan"]
     emit(
-        "plan_error",
+        f"plan_error{suffix}",
         max(worst),
         TARGET,
         subsets=["".join(s) for s in SUBSETS],
         rounds=args.rounds,
+        items=args.items,
+        strategy=STRATEGIES[args.strategy],
         fitted_step_s_per_sample={
             g.name: summary([m.group(g.name).step.slope for m in models], 7)
             for g in models[0].groups
@@ -219,7 +277,7 @@ def main() -> None:
         },
     )
     emit(
-        "plan_finish_error",
+        f"plan_finish_error{suffix}",
         max(abs(v) for v in finish.values()),
         FINISH_TARGET,
         median_by_subset=finish,

@@ -1,6 +1,7 @@
 """A compute-bound image classifier for the heterogeneity benchmarks (training-code module).
 
-Data: 4,096 training and 512 validation grey images 16x16, random pixels
+Data: 4,096 training (``POLYTRAIN_BENCH_ITEMS`` in the rank's environment
+sets another count) and 512 validation grey images 16x16, random pixels
 from a fixed seed, labelled by a fixed random linear "teacher" (10 classes),
 so the task is learnable and needs no download. Model: three 3x3 convolutions
 (16, 32, 32 channels) and one linear layer: about 34k parameters (138 kB of
@@ -10,20 +11,23 @@ compute dwarfs its communication. Never imports polytrain.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset, TensorDataset
 
-DATA_SEED, N_TRAIN, N_VAL, SIZE, CLASSES = 777, 4096, 512, 16, 10
+DATA_SEED, N_VAL, SIZE, CLASSES = 777, 512, 16, 10
 
 
 def build_datasets() -> tuple[Dataset, Dataset]:
     """(train, validation): images [N, 1, 16, 16] float32, labels [N] int64."""
+    n_train = int(os.environ.get("POLYTRAIN_BENCH_ITEMS", "4096"))
     generator = torch.Generator().manual_seed(DATA_SEED)
-    x = torch.randn(N_TRAIN + N_VAL, 1, SIZE, SIZE, generator=generator)
+    x = torch.randn(n_train + N_VAL, 1, SIZE, SIZE, generator=generator)
     teacher = torch.randn(SIZE * SIZE, CLASSES, generator=generator)
     y = (x.flatten(1) @ teacher).argmax(1)
-    return TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), TensorDataset(x[N_TRAIN:], y[N_TRAIN:])
+    return TensorDataset(x[:n_train], y[:n_train]), TensorDataset(x[n_train:], y[n_train:])
 
 
 def build_model() -> nn.Module:

@@ -3,10 +3,14 @@ plan's model and the measured runs."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from backend.plans.performance import GroupModel, Line, PerformanceModel, Ring, predict
-from bench.plan_error import BATCH, EPOCHS, eta_at, subset_figures
+from bench.common import workload
+from bench.plan_error import BATCH, EPOCHS, Setup, eta_at, subset_figures, task
+from worker.engine.spec import RunSpec
 
 
 def test_eta_at_25_percent_is_the_pace_since_the_first_report() -> None:
@@ -59,3 +63,21 @@ def test_subset_errors_compare_the_model_with_each_round() -> None:
     assert found["epoch_error"]["values"] == [0.0, 0.25]
     assert found["eta_25_error"]["values"] == [0.0, -0.1]
     assert found["finish_error"]["values"] == [0.0, -0.5]
+
+
+def test_a_setup_sets_the_workloads_samples_and_the_strategy_of_every_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    setup = Setup(items=1000, strategy="diloco")
+    fields = task([{"name": "a", "device_type": "cpu", "workers": 1}], EPOCHS, setup)
+    spec = RunSpec.model_validate({"task_id": 0, "checkpoint_dir": "/tmp/x", **fields})
+    assert (spec.sync_strategy, spec.sync_period) == ("diloco", 16)
+    assert task([], EPOCHS)["sync_strategy"] == "sync"
+    for name, value in setup.env.items():
+        monkeypatch.setenv(name, value)
+    spec_ = importlib.util.spec_from_file_location("hetero_cnn_items", workload("hetero_cnn"))
+    assert spec_ is not None and spec_.loader is not None
+    module = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(module)
+    train, val = module.build_datasets()
+    assert (len(train), len(val)) == (1000, 512)
