@@ -78,9 +78,14 @@ class Api:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         return httpx.Client(base_url=self.url + "/api/v1", headers=headers, timeout=timeout)
 
-    def call(self, method: str, path: str, *, timeout: float = 30, **kwargs: Any) -> Any:
-        """One request, answered within `timeout` seconds; the decoded JSON answer (None for
-        204). Raises ClientError."""
+    def response(
+        self, method: str, path: str, *, timeout: float = 30, **kwargs: Any
+    ) -> httpx.Response:
+        """One request, answered within `timeout` seconds, its status checked.
+
+        Raises:
+            ClientError: refused (the API's message), or the API cannot be reached.
+        """
         try:
             with self.client(timeout=timeout) as client:
                 response = client.request(method, path, **kwargs)
@@ -88,10 +93,23 @@ class Api:
             raise ClientError(f"cannot reach the API at {self.url}: {exc}") from exc
         if response.status_code >= 400:
             raise ClientError(error_message(response))
+        return response
+
+    def call(self, method: str, path: str, *, timeout: float = 30, **kwargs: Any) -> Any:
+        """One request, answered within `timeout` seconds; the decoded JSON answer (None for
+        204). Raises ClientError."""
+        response = self.response(method, path, timeout=timeout, **kwargs)
         return None if response.status_code == 204 else response.json()
 
     def get(self, path: str, **kwargs: Any) -> Any:
         return self.call("GET", path, **kwargs)
+
+    def listing(self, path: str, params: dict[str, Any]) -> tuple[list[Any], int]:
+        """One page of a paged list (`offset`, `limit` in `params`) and the list's whole
+        length, from the API's `X-Total-Count` header. Raises ClientError."""
+        response = self.response("GET", path, params=params)
+        rows = response.json()
+        return rows, int(response.headers.get("X-Total-Count", len(rows)))
 
     def post(self, path: str, **kwargs: Any) -> Any:
         return self.call("POST", path, **kwargs)

@@ -1,9 +1,10 @@
-"""The client commands of `polytrain`: log in, projects, upload, plan, submit, status, logs,
-download, cancel."""
+"""The client commands of `polytrain`: log in, projects, upload, plan, submit, tasks, status,
+logs, download, retry, cancel."""
 
 import itertools
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -303,43 +304,139 @@ def logs(
         raise _fail(exc) from exc
 
 
+def tasks(
+    project: Annotated[
+        str | None, typer.Option(help="only this project's (its id or name)")
+    ] = None,
+    status: Annotated[
+        str | None, typer.Option(help="only tasks in this state, e.g. RUNNING, FAILED")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="tasks to show")] = 20,
+    offset: Annotated[int, typer.Option(min=0, help="skip this many (newest first)")] = 0,
+    api_url: ApiUrl = None,
+) -> None:
+    """List the tasks you may see, newest first: id, name, project, status, progress."""
+    api = Api.resolve(url=api_url)
+    params: dict[str, Any] = {"limit": limit, "offset": offset}
+    try:
+        if project is not None:
+            params["project_id"] = task_spec.find_project(api, project)
+        if status is not None:
+            params["status"] = status.upper()
+        rows, total = api.listing("/tasks", params)
+    except ClientError as exc:
+        raise _fail(exc) from exc
+    table = Table("id", "name", "project", "status", "progress", "created (UTC)")
+    for row in rows:
+        table.add_row(
+            str(row["id"]),
+            escape(row["name"]),
+            str(row["project_id"]),
+            row["status"],
+            f"{row['progress'] * 100:.0f}%",
+            row["created_at"][:19],
+        )
+    console.print(table)
+    shown = f"{offset + 1}-{offset + len(rows)}" if rows else "none"
+    console.print(f"{shown} of {total} tasks", highlight=False)
+
+
+def retry(
+    task_id: int,
+    follow: Annotated[bool, typer.Option(help="show a progress bar until it ends")] = False,
+    api_url: ApiUrl = None,
+) -> None:
+    """Submit an ended task again: the same code version, groups and settings, as a new task."""
+    api = Api.resolve(url=api_url)
+    try:
+        task = api.post(f"/tasks/{task_id}/retry")
+    except ClientError as exc:
+        raise _fail(exc) from exc
+    console.print(f"task {task['id']} submitted: {escape(task['name'])} (retry of {task_id})")
+    if follow:
+        raise typer.Exit(_watch(api, task["id"]))
+
+
+def _checkpoint(api: Api, task_id: int, which: str) -> dict[str, Any]:
+    """The task's checkpoint `which`: its id, or `latest` (the last one saved).
+
+    Raises:
+        ClientError: the task has no checkpoint, or none with that id.
+    """
+    found = api.get(f"/tasks/{task_id}/checkpoints", params={"limit": 500})
+    if which != "latest":
+        found = [c for c in found if str(c["id"]) == which]
+    if not found:
+        what = "no checkpoint" if which == "latest" else f"no checkpoint {which}"
+        raise ClientError(f"task {task_id} has {what} (polytrain download {task_id} --help)")
+    return max(found, key=lambda c: (c["step"], c["id"]))
+
+
+def _save(chunks: Iterator[bytes], output: Path | None) -> int | None:
+    """Write a download to `output` (standard output when None); its size in bytes, None for
+    standard output. Nothing is made before the API has accepted the request, and a
+    download that breaks off leaves no partial file.
+
+    Raises:
+        ClientError: refused, or the connection failed.
+    """
+    body = itertools.chain([next(chunks, b"")], chunks)
+    if output is None:
+        for chunk in body:
+            typer.echo(chunk, nl=False)
+        return None
+    try:
+        with output.open("wb") as fh:
+            fh.writelines(body)
+    except ClientError:
+        output.unlink(missing_ok=True)
+        raise
+    return output.stat().st_size
+
+
 def download(
     task_id: int,
-    logs: Annotated[
-        bool, typer.Option("--logs", help="the task's log as text (the only kind for now)")
-    ] = False,
-    node: Annotated[str | None, typer.Option(help="only this node, e.g. ps, rank-2")] = None,
+    logs: Annotated[bool, typer.Option("--logs", help="the task's log as text")] = False,
+    checkpoint: Annotated[
+        str | None,
+        typer.Option(help="a checkpoint: its id (see the task page) or `latest`"),
+    ] = None,
+    node: Annotated[
+        str | None, typer.Option(help="with --logs: only this node, e.g. ps, rank-2")
+    ] = None,
     output: Annotated[
         Path | None,
         typer.Option(
-            "--output", "-o", help="write to this file (default: standard output)", dir_okay=False
+            "--output",
+            "-o",
+            help="write to this file (default: standard output for logs, "
+            "task<ID>-checkpoint<CKPT>.pt for a checkpoint)",
+            dir_okay=False,
         ),
     ] = None,
     api_url: ApiUrl = None,
 ) -> None:
-    """Download what a task produced. For now only its logs (--logs): every line so far,
-    `TIME NODE TEXT` per line, as the API's `logs.txt` gives them, streamed as they come."""
-    if not logs:
-        err.print("nothing to download: pass --logs (logs are the only kind for now)")
+    """Download what a task produced: its log as text (--logs: every line so far, `TIME NODE
+    TEXT` per line, one node's with --node) or a checkpoint file (--checkpoint ID|latest:
+    `torch.save` of the model's and optimizer's state dicts)."""
+    if logs == (checkpoint is not None) or (node and not logs):
+        err.print("say what to download: --logs [--node NODE], or --checkpoint ID|latest")
         raise typer.Exit(2)
-    chunks = Api.resolve(url=api_url).stream(
-        f"/tasks/{task_id}/logs.txt", params={"node": node} if node else None
-    )
+    api = Api.resolve(url=api_url)
     try:
-        body = itertools.chain([next(chunks, b"")], chunks)  # refused before a file is made
-        if output is None:
-            for chunk in body:
-                typer.echo(chunk, nl=False)
-            return
-        try:
-            with output.open("wb") as fh:
-                fh.writelines(body)
-        except ClientError:
-            output.unlink(missing_ok=True)  # no partial log left to be taken for the whole
-            raise
+        if checkpoint is not None:
+            saved = _checkpoint(api, task_id, checkpoint)
+            path, params = f"/tasks/{task_id}/checkpoints/{saved['id']}/download", None
+            output = output or Path(f"task{task_id}-checkpoint{saved['id']}.pt")
+            what = f"checkpoint {saved['id']} (epoch {saved['epoch']}, step {saved['step']})"
+        else:
+            path, params = f"/tasks/{task_id}/logs.txt", {"node": node} if node else None
+            what = "logs"
+        size = _save(api.stream(path, params=params), output)
     except ClientError as exc:
         raise _fail(exc) from exc
-    err.print(f"task {task_id} logs: {output.stat().st_size} bytes in {output}", highlight=False)
+    if size is not None:
+        err.print(f"task {task_id} {what}: {size} bytes in {output}", highlight=False)
 
 
 def cancel(task_id: int, api_url: ApiUrl = None) -> None:
@@ -574,7 +671,8 @@ def plan_cancel(plan_id: int, api_url: ApiUrl = None) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the client commands to the `polytrain` command."""
-    for command in (login, logout, upload, plan, submit, status, logs, download, cancel):
+    commands = (login, logout, upload, plan, submit, tasks, status, logs, download, retry, cancel)
+    for command in commands:
         app.command()(command)
     app.command("plan-show")(plan_show)
     app.command("plan-cancel")(plan_cancel)

@@ -64,14 +64,28 @@ def load(path: Path) -> dict[str, Any]:
     return spec
 
 
-def project_id(api: Api, project: str | int) -> int:
-    """The id of project `project` (an id, or one of the caller's names; created if missing)."""
+def find_project(api: Api, project: str | int) -> int:
+    """The id of the caller's project `project` (an id or a name); never creates one.
+
+    Raises:
+        ClientError: no project the caller may see has that id or name.
+    """
     if isinstance(project, int) or str(project).isdigit():
         return int(api.get(f"/projects/{project}")["id"])
-    for found in api.get("/projects", params={"limit": 500}):
+    for found in api.get("/projects", params={"limit": 500, "include_archived": True}):
         if found["name"] == project:
             return int(found["id"])
-    return int(api.post("/projects", json={"name": project})["id"])
+    raise ClientError(f"no project named {project!r} (polytrain projects lists yours)")
+
+
+def project_id(api: Api, project: str | int) -> int:
+    """The id of project `project` (an id, or one of the caller's names; created if missing)."""
+    try:
+        return find_project(api, project)
+    except ClientError:
+        if isinstance(project, int) or str(project).isdigit():
+            raise
+        return int(api.post("/projects", json={"name": project})["id"])
 
 
 def code_version_id(api: Api, project: int, spec: dict[str, Any], base: Path) -> int:

@@ -1,5 +1,6 @@
 """The `polytrain` client commands against a real HTTP server: login, projects, submit from
-YAML, status, logs (also --follow over server-sent events), download --logs, cancel, logout."""
+YAML, tasks, status, logs (also --follow over server-sent events), download (--logs,
+--checkpoint), retry, cancel, logout."""
 
 import re
 from pathlib import Path
@@ -164,7 +165,69 @@ def test_download_logs_to_a_file_or_stdout(  # type: ignore[no-untyped-def]
     missing = run("download", "7", "--logs")
     assert missing.exit_code == 1 and "task 7 does not exist" in missing.output
     nothing = run("download", "1")
-    assert nothing.exit_code == 2 and "pass --logs" in nothing.output
+    assert nothing.exit_code == 2 and "say what to download" in nothing.output
+
+
+def test_tasks_list_retry_and_checkpoint_download(  # type: ignore[no-untyped-def]
+    run, server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`polytrain tasks` filters by project (name or id) and status and pages with a count;
+    `retry` resubmits an ended task and refuses a live one; `download --checkpoint` saves
+    the latest (or a named) checkpoint byte for byte, and says what it lacks."""
+    import httpx
+
+    account = add_account(ADMIN_EMAIL, admin=True)
+    monkeypatch.setenv("POLYTRAIN_TOKEN", account.token)
+    with httpx.Client(base_url=server, headers=account.headers) as api:
+        make_group(api, "cpu-a", capacity=2)  # type: ignore[arg-type]
+    (tmp_path / "train.py").write_bytes(GOOD)
+    for project, name in [("digits", "d1"), ("digits", "d2"), ("faces", "f1")]:
+        (tmp_path / "task.yaml").write_text(
+            f"project: {project}\ncode: train.py\nname: {name}\nglobal_batch_size: 8\n"
+            "resource_groups:\n  - {name: cpu-a, workers: 2}\n"
+        )
+        assert run("submit", str(tmp_path / "task.yaml")).exit_code == 0
+    assert run("cancel", "1").exit_code == 0
+
+    listed = run("tasks", "--project", "digits")
+    assert listed.exit_code == 0, listed.output
+    assert "d1" in listed.output and "d2" in listed.output and "f1" not in listed.output
+    assert "1-2 of 2 tasks" in listed.output
+    cancelled = run("tasks", "--status", "cancelled")
+    assert "d1" in cancelled.output and "CANCELLED" in cancelled.output
+    assert "d2" not in cancelled.output and "1-1 of 1 tasks" in cancelled.output
+    paged = run("tasks", "--limit", "1", "--offset", "1")
+    assert "2-2 of 3 tasks" in paged.output and "d2" in paged.output  # newest first: f1, d2
+    assert "f1" not in paged.output
+    unknown = run("tasks", "--project", "nope")
+    assert unknown.exit_code == 1 and "no project named 'nope'" in unknown.output
+
+    retried = run("retry", "1")
+    assert retried.exit_code == 0, retried.output
+    assert "task 4 submitted: d1 (retry of 1)" in retried.output
+    live = run("retry", "2")
+    assert live.exit_code == 1 and "only an ended task is retried" in live.output
+
+    none = run("download", "1", "--checkpoint", "latest")
+    assert none.exit_code == 1 and "task 1 has no checkpoint" in none.output
+    for epoch, blob in [(0, b"epoch zero"), (1, b"epoch one \x00\xff")]:
+        httpx.post(
+            f"{server}/internal/v1/tasks/1/checkpoints",
+            headers=agent_headers(),
+            params={"name": f"epoch-{epoch}.pt", "epoch": epoch, "step": 10 * (epoch + 1)},
+            content=blob,
+        ).raise_for_status()
+    monkeypatch.chdir(tmp_path)
+    latest = run("download", "1", "--checkpoint", "latest")
+    assert latest.exit_code == 0, latest.output
+    assert (tmp_path / "task1-checkpoint2.pt").read_bytes() == b"epoch one \x00\xff"
+    assert "checkpoint 2 (epoch 1, step 20)" in latest.output
+    first = run("download", "1", "--checkpoint", "1", "-o", str(tmp_path / "first.pt"))
+    assert first.exit_code == 0 and (tmp_path / "first.pt").read_bytes() == b"epoch zero"
+    missing = run("download", "1", "--checkpoint", "9")
+    assert missing.exit_code == 1 and "task 1 has no checkpoint 9" in missing.output
+    both = run("download", "1", "--logs", "--checkpoint", "latest")
+    assert both.exit_code == 2 and "--logs [--node NODE], or --checkpoint" in both.output
 
 
 def test_time_to_finish_reads_the_apis_estimate() -> None:
