@@ -76,7 +76,7 @@ MORE = (
     # what the cross-device agreement checks cost a clean run (issue 21): about 12 minutes
     "bench.agreement_overhead",
     # a plan's predictions against real throttled runs (issue 21 item 3; root, cgroup v1
-    # cpu, else it exits 2): about 10 minutes
+    # cpu, else it exits 2): about 27 minutes (epochs of seconds: 16,384 samples)
     "bench.plan_error",
     # what this host allows issue 20's items 3 and 4 (root, cgroup v1 cpu): the most a
     # throttled group can add at 34k and 10M, measured with plain PyTorch (about 8.5
