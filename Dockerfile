@@ -1,9 +1,10 @@
 # One image for the API and the agents; the command chooses the role.
 FROM python:3.11-slim
 # The API runs as the unprivileged user polytrain; it owns only /data (the volume) and /app.
-# Agents start each rank under bubblewrap as the unprivileged polytrain-run
-# (docs/security.md), which needs the agent itself to be root: docker-compose.yml runs the
-# agent services with `user: root` and the right to create namespaces.
+# Agents start each rank under bubblewrap as an unprivileged uid of its own in the group of
+# polytrain-run (docs/security.md), which needs the agent itself to be root:
+# docker-compose.yml runs the agent services with `user: root` and the right to create
+# namespaces.
 RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap iptables \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --user-group --home-dir /app --create-home \

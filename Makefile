@@ -17,7 +17,8 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-# Ranks run under bubblewrap as the unprivileged user polytrain-run (docs/security.md).
+# Ranks run under bubblewrap, each as an unprivileged uid of its own in the group of the user
+# polytrain-run (docs/security.md).
 sandbox:
 	@scripts/sandbox_setup.sh
 
@@ -51,7 +52,7 @@ format: install
 
 # Benchmarks (docs/benchmarks.md): one JSON line each. bench: the figures with targets, every
 # ratio from 5 paired rounds (under 30 minutes on this 2-core host); bench-all adds the
-# accuracy runs and the earlier issues' benchmarks (about 150 minutes in all); bench-quick,
+# accuracy runs and the earlier issues' benchmarks (about 165 minutes in all); bench-quick,
 # the engine's core figures, about 6 minutes.
 bench: install
 	$(BIN)/python -m bench.run_all

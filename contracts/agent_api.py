@@ -213,6 +213,12 @@ class TaskState(BaseModel):
     attempt: int = 1
 
 
+RESOURCE_SAMPLE_EVERY_S = 15.0
+"""Seconds between two resource samples of a rank (`RankSample`; an agent sends at most one
+per heartbeat): a task that ends sooner has one sample per rank or none, so the task page
+says so instead of drawing empty CPU and memory charts."""
+
+
 class RankSample(StrictModel):
     """One rank's resource use, summed over its process tree: CPU in percent of one core
     (over the time since the previous sample), resident memory (RSS) in MiB and, on a GPU

@@ -7,8 +7,8 @@ is not enough. 2,000 are for training and 400 for validation.
 
 Items are ``(text: str, label: int)``: the task must list a ``tokenize``
 preprocessing step (e.g. ``{"op": "tokenize", "vocab_size": 500,
-"max_length": 16}``), which turns texts into token ids ``[N, L]`` with 0 as
-padding before sharding. ``vocab_size`` must not exceed :data:`VOCAB_CAPACITY`.
+"max_length": 16}``), which turns each text into token ids ``[L]`` with 0 as
+padding as the item is read. ``vocab_size`` must not exceed :data:`VOCAB_CAPACITY`.
 Never imports polytrain.
 """
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The agent's sandbox (docs/security.md): bubblewrap and iptables from Debian's packages and the
-# unprivileged user every rank runs as. Run as root (make install does); as another user it only says what
-# is missing, and the agent refuses to start until it is there.
+# unprivileged user whose group every rank runs in (each rank as a uid of its own from the
+# agent's pool, which needs no account: worker/agent/uids.py). Run as root (make install
+# does); as another user it only says what is missing, and the agent refuses to start until
+# it is there.
 set -euo pipefail
 SANDBOX_USER="${POLYTRAIN_SANDBOX_USER:-polytrain-run}"
 

@@ -125,8 +125,9 @@ class TaskCreate(StrictModel):
     )
     sync_strategy: SyncStrategy = Field(
         default="sync",
-        description="cross-group sync: `sync` every step (exact; for groups of near-equal "
-        "speed), `periodic` model averaging every `sync_period` steps, `quorum` once "
+        description="cross-group sync: `sync` every step, the group leaders allreducing the "
+        "gradient sum and every worker stepping its optimizer replica (exact; for groups of "
+        "near-equal speed), `periodic` model averaging every `sync_period` steps, `quorum` once "
         "`quorum` groups reported, `diloco` rounds of `sync_period` steps in which each "
         "group takes local steps scaled to its speed, then an outer Nesterov step (choose it "
         "when a slower pool, or a slow link between pools, would hold a faster one back)",
@@ -231,16 +232,18 @@ class TaskCreate(StrictModel):
     )
     on_disagreement: OnDisagreement = Field(
         default="fail",
-        description="a group whose gradient of one fixed batch (before training) or whose "
-        "parameters (every `agreement_every` steps) differ from the parameter server's "
-        "beyond `agreement_tolerance`: an alarm naming it, then `fail` ends the task, "
+        description="a group whose gradient of one fixed batch (before training) differs "
+        "from the parameter server's, or whose parameters (`sync` only, every "
+        "`agreement_every` steps) differ from the first group's, beyond "
+        "`agreement_tolerance`: an alarm naming it, then `fail` ends the task, "
         "`exclude` trains on without it; `off` skips both checks",
     )
     agreement_every: int = Field(
         default=100,
         ge=0,
         le=10_000_000,
-        description="steps between parameter checksum checks (0: the check before training only)",
+        description="`sync`: steps between parameter checksum checks (0: the check before "
+        "training only; the other strategies run that check only)",
     )
     agreement_tolerance: AgreementTolerance = Field(
         default_factory=dict,
@@ -251,7 +254,8 @@ class TaskCreate(StrictModel):
     preprocess: list[PreprocessStep] = Field(
         default_factory=list,
         max_length=16,
-        description="run once before sharding: resize, normalize, augment, tokenize",
+        description="per-item steps run where each worker reads its items (statistics "
+        "computed once, before training): resize, normalize, augment, tokenize",
     )
     data: DataOptions = Field(
         default_factory=DataOptions,

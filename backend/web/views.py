@@ -19,10 +19,13 @@ from backend.projects.requirements import MAX_REQUIREMENTS_CHARS
 from backend.resource_groups import service as groups
 from backend.tasks import provenance
 from backend.tasks import service as tasks
-from backend.tasks.models import Task
+from backend.tasks.models import Task, TaskStatus
 from backend.tasks.spec import read_spec
 from backend.web.forms import FieldErrors, ProjectForm
+from backend.web.spec_display import shown_setting
 from backend.web.task_form import TaskForm, has_dependencies, task_fields
+from backend.web.templating import format_duration
+from contracts.agent_api import RESOURCE_SAMPLE_EVERY_S
 from contracts.plan import GroupPlan
 from contracts.task_spec import RequestItem, TaskSpec
 
@@ -136,20 +139,11 @@ def _own_settings(spec: TaskSpec, plan: GroupPlan | RequestItem) -> str:
     return (f" ({own})" if own else "") + (f" (max local batch {cap})" if cap else "")
 
 
-def _displayed(value: Any) -> Any:
-    """A stored setting as the page shows it: `—` for none, a list of names (`fsdp_units`)
-    joined by commas; None: not shown (mappings, other lists)."""
-    if value is None:
-        return "—"
-    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        return ", ".join(value)
-    return None if isinstance(value, dict | list) else value
-
-
 def spec_summary(spec: TaskSpec) -> dict[str, Any]:
     """The task spec for display: `groups` as `name × workers` strings (with a group's own
     sharding and max_local_batch), total workers, and the other settings (scalars and lists
-    of names)."""
+    of names) as `{"key", "label", "value"}` rows in words and units
+    (`backend.web.spec_display`)."""
     plans = _plans(spec)
     shown = {"groups", "request", "epochs", "global_batch_size", "split_policy", "seed"}
     return {
@@ -163,11 +157,11 @@ def spec_summary(spec: TaskSpec) -> dict[str, Any]:
         "global_batch_size": spec.global_batch_size,
         "split_policy": spec.split_policy,
         "seed": spec.seed,
-        "extra": {
-            k: value
-            for k, v in spec.stored().items()
-            if k not in shown and (value := _displayed(v)) is not None
-        },
+        "settings": [
+            row
+            for key, value in spec.stored().items()
+            if key not in shown and (row := shown_setting(key, value)) is not None
+        ],
     }
 
 
@@ -199,11 +193,21 @@ def timing(task: Task) -> dict[str, float | None]:
     return {"elapsed_s": elapsed, "eta_s": task.finish_estimate(utcnow())[0]}
 
 
+def measured_time(task: Task, elapsed_s: float | None) -> str:
+    """What the task took, beside its plan's predicted time: `(took 27 s)` once it
+    succeeded, `(ran 9 s)` once it failed or was cancelled; empty before it ended."""
+    if not task.status.terminal or elapsed_s is None:
+        return ""
+    word = "took" if task.status is TaskStatus.SUCCEEDED else "ran"
+    return f"({word} {format_duration(elapsed_s)})"
+
+
 def task_page(session: Session, user: User, task: Task) -> dict[str, Any]:
     """A task with its project, code version, timeline, nodes, shares, checkpoints, shard
     provenance and the metric values that were not finite."""
     project = projects.get(session, project_id=task.project_id)
     spec = read_spec(task)
+    times = timing(task)
     return {
         "task": task,
         "terminal": task.status.terminal,
@@ -220,5 +224,7 @@ def task_page(session: Session, user: User, task: Task) -> dict[str, Any]:
         "shares": group_shares(spec),
         "nodes": log_nodes(spec),
         "epochs_done": epochs_done(task),
-        **timing(task),
+        "measured": measured_time(task, times["elapsed_s"]),
+        "sample_every_s": RESOURCE_SAMPLE_EVERY_S,
+        **times,
     }

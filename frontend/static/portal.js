@@ -50,6 +50,14 @@ window.Polytrain = (function () {
     return iso ? iso.replace("T", " ").slice(0, 19) : "—";
   }
 
+  /** Seconds as `45 s`, `12 min 5 s` or `3 h 20 min` (as the server's `duration` filter). */
+  function fmtDuration(seconds) {
+    const s = Math.max(0, Math.round(seconds));
+    if (s < 60) return `${s} s`;
+    if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+    return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+  }
+
   function cell(content, className) {
     const td = document.createElement("td");
     if (content instanceof Node) td.appendChild(content); else td.textContent = content ?? "—";
@@ -92,5 +100,5 @@ window.Polytrain = (function () {
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", initPage);
   else initPage();
 
-  return { TERMINAL, getJSON, poll, setBadge, setProgress, fmtTime, fillTable };
+  return { TERMINAL, getJSON, poll, setBadge, setProgress, fmtTime, fmtDuration, fillTable };
 })();

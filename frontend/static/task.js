@@ -18,6 +18,11 @@
     $("task-started").textContent = P.fmtTime(task.started_at);
     $("task-finished").textContent = P.fmtTime(task.finished_at);
     const ended = P.TERMINAL.has(task.status);
+    const measured = $("task-measured");  // beside the plan's predicted time, once it ended
+    if (measured && ended && task.started_at && task.finished_at) {
+      const took = (Date.parse(task.finished_at) - Date.parse(task.started_at)) / 1000;
+      measured.textContent = `(${task.status === "SUCCEEDED" ? "took" : "ran"} ${duration(took)})`;
+    }
     root.dataset.terminal = String(ended);
     if (ended && $("cancel-form")) $("cancel-form").remove();
     if (ended && $("retry-form") && root.dataset.canWrite === "true") $("retry-form").hidden = false;
@@ -29,12 +34,7 @@
     return `${Math.floor(progress * epochs + 1e-9)} of ${epochs} epochs done`;
   }
 
-  function duration(seconds) {
-    const s = Math.max(0, Math.round(seconds));
-    if (s < 60) return `${s} s`;
-    if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
-    return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
-  }
+  const duration = P.fmtDuration;
 
   /** Running time and the API's estimate of the time to finish (`eta_s`: the pace of the
    * attempt's measured steps). */
@@ -55,8 +55,11 @@
     P.fillTable($("timeline"), events, (e) => [
       [P.fmtTime(e.created_at), "nowrap"], e.from_status || "—",
       e.kind === "status" ? e.to_status : e.kind, e.reason]);
-    P.fillTable($("sub-tasks"), subTasks, (s) => [
+    P.fillTable($("sub-tasks"), subTasks, (s) => [  // the columns of the page's table
       [String(s.group_index), "num"], s.resource_group + (s.hosts_parameter_server ? " (PS)" : ""),
+      [String(s.part), "num"],
+      s.workers > 1 ? `${s.first_rank}–${s.first_rank + s.workers - 1}` : String(s.first_rank),
+      [s.agent_id === null || s.agent_id === undefined ? "—" : String(s.agent_id), "num"],
       [String(s.workers), "num"], s.status, s.detail], "Not dispatched yet.");
     P.fillTable($("allocations"), allocations, (a) => [
       a.role, a.resource_group, [a.rank === null ? "—" : String(a.rank), "num"], a.host || "—",
@@ -91,7 +94,7 @@
     const tables = task.status !== lastStatus ? refreshTables() : Promise.resolve();
     lastStatus = task.status;
     // Throughput rows name each rank's group, known from the allocations table.
-    await Promise.all([tables.then(() => window.TaskCharts.refresh(rankGroups)), refreshCheckpoints()]);
+    await Promise.all([tables.then(() => window.TaskCharts.refresh(rankGroups, task)), refreshCheckpoints()]);
     return !P.TERMINAL.has(task.status);
   }, 3000);
 })();

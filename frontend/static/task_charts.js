@@ -1,6 +1,7 @@
 /* Task page: loss, accuracy and per-group throughput charts (Chart.js), each worker's CPU and
- * memory over time (the agents' samples), the throughput and batch-share tables.
- * `TaskCharts.refresh(rankGroups)` redraws them from the API. */
+ * memory over time (the agents' samples; a note instead of a chart while no worker has two),
+ * the throughput and batch-share tables.
+ * `TaskCharts.refresh(rankGroups, task)` redraws them from the API. */
 "use strict";
 
 window.TaskCharts = (function () {
@@ -114,11 +115,45 @@ window.TaskCharts = (function () {
     chart.canvas.dataset.points = String(workers.reduce((n, w) => n + series.get(w).length, 0));
   }
 
+  /** Why a resource chart has nothing to draw: the agents sample every `data-sample-every-s`
+   * seconds, so a task shorter than that has one sample per worker or none. `found`: the
+   * most samples of one worker (0 or 1). */
+  function noSamples(found, task) {
+    const every = Number(root.dataset.sampleEveryS);
+    const what = found ? "Only one sample per worker, too few to draw" : "No samples";
+    if (!task || !task.started_at) {
+      return `${what} yet: resources are sampled every ${every} s while the task runs.`;
+    }
+    const ended = P.TERMINAL.has(task.status);
+    const end = task.finished_at ? Date.parse(task.finished_at) : Date.now();
+    const ran = (end - Date.parse(task.started_at)) / 1000;
+    if (ran >= 2 * every) {
+      return `${found ? "Only one sample per worker was" : "No samples were"} reported (resources are sampled every ${every} s).`;
+    }
+    return ended ? `${what}: resources are sampled every ${every} s and this task ran ${P.fmtDuration(ran)}.`
+      : `${what} yet: resources are sampled every ${every} s and this task has run ${P.fmtDuration(ran)}.`;
+  }
+
+  /** The chart, or in its place the note saying why it has no line to draw (no worker has
+   * two samples). */
+  function showUsage(canvasId, series, task) {
+    const most = Math.max(0, ...[...series.values()].map((points) => points.length));
+    const box = $(canvasId).parentElement;
+    const note = $(`${canvasId}-empty`);
+    box.hidden = most < 2;
+    note.hidden = most >= 2;
+    note.textContent = most < 2 ? noSamples(most, task) : "";
+  }
+
   /** Each worker's CPU (% of one core) and resident memory (MiB), as its agent sampled them. */
-  function renderUsage(samples) {
+  function renderUsage(samples, task) {
     const start = samples.reduce((first, m) => Math.min(first, Date.parse(m.created_at)), Infinity);
-    updateTimeChart(charts.cpu, perWorker(samples, "rank_cpu_percent", start));
-    updateTimeChart(charts.memory, perWorker(samples, "rank_rss_mb", start));
+    [["cpu", "cpu-chart", "rank_cpu_percent"], ["memory", "memory-chart", "rank_rss_mb"]]
+      .forEach(([chart, canvasId, name]) => {
+        const series = perWorker(samples, name, start);
+        updateTimeChart(charts[chart], series);
+        showUsage(canvasId, series, task);
+      });
   }
 
   const fmtRate = (v) => (v === null || v === undefined ? "—" : v.toFixed(1));
@@ -160,7 +195,7 @@ window.TaskCharts = (function () {
     "None.");
   }
 
-  async function refresh(rankGroups) {
+  async function refresh(rankGroups, task) {
     const usage = ["rank_cpu_percent", "rank_rss_mb"].map(
       (name) => P.getJSON(`${api}/metrics?name=${name}&limit=100000`));
     const [metrics, throughput, cpu, memory] = await Promise.all([
@@ -171,7 +206,7 @@ window.TaskCharts = (function () {
     updateChart(charts.accuracy, series, false);
     updateChart(charts.throughput, groupThroughput(metrics, rankGroups), true);
     renderThroughput(throughput);
-    renderUsage([...cpu, ...memory]);
+    renderUsage([...cpu, ...memory], task);
   }
 
   return { refresh };

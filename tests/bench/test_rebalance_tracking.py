@@ -22,7 +22,8 @@ def test_shares_come_from_the_last_profile_and_every_rebalance_line() -> None:
         "profiled samples/s [2295.9, 1412.3] at shares [159, 97]; shares [190, 66]",
         "rebalance at step 4: shares [190, 66] -> [180, 76] (predicted imbalance 9.0%)",
         "epoch 0: train_loss 2.301; shares [180, 76]",
-        "rebalance at step 36: shares [180, 76] -> [160, 96] (predicted imbalance 23.5%)",
+        "rebalance at step 36: shares [180, 76] -> [160, 96] (predicted imbalance 23.5% "
+        "at the measured samples/s fast 2295.9, slow 1412.3)",  # the line as it is now
     ]
     run = LocalRun(pids={0: 1}, returncodes={0: 0}, output={0: log}, wall_s=1.0)
     assert slow_shares(run) == [(0, 66), (4, 76), (36, 96)]

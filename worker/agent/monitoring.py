@@ -15,9 +15,11 @@ from typing import Any, TypeVar
 
 import psutil
 
+from contracts.agent_api import RESOURCE_SAMPLE_EVERY_S
+
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
-SAMPLE_EVERY_S = 15.0
+SAMPLE_EVERY_S = RESOURCE_SAMPLE_EVERY_S
 """Seconds between two samples (at most one per heartbeat): CPU is the mean over them."""
 
 K = TypeVar("K", bound=Hashable)

@@ -53,6 +53,21 @@ def rates_of(compute_s: list[float], samples: list[float]) -> list[float]:
     return [fallback if math.isnan(r) else r for r in rates]
 
 
+def by_group(rates: list[float], groups: list[tuple[str, int]]) -> str:
+    """Per-worker ``rates`` (samples/s) summed by group, for a log line: ``cpu-a 1624.8
+    [812.4, 812.4], cpu-b 501.2`` (a group of several workers lists theirs in brackets).
+    ``groups``: each group's name and number of workers, in worker order."""
+    shown, first = [], 0
+    for name, workers in groups:
+        own = rates[first : first + workers]
+        first += workers
+        text = f"{name} {sum(own):.1f}"
+        if len(own) > 1:
+            text += f" [{', '.join(f'{r:.1f}' for r in own)}]"
+        shown.append(text)
+    return ", ".join(shown)
+
+
 def ideal_shares(
     batch: int, rates: list[float], caps: list[int | None] | None = None
 ) -> tuple[list[float], float]:

@@ -26,7 +26,7 @@ from torch import Tensor
 from contracts.plan import GUARD_CHECK_STEPS
 from worker.engine import report
 from worker.engine.agreement import check_parameters, hooked_precision
-from worker.engine.balance import Balancer, imbalance, rates_of
+from worker.engine.balance import Balancer, by_group, imbalance, rates_of
 from worker.engine.checkpoint import gather_worker_states, save_checkpoint
 from worker.engine.compute import (
     BusyClock,
@@ -507,11 +507,15 @@ def rebalance(run: Run, window: Work, *, update: bool = True, shares: bool = Tru
     if proposal is None:
         return
     if run.topo.is_ps:
-        rates = run.balancer.estimate  # the rates the proposal was made from
+        # Why it moved: the rates the proposal was made from (the balancer's estimate,
+        # averaged over the checks' windows), by group, and the imbalance they predict.
+        rates = run.balancer.estimate
         assert rates is not None
+        groups = [(g.name, g.workers) for g in run.spec.groups]
         report.log(
             f"rebalance at step {run.step}: shares {run.split.shares} -> {proposal} "
-            f"(predicted imbalance {imbalance(run.split.shares, rates, run.balancer.caps):.1%})"
+            f"(predicted imbalance {imbalance(run.split.shares, rates, run.balancer.caps):.1%} "
+            f"at the measured samples/s {by_group(rates, groups)})"
         )
     run.split.set_shares(proposal)
 
@@ -561,10 +565,14 @@ def control_due(run: Run, step: int | None = None) -> bool:
 
 
 def _agreement_due(run: Run, step: int | None = None) -> bool:
-    """A parameter checksum check in the step's schedule (every ``agreement_every`` steps)."""
+    """A parameter checksum check in the step's schedule (every ``agreement_every`` steps),
+    for the strategies that run it (replicated ones, ``sync``: :func:`check_parameters`);
+    never due under the others, so it adds no barrier to their rounds."""
     spec = run.spec
-    return spec.on_disagreement != "off" and _crossed(
-        run.step if step is None else step, run.last_agreement, spec.agreement_every
+    return (
+        spec.on_disagreement != "off"
+        and run.strategy.replicated
+        and _crossed(run.step if step is None else step, run.last_agreement, spec.agreement_every)
     )
 
 

@@ -1,8 +1,12 @@
 """Task submission from the project page, the task page and cancelling from it."""
 
-from fastapi.testclient import TestClient
+from datetime import timedelta
 
-from backend.tasks.models import Task
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from backend.core.db import utcnow
+from backend.tasks.models import Task, TaskStatus
 from tests.backend.web.dom import Node, parse
 from tests.conftest import make_group, make_project, task_request, with_csrf
 
@@ -143,7 +147,40 @@ def test_sharding_from_the_form_is_kept_after_an_error_and_shown_on_the_task(
     assert (spec["sharding"], spec["fsdp_units"]) == ("fsdp", ["TransformerBlock", "Linear"])
     summary = parse(client.get(accepted.headers["location"]).text).find("dl", class_="summary")
     shown = {dt.text(): dt.parent.find("dd").text() for dt in summary.find_all("dt")}
-    assert (shown["sharding"], shown["fsdp units"]) == ("fsdp", "TransformerBlock, Linear")
+    assert (shown["Sharding"], shown["FSDP units"]) == ("fsdp", "TransformerBlock, Linear")
+
+
+def test_task_page_names_its_settings_in_words_and_units(
+    client: TestClient, session: Session
+) -> None:
+    """The settings grid: labels and units, not field names and raw floats; a plan's
+    predicted time with what the task took beside it. The resource charts have a place for
+    the note that replaces them while there are too few samples, and the sampling period."""
+    make_group(client, "cpu-a", capacity=2)
+    location = _submit(client, {"cpu-a": "1"}).headers["location"]
+    task = session.get(Task, int(location.rsplit("/", 1)[1]))
+    assert task is not None
+    now = utcnow()
+    task.spec = {**task.spec, "plan_id": 7, "predicted_s": 24.94944633685312}
+    task.status, task.started_at, task.finished_at = (
+        TaskStatus.SUCCEEDED,
+        now - timedelta(seconds=27),
+        now,
+    )
+    session.commit()
+    page = parse(client.get(location).text)
+    summary = page.find("dl", class_="summary")
+    shown = {dt.text(): dt.parent.find("dd").text() for dt in summary.find_all("dt")}
+    assert shown["Predicted time"] == "25 s (took 27 s)"
+    assert page.by_id("task-measured").text() == "(took 27 s)"  # task.js keeps it current
+    assert shown["Submitted from"] == "plan 7"
+    assert (shown["Rebalance every"], shown["Guard"]) == ("10 steps", "yes")
+    assert "predicted s" not in summary.text().lower() and "24.949" not in summary.text()
+    assert "predicted_s" not in summary.text()
+    assert page.by_id("task-page").attrs["data-sample-every-s"] == "15"
+    for chart in ("cpu-chart", "memory-chart"):
+        assert "hidden" in page.by_id(f"{chart}-empty").attrs  # task_charts.js fills it
+    assert page.by_id("sub-tasks").parent.attrs["class"] == "table-scroll"
 
 
 def test_task_page_shows_a_groups_own_sharding(client: TestClient) -> None:

@@ -238,3 +238,39 @@ def test_an_excluded_group_stays_excluded_after_a_restart(
     assert run.ok, run.text(0)
     assert any("groups ['b'] stay excluded" in line for line in run.output[0])
     assert {r["samples"] for r in provenance_of(run.events) if r["group"] == "b"} == {0}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"sync_strategy": "sync"},
+        {"sync_strategy": "periodic", "sync_period": 4},
+        {"sync_strategy": "quorum", "quorum": 1},
+        {"sync_strategy": "diloco", "sync_period": 4},
+        {"sync_strategy": "diloco", "sync_period": 4, "diloco_exchange": "overlapped"},
+    ],
+)
+def test_the_agreement_mark_is_a_control_point_only_where_a_check_runs(
+    make_spec: Callable[..., RunSpec], fields: dict[str, Any]
+) -> None:
+    """Only a replicated strategy (``sync``) checks parameters at the ``agreement_every``
+    mark; under the others the mark schedules no control point, which in ``diloco``'s
+    non-blocking exchanges would be a barrier for nothing."""
+    from types import SimpleNamespace
+
+    from worker.engine.run import control_due
+    from worker.engine.session import registered
+
+    spec = make_spec(agreement_every=5, split_policy="even", **fields)
+    run = SimpleNamespace(
+        spec=spec,
+        strategy=registered()[spec.sync_strategy],
+        guard=None,
+        step=5,
+        last_agreement=0,
+        last_checkpoint=0,
+        last_balance=0,
+        split=SimpleNamespace(epoch_done=False),
+    )
+    assert control_due(run) is (spec.sync_strategy == "sync")  # type: ignore[arg-type]
+    assert not control_due(run, step=4)  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from worker.engine.balance import Balancer, imbalance, rates_of
+from worker.engine.balance import Balancer, by_group, imbalance, rates_of
 from worker.engine.compute import Work
 
 
@@ -205,3 +205,13 @@ def test_a_window_already_counted_decides_on_the_estimate_without_entering_it() 
     epoch = measure(shares, [300.0, 60.0])
     assert balancer.propose(shares, *epoch, update=False) is None
     assert balancer.estimate == before
+
+
+def test_the_rebalance_log_names_each_groups_measured_rate() -> None:
+    """What the parameter server's rebalance line says it acted on: samples/s by group,
+    a group of several workers with its workers' rates in brackets."""
+    rates = [812.44, 812.36, 501.21]
+    assert by_group(rates, [("cpu-a", 2), ("cpu-b", 1)]) == (
+        "cpu-a 1624.8 [812.4, 812.4], cpu-b 501.2"
+    )
+    assert by_group([100.0, 50.0], [("fast", 1), ("slow", 1)]) == "fast 100.0, slow 50.0"
