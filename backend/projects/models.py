@@ -53,6 +53,9 @@ class CodeVersion(Base):
     `lock` is what the portal resolved them to at upload (exact pins with hashes of the
     packages the platform lacks, backend.projects.requirements) and `lock_hash` its sha256,
     the name of its environment on the agents. No lock: the platform's packages only.
+
+    `uploaded_by_id` is the user who added the version (none for versions made before it
+    was recorded, or once that account is deleted).
     """
 
     __tablename__ = "code_version"
@@ -72,3 +75,6 @@ class CodeVersion(Base):
     lock: Mapped[str | None] = mapped_column(Text, default=None)
     lock_hash: Mapped[str | None] = mapped_column(String(64), default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    uploaded_by_id: Mapped[int | None] = mapped_column(
+        ForeignKey("user.id", ondelete="SET NULL"), index=True, default=None
+    )

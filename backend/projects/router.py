@@ -3,16 +3,18 @@
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Form, Query, Response, UploadFile, status
+from fastapi.responses import PlainTextResponse
 
 from backend.auth.dependencies import CurrentUser, UserAuth
 from backend.core.dependencies import SessionDep, SettingsDep
 from backend.core.errors import ErrorResponse
 from backend.core.pagination import TOTAL_HEADER, Page, paginated
-from backend.projects import access, service
+from backend.projects import access, files, service
 from backend.projects.models import CodeVersion, Project
 from backend.projects.requirements import MAX_REQUIREMENTS_CHARS
 from backend.projects.schemas import (
     SHARED_MESSAGE,
+    CodeFileRead,
     CodeVersionCreate,
     CodeVersionRead,
     MemberAdd,
@@ -44,6 +46,14 @@ def managed_project(project_id: int, session: SessionDep, user: CurrentUser) -> 
 ProjectDep = Annotated[Project, Depends(valid_project)]
 WritableProjectDep = Annotated[Project, Depends(writable_project)]
 ManagedProjectDep = Annotated[Project, Depends(managed_project)]
+
+
+def project_version(version_id: int, project: ProjectDep, session: SessionDep) -> CodeVersion:
+    """A code version of a project the caller may see (404 otherwise)."""
+    return service.project_version(session, project=project, version_id=version_id)
+
+
+VersionDep = Annotated[CodeVersion, Depends(project_version)]
 
 
 @router.get("", response_model=list[ProjectRead])
@@ -127,16 +137,48 @@ def list_code_versions(
     return paginated(service.list_versions(session, project_id=project.id), page, response)
 
 
+@router.get("/{project_id}/code-versions/{version_id}/files", response_model=list[CodeFileRead])
+def list_code_files(version: VersionDep, page: Page, response: Response) -> list:
+    """The code version's files by path: a module's one file, or each file of an archive
+    (read in place, never unpacked)."""
+    return paginated(files.list_files(version), page, response)
+
+
+@router.get(
+    "/{project_id}/code-versions/{version_id}/files/{path:path}",
+    response_class=Response,  # text/plain (below); errors keep the JSON shape
+    responses={
+        200: {
+            "content": {"text/plain": {"example": "def build_model():\n    ...\n"}},
+            "description": "the file's source, UTF-8 text",
+        },
+        413: {
+            "model": ErrorResponse,
+            "description": f"the file is over {files.MAX_SHOWN_BYTES} bytes (1 MiB)",
+        },
+        415: {"model": ErrorResponse, "description": "a binary file, not UTF-8 text"},
+    },
+)
+def read_code_file(path: str, version: VersionDep) -> PlainTextResponse:
+    """The text of one file of the code version, by its path in the file list (e.g.
+    `train.py`, `pkg/model.py`). 404 for a path the version does not have, 422 for one
+    that is not a relative path inside it (`..`, absolute), 415 for a binary file, 413 for
+    a file over 1 MiB."""
+    return PlainTextResponse(files.read_text(version, path), media_type="text/plain")
+
+
 @router.post(
     "/{project_id}/code-versions",
     response_model=CodeVersionRead,
     status_code=status.HTTP_201_CREATED,
 )
 def create_example_version(
-    data: CodeVersionCreate, project: WritableProjectDep, session: SessionDep
+    data: CodeVersionCreate, project: WritableProjectDep, session: SessionDep, user: CurrentUser
 ) -> CodeVersion:
     """A new code version from a bundled example (`examples/NAME.py`)."""
-    return service.add_example_version(session, project=project, example=data.example)
+    return service.add_example_version(
+        session, project=project, example=data.example, uploaded_by_id=user.id
+    )
 
 
 @router.post(
@@ -160,6 +202,7 @@ def upload_version(
     project: WritableProjectDep,
     session: SessionDep,
     settings: SettingsDep,
+    user: CurrentUser,
     entrypoint: Annotated[
         str | None,
         Form(
@@ -200,4 +243,5 @@ def upload_version(
         content=content,
         entrypoint=entrypoint or None,
         requirements=requirements or None,
+        uploaded_by_id=user.id,
     )

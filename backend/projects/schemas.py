@@ -112,6 +112,10 @@ class CodeVersionRead(BaseModel):
         default=None, description="sha256 of the lock: names its environment on the agents"
     )
     created_at: UtcDateTime
+    uploaded_by_id: int | None = Field(
+        default=None,
+        description="the user who added the version (none if not recorded, or since deleted)",
+    )
 
     @computed_field(description="the lock's packages, `name==version` each")  # type: ignore[prop-decorator]
     @property
@@ -120,3 +124,12 @@ class CodeVersionRead(BaseModel):
             PackagePin(name=name, version=version)
             for name, version in pins(self.lock or "").items()
         ]
+
+
+class CodeFileRead(BaseModel):
+    """One file of a code version: a module's one file, or each file of an archive."""
+
+    path: str = Field(
+        examples=["train.py"], description="the path inside the archive (`/`-separated)"
+    )
+    size_bytes: int = Field(examples=[2048])

@@ -155,9 +155,15 @@ def _next_version(session: Session, project_id: int) -> int:
 
 
 def add_example_version(
-    session: Session, *, project: Project, example: str, commit: bool = True
+    session: Session,
+    *,
+    project: Project,
+    example: str,
+    commit: bool = True,
+    uploaded_by_id: int | None = None,
 ) -> CodeVersion:
-    """A new code version holding the bundled example `example`.
+    """A new code version holding the bundled example `example`, added by the user
+    `uploaded_by_id`.
 
     With `commit=False` the version is only flushed: the caller commits it
     together with what it is made for (a task), or rolls both back.
@@ -169,6 +175,7 @@ def add_example_version(
         source=f"example:{example}",
         filename=f"{example}.py",
         sha256=hashlib.sha256(source).hexdigest(),
+        uploaded_by_id=uploaded_by_id,
     )
     session.add(version)
     session.commit() if commit else session.flush()
@@ -227,9 +234,11 @@ def add_uploaded_version(
     content: bytes,
     entrypoint: str | None = None,
     requirements: str | None = None,
+    uploaded_by_id: int | None = None,
 ) -> CodeVersion:
     """Store an uploaded `.py` module, or an archive with an entrypoint module, as a new
-    immutable version; the module (the entrypoint) is checked against the contract first.
+    immutable version uploaded by the user `uploaded_by_id`; the module (the entrypoint) is
+    checked against the contract first.
 
     `requirements` (a requirements text) declares a module's own packages; an archive
     declares them in its own requirements.txt or pyproject.toml (a `requirements` beside
@@ -280,6 +289,7 @@ def add_uploaded_version(
         requirements=declared,
         lock=lock,
         lock_hash=lock_hash(lock) if lock else None,
+        uploaded_by_id=uploaded_by_id,
     )
     session.add(version)
     session.commit()
@@ -291,6 +301,22 @@ def get_version(session: Session, *, version_id: int) -> CodeVersion:
     if version is None:
         raise NotFound(f"code version {version_id} does not exist", field="code_version_id")
     return version
+
+
+def project_version(session: Session, *, project: Project, version_id: int) -> CodeVersion:
+    """The code version `version_id` of `project`. Raises NotFound for another project's."""
+    version = session.get(CodeVersion, version_id)
+    if version is None or version.project_id != project.id:
+        raise NotFound(f"code version {version_id} does not exist", field="version_id")
+    return version
+
+
+def uploader_email(session: Session, version: CodeVersion) -> str | None:
+    """The email of the user who added the version; None when not recorded or deleted."""
+    if version.uploaded_by_id is None:
+        return None
+    user = session.get(User, version.uploaded_by_id)
+    return user.email if user else None
 
 
 def list_versions(session: Session, *, project_id: int) -> list[CodeVersion]:

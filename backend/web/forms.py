@@ -73,11 +73,15 @@ def update_project(session: Session, project: Project, form: ProjectForm) -> Fie
 
 
 def add_example_version(
-    session: Session, project: Project, example: str
+    session: Session, project: Project, example: str, user_id: int | None = None
 ) -> tuple[CodeVersion | None, FieldErrors]:
-    """Add the bundled example `example` as a new code version, or return the error."""
+    """Add the bundled example `example` as a new code version (added by `user_id`), or
+    return the error."""
     try:
-        return projects.add_example_version(session, project=project, example=example), {}
+        version = projects.add_example_version(
+            session, project=project, example=example, uploaded_by_id=user_id
+        )
+        return version, {}
     except ServiceError as exc:
         session.rollback()
         return None, service_errors(exc)
@@ -90,10 +94,12 @@ def add_uploaded_version(
     upload: UploadFile | None,
     entrypoint: str = "",
     requirements: str = "",
+    user_id: int | None = None,
 ) -> tuple[CodeVersion | None, FieldErrors, int]:
     """Store an uploaded module or archive (with a module's requirements, if any) as a new
-    code version, or return the error and its HTTP status (413 too large, 415 not Python,
-    422 breaks the contract or refused requirements, 503 the package index too slow)."""
+    code version uploaded by `user_id`, or return the error and its HTTP status (413 too
+    large, 415 not Python, 422 breaks the contract or refused requirements, 503 the package
+    index too slow)."""
     if upload is None or not upload.filename:
         return None, {"file": "choose a .py module or a .zip / .tar.gz archive to upload"}, 422
     content = upload.file.read(settings.max_upload_bytes + 1)
@@ -106,6 +112,7 @@ def add_uploaded_version(
             content=content,
             entrypoint=entrypoint.strip() or None,
             requirements=requirements or None,
+            uploaded_by_id=user_id,
         )
     except ServiceError as exc:
         session.rollback()

@@ -139,7 +139,7 @@ def add_example_version(
 ) -> Response:
     """Add a bundled example as the project's next code version."""
     project = project_access.writable_project(session, user=user, project_id=project_id)
-    version, errors = forms.add_example_version(session, project, example)
+    version, errors = forms.add_example_version(session, project, example, user.id)
     if version is None:
         return _project_page(
             request, session, user, project, errors=errors, example=example, status_code=422
@@ -165,7 +165,7 @@ def upload_version(
     requirements are resolved first (a refusal shows the form again as entered)."""
     project = project_access.writable_project(session, user=user, project_id=project_id)
     version, errors, status = forms.add_uploaded_version(
-        session, settings, project, file, entrypoint, requirements
+        session, settings, project, file, entrypoint, requirements, user.id
     )
     if version is None:
         return _project_page(
@@ -195,7 +195,7 @@ def submit(
 ) -> Response:
     """Queue a task from the submission form and open its page; refusals show inline."""
     project = project_access.writable_project(session, user=user, project_id=project_id)
-    task, errors = submit_task(session, project, form)
+    task, errors = submit_task(session, project, form, user.id)
     if task is None:
         return _project_page(
             request, session, user, project, form=form, errors=errors, status_code=422

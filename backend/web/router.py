@@ -15,7 +15,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from backend.auth.dependencies import LoginRequired
 from backend.core.errors import ServiceError
 from backend.core.http import security_headers
-from backend.web import account_pages, audit_pages, cluster_pages, project_pages, task_pages
+from backend.web import (
+    account_pages,
+    audit_pages,
+    cluster_pages,
+    code_pages,
+    project_pages,
+    task_pages,
+)
 from backend.web.templating import redirect, render
 
 API_PREFIXES = ("/api/", "/internal/", "/metrics", "/static/", "/docs", "/redoc", "/openapi")
@@ -28,7 +35,8 @@ def is_page(request: Request) -> bool:
 
 def install_web(app: FastAPI) -> None:
     """Add the portal's routes, its login redirect and HTML error pages to `app`."""
-    for module in (account_pages, task_pages, project_pages, cluster_pages, audit_pages):
+    pages = (account_pages, task_pages, project_pages, code_pages, cluster_pages, audit_pages)
+    for module in pages:
         app.include_router(module.router)
     json_errors = app.exception_handlers[ServiceError]
 

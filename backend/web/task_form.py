@@ -295,12 +295,12 @@ def _task_create(project_id: int, form: TaskForm) -> tuple[TaskCreate | None, Fi
 
 
 def submit_task(
-    session: Session, project: Project, form: TaskForm
+    session: Session, project: Project, form: TaskForm, user_id: int | None = None
 ) -> tuple[Task | None, FieldErrors]:
     """Validate the form and queue the task; on refusal return the errors.
 
-    A bundled example becomes a new code version in the same transaction as the
-    task: if the task is refused, neither is stored.
+    A bundled example becomes a new code version (added by `user_id`) in the same
+    transaction as the task: if the task is refused, neither is stored.
     """
     data, errors = _task_create(project.id, form)
     if data is None:
@@ -309,7 +309,7 @@ def submit_task(
         if form.code_version_id.startswith(EXAMPLE_PREFIX):
             example = form.code_version_id.removeprefix(EXAMPLE_PREFIX)
             version = projects.add_example_version(
-                session, project=project, example=example, commit=False
+                session, project=project, example=example, commit=False, uploaded_by_id=user_id
             )
             data = data.model_copy(update={"code_version_id": version.id})
         return tasks.submit(session, data=data), {}

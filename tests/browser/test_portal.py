@@ -2,7 +2,9 @@
 arrive and a chart update, cancel; an admin drains a group and an agent; a bad password is
 refused."""
 
+import io
 import re
+import zipfile
 from pathlib import Path
 
 import httpx
@@ -271,4 +273,44 @@ def test_plan_from_the_submit_form_then_use_it(
     if task["status"] in ("QUEUED", "SCHEDULED"):
         assert task["eta_s"] is not None and task["eta_s"] > 0, task
     assert {g["name"]: g["workers"] for g in task["spec"]["groups"]} == best
+    # The settings in words and units; the resource charts, with no samples yet, say why.
+    predicted = page.locator("[data-setting='predicted_s']")
+    expect(predicted.locator("dt")).to_have_text("Predicted time")
+    expect(predicted.locator("dd")).to_have_text(re.compile(r"^\d+ (s|min \d+ s|h \d+ min)\b"))
+    expect(page.locator("#cpu-chart-empty")).to_contain_text("sampled every 15 s")
     api.post(f"/api/v1/tasks/{task_id}/cancel")
+
+
+def test_a_code_versions_source_is_shown_escaped_and_highlighted(
+    page: Page, stack: LocalStack, api: httpx.Client
+) -> None:
+    """The project page links a version to its page: who uploaded it, the archive's files,
+    and the chosen file's source highlighted by code.css; markup in the source stays text."""
+    project = api.post("/api/v1/projects", json={"name": "source-view"}).json()
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as packed:
+        packed.writestr(
+            "job/train.py", EXAMPLE.read_bytes() + b'BANNER = "<script>alert(1)</script>"\n'
+        )
+        packed.writestr("job/notes.md", "# <img src=x onerror=alert(2)>\n")
+    version = api.post(
+        f"/api/v1/projects/{project['id']}/code-versions/upload",
+        files={"file": ("job.zip", archive.getvalue())},
+    ).json()
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    log_in(page, stack)
+    page.goto(f"{stack.url}/projects/{project['id']}")
+    page.click(f"#version-link-{version['version']}")
+    expect(page.locator("#code-uploader")).to_have_text(stack.admin_email)
+    expect(page.locator("#code-files li")).to_have_count(2)
+    expect(page.locator("#code-path")).to_have_text("train.py")
+    expect(page.locator("#code-source .line").last).to_have_text(
+        'BANNER = "<script>alert(1)</script>"'
+    )
+    keyword = page.locator("#code-source .k").first
+    assert keyword.evaluate("k => getComputedStyle(k).color") == "rgb(0, 128, 0)"  # code.css
+    page.click("#code-files >> text=notes.md")
+    expect(page.locator("#code-source")).to_contain_text("# <img src=x onerror=alert(2)>")
+    expect(page.locator("#code-source img, #code-source script")).to_have_count(0)
+    assert dialogs == []

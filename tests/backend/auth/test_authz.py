@@ -24,6 +24,8 @@ def _fill(path: str, world: World) -> str:
     return (
         path.replace("{project_id}", str(world.project["id"]))
         .replace("{task_id}", str(world.task["id"]))
+        .replace("{version_id}", str(world.version["id"]))
+        .replace("{path}", "tiny_regression.py")
         .replace("{checkpoint_id}", str(world.checkpoint["id"]))
         .replace("{user_id}", str(world.owner.id))
         .replace("{token_id}", "1")
@@ -56,6 +58,8 @@ PROJECT_SCOPED = [
     ("delete", "/api/v1/projects/{project_id}/members/{user_id}", None),
     ("get", "/api/v1/projects/{project_id}/code-versions", None),
     ("post", "/api/v1/projects/{project_id}/code-versions", {"example": "mnist_cnn"}),
+    ("get", "/api/v1/projects/{project_id}/code-versions/{version_id}/files", None),
+    ("get", "/api/v1/projects/{project_id}/code-versions/{version_id}/files/{path}", None),
     ("get", "/api/v1/tasks/{task_id}", None),
     ("patch", "/api/v1/tasks/{task_id}", {"priority": 5}),
     ("post", "/api/v1/tasks/{task_id}/cancel", None),
