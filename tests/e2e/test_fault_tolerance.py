@@ -134,6 +134,13 @@ def test_chaos_agent_killed_mid_training(ft_api: httpx.Client, ft_stack: LocalSt
 
     task = submit(ft_api, version, **MNIST)
     wait_checkpoints(ft_api, task["id"], 2)  # epochs 0 and 1 are saved; epoch 2 is training
+    # ... with their shard provenance, which the agent stores in a request after the
+    # checkpoint's: an agent killed between the two loses that epoch's record (a known gap,
+    # docs/architecture.md, "Training engine"), which is not what this test is about.
+    deadline = time.monotonic() + 30
+    while len(ft_api.get(f"/api/v1/tasks/{task['id']}/provenance").json()["epochs"]) < 2:
+        assert time.monotonic() < deadline, "epoch 1's provenance did not arrive"
+        time.sleep(0.1)
     killed_at = datetime.now(UTC).replace(tzinfo=None)
     ft_stack.kill_agent("agent-cpu-a")  # hosts the parameter server and ranks 1-2
     deadline = time.monotonic() + 3  # they may take up to 3 s to go

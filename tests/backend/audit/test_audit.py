@@ -181,6 +181,7 @@ def test_allowed_reads_and_agent_telemetry_give_no_event(world: World) -> None:
 def _read_object(path: str, world: World) -> tuple[str | None, str | None]:
     for param, kind in (
         ("{checkpoint_id}", "checkpoint"),
+        ("{version_id}", "code_version"),
         ("{task_id}", "task"),
         ("{user_id}", "user"),
         ("{project_id}", "project"),
