@@ -10,14 +10,15 @@ from pydantic import ValidationError
 from backend.auth.dependencies import CsrfCheck, WebUser
 from backend.auth.models import User
 from backend.core.dependencies import SessionDep, SettingsDep
-from backend.core.errors import Invalid
+from backend.core.errors import Invalid, NotFound, ServiceError
 from backend.projects import access as project_access
 from backend.projects import service as projects
 from backend.projects.models import Project
 from backend.projects.schemas import SHARED_MESSAGE, MemberAdd
+from backend.tasks import access as task_access
 from backend.web import forms, views
 from backend.web.forms import ProjectForm, validation_errors
-from backend.web.task_form import TaskForm, submit_task
+from backend.web.task_form import TaskForm, form_from_task, not_in_form, submit_task
 from backend.web.templating import redirect, render
 from contracts.packages import pins
 
@@ -62,11 +63,28 @@ def create_project(
 
 @router.get("/projects/{project_id}")
 def project_detail(
-    request: Request, project_id: int, session: SessionDep, user: WebUser
+    request: Request,
+    project_id: int,
+    session: SessionDep,
+    user: WebUser,
+    from_task: int | None = None,
 ) -> Response:
-    """A project's code versions, members and tasks, and the task submission form."""
+    """A project's code versions, members and tasks, and the task submission form; with
+    `from_task` ("Run again" on a task's page) the form filled from that task of the project,
+    to change and submit as a new task (a plan's trial: back to its page, saying why)."""
     project = project_access.readable_project(session, user=user, project_id=project_id)
-    return _project_page(request, session, user, project)
+    if from_task is None:
+        return _project_page(request, session, user, project)
+    task = task_access.readable_task(session, user=user, task_id=from_task)
+    if task.project_id != project.id:
+        raise NotFound(f"task {from_task} does not exist", field="from_task")
+    try:
+        form = form_from_task(task)
+    except ServiceError as exc:
+        return redirect(f"/tasks/{task.id}", flash=exc.message, kind="error")
+    return _project_page(
+        request, session, user, project, form=form, from_task=task, not_in_form=not_in_form(task)
+    )
 
 
 @router.post("/projects/{project_id}/edit", dependencies=[CsrfCheck])

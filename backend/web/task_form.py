@@ -5,7 +5,8 @@ schema's bounds, a list of names (`fsdp_units`) a text input of comma-separated
 names, and a nested settings model (one level) becomes a group of
 inputs named `parent.child`. Resource groups, the code version (or a bundled
 example) and dependencies have their own widgets; `plan_id` is a hidden input that the
-page's "Use this plan" button sets (frontend/static/plan.js).
+page's "Use this plan" button sets (frontend/static/plan.js). "Run again" fills the form from
+a task's spec (`form_from_task`).
 """
 
 import re
@@ -13,19 +14,22 @@ import types
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from annotated_types import Ge, Gt, Le, Lt
+from annotated_types import Ge, Gt, Le, Lt, MaxLen
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.fields import FieldInfo
 from sqlalchemy.orm import Session
 
 from backend.auth.dependencies import CSRF_FIELD
-from backend.core.errors import ServiceError
+from backend.core.errors import Conflict, ServiceError
 from backend.projects import service as projects
 from backend.projects.models import Project
 from backend.tasks import service as tasks
 from backend.tasks.models import Task
 from backend.tasks.schemas import TaskCreate
+from backend.tasks.spec import read_spec
 from backend.web.forms import FORM_ERROR, FieldErrors, service_errors, validation_errors
+from contracts.plan import DILOCO_PERIOD
+from contracts.task_spec import TaskSpec
 
 EXAMPLE_PREFIX = "example:"
 OWN_WIDGETS = {
@@ -78,11 +82,16 @@ def _bounds(info: FieldInfo) -> dict[str, str]:
     return attrs
 
 
-def _default(info: FieldInfo) -> str:
-    value = None if info.is_required() else info.get_default(call_default_factory=True)
+def _text(value: Any) -> str:
+    """A setting's value as its input holds it: a list as comma-separated names, a bool as
+    `true`/`false`, None blank."""
     if isinstance(value, list):
         return ", ".join(map(str, value))
     return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _default(info: FieldInfo) -> str:
+    return _text(None if info.is_required() else info.get_default(call_default_factory=True))
 
 
 def _names(kind: Any) -> bool:
@@ -186,6 +195,99 @@ class TaskForm(BaseModel):
     def workers_of(self, group_name: str) -> str:
         """What was entered for `group_name` ("0" when the group was not in the form)."""
         return dict(zip(self.group, self.workers, strict=False)).get(group_name, "0")
+
+
+AGAIN = " (again)"
+
+
+def _strategy_default(name: str, spec: TaskSpec) -> Any:
+    """What TaskCreate gives a `STRATEGY_DEFAULTS` field left out, for `spec`'s strategy."""
+    if name == "sync_period":
+        diloco = spec.sync_strategy == "diloco"
+        return DILOCO_PERIOD if diloco else TaskCreate.model_fields[name].default
+    if (spec.diloco_exchange or "blocking") != "blocking":
+        return 0  # rebalance_every: epoch ends only (TaskCreate._check)
+    return TaskCreate.model_fields[name].default
+
+
+def _stored_settings(task: Task, spec: TaskSpec) -> dict[str, str]:
+    """Each settings input's value as `task` was run: from its spec (a nested model's keys
+    as `parent.child`, the limits as their own fields), its priority and restarts from the
+    task; a strategy-dependent field that holds its strategy's default stays blank, so that
+    a changed strategy gets its own."""
+    stored: dict[str, Any] = spec.model_dump(mode="json")
+    for parent, value in list(stored.items()):
+        if isinstance(value, dict):
+            stored.update({f"{parent}.{key}": sub for key, sub in value.items()})
+    stored.update(stored.get("limits") or {})
+    stored.update(priority=task.priority, max_restarts=task.max_restarts)
+    settings = {}
+    for form_field in task_fields():
+        value = stored.get(form_field.name)
+        if value is None:
+            continue  # not stored (an older task): the form's default
+        if form_field.name in STRATEGY_DEFAULTS and value == _strategy_default(
+            form_field.name, spec
+        ):
+            value = None
+        settings[form_field.name] = _text(value)
+    return settings
+
+
+def form_from_task(task: Task) -> TaskForm:
+    """The submission form filled from `task` for "Run again": its code version, its named
+    groups with their workers, sharding and cap, every setting the form has as the task
+    stored it, its dependencies and plan, and its name with " (again)". The project page
+    shows it as it shows a refused form's values; what is submitted is a new task.
+
+    A device-type request item, preprocessing steps and agreement tolerances have no input
+    in the form (`not_in_form`).
+
+    Raises:
+        Conflict: `task` is a plan's trial (its timings belong to that plan).
+    """
+    spec = read_spec(task)
+    if spec.trial is not None:
+        raise Conflict(
+            f"task {task.id} is a plan's trial: its timings belong to that plan; fill the "
+            "submit form and press Plan to plan again instead",
+            field="task_id",
+        )
+    named = [item for item in spec.requested() if item.name]
+    name = task.name.removesuffix(AGAIN)
+    max_name = next(
+        m.max_length for m in TaskCreate.model_fields["name"].metadata if isinstance(m, MaxLen)
+    )
+    return TaskForm.model_validate(
+        {
+            **_stored_settings(task, spec),
+            "name": name[: max_name - len(AGAIN)] + AGAIN,
+            "code_version_id": str(task.code_version_id),
+            "group": [item.name for item in named],
+            "workers": [str(item.workers) for item in named],
+            "group_sharding": [item.sharding or "" for item in named],
+            "group_cap": [_text(item.max_local_batch) for item in named],
+            "depends_on": [str(dep) for dep in spec.depends_on],
+            "plan_id": _text(spec.plan_id),
+        }
+    )
+
+
+def not_in_form(task: Task) -> list[str]:
+    """What `task` was given that the form has no input for, so "Run again" leaves out."""
+    spec = read_spec(task)
+    left = [
+        f"the request of {item.workers} {item.device_type} worker(s) by device type"
+        for item in spec.requested()
+        if not item.name
+    ]
+    if any(item.speed_factor != 1.0 for item in spec.requested()):
+        left.append("emulated speed factors")
+    if spec.preprocess:
+        left.append("preprocessing steps")
+    if spec.agreement_tolerance:
+        left.append("agreement tolerances")
+    return left
 
 
 def _group_requests(form: TaskForm) -> tuple[list[dict], FieldErrors]:

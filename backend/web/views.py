@@ -120,6 +120,8 @@ def project_page(
         "edit_form": ProjectForm(name=project.name, description=project.description),
         "edit_errors": {},
         "member_errors": {},
+        "from_task": None,  # the task "Run again" filled the form from
+        "not_in_form": [],  # what that task has that the form leaves out
     }
     return {**context, **extra}
 
@@ -213,6 +215,7 @@ def task_page(session: Session, user: User, task: Task) -> dict[str, Any]:
         "terminal": task.status.terminal,
         "project": project,
         "can_write": project.archived_at is None,
+        "trial": spec.trial is not None,
         "version": projects.get_version(session, version_id=task.code_version_id),
         "events": tasks.events(session, task_id=task.id),
         "sub_tasks": tasks.sub_tasks(session, task_id=task.id),
