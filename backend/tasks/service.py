@@ -195,12 +195,7 @@ def retry(session: Session, *, task: Task) -> Task:
             f"task {task.id} is {task.status.value}; only an ended task is retried", field="status"
         )
     spec = read_spec(task)
-    if spec.trial is not None:
-        raise Conflict(
-            f"task {task.id} is a plan's trial: its timings belong to that plan; start a new "
-            "plan (POST /api/v1/plans) instead",
-            field="task_id",
-        )
+    refuse_trial(task, spec, "start a new plan (POST /api/v1/plans) instead")
     asked = [
         GroupRequest.model_validate(
             item.model_dump(
@@ -312,14 +307,32 @@ def logs(
     return session.scalars(query.order_by(LogLine.id).limit(limit)).all()
 
 
+def rank_nodes(spec: TaskSpec) -> list[str]:
+    """The log nodes of the task's ranks: `ps` (rank 0), then `rank-1` … `rank-W` over its
+    placed groups (else, not placed yet, its request items)."""
+    workers = sum(plan.workers for plan in spec.groups or spec.request)
+    return ["ps", *(f"rank-{rank}" for rank in range(1, workers + 1))]
+
+
 def log_nodes(task: Task) -> list[str]:
-    """The nodes the task's spec gives logs: `ps` (rank 0), `rank-1` … `rank-W` and
-    `agent-<group>` for each named group (its agents' own lines), read from the spec only."""
+    """The nodes the task's spec gives logs: its ranks' (`rank_nodes`) and `agent-<group>`
+    for each named group (its agents' own lines), read from the spec only."""
     spec = read_spec(task)
     plans: list[GroupPlan] | list[RequestItem] = spec.groups or spec.request
-    workers = sum(plan.workers for plan in plans)
-    agents = [f"agent-{plan.name}" for plan in plans if plan.name]
-    return ["ps", *(f"rank-{rank}" for rank in range(1, workers + 1)), *agents]
+    return [*rank_nodes(spec), *(f"agent-{plan.name}" for plan in plans if plan.name)]
+
+
+def refuse_trial(task: Task, spec: TaskSpec, instead: str) -> None:
+    """Refuse to submit a plan's trial again (its timings belong to that plan).
+
+    Raises:
+        Conflict: `spec` is a trial's; the message ends with `instead`, what to do.
+    """
+    if spec.trial is not None:
+        raise Conflict(
+            f"task {task.id} is a plan's trial: its timings belong to that plan; {instead}",
+            field="task_id",
+        )
 
 
 def check_log_node(session: Session, *, task: Task, node: str) -> None:

@@ -20,7 +20,7 @@ from pydantic.fields import FieldInfo
 from sqlalchemy.orm import Session
 
 from backend.auth.dependencies import CSRF_FIELD
-from backend.core.errors import Conflict, ServiceError
+from backend.core.errors import ServiceError
 from backend.projects import service as projects
 from backend.projects.models import Project
 from backend.tasks import service as tasks
@@ -247,12 +247,7 @@ def form_from_task(task: Task) -> TaskForm:
         Conflict: `task` is a plan's trial (its timings belong to that plan).
     """
     spec = read_spec(task)
-    if spec.trial is not None:
-        raise Conflict(
-            f"task {task.id} is a plan's trial: its timings belong to that plan; fill the "
-            "submit form and press Plan to plan again instead",
-            field="task_id",
-        )
+    tasks.refuse_trial(task, spec, "fill the submit form and press Plan to plan again instead")
     named = [item for item in spec.requested() if item.name]
     name = task.name.removesuffix(AGAIN)
     max_name = next(

@@ -174,12 +174,6 @@ def group_shares(spec: TaskSpec) -> list[dict[str, Any]]:
     return [{"name": g.name, "workers": g.workers, "share": g.workers / total} for g in spec.groups]
 
 
-def log_nodes(spec: TaskSpec) -> list[str]:
-    """Node labels of the task's logs: `ps` (rank 0), then `rank-1` … `rank-W`."""
-    workers = sum(g.workers for g in _plans(spec))
-    return ["ps", *(f"rank-{rank}" for rank in range(1, workers + 1))]
-
-
 def epochs_done(task: Task) -> int:
     """Whole epochs finished, from the task's 0..1 progress."""
     return math.floor(task.progress * (read_spec(task).epochs or 0) + 1e-9)
@@ -225,7 +219,7 @@ def task_page(session: Session, user: User, task: Task) -> dict[str, Any]:
         "nonfinite": tasks.nonfinite_metrics(session, task_id=task.id),
         "spec": spec_summary(spec),
         "shares": group_shares(spec),
-        "nodes": log_nodes(spec),
+        "nodes": tasks.rank_nodes(spec),
         "epochs_done": epochs_done(task),
         "measured": measured_time(task, times["elapsed_s"]),
         "sample_every_s": RESOURCE_SAMPLE_EVERY_S,

@@ -1,8 +1,9 @@
 """Display helpers of the portal's views."""
 
 from backend.tasks.models import Task
+from backend.tasks.service import rank_nodes
 from backend.web.cluster_views import hardware_summary
-from backend.web.views import epochs_done, log_nodes, spec_summary
+from backend.web.views import epochs_done, spec_summary
 from contracts.task_spec import TaskSpec
 
 SPEC = {
@@ -21,7 +22,7 @@ def test_spec_summary_and_log_nodes() -> None:
     summary = spec_summary(TaskSpec.model_validate(SPEC))
     assert summary["groups"] == ["cpu-a × 2", "gpu × 1"]
     assert summary["workers"] == 3
-    assert log_nodes(TaskSpec.model_validate(SPEC)) == ["ps", "rank-1", "rank-2", "rank-3"]
+    assert rank_nodes(TaskSpec.model_validate(SPEC)) == ["ps", "rank-1", "rank-2", "rank-3"]
 
 
 def test_epochs_done_counts_whole_epochs() -> None:
