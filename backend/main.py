@@ -35,6 +35,7 @@ from backend.projects.router import router as projects_router
 from backend.prometheus import CONTENT_TYPE, render_metrics
 from backend.resource_groups.router import router as groups_router
 from backend.scheduler.loop import SchedulerLoop, stop_at_exit_signal
+from backend.sweeps.router import router as sweeps_router
 from backend.tasks.router import router as tasks_router
 
 STATIC_DIR = asset("frontend/static")
@@ -49,6 +50,7 @@ def api_router() -> APIRouter:
         users_router,
         projects_router,
         tasks_router,
+        sweeps_router,
         plans_router,
         groups_router,
         agents_router,

@@ -7,6 +7,7 @@ from backend.auth.models import ApiToken, User, WebSession
 from backend.plans.models import Plan
 from backend.projects.models import CodeVersion, Project, ProjectMember
 from backend.resource_groups.models import ResourceGroup
+from backend.sweeps.models import Sweep
 from backend.tasks.models import (
     Allocation,
     Checkpoint,
@@ -32,6 +33,7 @@ __all__ = [
     "ProjectMember",
     "ResourceGroup",
     "SubTask",
+    "Sweep",
     "Task",
     "TaskDependency",
     "TaskEvent",

@@ -21,8 +21,8 @@ from pathlib import Path
 
 # `make bench`: the engine's and the service's figures with their targets (issue 20), every
 # ratio from 5 paired, counterbalanced rounds, issue 34's time to accuracy (one seed),
-# issue 35's cached environment and issue 36's sharding; about 29.5 minutes on this 2-core
-# host.
+# issue 35's cached environment, issue 36's sharding and issue 38's per-step curves; about
+# 31 minutes on this 2-core host.
 BENCHMARKS = (
     # the engine against plain DDP, 4 model sizes x 5 rounds (item 2): about 8.5 minutes
     "bench.engine_vs_ddp",
@@ -48,6 +48,9 @@ BENCHMARKS = (
     # engine with fsdp against plain FSDP2 at 10M parameters, 3 rounds, under 2
     "bench.sharded_memory --sizes 25M",
     "bench.fsdp_vs_torch --sizes 10M --rounds 3",
+    # issue 38 item 1: the per-step curves at their default cadence against none, 6 paired
+    # rounds of short runs at 37k parameters: 4.5 minutes measured at load 5-7, less quiet
+    "bench.step_metrics_overhead",
 )
 LARGE_ARMS = "single,fast,ddp,sync,diloco16,diloco16_overlapped,diloco16_async,diloco64"
 # `make bench-all` adds the slow accuracy runs and the earlier issues' benchmarks (about 135

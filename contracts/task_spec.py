@@ -41,6 +41,7 @@ ENGINE_OPTIONS = (
     "on_disagreement",
     "agreement_every",
     "agreement_tolerance",
+    "step_metrics_every",
     "data",
     "trial",
 )
@@ -95,6 +96,7 @@ class TaskSpec(BaseModel):
     on_disagreement: str | None = None
     agreement_every: int | None = None
     agreement_tolerance: dict[str, float] | None = None
+    step_metrics_every: int | None = None
     preprocess: list[PreprocessStep] | None = None
     data: DataOptions | None = None
     trial: TrialOptions | None = None
@@ -103,6 +105,9 @@ class TaskSpec(BaseModel):
     on_group_loss: OnGroupLoss = "restart"
     plan_id: int | None = None  # the plan the task was submitted from
     predicted_s: float | None = None  # its model's seconds from start to finish
+    # Overrides of the training code's declared `HYPERPARAMETERS` (name -> JSON scalar);
+    # absent when the task sets none (worker.engine.contract.apply_hyperparameters).
+    hyperparameters: dict[str, str | int | float | bool | None] | None = None
 
     def stored(self) -> dict[str, object]:
         """The JSON stored in `Task.spec`: only the keys that were given."""
@@ -162,10 +167,12 @@ class TaskSpec(BaseModel):
         return None
 
     def engine_options(self) -> dict[str, object]:
-        """The engine options that are set; a quorum above the placed groups means all
-        groups."""
+        """The engine options that are set, and the task's hyperparameters when it sets
+        any; a quorum above the placed groups means all groups."""
         dumped = self.model_dump(mode="json", include=set(ENGINE_OPTIONS))
         options = {k: dumped[k] for k in ENGINE_OPTIONS if dumped.get(k) is not None}
         if self.quorum is not None:
             options["quorum"] = min(self.quorum, len(self.groups))
+        if self.hyperparameters:
+            options["hyperparameters"] = dict(self.hyperparameters)
         return options

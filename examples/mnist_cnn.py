@@ -8,7 +8,9 @@ fixed seed into 4,000 training and 1,000 validation images. Pixels are scaled to
 [0, 1] and standardised with the training-set mean and standard deviation.
 
 This module follows the contract in docs/architecture.md and never imports polytrain;
-the same file trains on one machine with an ordinary loop.
+the same file trains on one machine with an ordinary loop. Its hyperparameters are declared
+in ``HYPERPARAMETERS`` (the defaults) and read from it when a function runs: a task's
+``hyperparameters`` (or a sweep's trial) override them, e.g. ``{"lr": 3e-3}``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 SPLIT_SEED = 20240601
 N_TRAIN = 4000
+HYPERPARAMETERS = {"lr": 1e-3, "hidden": 64}  # Adam's learning rate, the hidden layer's width
 
 
 def build_datasets() -> tuple[Dataset, Dataset]:
@@ -37,7 +40,9 @@ def build_datasets() -> tuple[Dataset, Dataset]:
 
 
 def build_model() -> nn.Module:
-    """Two 3x3 conv layers with max-pooling, then a 64-unit hidden layer; 10 class scores."""
+    """Two 3x3 conv layers with max-pooling, then a hidden layer of ``hidden`` units (64);
+    10 class scores."""
+    hidden = int(HYPERPARAMETERS["hidden"])
     return nn.Sequential(
         nn.Conv2d(1, 16, 3, padding=1),
         nn.ReLU(),
@@ -46,15 +51,15 @@ def build_model() -> nn.Module:
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(32 * 7 * 7, 64),
+        nn.Linear(32 * 7 * 7, hidden),
         nn.ReLU(),
-        nn.Linear(64, 10),
+        nn.Linear(hidden, 10),
     )
 
 
 def build_optimizer(params) -> torch.optim.Optimizer:
-    """Adam, learning rate 1e-3."""
-    return torch.optim.Adam(params, lr=1e-3)
+    """Adam at learning rate ``lr`` (1e-3)."""
+    return torch.optim.Adam(params, lr=float(HYPERPARAMETERS["lr"]))
 
 
 def loss_fn(output: Tensor, target: Tensor) -> Tensor:

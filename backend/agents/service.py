@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from backend.agents.models import Agent, AgentState
 from backend.agents.schemas import AgentRegister, AgentUpdate
+from backend.agents.stamps import HeldStamps
 from backend.core.db import utcnow
 from backend.core.errors import Conflict, NotFound
 from backend.resource_groups import service as groups
@@ -108,15 +109,27 @@ def get(session: Session, *, agent_id: int) -> Agent:
     return agent
 
 
-def heartbeat(session: Session, *, agent: Agent) -> Agent:
-    """Record a heartbeat now: the agent is online."""
-    agent.last_heartbeat_at, agent.online = utcnow(), True
+def heartbeat(session: Session, *, agent: Agent, stamps: HeldStamps | None = None) -> Agent:
+    """Record a heartbeat now: the agent is online.
+
+    With `stamps`, an agent that is online already writes nothing: its time is held there
+    and written with the others' within a second (`backend.agents.stamps`); an agent that
+    was offline (timed out, or deregistered) is written online at once. The caller commits
+    when given `stamps`.
+    """
+    now = utcnow()
+    if stamps is not None and agent.online:
+        stamps.agent(agent.id, now)
+        return agent
+    agent.last_heartbeat_at, agent.online = now, True
     session.commit()
     return agent
 
 
-def deregister(session: Session, *, agent: Agent) -> None:
-    """An agent that stops cleanly goes offline at once."""
+def deregister(session: Session, *, agent: Agent, stamps: HeldStamps | None = None) -> None:
+    """An agent that stops cleanly goes offline at once (its held stamp is dropped)."""
+    if stamps is not None:
+        stamps.forget_agent(agent.id)
     agent.online = False
     session.commit()
 

@@ -52,6 +52,38 @@ def check_contract(source: bytes, *, filename: str) -> None:
         )
 
 
+HYPERPARAMETERS = "HYPERPARAMETERS"
+
+
+def declared_hyperparameters(source: bytes) -> dict[str, object] | None:
+    """The defaults a module declares as a top-level `HYPERPARAMETERS = {...}` literal
+    (docs/architecture.md, "Hyperparameters"), read without running it; None when it
+    declares none, or not as a literal the parser can read (then they are not known here and
+    the engine checks a task's names when it loads the module)."""
+    try:
+        tree = ast.parse(source.decode("utf-8"))
+    except (UnicodeDecodeError, SyntaxError, ValueError):
+        return None
+    found: dict[str, object] | None = None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, expression = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, expression = node.target, node.value
+        else:
+            continue
+        if not (isinstance(target, ast.Name) and target.id == HYPERPARAMETERS):
+            continue
+        try:
+            value = ast.literal_eval(expression)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+        found = value if isinstance(value, dict) else None
+    if found is None or not all(isinstance(k, str) for k in found):
+        return None
+    return found
+
+
 def _iterable_datasets(tree: ast.Module) -> list[str]:
     """Classes of the module that derive from `IterableDataset` (by name)."""
 
@@ -254,7 +286,9 @@ def _load():
 
 
 _module = _load()
-for _name in ("build_model", "build_datasets", "build_optimizer", "loss_fn", "metrics"):
+for _name in (
+    "build_model", "build_datasets", "build_optimizer", "loss_fn", "metrics", "HYPERPARAMETERS"
+):
     if hasattr(_module, _name):
         globals()[_name] = getattr(_module, _name)
 '''

@@ -1,6 +1,7 @@
 """Projects and code versions."""
 
 import hashlib
+import zipfile
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -15,6 +16,9 @@ from backend.projects.code import (
     example_path,
     loader_module,
     read_archive,
+)
+from backend.projects.code import (
+    declared_hyperparameters as declared_in,
 )
 from backend.projects.models import CodeVersion, Project, ProjectMember
 from backend.projects.requirements import (
@@ -334,6 +338,21 @@ def read_source(version: CodeVersion) -> bytes:
     if version.source == "archive" and version.entrypoint:
         return loader_module(content, entrypoint=version.entrypoint, filename=version.filename)
     return content
+
+
+def declared_hyperparameters(version: CodeVersion) -> dict[str, object] | None:
+    """The `HYPERPARAMETERS` defaults the version's module (an archive's entrypoint)
+    declares, read without running it; None when not known (none declared, not a literal,
+    or the file cannot be read)."""
+    try:
+        if version.source == "archive" and version.entrypoint and version.path:
+            with zipfile.ZipFile(version.path) as archive:
+                source = archive.read(version.entrypoint)
+        else:
+            source = read_source(version)
+    except (OSError, KeyError, zipfile.BadZipFile):
+        return None
+    return declared_in(source)
 
 
 def member_rows(session: Session, *, project: Project) -> list[dict]:

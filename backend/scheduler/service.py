@@ -10,6 +10,8 @@ The scheduler in named parts, each a module of this package:
   (gang allocation: all of a task's nodes at once or none);
 - :mod:`dispatch`: the messages to the groups' queues (the only publisher);
 - :mod:`monitor`: agents that stopped, and the tasks they ran;
+- `backend.sweeps.service.advance_all`: each running sweep's median stopping rule and its
+  next trials, before the queue is read (so a new trial may be booked in the same pass);
 - :mod:`regrow`: a shrunk task taken in again on its whole request at an epoch end
   (decided when its epoch-end checkpoint arrives, not by the pass).
 
@@ -32,6 +34,7 @@ from backend.scheduler.booking import allocate, driver
 from backend.scheduler.capacity import GroupFree
 from backend.scheduler.dispatch import Dispatcher
 from backend.scheduler.queue import HEAD, WINDOW, Queued, queue_head
+from backend.sweeps import service as sweeps
 
 log = logging.getLogger(__name__)
 MAX_PER_PASS = 64  # tasks one pass schedules, at most
@@ -154,6 +157,7 @@ def schedule_once(
     monitor.check(
         session, timeout_s=heartbeat_timeout_s, interval_s=interval_s, watching_since=watching_since
     )
+    sweeps.advance_all(session)  # stop bad trials, submit the next ones (backend/sweeps)
     scheduled = 0
     while scheduled < MAX_PER_PASS and schedule_next(session) is not None:
         scheduled += 1

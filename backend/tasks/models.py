@@ -17,7 +17,7 @@ from sqlalchemy import (
     false,
     text,
 )
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from backend.core.db import Base, utcnow
 from contracts.agent_api import ACTIVE_STATUSES
@@ -184,6 +184,26 @@ class Task(Base):
     # at what progress): the pace then spans whole epochs, their ends included.
     pace_epoch_at: Mapped[datetime | None] = mapped_column(default=None)
     pace_epoch_progress: Mapped[float | None] = mapped_column(Float, default=None)
+    # The hyperparameter sweep the task is a trial of (backend/sweeps), if any.
+    sweep_id: Mapped[int | None] = mapped_column(
+        ForeignKey("sweep.id", ondelete="SET NULL"), index=True, default=None
+    )
+    # Free-form labels (`TaskTag`), loaded with the task: lists filter by them.
+    tag_rows: Mapped[list["TaskTag"]] = relationship(
+        lazy="selectin", cascade="all, delete-orphan", passive_deletes=True, order_by="TaskTag.name"
+    )
+
+    @property
+    def tags(self) -> list[str]:
+        """The task's tags, sorted."""
+        return [row.name for row in self.tag_rows]
+
+    def set_tags(self, names: list[str]) -> None:
+        """Replace the task's tags with `names` (already validated, `contracts.task_spec`)."""
+        keep = set(names)
+        self.tag_rows = [row for row in self.tag_rows if row.name in keep] + [
+            TaskTag(name=name) for name in sorted(keep - set(self.tags))
+        ]
 
     def finish_estimate(self, now: datetime) -> tuple[float | None, datetime | None]:
         """Seconds to finish and the predicted finish (naive UTC) at ``now``, from the pace of
@@ -243,6 +263,18 @@ class Task(Base):
     def predicted_finish_at(self) -> datetime | None:
         """The predicted finish, naive UTC (:meth:`finish_estimate`)."""
         return self.finish_estimate(utcnow())[1]
+
+
+class TaskTag(Base):
+    """A label on a task (`baseline`, `lr-sweep`, `paper:fig3`): a user's own grouping of
+    runs, filtered on in task lists (`GET /tasks?tag=`) and shown in comparisons."""
+
+    __tablename__ = "task_tag"
+
+    task_id: Mapped[int] = mapped_column(
+        ForeignKey("task.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
 
 
 class TaskDependency(Base):
@@ -375,6 +407,12 @@ class Metric(Base):
     rank: Mapped[int | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
+
+STEP_SERIES = "step/"
+"""The name prefix of a per-step series (``step/train_loss``, ``step/samples_per_s``,
+``step/lr``, a training code's ``step/train_<name>``: ``worker.engine.report.STEP_SERIES``);
+every other metric is per epoch (or an agent's resource sample). The metric table holds
+both; ``GET /tasks/{id}/metrics?scale=step|epoch`` tells them apart by it."""
 
 RESOURCE_METRICS = ("rank_cpu_percent", "rank_rss_mb", "rank_gpu_util", "rank_gpu_mem_mb")
 """The metrics an agent measures of each rank (its heartbeats' samples), not the training code:

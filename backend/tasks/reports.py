@@ -6,6 +6,7 @@ import os
 import tempfile
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select, tuple_, update
 from sqlalchemy.orm import Session
@@ -32,21 +33,44 @@ from contracts.agent_api import (
     CHECKPOINT_NAME,
     Alarm,
     LogBatch,
+    LogIn,
     MetricBatch,
     Progress,
     RankSample,
+    Report,
     RunningRanks,
 )
 from contracts.payload import TaskLimits
+
+if TYPE_CHECKING:
+    from backend.agents.stamps import HeldStamps
 
 log = logging.getLogger(__name__)
 MEMORY_ALARM_FRACTION = 0.9
 """A rank whose resident memory reaches this part of its `memory_limit_mb` raises an alarm."""
 
 
+def add_report(session: Session, *, task: Task, report: Report) -> int:
+    """Store a reporter's log lines, metrics and progress together, in one transaction
+    (each as `add_logs`, `add_metrics` and `set_progress` would); the new lines' count."""
+    stored = _stage_logs(session, task_id=task.id, lines=report.lines)
+    session.add_all(Metric(task_id=task.id, **m.model_dump()) for m in report.metrics)
+    if report.progress is not None:
+        _stage_progress(task, report.progress)
+    session.commit()
+    return stored
+
+
 def add_logs(session: Session, *, task_id: int, batch: LogBatch) -> int:
     """Store log lines; a line already stored (same node and seq) is skipped."""
-    keys = {(line.attempt, line.node, line.seq) for line in batch.lines}
+    stored = _stage_logs(session, task_id=task_id, lines=batch.lines)
+    session.commit()
+    return stored
+
+
+def _stage_logs(session: Session, *, task_id: int, lines: list[LogIn]) -> int:
+    """Add the lines not stored yet (by attempt, node and seq) to the session; their count."""
+    keys = {(line.attempt, line.node, line.seq) for line in lines}
     if not keys:
         return 0
     existing = set(
@@ -59,11 +83,10 @@ def add_logs(session: Session, *, task_id: int, batch: LogBatch) -> int:
     )
     new = [
         LogLine(task_id=task_id, **line.model_dump())
-        for line in batch.lines
+        for line in lines
         if (line.attempt, line.node, line.seq) not in existing
     ]
     session.add_all(new)
-    session.commit()
     return len(new)
 
 
@@ -76,6 +99,12 @@ def set_progress(session: Session, *, task: Task, data: Progress) -> None:
     """Store a progress report and move the attempt's measured pace (`Task.finish_estimate`)
     as :func:`backend.tasks.models.next_pace` says. A report of an earlier attempt (sent
     late, after a restart) is ignored."""
+    _stage_progress(task, data)
+    session.commit()
+
+
+def _stage_progress(task: Task, data: Progress) -> None:
+    """`set_progress` without the commit."""
     if data.attempt is not None and data.attempt != task.attempt:
         return
     now = utcnow()
@@ -89,7 +118,6 @@ def set_progress(session: Session, *, task: Task, data: Progress) -> None:
     task.pace_start_at, task.pace_start_progress = start or (None, None)
     task.pace_epoch_at, task.pace_epoch_progress = mark or (None, None)
     task.progress, task.epoch, task.progress_at = data.progress, data.epoch, now
-    session.commit()
 
 
 def _pair(at: datetime | None, progress: float | None) -> tuple[datetime, float] | None:
@@ -213,20 +241,26 @@ def _write_new(path: Path, body: bytes) -> bool:
     return True
 
 
-def node_heartbeats(session: Session, *, running: list[RunningRanks]) -> None:
-    """Stamp the held allocations of ranks whose processes an agent saw alive, and store
-    their resource samples (`record_usage`)."""
+def node_heartbeats(
+    session: Session, *, running: list[RunningRanks], stamps: "HeldStamps | None" = None
+) -> None:
+    """Stamp the held allocations of ranks whose processes an agent saw alive (with
+    `stamps`: held there, written with the others within a second), and store their
+    resource samples (`record_usage`). The caller commits."""
     now = utcnow()
     for entry in running:
-        session.execute(
-            update(Allocation)
-            .where(
-                Allocation.task_id == entry.task_id,
-                Allocation.rank.in_(entry.ranks),
-                Allocation.released_at.is_(None),
+        if stamps is not None:
+            stamps.ranks(entry.task_id, entry.ranks, now)
+        else:
+            session.execute(
+                update(Allocation)
+                .where(
+                    Allocation.task_id == entry.task_id,
+                    Allocation.rank.in_(entry.ranks),
+                    Allocation.released_at.is_(None),
+                )
+                .values(last_heartbeat_at=now)
             )
-            .values(last_heartbeat_at=now)
-        )
         if entry.samples:
             record_usage(session, task_id=entry.task_id, samples=entry.samples)
 

@@ -9,7 +9,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
@@ -20,15 +20,17 @@ from backend.core.db import get_sessionmaker, release
 from backend.core.dependencies import SessionDep
 from backend.core.pagination import TOTAL_HEADER, Page, PageParams, paginated
 from backend.projects import access as project_access
-from backend.tasks import access, provenance, service
+from backend.tasks import access, compare, provenance, service
 from backend.tasks.models import Task, TaskStatus
 from backend.tasks.schemas import (
+    MAX_TAGS,
     AllocationRead,
     CheckpointRead,
     LogLineRead,
     MetricRead,
     ProvenanceRead,
     SubTaskRead,
+    TaskComparison,
     TaskCreate,
     TaskEventRead,
     TaskRead,
@@ -63,26 +65,49 @@ def list_tasks(
     response: Response,
     project_id: int | None = None,
     status: TaskStatus | None = None,
+    tag: Annotated[
+        list[str], Query(max_length=MAX_TAGS, description="tasks carrying every one of these tags")
+    ] = [],  # noqa: B006 (FastAPI copies a default)
+    name: Annotated[
+        str, Query(max_length=200, description="text the task's name contains (any case)")
+    ] = "",
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> list[Task]:
-    """Tasks of the projects the caller may see, newest first."""
-    ids = project_access.visible_project_ids(session, user=user)
-    response.headers[TOTAL_HEADER] = str(
-        service.count_tasks(session, project_id=project_id, status=status, project_ids=ids)
+    """Tasks of the projects the caller may see, newest first, filtered; the number that
+    match is in X-Total-Count."""
+    where = service.TaskFilter(
+        project_id=project_id,
+        status=status,
+        tags=tuple(tag),
+        name=name.strip(),
+        project_ids=project_access.visible_project_ids(session, user=user),
     )
-    found = list(
-        service.list_tasks(
-            session,
-            project_id=project_id,
-            status=status,
-            offset=offset,
-            limit=limit,
-            project_ids=ids,
-        )
-    )
+    response.headers[TOTAL_HEADER] = str(service.count_tasks(session, where=where))
+    found = list(service.list_tasks(session, where=where, offset=offset, limit=limit))
     release(session)  # the connection back before the answer waits for a validating thread
     return found
+
+
+@router.get("/compare", response_model=TaskComparison)
+def compare_tasks(
+    session: SessionDep,
+    user: CurrentUser,
+    ids: Annotated[
+        list[int],
+        Query(max_length=50, description="2 to 10 tasks to compare (repeat: ids=1&ids=2)"),
+    ] = [],  # noqa: B006 (FastAPI copies a default)
+    metric: Annotated[
+        str | None, Query(max_length=100, description="a metric whose curves to include")
+    ] = None,
+) -> TaskComparison:
+    """Tasks side by side: the spec fields that differ, each task's final metrics, and, with
+    `metric`, each task's curve of it (by step, epoch and seconds since its start)."""
+    found = [
+        access.readable_task(session, user=user, task_id=task_id)
+        for task_id in compare.compared_ids(ids)
+    ]
+    return compare.compare(session, tasks=found, metric=metric)
 
 
 @router.get("/{task_id}", response_model=TaskRead)
@@ -147,13 +172,40 @@ def task_metrics(
             "rank_gpu_util, rank_gpu_mem_mb, measured by the agents); false: all but those"
         ),
     ] = None,
+    scale: Annotated[
+        Literal["step", "epoch"] | None,
+        Query(
+            description="step: only the per-step series (names starting `step/`: "
+            "step/train_loss, step/samples_per_s, step/lr, the training code's "
+            "step/train_<name>); epoch: all but those"
+        ),
+    ] = None,
+    max_points: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=100_000,
+            description="at most this many points of each series (name and rank): a longer "
+            "one keeps every k-th point, k = ceil(points / max_points), its latest always",
+        ),
+    ] = None,
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> list:
-    """Reported scalars, oldest first: per epoch (rank null), per worker (samples_per_s) and
-    each rank's resource use (with the time it was measured)."""
+    """Reported scalars, oldest first: per epoch (rank null), per worker (samples_per_s),
+    each rank's resource use (with the time it was measured) and the per-step series
+    (`scale=step`; `max_points` thins each series for a chart)."""
     return paginated(
-        list(service.metrics(session, task_id=task.id, name=name, resources=resources)),
+        list(
+            service.metrics(
+                session,
+                task_id=task.id,
+                name=name,
+                resources=resources,
+                scale=scale,
+                max_points=max_points,
+            )
+        ),
         PageParams(offset=offset, limit=limit),
         response,
     )

@@ -1,3 +1,5 @@
+import math
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -46,6 +48,56 @@ def _class_name(value: str) -> str:
 
 ClassName = Annotated[str, Field(max_length=100), AfterValidator(_class_name)]
 """A module class name, as `fsdp_units` lists them (`type(module).__name__`)."""
+
+TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:=+/-]*$"
+MAX_TAGS = 16
+
+Tag = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=64,
+        pattern=TAG_PATTERN,
+        description="a label: a letter or digit, then letters, digits and _ . : = + / -",
+    ),
+]
+
+
+def _unique_tags(value: list[str]) -> list[str]:
+    return sorted(set(value))
+
+
+Tags = Annotated[list[Tag], Field(max_length=MAX_TAGS), AfterValidator(_unique_tags)]
+"""A task's labels (`baseline`, `lr=3e-4`, `paper:fig3`): at most 16, stored sorted and once."""
+
+MAX_HYPERPARAMETERS = 64
+HYPERPARAMETER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
+Scalar = str | int | float | bool | None
+"""A hyperparameter's value: a JSON scalar (string, number, true/false or null)."""
+
+
+def check_hyperparameters(value: dict[str, Any]) -> dict[str, Any]:
+    """Names of at most 100 characters (a letter or _, then letters, digits, _ . -), JSON
+    scalars as values (a finite number), at most MAX_HYPERPARAMETERS of them."""
+    if len(value) > MAX_HYPERPARAMETERS:
+        raise ValueError(f"at most {MAX_HYPERPARAMETERS} hyperparameters")
+    for name, item in value.items():
+        if not HYPERPARAMETER_NAME.fullmatch(name):
+            raise ValueError(f"{name[:100]!r} is not a hyperparameter name (e.g. lr, hidden_width)")
+        if item is not None and not isinstance(item, str | int | float | bool):
+            raise ValueError(
+                f"{name}: a hyperparameter is a JSON scalar (string, number, true/false or "
+                f"null), not {type(item).__name__}"
+            )
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{name}: {item} is not a finite number")
+        if isinstance(item, str) and len(item) > 1000:
+            raise ValueError(f"{name}: a string of at most 1000 characters")
+    return value
+
+
+Hyperparameters = Annotated[dict[str, Any], AfterValidator(check_hyperparameters)]
+"""Values of the names the training code declares in `HYPERPARAMETERS`, overriding them."""
 
 
 class GroupRequest(StrictModel):
@@ -251,6 +303,14 @@ class TaskCreate(StrictModel):
         description="relative L2 distance allowed per device-type pair, e.g. "
         '{"cpu/cuda": 0.001}; defaults: cpu/cpu 0 (bit for bit), any other pair 1e-4',
     )
+    step_metrics_every: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000_000,
+        description="steps between two points of the per-step curves (training loss, "
+        "samples/s, learning rate; the task's metrics named `step/...`): default about 100 "
+        "an epoch (steps per epoch // 100, at least 1); 0: none",
+    )
     preprocess: list[PreprocessStep] = Field(
         default_factory=list,
         max_length=16,
@@ -294,6 +354,16 @@ class TaskCreate(StrictModel):
         le=1_048_576,
         description="data memory of each rank process in MiB (torch itself takes about "
         "300); an allocation beyond it FAILS the task",
+    )
+    tags: Tags = Field(
+        default_factory=list,
+        description="labels to find and compare runs by (e.g. baseline, lr=3e-4): task lists "
+        "filter on them; they can be changed later",
+    )
+    hyperparameters: Hyperparameters = Field(
+        default_factory=dict,
+        description="values overriding the defaults the training code declares in "
+        '`HYPERPARAMETERS` (e.g. `{"lr": 0.003}`): JSON scalars, each name one it declares',
     )
 
     model_config = ConfigDict(
@@ -483,14 +553,18 @@ def _most_groups(requested: list[GroupRequest]) -> int:
 
 
 class TaskUpdate(StrictModel):
-    """What may change while a task is queued: its priority and its dependencies."""
+    """What may change: a task's tags at any time; its priority and dependencies while it
+    is queued."""
 
     model_config = ConfigDict(
-        json_schema_extra={"examples": [{"priority": 10}, {"depends_on": [3, 4]}]}
+        json_schema_extra={
+            "examples": [{"priority": 10}, {"depends_on": [3, 4]}, {"tags": ["baseline"]}]
+        }
     )
 
     priority: int | None = Field(default=None, ge=-100, le=100)
     depends_on: list[int] | None = Field(default=None, max_length=64)
+    tags: Tags | None = Field(default=None, description="the task's labels, replacing its own")
 
 
 class TaskRead(BaseModel):
@@ -500,6 +574,7 @@ class TaskRead(BaseModel):
     project_id: int
     code_version_id: int
     name: str
+    tags: list[str] = Field(default_factory=list, description="the task's labels, sorted")
     status: TaskStatus
     status_reason: str
     priority: int
@@ -687,3 +762,60 @@ class ProvenanceRead(BaseModel):
 
     task_id: int
     epochs: list[EpochProvenance]
+
+
+class ComparedTask(BaseModel):
+    """One task of a comparison: what it is, how it ended, and its final metrics."""
+
+    id: int
+    project_id: int
+    code_version_id: int
+    name: str
+    tags: list[str]
+    status: TaskStatus
+    created_at: UtcDateTime
+    started_at: UtcDateTime | None
+    finished_at: UtcDateTime | None
+    duration_s: float | None = Field(description="seconds from start to finish; null until it ends")
+    final_metrics: dict[str, float | None] = Field(
+        description="each per-epoch task-wide metric's latest value (the last epoch's), null "
+        "if not finite; per-step series (`step/...`) have curves only"
+    )
+
+
+class SpecDifference(BaseModel):
+    """A setting that is not the same in every compared task: its dotted path in the spec
+    (`data.num_workers`), and its value in each task, in the comparison's order (null:
+    not set)."""
+
+    field: str
+    values: list[Any]
+
+
+class CurvePoint(BaseModel):
+    step: int = Field(description="optimizer steps since the start of training")
+    epoch: int
+    value: float | None = Field(description="null when the value was not finite")
+    seconds: float | None = Field(
+        description="seconds from the task's start to when the API received the value"
+    )
+
+
+class Curve(BaseModel):
+    """One task's points of the compared metric, oldest first (evenly thinned to at most
+    `MAX_CURVE_POINTS`, the last point kept)."""
+
+    task_id: int
+    points: list[CurvePoint]
+
+
+class TaskComparison(BaseModel):
+    """Tasks side by side (`GET /tasks/compare`)."""
+
+    tasks: list[ComparedTask]
+    differences: list[SpecDifference] = Field(
+        description="the spec fields that differ, with the code version and the groups"
+    )
+    metrics: list[str] = Field(description="the task-wide metrics any compared task reported")
+    metric: str | None = Field(description="the metric of `curves`, as asked")
+    curves: list[Curve] = Field(description="one per task, in order; empty without `metric`")

@@ -1,18 +1,22 @@
 """Task submission, reads and cancellation."""
 
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Select, exists, func, select
+from sqlalchemy.orm import Session, aliased
 
 from backend.core.errors import Conflict, Invalid, NotFound
 from backend.plans.predict import predicted_finish_s
 from backend.projects import service as projects
+from backend.projects.models import CodeVersion
 from backend.resource_groups.models import ResourceGroup
 from backend.tasks import depends_on, lifecycle, requests
 from backend.tasks.models import (
     RESOURCE_METRICS,
+    STEP_SERIES,
     Allocation,
     Checkpoint,
     LogLine,
@@ -22,6 +26,7 @@ from backend.tasks.models import (
     Task,
     TaskEvent,
     TaskStatus,
+    TaskTag,
 )
 from backend.tasks.schemas import (
     AllocationRead,
@@ -77,6 +82,7 @@ def submit(
             "on_group_loss": data.group_loss(),
             **({"trial": trial.model_dump()} if trial is not None else {}),
             **_plan_prediction(session, data, project.id),
+            **_hyperparameters(version, data.hyperparameters),
         }
     )
     deps = depends_on.check(session, project_id=project.id, depends_on=data.depends_on)
@@ -87,6 +93,7 @@ def submit(
         priority=data.priority,
         max_restarts=data.max_restarts,
     )
+    task.set_tags(data.tags)
     write_spec(task, spec)
     session.add(task)
     session.flush()
@@ -95,6 +102,30 @@ def submit(
     if commit:
         session.commit()
     return task
+
+
+def _hyperparameters(version: CodeVersion, values: dict[str, object]) -> dict[str, object]:
+    """`hyperparameters` for the task's spec (nothing when it sets none), each name checked
+    against the `HYPERPARAMETERS` the code version declares when they are known
+    (`backend.projects.service.declared_hyperparameters`; otherwise the engine checks them
+    when it loads the code).
+
+    Raises:
+        Invalid (field `hyperparameters.<name>`): the code declares no such name.
+    """
+    if not values:
+        return {}
+    declared = projects.declared_hyperparameters(version)
+    if declared is not None:
+        for name in values:
+            if name not in declared:
+                known = ", ".join(sorted(declared)) or "none"
+                raise Invalid(
+                    f"hyperparameter {name!r} is not declared in the code's HYPERPARAMETERS "
+                    f"(declared: {known})",
+                    field=f"hyperparameters.{name}",
+                )
+    return {"hyperparameters": dict(values)}
 
 
 def _keep_own_settings(request: list[dict], asked: list[GroupRequest]) -> None:
@@ -147,14 +178,30 @@ def get(session: Session, *, task_id: int) -> Task:
     return task
 
 
-def _task_filter(query, project_id, status, project_ids):  # type: ignore[no-untyped-def]
-    if project_id is not None:
-        query = query.where(Task.project_id == project_id)
-    if status is not None:
-        query = query.where(Task.status == status)
-    if project_ids is not None:
-        query = query.where(Task.project_id.in_(project_ids))
-    return query
+@dataclass(frozen=True)
+class TaskFilter:
+    """Which tasks a list shows: of one project, one status, carrying every tag of `tags`,
+    with `name` in their name (case-insensitive), only of `project_ids` if given."""
+
+    project_id: int | None = None
+    status: TaskStatus | None = None
+    tags: tuple[str, ...] = ()
+    name: str = ""
+    project_ids: list[int] | None = None
+
+    def apply(self, query: Select) -> Select:
+        if self.project_id is not None:
+            query = query.where(Task.project_id == self.project_id)
+        if self.status is not None:
+            query = query.where(Task.status == self.status)
+        for tag in self.tags:
+            query = query.where(exists().where(TaskTag.task_id == Task.id, TaskTag.name == tag))
+        if self.name:
+            pattern = "%" + re.sub(r"([%_\\])", r"\\\1", self.name.lower()) + "%"
+            query = query.where(func.lower(Task.name).like(pattern, escape="\\"))
+        if self.project_ids is not None:
+            query = query.where(Task.project_id.in_(self.project_ids))
+        return query
 
 
 def list_tasks(
@@ -165,9 +212,12 @@ def list_tasks(
     offset: int = 0,
     limit: int = 50,
     project_ids: list[int] | None = None,
+    where: TaskFilter | None = None,
 ) -> Sequence[Task]:
-    """Tasks, newest first; of one project, one status, or only `project_ids` if given."""
-    query = _task_filter(select(Task), project_id, status, project_ids)
+    """Tasks, newest first; of one project, one status, or only `project_ids` if given
+    (or as `where` says)."""
+    where = where or TaskFilter(project_id=project_id, status=status, project_ids=project_ids)
+    query = where.apply(select(Task))
     return session.scalars(query.order_by(Task.id.desc()).offset(offset).limit(limit)).all()
 
 
@@ -177,9 +227,10 @@ def count_tasks(
     project_id: int | None = None,
     status: TaskStatus | None = None,
     project_ids: list[int] | None = None,
+    where: TaskFilter | None = None,
 ) -> int:
-    query = _task_filter(select(func.count(Task.id)), project_id, status, project_ids)
-    return session.scalar(query) or 0
+    where = where or TaskFilter(project_id=project_id, status=status, project_ids=project_ids)
+    return session.scalar(where.apply(select(func.count(Task.id)))) or 0
 
 
 def retry(session: Session, *, task: Task) -> Task:
@@ -216,6 +267,7 @@ def retry(session: Session, *, task: Task) -> Task:
         priority=task.priority,
         max_restarts=task.max_restarts,
     )
+    copy.set_tags(task.tags)
     write_spec(
         copy,
         spec.model_copy(
@@ -233,16 +285,21 @@ def retry(session: Session, *, task: Task) -> Task:
 
 
 def update(session: Session, *, task: Task, data: TaskUpdate) -> Task:
-    """Change a queued task's priority or dependencies.
+    """Change a task's tags (at any time), or a queued task's priority or dependencies.
 
     Raises:
-        Conflict: the task is no longer queued.
+        Conflict: priority or dependencies asked of a task that is no longer queued.
         Invalid: a dependency is missing, another user's, failed, or makes a cycle.
     """
-    if task.status is not TaskStatus.QUEUED:
+    queued_only = data.priority is not None or data.depends_on is not None
+    if queued_only and task.status is not TaskStatus.QUEUED:
         raise Conflict(
-            f"task {task.id} is {task.status.value}; only a queued task changes", field="status"
+            f"task {task.id} is {task.status.value}; only a queued task changes its priority "
+            "or dependencies (tags change at any time)",
+            field="status",
         )
+    if data.tags is not None:
+        task.set_tags(data.tags)
     if data.priority is not None:
         task.priority = data.priority
     if data.depends_on is not None:
@@ -358,17 +415,50 @@ def log_text(line: LogLine) -> str:
 
 
 def metrics(
-    session: Session, *, task_id: int, name: str | None = None, resources: bool | None = None
+    session: Session,
+    *,
+    task_id: int,
+    name: str | None = None,
+    resources: bool | None = None,
+    scale: str | None = None,
+    max_points: int | None = None,
 ) -> Sequence[Metric]:
     """The task's metrics, oldest first; `resources` True: only the ranks' resource use
-    (`RESOURCE_METRICS`), False: all but those, None: all."""
+    (`RESOURCE_METRICS`), False: all but those, None: all; `scale` "step": only the per-step
+    series (names starting `STEP_SERIES`), "epoch": all but those, None: all.
+
+    `max_points`: at most that many points of each series (a name and rank): a longer one
+    keeps every k-th point, k = ceil(points / max_points), counted back from its latest
+    (always kept), in step order; a series of at most `max_points` comes whole."""
     query = select(Metric).where(Metric.task_id == task_id)
     if name:
         query = query.where(Metric.name == name)
     if resources is not None:
         listed = Metric.name.in_(RESOURCE_METRICS)
         query = query.where(listed if resources else ~listed)
+    if scale is not None:
+        per_step = Metric.name.startswith(STEP_SERIES)
+        query = query.where(per_step if scale == "step" else ~per_step)
+    if max_points is not None:
+        return _every_kth(session, query, max_points)
     return session.scalars(query.order_by(Metric.id)).all()
+
+
+def _every_kth(session: Session, query: Select, max_points: int) -> Sequence[Metric]:
+    """:func:`metrics`' `max_points` in one query: each series' points numbered in step
+    order (window functions, SQLite and PostgreSQL alike), every k-th from the latest kept."""
+    series = (Metric.name, Metric.rank)
+    numbered = query.add_columns(
+        func.row_number()
+        .over(partition_by=series, order_by=(Metric.step, Metric.id))
+        .label("position"),
+        func.count().over(partition_by=series).label("points"),
+    ).subquery()
+    kept = aliased(Metric, numbered)
+    points, position = numbered.c.points, numbered.c.position
+    stride = (points + max_points - 1) / max_points  # integer division of integers
+    chosen = select(kept).where((points - position) % stride == 0).order_by(numbered.c.id)
+    return session.scalars(chosen).all()
 
 
 def nonfinite_metrics(session: Session, *, task_id: int) -> Sequence[Metric]:
@@ -447,7 +537,7 @@ def summary(session: Session, *, task: Task) -> dict:
     """The latest value of each epoch metric, e.g. {"val_accuracy": 0.97, ...}; None when
     it was not finite."""
     latest: dict[str, float | None] = {}
-    for metric in metrics(session, task_id=task.id, resources=False):
+    for metric in metrics(session, task_id=task.id, resources=False, scale="epoch"):
         if metric.rank is None:
             latest[metric.name] = metric.value
     return latest

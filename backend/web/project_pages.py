@@ -3,7 +3,7 @@ task submission form; edit, archive and share (owner or admin)."""
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import Response
 from pydantic import ValidationError
 
@@ -19,6 +19,7 @@ from backend.tasks import access as task_access
 from backend.web import forms, views
 from backend.web.forms import ProjectForm, validation_errors
 from backend.web.task_form import TaskForm, form_from_task, not_in_form, submit_task
+from backend.web.task_lists import ListQuery
 from backend.web.templating import redirect, render
 from contracts.packages import pins
 
@@ -67,14 +68,16 @@ def project_detail(
     project_id: int,
     session: SessionDep,
     user: WebUser,
+    query: Annotated[ListQuery, Query()],
     from_task: int | None = None,
 ) -> Response:
-    """A project's code versions, members and tasks, and the task submission form; with
-    `from_task` ("Run again" on a task's page) the form filled from that task of the project,
-    to change and submit as a new task (a plan's trial: back to its page, saying why)."""
+    """A project's code versions, members and tasks (filtered and paged by `query`), and the
+    task submission form; with `from_task` ("Run again" on a task's page) the form filled
+    from that task of the project, to change and submit as a new task (a plan's trial: back
+    to its page, saying why)."""
     project = project_access.readable_project(session, user=user, project_id=project_id)
     if from_task is None:
-        return _project_page(request, session, user, project)
+        return _project_page(request, session, user, project, list_query=query)
     task = task_access.readable_task(session, user=user, task_id=from_task)
     if task.project_id != project.id:
         raise NotFound(f"task {from_task} does not exist", field="from_task")

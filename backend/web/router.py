@@ -21,6 +21,7 @@ from backend.web import (
     cluster_pages,
     code_pages,
     project_pages,
+    sweep_pages,
     task_pages,
 )
 from backend.web.templating import redirect, render
@@ -35,7 +36,15 @@ def is_page(request: Request) -> bool:
 
 def install_web(app: FastAPI) -> None:
     """Add the portal's routes, its login redirect and HTML error pages to `app`."""
-    pages = (account_pages, task_pages, project_pages, code_pages, cluster_pages, audit_pages)
+    pages = (
+        account_pages,
+        task_pages,
+        project_pages,
+        code_pages,
+        sweep_pages,
+        cluster_pages,
+        audit_pages,
+    )
     for module in pages:
         app.include_router(module.router)
     json_errors = app.exception_handlers[ServiceError]

@@ -111,6 +111,9 @@ SETTINGS: dict[str, Setting] = {
     "on_nonfinite": Setting("On a non-finite loss"),
     "on_disagreement": Setting("On disagreement"),
     "agreement_every": Setting("Agreement check every", count("step", zero="before training only")),
+    "step_metrics_every": Setting(
+        "Per-step curves every", count("step", zero="off", none="about 100 points an epoch")
+    ),
     "on_group_loss": Setting("On group loss"),
     "plan_id": Setting("Submitted from", plan),
     "predicted_s": Setting("Predicted time", seconds),

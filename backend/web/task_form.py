@@ -41,7 +41,7 @@ OWN_WIDGETS = {
     "plan_id",
 }
 # Shown at once; every other setting sits under "More settings".
-BASIC = {"epochs", "global_batch_size", "split_policy", "sync_strategy", "priority"}
+BASIC = {"epochs", "global_batch_size", "split_policy", "sync_strategy", "priority", "tags"}
 _GROUP_FIELD = re.compile(r"^resource_groups\.(\d+)(\..*)?$")
 
 
@@ -220,7 +220,7 @@ def _stored_settings(task: Task, spec: TaskSpec) -> dict[str, str]:
         if isinstance(value, dict):
             stored.update({f"{parent}.{key}": sub for key, sub in value.items()})
     stored.update(stored.get("limits") or {})
-    stored.update(priority=task.priority, max_restarts=task.max_restarts)
+    stored.update(priority=task.priority, max_restarts=task.max_restarts, tags=task.tags)
     settings = {}
     for form_field in task_fields():
         value = stored.get(form_field.name)
@@ -282,6 +282,9 @@ def not_in_form(task: Task) -> list[str]:
         left.append("preprocessing steps")
     if spec.agreement_tolerance:
         left.append("agreement tolerances")
+    if spec.hyperparameters:
+        values = ", ".join(f"{k}={v}" for k, v in spec.hyperparameters.items())
+        left.append(f"hyperparameters {values}")
     return left
 
 

@@ -17,13 +17,15 @@ from backend.projects.code import list_examples
 from backend.projects.models import Project
 from backend.projects.requirements import MAX_REQUIREMENTS_CHARS
 from backend.resource_groups import service as groups
-from backend.tasks import provenance
+from backend.tasks import access as task_access
+from backend.tasks import compare, provenance
 from backend.tasks import service as tasks
 from backend.tasks.models import Task, TaskStatus
 from backend.tasks.spec import read_spec
 from backend.web.forms import FieldErrors, ProjectForm
 from backend.web.spec_display import shown_setting
 from backend.web.task_form import TaskForm, has_dependencies, task_fields
+from backend.web.task_lists import ListQuery, listing
 from backend.web.templating import format_duration
 from contracts.agent_api import RESOURCE_SAMPLE_EVERY_S
 from contracts.plan import GroupPlan
@@ -33,14 +35,14 @@ TASK_LIST_LIMIT = 100
 PROJECT_LIMIT = 500
 
 
-def tasks_page(session: Session, user: User) -> dict[str, Any]:
-    """The newest tasks the user may see, with the name of each one's project."""
+def tasks_page(session: Session, user: User, query: ListQuery) -> dict[str, Any]:
+    """One page of the tasks the user may see that match `query`, newest first, with the
+    name of each one's project (`backend.web.task_lists`)."""
     ids = project_access.visible_project_ids(session, user=user)
     names = {p.id: p.name for p in projects.list_all(session, limit=PROJECT_LIMIT, project_ids=ids)}
     return {
-        "tasks": tasks.list_tasks(session, limit=TASK_LIST_LIMIT, project_ids=ids),
+        "listing": listing(session, user, query, action="/", project=None),
         "project_names": names,
-        "task_limit": TASK_LIST_LIMIT,
     }
 
 
@@ -101,6 +103,7 @@ def project_page(
         first = str(versions[0].id) if versions else f"example:{(list_examples() or [''])[0]}"
         form = form.model_copy(update={"code_version_id": first})
     project_tasks = tasks.list_tasks(session, project_id=project.id, limit=TASK_LIST_LIMIT)
+    query = extra.pop("list_query", None) or ListQuery()
     context = {
         "project": project,
         "versions": versions,
@@ -108,7 +111,8 @@ def project_page(
         "example": example,
         "requirements": "",
         "max_requirements": MAX_REQUIREMENTS_CHARS,
-        "tasks": project_tasks,
+        "tasks": project_tasks,  # the choices of "Starts after"
+        "listing": listing(session, user, query, action=f"/projects/{project.id}", project=project),
         "groups": group_rows(session, form),
         "form": form,
         "errors": errors or {},
@@ -224,4 +228,52 @@ def task_page(session: Session, user: User, task: Task) -> dict[str, Any]:
         "measured": measured_time(task, times["elapsed_s"]),
         "sample_every_s": RESOURCE_SAMPLE_EVERY_S,
         **times,
+    }
+
+
+def _best(name: str, values: list[float | None]) -> float | None:
+    """The best of a metric's final values: the lowest of a loss or error, the highest of
+    an accuracy or score; None for another metric (no best is claimed) or no value."""
+    known = [v for v in values if v is not None]
+    lower = any(word in name for word in ("loss", "error", "perplexity"))
+    higher = any(word in name for word in ("accuracy", "acc", "f1", "score", "auc"))
+    if not known or lower == higher:
+        return None
+    return min(known) if lower else max(known)
+
+
+DEFAULT_COMPARED = ("val_loss", "train_loss", "val_accuracy")
+
+
+def compare_page(session: Session, user: User, ids: list[int]) -> dict[str, Any]:
+    """Tasks side by side (`backend.tasks.compare`), each readable by `user`, with their
+    final metrics as rows (the best marked) and the metric the chart opens with.
+
+    Raises:
+        NotFound: a task `user` may not see. Invalid: fewer than 2 or more than 10 tasks.
+    """
+    found = [
+        task_access.readable_task(session, user=user, task_id=task_id)
+        for task_id in compare.compared_ids(ids)
+    ]
+    comparison = compare.compare(session, tasks=found, metric=None)
+    rows = []
+    for name in comparison.metrics:
+        values = [task.final_metrics.get(name) for task in comparison.tasks]
+        best = _best(name, values) if len(comparison.tasks) > 1 else None
+        cells = [
+            {"text": "—" if v is None else f"{v:.4g}", "best": v is not None and v == best}
+            for v in values
+        ]
+        rows.append({"name": name, "cells": cells})
+    ids_seen = project_access.visible_project_ids(session, user=user)
+    names = {
+        p.id: p.name for p in projects.list_all(session, limit=PROJECT_LIMIT, project_ids=ids_seen)
+    }
+    default = next((m for m in DEFAULT_COMPARED if m in comparison.metrics), None)
+    return {
+        "comparison": comparison,
+        "final_rows": rows,
+        "project_names": names,
+        "default_metric": default or next(iter(comparison.metrics), None),
     }

@@ -1,6 +1,8 @@
 /* Task page: loss, accuracy and per-group throughput charts (Chart.js), each worker's CPU and
  * memory over time (the agents' samples; a note instead of a chart while no worker has two),
- * the throughput and batch-share tables.
+ * the throughput and batch-share tables, and the per-step curves (training loss, samples/s,
+ * learning rate, the training code's per-step metrics: `GET /tasks/{id}/metrics?scale=step`,
+ * at most STEP_POINTS points a series) with zoom (chartjs-plugin-zoom) and EMA smoothing.
  * `TaskCharts.refresh(rankGroups, task)` redraws them from the API. */
 "use strict";
 
@@ -14,6 +16,7 @@ window.TaskCharts = (function () {
   const COLORS = { train_loss: "#2563eb", val_loss: "#ea580c", val_accuracy: "#16a34a" };
   const PALETTE = ["#7c3aed", "#0891b2", "#db2777", "#65a30d", "#d97706", "#4b5563"];
   const charts = {};
+  const STEP_POINTS = 2000; // the most points of one per-step series the page fetches
 
   function makeChart(canvasId, names, yOptions) {
     if (typeof window.Chart === "undefined") return null;
@@ -176,6 +179,115 @@ window.TaskCharts = (function () {
       [fmtShare(g.batch_share ?? plannedShare.get(g.name)), "num"]], "Not placed yet.");
   }
 
+  /** TensorBoard's smoothing: an exponential moving average of weight `weight` (0: none),
+   * debiased (divided by 1 - weight^n) so that it does not start at 0; a point that is not
+   * finite stays as it is and leaves the average alone. */
+  function smooth(points, weight) {
+    let last = 0;
+    let n = 0;
+    return points.map((p) => {
+      if (!Number.isFinite(p.y) || weight <= 0) return p;
+      last = last * weight + (1 - weight) * p.y;
+      n += 1;
+      return { x: p.x, y: last / (1 - Math.pow(weight, n)) };
+    });
+  }
+
+  /** A chart of per-step series: x the global step (linear), zoom by wheel or drag on x,
+   * double-click to zoom out (chartjs-plugin-zoom, registered by its script). */
+  function makeStepChart(canvasId, yTitle) {
+    if (typeof window.Chart === "undefined") return null;
+    const chart = new window.Chart($(canvasId), {
+      type: "line",
+      data: { datasets: [] },
+      options: {
+        animation: false, responsive: true, maintainAspectRatio: false, parsing: false,
+        normalized: true,
+        interaction: { mode: "nearest", axis: "x", intersect: false },
+        plugins: {
+          legend: { position: "bottom" },
+          zoom: {
+            zoom: { wheel: { enabled: true }, drag: { enabled: true }, mode: "x" },
+            limits: { x: { min: "original", max: "original" } },
+          },
+        },
+        scales: {
+          x: { type: "linear", title: { display: true, text: "step" } },
+          y: { title: { display: true, text: yTitle } },
+        },
+      },
+    });
+    $(canvasId).addEventListener("dblclick", () => chart.resetZoom && chart.resetZoom());
+    return chart;
+  }
+
+  /** Map(label -> [{x: step, y}]) of the per-step points, by name (rank-less: the task's)
+   * or by name and worker, in step order. */
+  function perStep(points) {
+    const series = new Map();
+    points.filter((m) => m.value !== null).forEach((m) => {
+      const name = m.name.slice("step/".length);
+      const label = m.rank === null ? name : `${name} rank-${m.rank}`;
+      if (!series.has(label)) series.set(label, []);
+      series.get(label).push({ x: m.step, y: m.value });
+    });
+    series.forEach((list) => list.sort((a, b) => a.x - b.x));
+    return series;
+  }
+
+  const stepSeries = { loaded: new Map() };
+
+  /** Redraw one step chart: each series smoothed (when `smoothed`) over its raw points,
+   * faded. The zoom the user chose stays (the plugin keeps the scale's limits). */
+  function drawStepChart(chart, series, smoothed) {
+    if (!chart) return;
+    const weight = smoothed ? Number($("step-smoothing").value) : 0;
+    const datasets = [];
+    [...series.keys()].forEach((label, i) => {
+      const color = COLORS[label] || PALETTE[i % PALETTE.length];
+      const raw = series.get(label);
+      if (weight > 0) {
+        datasets.push({ ...dataset(label, color), data: smooth(raw, weight), pointRadius: 0, tension: 0,
+          borderWidth: 2 });
+        datasets.push({ ...dataset(`${label} (raw)`, `${color}44`), data: raw, pointRadius: 0,
+          tension: 0, borderWidth: 1 });
+      } else {
+        datasets.push({ ...dataset(label, color), data: raw, pointRadius: 0, tension: 0, borderWidth: 1.5 });
+      }
+    });
+    chart.data.datasets = datasets;
+    chart.update("none");
+    chart.canvas.dataset.points = String([...series.values()].reduce((n, l) => n + l.length, 0));
+    chart.canvas.dataset.smoothing = String(weight);
+  }
+
+  function renderSteps() {
+    const all = stepSeries.loaded;
+    const pick = (names) => new Map([...all].filter(([label]) => names.includes(label)));
+    const own = new Set(["train_loss", "samples_per_s", "lr"]);
+    const user = new Map([...all].filter(([label]) => !own.has(label)));
+    $("step-charts").hidden = all.size === 0;
+    $("step-charts-empty").hidden = all.size !== 0;
+    $("step-user-figure").hidden = user.size === 0;
+    drawStepChart(charts.stepLoss, pick(["train_loss"]), true);
+    drawStepChart(charts.stepRate, pick(["samples_per_s"]), true);
+    drawStepChart(charts.stepLr, pick(["lr"]), false);
+    drawStepChart(charts.stepUser, user, true);
+  }
+
+  charts.stepLoss = makeStepChart("step-loss-chart", "training loss");
+  charts.stepRate = makeStepChart("step-rate-chart", "samples/s");
+  charts.stepLr = makeStepChart("step-lr-chart", "learning rate");
+  charts.stepUser = makeStepChart("step-user-chart", "value");
+  $("step-smoothing").addEventListener("input", () => {
+    $("step-smoothing-value").textContent = Number($("step-smoothing").value).toFixed(2);
+    renderSteps();
+  });
+  $("step-zoom-reset").addEventListener("click", () => {
+    [charts.stepLoss, charts.stepRate, charts.stepLr, charts.stepUser]
+      .forEach((c) => c && c.resetZoom && c.resetZoom());
+  });
+
   charts.loss = makeChart("loss-chart", ["train_loss", "val_loss"], { title: { display: true, text: "loss" } });
   charts.accuracy = makeChart("accuracy-chart", ["val_accuracy"],
     { suggestedMin: 0, suggestedMax: 1, title: { display: true, text: "accuracy" } });
@@ -198,9 +310,13 @@ window.TaskCharts = (function () {
   async function refresh(rankGroups, task) {
     const usage = ["rank_cpu_percent", "rank_rss_mb"].map(
       (name) => P.getJSON(`${api}/metrics?name=${name}&limit=100000`));
-    const [metrics, throughput, cpu, memory] = await Promise.all([
-      P.getJSON(`${api}/metrics?resources=false`), P.getJSON(`${api}/throughput`), ...usage]);
-    renderNonFinite(metrics);
+    const [metrics, steps, throughput, cpu, memory] = await Promise.all([
+      P.getJSON(`${api}/metrics?resources=false&scale=epoch`),
+      P.getJSON(`${api}/metrics?scale=step&max_points=${STEP_POINTS}&limit=100000`),
+      P.getJSON(`${api}/throughput`), ...usage]);
+    renderNonFinite([...metrics, ...steps]);
+    stepSeries.loaded = perStep(steps);
+    renderSteps();
     const series = perEpoch(metrics);
     updateChart(charts.loss, series, false);
     updateChart(charts.accuracy, series, false);

@@ -1,4 +1,6 @@
-/* Task lists: refresh each row's status badge and progress bar every few seconds. */
+/* Task lists: refresh each row's status badge and progress bar every few seconds (the rows
+ * of the page shown, with its filters); "Compare selected" is enabled while 2 to the most
+ * comparable tasks are ticked. */
 "use strict";
 
 (function () {
@@ -6,6 +8,19 @@
   const list = document.querySelector("[data-task-list]");
   if (!list) return;
   const notice = document.getElementById("new-tasks");
+  const compare = document.getElementById("compare-button");
+  const hint = document.getElementById("compare-hint");
+  const most = Number(list.dataset.maxCompared || 10);
+
+  function selectionChanged() {
+    if (!compare) return;
+    const ticked = list.querySelectorAll('input[name="ids"]:checked').length;
+    compare.disabled = ticked < 2 || ticked > most;
+    hint.textContent = ticked > most ? `at most ${most} tasks (${ticked} selected)`
+      : `${ticked} selected: select 2 to ${most} tasks`;
+  }
+  list.addEventListener("change", selectionChanged);
+  selectionChanged();
 
   function update(task) {
     const row = list.querySelector(`tr[data-task-id="${task.id}"]`);

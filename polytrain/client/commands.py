@@ -172,9 +172,7 @@ def submit(
     """Submit a task from a YAML spec (uploading its code if it names a file)."""
     api = Api.resolve(url=api_url)
     try:
-        spec = task_spec.load(spec_file)
-        project = task_spec.project_id(api, spec["project"])
-        version = task_spec.code_version_id(api, project, spec, spec_file.parent)
+        spec, project, version = task_spec.resolve_file(api, spec_file)
         task = api.post("/tasks", json=task_spec.task_body(spec, project, version))
     except ClientError as exc:
         raise _fail(exc) from exc
@@ -311,13 +309,17 @@ def tasks(
     status: Annotated[
         str | None, typer.Option(help="only tasks in this state, e.g. RUNNING, FAILED")
     ] = None,
+    tag: Annotated[
+        list[str] | None, typer.Option(help="only tasks carrying this tag (repeat: all of them)")
+    ] = None,
+    name: Annotated[str, typer.Option(help="only tasks whose name contains this")] = "",
     limit: Annotated[int, typer.Option(min=1, max=500, help="tasks to show")] = 20,
     offset: Annotated[int, typer.Option(min=0, help="skip this many (newest first)")] = 0,
     api_url: ApiUrl = None,
 ) -> None:
-    """List the tasks you may see, newest first: id, name, project, status, progress."""
+    """List the tasks you may see, newest first: id, name, tags, project, status, progress."""
     api = Api.resolve(url=api_url)
-    params: dict[str, Any] = {"limit": limit, "offset": offset}
+    params: dict[str, Any] = {"limit": limit, "offset": offset, "tag": tag or [], "name": name}
     try:
         if project is not None:
             params["project_id"] = task_spec.find_project(api, project)
@@ -326,11 +328,12 @@ def tasks(
         rows, total = api.listing("/tasks", params)
     except ClientError as exc:
         raise _fail(exc) from exc
-    table = Table("id", "name", "project", "status", "progress", "created (UTC)")
+    table = Table("id", "name", "tags", "project", "status", "progress", "created (UTC)")
     for row in rows:
         table.add_row(
             str(row["id"]),
             escape(row["name"]),
+            escape(" ".join(row.get("tags", []))),
             str(row["project_id"]),
             row["status"],
             f"{row['progress'] * 100:.0f}%",
@@ -339,6 +342,45 @@ def tasks(
     console.print(table)
     shown = f"{offset + 1}-{offset + len(rows)}" if rows else "none"
     console.print(f"{shown} of {total} tasks", highlight=False)
+
+
+def _value(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def compare(
+    task_ids: Annotated[list[int], typer.Argument(help="2 to 10 task ids")],
+    api_url: ApiUrl = None,
+) -> None:
+    """Compare tasks: the settings that differ and each task's final metrics."""
+    api = Api.resolve(url=api_url)
+    try:
+        found = api.get("/tasks/compare", params={"ids": task_ids})
+    except ClientError as exc:
+        raise _fail(exc) from exc
+    heads = [f"#{t['id']}" for t in found["tasks"]]
+    overview = Table("", *heads)
+    overview.add_row("name", *(escape(t["name"]) for t in found["tasks"]))
+    overview.add_row("status", *(t["status"] for t in found["tasks"]))
+    overview.add_row("tags", *(escape(" ".join(t["tags"])) for t in found["tasks"]))
+    console.print(overview)
+    if found["differences"]:
+        settings = Table("setting that differs", *heads)
+        for diff in found["differences"]:
+            settings.add_row(diff["field"], *(escape(_value(v)) for v in diff["values"]))
+        console.print(settings)
+    else:
+        console.print("every setting is the same, the code version included")
+    if found["metrics"]:
+        final = Table("final metric", *heads)
+        for metric in found["metrics"]:
+            values = (t["final_metrics"].get(metric) for t in found["tasks"])
+            final.add_row(metric, *(_value(v) for v in values))
+        console.print(final)
 
 
 def retry(
@@ -622,9 +664,7 @@ def plan(
     model, then every subset of the groups is predicted and the fastest recommended."""
     api = Api.resolve(url=api_url)
     try:
-        spec = task_spec.load(spec_file)
-        project = task_spec.project_id(api, spec["project"])
-        version = task_spec.code_version_id(api, project, spec, spec_file.parent)
+        spec, project, version = task_spec.resolve_file(api, spec_file)
         created = api.post("/plans", json=task_spec.plan_body(spec, project, version, deadline))
         if not as_json:
             groups = ", ".join(g["name"] for g in created["request"]["resource_groups"])
@@ -671,9 +711,25 @@ def plan_cancel(plan_id: int, api_url: ApiUrl = None) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the client commands to the `polytrain` command."""
-    commands = (login, logout, upload, plan, submit, tasks, status, logs, download, retry, cancel)
+    commands = (
+        login,
+        logout,
+        upload,
+        plan,
+        submit,
+        tasks,
+        compare,
+        status,
+        logs,
+        download,
+        retry,
+        cancel,
+    )
     for command in commands:
         app.command()(command)
     app.command("plan-show")(plan_show)
     app.command("plan-cancel")(plan_cancel)
     app.add_typer(projects_app, name="projects")
+    from polytrain.client.sweeps import sweep_app  # it uses this module's console and _fail
+
+    app.add_typer(sweep_app, name="sweep")

@@ -106,6 +106,15 @@ def code_version_id(api: Api, project: int, spec: dict[str, Any], base: Path) ->
     return int(version["id"])
 
 
+def resolve_file(api: Api, spec_file: Path) -> tuple[dict[str, Any], int, int]:
+    """A task file's spec, its project's id (created if named and new) and its code
+    version's id (uploaded, from an example, or given): what `submit`, `plan` and
+    `sweep start` begin with. Raises ClientError."""
+    spec = load(spec_file)
+    project = project_id(api, spec["project"])
+    return spec, project, code_version_id(api, project, spec, spec_file.parent)
+
+
 def upload_code(
     api: Api,
     project: int,

@@ -38,8 +38,7 @@ def test_run_again_from_a_cancelled_tasks_page(
         "sync_period": 2,
         "seed": 7,
         "priority": 3,
-        # Given: the form's select has no blank "default" choice (Chromium sends its first).
-        "data": {"pin_memory": False},
+        # pin_memory unset: its select's blank "default" keeps it so (checked below)
     }
     original = api.post("/api/v1/tasks", json=body)
     assert original.status_code == 201, original.text
@@ -103,3 +102,67 @@ def test_a_code_versions_source_is_shown_escaped_and_highlighted(
     expect(page.locator("#code-source")).to_contain_text("# <img src=x onerror=alert(2)>")
     expect(page.locator("#code-source img, #code-source script")).to_have_count(0)
     assert dialogs == []
+
+
+def test_filter_tick_two_tasks_and_compare_their_curves(
+    page: Page, stack: LocalStack, api: httpx.Client
+) -> None:
+    """The task list filters by tag, two tasks ticked open the comparison: the setting that
+    differs, the final metrics, and the chart drawing both tasks' curves by step and by
+    epoch."""
+    project = api.post("/api/v1/projects", json={"name": "compare-runs"}).json()
+    version = api.post(
+        f"/api/v1/projects/{project['id']}/code-versions", json={"example": "tiny_regression"}
+    ).json()
+    ids = []
+    for lr_tag, epochs in (("lr=0.1", 2), ("lr=0.01", 3)):
+        body = {
+            "project_id": project["id"],
+            "code_version_id": version["id"],
+            "name": f"compare {lr_tag}",
+            "resource_groups": [{"name": "cpu-a", "workers": 1}],
+            "epochs": epochs,
+            "global_batch_size": 8,
+            "tags": ["cmp", lr_tag],
+        }
+        task = api.post("/api/v1/tasks", json=body)
+        assert task.status_code == 201, task.text
+        ids.append(task.json()["id"])
+        api.post(f"/api/v1/tasks/{ids[-1]}/cancel")  # 409 if it already ended: fine
+        points = [
+            {
+                "name": "val_loss",
+                "value": 1.0 / (epoch + len(ids)),
+                "step": 4 * epoch,
+                "epoch": epoch,
+            }
+            for epoch in range(epochs)
+        ]
+        httpx.post(
+            f"{stack.url}/internal/v1/tasks/{ids[-1]}/metrics",
+            headers={"Authorization": f"Bearer {stack.token}"},
+            json={"metrics": points},
+            timeout=30,
+        ).raise_for_status()
+    log_in(page, stack)
+    page.goto(f"{stack.url}/")
+    page.fill("#filter-tag", "cmp")
+    page.click("#task-filters button[type=submit]")
+    expect(page.locator("#task-count")).to_have_text("1–2 of 2 tasks")
+    expect(page.locator("#compare-button")).to_be_disabled()
+    for task_id in ids:
+        page.check(f"#task-table input[value='{task_id}']")
+    expect(page.locator("#compare-button")).to_be_enabled()
+    page.click("#compare-button")
+    expect(page.locator("h1")).to_have_text("Compare 2 tasks")
+    epochs = page.locator("#differences tr[data-field='epochs'] td")
+    expect(epochs).to_have_text(["3", "2"])  # in the list's order: newest first
+    expect(page.locator("#final-metrics tr[data-metric='val_loss'] td.best")).to_have_text("0.25")
+    chart = page.locator("#compare-chart")
+    expect(chart).to_have_attribute("data-points", "5")  # 2 + 3 epochs' points
+    page.select_option("#compare-x", "epoch")
+    expect(chart).to_have_attribute("data-points", "5")
+    # by wall time: neither task started (both cancelled while queued), so no point has one
+    page.select_option("#compare-x", "seconds")
+    expect(chart).to_have_attribute("data-points", "0")
+    expect(page.locator("#compare-empty")).to_be_visible()

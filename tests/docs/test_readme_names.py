@@ -59,6 +59,7 @@ NOT_OPTIONS = {
     "finished_at": "task field",
     "task_request": "plan field",
     "after_id": "query parameter of the task log",
+    "max_points": "query parameter of a task's metrics",
     "startup_s": "metric",
     "rank_cpu_percent": "metric",
     "rank_rss_mb": "metric",

@@ -181,9 +181,10 @@ def test_tasks_list_retry_and_checkpoint_download(  # type: ignore[no-untyped-de
     with httpx.Client(base_url=server, headers=account.headers) as api:
         make_group(api, "cpu-a", capacity=2)  # type: ignore[arg-type]
     (tmp_path / "train.py").write_bytes(GOOD)
-    for project, name in [("digits", "d1"), ("digits", "d2"), ("faces", "f1")]:
+    for project, name, epochs in [("digits", "d1", 1), ("digits", "d2", 3), ("faces", "f1", 1)]:
         (tmp_path / "task.yaml").write_text(
             f"project: {project}\ncode: train.py\nname: {name}\nglobal_batch_size: 8\n"
+            f"epochs: {epochs}\ntags: [{'baseline' if name == 'f1' else 'x, ' + name}]\n"
             "resource_groups:\n  - {name: cpu-a, workers: 2}\n"
         )
         assert run("submit", str(tmp_path / "task.yaml")).exit_code == 0
@@ -199,6 +200,15 @@ def test_tasks_list_retry_and_checkpoint_download(  # type: ignore[no-untyped-de
     paged = run("tasks", "--limit", "1", "--offset", "1")
     assert "2-2 of 3 tasks" in paged.output and "d2" in paged.output  # newest first: f1, d2
     assert "f1" not in paged.output
+    tagged = run("tasks", "--tag", "x", "--tag", "d2")
+    assert "d2" in tagged.output and "d1" not in tagged.output and "1-1 of 1" in tagged.output
+    named = run("tasks", "--name", "D")
+    assert "1-2 of 2 tasks" in named.output and "f1" not in named.output
+    compared = run("compare", "1", "2")
+    assert compared.exit_code == 0, compared.output
+    assert re.search(r"epochs\s+│\s+1\s+│\s+3", compared.output), compared.output
+    alone = run("compare", "1")
+    assert alone.exit_code == 1 and "compare 2 to 10 different tasks" in alone.output
     unknown = run("tasks", "--project", "nope")
     assert unknown.exit_code == 1 and "no project named 'nope'" in unknown.output
 

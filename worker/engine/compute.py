@@ -7,7 +7,7 @@ import math
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,12 +38,28 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+Observer = Callable[[Tensor, Tensor], None]
+"""Takes a training step's ``(output, target)`` after the loss (detached, without grad): the
+user's per-step ``metrics`` (:meth:`worker.engine.run.Run.compute`)."""
+
+
 def batch_loss(
-    code: TrainingCode, model: torch.nn.Module, data: Source, indices: Tensor, device: Any
+    code: TrainingCode,
+    model: torch.nn.Module,
+    data: Source,
+    indices: Tensor,
+    device: Any,
+    observe: Observer | None = None,
 ) -> Tensor:
-    """The user's ``loss_fn`` (a batch mean, scalar) on the items ``indices`` of ``data``."""
+    """The user's ``loss_fn`` (a batch mean, scalar) on the items ``indices`` of ``data``;
+    ``observe`` (when given) then sees the output and the target."""
     inputs, target = to_device(data.take(indices), device)
-    return code.loss_fn(model(inputs), target)
+    output = model(inputs)
+    loss = code.loss_fn(output, target)
+    if observe is not None:
+        with torch.no_grad():
+            observe(output.detach(), target)
+    return loss
 
 
 def reduced_gradient(
@@ -55,6 +71,7 @@ def reduced_gradient(
     state: ModelState,
     base: list[Tensor],
     reducer: GradientReducer,
+    observe: Observer | None = None,
 ) -> float:
     """:func:`local_gradient`'s vector, written into ``reducer`` as backward produces it.
 
@@ -66,7 +83,8 @@ def reduced_gradient(
 
     ``reducer`` holds the model's parameters (``model.parameters()``): their
     gradients are cleared through its list, and the tail is written in place
-    into its vector, so a step allocates nothing here beyond the user's passes.
+    into its vector, so a step allocates nothing here beyond the user's passes. ``observe``:
+    :func:`batch_loss`'s.
     """
     for p in reducer.params:  # model.zero_grad(set_to_none=True), without the module walk
         p.grad = None
@@ -74,7 +92,7 @@ def reduced_gradient(
     reducer.begin(count)
     loss, loss_sum = None, 0.0
     if count:
-        loss = batch_loss(code, model, data, indices, device)
+        loss = batch_loss(code, model, data, indices, device, observe)
         loss_sum = loss.item() * count
     tail = reducer.tail
     if state.buffers:
@@ -94,6 +112,7 @@ def sharded_gradient(
     device: Any,
     state: ModelState,
     base: list[Tensor],
+    observe: Observer | None = None,
 ) -> tuple[float, Tensor]:
     """Forward and backward of a sharded model (:mod:`worker.engine.fsdp`) on ``indices``:
     ``(loss_sum, tail)``, the tail ``[buffer_change_sum (B), loss_sum, count]`` of this
@@ -111,7 +130,7 @@ def sharded_gradient(
     like = torch.zeros(0, dtype=state.params[0].dtype, device=device)
     loss_sum = 0.0
     if count:
-        loss = batch_loss(code, model, data, indices, device)
+        loss = batch_loss(code, model, data, indices, device, observe)
         loss_sum = loss.item() * count
         change = state.buffer_change(base, float(count), like)
         (loss * count).backward()
@@ -144,6 +163,7 @@ def local_gradient(
     device: Any,
     state: ModelState | None = None,
     base: list[Tensor] | None = None,
+    observe: Observer | None = None,
 ) -> Tensor:
     """Sum of per-sample gradients over ``indices``, then the buffers' change, then
     ``[loss_sum, count]``: shape [P + B + 2] (B = 0 without ``state``).
@@ -159,7 +179,7 @@ def local_gradient(
     count = len(indices)
     loss_sum = 0.0
     if count:
-        loss = batch_loss(code, model, data, indices, device)
+        loss = batch_loss(code, model, data, indices, device, observe)
         loss.backward()
         loss_sum = loss.item() * count
     n_params = sum(p.numel() for p in params)

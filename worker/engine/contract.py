@@ -25,9 +25,19 @@ class ContractError(ValueError):
     """The training code cannot be found or does not define what the contract requires."""
 
 
+STEP_METRICS = "STEP_METRICS"
+"""The module-level opt-in to per-step ``metrics``: ``STEP_METRICS = True`` in the user's
+module has every compute worker also call its ``metrics`` (or, without one, the default
+accuracy, :func:`default_metrics`) on its own part of the training batch at each per-step
+point (every ``step_metrics_every`` steps), reported as ``step/train_<name>`` with the
+worker's rank (:mod:`worker.engine.report`). Absent or False: ``metrics`` runs on
+validation batches only, as before."""
+
+
 @dataclass(frozen=True)
 class TrainingCode:
-    """The user's functions; ``metrics`` is None when the module does not define it."""
+    """The user's functions; ``metrics`` is None when the module does not define it;
+    ``step_metrics``: the module's :data:`STEP_METRICS` opt-in."""
 
     module: ModuleType
     build_model: Callable[[], torch.nn.Module]
@@ -35,6 +45,7 @@ class TrainingCode:
     build_optimizer: Callable[[Any], torch.optim.Optimizer]
     loss_fn: Callable[[Tensor, Tensor], Tensor]
     metrics: Callable[[Tensor, Tensor], dict[str, float]] | None
+    step_metrics: bool = False
 
 
 def resolve_code_path(code: str) -> Path:
@@ -56,11 +67,15 @@ def resolve_code_path(code: str) -> Path:
     return path
 
 
-def load_training_code(code: str) -> TrainingCode:
+def load_training_code(code: str, hyperparameters: dict[str, Any] | None = None) -> TrainingCode:
     """Import the user's module from its file and check it defines the contract's functions.
 
+    ``hyperparameters`` (the task's, name -> value) override the module's declared defaults
+    in place (:func:`apply_hyperparameters`) before any of its functions is called.
+
     Exceptions raised by the module's own top-level code propagate unchanged.
-    Raises ContractError naming every missing or non-callable function.
+    Raises ContractError naming every missing or non-callable function, a
+    ``STEP_METRICS`` that is not a bool, or an override the module does not declare.
     """
     path = resolve_code_path(code)
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
@@ -77,6 +92,10 @@ def load_training_code(code: str) -> TrainingCode:
     metrics = getattr(module, "metrics", None)
     if metrics is not None and not callable(metrics):
         raise ContractError(f"{path}: 'metrics' is defined but not callable")
+    step_metrics = getattr(module, STEP_METRICS, False)
+    if not isinstance(step_metrics, bool):
+        raise ContractError(f"{path}: {STEP_METRICS} must be True or False")
+    apply_hyperparameters(module, hyperparameters or {})
     return TrainingCode(
         module=module,
         build_model=module.build_model,
@@ -84,7 +103,43 @@ def load_training_code(code: str) -> TrainingCode:
         build_optimizer=module.build_optimizer,
         loss_fn=module.loss_fn,
         metrics=metrics,
+        step_metrics=step_metrics,
     )
+
+
+def apply_hyperparameters(module: ModuleType, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Put the task's hyperparameters into the module's ``HYPERPARAMETERS`` dict, in place.
+
+    The accessor of the contract (docs/architecture.md, "Hyperparameters") is that dict: a
+    module declares its defaults as ``HYPERPARAMETERS = {"lr": 1e-3, ...}`` and its
+    functions read ``HYPERPARAMETERS["lr"]`` when they are called. The dict is updated in
+    place, so every name bound to it (an archive's entry module and the loader that
+    re-exports it) sees the overrides; run as a plain script, the module sees its defaults.
+    A module without ``HYPERPARAMETERS`` is left alone when there is nothing to override.
+
+    Returns the values in effect. Raises ContractError for an override of a name the
+    module does not declare, or a ``HYPERPARAMETERS`` that is not a dict.
+    """
+    declared = getattr(module, "HYPERPARAMETERS", None)
+    if declared is None:
+        if overrides:
+            raise ContractError(
+                f"the task sets hyperparameters {', '.join(sorted(overrides))} but the "
+                "training code declares no HYPERPARAMETERS dict"
+            )
+        return {}
+    if not isinstance(declared, dict):
+        raise ContractError(
+            f"HYPERPARAMETERS must be a dict of defaults, not {type(declared).__name__}"
+        )
+    unknown = sorted(set(overrides) - set(declared))
+    if unknown:
+        raise ContractError(
+            f"hyperparameters {', '.join(unknown)} are not declared in HYPERPARAMETERS "
+            f"(declared: {', '.join(sorted(map(str, declared))) or 'none'})"
+        )
+    declared.update(overrides)
+    return dict(declared)
 
 
 def seed_everything(seed: int) -> None:

@@ -47,7 +47,7 @@ def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
     topo = distributed.init(env, spec, timeout_s)
     clock.mark("rendezvous")  # includes waiting for the last rank to arrive
     # Loaded after joining, so a rank that fails here breaks its peers' connections at once.
-    code = load_training_code(spec.code)
+    code = load_training_code(spec.code, spec.hyperparameters)
     report.log(
         f"rank {env.rank}/{env.world_size} up: group {topo.group_index}, "
         f"device {topo.device}, leader {topo.am_i_leader}"

@@ -20,6 +20,23 @@ output and forwards events to the backend with :func:`parse_event`. Event shapes
 ``epoch`` is 0-based; ``step`` counts optimizer steps completed since the start
 of training (global, not per epoch). A metric value that is not finite is null,
 with ``nonfinite`` saying which (JSON has no NaN): it is shown, never dropped.
+``rank`` 0 is the task's own value (the agent stores it without a rank).
+
+Per-step series are ``metric`` events too, told apart by their name's prefix
+:data:`STEP_SERIES` (``step/``); every other metric is per epoch (or per worker, per
+epoch). Every ``N`` steps (:func:`step_every`: the task's ``step_metrics_every``, default
+about :data:`POINTS_PER_EPOCH` points an epoch) one rank reports, at rank 0, the steps
+since the last point (:class:`StepCurve`)::
+
+    {"type": "metric", "name": "step/train_loss", "value": float, "step": int, "epoch": int,
+     "rank": 0}   (sample-weighted mean loss of the window's samples, every group's)
+    {"type": "metric", "name": "step/samples_per_s", ...}   (the window's samples over its
+     wall seconds)
+    {"type": "metric", "name": "step/lr", ...}   (the user's optimizer's first ``lr``)
+
+and, where the training code opts in (``STEP_METRICS = True``,
+:mod:`worker.engine.contract`), every compute worker reports its ``metrics`` on its own
+part of the step's batch as ``step/train_<name>`` with its own rank.
 """
 
 from __future__ import annotations
@@ -39,6 +56,16 @@ def emit(event: dict[str, Any]) -> None:
     print(PREFIX + json.dumps(event, separators=(",", ":"), allow_nan=False), flush=True)
 
 
+def emit_all(events: list[dict[str, Any]]) -> None:
+    """Print several event lines in one write (one flush); none: nothing."""
+    if not events:
+        return
+    print(
+        "\n".join(PREFIX + json.dumps(e, separators=(",", ":"), allow_nan=False) for e in events),
+        flush=True,
+    )
+
+
 def log(message: str) -> None:
     """Print one log line to stdout and flush it."""
     print(message, flush=True)
@@ -53,6 +80,11 @@ def nonfinite_name(value: float) -> str | None:
 
 def metric(name: str, value: float, *, step: int, epoch: int, rank: int) -> None:
     """Report one scalar metric; a non-finite value is sent as null plus ``nonfinite``."""
+    emit(metric_event(name, value, step=step, epoch=epoch, rank=rank))
+
+
+def metric_event(name: str, value: float, *, step: int, epoch: int, rank: int) -> dict[str, Any]:
+    """The ``metric`` event of one scalar (:func:`metric`)."""
     special = nonfinite_name(value)
     event: dict[str, Any] = {
         "type": "metric",
@@ -64,7 +96,7 @@ def metric(name: str, value: float, *, step: int, epoch: int, rank: int) -> None
     }
     if special:
         event["nonfinite"] = special
-    emit(event)
+    return event
 
 
 def checkpoint(
@@ -165,3 +197,103 @@ class StartupClock:
         parts = ", ".join(f"{part} {seconds:.2f}" for part, seconds in self.parts)
         log(f"rank {rank} start-up {total:.2f} s: {parts}")
         metric("startup_s", total, step=0, epoch=0, rank=rank)
+
+
+STEP_SERIES = "step/"
+"""The name prefix of a per-step series (``step/train_loss``); a metric without it is per
+epoch. The API filters on it (``GET /tasks/{id}/metrics?scale=step``)."""
+
+POINTS_PER_EPOCH = 100
+"""About this many per-step points an epoch by default (:func:`step_every`)."""
+
+
+def step_every(setting: int | None, steps_per_epoch: int) -> int:
+    """Steps between two per-step points: ``setting`` (the task's ``step_metrics_every``;
+    0: none) when given, else ``max(1, steps_per_epoch // POINTS_PER_EPOCH)``."""
+    if setting is not None:
+        return max(0, setting)
+    return max(1, steps_per_epoch // POINTS_PER_EPOCH)
+
+
+class StepCurve:
+    """The per-step series of one rank: a window of steps, reported every ``every`` steps.
+
+    The rank that knows a step's loss adds it (:meth:`add`: the loss sum and the samples it
+    already holds, no device sync, no collective); a point is due when the global step
+    crosses a multiple of ``every`` (:meth:`due`: a strategy whose steps come in rounds
+    reports at the first step past the mark); :meth:`point` reports the window (the
+    sample-weighted mean loss, the samples over the window's wall seconds, the learning
+    rate) in one write, then opens the next. :meth:`restart` opens a window at an epoch's
+    start: a point never spans an epoch's end (validation, checkpoint), and the steps of an
+    epoch after its last mark are not reported. ``observed``: the last step whose batch was
+    passed to the user's per-step ``metrics`` (:meth:`observe_due`).
+    """
+
+    __slots__ = ("every", "last", "observed", "loss_sum", "samples", "opened")
+
+    def __init__(self, every: int = 0) -> None:
+        self.every = every
+        self.last = self.observed = 0
+        self.loss_sum, self.samples = 0.0, 0
+        self.opened = time.perf_counter()
+
+    def restart(self, step: int, every: int) -> None:
+        """A new window from global step ``step`` (an epoch's start), points every ``every``."""
+        self.every, self.last, self.observed = every, step, step
+        self.loss_sum, self.samples = 0.0, 0
+        self.opened = time.perf_counter()
+
+    def add(self, loss_sum: float, samples: int) -> None:
+        """Steps of the window: their loss sum (``loss_fn`` times each step's count) and
+        samples (skipped steps add none)."""
+        self.loss_sum += loss_sum
+        self.samples += samples
+
+    def due(self, step: int) -> bool:
+        """True when global step ``step`` crossed a multiple of ``every`` since the last
+        point."""
+        every = self.every
+        return every > 0 and step // every > self.last // every
+
+    def observe_due(self, step: int) -> bool:
+        """True (once) when the batch of global step ``step`` is to be passed to the user's
+        per-step ``metrics``: the step crossed a multiple of ``every`` since the last one."""
+        every = self.every
+        if every > 0 and step // every > self.observed // every:
+            self.observed = step
+            return True
+        return False
+
+    def point(self, *, step: int, epoch: int, lr: float | None, send: bool = True) -> None:
+        """Report the window at ``step`` (rank 0: the task's series) when ``send``, then
+        open the next one (a rank that does not report keeps its window in step)."""
+        now = time.perf_counter()
+        if send:
+            seconds = now - self.opened
+            events = []
+            if self.samples:
+                mean = self.loss_sum / self.samples
+                events.append(
+                    metric_event(STEP_SERIES + "train_loss", mean, **self._at(step, epoch))
+                )
+            rate = self.samples / seconds if seconds > 0 else 0.0
+            events.append(
+                metric_event(STEP_SERIES + "samples_per_s", rate, **self._at(step, epoch))
+            )
+            if lr is not None:
+                events.append(metric_event(STEP_SERIES + "lr", float(lr), **self._at(step, epoch)))
+            emit_all(events)
+        self.last, self.loss_sum, self.samples, self.opened = step, 0.0, 0, now
+
+    @staticmethod
+    def _at(step: int, epoch: int) -> dict[str, int]:
+        return {"step": step, "epoch": epoch, "rank": 0}
+
+
+def first_lr(optimizer: Any) -> float | None:
+    """The learning rate of ``optimizer``'s first parameter group (None without one, or when
+    it is not a number, e.g. a tensor of another device: never a device sync)."""
+    if optimizer is None or not optimizer.param_groups:
+        return None
+    lr = optimizer.param_groups[0].get("lr")
+    return float(lr) if isinstance(lr, int | float) else None

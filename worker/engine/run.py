@@ -30,12 +30,13 @@ from worker.engine.balance import Balancer, by_group, imbalance, rates_of
 from worker.engine.checkpoint import gather_worker_states, save_checkpoint
 from worker.engine.compute import (
     BusyClock,
+    Observer,
     Work,
     local_gradient,
     reduced_gradient,
     sharded_gradient,
 )
-from worker.engine.contract import TrainingCode
+from worker.engine.contract import TrainingCode, default_metrics
 from worker.engine.data import Source
 from worker.engine.distributed import FIRST_WORKER, Topology  # noqa: F401 (re-exported)
 from worker.engine.emulation import SpeedEmulator
@@ -94,6 +95,9 @@ class Run:
     reducer: GradientReducer | None = None
     pulled_at: int = -1
     clock: BusyClock = field(default_factory=BusyClock)
+    # The per-step series (report.StepCurve): restarted at every epoch's start
+    # (session.train), added to and reported by the strategies.
+    curve: report.StepCurve = field(default_factory=report.StepCurve)
     ledger: ShardLedger | None = None  # the parameter server's shard provenance
     last_agreement: int = 0
     agreement_s: float = 0.0  # wall seconds in the agreement checks (worker.engine.agreement)
@@ -163,7 +167,9 @@ class Run:
         host's speed.)
 
         Keeps the buffers from before the forward pass in ``buffer_base`` and
-        this worker's loss sum in ``local_loss``. On the streaming path the batch was
+        this worker's loss sum in ``local_loss``. At a per-step point of training code that
+        opts in (``STEP_METRICS``) the user's ``metrics`` also see this worker's output and
+        target (:meth:`observer`). On the streaming path the batch was
         read ahead; when the split changed since (a rebalance, an exchange, a new epoch)
         the worker plans its remaining steps again first.
         """
@@ -176,22 +182,25 @@ class Run:
         base = self.buffer_base = self.state.snapshot()
         code, model, device, state = self.code, self.model, self.topo.device, self.state
         own_s, waited_s = self.clock.take()
+        observe = self.observer() if code.step_metrics else None
         with hooked_precision(self):
             if self.spec.any_sharded:
                 self.local_loss, seconds = emulator.run(
-                    lambda: self._sharded_part(code, model, train, taken, device, state, base),
+                    lambda: self._sharded_part(
+                        code, model, train, taken, device, state, base, observe
+                    ),
                     len(taken),
                 )
             elif reducer is None:
                 vector, seconds = emulator.run(
-                    lambda: local_gradient(code, model, train, taken, device, state, base),
+                    lambda: local_gradient(code, model, train, taken, device, state, base, observe),
                     len(taken),
                 )
                 self.local_loss = float(vector[-2])
             else:
                 self.local_loss, seconds = emulator.run(
                     lambda: reduced_gradient(
-                        code, model, train, taken, device, state, base, reducer
+                        code, model, train, taken, device, state, base, reducer, observe
                     ),
                     len(taken),
                 )
@@ -206,6 +215,34 @@ class Run:
             return vector
         with self.clock.waiting():
             return reducer.finish()
+
+    def observer(self) -> Observer | None:
+        """At a per-step point (the step this worker computes, ``step + 1``, crossed a
+        multiple of the curve's ``every``: :meth:`worker.engine.report.StepCurve.observe_due`),
+        what reports the user's ``metrics`` (or the default accuracy) of this worker's part
+        of the batch as ``step/train_<name>`` at its own rank; else None."""
+        step = self.step + 1
+        if not self.curve.observe_due(step):
+            return None
+        measure = self.code.metrics or default_metrics
+        epoch, rank = self.epoch, self.topo.rank
+
+        def observe(output: Tensor, target: Tensor) -> None:
+            values = measure(output, target)
+            report.emit_all(
+                [
+                    report.metric_event(
+                        f"{report.STEP_SERIES}train_{name}",
+                        float(value),
+                        step=step,
+                        epoch=epoch,
+                        rank=rank,
+                    )
+                    for name, value in values.items()
+                ]
+            )
+
+        return observe
 
     def _sharded_part(self, *args: Any) -> float:
         """A worker's forward and backward in a task with a sharded group (its own model

@@ -373,6 +373,8 @@ def train(
         run.epoch_work, run.loss_sum, run.samples, run.stats = Work(), 0.0, 0, {}
         run.clock = BusyClock()  # the first section follows the epoch's end: not sustained
         run.window.opened = time.perf_counter()  # its wall time counts from the first step
+        every = report.step_every(run.spec.step_metrics_every, run.split.steps_per_epoch)
+        run.curve.restart(run.step, every)  # the per-step series' window (report.StepCurve)
         run.skipped = 0
         started = time.perf_counter()
         (strategy.server_epoch if run.topo.is_ps else strategy.worker_epoch)(run)

@@ -71,6 +71,9 @@ class RunSpec(BaseModel):
     (per device-type pair, :data:`contracts.plan.DEFAULT_AGREEMENT_TOLERANCE`); a group
     that disagrees raises an alarm and fails the task (``on_disagreement: fail``) or is
     left out of training (``exclude``); ``off`` skips both checks.
+    ``step_metrics_every``: steps between two points of the per-step series (training loss,
+    samples/s, learning rate; :class:`worker.engine.report.StepCurve`), 0: none; None (the
+    default): about 100 an epoch (:func:`worker.engine.report.step_every`).
     ``emulation_pace`` (benchmarks) gives every emulated group one fixed
     undisturbed speed, ``(samples, seconds)`` points of a compute section
     measured before the run (:class:`worker.engine.emulation.Pace`); None: each
@@ -86,6 +89,8 @@ class RunSpec(BaseModel):
     at no other check, so a test can park a group and take it back at known steps.
     ``trial`` (a plan's trial task, set from the task's spec): the ranks time the task's
     step and exchanges instead of training (:mod:`worker.engine.trial`).
+    ``hyperparameters`` (the task's, name -> JSON scalar) override the defaults the training
+    code declares in ``HYPERPARAMETERS`` (:func:`worker.engine.contract.apply_hyperparameters`).
     A group's ``max_local_batch`` caps the samples each of its workers takes in a step: the
     split keeps every share within it (:class:`worker.engine.balance.Balancer`), and a spec
     whose caps cannot hold the global batch, or whose ``even`` split exceeds one, is refused
@@ -118,6 +123,7 @@ class RunSpec(BaseModel):
     on_disagreement: OnDisagreement = "fail"
     agreement_every: int = Field(default=100, ge=0)
     agreement_tolerance: AgreementTolerance = Field(default_factory=dict)
+    step_metrics_every: int | None = Field(default=None, ge=0)
     preprocess: list[PreprocessStep] = Field(default_factory=list)
     data: DataOptions = Field(default_factory=DataOptions)
     checkpoint_dir: str
@@ -128,6 +134,7 @@ class RunSpec(BaseModel):
     debug_dump_dir: str | None = None
     debug_guard_schedule: dict[int, list[int]] | None = None
     trial: TrialOptions | None = None
+    hyperparameters: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> RunSpec:

@@ -96,7 +96,12 @@ from worker.engine.sharding import Batches, even_shares
 from worker.engine.split import SplitState
 from worker.engine.state import ModelState
 from worker.engine.strategy import Strategy
-from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, report_progress, step_from_sum
+from worker.engine.strategy_sync import (
+    PROGRESS_REPORTS_PER_EPOCH,
+    report_progress,
+    step_from_sum,
+    step_point,
+)
 
 # The tail of a leader's round vector: [loss_sum, n_g * tau_g, n_g].
 TAIL = 3
@@ -489,6 +494,7 @@ class AsyncServer:
             state.add_mean_change(None, vector[n_params : n_params + state.n_buffers], n)
         run.loss_sum += float(vector[-3])
         run.samples += int(round(float(vector[-1])))
+        run.curve.add(float(vector[-3]), int(round(float(vector[-1]))))
         self.applied += 1
         if self.pending and self.applied % self.groups == 0:
             self._momentum_step(self.outer, self.pending, lr, beta)
@@ -501,6 +507,7 @@ class AsyncServer:
             run.split.advance()
             run.step += 1
         report_progress(run, every)
+        step_point(run, 0.0, 0)  # the parts applied so far (:meth:`_apply`)
 
     @staticmethod
     def _reply(
@@ -621,5 +628,6 @@ class DiLoCo(Strategy[Run]):
             run.loss_sum += float(total[-3])
             run.samples += int(round(samples))
             report_progress(run, every)
+            step_point(run, float(total[-3]), int(round(samples)))
             if drain:
                 control_point(run)

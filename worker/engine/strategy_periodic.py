@@ -39,7 +39,12 @@ from worker.engine.exchange import (
 )
 from worker.engine.run import Run, control_point, stepping, stepping_leaders
 from worker.engine.strategy import Strategy
-from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, report_progress, step_from_sum
+from worker.engine.strategy_sync import (
+    PROGRESS_REPORTS_PER_EPOCH,
+    report_progress,
+    step_from_sum,
+    step_point,
+)
 
 
 def is_sync_point(run: Run) -> bool:
@@ -109,7 +114,9 @@ class Periodic(Strategy[Run]):
         """Parameter server: follow the step schedule and average the group models at sync points.
 
         Parameters become ``sum(n_g theta_g) / sum(n_g)``; buffers move by the
-        sample-weighted mean of the groups' changes since the last sync.
+        sample-weighted mean of the groups' changes since the last sync. The groups' loss
+        and sample sums that come with them make the per-step series (at sync points,
+        :func:`worker.engine.strategy_sync.step_point`).
         """
         state = run.state
         n_params = state.n_params
@@ -130,4 +137,5 @@ class Periodic(Strategy[Run]):
             run.loss_sum += float(total[-2])
             run.samples += int(round(float(total[-1])))
             report_progress(run, every)
+            step_point(run, float(total[-2]), int(round(float(total[-1]))))
             control_point(run)

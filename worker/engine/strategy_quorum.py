@@ -40,7 +40,7 @@ from worker.engine.exchange import vector_to_grads
 from worker.engine.numerics import all_finite
 from worker.engine.run import Run, nonfinite_step
 from worker.engine.strategy import Strategy
-from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH
+from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, step_point
 
 
 def receive_params(run: Run) -> Tensor:
@@ -165,6 +165,7 @@ class Quorum(Strategy[Run]):
                 seen[g], remaining[g] = version, remaining[g] - 1
             run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
             done = run.split.steps_per_epoch - max(remaining.values())
+            step_point(run, loss_sum, count, run.step + done)  # by the slowest group's steps
             if updates % every == 0 and done < run.split.steps_per_epoch:  # end: session.train
                 report.progress(
                     epoch=run.epoch,

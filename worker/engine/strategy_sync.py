@@ -157,6 +157,18 @@ def report_progress(run: Run, every: int) -> None:
         run.last_progress = run.step
 
 
+def step_point(run: Run, loss_sum: float, samples: int, step: int | None = None) -> None:
+    """The parameter server of a strategy that learns the groups' loss and sample sums
+    (periodic's sync points, quorum's updates, diloco's rounds): add them to the per-step
+    window, and report it when global step ``step`` (default the run's) crossed a mark
+    (:class:`worker.engine.report.StepCurve`); the learning rate is its own optimizer's."""
+    curve = run.curve
+    curve.add(loss_sum, samples)
+    step = run.step if step is None else step
+    if curve.due(step):
+        curve.point(step=step, epoch=run.epoch, lr=report.first_lr(run.optimizer))
+
+
 def _step(run: Run) -> tuple[float, int]:
     """One step of a stepping worker: its ``(loss_sum, count)`` (zeros when skipped); with a
     sharded group in the task the sharded step (:func:`sharded_update`), else the global sum
@@ -200,6 +212,10 @@ class Synchronous(Strategy[Run]):
         (:func:`worker.engine.run.source_worker`) tells the parameter server all is well; on
         failing, it sends the reason instead, so the server fails with it too.
 
+        Every worker holds the step's global loss sum and count (the summed tail), so the
+        source worker reports the per-step series (:class:`worker.engine.report.StepCurve`)
+        without a collective of its own.
+
         A worker of a group the guard parked (:mod:`worker.engine.guard`) follows the step
         schedule without computing and without the step's collectives, which the other
         groups' leaders and workers run in process groups of their own
@@ -207,6 +223,7 @@ class Synchronous(Strategy[Run]):
         """
         assert run.optimizer is not None
         every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
+        curve = run.curve
         while not run.split.epoch_done:
             # The guard moves groups at control points only: the step's groups, the source
             # and the reducer stay the same from here to the next one.
@@ -219,10 +236,14 @@ class Synchronous(Strategy[Run]):
                         send_status(run.topo, str(exc))
                     raise
                 run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
+                curve.add(loss_sum, count)  # the global sum's: every worker holds it
             run.split.advance()
             run.step += 1
             if run.topo.rank == FIRST_WORKER:
                 report_progress(run, every)
+            if curve.due(run.step):  # the source worker reports the task's per-step series
+                lr = report.first_lr(run.optimizer) if source else None
+                curve.point(step=run.step, epoch=run.epoch, lr=lr, send=source)
             if source and (control_due(run) or run.split.epoch_done):
                 send_status(run.topo, None)
             control_point(run)

@@ -9,8 +9,8 @@ from backend.tasks.models import Task
 from tests.backend.web.dom import Node, parse
 from tests.conftest import add_account, login_as, make_group, make_project, task_request, with_csrf
 
-# Settings the form has, each away from its default (pin_memory given: the form's select has
-# no blank "default" choice, so a browser would send its first option for an unset one).
+# Settings the form has, each away from its default (pin_memory left unset: its select's
+# blank "default" choice keeps it unset, rather than a browser sending its first option).
 SETTINGS = {
     "name": "baseline",
     "resource_groups": [
@@ -25,7 +25,7 @@ SETTINGS = {
     "guard": False,
     "exchange_fraction": 0.25,
     "on_nonfinite": "skip_step",
-    "data": {"path": "memory", "prefetch_factor": 3, "pin_memory": False},
+    "data": {"path": "memory", "prefetch_factor": 3},
     "seed": 3,
     "priority": 5,
     "max_restarts": 1,
@@ -96,7 +96,7 @@ def test_run_again_fills_the_form_from_the_task_and_submits_a_new_one(
         "task-on_group_loss": "shrink",
         "task-data.path": "memory",
         "task-data.prefetch_factor": "3",
-        "task-data.pin_memory": "false",
+        "task-data.pin_memory": "",  # unset: the blank "default" choice
         "task-seed": "3",
         "task-priority": "5",
         "task-max_restarts": "1",

@@ -64,6 +64,8 @@ def final_val_loss(spec: RunSpec, dump: Path, done: SyncRun | None = None) -> fl
     """
     run, finals = done or run_with_dump(spec, dump)
     assert all(finals[r].equal(finals[0]) for r in finals), "every rank ends on the global model"
+    steps = [e["step"] for e in run.events if e.get("name") == "step/train_loss"]
+    assert steps and steps == sorted(set(steps)), steps  # the per-step series, in step order
     val = finite(run.metrics("val_loss"))
     assert val[-1] < untrained_val_loss(spec.seed) / 4, val
     return val[-1]
@@ -83,6 +85,26 @@ def test_sync_reports_progress_every_few_steps_and_each_epoch_end_once(
     ends = {spe * (epoch + 1) for epoch in range(EPOCHS)}
     expected = sorted(set(range(every, total + 1, every)) | ends)
     assert [e["step"] for e in progress] == expected
+
+
+def test_sync_reports_the_per_step_series_at_every_step_exactly(sync_run: SyncRun) -> None:
+    """23 steps an epoch: the default cadence (about 100 points an epoch) is every step.
+    The first worker reports each step's loss, samples/s and lr as the task's (rank 0),
+    and the steps' sample-weighted mean (7 samples a step, 6 in the last) is each epoch's
+    ``train_loss`` (a per-step point is that step's global loss, not one worker's)."""
+    run, _ = sync_run
+    points = [e for e in run.events if e["type"] == "metric" and e["name"] == "step/train_loss"]
+    assert {e["_rank"] for e in points} == {FIRST_WORKER}
+    assert {e["rank"] for e in points} == {0}
+    spe = 23
+    assert [e["step"] for e in points] == list(range(1, spe * EPOCHS + 1))
+    assert [e["epoch"] for e in points] == [s // spe for s in range(spe * EPOCHS)]
+    assert run.metrics("step/lr") == [0.02] * (spe * EPOCHS)
+    assert all(r is not None and r > 0 for r in run.metrics("step/samples_per_s"))
+    for epoch, train_loss in enumerate(finite(run.metrics("train_loss"))):
+        losses = [e["value"] for e in points if e["epoch"] == epoch]
+        weighted = (7 * sum(losses[:-1]) + 6 * losses[-1]) / 160
+        assert weighted == pytest.approx(train_loss, rel=1e-9)
 
 
 def test_every_rank_reports_where_its_start_up_went(sync_run: SyncRun) -> None:

@@ -1,0 +1,87 @@
+"""REST for hyperparameter sweeps: create, list, read (with its trials and the best),
+cancel (its unfinished trials too).
+
+Every route checks that the caller may see the sweep's project; creating one needs a
+project the caller may add tasks to (not archived).
+"""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Response, status
+from sqlalchemy.orm import Session
+
+from backend.auth.dependencies import CurrentUser, UserAuth
+from backend.auth.models import User
+from backend.core.dependencies import SessionDep
+from backend.core.errors import NotFound
+from backend.core.pagination import TOTAL_HEADER
+from backend.projects import access as project_access
+from backend.projects.models import Project
+from backend.sweeps import service
+from backend.sweeps.models import Sweep, SweepStatus
+from backend.sweeps.schemas import SweepCreate, SweepDetail, SweepRead
+
+router = APIRouter(prefix="/sweeps", tags=["sweeps"], dependencies=[UserAuth])
+
+
+def readable_sweep(session: Session, *, user: User, sweep_id: int) -> Sweep:
+    """The sweep, if `user` may see its project. Raises NotFound otherwise."""
+    sweep = session.get(Sweep, sweep_id)
+    if sweep is None or not project_access.can_read(
+        session, user=user, project=session.get_one(Project, sweep.project_id)
+    ):
+        raise NotFound(f"sweep {sweep_id} does not exist", field="sweep_id")
+    return sweep
+
+
+def valid_sweep(sweep_id: int, session: SessionDep, user: CurrentUser) -> Sweep:
+    return readable_sweep(session, user=user, sweep_id=sweep_id)
+
+
+SweepDep = Annotated[Sweep, Depends(valid_sweep)]
+
+
+@router.post("", response_model=SweepDetail, status_code=status.HTTP_201_CREATED)
+def create_sweep(data: SweepCreate, session: SessionDep, user: CurrentUser) -> dict:
+    """Start a sweep: its trials are planned at once and submitted `parallel` at a time."""
+    project_access.writable_project(session, user=user, project_id=data.project_id)
+    project_access.readable_version(session, user=user, version_id=data.code_version_id)
+    sweep = service.create(session, data=data, user_id=user.id)
+    return service.detail(session, sweep)
+
+
+@router.get("", response_model=list[SweepRead])
+def list_sweeps(
+    session: SessionDep,
+    user: CurrentUser,
+    response: Response,
+    project_id: int | None = None,
+    status: SweepStatus | None = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> list[dict]:
+    """Sweeps of the projects the caller may see, newest first; the total in X-Total-Count."""
+    rows, total = service.list_sweeps(
+        session,
+        project_id=project_id,
+        project_ids=project_access.visible_project_ids(session, user=user),
+        status=status,
+        offset=offset,
+        limit=limit,
+    )
+    response.headers[TOTAL_HEADER] = str(total)
+    return [service.summary(sweep) for sweep in rows]
+
+
+@router.get("/{sweep_id}", response_model=SweepDetail)
+def get_sweep(sweep: SweepDep, session: SessionDep) -> dict:
+    """A sweep with every trial (hyperparameters, status, objective, curve), the best one
+    and the trials still to submit."""
+    return service.detail(session, sweep)
+
+
+@router.post("/{sweep_id}/cancel", response_model=SweepDetail)
+def cancel_sweep(sweep: SweepDep, session: SessionDep) -> dict:
+    """Cancel a running sweep and its unfinished trials. 409 if it has ended."""
+    service.cancel(session, sweep=sweep)
+    return service.detail(session, sweep)
