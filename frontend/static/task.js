@@ -1,4 +1,5 @@
-/* Task page: live status, progress, time to finish, and the tables that change with the status. */
+/* Task page: live status, progress, time to finish, the tables that change with the status,
+ * the checkpoints, and "Where the data went" as each checkpoint brings its records. */
 "use strict";
 
 (function () {
@@ -68,8 +69,33 @@
       .map((a) => [a.rank, a.resource_group]));
   }
 
+  /** "Where the data went" again from the server's page, the epochs the user opened kept
+   * open: the shard records arrive with each checkpoint (in a request of their own, after
+   * the checkpoint's, so this runs on the poll that sees a new checkpoint and the next). */
+  async function refreshProvenance() {
+    const response = await fetch(window.location.pathname, { headers: { Accept: "text/html" } });
+    if (!response.ok) return;
+    const page = new DOMParser().parseFromString(await response.text(), "text/html");
+    const fresh = page.getElementById("provenance");
+    const section = $("provenance");
+    if (!fresh || !section) return;
+    const epochOf = (details) => details.querySelector("summary").textContent.split(":")[0].trim();
+    const open = new Set([...section.querySelectorAll("details[open]")].map(epochOf));
+    if (open.size) {
+      fresh.querySelectorAll("details").forEach((d) => { d.open = open.has(epochOf(d)); });
+    }
+    section.replaceWith(document.importNode(fresh, true));
+  }
+
+  let seenCheckpoints = null, provenanceDue = 0;
   async function refreshCheckpoints() {
     const checkpoints = await P.getJSON(`${api}/checkpoints`);
+    if (seenCheckpoints !== null && checkpoints.length !== seenCheckpoints) provenanceDue = 2;
+    seenCheckpoints = checkpoints.length;
+    if (provenanceDue > 0) {
+      provenanceDue -= 1;
+      await refreshProvenance();
+    }
     P.fillTable($("checkpoints"), checkpoints, (c) => {
       const link = document.createElement("a");
       link.href = `${api}/checkpoints/${c.id}/download`;

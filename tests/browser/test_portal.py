@@ -63,6 +63,10 @@ def _watch(page: Page, api: httpx.Client) -> None:
     expect(page.locator("#nonfinite-table tbody tr").first).to_contain_text("val_unstable")
     expect(page.locator("#nonfinite-table tbody tr").first).to_contain_text("NaN")
     expect(page.locator("#allocations tbody tr")).to_have_count(5)
+    # "Where the data went" fills in as checkpoints arrive, without reloading the page
+    expect(page.locator("#provenance details summary").first).to_contain_text(
+        "Epoch 0", timeout=60_000
+    )
     metrics = api.get("/metrics").text
     rates = re.findall(
         r'polytrain_group_throughput_samples_per_second\{resource_group="cpu-a"\}'
