@@ -200,10 +200,8 @@ class Task(Base):
 
     def set_tags(self, names: list[str]) -> None:
         """Replace the task's tags with `names` (already validated, `contracts.task_spec`)."""
-        keep = set(names)
-        self.tag_rows = [row for row in self.tag_rows if row.name in keep] + [
-            TaskTag(name=name) for name in sorted(keep - set(self.tags))
-        ]
+        keep, have = set(names), {row.name: row for row in self.tag_rows}
+        self.tag_rows = [have.get(name) or TaskTag(name=name) for name in sorted(keep)]
 
     def finish_estimate(self, now: datetime) -> tuple[float | None, datetime | None]:
         """Seconds to finish and the predicted finish (naive UTC) at ``now``, from the pace of

@@ -30,6 +30,7 @@ from backend.tasks.schemas import (
     MetricRead,
     ProvenanceRead,
     SubTaskRead,
+    Tag,
     TaskComparison,
     TaskCreate,
     TaskEventRead,
@@ -66,7 +67,7 @@ def list_tasks(
     project_id: int | None = None,
     status: TaskStatus | None = None,
     tag: Annotated[
-        list[str], Query(max_length=MAX_TAGS, description="tasks carrying every one of these tags")
+        list[Tag], Query(max_length=MAX_TAGS, description="tasks carrying every one of these tags")
     ] = [],  # noqa: B006 (FastAPI copies a default)
     name: Annotated[
         str, Query(max_length=200, description="text the task's name contains (any case)")

@@ -76,10 +76,18 @@ def _tags(raw: str, errors: FieldErrors) -> tuple[str, ...]:
     return tags
 
 
+def _whole(raw: str) -> int | None:
+    """`raw` as a positive whole number that fits a database id (ASCII digits), else None."""
+    raw = raw.strip()
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        return None
+    return int(raw) or None
+
+
 def _project(raw: str, visible: list[int] | None, errors: FieldErrors) -> int | None:
     if not raw:
         return None
-    project_id = int(raw) if raw.strip().isdigit() else None
+    project_id = _whole(raw)
     if project_id is None or (visible is not None and project_id not in visible):
         errors["project"] = f"there is no project {raw!r} that you can see; not applied"
         return None
@@ -103,7 +111,7 @@ def listing(
     )
     total = tasks.count_tasks(session, where=where)
     pages = max(1, math.ceil(total / PAGE_SIZE))
-    page = min(pages, max(1, int(query.page) if query.page.isdigit() else 1))
+    page = min(pages, _whole(query.page) or 1)
     offset = (page - 1) * PAGE_SIZE
     found = tasks.list_tasks(session, where=where, offset=offset, limit=PAGE_SIZE)
     api: list[tuple[str, Any]] = [

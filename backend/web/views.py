@@ -20,7 +20,7 @@ from backend.resource_groups import service as groups
 from backend.tasks import access as task_access
 from backend.tasks import compare, provenance
 from backend.tasks import service as tasks
-from backend.tasks.models import Task, TaskStatus
+from backend.tasks.models import STEP_SERIES, Task, TaskStatus
 from backend.tasks.spec import read_spec
 from backend.web.forms import FieldErrors, ProjectForm
 from backend.web.spec_display import shown_setting
@@ -259,6 +259,8 @@ def compare_page(session: Session, user: User, ids: list[int]) -> dict[str, Any]
     comparison = compare.compare(session, tasks=found, metric=None)
     rows = []
     for name in comparison.metrics:
+        if name.startswith(STEP_SERIES):
+            continue  # a per-step series: a curve, no final value
         values = [task.final_metrics.get(name) for task in comparison.tasks]
         best = _best(name, values) if len(comparison.tasks) > 1 else None
         cells = [

@@ -371,7 +371,7 @@ def compare(
     if found["differences"]:
         settings = Table("setting that differs", *heads)
         for diff in found["differences"]:
-            settings.add_row(diff["field"], *(escape(_value(v)) for v in diff["values"]))
+            settings.add_row(escape(diff["field"]), *(escape(_value(v)) for v in diff["values"]))
         console.print(settings)
     else:
         console.print("every setting is the same, the code version included")
@@ -379,7 +379,7 @@ def compare(
         final = Table("final metric", *heads)
         for metric in found["metrics"]:
             values = (t["final_metrics"].get(metric) for t in found["tasks"])
-            final.add_row(metric, *(_value(v) for v in values))
+            final.add_row(escape(metric), *(_value(v) for v in values))
         console.print(final)
 
 

@@ -39,6 +39,7 @@ def _get(world: World, query: str) -> list[dict]:
     return response.json()
 
 
+@pytest.mark.stack  # the thinning's window functions and integer division on PostgreSQL too
 def test_step_series_are_stored_and_read_apart_from_epoch_metrics(
     world: World, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -30,8 +30,10 @@ def test_tags_are_stored_sorted_once_kept_by_retry_and_changed_at_any_status(
     task = _submit(client, version, tags=["lr=3e-4", "baseline", "baseline"])
     assert task["tags"] == ["baseline", "lr=3e-4"]
     client.post(f"/api/v1/tasks/{task['id']}/cancel").raise_for_status()
-    changed = client.patch(f"/api/v1/tasks/{task['id']}", json={"tags": ["paper:fig3"]})
+    changed = client.patch(f"/api/v1/tasks/{task['id']}", json={"tags": ["zz", "baseline", "a"]})
     assert changed.status_code == 200, changed.text
+    assert changed.json()["tags"] == ["a", "baseline", "zz"]  # sorted in the answer itself
+    changed = client.patch(f"/api/v1/tasks/{task['id']}", json={"tags": ["paper:fig3"]})
     assert changed.json()["tags"] == ["paper:fig3"]
     # priority still changes only while queued, and saying so keeps the tags as they were
     refused = client.patch(f"/api/v1/tasks/{task['id']}", json={"priority": 5, "tags": []})
@@ -78,6 +80,8 @@ def test_the_list_filters_by_status_every_tag_and_name_and_pages(
     page = get("/api/v1/tasks", params={"limit": 2, "offset": 1})
     assert _ids(page) == [c["id"], b["id"]]
     assert page.headers["X-Total-Count"] == "4"
+    bad = get("/api/v1/tasks", params={"tag": "bad tag"})  # refused as on submission
+    assert bad.status_code == 422 and bad.json()["error"]["field"].startswith("tag")
     filtered = get("/api/v1/tasks", params={"tag": "lr", "limit": 1})
     assert filtered.headers["X-Total-Count"] == "3"
     # another user sees none of them, whatever the filter

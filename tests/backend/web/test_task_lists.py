@@ -65,6 +65,11 @@ def test_a_bad_filter_is_named_and_the_rest_still_applies(client: TestClient) ->
     assert "no project 'x'" in page.find(class_="field-error", data_field="project").text()
     assert page.by_id("filter-tag").attrs["value"] == "a b!"  # kept as typed
     assert page.by_id("task-count").text() == "1–1 of 1 task"
+    # typed by hand: digits that are not ASCII, a number beyond any id: named, not a 500
+    for raw in ("²", "99999999999999999999999"):
+        odd = client.get("/", params={"project": raw, "page": raw})
+        assert odd.status_code == 200, raw
+        assert "no project" in parse(odd.text).find(class_="field-error").text()
     empty = parse(client.get("/", params={"name": "nothing like it"}).text)
     assert "No task matches these filters" in empty.find(class_="empty").text()
 
@@ -78,6 +83,7 @@ def test_compare_page_shows_differences_final_metrics_and_the_best(
     b = _tasks(client, version, 1, epochs=4)[0]
     for task_id, loss in ((a, 0.5), (b, 0.25)):
         session.add(Metric(task_id=task_id, step=8, epoch=1, name="val_loss", value=loss))
+        session.add(Metric(task_id=task_id, step=4, epoch=1, name="step/train_loss", value=1))
     session.commit()
     listed = parse(client.get("/").text)
     assert listed.by_id("compare-form").attrs["action"] == "/compare"
@@ -89,6 +95,8 @@ def test_compare_page_shows_differences_final_metrics_and_the_best(
     loss = page.find("tr", data_metric="val_loss")
     assert [td.text() for td in loss.find_all("td")] == ["0.5", "0.25"]
     assert [td.text() for td in loss.find_all("td", class_="num best")] == ["0.25"]
+    assert page.find_all("tr", data_metric="step/train_loss") == []  # a curve, not a final
+    assert page.by_id("compare-metric").find("option", value="step/train_loss")
     assert (
         page.by_id("compare-metric").find("option", value="val_loss").attrs.get("selected")
         is not None
