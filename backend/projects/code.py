@@ -55,15 +55,52 @@ def check_contract(source: bytes, *, filename: str) -> None:
 HYPERPARAMETERS = "HYPERPARAMETERS"
 
 
-def declared_hyperparameters(source: bytes) -> dict[str, object] | None:
-    """The defaults a module declares as a top-level `HYPERPARAMETERS = {...}` literal
-    (docs/architecture.md, "Hyperparameters"), read without running it; None when it
-    declares none, or not as a literal the parser can read (then they are not known here and
-    the engine checks a task's names when it loads the module)."""
+class Declared(NamedTuple):
+    """What a module's source tells of its `HYPERPARAMETERS`, read without running it.
+
+    `bound`: some statement may bind the name at module level (an assignment, an import, a
+    `global` statement, the name as a string, as in `globals()["HYPERPARAMETERS"]`; a module
+    that does not parse counts as bound, since nothing is known of it). `defaults`: the dict
+    when it is a literal the parser reads, else None (not known here: the engine checks a
+    task's names when it loads the module)."""
+
+    bound: bool
+    defaults: dict[str, object] | None
+
+
+UNKNOWN = Declared(bound=True, defaults=None)
+
+
+def _binds(tree: ast.Module) -> bool:
+    """Whether anything in the module may bind `HYPERPARAMETERS` (over-approximated: a
+    name stored or deleted anywhere, imported, declared global, caught, or a string equal
+    to it)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == HYPERPARAMETERS:
+            if not isinstance(node.ctx, ast.Load):
+                return True
+        elif isinstance(node, ast.alias):
+            if node.name == "*" or (node.asname or node.name.split(".")[0]) == HYPERPARAMETERS:
+                return True
+        elif isinstance(node, ast.Global | ast.Nonlocal):
+            if HYPERPARAMETERS in node.names:
+                return True
+        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar):
+            if node.name == HYPERPARAMETERS:
+                return True
+        elif isinstance(node, ast.Constant) and node.value == HYPERPARAMETERS:
+            return True
+    return False
+
+
+def read_hyperparameters(source: bytes) -> Declared:
+    """The module's `HYPERPARAMETERS` as far as its source tells (`Declared`)."""
     try:
         tree = ast.parse(source.decode("utf-8"))
     except (UnicodeDecodeError, SyntaxError, ValueError):
-        return None
+        return UNKNOWN
+    if not _binds(tree):
+        return Declared(bound=False, defaults=None)
     found: dict[str, object] | None = None
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
@@ -77,11 +114,54 @@ def declared_hyperparameters(source: bytes) -> dict[str, object] | None:
         try:
             value = ast.literal_eval(expression)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            return None
+            return UNKNOWN
         found = value if isinstance(value, dict) else None
     if found is None or not all(isinstance(k, str) for k in found):
+        return UNKNOWN
+    return Declared(bound=True, defaults=found)
+
+
+def declared_hyperparameters(source: bytes) -> dict[str, object] | None:
+    """The defaults a module declares as a top-level `HYPERPARAMETERS = {...}` literal
+    (docs/architecture.md, "Hyperparameters"), read without running it; None when it
+    declares none, or not as a literal the parser can read."""
+    return read_hyperparameters(source).defaults
+
+
+def _kind(value: object) -> str | None:
+    """A scalar's kind as the hyperparameter checks compare them; None for any other."""
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return None
+
+
+def name_problem(declared: Declared, name: str) -> str | None:
+    """Why a task may not set hyperparameter `name`: the module binds no HYPERPARAMETERS,
+    or its literal dict lacks the name; None when it may, or when that is not known here."""
+    if not declared.bound:
+        return f"hyperparameter {name!r}: the module declares no HYPERPARAMETERS"
+    if declared.defaults is not None and name not in declared.defaults:
+        known = ", ".join(sorted(declared.defaults)) or "none"
+        return (
+            f"hyperparameter {name!r} is not declared in the code's HYPERPARAMETERS "
+            f"(declared: {known})"
+        )
+    return None
+
+
+def value_problem(declared: Declared, name: str, value: object) -> str | None:
+    """Why `value` does not suit hyperparameter `name`: its kind (true/false, a number,
+    int or float alike, or a string) is not its default's. Not checked: a null value, a
+    default that is null or not such a scalar, or defaults not known here."""
+    default = (declared.defaults or {}).get(name)
+    want, got = _kind(default), _kind(value)
+    if want is None or value is None or got == want:
         return None
-    return found
+    return f"hyperparameter {name!r} takes a {want} like its default {default!r}, not {value!r}"
 
 
 def _iterable_datasets(tree: ast.Module) -> list[str]:

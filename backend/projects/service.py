@@ -12,13 +12,13 @@ from backend.core.db import utcnow
 from backend.core.errors import Conflict, Invalid, NotFound, TooLarge, UnsupportedType
 from backend.projects.code import (
     ARCHIVE_SUFFIXES,
+    UNKNOWN,
+    Declared,
     check_contract,
     example_path,
     loader_module,
     read_archive,
-)
-from backend.projects.code import (
-    declared_hyperparameters as declared_in,
+    read_hyperparameters,
 )
 from backend.projects.models import CodeVersion, Project, ProjectMember
 from backend.projects.requirements import (
@@ -340,10 +340,10 @@ def read_source(version: CodeVersion) -> bytes:
     return content
 
 
-def declared_hyperparameters(version: CodeVersion) -> dict[str, object] | None:
-    """The `HYPERPARAMETERS` defaults the version's module (an archive's entrypoint)
-    declares, read without running it; None when not known (none declared, not a literal,
-    or the file cannot be read)."""
+def declared_hyperparameters(version: CodeVersion) -> Declared:
+    """What the version's module (an archive's entrypoint) tells of its `HYPERPARAMETERS`,
+    read without running it (`backend.projects.code.Declared`: whether it binds the name at
+    all, and its defaults when a literal); `UNKNOWN` when the file cannot be read."""
     try:
         if version.source == "archive" and version.entrypoint and version.path:
             with zipfile.ZipFile(version.path) as archive:
@@ -351,8 +351,8 @@ def declared_hyperparameters(version: CodeVersion) -> dict[str, object] | None:
         else:
             source = read_source(version)
     except (OSError, KeyError, zipfile.BadZipFile):
-        return None
-    return declared_in(source)
+        return UNKNOWN
+    return read_hyperparameters(source)
 
 
 def member_rows(session: Session, *, project: Project) -> list[dict]:

@@ -2,7 +2,8 @@
 cancel (its unfinished trials too).
 
 Every route checks that the caller may see the sweep's project; creating one needs a
-project the caller may add tasks to (not archived).
+project the caller may add tasks to (not archived), its code version, and every task the
+sweep's task depends on (`check_creation`, shared with the portal's form).
 """
 
 from typing import Annotated
@@ -20,6 +21,7 @@ from backend.projects.models import Project
 from backend.sweeps import service
 from backend.sweeps.models import Sweep, SweepStatus
 from backend.sweeps.schemas import SweepCreate, SweepDetail, SweepRead
+from backend.tasks import access as task_access
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"], dependencies=[UserAuth])
 
@@ -34,6 +36,26 @@ def readable_sweep(session: Session, *, user: User, sweep_id: int) -> Sweep:
     return sweep
 
 
+def check_creation(session: Session, *, user: User, data: SweepCreate) -> None:
+    """`user` may start the sweep: add tasks to its project (not archived), see its code
+    version and each task its `task.depends_on` names (another user's unshared task is
+    answered as a missing one: `backend.tasks.access.check_dependencies`).
+
+    Raises:
+        NotFound: the project, the code version or a dependency (field
+            `task.depends_on.<index>`) is not visible to `user`.
+        Conflict: the project is archived.
+        Invalid: the sweep's task is not a valid submission (field `task.<name>`).
+    """
+    project_access.writable_project(session, user=user, project_id=data.project_id)
+    project_access.readable_version(session, user=user, version_id=data.code_version_id)
+    base = service.base_task(data)
+    try:
+        task_access.check_dependencies(session, user=user, depends_on=base.depends_on or [])
+    except NotFound as exc:
+        raise NotFound(exc.message, field=f"task.{exc.field}") from exc
+
+
 def valid_sweep(sweep_id: int, session: SessionDep, user: CurrentUser) -> Sweep:
     return readable_sweep(session, user=user, sweep_id=sweep_id)
 
@@ -44,8 +66,7 @@ SweepDep = Annotated[Sweep, Depends(valid_sweep)]
 @router.post("", response_model=SweepDetail, status_code=status.HTTP_201_CREATED)
 def create_sweep(data: SweepCreate, session: SessionDep, user: CurrentUser) -> dict:
     """Start a sweep: its trials are planned at once and submitted `parallel` at a time."""
-    project_access.writable_project(session, user=user, project_id=data.project_id)
-    project_access.readable_version(session, user=user, version_id=data.code_version_id)
+    check_creation(session, user=user, data=data)
     sweep = service.create(session, data=data, user_id=user.id)
     return service.detail(session, sweep)
 

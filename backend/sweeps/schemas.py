@@ -3,9 +3,17 @@
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from backend.core.schemas import UtcDateTime
+from backend.sweeps.space import grid_size
 from backend.sweeps.stopping import DEFAULT_MIN_EPOCHS, DEFAULT_MIN_TRIALS
 from backend.tasks.schemas import HYPERPARAMETER_NAME, check_hyperparameters
 from contracts.strict import StrictModel
@@ -108,8 +116,9 @@ class SweepCreate(StrictModel):
         default=None,
         ge=1,
         le=MAX_TRIALS,
-        description="how many trials (grid: default every combination, at most that many; "
-        "random: default 10)",
+        validate_default=True,
+        description="how many trials (grid: default every combination, at most that many, "
+        f"and a grid of more than {MAX_TRIALS} combinations needs it; random: default 10)",
     )
     parallel: int = Field(default=2, ge=1, le=64, description="trials running at once, at most")
     metric: str = Field(
@@ -139,9 +148,9 @@ class SweepCreate(StrictModel):
     )
     plan_id: int | None = Field(
         default=None,
-        description="the plan whose performance model places the trials (default: the "
-        "newest fitted plan of this code version with the task's sync strategy; none: the "
-        "task's own groups)",
+        description="the plan whose performance model places the trials (a fitted plan of "
+        "the project timing the task's sync strategy); none (the default): every trial runs "
+        "on the task's own groups",
     )
 
     @field_validator("space", mode="before")
@@ -161,6 +170,19 @@ class SweepCreate(StrictModel):
         for name in value:
             if not HYPERPARAMETER_NAME.fullmatch(name):
                 raise ValueError(f"{name[:100]!r} is not a hyperparameter name")
+        return value
+
+    @field_validator("trials")
+    @classmethod
+    def _bounded(cls, value: int | None, info: ValidationInfo) -> int | None:
+        """A grid without `trials` runs every combination: at most MAX_TRIALS of them."""
+        chosen = info.data.get("space")
+        if value is None and info.data.get("algorithm") == "grid" and chosen:
+            size = grid_size({name: item.stored() for name, item in chosen.items()})
+            if size > MAX_TRIALS:
+                raise ValueError(
+                    f"the grid has {size} combinations; at most {MAX_TRIALS}, or give trials"
+                )
         return value
 
 

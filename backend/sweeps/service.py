@@ -23,13 +23,22 @@ from backend.core.errors import Conflict, Invalid, NotFound, ServiceError
 from backend.plans import performance
 from backend.plans.models import Plan
 from backend.plans.service import group_item
+from backend.projects import code
 from backend.projects import service as projects
+from backend.projects.code import Declared
 from backend.sweeps import placement, space, stopping
 from backend.sweeps.models import Sweep, SweepStatus
 from backend.sweeps.schemas import SweepCreate
 from backend.tasks import lifecycle
 from backend.tasks import service as tasks
-from backend.tasks.models import TERMINAL, Metric, Task, TaskStatus
+from backend.tasks.models import (
+    RESOURCE_METRICS,
+    STEP_SERIES,
+    TERMINAL,
+    Metric,
+    Task,
+    TaskStatus,
+)
 from backend.tasks.schemas import TaskCreate
 from backend.tasks.spec import read_spec
 
@@ -42,7 +51,7 @@ OWN_KEYS = ("project_id", "code_version_id")
 # --- create -------------------------------------------------------------------------------
 
 
-def _base_task(data: SweepCreate) -> TaskCreate:
+def base_task(data: SweepCreate) -> TaskCreate:
     """The task every trial runs, validated as a submission; errors name `task.<field>`."""
     for key in OWN_KEYS:
         if key in data.task:
@@ -54,15 +63,21 @@ def _base_task(data: SweepCreate) -> TaskCreate:
             {**data.task, "project_id": data.project_id, "code_version_id": data.code_version_id}
         )
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        message = str(first["msg"]).removeprefix("Value error, ")
-        raise Invalid(f"task: {message}", field=f"task.{where}" if where else "task") from None
+        raise _task_error(exc) from None
 
 
-def _check_names(declared: dict[str, Any] | None, data: SweepCreate) -> None:
-    """Every searched name is one the code declares in `HYPERPARAMETERS`, when known, and
-    a grid lists values for each."""
+def _task_error(exc: ValidationError) -> Invalid:
+    """A task body's first validation error, its field under `task.`."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return Invalid(f"task: {message}", field=f"task.{where}" if where else "task")
+
+
+def _check_names(declared: Declared, data: SweepCreate) -> None:
+    """A grid lists values for each name, and every searched name and value is one the
+    code's `HYPERPARAMETERS` takes, as far as its source tells
+    (`backend.projects.code.name_problem`, `value_problem`: a range is a number)."""
     if data.algorithm == "grid":
         for name, item in data.space.items():
             if item.values is None:
@@ -70,52 +85,43 @@ def _check_names(declared: dict[str, Any] | None, data: SweepCreate) -> None:
                     "grid search takes a list of values; a range (min, max) is for random search",
                     field=f"space.{name}",
                 )
-    if declared is None:
-        return
-    known = ", ".join(sorted(declared)) or "none"
-    for name in data.space:
-        if name not in declared:
-            raise Invalid(
-                f"hyperparameter {name!r} is not declared in the code's HYPERPARAMETERS "
-                f"(declared: {known})",
-                field=f"space.{name}",
-            )
+    for name, item in data.space.items():
+        problem = code.name_problem(declared, name)
+        if problem:
+            raise Invalid(problem, field=f"space.{name}")
+        if item.values is None:
+            problem = code.value_problem(declared, name, item.min)
+            if problem:
+                raise Invalid(problem, field=f"space.{name}")
+            continue
+        for index, value in enumerate(item.values):
+            problem = code.value_problem(declared, name, value)
+            if problem:
+                raise Invalid(problem, field=f"space.{name}.values.{index}")
 
 
 def usable_plan(session: Session, *, sweep_plan_id: int | None, data: TaskCreate) -> Plan | None:
-    """The plan whose model places the trials: `sweep_plan_id` if given (it must be a fitted
-    plan of the project timing the task's sync strategy), else the newest such plan of the
-    task's code version, else None.
+    """The plan whose model places the trials: the sweep's `plan_id`, which must be a
+    fitted plan of the project timing the task's sync strategy; None without one (the
+    trials run on the task's own groups, whatever plans the code version has).
 
     Raises:
         Invalid (field `plan_id`): the given plan is not usable.
     """
-    if sweep_plan_id is not None:
-        plan = session.get(Plan, sweep_plan_id)
-        if plan is None or plan.project_id != data.project_id:
-            raise Invalid(f"plan {sweep_plan_id} is not a plan of this project", field="plan_id")
-        if plan.model is None:
-            raise Invalid(f"plan {sweep_plan_id} has no fitted model yet", field="plan_id")
-        if plan.model.get("sync_strategy") != data.sync_strategy:
-            raise Invalid(
-                f"plan {sweep_plan_id} timed sync_strategy {plan.model.get('sync_strategy')!r}, "
-                f"not the task's {data.sync_strategy!r}",
-                field="plan_id",
-            )
-        return plan
-    query = (
-        select(Plan)
-        .where(Plan.project_id == data.project_id, Plan.model.is_not(None))
-        .order_by(Plan.id.desc())
-    )
-    for plan in session.scalars(query):
-        if (
-            plan.request.get("code_version_id") == data.code_version_id
-            and plan.model is not None
-            and plan.model.get("sync_strategy") == data.sync_strategy
-        ):
-            return plan
-    return None
+    if sweep_plan_id is None:
+        return None
+    plan = session.get(Plan, sweep_plan_id)
+    if plan is None or plan.project_id != data.project_id:
+        raise Invalid(f"plan {sweep_plan_id} is not a plan of this project", field="plan_id")
+    if plan.model is None:
+        raise Invalid(f"plan {sweep_plan_id} has no fitted model yet", field="plan_id")
+    if plan.model.get("sync_strategy") != data.sync_strategy:
+        raise Invalid(
+            f"plan {sweep_plan_id} timed sync_strategy {plan.model.get('sync_strategy')!r}, "
+            f"not the task's {data.sync_strategy!r}",
+            field="plan_id",
+        )
+    return plan
 
 
 def create(session: Session, *, data: SweepCreate, user_id: int | None = None) -> Sweep:
@@ -124,9 +130,10 @@ def create(session: Session, *, data: SweepCreate, user_id: int | None = None) -
     Raises:
         NotFound: the project or code version does not exist.
         Invalid: the code version is another project's, the task is not a valid
-            submission (field `task.<name>`), a searched name is not declared in the code's
-            `HYPERPARAMETERS` (field `space.<name>`), the plan is not usable (`plan_id`),
-            or a trial cannot be submitted (its refusal).
+            submission (field `task.<name>`), a searched name or value is not one the
+            code's `HYPERPARAMETERS` takes (field `space.<name>`, `space.<name>.values.<i>`),
+            the plan is not usable (`plan_id`), or a trial cannot be submitted (its
+            refusal, its field prefixed `task.`: the trial is the sweep's task).
     """
     project = projects.get(session, project_id=data.project_id)
     version = projects.get_version(session, version_id=data.code_version_id)
@@ -134,7 +141,7 @@ def create(session: Session, *, data: SweepCreate, user_id: int | None = None) -
         raise Invalid(
             f"code version {version.id} belongs to another project", field="code_version_id"
         )
-    base = _base_task(data)
+    base = base_task(data)
     _check_names(projects.declared_hyperparameters(version), data)
     stored_space = {name: item.stored() for name, item in data.space.items()}
     trials = space.expand(data.algorithm, stored_space, data.trials, data.seed)
@@ -162,8 +169,15 @@ def create(session: Session, *, data: SweepCreate, user_id: int | None = None) -
     session.add(sweep)
     session.flush()
     # The first trials are submitted in the same transaction: a sweep whose trials would be
-    # refused (a group too small, a dependency) is refused whole, nothing stored.
-    _submit_next(session, sweep, now=utcnow())
+    # refused (a group too small, a dependency) is refused whole, nothing stored. Their
+    # errors name the task's field (`task.resource_groups.0.name`), beside the form's.
+    try:
+        _submit_next(session, sweep, now=utcnow())
+    except ServiceError as exc:
+        exc.field = f"task.{exc.field}" if exc.field else "task"
+        raise
+    except ValidationError as exc:
+        raise _task_error(exc) from None
     session.commit()
     return sweep
 
@@ -305,25 +319,76 @@ def _submit_next(session: Session, sweep: Sweep, *, now: datetime) -> list[Task]
     return added
 
 
+def locked(session: Session, sweep_id: int) -> Sweep:
+    """The sweep re-read with its row locked until the transaction ends (`FOR UPDATE` on
+    PostgreSQL; SQLite runs one writer at a time), so that `advance` and `cancel`, which may
+    run in different processes, take turns: whichever comes second sees what the first
+    committed."""
+    return session.get_one(Sweep, sweep_id, with_for_update=True, populate_existing=True)
+
+
+def _reported_names(session: Session, task_ids: Sequence[int]) -> dict[int, set[str]]:
+    """The epoch metrics each task reported (neither per-step series nor resource samples)."""
+    found: dict[int, set[str]] = {task_id: set() for task_id in task_ids}
+    if not task_ids:
+        return found
+    rows = session.execute(
+        select(Metric.task_id, Metric.name)
+        .where(Metric.task_id.in_(task_ids), Metric.name.not_in(RESOURCE_METRICS))
+        .distinct()
+    )
+    for task_id, name in rows:
+        if not name.startswith(STEP_SERIES):
+            found[task_id].add(name)
+    return found
+
+
+def _metric_missing(session: Session, sweep: Sweep, trials: list[Task]) -> str | None:
+    """Why the sweep cannot be judged: a trial SUCCEEDED without ever reporting its metric
+    (a typo in `metric`, or code that reports another name); None if none did."""
+    done = [t for t in trials if t.status == TaskStatus.SUCCEEDED]
+    names = _reported_names(session, [t.id for t in done])
+    for task in done:
+        if sweep.metric not in names[task.id]:
+            index = trials.index(task) + 1
+            seen = ", ".join(sorted(names[task.id])) or "none"
+            return (
+                f"trial {index} (task {task.id}) succeeded without reporting the metric "
+                f"{sweep.metric!r}; it reported: {seen}"
+            )
+    return None
+
+
 def advance(session: Session, sweep: Sweep, *, now: datetime | None = None) -> dict[str, list[int]]:
     """One step of a running sweep, committed: stop the trials the median rule stops, submit
     the next trials up to `parallel` unfinished, and finish the sweep once every planned
-    trial has ended. A trial refused at submission fails the sweep, with the reason.
-    Returns the ids of the trials `stopped` and `submitted`."""
+    trial has ended. A trial refused at submission fails the sweep, with the reason (the
+    trials stopped in the same step stay stopped); so does a trial that succeeded without
+    reporting the sweep's metric (its unfinished trials are cancelled: none could be judged).
+    The sweep's row is locked first (`locked`), so a `cancel` in another process waits, or
+    has happened and nothing is done. Returns the ids of the trials `stopped` and
+    `submitted`."""
+    sweep = locked(session, sweep.id)
     if sweep.status != SweepStatus.RUNNING:
-        return {"stopped": [], "submitted": []}
-    now = now or utcnow()
-    stopped = _stop_bad_trials(session, sweep, trial_tasks(session, sweep.id))
-    session.flush()
-    try:
-        added = _submit_next(session, sweep, now=now)
-    except (ServiceError, ValidationError) as exc:
-        session.rollback()
-        message = exc.message if isinstance(exc, ServiceError) else str(exc)
-        sweep = session.get_one(Sweep, sweep.id)
-        _finish(sweep, SweepStatus.FAILED, f"trial {sweep.submitted + 1} refused: {message}")
         session.commit()
         return {"stopped": [], "submitted": []}
+    now = now or utcnow()
+    trials = trial_tasks(session, sweep.id)
+    missing = _metric_missing(session, sweep, trials)
+    if missing is not None:
+        _end(session, sweep, trials, SweepStatus.FAILED, missing)
+        session.commit()
+        return {"stopped": [], "submitted": []}
+    stopped = _stop_bad_trials(session, sweep, trials)
+    session.flush()
+    try:
+        with session.begin_nested():  # a refusal undoes the submission, not the stops
+            added = _submit_next(session, sweep, now=now)
+    except (ServiceError, ValidationError) as exc:
+        message = exc.message if isinstance(exc, ServiceError) else str(exc)
+        _finish(sweep, SweepStatus.FAILED, f"trial {sweep.submitted + 1} refused: {message}")
+        session.commit()
+        return {"stopped": stopped, "submitted": []}
     trials = trial_tasks(session, sweep.id)
     if sweep.submitted >= len(sweep.trials) and all(t.status in TERMINAL for t in trials):
         _finish(sweep, SweepStatus.FINISHED, f"{len(trials)} trials ended")
@@ -354,23 +419,35 @@ def _finish(sweep: Sweep, status: SweepStatus, reason: str) -> None:
     sweep.finished_at = utcnow()
 
 
+def _end(
+    session: Session, sweep: Sweep, trials: list[Task], status: SweepStatus, reason: str
+) -> None:
+    """End the sweep with `reason` and cancel its unfinished trials; the caller commits."""
+    why = f"sweep {sweep.id} {'cancelled' if status == SweepStatus.CANCELLED else 'failed'}"
+    for task in trials:
+        if task.status not in TERMINAL:
+            lifecycle.transition(session, task, TaskStatus.CANCELLED, why)
+    _finish(sweep, status, reason)
+
+
 # --- cancel and read ----------------------------------------------------------------------
 
 
 def cancel(session: Session, *, sweep: Sweep) -> Sweep:
     """Cancel a running sweep and every unfinished trial of it; none more is submitted.
+    The sweep's row is locked first (`locked`): an `advance` under way in the scheduler
+    commits its trials before, and they are cancelled too.
 
     Raises:
         Conflict: the sweep has already ended.
     """
+    sweep = locked(session, sweep.id)
     if sweep.status != SweepStatus.RUNNING:
+        session.rollback()
         raise Conflict(
             f"sweep {sweep.id} is {sweep.status}; it cannot be cancelled", field="status"
         )
-    for task in trial_tasks(session, sweep.id):
-        if task.status not in TERMINAL:
-            lifecycle.transition(session, task, TaskStatus.CANCELLED, f"sweep {sweep.id} cancelled")
-    _finish(sweep, SweepStatus.CANCELLED, "cancelled by user")
+    _end(session, sweep, trial_tasks(session, sweep.id), SweepStatus.CANCELLED, "cancelled by user")
     session.commit()
     return sweep
 

@@ -5,7 +5,8 @@ for random search only, a range (`{"min": a, "max": b, "scale": "linear" | "log"
 "integer": false}`).
 
 - **grid**: every combination of the listed values, the first name varying slowest (in the
-  space's order), the first `trials` of them (all when `trials` is None).
+  space's order), the first `trials` of them (all when `trials` is None; `SweepCreate`
+  refuses a grid of more than MAX_TRIALS combinations without `trials`), built lazily.
 - **random**: `trials` independent draws seeded by the sweep's `seed` (Python's
   `random.Random(seed)`, so the same sweep draws the same trials): a listed parameter takes
   one of its values uniformly; a range a value uniform in `[min, max]` (`linear`) or whose
@@ -28,8 +29,10 @@ def grid(space: dict[str, dict[str, Any]], trials: int | None = None) -> list[Tr
         if "values" not in item:
             raise ValueError(f"{name}: grid search needs a list of values, not a range")
     names = list(space)
+    wanted = grid_size(space) if trials is None else min(trials, grid_size(space))
+    # product() is lazy: only the `wanted` first combinations are ever built.
     combos = itertools.product(*(space[name]["values"] for name in names))
-    return [dict(zip(names, combo, strict=True)) for combo in itertools.islice(combos, trials)]
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.islice(combos, wanted)]
 
 
 def grid_size(space: dict[str, dict[str, Any]]) -> int:

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, aliased
 
 from backend.core.errors import Conflict, Invalid, NotFound
 from backend.plans.predict import predicted_finish_s
+from backend.projects import code
 from backend.projects import service as projects
 from backend.projects.models import CodeVersion
 from backend.resource_groups.models import ResourceGroup
@@ -105,26 +106,24 @@ def submit(
 
 
 def _hyperparameters(version: CodeVersion, values: dict[str, object]) -> dict[str, object]:
-    """`hyperparameters` for the task's spec (nothing when it sets none), each name checked
-    against the `HYPERPARAMETERS` the code version declares when they are known
-    (`backend.projects.service.declared_hyperparameters`; otherwise the engine checks them
-    when it loads the code).
+    """`hyperparameters` for the task's spec (nothing when it sets none), checked against
+    what the code version's source tells of its `HYPERPARAMETERS`
+    (`backend.projects.service.declared_hyperparameters`): a module that binds none takes
+    none; a literal dict's names are the only ones, each value of its default's kind
+    (`backend.projects.code.value_problem`). A dict that is not a literal is checked by the
+    engine when it loads the code.
 
     Raises:
-        Invalid (field `hyperparameters.<name>`): the code declares no such name.
+        Invalid (field `hyperparameters.<name>`): the code declares no such name, or none at
+            all, or the value is not of its default's kind.
     """
     if not values:
         return {}
     declared = projects.declared_hyperparameters(version)
-    if declared is not None:
-        for name in values:
-            if name not in declared:
-                known = ", ".join(sorted(declared)) or "none"
-                raise Invalid(
-                    f"hyperparameter {name!r} is not declared in the code's HYPERPARAMETERS "
-                    f"(declared: {known})",
-                    field=f"hyperparameters.{name}",
-                )
+    for name, value in values.items():
+        problem = code.name_problem(declared, name) or code.value_problem(declared, name, value)
+        if problem:
+            raise Invalid(problem, field=f"hyperparameters.{name}")
     return {"hyperparameters": dict(values)}
 
 
@@ -456,7 +455,7 @@ def _every_kth(session: Session, query: Select, max_points: int) -> Sequence[Met
     ).subquery()
     kept = aliased(Metric, numbered)
     points, position = numbered.c.points, numbered.c.position
-    stride = (points + max_points - 1) / max_points  # integer division of integers
+    stride = (points + max_points - 1) // max_points  # floor division: integers on both
     chosen = select(kept).where((points - position) % stride == 0).order_by(numbered.c.id)
     return session.scalars(chosen).all()
 

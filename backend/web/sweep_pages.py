@@ -19,7 +19,7 @@ from backend.projects import service as projects
 from backend.projects.models import Project
 from backend.resource_groups.models import ResourceGroup
 from backend.sweeps import service as sweeps
-from backend.sweeps.router import readable_sweep
+from backend.sweeps.router import check_creation, readable_sweep
 from backend.sweeps.schemas import SweepCreate
 from backend.web.forms import FORM_ERROR, FieldErrors, validation_errors
 from backend.web.templating import redirect, render
@@ -136,15 +136,17 @@ def _body(project: Project, form: SweepForm) -> tuple[dict[str, Any], FieldError
 
 
 def start_sweep(
-    session: Session, project: Project, form: SweepForm, user_id: int
+    session: Session, project: Project, form: SweepForm, user: User
 ) -> tuple[int | None, FieldErrors]:
-    """Create the sweep of the form, or return the errors keyed by the form's fields."""
+    """Create the sweep of the form, or return the errors keyed by the form's fields (the
+    access checks are REST's: `backend.sweeps.router.check_creation`)."""
     body, errors = _body(project, form)
     if errors:
         return None, errors
     try:
         data = SweepCreate.model_validate(body)
-        sweep = sweeps.create(session, data=data, user_id=user_id)
+        check_creation(session, user=user, data=data)
+        sweep = sweeps.create(session, data=data, user_id=user.id)
     except ValidationError as exc:
         found: FieldErrors = {}
         for field, message in validation_errors(exc).items():
@@ -202,7 +204,7 @@ def create_sweep(
     """Start a sweep from the form and open its page; a refusal shows the form again as
     entered, each message beside its field."""
     project = project_access.writable_project(session, user=user, project_id=project_id)
-    sweep_id, errors = start_sweep(session, project, form, user.id)
+    sweep_id, errors = start_sweep(session, project, form, user)
     if sweep_id is None:
         page = _sweeps_page(session, user, project, form, errors)
         return render(request, "sweeps.html", page, status_code=422)

@@ -68,13 +68,15 @@ def _show(sweep: dict[str, Any]) -> None:
     console.print(
         f"sweep {sweep['id']}: {escape(sweep['name'])} ({sweep['status']}) · {sweep['algorithm']}"
         f", {sweep['submitted']} of {sweep['planned']} trials submitted, at most "
-        f"{sweep['parallel']} at once · {sweep['goal']} {sweep['metric']}",
+        f"{sweep['parallel']} at once · {sweep['goal']} {escape(sweep['metric'])}",
         highlight=False,
     )
     if sweep.get("reason"):
         console.print(f"  {escape(sweep['reason'])}", highlight=False)
     names = list(sweep["space"])
-    table = Table("#", *names, "status", sweep["metric"], "epochs", "task")
+    table = Table(
+        "#", *(escape(n) for n in names), "status", escape(sweep["metric"]), "epochs", "task"
+    )
     best = (sweep.get("best") or {}).get("index")
     for trial in sweep["trials"]:
         status = "STOPPED" if trial["stopped_early"] else trial["status"]
@@ -101,7 +103,7 @@ def _show(sweep: dict[str, Any]) -> None:
     if sweep.get("best"):
         chosen = ", ".join(f"{k}={_value(v)}" for k, v in sweep["best"]["hyperparameters"].items())
         console.print(
-            f"best: trial {best} (task {sweep['best']['task_id']}), {sweep['metric']} "
+            f"best: trial {best} (task {sweep['best']['task_id']}), {escape(sweep['metric'])} "
             f"{sweep['best']['objective']:.6g} with {escape(chosen)}",
             highlight=False,
         )
@@ -151,7 +153,7 @@ def list_sweeps(
             str(row["project_id"]),
             row["status"],
             f"{row['submitted']}/{row['planned']}",
-            f"{row['goal']} {row['metric']}",
+            escape(f"{row['goal']} {row['metric']}"),
             row["created_at"][:19],
         )
     console.print(table)

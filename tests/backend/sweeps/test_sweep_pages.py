@@ -42,6 +42,11 @@ def test_start_a_sweep_from_the_form_and_read_its_page(client: TestClient) -> No
     assert 'value="widths"' in refused.text and 'value="cpu-a:1"' in refused.text
     bad_groups = client.post(url, data=with_csrf(client, {**form, "groups": "cpu-a:x"}))
     assert bad_groups.status_code == 422 and 'id="error-groups"' in bad_groups.text
+    # the first trials' refusal names the task's field: shown beside the groups, not atop
+    gone = client.post(url, data=with_csrf(client, {**form, "groups": "gone:1"}))
+    assert gone.status_code == 422 and 'id="error-groups"' in gone.text, gone.text
+    assert "resource group &#39;gone&#39; does not exist" in gone.text
+    assert 'id="error-__all__"' not in gone.text
 
     started = client.post(url, data=with_csrf(client, form), follow_redirects=False)
     assert started.status_code == 303, started.text

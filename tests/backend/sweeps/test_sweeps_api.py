@@ -5,6 +5,8 @@ No agent runs: a trial is moved to RUNNING in the database and its metrics are r
 through the internal API, and the sweep advances by `advance_all`, the call the scheduler's
 pass makes."""
 
+import json
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -12,8 +14,9 @@ from fastapi.testclient import TestClient
 
 from backend.core import db
 from backend.sweeps import service as sweeps
+from backend.sweeps.models import Sweep
 from backend.tasks.models import Task, TaskStatus
-from tests.conftest import agent_headers, make_group, make_project
+from tests.conftest import agent_headers, login_as, make_group, make_project, with_csrf
 
 
 @pytest.fixture
@@ -51,10 +54,17 @@ def set_running(*task_ids: int) -> None:
         session.commit()
 
 
-def report(client: TestClient, task_id: int, values: list[float], name: str = "val_loss") -> None:
+def report(
+    client: TestClient,
+    task_id: int,
+    values: list[float],
+    name: str = "val_loss",
+    first_epoch: int = 0,
+) -> None:
+    """`values` as the metric `name` of epochs `first_epoch`, `first_epoch + 1`, ..."""
     metrics = [
         {"name": name, "value": v, "epoch": e, "step": 10 * (e + 1), "rank": 0}
-        for e, v in enumerate(values)
+        for e, v in enumerate(values, start=first_epoch)
     ]
     answer = client.post(
         f"/internal/v1/tasks/{task_id}/metrics", headers=agent_headers(), json={"metrics": metrics}
@@ -113,12 +123,7 @@ def test_the_median_rule_stops_a_bad_trial_and_the_best_is_named(setup) -> None:
     advance()
     trials = client.get(f"/api/v1/sweeps/{sweep['id']}").json()["trials"]
     assert [t["status"] for t in trials] == ["RUNNING"] * 4
-    report(client, ids[3], [0.95, 0.92][1:])  # epoch 0 again would be a duplicate: add epoch 1
-    client.post(
-        f"/internal/v1/tasks/{ids[3]}/metrics",
-        headers=agent_headers(),
-        json={"metrics": [{"name": "val_loss", "value": 0.92, "epoch": 1, "step": 20, "rank": 0}]},
-    ).raise_for_status()
+    report(client, ids[3], [0.92], first_epoch=1)  # its epoch 1: curve 0.95, 0.92
     advance()
     got = client.get(f"/api/v1/sweeps/{sweep['id']}").json()
     by_task = {t["task_id"]: t for t in got["trials"]}
@@ -132,6 +137,57 @@ def test_the_median_rule_stops_a_bad_trial_and_the_best_is_named(setup) -> None:
     assert by_task[ids[0]]["status"] == "RUNNING" and by_task[ids[1]]["status"] == "RUNNING"
     assert got["best"]["task_id"] == ids[1] and got["best"]["objective"] == 0.7
     assert by_task[ids[0]]["curve"] == {"0": 1.0, "1": 0.8}
+    assert by_task[ids[3]]["curve"] == {"0": 0.95, "1": 0.92}  # running average 0.935
+
+
+def test_a_refused_trial_keeps_the_trials_stopped_in_the_same_pass(setup) -> None:  # type: ignore[no-untyped-def]
+    """The pass stops trial 4 by the median rule, then trial 5 is refused (its group is
+    gone): the sweep fails, and trial 4 stays stopped (the refusal undoes the submission
+    only)."""
+    client, version = setup
+    body = sweep_body(version, parallel=4, space={"lr": [0.1, 0.01, 0.001, 0.0001, 0.00001]})
+    sweep = client.post("/api/v1/sweeps", json=body).json()
+    ids = [t["task_id"] for t in sweep["trials"]]
+    set_running(*ids)
+    for task_id, values in zip(ids, ([1.0, 0.8], [0.9, 0.7], [0.9, 0.85], [1.2, 1.1]), strict=True):
+        report(client, task_id, values)
+    with db.get_sessionmaker()() as session:
+        stored = session.get_one(Sweep, sweep["id"])
+        stored.base = {**stored.base, "resource_groups": [{"name": "gone", "workers": 1}]}
+        session.commit()
+    advance()
+    got = client.get(f"/api/v1/sweeps/{sweep['id']}").json()
+    assert got["status"] == "FAILED" and got["submitted"] == 4, got
+    assert got["reason"].startswith("trial 5 refused: resource group 'gone' does not exist")
+    stopped = got["trials"][3]
+    assert stopped["status"] == "CANCELLED" and stopped["stopped_early"], stopped
+
+
+def test_a_metric_never_reported_fails_the_sweep_naming_what_was(setup) -> None:  # type: ignore[no-untyped-def]
+    client, version = setup
+    sweep = client.post("/api/v1/sweeps", json=sweep_body(version, metric="val_los")).json()
+    ids = [t["task_id"] for t in sweep["trials"]]
+    set_running(*ids)
+    report(client, ids[0], [0.5, 0.4])  # val_loss, not the sweep's val_los
+    report(client, ids[0], [0.6], name="train_loss")
+    report(client, ids[0], [3.0], name="step/train_loss")  # a per-step series: not named
+    advance()
+    assert client.get(f"/api/v1/sweeps/{sweep['id']}").json()["status"] == "RUNNING"
+    with db.get_sessionmaker()() as session:
+        session.get_one(Task, ids[0]).status = TaskStatus.SUCCEEDED
+        session.commit()
+    advance()
+    got = client.get(f"/api/v1/sweeps/{sweep['id']}").json()
+    assert got["status"] == "FAILED" and got["submitted"] == 2
+    assert got["reason"] == (
+        f"trial 1 (task {ids[0]}) succeeded without reporting the metric 'val_los'; "
+        "it reported: train_loss, val_loss"
+    )
+    assert got["trials"][1]["status"] == "CANCELLED"
+    assert got["trials"][1]["status_reason"] == f"sweep {sweep['id']} failed"
+    page = client.get(f"/sweeps/{sweep['id']}")
+    assert "without reporting the metric &#39;val_los&#39;" in page.text
+    assert 'id="sweep-reason"' in page.text
 
 
 def test_cancelling_a_sweep_cancels_its_unfinished_trials(setup) -> None:  # type: ignore[no-untyped-def]
@@ -152,6 +208,47 @@ def test_cancelling_a_sweep_cancels_its_unfinished_trials(setup) -> None:  # typ
     assert again.status_code == 409
 
 
+@pytest.mark.stack(only="postgresql")
+def test_a_cancel_waits_for_an_advance_under_way(setup, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The scheduler's pass (a thread) is in `advance`, about to submit trials 3 and 4, when
+    a user cancels the sweep (an API request, another connection): the cancel waits on the
+    sweep's row until the pass commits, then cancels the new trials too. Unlocked, the pass
+    submitted them after the cancel, and they ran for a cancelled sweep."""
+    client, version = setup
+    sweep = client.post("/api/v1/sweeps", json=sweep_body(version, early_stopping="none")).json()
+    for trial in sweep["trials"]:  # both end: the next pass submits trials 3 and 4
+        client.post(f"/api/v1/tasks/{trial['task_id']}/cancel").raise_for_status()
+    in_pass, cancel_done = threading.Event(), threading.Event()
+    stop = sweeps._stop_bad_trials
+
+    def slow_stop(*args):  # type: ignore[no-untyped-def]
+        in_pass.set()
+        cancel_done.wait(timeout=2)  # locked, the cancel cannot end while this pass runs
+        return stop(*args)
+
+    monkeypatch.setattr(sweeps, "_stop_bad_trials", slow_stop)
+    failed: list[BaseException] = []
+
+    def scheduler_pass() -> None:
+        try:
+            with db.get_sessionmaker()() as session:
+                sweeps.advance(session, session.get_one(Sweep, sweep["id"]))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            failed.append(exc)
+
+    thread = threading.Thread(target=scheduler_pass)
+    thread.start()
+    assert in_pass.wait(timeout=30)
+    answer = client.post(f"/api/v1/sweeps/{sweep['id']}/cancel")
+    cancel_done.set()
+    thread.join(timeout=30)
+    assert not failed, failed
+    assert answer.status_code == 200, answer.text
+    got = client.get(f"/api/v1/sweeps/{sweep['id']}").json()
+    assert got["status"] == "CANCELLED" and got["submitted"] == 4
+    assert [t["status"] for t in got["trials"]] == ["CANCELLED"] * 4, got["trials"]
+
+
 @pytest.mark.parametrize(
     ("change", "field", "words"),
     [
@@ -169,6 +266,44 @@ def test_cancelling_a_sweep_cancels_its_unfinished_trials(setup) -> None:  # typ
         ),
         ({"task": {"epochs": 3}}, "task.resource_groups", "Field required"),
         ({"metric": ""}, "metric", "at least 1"),
+        (
+            {"space": {"lr": [i / 100 for i in range(1, 41)], "hidden": list(range(1, 31))}},
+            "trials",
+            "the grid has 1200 combinations; at most 1000, or give trials",
+        ),
+        ({"space": {"lr": [0.1, "fast"]}}, "space.lr.values.1", "takes a number"),
+        ({"space": {"hidden": [16, True]}}, "space.hidden.values.1", "takes a number"),
+        (
+            {"algorithm": "random", "space": {"lr": [0.1], "hidden": ["wide"]}},
+            "space.hidden.values.0",
+            "like its default 64, not 'wide'",
+        ),
+        (  # the first trials' refusals name the sweep's task's field
+            {"task": {"resource_groups": [{"name": "gone", "workers": 1}]}},
+            "task.resource_groups.0.name",
+            "'gone' does not exist",
+        ),
+        (
+            {
+                "task": {
+                    "resource_groups": [{"name": "cpu-a", "workers": 1}],
+                    "hyperparameters": {"zz": 1},
+                }
+            },
+            "task.hyperparameters.zz",
+            "not declared",
+        ),
+        (
+            {
+                "space": {"lr": [0.1]},
+                "task": {
+                    "resource_groups": [{"name": "cpu-a", "workers": 1}],
+                    "hyperparameters": {"hidden": "x"},  # fixed for every trial
+                },
+            },
+            "task.hyperparameters.hidden",
+            "takes a number",
+        ),
     ],
 )
 def test_bad_sweeps_are_refused_naming_the_field(setup, change, field, words) -> None:  # type: ignore[no-untyped-def]
@@ -199,13 +334,79 @@ def test_task_hyperparameters_are_checked_against_the_declared_ones(setup) -> No
     assert "declared: hidden, lr" in unknown.json()["error"]["message"]
     nested = client.post("/api/v1/tasks", json={**body, "hyperparameters": {"lr": [1]}})
     assert nested.status_code == 422 and "JSON scalar" in nested.json()["error"]["message"]
+    # each value of its default's kind: numbers (int or float alike), true/false, strings
+    widened = client.post("/api/v1/tasks", json={**body, "hyperparameters": {"hidden": 32.0}})
+    assert widened.status_code == 201, widened.text
+    for wrong in ({"lr": "fast"}, {"lr": True}, {"hidden": "64"}):
+        refused = client.post("/api/v1/tasks", json={**body, "hyperparameters": wrong})
+        assert refused.status_code == 422, (wrong, refused.text)
+        error = refused.json()["error"]
+        assert error["field"] == f"hyperparameters.{next(iter(wrong))}", error
+        assert "takes a number like its default" in error["message"], error
+
+
+def test_a_module_without_hyperparameters_takes_none(setup) -> None:  # type: ignore[no-untyped-def]
+    """No `HYPERPARAMETERS` binding at all: a task or sweep giving values is refused; a dict
+    that is not a literal is not known here and left to the engine."""
+    client, version = setup
+    plain = client.post(
+        f"/api/v1/projects/{version['project_id']}/code-versions",
+        json={"example": "tiny_regression"},  # declares no HYPERPARAMETERS
+    ).json()
+    body = {
+        "project_id": version["project_id"],
+        "code_version_id": plain["id"],
+        "resource_groups": [{"name": "cpu-a", "workers": 1}],
+        "global_batch_size": 8,
+    }
+    assert client.post("/api/v1/tasks", json=body).status_code == 201
+    task = client.post("/api/v1/tasks", json={**body, "hyperparameters": {"lr": 0.1}})
+    assert task.status_code == 422, task.text
+    assert task.json()["error"] == {
+        **task.json()["error"],
+        "field": "hyperparameters.lr",
+        "message": "hyperparameter 'lr': the module declares no HYPERPARAMETERS",
+    }
+    sweep = client.post("/api/v1/sweeps", json=sweep_body(plain, space={"lr": [0.1, 0.2]}))
+    assert sweep.status_code == 422, sweep.text
+    assert sweep.json()["error"]["field"] == "space.lr"
+    assert "the module declares no HYPERPARAMETERS" in sweep.json()["error"]["message"]
+
+    source = (
+        b"import torch\nHYPERPARAMETERS = dict(lr=0.1)\n"
+        b"def build_model(): return torch.nn.Linear(2, 1)\n"
+        b"def build_datasets(): return [], []\n"
+        b"def build_optimizer(params): return torch.optim.SGD(params, lr=0.1)\n"
+        b"def loss_fn(output, target): return (output - target).pow(2).mean()\n"
+    )
+    unread = client.post(
+        f"/api/v1/projects/{version['project_id']}/code-versions/upload",
+        files={"file": ("train.py", source)},
+    )
+    assert unread.status_code == 201, unread.text
+    dynamic = {**body, "code_version_id": unread.json()["id"], "hyperparameters": {"zz": "x"}}
+    assert client.post("/api/v1/tasks", json=dynamic).status_code == 201
+
+
+def test_a_large_grid_runs_with_trials_given(setup) -> None:  # type: ignore[no-untyped-def]
+    client, version = setup
+    space = {"lr": [i / 100 for i in range(1, 41)], "hidden": list(range(1, 31))}
+    answer = client.post("/api/v1/sweeps", json=sweep_body(version, space=space, trials=5))
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["planned"] == 5
+    assert answer.json()["pending"][-1] == {"lr": 0.01, "hidden": 5}
 
 
 def test_sweeps_are_seen_and_changed_only_through_their_project(world) -> None:  # type: ignore[no-untyped-def]
     client = world.client
+    version = client.post(  # world.version (tiny_regression) declares no HYPERPARAMETERS
+        f"/api/v1/projects/{world.project['id']}/code-versions",
+        headers=world.as_(world.owner),
+        json={"example": "mnist_cnn"},
+    ).json()
     body = {
         "project_id": world.project["id"],
-        "code_version_id": world.version["id"],
+        "code_version_id": version["id"],
         "task": {"resource_groups": [{"name": "cpu-a", "workers": 1}], "global_batch_size": 8},
         "space": {"lr": [0.1, 0.2]},
         "early_stopping": "none",
@@ -234,11 +435,74 @@ def test_sweeps_are_seen_and_changed_only_through_their_project(world) -> None: 
     assert {e["object_id"] for e in cancels} == {str(sweep_id)}
 
 
-def test_trials_are_placed_by_the_code_versions_plan(client: TestClient) -> None:
-    """With a fitted plan of the code version, the first trial takes the fastest set of the
-    plan's groups (both), with the plan's id and prediction; the second finds both groups
-    held by the first, so every set waits as long, and it takes the fastest set again (the
-    choice among busy groups: tests/backend/sweeps/test_search.py)."""
+def test_a_sweeps_task_depends_only_on_tasks_the_caller_may_see(world) -> None:  # type: ignore[no-untyped-def]
+    """A member of the owner's shared project cannot make a sweep's trials depend on the
+    owner's private task (and so learn its status): REST and the portal's form answer as
+    for a task that does not exist."""
+    client = world.client
+    private = client.post(
+        "/api/v1/projects", headers=world.as_(world.owner), json={"name": "private"}
+    ).json()
+    code = client.post(
+        f"/api/v1/projects/{private['id']}/code-versions",
+        headers=world.as_(world.owner),
+        json={"example": "tiny_regression"},
+    ).json()
+    hidden = client.post(
+        "/api/v1/tasks",
+        headers=world.as_(world.owner),
+        json={
+            "project_id": private["id"],
+            "code_version_id": code["id"],
+            "resource_groups": [{"name": "cpu-a", "workers": 1}],
+        },
+    ).json()
+    client.post(f"/api/v1/tasks/{hidden['id']}/cancel", headers=world.as_(world.owner))
+    version = client.post(
+        f"/api/v1/projects/{world.project['id']}/code-versions",
+        headers=world.as_(world.owner),
+        json={"example": "mnist_cnn"},
+    ).json()
+
+    def body(dep: int) -> dict:
+        return {
+            "project_id": world.project["id"],
+            "code_version_id": version["id"],
+            "task": {"resource_groups": [{"name": "cpu-a", "workers": 1}], "depends_on": [dep]},
+            "space": {"lr": [0.1]},
+        }
+
+    missing_id = hidden["id"] + 1000
+    answers = [
+        client.post("/api/v1/sweeps", json=body(dep), headers=world.as_(world.member))
+        for dep in (hidden["id"], missing_id)
+    ]
+    errors = [a.json()["error"] for a in answers]
+    assert [a.status_code for a in answers] == [404, 404], errors
+    assert [e["field"] for e in errors] == ["task.depends_on.0"] * 2
+    assert errors[0]["message"] == errors[1]["message"].replace(str(missing_id), str(hidden["id"]))
+    assert "CANCELLED" not in errors[0]["message"]
+    assert client.get("/api/v1/sweeps", headers=world.as_(world.owner)).json() == []
+
+    portal = login_as(TestClient(client.app), world.member)
+    form = {
+        "code_version_id": str(version["id"]),
+        "groups": "cpu-a:1",
+        "space": '{"lr": [0.1]}',
+        "task_extra": json.dumps({"depends_on": [hidden["id"]]}),
+    }
+    page = portal.post(f"/projects/{world.project['id']}/sweeps", data=with_csrf(portal, form))
+    assert page.status_code == 422 and 'id="error-task_extra"' in page.text, page.text
+    assert f"task {hidden['id']} does not exist" in page.text
+    assert "CANCELLED" not in page.text
+
+
+def test_trials_are_placed_by_the_plan_the_sweep_names(client: TestClient) -> None:
+    """Without `plan_id` the trials run on the task's groups, though the code version has a
+    fitted plan. With it, the first trial takes the fastest set of the plan's groups (both),
+    with the plan's id and prediction; the second finds both groups held by the first, so
+    every set waits as long, and it takes the fastest set again (the choice among busy
+    groups: tests/backend/sweeps/test_search.py)."""
     from backend.plans.models import Plan
     from backend.plans.performance import Ring, fit
     from tests.backend.plans.test_performance import GROUPS, _trial
@@ -264,7 +528,16 @@ def test_trials_are_placed_by_the_code_versions_plan(client: TestClient) -> None
         "global_batch_size": 64,
         "split_policy": "weighted",
     }
-    created = client.post("/api/v1/sweeps", json=body)
+    own = client.post("/api/v1/sweeps", json=body)
+    assert own.status_code == 201, own.text
+    assert own.json()["plan_id"] is None
+    assert [t["groups"] for t in own.json()["trials"]] == [["fast"], ["fast"]]
+    first = client.get(f"/api/v1/tasks/{own.json()['trials'][0]['task_id']}").json()
+    assert {g["name"]: g["workers"] for g in first["spec"]["request"]} == {"fast": 1}
+    assert "plan_id" not in first["spec"] or first["spec"]["plan_id"] is None
+    client.post(f"/api/v1/sweeps/{own.json()['id']}/cancel").raise_for_status()
+
+    created = client.post("/api/v1/sweeps", json={**body, "plan_id": plan_id})
     assert created.status_code == 201, created.text
     sweep = created.json()
     assert sweep["plan_id"] == plan_id

@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.projects.code import declared_hyperparameters, loader_module
+from backend.projects.code import (
+    declared_hyperparameters,
+    loader_module,
+    name_problem,
+    read_hyperparameters,
+)
 from contracts.task_spec import TaskSpec
 from worker.engine.contract import ContractError, load_training_code
 from worker.engine.spec import RunSpec
@@ -113,3 +118,24 @@ def test_declared_hyperparameters_are_read_without_running_the_module(
     source: bytes, found: dict | None
 ) -> None:
     assert declared_hyperparameters(source) == found
+
+
+@pytest.mark.parametrize(
+    ("source", "bound"),
+    [
+        (b"x = 1\n", False),
+        (b"def f():\n    return HYPERPARAMETERS['lr']\n", False),  # read, never bound
+        (b"HYPERPARAMETERS = dict(a=1)\n", True),
+        (b"from config import HYPERPARAMETERS\n", True),
+        (b"from config import *\n", True),
+        (b"import settings as HYPERPARAMETERS\n", True),
+        (b"if True:\n    HYPERPARAMETERS = {}\n", True),
+        (b"def f():\n    global HYPERPARAMETERS\n", True),
+        (b"globals()['HYPERPARAMETERS'] = {}\n", True),
+        (b"def broken(:\n", True),  # not known: counted as bound
+    ],
+)
+def test_a_module_binding_no_hyperparameters_is_told_apart(source: bytes, bound: bool) -> None:
+    read = read_hyperparameters(source)
+    assert read.bound is bound
+    assert (name_problem(read, "lr") is not None) is not bound
