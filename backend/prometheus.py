@@ -1,10 +1,13 @@
 """Prometheus metrics at `/metrics`, read from the database at each scrape.
 
 Gauges, not counters kept in memory: several API processes then report the
-same numbers, and a restart loses nothing. It reads several domains (tasks, agents,
+same numbers, and a restart loses nothing (but `polytrain_scheduler_leader`, each
+process's own). It reads several domains (tasks, agents,
 resource groups), so it sits beside them at the package top, not in `core/`.
 """
 
+import os
+import socket
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -17,6 +20,7 @@ from sqlalchemy.orm import Session
 from backend.agents.models import Agent
 from backend.core.db import get_sessionmaker
 from backend.resource_groups.models import ResourceGroup
+from backend.scheduler.loop import leading
 from backend.tasks.models import (
     ACTIVE,
     RESOURCE_METRICS,
@@ -169,8 +173,24 @@ def _rank_gauges(usage: dict[tuple[int, int, str], float]) -> Iterator[GaugeMetr
         yield gauge
 
 
+class LeaderCollector(Collector):
+    """Whether the answering process runs the scheduler (the elected one among several API
+    processes: :mod:`backend.scheduler.leader`), labelled with its host and pid: the one
+    gauge that differs between processes."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gauge = GaugeMetricFamily(
+            "polytrain_scheduler_leader",
+            "1 if this API process runs the scheduler and the liveness monitor, else 0",
+            labels=["process"],
+        )
+        gauge.add_metric([f"{socket.gethostname()}:{os.getpid()}"], 1.0 if leading() else 0.0)
+        yield gauge
+
+
 def render_metrics() -> bytes:
     """The current metrics in the Prometheus text format."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector())
+    registry.register(LeaderCollector())
     return generate_latest(registry)

@@ -34,25 +34,43 @@ def api(
     workers: Annotated[
         int,
         typer.Option(
-            min=1,
             envvar="WEB_CONCURRENCY",
-            help="API processes on the one port, each with its scheduler thread (more than 1 "
-            "needs PostgreSQL and a shared rate-limit store)",
+            help="API processes on the one port, at least 1; one of them, elected, runs the "
+            "scheduler (more than 1 needs PostgreSQL and a shared rate-limit store)",
         ),
     ] = 1,
 ) -> None:
     """Serve the REST API, the portal and the scheduler (run `polytrain db upgrade` first).
 
     With `--workers N` (or WEB_CONCURRENCY) N processes accept on one socket (uvicorn's
-    supervisor restarts one that dies); their schedulers book capacity under PostgreSQL's
-    allocation lock. Exits with status 2 naming the setting when N > 1 is unsafe, 3 when
-    the database or the rate-limit store it needs cannot be reached (checked before the
-    processes start, which the supervisor would otherwise restart without end).
+    supervisor restarts one that dies); exactly one of them, elected by a PostgreSQL
+    advisory lock, runs the scheduler and the liveness monitor, and another takes over
+    within two `POLYTRAIN_SCHEDULER_LEASE_S` periods when it dies (several `polytrain api`
+    on one database, e.g. on several hosts, share the election the same way). Exits with
+    status 2 naming the setting when N > 1 is unsafe or another API process already
+    serves the embedded SQLite database, 3 when the database or the rate-limit store it
+    needs cannot be reached (checked before the processes start, which the supervisor
+    would otherwise restart without end).
     """
     import uvicorn
 
     from backend.core.config import get_settings
+    from backend.scheduler.leader import SqliteInUse, hold_sqlite
 
+    if workers < 1:
+        typer.echo(
+            f"error: --workers {workers} (or WEB_CONCURRENCY={workers}) starts no API process: "
+            "at least 1 must serve requests and run the scheduler",
+            err=True,
+        )
+        raise typer.Exit(2)
+    url = get_settings().resolved_database_url()
+    if workers == 1 and url.startswith("sqlite"):
+        try:
+            hold_sqlite(url)  # held until this process exits
+        except SqliteInUse as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
     if workers > 1:
         settings = get_settings()
         problem = multi_process_problem(settings, workers)

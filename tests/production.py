@@ -116,3 +116,19 @@ def fresh_broker() -> str:
     url = urlunsplit(parts._replace(path=f"/{1 + index * per_worker + slot}"))
     redis.Redis.from_url(url).flushdb()
     return url
+
+
+def leader_pid(url: str) -> int | None:
+    """The pid of the API process whose session holds the scheduler's lock on the database of
+    `url` (from the session's application_name, `backend.scheduler.leader.process_name`),
+    or None while no process leads."""
+    from backend.scheduler.leader import LEADER_LOCK
+
+    with psycopg.connect(_dsn(url), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            (LEADER_LOCK >> 32, LEADER_LOCK & 0xFFFFFFFF),
+        ).fetchone()
+    return int(row[0].rsplit(":", 1)[1]) if row else None

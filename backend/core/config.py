@@ -39,6 +39,14 @@ class Settings(PackageIndexSettings, BaseSettings):
     agent_token: SecretStr
     heartbeat_timeout_s: float = 15.0
     scheduler_interval_s: float = 1.0
+    scheduler_lease_s: float = Field(
+        default=5.0,
+        ge=0.2,
+        description="PostgreSQL, several API processes: the scheduler leader's lease period. "
+        "The database ends the leader's session when it is silent this long, and "
+        "another process takes over within two periods of the leader's death "
+        "(docs/architecture.md, 'Several API processes, one scheduler')",
+    )
     max_upload_bytes: int = 1_000_000
     admin_email: str | None = None
     admin_password: SecretStr | None = None

@@ -69,6 +69,7 @@ NOT_OPTIONS = {
     "polytrain_rank_memory_rss_mib": "Prometheus gauge",
     "polytrain_rank_gpu_utilization_percent": "Prometheus gauge",
     "polytrain_rank_gpu_memory_mib": "Prometheus gauge",
+    "polytrain_scheduler_leader": "Prometheus gauge",
     "value": "metric field",
     "nonfinite": "metric field",
     "field": "error field",

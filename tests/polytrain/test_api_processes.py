@@ -79,6 +79,12 @@ def test_two_processes_serve_one_port_and_stop_on_sigterm(service_env: Path) -> 
             if "spawn_main" in " ".join(child.cmdline())
         ]
         assert len(servers) == 2
+        # One of them, elected, runs the scheduler.
+        deadline = time.monotonic() + 60
+        while (leader := production.leader_pid(os.environ["DATABASE_URL"])) is None:
+            assert time.monotonic() < deadline, "no process took the scheduler's lock"
+            time.sleep(0.1)
+        assert leader in {s.pid for s in servers}
         answered = {
             httpx.get(f"http://127.0.0.1:{port}/api/v1/health").status_code for _ in range(20)
         }
@@ -115,3 +121,43 @@ def test_exit_signal_stops_schedulers_before_the_servers_handler() -> None:
         loop._started.discard(stub)  # type: ignore[arg-type]
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+@pytest.mark.parametrize("how", ["--workers", "WEB_CONCURRENCY"])
+def test_zero_processes_are_refused_saying_why(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from polytrain.cli import app
+
+    monkeypatch.delenv("WEB_CONCURRENCY", raising=False)
+    if how == "WEB_CONCURRENCY":
+        monkeypatch.setenv("WEB_CONCURRENCY", "0")
+    refused = CliRunner().invoke(app, ["api"] + (["--workers", "0"] if how == "--workers" else []))
+    assert refused.exit_code == 2, refused.output
+    assert (
+        "error: --workers 0 (or WEB_CONCURRENCY=0) starts no API process: at least 1 must "
+        "serve requests and run the scheduler"
+    ) in refused.output
+
+
+def test_a_second_api_process_on_the_embedded_sqlite_database_is_refused(
+    service_env: Path,
+) -> None:
+    """The embedded default runs one API process: another `polytrain api` on the same SQLite
+    database exits with status 2 before it serves anything, naming the one that runs."""
+    from typer.testing import CliRunner
+
+    from backend.core.config import get_settings
+    from backend.scheduler.leader import hold_sqlite
+    from polytrain.cli import app
+
+    running = hold_sqlite(get_settings().resolved_database_url())  # the first process's lock
+    assert running is not None
+    try:
+        refused = CliRunner().invoke(app, ["api", "--port", str(free_port())])
+    finally:
+        os.close(running)
+    assert refused.exit_code == 2, refused.output
+    assert f"another API process (pid {os.getpid()}) serves the SQLite database" in refused.output
+    assert "the embedded default runs one API process" in refused.output
+    assert "use PostgreSQL (DATABASE_URL) for several" in refused.output
