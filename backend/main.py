@@ -1,6 +1,7 @@
 """The polytrain API service: REST under /api/v1, the internal agent API, the web portal,
 Prometheus metrics at /metrics."""
 
+import asyncio
 import hmac
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -15,7 +16,9 @@ from starlette.types import Scope
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from backend.agent_api.router import router as agent_api_router
+from backend.agent_api.waits import StateWaits, close_at_exit_signal
 from backend.agents.router import router as agents_router
+from backend.agents.stamps import HeldStamps, StampFlusher
 from backend.audit.middleware import AuditMiddleware
 from backend.audit.router import router as audit_router
 from backend.auth import service as users
@@ -132,14 +135,20 @@ def create_app(*, run_scheduler: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(bootstrap_admin, settings)
+        # Heartbeat stamps written once a second; long-polls answered at the exit signal.
+        flusher = StampFlusher(app.state.stamps, get_sessionmaker())
+        flusher.start()
+        close_at_exit_signal(app.state.state_waits, asyncio.get_running_loop())
         loop = SchedulerLoop(settings) if run_scheduler else None
         if loop:
             loop.start()
             stop_at_exit_signal()
         app.state.scheduler = loop
         yield
+        app.state.state_waits.close()
         if loop:
             loop.stop()
+        await run_in_threadpool(flusher.stop)
 
     docs = settings.docs_enabled
     app = FastAPI(
@@ -156,6 +165,7 @@ def create_app(*, run_scheduler: bool = True) -> FastAPI:
         "the total in `X-Total-Count`. Every error has the shape "
         '`{"error": {"code", "message", "field"}}`.',
     )
+    app.state.stamps, app.state.state_waits = HeldStamps(), StateWaits()
     install_error_handlers(app)
     install_middleware(app, settings)
     app.include_router(api_router())

@@ -13,8 +13,9 @@ ranks every third beat), and serves its group's queue on Redis as a Celery consu
 scheduler books and publishes them: enough at each step's start to keep
 `--busy-fraction` of the agents running a sub-task, then at the rate that keeps it there
 (Little's law over the sub-tasks' 60-180 s). 25% of tasks span two groups (a rendezvous
-between two agents). A running agent polls its task's state every second and reports 4 log
-lines and its progress every 2 s and an epoch's metrics every 30 s (bench/fleet.py `Rates`).
+between two agents). A running agent long-polls its task's state (answered at a change,
+else every 25 s) and reports 4 log lines and its progress every 2 s, with an epoch's metrics
+every 30 s, in one request each time (bench/fleet.py `Rates`).
 
 Per step one JSON line (`agent_fleet_step`): client-side latency per request kind
 (p50/p99), errors, the heartbeats' rate, API CPU (psutil on the uvicorn processes) in

@@ -4,8 +4,10 @@ Each `SimAgent` makes the calls the real agent (`worker/agent/`) makes, at its r
 (`Rates`), with bodies of the `contracts.agent_api` shapes: it registers with real
 `Hardware`, heartbeats (with per-rank `samples` every third beat, as the agent's 15 s
 `SAMPLE_EVERY_S` over a 5 s beat), takes sub-task messages from its group's queue
-(`Broker`), claims them, publishes or reads the rendezvous, polls the task's state,
-reports logs, progress and metrics, and reports the sub-task finished. No rank runs: the
+(`Broker`), claims them, publishes or reads the rendezvous, long-polls the task's state
+(learning of a cancellation from it or from the heartbeat's answer, as the agent's
+`StateWatch` and `TaskStates`), reports logs, progress and metrics in one request (the
+agent's `Reporter`: `Report`), and reports the sub-task finished. No rank runs: the
 "training" is a sleep of `Rates.task_s` seconds.
 
 One event loop drives every agent of a process; each agent has its own HTTP connection
@@ -28,7 +30,13 @@ from typing import Any, Protocol
 
 import httpx
 
-from contracts.agent_api import ACTIVE_STATUSES, Hardware
+from contracts.agent_api import (
+    ACTIVE_STATUSES,
+    STATE_WAIT_S,
+    Hardware,
+    HeartbeatReply,
+    Report,
+)
 from contracts.messaging import queue_name
 from contracts.payload import SubTaskPayload
 
@@ -52,20 +60,22 @@ class Rates:
 
     `heartbeat_s`: the beat (issue 19's 5 s; the agent's default `heartbeat_interval_s` is
     3 s), measured like the real agent's: the wait starts after the previous beat's answer.
-    `sample_every`: beats per resource sample (15 s / 5 s). `state_poll_s`: a running
-    sub-task's `GET /tasks/{id}/state` (`SubTaskRunner._watch` polls every 1 s).
-    `report_s`: one logs POST (`log_lines` lines) and one progress POST per running
-    sub-task (the agent's `Reporter` flushes at most every 0.5 s while output comes; a
-    training loop that logs every few seconds makes one flush every 2 s). `metrics_s`: one
-    metrics POST (per epoch: 3 metrics per worker rank and 4 of the parameter server).
-    When a sub-task ends, one more of each, as the reporter's final flush.
+    `sample_every`: beats per resource sample (15 s / 5 s). `state_wait_s`: a running
+    sub-task's long-poll of its task's state (`GET /tasks/{id}/state?status=&attempt=
+    &wait_s=`, the agent's `StateWatch`): answered at a change, else after this.
+    `report_s`: one `POST /tasks/{id}/report` (`Report`: `log_lines` lines and the progress)
+    per running sub-task (the agent's `Reporter` flushes at most every 0.5 s while output
+    comes; a training loop that logs every few seconds makes one flush every 2 s).
+    `metrics_s`: an epoch's metrics (3 per worker rank and 4 of the parameter server), sent
+    with the next report. When a sub-task ends, one more report, as the reporter's final
+    flush.
     `task_s`: how long a claimed sub-task "trains" (uniform in the range).
     `broker_poll_s`: the BRPOP timeout of an idle agent (kombu's Redis channel: 1 s).
     """
 
     heartbeat_s: float = 5.0
     sample_every: int = 3
-    state_poll_s: float = 1.0
+    state_wait_s: float = STATE_WAIT_S
     report_s: float = 2.0
     log_lines: int = 4
     metrics_s: float = 30.0
@@ -202,7 +212,9 @@ def summarize(latency: dict[str, list[float]], errors: Counter[str]) -> dict[str
 class SimAgent:
     """One simulated host: an agent of `group` with `WORKERS` workers.
 
-    `running` holds the sub-task it runs (task id, ranks) for its heartbeats.
+    `running` holds the sub-task it runs (task id, ranks) for its heartbeats; `state` the
+    latest (status, attempt) of its task, from the long-poll or a heartbeat's answer;
+    `stopped` is set when that state says the sub-task must stop.
     """
 
     index: int
@@ -216,6 +228,8 @@ class SimAgent:
     agent_id: int | None = None
     heartbeats: int = 0
     running: dict[str, Any] | None = None
+    state: tuple[str, int] | None = None
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
     rng: random.Random = field(default_factory=random.Random)
 
     def __post_init__(self) -> None:
@@ -291,16 +305,51 @@ class SimAgent:
         return [entry]
 
     async def beat(self) -> None:
-        """Heartbeat every `heartbeat_s` after the previous answer, as the agent's thread."""
+        """Heartbeat every `heartbeat_s` after the previous answer, as the agent's thread,
+        naming the running task (`tasks`) and learning its state from the answer."""
         while True:
             await asyncio.sleep(self.rates.heartbeat_s)
             self.heartbeats += 1
-            await self.call(
-                "heartbeat",
-                "POST",
-                f"/agents/{self.agent_id}/heartbeat",
-                json={"running": self._running()},
+            running = self.running
+            body: dict[str, Any] = {"running": self._running()}
+            if running is not None:
+                body["tasks"] = [running["task_id"]]
+            response = await self.call(
+                "heartbeat", "POST", f"/agents/{self.agent_id}/heartbeat", json=body
             )
+            if running is None or response is None or response.status_code != 200:
+                continue
+            for state in HeartbeatReply.model_validate(response.json()).tasks:
+                if state.task_id == running["task_id"] and self.running is running:
+                    self._learn(state.status, state.attempt, running["attempt"])
+
+    def _learn(self, status: str, attempt: int, mine: int) -> None:
+        """A state of the running task: `stopped` once it is not active in attempt `mine`."""
+        self.state = (status, attempt)
+        if status not in ACTIVE_STATUSES or attempt != mine:
+            self.stopped.set()
+
+    async def watch_state(self, task: str, payload: SubTaskPayload) -> None:
+        """The agent's `StateWatch`: ask the state at once, then long-poll it with the state
+        known until the sub-task must stop (or this watch is cancelled as it ends)."""
+        while not self.stopped.is_set():
+            params: dict[str, Any] = {"attempt": payload.attempt}
+            if self.state is not None:
+                params.update(
+                    status=self.state[0], attempt=self.state[1], wait_s=self.rates.state_wait_s
+                )
+            response = await self.call(
+                "state_wait",
+                "GET",
+                f"{task}/state",
+                params=params,
+                timeout=self.rates.state_wait_s + 30.0,
+            )
+            if response is None or response.status_code != 200:
+                await asyncio.sleep(1.0)
+                continue
+            found = response.json()
+            self._learn(found["status"], found["attempt"], payload.attempt)
 
     async def serve(self) -> None:
         """Take the group's messages one at a time and run each (no message while busy)."""
@@ -332,11 +381,14 @@ class SimAgent:
         else:
             await self._await_rendezvous(task)
         ranks = ([0] if payload.hosts_parameter_server else []) + list(payload.ranks)
-        self.running = {"task_id": payload.task_id, "ranks": ranks}
+        self.state, self.stopped = None, asyncio.Event()
+        self.running = {"task_id": payload.task_id, "ranks": ranks, "attempt": payload.attempt}
+        watch = asyncio.create_task(self.watch_state(task, payload))
         try:
             outcome = await self._train(task, payload, ranks)
         finally:
             self.running = None
+            watch.cancel()
         await self.call(
             "finished",
             "POST",
@@ -361,32 +413,36 @@ class SimAgent:
             await asyncio.sleep(self.rates.rendezvous_poll_s)
 
     async def _train(self, task: str, payload: SubTaskPayload, ranks: list[int]) -> str:
-        """Poll the state, report logs/progress/metrics until done; "" or why it stopped."""
+        """Report logs and progress (and an epoch's metrics when due) until done, or until
+        the task's state says stop; "" or why it stopped."""
         rates, seq = self.rates, 0
         started = time.monotonic()
         duration = self.rng.uniform(*rates.task_s)
-        next_report, next_metrics = started + rates.report_s, started + rates.metrics_s
-        epoch = 0
+        next_metrics = started + rates.metrics_s
+        epoch, metrics = 0, []
         while (now := time.monotonic()) - started < duration:
-            response = await self.call("task_state", "GET", f"{task}/state")
-            if response is not None and response.status_code == 200:
-                state = response.json()
-                if state["status"] not in ACTIVE_STATUSES or state["attempt"] != payload.attempt:
-                    return f"stopped: task is {state['status']}"
-            if now >= next_report:
-                next_report += rates.report_s
-                seq = await self._report(
-                    task, payload, ranks, seq, epoch, (now - started) / duration
-                )
+            wake = min(rates.report_s, max(0.0, started + duration - now))
+            try:
+                await asyncio.wait_for(self.stopped.wait(), wake)
+            except TimeoutError:
+                pass
+            if self.stopped.is_set():
+                status = self.state[0] if self.state else "gone"
+                return f"stopped: task is {status}"
+            now = time.monotonic()
             if now >= next_metrics:
                 next_metrics += rates.metrics_s
                 epoch += 1
-                await self._send_metrics(task, ranks, epoch, seq)
-            await asyncio.sleep(rates.state_poll_s)
-        # As an agent's reporter flushes when its ranks end: the last interval's reports go
-        # out even when the task ended before its first report was due (a slow host).
-        seq = await self._report(task, payload, ranks, seq, epoch, 1.0)
-        await self._send_metrics(task, ranks, epoch + 1, seq)
+                metrics = self._metrics(ranks, epoch, seq)
+            seq = await self._report(
+                task, payload, ranks, seq, epoch, (now - started) / duration, metrics
+            )
+            metrics = []
+        # As an agent's reporter flushes when its ranks end: the last interval's report goes
+        # out, with the last epoch's metrics.
+        await self._report(
+            task, payload, ranks, seq, epoch, 1.0, self._metrics(ranks, epoch + 1, seq)
+        )
         return ""
 
     async def _report(
@@ -397,8 +453,10 @@ class SimAgent:
         seq: int,
         epoch: int,
         done: float,
+        metrics: list[dict[str, Any]],
     ) -> int:
-        """One logs POST (``log_lines`` lines from ``seq``) and one progress POST; the next seq."""
+        """One report (`Report`): ``log_lines`` lines from ``seq``, ``metrics`` and the
+        progress; the next seq."""
         stamp = datetime.now(UTC).replace(tzinfo=None).isoformat()
         lines = [
             {
@@ -410,15 +468,19 @@ class SimAgent:
             }
             for i in range(self.rates.log_lines)
         ]
-        await self.call("logs", "POST", f"{task}/logs", json={"lines": lines})
-        progress = {"progress": min(1.0, done), "epoch": epoch}
-        await self.call("progress", "POST", f"{task}/progress", json=progress)
+        report = Report.model_validate(
+            {
+                "lines": lines,
+                "metrics": metrics,
+                "progress": {
+                    "progress": min(1.0, done),
+                    "epoch": epoch,
+                    "attempt": payload.attempt,
+                },
+            }
+        )
+        await self.call("report", "POST", f"{task}/report", json=report.model_dump(mode="json"))
         return seq + self.rates.log_lines
-
-    async def _send_metrics(self, task: str, ranks: list[int], epoch: int, step: int) -> None:
-        """One metrics POST: an epoch's metrics (:meth:`_metrics`)."""
-        metrics = {"metrics": self._metrics(ranks, epoch, step)}
-        await self.call("metrics", "POST", f"{task}/metrics", json=metrics)
 
     def _metrics(self, ranks: list[int], epoch: int, step: int) -> list[dict[str, Any]]:
         """An epoch's metrics: 3 per worker rank, 4 of the parameter server (rank 0)."""

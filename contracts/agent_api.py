@@ -1,6 +1,6 @@
 """The internal API's bodies: what an agent sends about its sub-tasks (claim, rendezvous,
-progress, metrics, logs, checkpoints, finished, heartbeat with the ranks' resource use) and
-what the backend answers.
+a report of logs, metrics and progress, checkpoints, finished, heartbeat with the ranks'
+resource use) and what the backend answers (a heartbeat: its tasks' states).
 
 Request bodies derive from `StrictModel` (unknown fields and NUL characters refused by name).
 """
@@ -213,6 +213,34 @@ class TaskState(BaseModel):
     attempt: int = 1
 
 
+class TaskStateOf(TaskState):
+    """A task's status and current attempt, named."""
+
+    task_id: int
+
+
+STATE_WAIT_S = 25.0
+"""How long an agent's long-poll of a task's state (`GET /tasks/{id}/state?status=&attempt=
+&wait_s=`) waits for a change before it is answered with the state unchanged."""
+STATE_WAIT_MAX_S = 30.0
+
+
+class Report(StrictModel):
+    """What a sub-task's reporter sends in one request (`POST /tasks/{id}/report`): its log
+    lines, metrics and latest progress, stored in one transaction."""
+
+    lines: list[LogIn] = Field(default_factory=list, max_length=10_000)
+    metrics: list[MetricIn] = Field(default_factory=list, max_length=10_000)
+    progress: Progress | None = None
+
+
+class HeartbeatReply(BaseModel):
+    """The answer to a heartbeat: the state of every task the agent named (in `running` or
+    `tasks`), so an agent learns of a cancellation or a restart at least every beat."""
+
+    tasks: list[TaskStateOf] = []
+
+
 RESOURCE_SAMPLE_EVERY_S = 15.0
 """Seconds between two resource samples of a rank (`RankSample`; an agent sends at most one
 per heartbeat): a task that ends sooner has one sample per rank or none, so the task page
@@ -241,6 +269,9 @@ class RunningRanks(StrictModel):
 
 
 class Heartbeat(StrictModel):
-    """An agent's heartbeat, with the ranks whose processes are alive on it."""
+    """An agent's heartbeat, with the ranks whose processes are alive on it, and the tasks it
+    runs a part of (`tasks`, also those whose ranks have not started yet): the answer
+    (`HeartbeatReply`) gives the state of each task named in either."""
 
     running: list[RunningRanks] = Field(default_factory=list, max_length=1024)
+    tasks: list[int] = Field(default_factory=list, max_length=1024)

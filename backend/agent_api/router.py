@@ -10,27 +10,33 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
+from sqlalchemy.orm import lazyload
 
+from backend.agent_api.waits import StateWaits, task_states
 from backend.agents import service as agents
 from backend.agents.models import Agent
 from backend.agents.schemas import AgentRead, AgentRegister
+from backend.agents.stamps import HeldStamps
 from backend.auth.dependencies import AgentAuth
 from backend.core.db import release
 from backend.core.dependencies import SessionDep, SettingsDep
+from backend.core.errors import NotFound
 from backend.plans import service as plans
 from backend.projects import service as projects
 from backend.resource_groups import service as groups
 from backend.tasks import fate, provenance, reports
 from backend.tasks import service as tasks
-from backend.tasks.models import Checkpoint
+from backend.tasks.models import Checkpoint, Task
 from backend.tasks.schemas import CheckpointRead
 from contracts.agent_api import (
     CHECKPOINT_NAME_PATTERN,
+    STATE_WAIT_MAX_S,
     Alarm,
     Claim,
     Finished,
     GroupDevice,
     Heartbeat,
+    HeartbeatReply,
     LogBatch,
     MetricBatch,
     Progress,
@@ -38,7 +44,9 @@ from contracts.agent_api import (
     Ready,
     Rendezvous,
     RendezvousRead,
+    Report,
     TaskState,
+    TaskStateOf,
 )
 from contracts.trial import TrialResult
 
@@ -63,18 +71,36 @@ def register_agent(data: AgentRegister, session: SessionDep, settings: SettingsD
     return agents.register(session, data=data, live_within_s=settings.heartbeat_timeout_s)
 
 
-@router.post("/agents/{agent_id}/heartbeat", response_model=AgentRead)
-def heartbeat(agent_id: int, session: SessionDep, data: Heartbeat | None = None) -> Agent:
-    """The agent is alive, and so are the listed ranks' processes."""
-    agent = agents.get(session, agent_id=agent_id)
-    if data:
-        reports.node_heartbeats(session, running=data.running)
-    return agents.heartbeat(session, agent=agent)
+@router.post("/agents/{agent_id}/heartbeat", response_model=HeartbeatReply)
+def heartbeat(
+    agent_id: int, request: Request, session: SessionDep, data: Heartbeat | None = None
+) -> HeartbeatReply:
+    """The agent is alive, and so are the listed ranks' processes; the answer gives the
+    state of each task named (`running`, `tasks`). The stamps are held and written within a
+    second (`backend.agents.stamps`): an online agent's beat without resource samples
+    writes nothing itself."""
+    stamps: HeldStamps = request.app.state.stamps
+    data = data or Heartbeat()
+    reports.node_heartbeats(session, running=data.running, stamps=stamps)
+    agents.beat(session, agent_id=agent_id, stamps=stamps)
+    named = sorted({entry.task_id for entry in data.running} | set(data.tasks))
+    reply = HeartbeatReply(
+        tasks=[
+            TaskStateOf(task_id=task_id, status=status, attempt=attempt)
+            for task_id, (status, attempt) in task_states(session, named).items()
+        ]
+    )
+    release(session)  # commits the samples, if any
+    if not stamps.flushing:  # no flusher in this app (a test client without its lifespan)
+        stamps.flush(session)
+    return reply
 
 
 @router.post("/agents/{agent_id}/deregister", status_code=204)
-def deregister(agent_id: int, session: SessionDep) -> None:
-    agents.deregister(session, agent=agents.get(session, agent_id=agent_id))
+def deregister(agent_id: int, request: Request, session: SessionDep) -> None:
+    agents.deregister(
+        session, agent=agents.get(session, agent_id=agent_id), stamps=request.app.state.stamps
+    )
 
 
 @router.post("/sub-tasks/{sub_task_id}/claim", status_code=204)
@@ -98,12 +124,30 @@ def finished(sub_task_id: int, data: Finished, session: SessionDep) -> TaskState
 
 
 @router.get("/tasks/{task_id}/state", response_model=TaskState)
-def task_state(task_id: int, session: SessionDep) -> TaskState:
-    """The task's status and attempt: agents stop processes of any other attempt."""
-    task = tasks.get(session, task_id=task_id)
-    state = TaskState(status=task.status.value, attempt=task.attempt)
-    release(session)
-    return state
+async def task_state(
+    task_id: int,
+    request: Request,
+    status: Annotated[
+        str | None, Query(max_length=20, description="the status the agent knows")
+    ] = None,
+    attempt: Annotated[int, Query(ge=1, description="the attempt the agent knows")] = 1,
+    wait_s: Annotated[
+        float,
+        Query(ge=0, le=STATE_WAIT_MAX_S, description="long-poll: wait up to this for a change"),
+    ] = 0.0,
+) -> TaskState:
+    """The task's status and attempt: agents stop processes of any other attempt.
+
+    With `wait_s` and the state the agent knows (`status`, `attempt`), a long-poll: answered
+    as soon as the task's state differs from it, else after `wait_s` seconds with it
+    (`backend.agent_api.waits`; the request holds no thread and no database connection
+    while it waits). Without, answered at once (an older agent polls it every second)."""
+    waits: StateWaits = request.app.state.state_waits
+    known = (status, attempt) if status is not None else ("", attempt)
+    found = await waits.wait(task_id, known, wait_s if status is not None else 0.0)
+    if found is None:
+        raise NotFound(f"task {task_id} does not exist", field="task_id")
+    return TaskState(status=found[0], attempt=found[1])
 
 
 @router.get("/tasks/{task_id}/code")
@@ -133,6 +177,17 @@ def get_rendezvous(task_id: int, session: SessionDep) -> RendezvousRead:
     )
     release(session)
     return found
+
+
+@router.post("/tasks/{task_id}/report")
+def add_report(task_id: int, report: Report, session: SessionDep) -> dict:
+    """A sub-task's log lines, metrics and progress in one request, stored in one
+    transaction (the agent's `Reporter` sends this; the three routes below are kept for an
+    older agent)."""
+    task = session.get(Task, task_id, options=[lazyload(Task.tag_rows)])  # not its tags
+    if task is None:
+        raise NotFound(f"task {task_id} does not exist", field="task_id")
+    return {"stored": reports.add_report(session, task=task, report=report)}
 
 
 @router.post("/tasks/{task_id}/logs")

@@ -126,6 +126,19 @@ def heartbeat(session: Session, *, agent: Agent, stamps: HeldStamps | None = Non
     return agent
 
 
+def beat(session: Session, *, agent_id: int, stamps: HeldStamps) -> None:
+    """`heartbeat` for the internal API: an online agent's beat reads one row's flag (no
+    entity loaded) and is held in `stamps`; the caller commits. Raises NotFound (field
+    `agent_id`) if unknown."""
+    online = session.scalar(select(Agent.online).where(Agent.id == agent_id))
+    if online is None:
+        raise NotFound(f"agent {agent_id} is not registered", field="agent_id")
+    if online:
+        stamps.agent(agent_id, utcnow())
+        return
+    heartbeat(session, agent=get(session, agent_id=agent_id), stamps=None)
+
+
 def deregister(session: Session, *, agent: Agent, stamps: HeldStamps | None = None) -> None:
     """An agent that stops cleanly goes offline at once (its held stamp is dropped)."""
     if stamps is not None:

@@ -3,17 +3,19 @@
 
 A heartbeat of an online agent writes nothing itself: its time goes into `HeldStamps`, with
 the time of each rank it reported alive, and `StampFlusher` writes what is held at most once a
-second, in one statement per table (PostgreSQL: `UPDATE ... FROM (VALUES ...)`; SQLite:
-one executemany) and one commit. A crash loses at most the stamps of the last period; why
-that cannot declare a live agent lost is in docs/architecture.md.
+second, in one statement per table (PostgreSQL: `UPDATE ... FROM unnest(arrays)`, the
+held rows as a table; SQLite: one executemany) and one commit. A crash loses at most the
+stamps of the last period; why that cannot declare a live agent lost is in
+docs/architecture.md.
 """
 
 import logging
 import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from typing import cast
 
-from sqlalchemy import DateTime, Integer, and_, bindparam, column, update, values
+from sqlalchemy import Table, and_, bindparam, text, update
 from sqlalchemy.orm import Session
 
 from backend.agents.models import Agent
@@ -22,7 +24,7 @@ from backend.tasks.models import Allocation
 log = logging.getLogger(__name__)
 FLUSH_EVERY_S = 1.0
 """The longest a held stamp waits before it is written (the flusher's period)."""
-AGENT_TABLE, ALLOCATION_TABLE = Agent.__table__, Allocation.__table__
+AGENT_TABLE, ALLOCATION_TABLE = cast(Table, Agent.__table__), cast(Table, Allocation.__table__)
 
 
 class HeldStamps:
@@ -89,35 +91,42 @@ class HeldStamps:
         return len(agents), len(ranks)
 
 
+AGENTS_FROM_ARRAYS = text(
+    "UPDATE agent SET last_heartbeat_at = held.at"
+    " FROM unnest(CAST(:ids AS bigint[]), CAST(:ats AS timestamp[])) AS held(id, at)"
+    " WHERE agent.id = held.id AND agent.last_heartbeat_at < held.at"
+)
+RANKS_FROM_ARRAYS = text(
+    "UPDATE allocation SET last_heartbeat_at = alive.at"
+    " FROM unnest(CAST(:tasks AS bigint[]), CAST(:ranks AS bigint[]),"
+    " CAST(:ats AS timestamp[])) AS alive(task_id, rank, at)"
+    " WHERE allocation.task_id = alive.task_id AND allocation.rank = alive.rank"
+    " AND allocation.released_at IS NULL"
+)
+"""PostgreSQL: every held stamp of a table in one statement, `UPDATE ... FROM (the rows of
+the held values)`; the rows come as arrays (`unnest`), so the statement's text is the same
+whatever their number (no statement of thousands of parameters to build each second)."""
+
+
 def write_stamps(
     session: Session, agents: dict[int, datetime], ranks: dict[tuple[int, int], datetime]
 ) -> None:
-    """One statement per table: `UPDATE ... FROM (VALUES ...)` on PostgreSQL, an executemany
+    """One statement per table: `UPDATE ... FROM unnest(...)` on PostgreSQL, an executemany
     of one UPDATE elsewhere (SQLite). The caller commits."""
     connection = session.connection()
     if connection.dialect.name == "postgresql":
         if agents:
-            held = values(column("id", Integer), column("at", DateTime), name="held").data(
-                list(agents.items())
-            )
             connection.execute(
-                update(AGENT_TABLE)
-                .where(AGENT_TABLE.c.id == held.c.id, AGENT_TABLE.c.last_heartbeat_at < held.c.at)
-                .values(last_heartbeat_at=held.c.at)
+                AGENTS_FROM_ARRAYS, {"ids": list(agents), "ats": list(agents.values())}
             )
         if ranks:
-            alive = values(
-                column("task_id", Integer), column("rank", Integer), column("at", DateTime),
-                name="alive",
-            ).data([(task_id, rank, at) for (task_id, rank), at in ranks.items()])
             connection.execute(
-                update(ALLOCATION_TABLE)
-                .where(
-                    ALLOCATION_TABLE.c.task_id == alive.c.task_id,
-                    ALLOCATION_TABLE.c.rank == alive.c.rank,
-                    ALLOCATION_TABLE.c.released_at.is_(None),
-                )
-                .values(last_heartbeat_at=alive.c.at)
+                RANKS_FROM_ARRAYS,
+                {
+                    "tasks": [task_id for task_id, _ in ranks],
+                    "ranks": [rank for _, rank in ranks],
+                    "ats": list(ranks.values()),
+                },
             )
         return
     if agents:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select, tuple_, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, lazyload
 
 from backend.core.db import utcnow
 from backend.core.errors import Conflict, Invalid
@@ -271,7 +271,7 @@ def record_usage(session: Session, *, task_id: int, samples: list[RankSample]) -
     step 0), and raise one alarm per rank and attempt whose memory (RSS) reaches
     `MEMORY_ALARM_FRACTION` of the task's memory limit. Samples of a task not active, or
     of a rank it does not hold, are dropped. The caller commits."""
-    task = session.get(Task, task_id)
+    task = session.get(Task, task_id, options=[lazyload(Task.tag_rows)])  # not its tags
     if task is None or task.status not in ACTIVE:
         return
     held = {

@@ -17,7 +17,7 @@ from tests.conftest import TOKEN, make_group, make_project, task_request
 
 FAST = Rates(
     heartbeat_s=0.3,
-    state_poll_s=0.2,
+    state_wait_s=2.0,
     report_s=0.3,
     metrics_s=0.5,
     task_s=(1.0, 1.0),
@@ -106,7 +106,11 @@ def test_simulated_agents_register_heartbeat_and_run_a_task(
     assert requests["heartbeat"]["count"] >= 5
     assert {"count", "errors", "p50_ms", "p99_ms"} <= set(requests["heartbeat"])
     assert requests["claim"]["count"] == 2 and requests["finished"]["count"] == 2
-    for kind in ("task_state", "logs", "progress", "metrics", "rendezvous"):
+    for kind in ("state_wait", "report", "rendezvous"):
         assert requests[kind]["count"] >= 1, kind
+    # The agent's protocol: no state poll, no separate logs/progress/metrics requests.
+    assert not {"task_state", "logs", "progress", "metrics"} & set(requests)
     assert client.get(f"/api/v1/tasks/{task_id}/logs").json()
+    assert client.get(f"/api/v1/tasks/{task_id}/metrics", params={"resources": "false"}).json()
     assert client.get(f"/api/v1/tasks/{task_id}/metrics", params={"resources": "true"}).json()
+    assert client.get(f"/api/v1/tasks/{task_id}").json()["progress"] == 1.0

@@ -5,7 +5,7 @@ from typing import Any
 
 import httpx
 
-from contracts.agent_api import GroupDevice
+from contracts.agent_api import STATE_WAIT_S, GroupDevice, HeartbeatReply
 
 
 class Conflict(Exception):
@@ -87,8 +87,22 @@ class InternalApi:
     def register(self, **agent: Any) -> int:
         return int(self._call("POST", "/agents/register", json=agent).json()["id"])
 
-    def heartbeat(self, agent_id: int, running: list[dict[str, Any]] | None = None) -> None:
-        self._call("POST", f"/agents/{agent_id}/heartbeat", json={"running": running or []})
+    def heartbeat(
+        self,
+        agent_id: int,
+        running: list[dict[str, Any]] | None = None,
+        tasks: list[int] | None = None,
+    ) -> dict[int, tuple[str, int]]:
+        """Beat, with the ranks alive (`running`) and the tasks this agent runs a part of
+        (`tasks`); the (status, attempt) of each task named, from the answer."""
+        body: dict[str, Any] = {"running": running or []}
+        if tasks:
+            body["tasks"] = tasks
+        answer = self._call("POST", f"/agents/{agent_id}/heartbeat", json=body)
+        if not answer.content:
+            return {}
+        reply = HeartbeatReply.model_validate(answer.json())
+        return {state.task_id: (state.status, state.attempt) for state in reply.tasks}
 
     def deregister(self, agent_id: int) -> None:
         self._call("POST", f"/agents/{agent_id}/deregister")
@@ -131,6 +145,20 @@ class InternalApi:
         state = self._call("GET", f"/tasks/{task_id}/state").json()
         return str(state["status"]), int(state.get("attempt", 1))
 
+    def wait_state(
+        self, task_id: int, status: str, attempt: int, wait_s: float = STATE_WAIT_S
+    ) -> tuple[str, int]:
+        """Long-poll the task's state: answered as soon as it is no longer (`status`,
+        `attempt`), else after `wait_s` seconds with it (`status` "": unknown, answered at
+        once)."""
+        params: dict[str, Any] = {"attempt": attempt}
+        if status:
+            params.update(status=status, wait_s=wait_s)
+        state = self._call(
+            "GET", f"/tasks/{task_id}/state", params=params, timeout=wait_s + 30.0
+        ).json()
+        return str(state["status"]), int(state.get("attempt", 1))
+
     def fetch_checkpoint(self, task_id: int, checkpoint_id: int) -> bytes:
         """A stored checkpoint's bytes (to resume from)."""
         return self._call("GET", f"/tasks/{task_id}/checkpoints/{checkpoint_id}").content
@@ -147,6 +175,20 @@ class InternalApi:
 
     def rendezvous(self, task_id: int) -> dict[str, Any]:
         return dict(self._call("GET", f"/tasks/{task_id}/rendezvous").json())
+
+    def report(
+        self,
+        task_id: int,
+        *,
+        lines: list[dict[str, Any]],
+        metrics: list[dict[str, Any]],
+        progress: dict[str, Any] | None = None,
+    ) -> None:
+        """Log lines, metrics and the latest progress in one request (`Report`)."""
+        body: dict[str, Any] = {"lines": lines, "metrics": metrics}
+        if progress is not None:
+            body["progress"] = progress
+        self._call("POST", f"/tasks/{task_id}/report", json=body)
 
     def logs(self, task_id: int, lines: list[dict[str, Any]]) -> None:
         self._call("POST", f"/tasks/{task_id}/logs", json={"lines": lines})

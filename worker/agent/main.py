@@ -22,6 +22,7 @@ from worker.agent.monitoring import ResourceSampler
 from worker.agent.processes import RunningRegistry, WarmPool
 from worker.agent.runner import SubTaskRunner
 from worker.agent.sandbox import Sandbox
+from worker.agent.states import TaskStates
 from worker.agent.uids import UidPool
 from worker.config import AgentSettings
 
@@ -101,12 +102,17 @@ def _heartbeats(
     stop: threading.Event,
     registry: RunningRegistry,
     sampler: ResourceSampler | None = None,
+    states: TaskStates | None = None,
 ) -> None:
     """Every `interval_s`: the ranks alive, with their resource use when `sampler` has a
-    sample due."""
+    sample due, and the tasks `states` watches, whose states the answer brings into it."""
     while not stop.wait(interval_s):
         try:
-            api.heartbeat(agent_id, registry.snapshot(sampler))
+            answer = api.heartbeat(
+                agent_id, registry.snapshot(sampler), states.watched() if states else None
+            )
+            if states is not None:
+                states.update(answer)
         except Exception:  # keep beating through a backend restart
             log.warning("heartbeat failed", exc_info=True)
 
@@ -174,15 +180,23 @@ def run_agent(
         workers=workers,
         hardware=hardware,
     )
-    stop, registry = threading.Event(), RunningRegistry()
+    stop, registry, states = threading.Event(), RunningRegistry(), TaskStates()
     threading.Thread(
         target=_heartbeats,
         daemon=True,
-        args=(api, agent_id, settings.heartbeat_interval_s, stop, registry, ResourceSampler()),
+        args=(
+            api,
+            agent_id,
+            settings.heartbeat_interval_s,
+            stop,
+            registry,
+            ResourceSampler(),
+            states,
+        ),
     ).start()
     # One warm interpreter per worker, and the parameter server; none when turned off.
     pool = WarmPool(workers + 1, sandbox) if settings.warm_pool else None
-    runner = SubTaskRunner(settings, api, agent_id, sandbox, registry, pool)
+    runner = SubTaskRunner(settings, api, agent_id, sandbox, registry, pool, states=states)
     argv = [
         "worker",
         "-Q",

@@ -196,14 +196,14 @@ class Reporter:
         return None
 
     def flush(self) -> None:
-        """Send everything buffered now."""
+        """Send everything buffered now: log lines, metrics and the latest progress in one
+        request (`Report`), none when nothing is buffered."""
         self._last_flush = time.monotonic()
-        if self._lines:
-            self.api.logs(self.task_id, self._lines)
-            self._lines = []
-        if self._metrics:
-            self.api.metrics(self.task_id, self._metrics)
-            self._metrics = []
+        if not (self._lines or self._metrics or self._progress is not None):
+            return
+        progress = None
         if self._progress is not None:
-            self.api.progress(self.task_id, *self._progress, attempt=self.attempt)
-            self._progress = None
+            done, epoch = self._progress
+            progress = {"progress": done, "epoch": epoch, "attempt": self.attempt}
+        self.api.report(self.task_id, lines=self._lines, metrics=self._metrics, progress=progress)
+        self._lines, self._metrics, self._progress = [], [], None

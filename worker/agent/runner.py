@@ -24,6 +24,7 @@ from worker.agent.processes import (
 )
 from worker.agent.reporter import Reporter
 from worker.agent.sandbox import Sandbox, link_environment, write_rank_file
+from worker.agent.states import StateWatch, TaskStates, stop_reason
 from worker.agent.uids import Lease
 from worker.config import AgentSettings
 from worker.engine.ranks import RankProcess, node_name, rank_env
@@ -101,8 +102,13 @@ class SubTaskRunner:
         registry: RunningRegistry | None = None,
         pool: WarmPool | None = None,
         environments: EnvironmentCache | None = None,
+        states: TaskStates | None = None,
     ) -> None:
+        """`states`: what the agent knows of its tasks' states (shared with its heartbeats,
+        which name the watched tasks and feed their answers in); each part long-polls its
+        task's state into it (`StateWatch`)."""
         self.settings, self.api, self.agent_id = settings, api, agent_id
+        self.states = states or TaskStates()
         self.sandbox = sandbox
         self.registry = registry or RunningRegistry()
         self.pool = pool
@@ -138,6 +144,8 @@ class SubTaskRunner:
         )
         self.registry.add(payload.task_id, procs)
         held = ExitStack()  # what the ranks use until they are gone (their environment)
+        # A cancellation or a restart comes through the part's long-poll, not a poll.
+        watch = StateWatch(self.api, self.states, payload.task_id, payload.attempt).start()
         try:
             succeeded, detail, cause = self._run_claimed(payload, procs, reporter, held)
         except Exception:
@@ -152,6 +160,7 @@ class SubTaskRunner:
                 reporter.flush()
             except Exception:  # the outcome must still be reported, or the task hangs
                 log.exception("task %s: last output not sent", payload.task_id)
+            watch.close()  # before the registry lets a later attempt's part of the task in
             self.registry.remove(payload.task_id, procs)
         self.api.finished(payload.sub_task_id, succeeded=succeeded, detail=detail, cause=cause)
         return "succeeded" if succeeded else "failed"
@@ -230,23 +239,26 @@ class SubTaskRunner:
                 reporter.flush()
 
         def stop() -> str | None:
-            status, attempt = self.api.task_state(payload.task_id)
-            if status in ACTIVE_STATUSES and attempt == payload.attempt:
-                return None
-            return f"task is {status} in attempt {attempt}"
+            return stop_reason(self.states.get(payload.task_id), payload.attempt)
 
         lease = self.environments.prepare(env, say, stop)
         held.callback(lease.release)
         how = f"built in {lease.seconds:.1f} s" if lease.built else "cached"
         detail = f"environment {env.lock_hash[:12]} {how}"
         reporter.agent_line(detail)
-        status, attempt = self.api.ready(payload.sub_task_id, detail=detail)
-        while status != "RUNNING":
-            if status not in ACTIVE_STATUSES or attempt != payload.attempt:
-                raise BuildStopped(f"task is {status} in attempt {attempt}")
-            time.sleep(0.05)
-            status, attempt = self.api.task_state(payload.task_id)
-        return lease.site
+        self.states.set(payload.task_id, *self.api.ready(payload.sub_task_id, detail=detail))
+        running = ("RUNNING", payload.attempt)
+        while True:  # until every part is ready: the long-poll brings RUNNING
+            state = self.states.wait_for(
+                payload.task_id,
+                lambda known: known == running or stop_reason(known, payload.attempt) is not None,
+                timeout_s=1.0,
+            )
+            reason = stop_reason(state, payload.attempt)
+            if reason is not None:
+                raise BuildStopped(reason)
+            if state == running:
+                return lease.site
 
     def _await_rendezvous(
         self, payload: SubTaskPayload, procs: ProcessSet, reporter: Reporter
@@ -314,7 +326,6 @@ class SubTaskRunner:
     def _watch(
         self, payload: SubTaskPayload, procs: ProcessSet, reporter: Reporter, peers: Peers
     ) -> Outcome:
-        last_status_check = 0.0
         deadline = time.monotonic() + payload.limits.max_runtime_s
         while True:
             reporter.pump(procs.lines)
@@ -328,15 +339,13 @@ class SubTaskRunner:
                 limit = f"max_runtime_s={payload.limits.max_runtime_s} exceeded"
                 reporter.agent_line(f"{limit}: stopping attempt {payload.attempt}")
                 return False, f"{limit}: the task ran longer than its wall-clock limit", "user"
-            if time.monotonic() - last_status_check > 1.0:
-                last_status_check = time.monotonic()
-                status, attempt = self.api.task_state(payload.task_id)
-                if status not in ACTIVE_STATUSES or attempt != payload.attempt:
-                    reporter.agent_line(
-                        f"task is {status} in attempt {attempt}: stopping "
-                        f"attempt {payload.attempt} of this group's processes"
-                    )
-                    return False, f"stopped: task is {status} in attempt {attempt}", "stopped"
+            # Learned through the part's long-poll or a heartbeat's answer (`TaskStates`).
+            reason = stop_reason(self.states.get(payload.task_id), payload.attempt)
+            if reason is not None:
+                reporter.agent_line(
+                    f"{reason}: stopping attempt {payload.attempt} of this group's processes"
+                )
+                return False, f"stopped: {reason}", "stopped"
             time.sleep(0.1)
 
     @staticmethod

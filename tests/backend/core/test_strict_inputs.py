@@ -54,6 +54,7 @@ INTERNAL_BODIES: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/internal/v1/tasks/{task}/logs", {"lines": []}),
     ("POST", "/internal/v1/tasks/{task}/metrics", {"metrics": []}),
     ("POST", "/internal/v1/tasks/{task}/progress", {"progress": 0.5, "epoch": 0}),
+    ("POST", "/internal/v1/tasks/{task}/report", {"lines": []}),
 ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ BODIES: dict[str, type[BaseModel]] = {  # what each route's body must be, as the
     "logs": schemas.LogBatch,
     "metrics": schemas.MetricBatch,
     "progress": schemas.Progress,
+    "report": schemas.Report,
     "alarms": schemas.Alarm,
     "provenance": schemas.Provenance,
     "rendezvous": schemas.Rendezvous,
@@ -49,8 +51,10 @@ class FakeApi:
 
     `fail[route]`: HTTP statuses (0: a dropped connection) to answer, in order, before
     handling `route` normally,
-    where `route` is the path's last word (`logs`, `claim`, ...; `state` for the task's
-    state). `before(route)` runs before each answer (to change the task's state mid-run).
+    where `route` is the path's last word (`report`, `claim`, ...; `state` for the task's
+    state, a long-poll when it carries `wait_s`). `before(route)` runs before each answer
+    (to change the task's state mid-run). A heartbeat is answered with the task's state
+    for every task it names.
     `claimed_by` refuses (409) a claim, like a sub-task taken by another agent.
     """
 
@@ -79,6 +83,29 @@ class FakeApi:
     def bodies(self, route: str) -> list[Any]:
         """The JSON bodies of the answered requests to `route` that carry one, in order."""
         return [json.loads(r.content) for r in self.calls(route) if r.content]
+
+    def reported(self, part: str) -> list[Any]:
+        """What the combined reports carried of `part` (`lines`, `metrics`: every item, in
+        order; `progress`: each progress sent)."""
+        reports = self.bodies("report")
+        if part == "progress":
+            return [r["progress"] for r in reports if r.get("progress") is not None]
+        return [item for r in reports for item in r.get(part, [])]
+
+    def state_polls(self) -> list[httpx.Request]:
+        """The state requests that were not long-polls (asked at once, no known state)."""
+        return [r for r in self.calls("state") if "wait_s" not in r.url.params]
+
+    def _wait_state(self, request: httpx.Request) -> None:
+        """A long-poll: return once the state differs from the one the agent knows, or after
+        `wait_s` (at most 2 s here, so a watch left behind by a test ends soon)."""
+        params = request.url.params
+        if "wait_s" not in params:
+            return
+        known = (params["status"], int(params.get("attempt", 1)))
+        deadline = time.monotonic() + min(2.0, float(params["wait_s"]))
+        while (self.status, self.attempt) == known and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         assert request.headers["Authorization"] == f"Bearer {TOKEN}"
@@ -122,7 +149,18 @@ class FakeApi:
         if re.search(r"/checkpoints/\d+$", request.url.path):
             return httpx.Response(200, content=self.checkpoints[int(route)])
         if route == "state":
+            self._wait_state(request)
             return httpx.Response(200, json={"status": self.status, "attempt": self.attempt})
+        if route == "heartbeat":
+            body = json.loads(request.content or b"{}")
+            named = {e["task_id"] for e in body.get("running", [])} | set(body.get("tasks", []))
+            states = [
+                {"task_id": task_id, "status": self.status, "attempt": self.attempt}
+                for task_id in sorted(named)
+            ]
+            return httpx.Response(200, json={"tasks": states})
+        if route == "report":
+            return httpx.Response(200, json={"stored": len(json.loads(request.content)["lines"])})
         if route == "rendezvous" and request.method == "PUT":
             body = json.loads(request.content)
             self.master = (body["master_addr"], body["master_port"])
@@ -152,7 +190,7 @@ class FakeApi:
             return httpx.Response(200, json={"stored": True})
         if route == "trial":
             return httpx.Response(200, json={"plan_id": 1, "fitted": True})
-        if re.fullmatch(r"heartbeat|deregister|logs|metrics|progress", route):
+        if re.fullmatch(r"deregister|logs|metrics|progress", route):
             return httpx.Response(
                 200 if route == "logs" else 204, json={"stored": 0} if route == "logs" else None
             )

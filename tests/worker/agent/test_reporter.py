@@ -27,9 +27,10 @@ def test_logs_are_numbered_per_node_and_sent_in_batches(api: FakeApi) -> None:
     reporter = Reporter(api.client(), 4, group="a", attempt=2, interval_s=60.0)
     reporter.pump(lines(("ps", "one"), ("rank-1", "two"), ("ps", "three")))
     reporter.pump(lines(("rank-1", "four")))  # within the interval: kept for the next batch
-    assert len(api.bodies("logs")) == 1
+    assert len(api.bodies("report")) == 1
     reporter.flush()
-    sent = [line for batch in api.bodies("logs") for line in batch["lines"]]
+    assert len(api.bodies("report")) == 2
+    sent = api.reported("lines")
     assert [(x["node"], x["seq"], x["text"]) for x in sent] == [
         ("ps", 0, "one"),
         ("rank-1", 0, "two"),
@@ -40,12 +41,12 @@ def test_logs_are_numbered_per_node_and_sent_in_batches(api: FakeApi) -> None:
 
 
 def test_logs_survive_a_503(api: FakeApi) -> None:
-    api.fail["logs"] = [503]
+    api.fail["report"] = [503]
     reporter = Reporter(api.client(), 4, group="a")
     reporter.agent_line("started")
     reporter.flush()
-    assert [x["text"] for x in api.bodies("logs")[0]["lines"]] == ["started"]
-    assert api.bodies("logs")[0]["lines"][0]["node"] == "agent-a"
+    assert [x["text"] for x in api.reported("lines")] == ["started"]
+    assert api.reported("lines")[0]["node"] == "agent-a"
 
 
 def test_metrics_keep_their_rank_and_the_parameter_server_reports_global_ones(api: FakeApi) -> None:
@@ -57,7 +58,7 @@ def test_metrics_keep_their_rank_and_the_parameter_server_reports_global_ones(ap
             ("rank-2", ev(type="metric", name="loss", value=None, nonfinite="nan", step=4, rank=2)),
         )
     )
-    (batch,) = api.bodies("metrics")
+    (batch,) = api.bodies("report")
     assert [(m["rank"], m["value"], m["nonfinite"]) for m in batch["metrics"]] == [
         (None, 0.5, None),
         (2, 0.7, None),
@@ -74,8 +75,8 @@ def test_a_malformed_event_is_logged_and_loses_nothing_else(api: FakeApi) -> Non
             ("rank-1", ev(type="metric", name="acc", value=0.9, rank=1)),
         )
     )
-    assert [m["name"] for m in api.bodies("metrics")[0]["metrics"]] == ["acc"]
-    texts = [x["text"] for x in api.bodies("logs")[0]["lines"]]
+    assert [m["name"] for m in api.reported("metrics")] == ["acc"]
+    texts = [x["text"] for x in api.reported("lines")]
     assert len(texts) == 2 and all(t.startswith("ignored a malformed") for t in texts)
 
 
@@ -83,7 +84,7 @@ def test_the_first_progress_is_sent_at_once(api: FakeApi) -> None:
     reporter = Reporter(api.client(), 4, group="a", interval_s=60.0)
     reporter.flush()
     reporter.pump(lines(("ps", ev(type="progress", step=5, epochs=2, steps_per_epoch=10, epoch=0))))
-    assert api.bodies("progress") == [{"progress": 0.25, "epoch": 0, "attempt": 1}]
+    assert api.reported("progress") == [{"progress": 0.25, "epoch": 0, "attempt": 1}]
 
 
 def test_checkpoints_are_uploaded_only_from_the_ranks_own_folder(
@@ -137,7 +138,7 @@ def test_checkpoints_are_uploaded_only_from_the_ranks_own_folder(
         "step": "10",
         "attempt": "3",
     }
-    refused = [x["text"] for x in api.bodies("logs")[0]["lines"]]
+    refused = [x["text"] for x in api.reported("lines")]
     assert len(refused) == 3 and all(t.startswith("refused checkpoint") for t in refused)
 
 
@@ -196,7 +197,7 @@ def test_a_checkpoints_shard_provenance_follows_it_and_bad_records_are_refused(
     (stored,) = api.calls("provenance")
     assert stored.url.path.endswith("/tasks/4/checkpoints/1/provenance")
     assert json.loads(stored.content) == _provenance()
-    (refused,) = [x["text"] for x in api.bodies("logs")[0]["lines"]]
+    (refused,) = [x["text"] for x in api.reported("lines")]
     assert refused.startswith("refused the shard provenance of 'epoch-1.pt' from ps")
 
 
@@ -239,7 +240,7 @@ def test_trial_timings_are_taken_from_the_parameter_server_only(api: FakeApi) ->
     (stored,) = api.calls("trial")
     assert stored.url.path.endswith("/tasks/4/trial") and stored.method == "PUT"
     assert api.bodies("trial") == [TrialResult.model_validate(TRIAL).model_dump(mode="json")]
-    logged = [x["text"] for x in api.bodies("logs")[0]["lines"]]
+    logged = [x["text"] for x in api.reported("lines")]
     assert any("malformed 'trial' event from ps" in line for line in logged)
 
 
@@ -260,5 +261,5 @@ def test_shard_provenance_is_taken_from_the_parameter_server_only(
     )
     reporter.pump(lines(("rank-1", forged)))
     assert api.calls("provenance") == []
-    (refused,) = [x["text"] for x in api.bodies("logs")[0]["lines"]]
+    (refused,) = [x["text"] for x in api.reported("lines")]
     assert "only the parameter server records shard provenance" in refused

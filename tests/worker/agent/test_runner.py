@@ -21,7 +21,7 @@ RENDEZVOUS = event("rendezvous", port=4242)
 
 
 def logged(api: FakeApi) -> list[str]:
-    return [x["text"] for batch in api.bodies("logs") for x in batch["lines"]]
+    return [x["text"] for x in api.reported("lines")]
 
 
 def test_a_refused_claim_starts_nothing(api: FakeApi, run_with: Run) -> None:
@@ -66,7 +66,7 @@ def test_a_later_attempt_resumes_from_the_named_checkpoint(api: FakeApi, run_wit
     assert Path(spec["resume_from"]).read_bytes() == b"epoch-3 weights"
     assert Path(spec["resume_from"]).parent == ranks[0].rank_dir
     assert json.loads((ranks[1].rank_dir / "spec.json").read_text())["resume_from"] is None
-    assert {x["attempt"] for batch in api.bodies("logs") for x in batch["lines"]} == {2}
+    assert {x["attempt"] for x in api.reported("lines")} == {2}
 
 
 def test_another_group_waits_for_the_published_rendezvous(api: FakeApi, run_with: Run) -> None:

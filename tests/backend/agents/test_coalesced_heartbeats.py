@@ -1,0 +1,155 @@
+"""Heartbeats written together (backend/agents/stamps.py): an online agent's beat is held in
+the API process and written with the others' by one flush, never backwards; the answer
+carries the named tasks' states; and what a crash loses cannot time out a live agent."""
+
+from datetime import timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from backend.agents.models import Agent
+from backend.agents.stamps import FLUSH_EVERY_S, HeldStamps
+from backend.core.config import Settings
+from backend.core.db import utcnow
+from backend.scheduler import monitor
+from backend.tasks.models import Allocation, NodeRole
+from tests.backend.scheduling import group, running_task
+from tests.conftest import agent_headers
+
+pytestmark = pytest.mark.stack
+
+
+def _agents(session: Session) -> dict[str, Agent]:
+    session.expire_all()
+    return {a.name: a for a in session.scalars(select(Agent))}
+
+
+def _beat(client: TestClient, agent: Agent, **body: object) -> dict:
+    response = client.post(
+        f"/internal/v1/agents/{agent.id}/heartbeat", headers=agent_headers(), json=body
+    )
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def _age_agents(session: Session, seconds: float) -> None:
+    session.execute(update(Agent).values(last_heartbeat_at=utcnow() - timedelta(seconds=seconds)))
+    session.commit()
+
+
+def test_beats_are_held_then_written_in_one_flush(client: TestClient, session: Session) -> None:
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    _age_agents(session, 10)
+    before = {name: a.last_heartbeat_at for name, a in _agents(session).items()}
+    stamps: HeldStamps = client.app.state.stamps  # type: ignore[attr-defined]
+    stamps.flushing = True  # as while the app's flusher runs: the test flushes itself
+    ranks = sorted(
+        r
+        for r in session.scalars(
+            select(Allocation.rank).where(
+                Allocation.task_id == task.id, Allocation.role == NodeRole.COMPUTE
+            )
+        )
+        if r is not None
+    )
+    agents = _agents(session)
+    answer = _beat(client, agents["agent-cpu-a"], running=[{"task_id": task.id, "ranks": ranks}])
+    _beat(client, agents["agent-cpu-b"])
+    assert answer == {"tasks": [{"task_id": task.id, "status": "RUNNING", "attempt": 1}]}
+    # Nothing written yet: both stamps and the ranks' are held.
+    assert {n: a.last_heartbeat_at for n, a in _agents(session).items()} == before
+    held_agents, held_ranks = stamps.held()
+    assert set(held_agents) == {agents["agent-cpu-a"].id, agents["agent-cpu-b"].id}
+    assert set(held_ranks) == {(task.id, rank) for rank in ranks}
+    assert stamps.flush(session) == (2, len(ranks))
+    after = _agents(session)
+    assert all(after[n].last_heartbeat_at > before[n] for n in before)
+    assert all(after[n].last_heartbeat_at == held_agents[after[n].id] for n in before)
+    alive = session.scalars(
+        select(Allocation).where(Allocation.task_id == task.id, Allocation.rank.in_(ranks))
+    ).all()
+    assert alive and all(a.last_heartbeat_at == held_ranks[(task.id, a.rank)] for a in alive)
+    assert stamps.held() == ({}, {}) and stamps.flush(session) == (0, 0)
+    # A stamp older than the stored one (another API process wrote a newer) never goes back.
+    newest = after["agent-cpu-a"].last_heartbeat_at
+    stamps.agent(after["agent-cpu-a"].id, newest - timedelta(seconds=3))
+    stamps.flush(session)
+    assert _agents(session)["agent-cpu-a"].last_heartbeat_at == newest
+
+
+def test_an_offline_agent_is_online_again_at_once_and_a_deregistered_one_stays_off(
+    client: TestClient, session: Session
+) -> None:
+    group(session, "cpu-a", 2)
+    stamps: HeldStamps = client.app.state.stamps  # type: ignore[attr-defined]
+    stamps.flushing = True
+    agent = _agents(session)["agent-cpu-a"]
+    session.execute(update(Agent).values(online=False))
+    session.commit()
+    _beat(client, agent)
+    assert _agents(session)["agent-cpu-a"].online  # written by the beat itself
+    assert stamps.held() == ({}, {})
+    _beat(client, agent)  # online: held
+    assert agent.id in stamps.held()[0]
+    client.post(f"/internal/v1/agents/{agent.id}/deregister", headers=agent_headers())
+    assert stamps.held() == ({}, {})  # its held stamp is dropped with it
+    stamps.flush(session)
+    assert not _agents(session)["agent-cpu-a"].online
+
+
+def test_without_a_flusher_a_beat_is_written_at_once(client: TestClient, session: Session) -> None:
+    """An app whose lifespan did not run (no flusher) writes each beat itself."""
+    group(session, "cpu-a", 2)
+    _age_agents(session, 10)
+    stamps: HeldStamps = client.app.state.stamps  # type: ignore[attr-defined]
+    stamps.flushing = False
+    agent = _agents(session)["agent-cpu-a"]
+    old = agent.last_heartbeat_at
+    _beat(client, agent)
+    assert _agents(session)["agent-cpu-a"].last_heartbeat_at > old
+
+
+def test_a_crash_loses_only_the_held_beats_and_no_live_agent_is_timed_out(
+    client: TestClient, session: Session
+) -> None:
+    """The durability argument of docs/architecture.md ("Monitoring"), checked.
+
+    A crash loses what was held since the last flush, at most `FLUSH_EVERY_S` of beats: the
+    stored stamp is then the agent's previous flushed beat. Its next beat reaches a live
+    process one interval later (after its client's retries); until then the stored stamp is
+    at most two intervals, the retries and a flush period old, which is short of the timeout
+    less the monitor's scan period. A restarted API judges nothing for a full timeout.
+    """
+    group(session, "cpu-a", 2)
+    stamps: HeldStamps = client.app.state.stamps  # type: ignore[attr-defined]
+    stamps.flushing = True
+    agent = _agents(session)["agent-cpu-a"]
+    _beat(client, agent)
+    stamps.flush(session)
+    flushed = _agents(session)["agent-cpu-a"].last_heartbeat_at
+    _beat(client, agent)
+    crashed = HeldStamps()  # the process died: its held beat is gone, nothing else
+    assert crashed.flush(session) == (0, 0)
+    assert _agents(session)["agent-cpu-a"].last_heartbeat_at == flushed
+
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    interval, timeout = 3.0, settings.heartbeat_timeout_s  # the agent's default interval
+    retries = 0.5 + 1.0  # the agent's client: two transport retries to reach a live process
+    worst = 2 * interval + retries + FLUSH_EVERY_S
+    assert worst < timeout - settings.scheduler_interval_s
+    _age_agents(session, worst)  # the oldest the stored stamp gets before the next beat
+    assert (
+        monitor.mark_stale_agents(
+            session, timeout_s=timeout, interval_s=settings.scheduler_interval_s
+        )
+        == 0
+    )
+    assert _agents(session)["agent-cpu-a"].online
+    # A restarted API (its scheduler just started) judges no agent, however old its stamp.
+    _age_agents(session, 10 * timeout)
+    assert monitor.check(session, timeout_s=timeout, watching_since=utcnow()) == 0
+    assert _agents(session)["agent-cpu-a"].online
