@@ -43,7 +43,7 @@ def a_run() -> Run:
         spec=SimpleNamespace(  # type: ignore[arg-type]
             sync_strategy="periodic", guard=False, any_sharded=False
         ),
-        code=SimpleNamespace(loss_fn=torch.nn.functional.mse_loss),  # type: ignore[arg-type]
+        code=SimpleNamespace(loss_fn=torch.nn.functional.mse_loss, step_metrics=False),  # type: ignore[arg-type]
         topo=SimpleNamespace(worker_index=0, device=torch.device("cpu")),  # type: ignore[arg-type]
         model=torch.nn.Linear(4, 1),
         optimizer=None,
