@@ -58,7 +58,7 @@ def api(stack: LocalStack) -> Iterator[httpx.Client]:
         yield client
 
 
-def wait_for(api: httpx.Client, task_id: int, statuses: set[str], timeout_s: float = 180) -> dict:
+def wait_for(api: httpx.Client, task_id: int, statuses: set[str], timeout_s: float = 480) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         task = api.get(f"/api/v1/tasks/{task_id}").json()
