@@ -8,7 +8,7 @@ Request bodies derive from `StrictModel` (unknown fields and NUL characters refu
 import math
 import re
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -140,6 +140,10 @@ class MetricBatch(StrictModel):
 HASH_PATTERN = r"^[0-9a-f]{16}$"
 INT32_MAX = 2**31 - 1
 """The largest value an INTEGER column holds (PostgreSQL): a larger one is refused as input."""
+DbId = Annotated[int, Field(ge=1, le=INT32_MAX)]
+"""A row's id as the database holds it (an INTEGER key): a heartbeat's ids are held and
+written a second later (`backend.agents.stamps`), so one no column can hold is refused here,
+where the agent hears of it, not at the write."""
 
 
 class ShardRecordIn(StrictModel):
@@ -252,7 +256,7 @@ class RankSample(StrictModel):
     (over the time since the previous sample), resident memory (RSS) in MiB and, on a GPU
     host, the utilization (percent) and memory (MiB) of the GPUs its processes use."""
 
-    rank: int = Field(ge=0)
+    rank: int = Field(ge=0, le=INT32_MAX)
     cpu_percent: float = Field(ge=0, allow_inf_nan=False)
     rss_mb: float = Field(ge=0, allow_inf_nan=False)
     gpu_util: float | None = Field(default=None, ge=0, le=100)
@@ -263,8 +267,8 @@ class RunningRanks(StrictModel):
     """A task's ranks alive on the agent and, every few heartbeats, their resource use
     (`samples`; an agent that does not measure it sends none)."""
 
-    task_id: int
-    ranks: list[int] = Field(max_length=4096)
+    task_id: DbId
+    ranks: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] = Field(max_length=4096)
     samples: list[RankSample] = Field(default_factory=list, max_length=4096)
 
 
@@ -274,4 +278,4 @@ class Heartbeat(StrictModel):
     (`HeartbeatReply`) gives the state of each task named in either."""
 
     running: list[RunningRanks] = Field(default_factory=list, max_length=1024)
-    tasks: list[int] = Field(default_factory=list, max_length=1024)
+    tasks: list[DbId] = Field(default_factory=list, max_length=1024)

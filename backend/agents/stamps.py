@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import cast
 
 from sqlalchemy import Table, and_, bindparam, text, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from backend.agents.models import Agent
@@ -76,17 +77,25 @@ class HeldStamps:
 
     def flush(self, session: Session) -> tuple[int, int]:
         """Write every held stamp (an agent's only where it moves forward; a rank's on its
-        held allocation) and commit; (agents, ranks) written. What a failed write took is
-        held again, and the error raised."""
+        held allocation) and commit; (agents, ranks) written. What a write that failed for
+        the database's connection took is held again; what the database refused is dropped
+        (it would fail again, and every stamp with it); the error is raised either way."""
         agents, ranks = self._take()
         if not agents and not ranks:
             return 0, 0
         try:
             write_stamps(session, agents, ranks)
             session.commit()
-        except Exception:
+        except OperationalError:  # the database away: held again for the next period
             session.rollback()
             self._put_back(agents, ranks)
+            raise
+        except Exception:
+            # Anything else would fail again each period and hold every other stamp with it
+            # (the monitor would then declare live agents lost): dropped, the agents' next
+            # beats hold new ones. Contracts bound what can arrive (`contracts.agent_api.DbId`).
+            session.rollback()
+            log.exception("held heartbeat stamps dropped: the database refused them")
             raise
         return len(agents), len(ranks)
 

@@ -153,3 +153,44 @@ def test_a_crash_loses_only_the_held_beats_and_no_live_agent_is_timed_out(
     _age_agents(session, 10 * timeout)
     assert monitor.check(session, timeout_s=timeout, watching_since=utcnow()) == 0
     assert _agents(session)["agent-cpu-a"].online
+
+
+def test_an_id_no_column_holds_is_refused_at_the_beat_and_never_held(
+    client: TestClient, session: Session
+) -> None:
+    """A rank or task id beyond INTEGER is refused when it arrives (422): held, it made
+    every flush fail and, put back each time, kept every other agent's stamp unwritten."""
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    agent = _agents(session)["agent-cpu-a"]
+    stamps: HeldStamps = client.app.state.stamps  # type: ignore[attr-defined]
+    stamps.flushing = True
+    url = f"/internal/v1/agents/{agent.id}/heartbeat"
+    for body in (
+        {"running": [{"task_id": task.id, "ranks": [2**40]}]},
+        {"running": [{"task_id": 2**40, "ranks": [1]}]},
+        {"tasks": [2**40]},
+    ):
+        response = client.post(url, headers=agent_headers(), json=body)
+        assert response.status_code == 422, body
+    assert stamps.held() == ({}, {})
+
+
+def test_a_stamp_the_database_refuses_is_dropped_not_held_again(
+    client: TestClient, session: Session
+) -> None:
+    """Whatever gets past the contract and is refused by the database is dropped with its
+    batch, so the next flush writes the agents' new beats."""
+    group(session, "cpu-a", 2)
+    agent = _agents(session)["agent-cpu-a"]
+    stamps = HeldStamps()
+    stamps.agent(agent.id, utcnow())
+    stamps.ranks(1, [2**70], utcnow())  # no INTEGER holds it
+    with pytest.raises(Exception):  # noqa: B017 (SQLite: OverflowError; PostgreSQL: DataError)
+        stamps.flush(session)
+    session.rollback()
+    assert stamps.held() == ({}, {})
+    _age_agents(session, 10)
+    stamps.agent(agent.id, utcnow())
+    assert stamps.flush(session) == (1, 0)
