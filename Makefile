@@ -37,7 +37,7 @@ up: install
 # busy (2026-11-26: user + sys CPU over wall time of a whole run).
 test: install
 	scripts/test_setup.sh
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 3 --dist loadfile
 
 # CI runs this before the tests (.ci/run); `make format` applies what `ruff format --check` asks.
 LINTED := backend worker contracts polytrain examples tests bench scripts migrations

@@ -41,42 +41,6 @@ def pytest_configure(config: pytest.Config) -> None:
         prefork.enable()
 
 
-# The longest test files, by their seconds in a full `make test` (2026-11-29, 3 processes on
-# this 2-core host): collected first, so that `--dist loadfile --no-loadscope-reorder`
-# (Makefile) hands them out before the short ones, longest first, and no process is left
-# with an end-to-end file while the others idle (xdist's own order, by test count, put
-# these files of few tests last).
-LONGEST_FILES = {
-    "tests/e2e/test_fault_tolerance.py": 450,
-    "tests/e2e/test_main_job.py": 320,
-    "tests/e2e/test_isolation.py": 200,
-    "tests/browser/test_portal.py": 130,
-    "tests/deploy/test_netns.py": 120,
-    "tests/e2e/test_broker_restart.py": 110,
-    "tests/e2e/test_api_restart.py": 100,
-    "tests/deploy/test_wheel.py": 100,
-    "tests/browser/test_research.py": 90,
-    "tests/backend/core/test_fuzz.py": 80,
-    "tests/browser/test_sweeps.py": 80,
-    "tests/deploy/test_up.py": 70,
-    "tests/browser/test_step_curves.py": 65,
-    "tests/e2e/test_own_packages.py": 45,
-    "tests/bench/test_fsdp_vs_torch.py": 40,
-    "tests/e2e/test_scheduler_failover.py": 35,
-}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest files first (`LONGEST_FILES`), each file's tests together and in order,
-    the other files after them in their collected order."""
-    root = Path(config.rootpath)
-
-    def seconds(item: pytest.Item) -> int:
-        return LONGEST_FILES.get(Path(item.path).relative_to(root).as_posix(), 0)
-
-    items.sort(key=lambda item: -seconds(item))
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     """With the production stack configured, unreachable servers fail the run (no skip)."""
     if production.enabled() and (problem := production.check_reachable()):
