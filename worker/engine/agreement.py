@@ -70,7 +70,7 @@ from worker.engine.balance import Balancer
 from worker.engine.compute import batch_loss
 from worker.engine.contract import TrainingCode
 from worker.engine.data import Source, TensorData
-from worker.engine.distributed import FIRST_WORKER, Topology, all_reduce_control
+from worker.engine.distributed import FIRST_WORKER, Topology
 from worker.engine.exchange import broadcast_object, receive_at_ps, send_to_ps
 from worker.engine.sharded import full, materialised
 from worker.engine.spec import RunSpec
@@ -189,7 +189,7 @@ def _fixed_batch(run: CheckedRun, train: Source | None) -> Any:
         if not train.expects(indices):
             train.plan([indices])
         batch = train.take(indices)
-    return broadcast_object(run.topo, batch, src=FIRST_WORKER)
+    return broadcast_object(batch, src=FIRST_WORKER)
 
 
 def _backward(run: CheckedRun, batch: Any) -> None:
@@ -278,7 +278,7 @@ def _check_gradients(run: CheckedRun, train: Source | None) -> None:
         elif topo.am_i_leader or run.spec.sharded(topo.group_index):
             _send_gradients(run, batch)
     run.model.zero_grad(set_to_none=True)
-    gaps = broadcast_object(topo, gaps, src=0)
+    dist.broadcast(gaps, src=0)
     found = {g: gap for g, gap in enumerate(gaps.tolist()) if not math.isnan(gap)}
     act(run, found, "its gradient of a fixed batch")
 
@@ -394,7 +394,7 @@ def check_parameters(run: CheckedRun) -> None:
         if topo.am_i_leader:
             table[topo.group_index, :3] = mine
             table[topo.group_index, 3] = time.perf_counter() - started
-    all_reduce_control(topo, table)  # each leader its group's row: exact
+    dist.all_reduce(table, op=dist.ReduceOp.SUM)
     run.agreement_s += float(table[:, 3].max())
     out = run.parked_groups
     stepping = [g for g in range(groups) if g not in out]

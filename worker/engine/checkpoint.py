@@ -21,11 +21,11 @@ because its groups are at different steps inside an epoch.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from worker.engine import report
 
@@ -70,15 +70,10 @@ def to_cpu(obj: Any) -> Any:
 
 
 def gather_worker_states(
-    topo_is_ps: bool,
-    rank: int,
-    optimizer_outline: dict[str, Any] | None,
-    gather: Callable[[Any], list[Any] | None],
+    topo_is_ps: bool, rank: int, optimizer_outline: dict[str, Any] | None
 ) -> dict[int, dict[str, Any]] | None:
     """Collect every compute worker's RNG state (and the outline of the optimizer state it
-    sends, ``worker.engine.fsdp.outline``) at rank 0, in one ``gather``: every rank's object,
-    a list at rank 0 and None elsewhere (``worker.engine.distributed.gather_objects``, through
-    the groups and the leaders).
+    sends, ``worker.engine.fsdp.outline``) at rank 0, in one ``gather_object``.
 
     Call on every rank of the world; returns ``{rank: {"rng", "optimizer"}}`` on rank 0 (the
     optimizer an outline, or None for a rank that sends none) and None elsewhere. The state
@@ -88,7 +83,8 @@ def gather_worker_states(
     mine = None
     if not topo_is_ps:
         mine = {"rng": torch.get_rng_state(), "optimizer": optimizer_outline}
-    gathered = gather((rank, mine))
+    gathered: list[Any] | None = [None] * dist.get_world_size() if topo_is_ps else None
+    dist.gather_object((rank, mine), gathered, dst=0)
     if gathered is None:
         return None
     return {r: state for r, state in gathered if state is not None}

@@ -26,12 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from worker.engine.distributed import (
-    Topology,
-    all_gather_objects,
-    all_reduce_control,
-    broadcast_object_from,
-)
+from worker.engine.distributed import Topology
 
 BUCKET_BYTES = 16 * 2**20
 # Point-to-point messages between the parameter server and the group leaders.
@@ -293,27 +288,21 @@ def _scratch(index: int, numel: int, dtype: torch.dtype) -> Tensor:
     return _SCRATCH[key]
 
 
-def sum_over_world(
-    topo: Topology, totals: dict[str, tuple[float, float]]
-) -> dict[str, tuple[float, float]]:
+def sum_over_world(totals: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
     """Sum ``name -> (weighted_sum, count)`` pairs over every rank of the world.
 
     Ranks may hold different names (a worker with no validation samples holds
-    none). Every rank's pairs reach every rank in one gather through the groups and the
-    leaders (:func:`worker.engine.distributed.all_gather_objects`), and each rank adds them
-    up in rank order (float64, a missing name counting zero): the same bits on every rank,
-    whatever the layout of the groups.
+    none); names are first united with one all_gather_object, then the values
+    are summed by one float64 allreduce.
     """
-    per_rank: list[dict[str, tuple[float, float]]] = all_gather_objects(topo, totals)
-    names = sorted({n for rank_totals in per_rank for n in rank_totals})
-    summed: dict[str, tuple[float, float]] = {}
-    for name in names:
-        weighted, count = 0.0, 0.0
-        for rank_totals in per_rank:
-            w, c = rank_totals.get(name, (0.0, 0.0))
-            weighted, count = weighted + float(w), count + float(c)
-        summed[name] = (weighted, count)
-    return summed
+    names_per_rank: list[list[str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(names_per_rank, sorted(totals))
+    names = sorted({n for rank_names in names_per_rank for n in rank_names or []})
+    flat = torch.zeros(2 * len(names), dtype=torch.float64)
+    for i, name in enumerate(names):
+        flat[2 * i], flat[2 * i + 1] = totals.get(name, (0.0, 0.0))
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    return {name: (float(flat[2 * i]), float(flat[2 * i + 1])) for i, name in enumerate(names)}
 
 
 def gather_work(
@@ -322,20 +311,20 @@ def gather_work(
     """Every worker's ``(compute seconds, samples, *more)`` on every rank, as one list over
     workers for each.
 
-    One float64 sum over the world (through the groups and the leaders,
-    :func:`worker.engine.distributed.all_reduce_control`) of a ``[2 + len(more), W]`` tensor
-    in which each worker fills its own column (the parameter server contributes zeros): exact.
+    One float64 allreduce over the world of a ``[2 + len(more), W]`` tensor in which each
+    worker fills its own column (the parameter server contributes zeros).
     """
     values = [compute_s, samples, *more]
     table = torch.zeros(len(values), topo.n_workers, dtype=torch.float64)
     if not topo.is_ps:
         table[:, topo.worker_index] = torch.tensor(values, dtype=torch.float64)
-    all_reduce_control(topo, table)
+    dist.all_reduce(table, op=dist.ReduceOp.SUM)
     return tuple(row.tolist() for row in table)
 
 
-def broadcast_object(topo: Topology, obj: Any, src: int = 0) -> Any:
+def broadcast_object(obj: Any, src: int = 0) -> Any:
     """A picklable object from rank ``src`` to every rank of the world (``obj`` ignored
-    elsewhere), through the groups and the leaders
-    (:func:`worker.engine.distributed.broadcast_object_from`)."""
-    return broadcast_object_from(topo, obj, src)
+    elsewhere)."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]

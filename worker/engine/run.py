@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +38,7 @@ from worker.engine.compute import (
 )
 from worker.engine.contract import TrainingCode, default_metrics
 from worker.engine.data import Source
-from worker.engine.distributed import (  # noqa: F401 (Topology re-exported)
-    FIRST_WORKER,
-    Topology,
-    gather_objects,
-    lazy_group,
-)
+from worker.engine.distributed import FIRST_WORKER, Topology  # noqa: F401 (re-exported)
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import gather_work, receive_at_ps, send_to_ps
 from worker.engine.fsdp import (
@@ -379,8 +373,8 @@ def _step_comm(run: Run, out: frozenset[int]) -> None:
     kept = [g for g in range(len(spec.groups)) if g not in out]
     leaders = [spec.group_ranks(g)[0] for g in kept]
     members = [r for g in kept for r in spec.group_ranks(g)]
-    cross = lazy_group(leaders) if len(leaders) > 1 else None
-    workers = lazy_group(members)
+    cross = dist.new_group(leaders, backend="gloo") if len(leaders) > 1 else None
+    workers = dist.new_group(members, backend="gloo")
     run.comm[out] = (cross if rank in leaders else None, workers if rank in members else None)
 
 
@@ -739,9 +733,7 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     sharded = run.spec.group_ranks(source_group) if run.spec.sharded(source_group) else []
     if run.optimizer is not None and not run.topo.is_ps and sends:
         local_optimizer = outline(run.optimizer.state_dict(), whole=not sharded)
-    states = gather_worker_states(
-        run.topo.is_ps, run.topo.rank, local_optimizer, partial(gather_objects, run.topo)
-    )
+    states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
     if run.optimizer is not None and (local_optimizer is not None or run.topo.rank in sharded):
         send_state_rows(run.optimizer.state_dict())
     if states is None:

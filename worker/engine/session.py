@@ -224,7 +224,7 @@ def start(
     sync_state(topo, run.state, spec=spec)
     if clock is not None:
         clock.mark("sync")
-    package = broadcast_object(topo, package)
+    package = broadcast_object(package)
     replica = package is not None and run.strategy.replicated and not topo.is_ps
     if replica and optimizer is not None and package["optimizer"] is not None:
         whole = package["optimizer"]  # a sharded worker keeps its rows of it
@@ -319,7 +319,7 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
     if stepping(run):  # a parked group takes the model when it is taken back (run.refresh)
         sync_state(run.topo, run.state, stepping_leaders(run), run.spec)
     counted = {SKIPPED: (float(run.skipped), 1.0)} if counts_skips(run) else {}
-    val = sum_over_world(run.topo, {**val_totals, **counted})
+    val = sum_over_world({**val_totals, **counted})
     skipped = int(val.pop(SKIPPED, (0.0, 0.0))[0])
     compute_s, samples = gather_work(run.topo, run.epoch_work.compute_s, run.epoch_work.samples)
     if run.spec.split_policy == "weighted":
