@@ -10,7 +10,11 @@ as the data memory now plus how far resident memory once rose above what it hold
 
 ``VmData`` counts what is reserved but not resident (thread stacks, untouched pages), which
 stays from step to step; the rise of ``VmHWM`` over ``VmRSS`` is what a step allocated and
-freed (activations, gradients, a sharded unit's gathered parameters). Resetting the peak
+freed (activations, gradients, a sharded unit's gathered parameters). In this process the
+free space glibc's heaps keep (``mallinfo2().fordblks``) is taken off ``VmData``: it is
+mapped but free for the next allocation, and an earlier phase leaves it behind (the whole
+model's moments, freed before the trial shards the model, stayed in the heaps and made a
+sharded worker's peak look as large as a whole one's: 737 MiB against 755). Resetting the peak
 (:func:`reset_peak`) writes ``5`` to ``/proc/self/clear_refs`` (Linux 4.0 and later), which
 sets ``VmHWM`` to ``VmRSS``, after ``malloc_trim`` has handed glibc's free heap back; where
 the reset is not allowed the peak is the process's whole-life peak, which is the peak of the
@@ -70,7 +74,28 @@ def peak_mib(device: torch.device) -> float | None:
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_reserved(device) / 2**20
     kib = status_kib()
-    return None if kib is None else data_peak_mib(kib)
+    return None if kib is None else data_peak_mib(kib) - heap_free_bytes() / 2**20
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [  # glibc's struct mallinfo2 (malloc.h, glibc 2.33 and later): all size_t
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def heap_free_bytes() -> int:
+    """Bytes free in this process's glibc heaps (``mallinfo2().fordblks``, every arena): mapped,
+    so counted in ``VmData``, but not in use. 0 where glibc or ``mallinfo2`` is absent."""
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return 0
+    mallinfo2.restype = _Mallinfo2
+    return int(mallinfo2().fordblks)
 
 
 def data_peak_mib(kib: dict[str, int]) -> float:
