@@ -28,16 +28,11 @@ and **off** (``on_disagreement: off``).
 from __future__ import annotations
 
 import argparse
-import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from bench.common import emit, workload
+from bench.common import emit, run_task, workload
 from bench.stats import paired_ratios, paired_rounds, summary
 from bench.throttle import pin
-from worker.engine.local import launch_local
-from worker.engine.spec import RunSpec
 
 GLOBAL_BATCH, STEPS, EPOCHS = 128, 128, 3
 CORES = (0, 1)  # compute rank r runs on core CORES[r - 1]
@@ -50,33 +45,21 @@ GROUPS = [
 def one_run(hidden: int, on: bool, found: dict[str, list[float]]) -> float:
     """Train once; returns the training seconds and appends the checks' seconds (on) and the
     alarm count to ``found``."""
-    with tempfile.TemporaryDirectory(prefix="polytrain-bench-") as tmp:
-        spec = RunSpec.model_validate(
-            {
-                "task_id": 0,
-                "code": workload("sized_mlp"),
-                "epochs": EPOCHS,
-                "global_batch_size": GLOBAL_BATCH,
-                "groups": GROUPS,
-                "checkpoint_dir": str(Path(tmp) / "ck"),
-                "on_disagreement": "fail" if on else "off",
-            }
-        )
-        env = {
+    run = run_task(
+        {
+            "code": workload("sized_mlp"),
+            "epochs": EPOCHS,
+            "global_batch_size": GLOBAL_BATCH,
+            "groups": GROUPS,
+            "on_disagreement": "fail" if on else "off",
+        },
+        timeout_s=1800,
+        env={
             "POLYTRAIN_BENCH_HIDDEN": str(hidden),
             "POLYTRAIN_BENCH_ITEMS": str(GLOBAL_BATCH * STEPS),
-            "POLYTRAIN_NUM_THREADS": "1",
-        }
-        run = launch_local(
-            spec,
-            timeout_s=1800,
-            env_extra=env,
-            on_spawn=lambda pids: [pin(pids[r], CORES[r - 1]) for r in (1, 2)],
-        )
-    if not run.ok:
-        for rank in run.output:
-            print(f"--- rank {rank}\n" + "\n".join(run.output[rank][-20:]), file=sys.stderr)
-        sys.exit(1)
+        },
+        on_spawn=lambda pids: [pin(pids[r], CORES[r - 1]) for r in (1, 2)],
+    )
     train_s = sum(t for t in run.metrics("epoch_time_s", rank=0) if t is not None)
     found["alarms"].append(float(sum(e["type"] == "alarm" for e in run.events)))
     if on:

@@ -28,16 +28,12 @@ import io
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-from bench.common import emit, workload
+from bench.common import emit, run_task, workload
 from bench.stats import paired_ratios, paired_rounds, summary
 from bench.throttle import pin
 from worker.engine import report
-from worker.engine.local import launch_local
-from worker.engine.spec import RunSpec
 
 GLOBAL_BATCH, STEPS, EPOCHS, HIDDEN = 128, 400, 2, 100
 CORES = (0, 1)  # compute rank r runs on core CORES[r - 1]
@@ -50,34 +46,21 @@ GROUPS = [
 def one_run(on: bool, points: list[int]) -> float:
     """Train once; returns the seconds per step (the epochs' steps only) and appends the
     per-step points the run reported to ``points``."""
-    with tempfile.TemporaryDirectory(prefix="polytrain-bench-") as tmp:
-        spec = RunSpec.model_validate(
-            {
-                "task_id": 0,
-                "code": workload("sized_mlp"),
-                "epochs": EPOCHS,
-                "global_batch_size": GLOBAL_BATCH,
-                "groups": GROUPS,
-                "checkpoint_dir": str(Path(tmp) / "ck"),
-                "step_metrics_every": None if on else 0,
-                "guard": False,
-            }
-        )
-        env = {
+    run = run_task(
+        {
+            "code": workload("sized_mlp"),
+            "epochs": EPOCHS,
+            "global_batch_size": GLOBAL_BATCH,
+            "groups": GROUPS,
+            "step_metrics_every": None if on else 0,
+            "guard": False,
+        },
+        env={
             "POLYTRAIN_BENCH_HIDDEN": str(HIDDEN),
             "POLYTRAIN_BENCH_ITEMS": str(GLOBAL_BATCH * STEPS),
-            "POLYTRAIN_NUM_THREADS": "1",
-        }
-        run = launch_local(
-            spec,
-            timeout_s=600,
-            env_extra=env,
-            on_spawn=lambda pids: [pin(pids[r], CORES[r - 1]) for r in (1, 2)],
-        )
-    if not run.ok:
-        for rank in run.output:
-            print(f"--- rank {rank}\n" + "\n".join(run.output[rank][-20:]), file=sys.stderr)
-        sys.exit(1)
+        },
+        on_spawn=lambda pids: [pin(pids[r], CORES[r - 1]) for r in (1, 2)],
+    )
     if on:
         points.append(len(run.metrics("step/train_loss")))
     train_s = sum(t for t in run.metrics("epoch_time_s", rank=0) if t is not None)

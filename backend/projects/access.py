@@ -2,6 +2,8 @@
 Access). One place for these rules, used by REST and the portal; the task rules build on
 them (`backend/tasks/access.py`)."""
 
+from typing import Protocol, TypeVar
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -74,11 +76,37 @@ def managed_project(session: Session, *, user: User, project_id: int) -> Project
     return project
 
 
+class InProject(Protocol):
+    """A row that belongs to a project: a code version, a task, a sweep."""
+
+    @property
+    def project_id(self) -> int: ...
+
+
+Row = TypeVar("Row", bound=InProject)
+
+
+def readable_in_project(
+    session: Session, *, user: User, model: type[Row], row_id: int, noun: str, field: str
+) -> Row:
+    """The `model` row `row_id`, if `user` may see its project. Raises NotFound otherwise, with
+    `noun` and `field`: one that exists in a project `user` may not see gets the answer of one
+    that does not exist."""
+    row = session.get(model, row_id)
+    if row is None or not can_read(
+        session, user=user, project=session.get_one(Project, row.project_id)
+    ):
+        raise NotFound(f"{noun} {row_id} does not exist", field=field)
+    return row
+
+
 def readable_version(session: Session, *, user: User, version_id: int) -> CodeVersion:
     """The code version, if `user` may see its project. Raises NotFound otherwise."""
-    version = session.get(CodeVersion, version_id)
-    if version is None or not can_read(
-        session, user=user, project=session.get_one(Project, version.project_id)
-    ):
-        raise NotFound(f"code version {version_id} does not exist", field="code_version_id")
-    return version
+    return readable_in_project(
+        session,
+        user=user,
+        model=CodeVersion,
+        row_id=version_id,
+        noun="code version",
+        field="code_version_id",
+    )

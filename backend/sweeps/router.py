@@ -17,7 +17,6 @@ from backend.core.dependencies import SessionDep
 from backend.core.errors import NotFound
 from backend.core.pagination import TOTAL_HEADER
 from backend.projects import access as project_access
-from backend.projects.models import Project
 from backend.sweeps import service
 from backend.sweeps.models import Sweep, SweepStatus
 from backend.sweeps.schemas import SweepCreate, SweepDetail, SweepRead
@@ -28,12 +27,9 @@ router = APIRouter(prefix="/sweeps", tags=["sweeps"], dependencies=[UserAuth])
 
 def readable_sweep(session: Session, *, user: User, sweep_id: int) -> Sweep:
     """The sweep, if `user` may see its project. Raises NotFound otherwise."""
-    sweep = session.get(Sweep, sweep_id)
-    if sweep is None or not project_access.can_read(
-        session, user=user, project=session.get_one(Project, sweep.project_id)
-    ):
-        raise NotFound(f"sweep {sweep_id} does not exist", field="sweep_id")
-    return sweep
+    return project_access.readable_in_project(
+        session, user=user, model=Sweep, row_id=sweep_id, noun="sweep", field="sweep_id"
+    )
 
 
 def check_creation(session: Session, *, user: User, data: SweepCreate) -> None:

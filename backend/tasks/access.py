@@ -7,19 +7,15 @@ from sqlalchemy.orm import Session
 from backend.auth.models import User
 from backend.core.errors import NotFound
 from backend.projects import access as project_access
-from backend.projects.models import Project
 from backend.tasks.models import Task
 from backend.tasks.schemas import TaskCreate
 
 
 def readable_task(session: Session, *, user: User, task_id: int) -> Task:
     """The task, if `user` may see its project. Raises NotFound otherwise."""
-    task = session.get(Task, task_id)
-    if task is None or not project_access.can_read(
-        session, user=user, project=session.get_one(Project, task.project_id)
-    ):
-        raise NotFound(f"task {task_id} does not exist", field="task_id")
-    return task
+    return project_access.readable_in_project(
+        session, user=user, model=Task, row_id=task_id, noun="task", field="task_id"
+    )
 
 
 def check_submission(session: Session, *, user: User, data: TaskCreate) -> None:

@@ -11,6 +11,7 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from polytrain.stack import GroupSetup, LocalStack
+from tests.e2e.conftest import COLD_RANKS
 from worker.engine.ranks import free_port
 
 CHROMIUM = os.environ.get("POLYTRAIN_CHROMIUM", "/usr/bin/chromium")
@@ -46,7 +47,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         GroupSetup("cpu-b", 1, description="CPU pool B"),
     ]
     with LocalStack(
-        data_dir=tmp_path_factory.mktemp("browser"), port=free_port(), groups=groups
+        data_dir=tmp_path_factory.mktemp("browser"),
+        port=free_port(),
+        groups=groups,
+        extra_env=COLD_RANKS,  # no idle warm interpreters: their warm-up is CPU the tests lack
     ) as running:
         yield running
 

@@ -1,8 +1,11 @@
 """The portal in Chromium, for a researcher between tasks: "Run again" from a task's page,
-and a code version's source (a file of its own, so that `--dist loadfile` runs it beside
-test_portal.py rather than after it)."""
+a code version's source, a task's per-step curves, the comparison of tasks and a
+hyperparameter sweep (a file of its own, so that `--dist loadfile` runs it beside
+test_portal.py rather than after it; one stack for them all, since starting one is most of
+a browser file's cost)."""
 
 import io
+import re
 import zipfile
 
 import httpx
@@ -166,3 +169,136 @@ def test_filter_tick_two_tasks_and_compare_their_curves(
     page.select_option("#compare-x", "seconds")
     expect(chart).to_have_attribute("data-points", "0")
     expect(page.locator("#compare-empty")).to_be_visible()
+
+
+LOSS = "Chart.getChart(document.getElementById('step-loss-chart'))"
+
+
+def test_a_tasks_per_step_curves_zoom_and_smooth(
+    page: Page, stack: LocalStack, api: httpx.Client
+) -> None:
+    """tiny_regression, 160 items in batches of 16 on one worker: 10 steps an epoch, a point
+    every 2 steps (`step_metrics_every`), 2 epochs: 10 points of each series."""
+    project = api.post("/api/v1/projects", json={"name": "step-curves"}).json()
+    version = api.post(
+        f"/api/v1/projects/{project['id']}/code-versions", json={"example": "tiny_regression"}
+    ).json()
+    body = {
+        "project_id": project["id"],
+        "code_version_id": version["id"],
+        "resource_groups": [{"name": "cpu-a", "workers": 1}],
+        "epochs": 2,
+        "global_batch_size": 16,
+        "step_metrics_every": 2,
+    }
+    created = api.post("/api/v1/tasks", json=body)
+    assert created.status_code == 201, created.text
+    task_id = created.json()["id"]
+    log_in(page, stack)
+    page.goto(f"{stack.url}/tasks/{task_id}")
+    expect(page.locator("#task-status")).to_have_text("SUCCEEDED", timeout=180_000)
+    page.reload()  # every point stored: the page's last poll may have come before the last
+    for chart in ("step-loss-chart", "step-rate-chart", "step-lr-chart"):
+        expect(page.locator(f"#{chart}")).to_have_attribute("data-points", "10")
+    expect(page.locator("#step-charts-empty")).to_be_hidden()
+    expect(page.locator("#step-user-figure")).to_be_hidden()  # no STEP_METRICS in the module
+    steps = page.evaluate(f"{LOSS}.data.datasets[1].data.map((p) => p.x)")
+    assert steps == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20]
+
+    # Smoothing: 0.6 by default (a smoothed line over the faded raw one), 0 the raw points.
+    labels = page.evaluate(f"{LOSS}.data.datasets.map((d) => d.label)")
+    assert labels == ["train_loss", "train_loss (raw)"]
+    smoothed, raw = page.evaluate(f"{LOSS}.data.datasets.map((d) => d.data.map((p) => p.y))")
+    assert smoothed[0] == raw[0] and smoothed[-1] != raw[-1]  # debiased: starts on the point
+    page.locator("#step-smoothing").fill("0")
+    expect(page.locator("#step-smoothing-value")).to_have_text("0.00")
+    assert page.evaluate(f"{LOSS}.data.datasets.length") == 1
+    assert page.evaluate(f"{LOSS}.data.datasets[0].data.map((p) => p.y)") == raw
+
+    # Zoom: the wheel over the chart narrows the steps shown; a double-click shows them all.
+    canvas = page.locator("#step-loss-chart")
+    canvas.hover()
+    page.mouse.wheel(0, -600)
+    expect(canvas).to_have_attribute("data-points", "10")
+    page.wait_for_function(f"{LOSS}.isZoomedOrPanned()")
+    shown = page.evaluate(f"{LOSS}.scales.x.max - {LOSS}.scales.x.min")
+    assert shown < 18, shown
+    canvas.dblclick()
+    page.wait_for_function(f"!{LOSS}.isZoomedOrPanned()")
+
+
+SWEEP_MODULE = b"""
+
+HYPERPARAMETERS = {"lr": 0.02, "hidden": 8}
+
+
+def build_datasets():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(48, 4, generator=g)
+    y = x.sum(dim=1, keepdim=True)
+    return TensorDataset(x[:32], y[:32]), TensorDataset(x[32:], y[32:])
+
+
+def build_model():
+    width = int(HYPERPARAMETERS["hidden"])
+    return nn.Sequential(nn.Linear(4, width), nn.Tanh(), nn.Linear(width, 1))
+
+
+def build_optimizer(params):
+    return torch.optim.SGD(params, lr=float(HYPERPARAMETERS["lr"]))
+
+
+def loss_fn(output, target):
+    return nn.functional.mse_loss(output, target)
+"""
+
+
+def test_a_sweep_of_four_trials_on_both_groups_runs_to_completion(
+    page: Page, stack: LocalStack, api: httpx.Client
+) -> None:
+    """A sweep started from the project's sweeps form (a refusal keeps what was typed): the
+    4 trials of a 2 x 2 grid over a tiny module to completion, each on both groups of the
+    stack (cpu-a:1 and cpu-b:1, one epoch of 32 samples), and the sweep page with every
+    trial, the best highlighted and the metric charted per hyperparameter."""
+    project = api.post("/api/v1/projects", json={"name": "sweeps"}).json()
+    api.post(
+        f"/api/v1/projects/{project['id']}/code-versions/upload",
+        files={"file": ("train.py", SWEEP_MODULE)},
+    ).raise_for_status()
+    log_in(page, stack)
+    page.goto(f"{stack.url}/projects/{project['id']}")
+    page.click("#sweeps-link")
+    expect(page.locator("#no-sweeps")).to_be_visible()
+    page.fill("#sweep-name", "lr and width")
+    page.fill("#sweep-groups", "cpu-a:1, cpu-b:1")
+    page.fill("#sweep-epochs", "1")
+    page.fill("#sweep-batch", "16")
+    page.fill("#sweep-space", '{"lr": [0.05, 0.01], "depth": [8, 16]}')
+    page.fill("#sweep-trials", "4")  # the whole grid
+    page.fill("#sweep-parallel", "2")  # at most 2 submitted; cpu-b's one worker runs one
+    page.click("#start-sweep-button")
+    expect(page.locator("#error-space")).to_contain_text("'depth' is not declared")
+    expect(page.locator("#sweep-name")).to_have_value("lr and width")  # kept as typed
+    page.fill("#sweep-space", '{"lr": [0.05, 0.01], "hidden": [8, 16]}')
+    page.click("#start-sweep-button")
+    expect(page.locator("#sweep-status")).to_have_text("RUNNING")
+    expect(page.locator("#trials-table tbody tr")).to_have_count(4)  # submitted or waiting
+    expect(page.locator("#sweep-status")).to_have_text("FINISHED", timeout=300_000)
+    sweep_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+    sweep = api.get(f"/api/v1/sweeps/{sweep_id}").json()
+    assert [t["status"] for t in sweep["trials"]] == ["SUCCEEDED"] * 4, sweep["trials"]
+    assert [tuple(t["hyperparameters"].values()) for t in sweep["trials"]] == [
+        (0.05, 8),
+        (0.05, 16),
+        (0.01, 8),
+        (0.01, 16),
+    ]
+    assert all(sorted(t["groups"]) == ["cpu-a", "cpu-b"] for t in sweep["trials"]), sweep["trials"]
+    best = page.locator("#trials-table tr.best")
+    expect(best).to_have_count(1)
+    expect(best).to_have_attribute("data-trial", str(sweep["best"]["index"]))
+    expect(page.locator("#sweep-best")).to_contain_text(f"trial {sweep['best']['index']}")
+    for index in (0, 1):  # lr and hidden, each with a point per trial
+        expect(page.locator(f"#sweep-chart-{index}")).to_have_attribute("data-points", "4")
+    page.click("#sweeps-link")
+    expect(page.locator("#sweeps-table")).to_contain_text(re.compile(r"FINISHED"))

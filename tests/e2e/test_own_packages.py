@@ -94,7 +94,10 @@ def test_code_with_its_own_packages_trains_and_the_next_task_finds_them_built(
     phases = [e for e in events if e["kind"] == "phase"]
     # Each group's agent prepared (built or, for the second, waited for and found) the
     # environment; the task counts as started only once every part had it.
-    assert sum("building the code version's environment" in e["reason"] for e in phases) == 2
+    timeline = [(e["kind"], e["reason"]) for e in events]  # why, if a part prepared again
+    assert sum("building the code version's environment" in e["reason"] for e in phases) == 2, (
+        timeline
+    )
     ready = [e for e in phases if "prepared: environment" in e["reason"]]
     assert len(ready) == 2 and any(" built in " in e["reason"] for e in ready)
     [running] = [e for e in events if e["kind"] == "status" and e["to_status"] == "RUNNING"]
