@@ -20,6 +20,13 @@ from worker.engine import prefork
 
 TOKEN = "test-agent-token"
 
+# Passwords hash with argon2id's least memory and one pass in the tests and the stacks they
+# start (which inherit this environment): at RFC 9106's profile, the default, each hash or
+# login costs 0.2 s of CPU, and the suite hashes over a thousand times. One test keeps the
+# default (tests/backend/auth/test_password_hashing.py).
+os.environ.setdefault("POLYTRAIN_PASSWORD_HASH_TIME_COST", "1")
+os.environ.setdefault("POLYTRAIN_PASSWORD_HASH_MEMORY_KIB", "32")
+
 
 def _clear_caches() -> None:
     config.get_settings.cache_clear()

@@ -3,32 +3,50 @@
 import hashlib
 import hmac
 import secrets
+from functools import lru_cache
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from backend.core import config
+
 TOKEN_PREFIX = "pt_"
-_hasher = PasswordHasher()  # argon2id, RFC 9106 low-memory profile: t=3, m=64 MiB, p=4
-# Verified when an email is unknown, so that a wrong email costs as much as a wrong password.
-_DUMMY_HASH = _hasher.hash("polytrain-no-such-user")
+LANES = 4  # argon2id parallelism, as RFC 9106's profiles
+
+
+@lru_cache(maxsize=4)
+def _hasher_for(time_cost: int, memory_kib: int) -> tuple[PasswordHasher, str]:
+    """argon2id with these parameters, and the hash verified when an email is unknown (so
+    that a wrong email costs as much as a wrong password)."""
+    hasher = PasswordHasher(time_cost=time_cost, memory_cost=memory_kib, parallelism=LANES)
+    return hasher, hasher.hash("polytrain-no-such-user")
+
+
+def _hasher() -> tuple[PasswordHasher, str]:
+    """The hasher of the settings' `password_hash_time_cost` and `password_hash_memory_kib`
+    (default: RFC 9106's low-memory profile, t=3, m=64 MiB, p=4)."""
+    settings = config.get_settings()
+    return _hasher_for(settings.password_hash_time_cost, settings.password_hash_memory_kib)
 
 
 def hash_password(password: str) -> str:
     """The argon2id hash of `password` (salt and parameters included in the string)."""
-    return _hasher.hash(password)
+    return _hasher()[0].hash(password)
 
 
 def verify_password(password_hash: str | None, password: str) -> bool:
-    """Whether `password` matches `password_hash`; None (no such user) never matches."""
+    """Whether `password` matches `password_hash` (with the parameters the hash names); None
+    (no such user) never matches."""
+    hasher, dummy = _hasher()
     try:
-        return _hasher.verify(password_hash or _DUMMY_HASH, password) and bool(password_hash)
+        return hasher.verify(password_hash or dummy, password) and bool(password_hash)
     except (VerificationError, InvalidHashError):
         return False
 
 
 def needs_rehash(password_hash: str) -> bool:
-    """Whether the hash was made with weaker parameters than the current ones."""
-    return _hasher.check_needs_rehash(password_hash)
+    """Whether the hash was made with other parameters than the current ones."""
+    return _hasher()[0].check_needs_rehash(password_hash)
 
 
 def new_api_token() -> str:

@@ -89,6 +89,17 @@ class Settings(PackageIndexSettings, BaseSettings):
         description="logins that may wait for a hash slot (more are answered 503 at once)",
     )
     hash_wait_s: float = Field(default=5.0, gt=0, description="longest wait for a hash slot")
+    password_hash_time_cost: int = Field(
+        default=3,
+        ge=1,
+        description="argon2id passes over memory (RFC 9106's low-memory profile: 3); a login "
+        "with a hash of weaker parameters is hashed again with these",
+    )
+    password_hash_memory_kib: int = Field(
+        default=64 * 1024,
+        ge=32,  # argon2's least: 8 KiB per lane, 4 lanes
+        description="argon2id memory per hash in KiB (RFC 9106's low-memory profile: 65536)",
+    )
     token_default_expiry_days: int = Field(default=90, ge=1, le=3650)
     token_cap_per_user: int = Field(default=20, ge=1, description="live API tokens per user")
 
