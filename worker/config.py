@@ -34,6 +34,14 @@ class AgentSettings(PackageIndexSettings, BaseSettings):
     agent_token: SecretStr
     advertise_addr: str = Field(default_factory=default_address)
     heartbeat_interval_s: float = 3.0
+    broker_poll_s: float = Field(
+        default=0.1,
+        gt=0,
+        le=10,
+        description="seconds between looks for a message on the embedded broker (Celery's "
+        "SQLAlchemy transport, polled; kombu's own 1 s adds half a second on average to a "
+        "task's start); an empty look is one small SELECT. Redis and RabbitMQ push instead",
+    )
     warm_pool: bool = Field(
         default=True,
         description="keep warm interpreters (torch imported) ready for the next task's ranks; "

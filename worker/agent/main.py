@@ -30,14 +30,9 @@ log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-# How often this agent looks for a message on the embedded broker (Celery's SQLAlchemy
-# transport, polled): kombu's default of 1 s added half a second on average (up to 1 s)
-# between a task's scheduling and its ranks' start; an empty poll is one small SELECT.
-SQL_POLL_S = 0.1
-
-
-def poll_embedded_broker_often() -> None:
-    """Poll the SQLAlchemy transport every :data:`SQL_POLL_S` in this process.
+def poll_embedded_broker_every(seconds: float) -> None:
+    """Poll the SQLAlchemy transport every ``seconds`` in this process (the agent's
+    ``broker_poll_s``).
 
     Set on kombu's transport class: the transport hands every transport option to
     SQLAlchemy's ``create_engine``, which refuses ``polling_interval``, so the option
@@ -45,7 +40,7 @@ def poll_embedded_broker_often() -> None:
     """
     from kombu.transport import sqlalchemy as sqla_transport
 
-    sqla_transport.Transport.polling_interval = SQL_POLL_S
+    sqla_transport.Transport.polling_interval = seconds
 
 
 def make_celery(settings: AgentSettings, runner: SubTaskRunner) -> Celery:
@@ -57,7 +52,7 @@ def make_celery(settings: AgentSettings, runner: SubTaskRunner) -> Celery:
     """
     broker = settings.resolved_broker_url()
     if broker.startswith("sqla+"):
-        poll_embedded_broker_often()
+        poll_embedded_broker_every(settings.broker_poll_s)
     app = Celery("polytrain-agent", broker=broker)
     app.conf.update(
         task_serializer="json",

@@ -75,7 +75,8 @@ def test_the_embedded_broker_is_polled_more_often_than_once_a_second(
     app = main.make_celery(settings, Runner())  # type: ignore[arg-type]
     with app.connection_for_read() as conn:
         conn.SimpleQueue("rg.cpu-a.agent-1").put({"probe": 1})
-        assert conn.transport.polling_interval == main.SQL_POLL_S <= 0.1
+        assert conn.transport.polling_interval == settings.broker_poll_s < 1.0
+    assert AgentSettings.model_fields["broker_poll_s"].default == 0.1
 
 
 def test_heartbeats_carry_the_running_ranks_and_survive_an_api_outage(api: FakeApi) -> None:
