@@ -228,6 +228,9 @@ def test_a_tasks_per_step_curves_zoom_and_smooth(
 
 
 SWEEP_MODULE = b"""
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
 
 HYPERPARAMETERS = {"lr": 0.02, "hidden": 8}
 
@@ -286,7 +289,10 @@ def test_a_sweep_of_four_trials_on_both_groups_runs_to_completion(
     expect(page.locator("#sweep-status")).to_have_text("FINISHED", timeout=300_000)
     sweep_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
     sweep = api.get(f"/api/v1/sweeps/{sweep_id}").json()
-    assert [t["status"] for t in sweep["trials"]] == ["SUCCEEDED"] * 4, sweep["trials"]
+    reasons = [
+        api.get(f"/api/v1/tasks/{t['task_id']}").json()["status_reason"] for t in sweep["trials"]
+    ]
+    assert [t["status"] for t in sweep["trials"]] == ["SUCCEEDED"] * 4, reasons
     assert [tuple(t["hyperparameters"].values()) for t in sweep["trials"]] == [
         (0.05, 8),
         (0.05, 16),
