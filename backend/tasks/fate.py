@@ -163,6 +163,13 @@ def _start(
     if task.status is not TaskStatus.SCHEDULED:
         return
     session.flush()
+    # On SQLite FOR UPDATE locks nothing, and the task was read before this transaction
+    # began: another part's claim may have moved it since (the timeline showed RUNNING
+    # twice). The flush took the database's write lock, so the status read again now is the
+    # committed one; on PostgreSQL the row lock already made it so.
+    session.refresh(task, attribute_names=["status"])
+    if task.status is not TaskStatus.SCHEDULED:
+        return
     waiting: ColumnElement[bool] = SubTask.preparing.is_(True)
     if every_part:
         waiting |= SubTask.status == SubTaskStatus.PENDING
