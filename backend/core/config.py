@@ -93,7 +93,7 @@ class Settings(PackageIndexSettings, BaseSettings):
         default=3,
         ge=1,
         description="argon2id passes over memory (RFC 9106's low-memory profile: 3); a login "
-        "with a hash of weaker parameters is hashed again with these",
+        "with a hash of other parameters is hashed again with these",
     )
     password_hash_memory_kib: int = Field(
         default=64 * 1024,

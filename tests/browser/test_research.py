@@ -14,6 +14,7 @@ from playwright.sync_api import Page, expect
 from polytrain.stack import LocalStack
 from tests.browser.conftest import log_in
 from tests.browser.test_portal import EXAMPLE
+from tests.e2e.conftest import new_version
 
 
 def test_run_again_from_a_cancelled_tasks_page(
@@ -22,12 +23,9 @@ def test_run_again_from_a_cancelled_tasks_page(
     """An ended task's page has "Run again": it opens the project's submit form filled from the
     task; one field changed and submitted gives a new task with that change and the rest of
     the original's spec."""
-    project = api.post("/api/v1/projects", json={"name": "run-again"}).json()
-    version = api.post(
-        f"/api/v1/projects/{project['id']}/code-versions", json={"example": "tiny_regression"}
-    ).json()
+    version = new_version(api, example="tiny_regression", project_name="run-again")
     body = {
-        "project_id": project["id"],
+        "project_id": version["project_id"],
         "code_version_id": version["id"],
         "name": "first run",
         "resource_groups": [
@@ -113,14 +111,11 @@ def test_filter_tick_two_tasks_and_compare_their_curves(
     """The task list filters by tag, two tasks ticked open the comparison: the setting that
     differs, the final metrics, and the chart drawing both tasks' curves by step and by
     epoch."""
-    project = api.post("/api/v1/projects", json={"name": "compare-runs"}).json()
-    version = api.post(
-        f"/api/v1/projects/{project['id']}/code-versions", json={"example": "tiny_regression"}
-    ).json()
+    version = new_version(api, example="tiny_regression", project_name="compare-runs")
     ids = []
     for lr_tag, epochs in (("lr=0.1", 2), ("lr=0.01", 3)):
         body = {
-            "project_id": project["id"],
+            "project_id": version["project_id"],
             "code_version_id": version["id"],
             "name": f"compare {lr_tag}",
             "resource_groups": [{"name": "cpu-a", "workers": 1}],
@@ -179,12 +174,9 @@ def test_a_tasks_per_step_curves_zoom_and_smooth(
 ) -> None:
     """tiny_regression, 160 items in batches of 16 on one worker: 10 steps an epoch, a point
     every 2 steps (`step_metrics_every`), 2 epochs: 10 points of each series."""
-    project = api.post("/api/v1/projects", json={"name": "step-curves"}).json()
-    version = api.post(
-        f"/api/v1/projects/{project['id']}/code-versions", json={"example": "tiny_regression"}
-    ).json()
+    version = new_version(api, example="tiny_regression", project_name="step-curves")
     body = {
-        "project_id": project["id"],
+        "project_id": version["project_id"],
         "code_version_id": version["id"],
         "resource_groups": [{"name": "cpu-a", "workers": 1}],
         "epochs": 2,

@@ -123,9 +123,16 @@ def submit(api: httpx.Client, version: dict, **overrides: object) -> dict:
 
 
 def new_version(
-    api: httpx.Client, *, example: str | None = None, source: bytes | None = None
+    api: httpx.Client,
+    *,
+    example: str | None = None,
+    source: bytes | None = None,
+    project_name: str | None = None,
 ) -> dict:
-    project = api.post("/api/v1/projects", json={"name": f"p{time.monotonic_ns()}"}).json()
+    """A new project (named `project_name`, else a fresh name) with one code version: the
+    built-in `example`, else `source` uploaded as train.py; the version as REST answers it."""
+    name = project_name or f"p{time.monotonic_ns()}"
+    project = api.post("/api/v1/projects", json={"name": name}).json()
     if example:
         response = api.post(
             f"/api/v1/projects/{project['id']}/code-versions", json={"example": example}
