@@ -115,17 +115,23 @@ def body_limit(settings: Settings) -> Callable[[Scope], int]:
 
 
 def install_middleware(app: FastAPI, settings: Settings) -> None:
-    """Body limit (innermost), security headers, then trusted proxy headers (outermost), and
-    the login throttles the auth routes use."""
-    app.state.login_limiter = LoginLimiter(settings)
-    app.state.hash_gate = HashGate(
-        slots=settings.hash_concurrency, queue=settings.hash_queue, wait_s=settings.hash_wait_s
-    )
+    """Body limit (innermost), security headers, then trusted proxy headers (outermost)."""
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit(settings))
     app.add_middleware(SecurityHeadersMiddleware)
     if settings.forwarded_allow_ips:
         trusted = [h.strip() for h in settings.forwarded_allow_ips.split(",") if h.strip()]
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=trusted)
+
+
+def reset_state(app: FastAPI, settings: Settings) -> None:
+    """Give `app` new process state: held heartbeat stamps, the agents' state long-polls and
+    the login throttles the auth routes use (`create_app` starts with it; a test suite that
+    serves several tests from one app calls it between them)."""
+    app.state.stamps, app.state.state_waits = HeldStamps(), StateWaits()
+    app.state.login_limiter = LoginLimiter(settings)
+    app.state.hash_gate = HashGate(
+        slots=settings.hash_concurrency, queue=settings.hash_queue, wait_s=settings.hash_wait_s
+    )
 
 
 def create_app(*, run_scheduler: bool = True) -> FastAPI:
@@ -165,7 +171,7 @@ def create_app(*, run_scheduler: bool = True) -> FastAPI:
         "the total in `X-Total-Count`. Every error has the shape "
         '`{"error": {"code", "message", "field"}}`.',
     )
-    app.state.stamps, app.state.state_waits = HeldStamps(), StateWaits()
+    reset_state(app, settings)
     install_error_handlers(app)
     install_middleware(app, settings)
     app.include_router(api_router())

@@ -34,6 +34,17 @@ def _beat(client: TestClient, agent: Agent, **body: object) -> dict:
     return dict(response.json())
 
 
+def _own_stamps(client: TestClient, *, flushing: bool) -> HeldStamps:
+    """Stamps the test holds and flushes itself, in place of the app's: the app's own
+    `StampFlusher` (started by the client's lifespan) writes its stamps every second, and on
+    a slow host it took a beat's rank stamps between the test's beat and its look at them.
+    `flushing`: as while a flusher runs (beats are held), else each beat writes itself."""
+    stamps = HeldStamps()
+    stamps.flushing = flushing
+    client.app.state.stamps = stamps  # type: ignore[attr-defined]
+    return stamps
+
+
 def _age_agents(session: Session, seconds: float) -> None:
     session.execute(update(Agent).values(last_heartbeat_at=utcnow() - timedelta(seconds=seconds)))
     session.commit()
@@ -45,8 +56,7 @@ def test_beats_are_held_then_written_in_one_flush(client: TestClient, session: S
     task = running_task(session)
     _age_agents(session, 10)
     before = {name: a.last_heartbeat_at for name, a in _agents(session).items()}
-    stamps: HeldStamps = client.app.state.stamps  # type: ignore[attr-defined]
-    stamps.flushing = True  # as while the app's flusher runs: the test flushes itself
+    stamps = _own_stamps(client, flushing=True)  # the test flushes itself
     ranks = sorted(
         r
         for r in session.scalars(
@@ -85,8 +95,7 @@ def test_an_offline_agent_is_online_again_at_once_and_a_deregistered_one_stays_o
     client: TestClient, session: Session
 ) -> None:
     group(session, "cpu-a", 2)
-    stamps: HeldStamps = client.app.state.stamps  # type: ignore[attr-defined]
-    stamps.flushing = True
+    stamps = _own_stamps(client, flushing=True)
     agent = _agents(session)["agent-cpu-a"]
     session.execute(update(Agent).values(online=False))
     session.commit()
@@ -105,8 +114,7 @@ def test_without_a_flusher_a_beat_is_written_at_once(client: TestClient, session
     """An app whose lifespan did not run (no flusher) writes each beat itself."""
     group(session, "cpu-a", 2)
     _age_agents(session, 10)
-    stamps: HeldStamps = client.app.state.stamps  # type: ignore[attr-defined]
-    stamps.flushing = False
+    _own_stamps(client, flushing=False)  # each beat writes itself
     agent = _agents(session)["agent-cpu-a"]
     old = agent.last_heartbeat_at
     _beat(client, agent)
@@ -125,8 +133,7 @@ def test_a_crash_loses_only_the_held_beats_and_no_live_agent_is_timed_out(
     less the monitor's scan period. A restarted API judges nothing for a full timeout.
     """
     group(session, "cpu-a", 2)
-    stamps: HeldStamps = client.app.state.stamps  # type: ignore[attr-defined]
-    stamps.flushing = True
+    stamps = _own_stamps(client, flushing=True)
     agent = _agents(session)["agent-cpu-a"]
     _beat(client, agent)
     stamps.flush(session)
@@ -164,8 +171,7 @@ def test_an_id_no_column_holds_is_refused_at_the_beat_and_never_held(
     group(session, "cpu-b", 1)
     task = running_task(session)
     agent = _agents(session)["agent-cpu-a"]
-    stamps: HeldStamps = client.app.state.stamps  # type: ignore[attr-defined]
-    stamps.flushing = True
+    stamps = _own_stamps(client, flushing=True)
     url = f"/internal/v1/agents/{agent.id}/heartbeat"
     for body in (
         {"running": [{"task_id": task.id, "ranks": [2**40]}]},
