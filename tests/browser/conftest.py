@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from polytrain.stack import GroupSetup, LocalStack
-from tests.e2e.conftest import COLD_RANKS
+from tests.e2e.conftest import COLD_RANKS, cancel_unfinished
 from worker.engine.ranks import free_port
 
 CHROMIUM = os.environ.get("POLYTRAIN_CHROMIUM", "/usr/bin/chromium")
@@ -87,6 +87,7 @@ def page(browser: Browser) -> Iterator[Page]:
 def api(stack: LocalStack) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=stack.url, headers=stack.headers, timeout=30) as client:
         yield client
+        cancel_unfinished(client)  # a failed test's task holds no worker from the next
 
 
 def log_in(

@@ -49,7 +49,7 @@ def _watch(page: Page, api: httpx.Client) -> None:
     expect(page.locator("#log-view .log-line").first).to_be_visible(timeout=60_000)
     assert page.locator("#log-view .log-line").count() > 0
     loss = page.locator("#loss-chart")
-    expect(loss).to_have_attribute("data-points", re.compile(r"[1-9]\d*"), timeout=60_000)
+    expect(loss).to_have_attribute("data-points", re.compile(r"[1-9]\d*"), timeout=150_000)
     first = int(loss.get_attribute("data-points") or 0)
     # It grows: by the next epoch's end, which on a loaded 2-core host (a whole `make test`
     # beside it) took over 30 s. A generous bound: what is checked is that the chart follows.

@@ -48,6 +48,11 @@ def stack(
     data_dir = tmp_path_factory.mktemp("stack")
     groups = [GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1)]
     env = {} if request.module.__name__ in WARM_POOL_MODULES else COLD_RANKS
+    # No test of these modules loses an agent (test_fault_tolerance has a stack of its own,
+    # with a 6 s timeout): a 60 s heartbeat timeout keeps a CI host under a whole `make test`
+    # from declaring a busy agent lost (the 50M-parameter task of test_isolation saw its
+    # agent judged lost after 15 s on 2026-11-29, with the host's load average at 13).
+    env = {**env, "POLYTRAIN_HEARTBEAT_TIMEOUT_S": "60"}
     with LocalStack(data_dir=data_dir, port=free_port(), groups=groups, extra_env=env) as running:
         yield running
 
@@ -56,6 +61,20 @@ def stack(
 def api(stack: LocalStack) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=stack.url, timeout=30, headers=stack.headers) as client:
         yield client
+        cancel_unfinished(client)
+
+
+UNFINISHED = ("QUEUED", "SCHEDULED", "RUNNING", "RESTARTING")
+
+
+def cancel_unfinished(api: httpx.Client) -> None:
+    """Cancel every task of the stack not finished yet: a test that failed before its task
+    ended (a 10,000-epoch task left running when its assertion failed) would otherwise hold
+    the stack's workers, and every later test of the module would wait 480 s for a task that
+    stays QUEUED (a slow CI host saw one failure become four)."""
+    for status in UNFINISHED:
+        for task in api.get("/api/v1/tasks", params={"status": status, "limit": 500}).json():
+            api.post(f"/api/v1/tasks/{task['id']}/cancel")
 
 
 def wait_for(api: httpx.Client, task_id: int, statuses: set[str], timeout_s: float = 480) -> dict:
