@@ -229,12 +229,17 @@ STATE_WAIT_S = 25.0
 STATE_WAIT_MAX_S = 30.0
 
 
+REPORT_MAX_ITEMS = 10_000
+"""The most log lines, and the most metrics, one report carries: a reporter holding more
+sends them in several reports, in order."""
+
+
 class Report(StrictModel):
     """What a sub-task's reporter sends in one request (`POST /tasks/{id}/report`): its log
     lines, metrics and latest progress, stored in one transaction."""
 
-    lines: list[LogIn] = Field(default_factory=list, max_length=10_000)
-    metrics: list[MetricIn] = Field(default_factory=list, max_length=10_000)
+    lines: list[LogIn] = Field(default_factory=list, max_length=REPORT_MAX_ITEMS)
+    metrics: list[MetricIn] = Field(default_factory=list, max_length=REPORT_MAX_ITEMS)
     progress: Progress | None = None
 
 

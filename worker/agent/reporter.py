@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from contracts.agent_api import Alarm, MetricIn, Provenance
+from contracts.agent_api import REPORT_MAX_ITEMS, Alarm, MetricIn, Provenance
 from contracts.trial import TrialResult
 from worker.agent.client import Conflict, InternalApi
 from worker.agent.sandbox import read_rank_file
@@ -197,7 +197,12 @@ class Reporter:
 
     def flush(self) -> None:
         """Send everything buffered now: log lines, metrics and the latest progress in one
-        request (`Report`), none when nothing is buffered."""
+        request (`Report`), none when nothing is buffered; more than a report may carry
+        (`REPORT_MAX_ITEMS` lines or metrics) goes in several, in order, the progress with
+        the last. What was sent leaves the buffers; a failed request keeps the rest for the
+        next flush. (One report of everything was refused, 422, once a burst of output
+        passed the limit, and every flush after it sent the same report again: a task's
+        logs and metrics from that agent stopped.)"""
         self._last_flush = time.monotonic()
         if not (self._lines or self._metrics or self._progress is not None):
             return
@@ -205,5 +210,13 @@ class Reporter:
         if self._progress is not None:
             done, epoch = self._progress
             progress = {"progress": done, "epoch": epoch, "attempt": self.attempt}
-        self.api.report(self.task_id, lines=self._lines, metrics=self._metrics, progress=progress)
-        self._lines, self._metrics, self._progress = [], [], None
+        while True:
+            lines, metrics = self._lines[:REPORT_MAX_ITEMS], self._metrics[:REPORT_MAX_ITEMS]
+            last = len(lines) == len(self._lines) and len(metrics) == len(self._metrics)
+            self.api.report(
+                self.task_id, lines=lines, metrics=metrics, progress=progress if last else None
+            )
+            del self._lines[: len(lines)], self._metrics[: len(metrics)]
+            if last:
+                break
+        self._progress = None

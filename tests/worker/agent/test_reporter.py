@@ -6,6 +6,7 @@ import json
 import queue
 from pathlib import Path
 
+from contracts.agent_api import REPORT_MAX_ITEMS
 from contracts.trial import TrialResult
 from tests.worker.agent.fakes import FakeApi
 from worker.agent.reporter import Reporter
@@ -38,6 +39,33 @@ def test_logs_are_numbered_per_node_and_sent_in_batches(api: FakeApi) -> None:
         ("rank-1", 1, "four"),
     ]
     assert {x["attempt"] for x in sent} == {2}
+
+
+def test_more_than_a_report_carries_goes_in_several_in_order(api: FakeApi) -> None:
+    """A burst beyond `REPORT_MAX_ITEMS` (a fast task's metrics while the agent was busy) is
+    sent in reports the API accepts, in order, the progress with the last; before, the one
+    report of everything was refused (422) at every flush and the task's output stopped."""
+    reporter = Reporter(api.client(), 4, group="a", interval_s=60.0)
+    n_metrics, n_lines = 2 * REPORT_MAX_ITEMS + 5, REPORT_MAX_ITEMS + 1
+    reporter.pump(
+        lines(
+            *[
+                ("ps", ev(type="metric", name="loss", value=float(i), step=i))
+                for i in range(n_metrics)
+            ],
+            *[("rank-1", f"line {i}") for i in range(n_lines)],
+            ("ps", ev(type="progress", step=5, epochs=2, steps_per_epoch=10, epoch=0)),
+        )
+    )
+    reporter.flush()
+    bodies = api.bodies("report")
+    assert len(bodies) == 3
+    assert all(len(b["metrics"]) <= REPORT_MAX_ITEMS >= len(b["lines"]) for b in bodies)
+    assert [m["value"] for m in api.reported("metrics")] == [float(i) for i in range(n_metrics)]
+    assert [x["seq"] for x in api.reported("lines")] == list(range(n_lines))
+    assert [b.get("progress") is not None for b in bodies] == [False, False, True]
+    reporter.flush()  # nothing left behind
+    assert len(api.bodies("report")) == 3
 
 
 def test_logs_survive_a_503(api: FakeApi) -> None:
