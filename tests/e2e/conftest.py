@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backend.tasks.models import TaskStatus
 from polytrain.stack import GroupSetup, LocalStack
 from worker.engine.ranks import free_port
 
@@ -64,15 +65,12 @@ def api(stack: LocalStack) -> Iterator[httpx.Client]:
         cancel_unfinished(client)
 
 
-UNFINISHED = ("QUEUED", "SCHEDULED", "RUNNING", "RESTARTING")
-
-
 def cancel_unfinished(api: httpx.Client) -> None:
     """Cancel every task of the stack not finished yet: a test that failed before its task
     ended (a 10,000-epoch task left running when its assertion failed) would otherwise hold
     the stack's workers, and every later test of the module would wait 480 s for a task that
     stays QUEUED (a slow CI host saw one failure become four)."""
-    for status in UNFINISHED:
+    for status in (s.value for s in TaskStatus if not s.terminal):
         for task in api.get("/api/v1/tasks", params={"status": status, "limit": 500}).json():
             api.post(f"/api/v1/tasks/{task['id']}/cancel")
 
