@@ -13,10 +13,12 @@ round (bench/stats.py).
   over their steps), median of the rounds with its 95 % bootstrap interval (the spread).
   Ideal 1.0; target <= 1.01 (the issue's "under 1 %").
 - ``direct``: the reporting's own cost per step measured in this process (a StepCurve fed
-  one step at a time at the same cadence, its lines written to a pipe that another process
-  drains, as a rank's stdout is; less the same loop without it) over the off arm's step
-  time: the whole runs vary by a few per cent from one to the next on a shared host, which
-  can hide a 1 % effect, so this is the figure that resolves it.
+  one step at a time at the same cadence, its lines written as a rank writes them, at most
+  once a second, to a pipe that another process drains, as a rank's stdout is; less the same
+  loop without it) over the off arm's step time. It is the rank's share only: the whole runs
+  also carry the reader's (each write wakes the process reading the rank's output, on the
+  cores the ranks compute on), which is why the points are held for a write a second
+  (docs/benchmarks.md, "Per-step curves").
 
     python -m bench.step_metrics_overhead [--rounds 6]
 """

@@ -203,6 +203,9 @@ STEP_SERIES = "step/"
 """The name prefix of a per-step series (``step/train_loss``); a metric without it is per
 epoch. The API filters on it (``GET /tasks/{id}/metrics?scale=step``)."""
 
+STEP_FLUSH_S = 1.0
+"""A rank writes its per-step points at most about this often, seconds (:class:`StepCurve`)."""
+
 POINTS_PER_EPOCH = 100
 """About this many per-step points an epoch by default (:func:`step_every`)."""
 
@@ -227,15 +230,23 @@ class StepCurve:
     start: a point never spans an epoch's end (validation, checkpoint), and the steps of an
     epoch after its last mark are not reported. ``observed``: the last step whose batch was
     passed to the user's per-step ``metrics`` (:meth:`observe_due`).
+
+    Points are written at most about once every :data:`STEP_FLUSH_S` seconds (the first at
+    once, then those of the last second in one write; :meth:`flush` writes the rest, at an
+    epoch's end): each write wakes the process that reads the rank's output (the agent), on
+    cores the ranks compute on, and a write per point cost a 400-step epoch of 2 ms steps
+    about 3 % against a write a second (docs/benchmarks.md, "Per-step curves").
     """
 
-    __slots__ = ("every", "last", "observed", "loss_sum", "samples", "opened")
+    __slots__ = ("every", "last", "observed", "loss_sum", "samples", "opened", "held", "written")
 
     def __init__(self, every: int = 0) -> None:
         self.every = every
         self.last = self.observed = 0
         self.loss_sum, self.samples = 0.0, 0
         self.opened = time.perf_counter()
+        self.held: list[dict[str, Any]] = []  # points not written yet (their events)
+        self.written = float("-inf")  # when the last write was (perf_counter seconds)
 
     def restart(self, step: int, every: int) -> None:
         """A new window from global step ``step`` (an epoch's start), points every ``every``."""
@@ -266,7 +277,8 @@ class StepCurve:
 
     def point(self, *, step: int, epoch: int, lr: float | None, send: bool = True) -> None:
         """Report the window at ``step`` (rank 0: the task's series) when ``send``, then
-        open the next one (a rank that does not report keeps its window in step)."""
+        open the next one (a rank that does not report keeps its window in step). The point
+        is written with those held, when :data:`STEP_FLUSH_S` passed since the last write."""
         now = time.perf_counter()
         if send:
             seconds = now - self.opened
@@ -282,8 +294,23 @@ class StepCurve:
             )
             if lr is not None:
                 events.append(metric_event(STEP_SERIES + "lr", float(lr), **self._at(step, epoch)))
-            emit_all(events)
+            self.send(events, now)
         self.last, self.loss_sum, self.samples, self.opened = step, 0.0, 0, now
+
+    def send(self, events: list[dict[str, Any]], now: float | None = None) -> None:
+        """Hold ``events`` (a point's, or the user's per-step ``metrics``) with the others,
+        and write them all when :data:`STEP_FLUSH_S` passed since the last write."""
+        now = time.perf_counter() if now is None else now
+        self.held.extend(events)
+        if now - self.written >= STEP_FLUSH_S:
+            self.flush(now)
+
+    def flush(self, now: float | None = None) -> None:
+        """Write the points held, in one write (none: nothing)."""
+        if self.held:
+            emit_all(self.held)
+            self.held = []
+            self.written = time.perf_counter() if now is None else now
 
     @staticmethod
     def _at(step: int, epoch: int) -> dict[str, int]:

@@ -225,11 +225,11 @@ class Run:
         if not self.curve.observe_due(step):
             return None
         measure = self.code.metrics or default_metrics
-        epoch, rank = self.epoch, self.topo.rank
+        epoch, rank, curve = self.epoch, self.topo.rank, self.curve
 
         def observe(output: Tensor, target: Tensor) -> None:
             values = measure(output, target)
-            report.emit_all(
+            curve.send(
                 [
                     report.metric_event(
                         f"{report.STEP_SERIES}train_{name}",

@@ -377,7 +377,10 @@ def train(
         run.curve.restart(run.step, every)  # the per-step series' window (report.StepCurve)
         run.skipped = 0
         started = time.perf_counter()
-        (strategy.server_epoch if run.topo.is_ps else strategy.worker_epoch)(run)
+        try:
+            (strategy.server_epoch if run.topo.is_ps else strategy.worker_epoch)(run)
+        finally:
+            run.curve.flush()  # the epoch's last points, or those before a failure
         seconds = time.perf_counter() - started
         run.window.closed = time.perf_counter()  # the epoch's end is not the window's steps
         results = end_epoch(run, validate(run))

@@ -50,6 +50,7 @@ def test_step_series_are_stored_and_read_apart_from_epoch_metrics(
         curve.add(0.5 * 8, 8)
         if curve.due(step):
             curve.point(step=step, epoch=0, lr=0.1)
+    curve.flush()
     report.metric("step/train_accuracy", 0.75, step=20, epoch=0, rank=2)  # a worker's own
     report.metric("train_loss", 0.5, step=20, epoch=0, rank=0)
     report.metric("samples_per_s", 99.0, step=20, epoch=0, rank=1)

@@ -83,6 +83,30 @@ def test_a_window_without_samples_reports_no_loss_and_a_silent_rank_keeps_in_ste
     assert not off.observe_due(10)
 
 
+def test_points_of_the_same_second_are_written_together_and_flush_writes_the_rest(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
+    curve = report.StepCurve()
+    curve.restart(0, 1)
+
+    def step(n: int, seconds: float) -> list[int]:
+        now[0] += seconds
+        curve.add(2.0, 2)
+        curve.point(step=n, epoch=0, lr=0.1)
+        return sorted({e["step"] for e in _events(capsys)})
+
+    assert step(1, 0.01) == [1]  # the first point at once
+    assert step(2, 0.3) == [] and step(3, 0.3) == []  # held: under STEP_FLUSH_S since then
+    assert step(4, report.STEP_FLUSH_S) == [2, 3, 4]  # with the held ones, in one write
+    assert step(5, 0.01) == []
+    curve.flush()  # the epoch's end
+    assert sorted({e["step"] for e in _events(capsys)}) == [5]
+    curve.flush()
+    assert _events(capsys) == []
+
+
 def test_observation_is_due_once_per_mark() -> None:
     curve = report.StepCurve()
     curve.restart(0, 5)
