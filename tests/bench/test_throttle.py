@@ -160,7 +160,9 @@ def test_launch_local_places_a_rank_and_its_dataloader_processes(tmp_path: Path)
         {
             "task_id": 0,
             "code": "example:tiny_regression",
-            "epochs": 1,
+            # Stopped at the first progress event: an epoch or two on a fast host ended before
+            # that event was read, and its processes with it.
+            "epochs": 1000,
             "global_batch_size": 16,
             "groups": [{"name": "g", "device_type": "cpu", "workers": 1}],
             "data": {"path": "streaming", "num_workers": 1},

@@ -14,7 +14,7 @@ from playwright.sync_api import Page, expect
 from polytrain.stack import LocalStack
 from tests.browser.conftest import log_in
 from tests.browser.test_portal import EXAMPLE
-from tests.e2e.conftest import new_version
+from tests.e2e.conftest import TERMINAL, new_version, wait_for
 
 
 def test_run_again_from_a_cancelled_tasks_page(
@@ -105,43 +105,35 @@ def test_a_code_versions_source_is_shown_escaped_and_highlighted(
     assert dialogs == []
 
 
-def test_filter_tick_two_tasks_and_compare_their_curves(
+def test_filter_tick_two_finished_tasks_and_compare_their_curves(
     page: Page, stack: LocalStack, api: httpx.Client
 ) -> None:
-    """The task list filters by tag, two tasks ticked open the comparison: the setting that
-    differs, the final metrics, and the chart drawing both tasks' curves by step and by
-    epoch."""
+    """Two tasks trained to the end (tiny_regression, one on each group at once, 2 and 3
+    epochs): the task list filters by tag, the two ticked open the comparison: the setting
+    that differs, the final metrics with the best marked, and the chart drawing both tasks'
+    validation loss by step, by epoch and by wall time."""
     version = new_version(api, example="tiny_regression", project_name="compare-runs")
     ids = []
-    for lr_tag, epochs in (("lr=0.1", 2), ("lr=0.01", 3)):
+    for group, lr_tag, epochs in (("cpu-a", "lr=0.1", 2), ("cpu-b", "lr=0.01", 3)):
         body = {
             "project_id": version["project_id"],
             "code_version_id": version["id"],
             "name": f"compare {lr_tag}",
-            "resource_groups": [{"name": "cpu-a", "workers": 1}],
+            "resource_groups": [{"name": group, "workers": 1}],
             "epochs": epochs,
-            "global_batch_size": 8,
+            "global_batch_size": 16,
             "tags": ["cmp", lr_tag],
         }
         task = api.post("/api/v1/tasks", json=body)
         assert task.status_code == 201, task.text
         ids.append(task.json()["id"])
-        api.post(f"/api/v1/tasks/{ids[-1]}/cancel")  # 409 if it already ended: fine
-        points = [
-            {
-                "name": "val_loss",
-                "value": 1.0 / (epoch + len(ids)),
-                "step": 4 * epoch,
-                "epoch": epoch,
-            }
-            for epoch in range(epochs)
-        ]
-        httpx.post(
-            f"{stack.url}/internal/v1/tasks/{ids[-1]}/metrics",
-            headers={"Authorization": f"Bearer {stack.token}"},
-            json={"metrics": points},
-            timeout=30,
-        ).raise_for_status()
+    for task_id in ids:
+        ended = wait_for(api, task_id, TERMINAL, timeout_s=300)
+        assert ended["status"] == "SUCCEEDED", ended["status_reason"]
+    compared = api.get("/api/v1/tasks/compare", params={"ids": ids})
+    assert compared.status_code == 200, compared.text
+    finals = [t["final_metrics"]["val_loss"] for t in compared.json()["tasks"]]
+
     log_in(page, stack)
     page.goto(f"{stack.url}/")
     page.fill("#filter-tag", "cmp")
@@ -155,15 +147,22 @@ def test_filter_tick_two_tasks_and_compare_their_curves(
     expect(page.locator("h1")).to_have_text("Compare 2 tasks")
     epochs = page.locator("#differences tr[data-field='epochs'] td")
     expect(epochs).to_have_text(["3", "2"])  # in the list's order: newest first
-    expect(page.locator("#final-metrics tr[data-metric='val_loss'] td.best")).to_have_text("0.25")
+    val_loss = page.locator("#final-metrics tr[data-metric='val_loss'] td")
+    expect(val_loss).to_have_count(2)
+    expect(page.locator("#final-metrics tr[data-metric='val_loss'] td.best")).to_have_text(
+        f"{min(finals):.4g}"
+    )
     chart = page.locator("#compare-chart")
-    expect(chart).to_have_attribute("data-points", "5")  # 2 + 3 epochs' points
-    page.select_option("#compare-x", "epoch")
-    expect(chart).to_have_attribute("data-points", "5")
-    # by wall time: neither task started (both cancelled while queued), so no point has one
-    page.select_option("#compare-x", "seconds")
-    expect(chart).to_have_attribute("data-points", "0")
-    expect(page.locator("#compare-empty")).to_be_visible()
+    expect(page.locator("#compare-metric")).to_have_value("val_loss")
+    for x in ("step", "epoch", "seconds"):  # one point an epoch: 3 + 2, each with a wall time
+        page.select_option("#compare-x", x)
+        expect(chart).to_have_attribute("data-points", "5")
+    expect(page.locator("#compare-empty")).to_be_hidden()
+    series = page.evaluate(
+        "Chart.getChart(document.getElementById('compare-chart')).data.datasets"
+        ".map((d) => d.data.length)"
+    )
+    assert sorted(series) == [2, 3]
 
 
 LOSS = "Chart.getChart(document.getElementById('step-loss-chart'))"
