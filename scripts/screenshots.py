@@ -6,8 +6,10 @@ it plans the bundled MNIST example on both groups (a real trial task) and photog
 the plan, then submits the task from that plan across both groups and photographs it
 while it trains and when it has finished (it trains for over a minute, so that the
 agents' resource samples, taken every 15 s, draw the CPU and memory charts), then the
-code version's source and the other pages, into docs/screenshots/. About two minutes
-on a 2-core host.
+code version's source and the other pages, into docs/screenshots/. "Run again" from the
+finished task's page trains a second task with twice the global batch; the task list with
+both ticked opens their comparison; a grid sweep of the example's learning rate and width
+runs its 4 trials on both groups. About five minutes on a 2-core host.
 
 Needs the dev extras (Playwright) and Debian's chromium package (/usr/bin/chromium):
 
@@ -145,6 +147,67 @@ def watch_task(page: Page, api: httpx.Client) -> dict:
     return task
 
 
+def run_again(page: Page, api: httpx.Client, first: dict) -> dict:
+    """The "Run again" button of the finished task's page with twice its global batch, submitted and
+    trained to the end: the second task of the comparison."""
+    page.goto(page.url.split("/tasks/")[0] + f"/tasks/{first['id']}")
+    page.click("#run-again")
+    page.wait_for_selector("#run-again-note")
+    page.fill("#task-name", f"MNIST CNN, global batch {2 * BATCH}")
+    page.fill("#task-global_batch_size", str(2 * BATCH))
+    page.click("#task-form button[type=submit]")
+    page.wait_for_selector("#task-page")
+    task_id = page.get_attribute("#task-page", "data-task-id")
+    deadline = time.monotonic() + 300
+    task = api.get(f"/api/v1/tasks/{task_id}").json()
+    while task["status"] not in TERMINAL and time.monotonic() < deadline:
+        time.sleep(1)
+        task = api.get(f"/api/v1/tasks/{task_id}").json()
+    print(f"task {task_id}: {task['status']}", flush=True)
+    return task
+
+
+def compare(page: Page, base: str, project_id: int, ids: list[int]) -> None:
+    """The project's tasks in the task list, both tasks ticked, then their comparison."""
+    page.goto(f"{base}/?project={project_id}")
+    for task_id in ids:
+        page.check(f"#task-table input[value='{task_id}']")
+    shoot(page, "tasks")
+    page.click("#compare-button")
+    page.wait_for_selector("#compare-chart[data-points]")
+    page.wait_for_timeout(1000)  # the chart drawn
+    shoot(page, "compare", full=True)
+
+
+def sweep(page: Page, api: httpx.Client, base: str, project_id: int) -> None:
+    """A grid sweep of the example's learning rate and width (4 trials of one epoch, two at
+    once, on one worker of each group), photographed when it has finished."""
+    page.goto(f"{base}/projects/{project_id}/sweeps")
+    form = {
+        "name": "Adam lr and hidden width",
+        "groups": "cpu-a:1, cpu-b:1",
+        "epochs": "1",
+        "batch": "32",
+        "space": '{"lr": [0.003, 0.001], "hidden": [32, 64]}',
+        "trials": "4",
+        "parallel": "2",
+    }
+    for field, value in form.items():
+        page.fill(f"#sweep-{field}", value)
+    page.click("#start-sweep-button")
+    page.wait_for_selector("#sweep-status")
+    sweep_id = page.url.rstrip("/").rsplit("/", 1)[1]
+    deadline = time.monotonic() + 600
+    status = "RUNNING"
+    while status == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(2)
+        status = api.get(f"/api/v1/sweeps/{sweep_id}").json()["status"]
+    page.reload()
+    page.wait_for_timeout(1500)  # the charts drawn
+    print(f"sweep {sweep_id}: {status}", flush=True)
+    shoot(page, "sweep", full=True)
+
+
 def main() -> None:
     started = time.monotonic()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -164,9 +227,11 @@ def main() -> None:
         make_project(page, stack)
         plan_then_submit(page)
         task = watch_task(page, api)
+        again = run_again(page, api, task)
+        compare(page, stack.url, task["project_id"], [task["id"], again["id"]])
+        sweep(page, api, stack.url, task["project_id"])
         for path, name in [
             (f"/projects/{task['project_id']}/code/{task['code_version_id']}", "code"),
-            ("/", "tasks"),
             ("/projects", "projects"),
             ("/resource-groups", "cluster"),
             ("/admin/users", "users"),

@@ -1,4 +1,5 @@
-"""The task page's names and formats of a spec's stored settings: words and units
+"""The portal's names and formats of a spec's stored settings (the task page's settings, the
+comparison's settings that differ): words and units
 (`Predicted time` `25 s`, `Rebalance every` `10 steps`) instead of the raw field names and
 values (`predicted s` `24.94944633685312`).
 
@@ -7,7 +8,8 @@ added later, an unknown key of an old spec) is shown under its name made readabl
 (`some_field` -> `Some field`) with its value formatted by its type (:func:`plain`).
 """
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,3 +135,16 @@ def shown_setting(key: str, value: Any) -> dict[str, str] | None:
     if text is None:
         return None
     return {"key": key, "label": setting.label, "value": text}
+
+
+def shown_difference(path: str, values: Sequence[Any]) -> dict[str, Any]:
+    """`{"field", "label", "cells"}` of one setting that differs between compared tasks
+    (`backend.tasks.compare.differences`: a flattened path such as `groups.0.workers`): a
+    top-level setting under its label, a nested one under its path; each value formatted as
+    the task page shows it, else as JSON (a mapping, a list of numbers)."""
+    setting = SETTINGS.get(path) or Setting(path if "." in path else humanised(path))
+    cells = []
+    for value in values:
+        text = setting.show(value)
+        cells.append(json.dumps(value, sort_keys=True) if text is None else text)
+    return {"field": path, "label": setting.label, "cells": cells}

@@ -23,7 +23,7 @@ from backend.tasks import service as tasks
 from backend.tasks.models import STEP_SERIES, Task, TaskStatus
 from backend.tasks.spec import read_spec
 from backend.web.forms import FieldErrors, ProjectForm
-from backend.web.spec_display import shown_setting
+from backend.web.spec_display import shown_difference, shown_setting
 from backend.web.task_form import TaskForm, has_dependencies, task_fields
 from backend.web.task_lists import ListQuery, listing
 from backend.web.templating import format_duration
@@ -246,8 +246,9 @@ DEFAULT_COMPARED = ("val_loss", "train_loss", "val_accuracy")
 
 
 def compare_page(session: Session, user: User, ids: list[int]) -> dict[str, Any]:
-    """Tasks side by side (`backend.tasks.compare`), each readable by `user`, with their
-    final metrics as rows (the best marked) and the metric the chart opens with.
+    """Tasks side by side (`backend.tasks.compare`), each readable by `user`, with the
+    settings that differ in words and units (`spec_display.shown_difference`), their final
+    metrics as rows (the best marked) and the metric the chart opens with.
 
     Raises:
         NotFound: a task `user` may not see. Invalid: fewer than 2 or more than 10 tasks.
@@ -275,6 +276,7 @@ def compare_page(session: Session, user: User, ids: list[int]) -> dict[str, Any]
     default = next((m for m in DEFAULT_COMPARED if m in comparison.metrics), None)
     return {
         "comparison": comparison,
+        "differences": [shown_difference(d.field, d.values) for d in comparison.differences],
         "final_rows": rows,
         "project_names": names,
         "default_metric": default or next(iter(comparison.metrics), None),

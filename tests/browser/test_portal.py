@@ -65,6 +65,7 @@ def _watch(page: Page, api: httpx.Client) -> None:
     expect(page.locator("#nonfinite-table tbody tr").first).to_contain_text("val_unstable")
     expect(page.locator("#nonfinite-table tbody tr").first).to_contain_text("NaN")
     expect(page.locator("#allocations tbody tr")).to_have_count(5)
+    _sub_tasks_stay_in_their_card(page)
     # "Where the data went" fills in as checkpoints arrive, without reloading the page
     expect(page.locator("#provenance details summary").first).to_contain_text(
         "Epoch 0", timeout=60_000
@@ -76,6 +77,23 @@ def _watch(page: Page, api: httpx.Client) -> None:
         metrics,
     )
     assert rates and float(rates[0]) > 0, metrics
+
+
+def _sub_tasks_stay_in_their_card(page: Page) -> None:
+    """At a phone's width the sub-task table is wider than its card: it scrolls inside the
+    card instead of running past it."""
+    page.set_viewport_size({"width": 480, "height": 900})
+    try:
+        sizes = page.locator("#sub-tasks").evaluate(
+            "t => { const box = t.parentElement, card = t.closest('.card');"
+            " return [t.scrollWidth, box.clientWidth, box.getBoundingClientRect().right,"
+            " card.getBoundingClientRect().right, getComputedStyle(box).overflowX]; }"
+        )
+    finally:
+        page.set_viewport_size({"width": 1360, "height": 900})
+    table, shown, box_right, card_right, overflow = sizes
+    assert table > shown, sizes  # wider than the card: the case in question
+    assert box_right <= card_right and overflow == "auto", sizes
 
 
 def _search_and_download_logs(page: Page) -> None:

@@ -7,6 +7,7 @@ a browser file's cost)."""
 import io
 import re
 import zipfile
+from pathlib import Path
 
 import httpx
 from playwright.sync_api import Page, expect
@@ -166,14 +167,25 @@ def test_filter_tick_two_finished_tasks_and_compare_their_curves(
 
 
 LOSS = "Chart.getChart(document.getElementById('step-loss-chart'))"
+ROOT = Path(__file__).resolve().parents[2]
+STEP_METRICS_PART = b"""
+
+STEP_METRICS = True  # metrics also on training batches, at each per-step point
+
+
+def metrics(output, target):
+    return {"abs_error": float((output - target).abs().mean())}
+"""
 
 
 def test_a_tasks_per_step_curves_zoom_and_smooth(
     page: Page, stack: LocalStack, api: httpx.Client
 ) -> None:
     """tiny_regression, 160 items in batches of 16 on one worker: 10 steps an epoch, a point
-    every 2 steps (`step_metrics_every`), 2 epochs: 10 points of each series."""
-    version = new_version(api, example="tiny_regression", project_name="step-curves")
+    every 2 steps (`step_metrics_every`), 2 epochs: 10 points of each series, and of the
+    module's own per-step metric (`STEP_METRICS`: tiny_regression's code with `metrics`)."""
+    source = (ROOT / "examples" / "tiny_regression.py").read_bytes() + STEP_METRICS_PART
+    version = new_version(api, source=source, project_name="step-curves")
     body = {
         "project_id": version["project_id"],
         "code_version_id": version["id"],
@@ -192,7 +204,10 @@ def test_a_tasks_per_step_curves_zoom_and_smooth(
     for chart in ("step-loss-chart", "step-rate-chart", "step-lr-chart"):
         expect(page.locator(f"#{chart}")).to_have_attribute("data-points", "10")
     expect(page.locator("#step-charts-empty")).to_be_hidden()
-    expect(page.locator("#step-user-figure")).to_be_hidden()  # no STEP_METRICS in the module
+    expect(page.locator("#step-user-figure")).to_be_visible()
+    expect(page.locator("#step-user-chart")).to_have_attribute("data-points", "10")
+    user = "Chart.getChart(document.getElementById('step-user-chart'))"
+    assert page.evaluate(f"{user}.data.datasets[0].label").startswith("train_abs_error")
     steps = page.evaluate(f"{LOSS}.data.datasets[1].data.map((p) => p.x)")
     assert steps == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20]
 

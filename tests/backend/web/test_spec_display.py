@@ -6,7 +6,13 @@ import pytest
 
 from backend.core.db import utcnow
 from backend.tasks.models import Task, TaskStatus
-from backend.web.spec_display import SETTINGS, humanised, number, shown_setting
+from backend.web.spec_display import (
+    SETTINGS,
+    humanised,
+    number,
+    shown_difference,
+    shown_setting,
+)
 from backend.web.views import measured_time, spec_summary
 from contracts.task_spec import ENGINE_OPTIONS, TaskSpec
 
@@ -102,3 +108,18 @@ def test_the_measured_time_once_the_task_ended() -> None:
     assert measured_time(Task(status=TaskStatus.FAILED, **ran), 9.0) == "(ran 9 s)"
     assert measured_time(Task(status=TaskStatus.RUNNING, started_at=now), 5.0) == ""
     assert measured_time(Task(status=TaskStatus.QUEUED), None) == ""
+
+
+def test_a_compared_difference_is_shown_as_the_task_page_shows_it() -> None:
+    """The comparison's settings that differ (predicted_s of two plans: 'PREDICTED_S
+    77.15146349036003' before), a nested path under its path, what has no words as JSON."""
+    assert shown_difference("predicted_s", [77.15146349036003, 123.09, None]) == {
+        "field": "predicted_s",
+        "label": "Predicted time",
+        "cells": ["1 min 17 s", "2 min 3 s", "—"],
+    }
+    assert shown_difference("global_batch_size", [16, 8])["cells"] == ["16", "8"]
+    assert shown_difference("global_batch_size", [16, 8])["label"] == "Global batch size"
+    nested = shown_difference("groups.0.workers", [2, 1])
+    assert (nested["label"], nested["cells"]) == ("groups.0.workers", ["2", "1"])
+    assert shown_difference("fsdp_units", [[3, 4], None])["cells"] == ["[3, 4]", "—"]

@@ -53,6 +53,17 @@ def test_the_task_list_filters_keeps_its_values_and_pages(client: TestClient) ->
     # the project's own list takes the same filters
     own = client.get(f"/projects/{project['id']}", params={"tag": "sweep"}).text
     assert _row_ids(own) == tagged[::-1]
+    # by project: another project's task alone, its option kept selected
+    other, other_version = make_project(client, name="cifar")
+    theirs = _tasks(client, other_version, 1, name="mnist lr")
+    by_project = client.get("/", params={"project": other["id"], "name": "lr"}).text
+    assert _row_ids(by_project) == theirs
+    chosen = parse(by_project).by_id("filter-project").find("option", value=str(other["id"]))
+    assert chosen.attrs.get("selected") is not None and chosen.text() == "cifar"
+    assert (
+        _row_ids(client.get("/", params={"project": project["id"], "name": "lr"}).text)
+        == (tagged[::-1])
+    )
 
 
 def test_a_bad_filter_is_named_and_the_rest_still_applies(client: TestClient) -> None:
@@ -92,6 +103,7 @@ def test_compare_page_shows_differences_final_metrics_and_the_best(
     page = parse(response.text)
     epochs = page.find("tr", data_field="epochs")
     assert [td.text() for td in epochs.find_all("td")] == ["2", "4"]
+    assert epochs.find("th").text() == "Epochs"  # in words, the spec's path in its title
     loss = page.find("tr", data_metric="val_loss")
     assert [td.text() for td in loss.find_all("td")] == ["0.5", "0.25"]
     assert [td.text() for td in loss.find_all("td", class_="num best")] == ["0.25"]

@@ -43,7 +43,14 @@ def test_slowed_worker_gets_less_and_the_global_batch_stays(
     last = {rank: found[-1] for rank, found in shares.items()}
     assert last[2] < min(last[1], last[3]) or last[2] == 1 / 24, shares
     assert last[2] <= 2 / 24, shares
-    assert any("rebalance at step" in line for line in run.output[0])
+    # The parameter server's line says why: the rates it acted on, by group and worker.
+    moved = [line for line in run.output[0] if "rebalance at step" in line]
+    rate = r"\d+\.\d"
+    why = re.compile(
+        rf"predicted imbalance {rate}% at the measured samples/s "
+        rf"a {rate} \[{rate}, {rate}\], b {rate}\)$"  # conftest.TWO_GROUPS: a (2), b (1)
+    )
+    assert moved and all(why.search(line) for line in moved), moved
     batches = dumped_batches(tmp_path / "params")
     assert all(len(b) == 24 for i, b in enumerate(batches) if (i + 1) % 7), "B constant"
     # Every rank takes each rebalancing decision itself: the workers must have trained on
