@@ -18,6 +18,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from backend.auth.dependencies import CurrentUser, UserAuth
 from backend.core.db import get_sessionmaker, release
 from backend.core.dependencies import SessionDep
+from backend.core.errors import Invalid
 from backend.core.pagination import TOTAL_HEADER, Page, PageParams, paginated
 from backend.projects import access as project_access
 from backend.tasks import access, compare, provenance, service
@@ -190,12 +191,31 @@ def task_metrics(
             "one keeps every k-th point, k = ceil(points / max_points), its latest always",
         ),
     ] = None,
+    after_id: Annotated[
+        int,
+        Query(
+            ge=0,
+            description="only the metrics stored after the one of this `id`: a chart's next "
+            "poll fetches what is new. Ids are taken when a report is stored, so one stored "
+            "by a report still being written may have a lower id than one already read: "
+            "the task page keeps its cursor a poll behind the newest id it has seen",
+        ),
+    ] = 0,
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> list:
-    """Reported scalars, oldest first: per epoch (rank null), per worker (samples_per_s),
-    each rank's resource use (with the time it was measured) and the per-step series
-    (`scale=step`; `max_points` thins each series for a chart)."""
+    """Reported scalars, oldest first (by `id`): per epoch (rank null), per worker
+    (samples_per_s), each rank's resource use (with the time it was measured) and the
+    per-step series (`scale=step`; `max_points` thins each series for a chart); `after_id`
+    (not with `max_points`) the ones after a cursor.
+
+    Raises 422 when `after_id` and `max_points` are both given (a thinned series has no
+    cursor: its every k-th point moves as it grows)."""
+    if after_id and max_points is not None:
+        raise Invalid(
+            "after_id and max_points cannot be combined: a thinned series has no cursor",
+            field="after_id",
+        )
     return paginated(
         list(
             service.metrics(
@@ -205,6 +225,7 @@ def task_metrics(
                 resources=resources,
                 scale=scale,
                 max_points=max_points,
+                after_id=after_id,
             )
         ),
         PageParams(offset=offset, limit=limit),

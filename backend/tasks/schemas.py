@@ -654,6 +654,7 @@ class LogLineRead(BaseModel):
 class MetricRead(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
+    id: int = Field(description="the metric's id, in the order stored: the `after_id` cursor")
     step: int
     epoch: int
     name: str

@@ -421,15 +421,19 @@ def metrics(
     resources: bool | None = None,
     scale: str | None = None,
     max_points: int | None = None,
+    after_id: int = 0,
 ) -> Sequence[Metric]:
     """The task's metrics, oldest first; `resources` True: only the ranks' resource use
     (`RESOURCE_METRICS`), False: all but those, None: all; `scale` "step": only the per-step
-    series (names starting `STEP_SERIES`), "epoch": all but those, None: all.
+    series (names starting `STEP_SERIES`), "epoch": all but those, None: all; `after_id`:
+    only those stored after the metric of that id (a chart's cursor).
 
     `max_points`: at most that many points of each series (a name and rank): a longer one
     keeps every k-th point, k = ceil(points / max_points), counted back from its latest
     (always kept), in step order; a series of at most `max_points` comes whole."""
     query = select(Metric).where(Metric.task_id == task_id)
+    if after_id:
+        query = query.where(Metric.id > after_id)
     if name:
         query = query.where(Metric.name == name)
     if resources is not None:

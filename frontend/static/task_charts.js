@@ -307,13 +307,36 @@ window.TaskCharts = (function () {
     "None.");
   }
 
+  const PAGE_ROWS = 10000; // rows a request asks for; a fuller answer asks for the next page
+
+  /** A list of metrics fetched in increments (`after_id`): each poll asks only for the rows
+   * after its cursor and merges them by id, so a long task's polls cost what is new, not
+   * its whole history. The cursor stays a poll behind the newest id seen: ids are taken
+   * when a report is stored, and one still being written when the page read may commit
+   * with a lower id than those read; it is fetched with the next poll. */
+  function increments(query) {
+    const rows = new Map();
+    let cursor = 0, newest = 0;
+    return async function fetchNew() {
+      let after = cursor, page;
+      do {
+        page = await P.getJSON(`${api}/metrics?${query}&after_id=${after}&limit=${PAGE_ROWS}`);
+        page.forEach((m) => { rows.set(m.id, m); after = Math.max(after, m.id); });
+      } while (page.length === PAGE_ROWS);
+      cursor = newest;
+      newest = Math.max(newest, after);
+      return [...rows.values()].sort((a, b) => a.id - b.id);
+    };
+  }
+  const epochMetrics = increments("resources=false&scale=epoch");
+  const cpuSamples = increments("name=rank_cpu_percent");
+  const memorySamples = increments("name=rank_rss_mb");
+
   async function refresh(rankGroups, task) {
-    const usage = ["rank_cpu_percent", "rank_rss_mb"].map(
-      (name) => P.getJSON(`${api}/metrics?name=${name}&limit=100000`));
     const [metrics, steps, throughput, cpu, memory] = await Promise.all([
-      P.getJSON(`${api}/metrics?resources=false&scale=epoch`),
+      epochMetrics(),
       P.getJSON(`${api}/metrics?scale=step&max_points=${STEP_POINTS}&limit=100000`),
-      P.getJSON(`${api}/throughput`), ...usage]);
+      P.getJSON(`${api}/throughput`), cpuSamples(), memorySamples()]);
     renderNonFinite([...metrics, ...steps]);
     stepSeries.loaded = perStep(steps);
     renderSteps();

@@ -58,7 +58,7 @@ NOT_OPTIONS = {
     "predicted_finish_at": "task field",
     "finished_at": "task field",
     "task_request": "plan field",
-    "after_id": "query parameter of the task log",
+    "after_id": "query parameter of the task log and a task's metrics",
     "max_points": "query parameter of a task's metrics",
     "startup_s": "metric",
     "rank_cpu_percent": "metric",

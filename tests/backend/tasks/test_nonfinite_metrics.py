@@ -47,6 +47,7 @@ def test_nonfinite_values_show_in_rest_and_on_the_task_page(
     metrics = client.get(f"/api/v1/tasks/{task_id}/metrics", headers=world.owner.headers).json()
     by_name = {m["name"]: m for m in metrics}
     assert by_name["train_loss"].pop("created_at")
+    assert by_name["train_loss"].pop("id") < by_name["val_loss"]["id"]  # in the order stored
     assert by_name["train_loss"] == {
         "step": 4,
         "epoch": 1,

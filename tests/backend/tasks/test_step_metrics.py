@@ -82,6 +82,19 @@ def test_step_series_are_stored_and_read_apart_from_epoch_metrics(
     assert len(thin) == 3 * 4 + 1  # the one-point series comes whole
     assert len(_get(world, "scale=step&max_points=10")) == 3 * 10 + 1
 
+    # A chart's cursor: only what was stored after the id it last saw, in the order stored.
+    ids = [m["id"] for m in every]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert _get(world, f"after_id={ids[-1]}") == []
+    assert _get(world, f"after_id={ids[9]}") == every[10:]
+    newer = _get(world, f"scale=step&name=step/lr&after_id={ids[-12]}")
+    assert newer == [m for m in every[-11:] if m["name"] == "step/lr"] and newer
+    page = world.client.get(
+        f"/api/v1/tasks/{world.task['id']}/metrics?after_id={ids[9]}&limit=5",
+        headers=world.owner.headers,
+    )
+    assert page.json() == every[10:15] and page.headers["X-Total-Count"] == str(len(ids) - 10)
+
     # The task's final metrics are its epoch metrics, never a per-step point.
     with db.get_sessionmaker()() as session:
         task = session.get(Task, world.task["id"])
@@ -91,7 +104,12 @@ def test_step_series_are_stored_and_read_apart_from_epoch_metrics(
 
 @pytest.mark.parametrize(
     ("query", "field"),
-    [("scale=minute", "scale"), ("max_points=0", "max_points")],
+    [
+        ("scale=minute", "scale"),
+        ("max_points=0", "max_points"),
+        ("after_id=-1", "after_id"),
+        ("after_id=3&max_points=10", "after_id and max_points cannot be combined"),
+    ],
 )
 def test_a_bad_filter_is_refused_naming_it(world: World, query: str, field: str) -> None:
     url = f"/api/v1/tasks/{world.task['id']}/metrics?{query}"
