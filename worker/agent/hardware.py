@@ -1,9 +1,12 @@
 """What this host offers a resource group: its device type, model and memory, checked
 before the agent registers (docs/architecture.md, "Homogeneous groups")."""
 
+import importlib.metadata
 import importlib.util
 import os
 import platform
+import shutil
+import subprocess
 from typing import Any
 
 
@@ -31,30 +34,55 @@ def host_memory_bytes() -> int:
     return int(psutil.virtual_memory().total)
 
 
+def gpu_names() -> list[str]:
+    """The host's NVIDIA GPUs as `nvidia-smi` names them, without importing torch (a `cpu`
+    group's host may have some: the cluster page shows them); none without the tool, or
+    when it fails or takes over 10 s."""
+    tool = shutil.which("nvidia-smi")
+    if tool is None:
+        return []
+    try:
+        listed = subprocess.run(
+            [tool, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in listed.splitlines() if line.strip()]
+
+
 def detect_hardware(device_type: str = "cpu") -> dict[str, Any]:
     """This host's hardware as it serves a `device_type` group (`contracts.agent_api.Hardware`).
+
+    A `cpu` group's agent does not import torch (about 1–3 s of CPU and 200 MB it would hold
+    for nothing: the ranks import their own): the version comes from the installed package's
+    metadata and the host's GPUs from :func:`gpu_names`.
 
     Raises:
         NoDevice: a `cuda` group on a host where torch sees no usable GPU, or an `npu`
             group where torch_npu is not installed or sees no NPU.
     """
-    import torch
-
     memory = host_memory_bytes()
-    cuda_usable = torch.cuda.is_available()
-    cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    if device_type == "cuda":
-        if not cuda_usable or not cuda:
+    if device_type in ("cuda", "npu"):
+        import torch
+
+        version = str(torch.__version__)
+        cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if device_type == "npu":
+            model, device_memory = _npu()
+        elif not torch.cuda.is_available() or not cuda:
             raise NoDevice(
                 "this is a cuda group but torch sees no usable GPU on this host "
-                f"(torch {torch.__version__}, torch.cuda.is_available() is False): install a "
+                f"(torch {version}, torch.cuda.is_available() is False): install a "
                 "CUDA build of torch and the NVIDIA driver, or serve a cpu group"
             )
-        model = cuda[0]
-        device_memory = torch.cuda.get_device_properties(0).total_memory
-    elif device_type == "npu":
-        model, device_memory = _npu()
+        else:
+            model, device_memory = cuda[0], torch.cuda.get_device_properties(0).total_memory
     else:
+        version, cuda = importlib.metadata.version("torch"), gpu_names()
         model, device_memory = cpu_model(), memory
     return {
         "device_type": device_type,
@@ -64,7 +92,7 @@ def detect_hardware(device_type: str = "cpu") -> dict[str, Any]:
         "memory_bytes": memory,
         "cuda_devices": cuda,
         "platform": platform.platform(),
-        "torch": torch.__version__,
+        "torch": version,
     }
 
 

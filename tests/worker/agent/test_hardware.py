@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,38 @@ def test_a_cpu_group_gets_the_cpu_model_and_host_memory() -> None:
     assert reported.device_model.strip()
     assert reported.device_memory_mb == reported.memory_bytes // 2**20 > 0
     assert reported.cpu_cores >= 1 and reported.torch == torch.__version__
+
+
+def test_a_cpu_groups_agent_does_not_import_torch(tmp_path: Path) -> None:
+    """torch costs an agent 1–3 s of CPU at start and holds 200 MB; a cpu group's agent
+    learns the version from the package's metadata and the host's GPUs from nvidia-smi
+    (here a stand-in on PATH naming two)."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf 'NVIDIA H200\\nNVIDIA H200\\n'\n")
+    smi.chmod(0o755)
+    probe = (
+        "import json, sys\n"
+        "from worker.agent.hardware import detect_hardware\n"
+        "found = detect_hardware('cpu')\n"
+        "print(json.dumps([found['torch'], found['cuda_devices'], 'torch' in sys.modules]))\n"
+    )
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
+    )
+    version, gpus, imported = json.loads(done.stdout)
+    assert (version, gpus, imported) == (torch.__version__, ["NVIDIA H200"] * 2, False)
+
+
+def test_without_nvidia_smi_or_when_it_fails_there_are_no_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert hardware.gpu_names() == []
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    smi.chmod(0o755)
+    assert hardware.gpu_names() == []
 
 
 def test_the_cpu_model_comes_from_proc_cpuinfo() -> None:
