@@ -126,10 +126,13 @@ class Change:
 
     def task_values(self) -> dict[str, Any]:
         """The task's columns this change sets (``started_at`` only on a first start: see
-        :func:`transition`)."""
+        :func:`transition`); a task that succeeded has all its progress (a plan's trial
+        reports none: it times steps, it runs no epoch)."""
         values: dict[str, Any] = {"status": self.to_status, "status_reason": self.reason}
         if self.to_status.terminal:
             values["finished_at"] = self.at
+        if self.to_status is S.SUCCEEDED:
+            values["progress"] = 1.0
         return values
 
     def event_row(self) -> dict[str, Any]:

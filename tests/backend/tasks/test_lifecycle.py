@@ -110,6 +110,20 @@ def test_the_same_finished_report_again_changes_nothing(session: Session, succee
     assert second.status is (SubTaskStatus.RUNNING)
 
 
+def test_a_task_that_succeeded_has_all_its_progress(session: Session) -> None:
+    """A plan's trial times steps and reports no progress: listed as SUCCEEDED at 0 %, it
+    looked unfinished. Every task that succeeds is at 100 %; one that fails keeps its own."""
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    assert task.progress == 0.0
+    for part in session.scalars(select(SubTask).where(SubTask.task_id == task.id)).all():
+        fate.finish(session, sub=part, data=Finished(succeeded=True, cause="user", detail="ok"))
+    assert (task.status, task.progress) == (TaskStatus.SUCCEEDED, 1.0)
+    failed = lifecycle.change(8, TaskStatus.RUNNING, TaskStatus.FAILED, "boom").task_values()
+    assert "progress" not in failed
+
+
 def test_a_task_starts_only_when_no_part_still_builds_its_environment(session: Session) -> None:
     group(session, "cpu-a", 1)
     group(session, "cpu-b", 1)
