@@ -71,8 +71,10 @@ def one_run(on: bool, points: list[int]) -> float:
 
 def reporting_cost_s(every: int, steps: int = 200_000) -> float:
     """Seconds per step that a StepCurve at cadence ``every`` adds to a step loop: its
-    ``add`` and ``due`` every step and a ``point`` every ``every`` steps, the points written
-    to a pipe that ``cat`` drains (as a rank's stdout); best of 3, less the bare loop."""
+    ``add`` and ``due`` every step and a ``point`` every ``every`` steps, every point built
+    and written (the loop outruns a second, so most are held to its final flush: the
+    writes are fewer than a real rank's one a second, each a few microseconds) to a pipe
+    that ``cat`` drains (as a rank's stdout); best of 3, less the bare loop."""
     drain = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     assert drain.stdin is not None
     saved = sys.stdout
@@ -87,6 +89,8 @@ def reporting_cost_s(every: int, steps: int = 200_000) -> float:
                 curve.add(0.5, 64)
                 if curve.due(step):
                     curve.point(step=step, epoch=0, lr=0.01)
+            curve.flush()  # every point built and written within the timing
+            sys.stdout.flush()
             return time.perf_counter() - started
 
         def bare() -> float:

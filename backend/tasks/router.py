@@ -192,45 +192,45 @@ def task_metrics(
         ),
     ] = None,
     after_id: Annotated[
-        int,
+        int | None,
         Query(
             ge=0,
-            description="only the metrics stored after the one of this `id`: a chart's next "
-            "poll fetches what is new. Ids are taken when a report is stored, so one stored "
-            "by a report still being written may have a lower id than one already read: "
-            "the task page keeps its cursor a poll behind the newest id it has seen",
+            description="a cursor: the first `limit` metrics stored after the one of this "
+            "`id` (0: from the first), without a total; a chart's next poll fetches what is "
+            "new. Ids are taken when a report is stored, so one stored by a report still "
+            "being written may have a lower id than one already read: the task page "
+            "fetches again from the last id older than 10 s",
         ),
-    ] = 0,
+    ] = None,
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> list:
     """Reported scalars, oldest first (by `id`): per epoch (rank null), per worker
     (samples_per_s), each rank's resource use (with the time it was measured) and the
-    per-step series (`scale=step`; `max_points` thins each series for a chart); `after_id`
-    (not with `max_points`) the ones after a cursor.
+    per-step series (`scale=step`; `max_points` thins each series for a chart); with
+    `after_id`, the next `limit` after a cursor (read in one query, no total).
 
-    Raises 422 when `after_id` and `max_points` are both given (a thinned series has no
-    cursor: its every k-th point moves as it grows)."""
-    if after_id and max_points is not None:
+    Raises 422 when `after_id` comes with `max_points` (a thinned series has no cursor:
+    its every k-th point moves as it grows) or with an `offset`."""
+    if after_id is not None and (max_points is not None or offset):
         raise Invalid(
-            "after_id and max_points cannot be combined: a thinned series has no cursor",
+            "after_id is a cursor: it takes neither max_points (a thinned series has no "
+            "cursor) nor offset",
             field="after_id",
         )
-    return paginated(
-        list(
-            service.metrics(
-                session,
-                task_id=task.id,
-                name=name,
-                resources=resources,
-                scale=scale,
-                max_points=max_points,
-                after_id=after_id,
-            )
-        ),
-        PageParams(offset=offset, limit=limit),
-        response,
+    found = service.metrics(
+        session,
+        task_id=task.id,
+        name=name,
+        resources=resources,
+        scale=scale,
+        max_points=max_points,
+        after_id=after_id,
+        limit=limit if after_id is not None else None,
     )
+    if after_id is not None:
+        return list(found)  # the next `limit` after the cursor, read in one query
+    return paginated(list(found), PageParams(offset=offset, limit=limit), response)
 
 
 @router.get("/{task_id}/throughput", response_model=ThroughputRead)

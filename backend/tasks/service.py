@@ -421,18 +421,19 @@ def metrics(
     resources: bool | None = None,
     scale: str | None = None,
     max_points: int | None = None,
-    after_id: int = 0,
+    after_id: int | None = None,
+    limit: int | None = None,
 ) -> Sequence[Metric]:
     """The task's metrics, oldest first; `resources` True: only the ranks' resource use
     (`RESOURCE_METRICS`), False: all but those, None: all; `scale` "step": only the per-step
     series (names starting `STEP_SERIES`), "epoch": all but those, None: all; `after_id`:
-    only those stored after the metric of that id (a chart's cursor).
+    only those stored after the metric of that id (a chart's cursor), at most `limit`.
 
     `max_points`: at most that many points of each series (a name and rank): a longer one
     keeps every k-th point, k = ceil(points / max_points), counted back from its latest
     (always kept), in step order; a series of at most `max_points` comes whole."""
     query = select(Metric).where(Metric.task_id == task_id)
-    if after_id:
+    if after_id is not None:
         query = query.where(Metric.id > after_id)
     if name:
         query = query.where(Metric.name == name)
@@ -444,7 +445,7 @@ def metrics(
         query = query.where(per_step if scale == "step" else ~per_step)
     if max_points is not None:
         return _every_kth(session, query, max_points)
-    return session.scalars(query.order_by(Metric.id)).all()
+    return session.scalars(query.order_by(Metric.id).limit(limit)).all()
 
 
 def _every_kth(session: Session, query: Select, max_points: int) -> Sequence[Metric]:

@@ -141,10 +141,14 @@ def shown_difference(path: str, values: Sequence[Any]) -> dict[str, Any]:
     """`{"field", "label", "cells"}` of one setting that differs between compared tasks
     (`backend.tasks.compare.differences`: a flattened path such as `groups.0.workers`): a
     top-level setting under its label, a nested one under its path; each value formatted as
-    the task page shows it, else as JSON (a mapping, a list of numbers)."""
+    the task page shows it, else as JSON (a mapping, a list of numbers). Values that read
+    the same in words (a setting left unset against its default given, 77.2 s against
+    77.4 s) are shown as stored instead, `unset` for none."""
     setting = SETTINGS.get(path) or Setting(path if "." in path else humanised(path))
     cells = []
     for value in values:
         text = setting.show(value)
         cells.append(json.dumps(value, sort_keys=True) if text is None else text)
+    if len(set(cells)) == 1:
+        cells = ["unset" if v is None else json.dumps(v, sort_keys=True) for v in values]
     return {"field": path, "label": setting.label, "cells": cells}

@@ -14,7 +14,7 @@
     P.setBadge($("task-status"), task.status);
     $("task-reason").textContent = task.status_reason;
     P.setProgress($("task-progress"), task.progress);
-    $("task-epoch").textContent = epochsDone(task.progress);
+    if (!root.dataset.trial) $("task-epoch").textContent = epochsDone(task.progress);
     $("task-timing").textContent = timing(task);
     $("task-started").textContent = P.fmtTime(task.started_at);
     $("task-finished").textContent = P.fmtTime(task.finished_at);

@@ -307,30 +307,51 @@ window.TaskCharts = (function () {
     "None.");
   }
 
-  const PAGE_ROWS = 10000; // rows a request asks for; a fuller answer asks for the next page
+  const PAGE_ROWS = 10000; // rows a request asks for; a full page asks for the next one
+  const LATE_MS = 10000; // how long after later ids were read a report's rows may commit
+  const MAX_SAMPLES = 50000; // resource samples kept per list (the newest)
 
   /** A list of metrics fetched in increments (`after_id`): each poll asks only for the rows
    * after its cursor and merges them by id, so a long task's polls cost what is new, not
-   * its whole history. The cursor stays a poll behind the newest id seen: ids are taken
-   * when a report is stored, and one still being written when the page read may commit
-   * with a lower id than those read; it is fetched with the next poll. */
-  function increments(query) {
+   * its whole history. Ids are taken when a report is stored, and one still being written
+   * when the page read may commit with a lower id than those read: the cursor is the newest
+   * id the page had seen LATE_MS ago (by its own clock), so rows are fetched again for 10 s
+   * and only a report whose commit took longer could be missed. After the first load it is
+   * the last row stored LATE_MS before the newest (by `created_at`), so a long task's
+   * history is read once. `cap`: keep at most that many rows, the newest. */
+  function increments(query, cap) {
     const rows = new Map();
-    let cursor = 0, newest = 0;
+    const seen = []; // [time of a poll (ms), the newest id seen by then]
+    let cursor = 0, newest = 0, first = true;
     return async function fetchNew() {
       let after = cursor, page;
       do {
         page = await P.getJSON(`${api}/metrics?${query}&after_id=${after}&limit=${PAGE_ROWS}`);
         page.forEach((m) => { rows.set(m.id, m); after = Math.max(after, m.id); });
       } while (page.length === PAGE_ROWS);
-      cursor = newest;
+      const now = Date.now();
       newest = Math.max(newest, after);
-      return [...rows.values()].sort((a, b) => a.id - b.id);
+      seen.push([now, newest]);
+      while (seen.length && seen[0][0] <= now - LATE_MS) {
+        cursor = Math.max(cursor, seen.shift()[1]);
+      }
+      const sorted = [...rows.values()].sort((a, b) => a.id - b.id);
+      if (first && sorted.length) {
+        first = false;
+        const settled = Date.parse(sorted[sorted.length - 1].created_at) - LATE_MS;
+        let i = sorted.length - 1;
+        while (i >= 0 && Date.parse(sorted[i].created_at) > settled) i -= 1;
+        if (i >= 0) cursor = Math.max(cursor, sorted[i].id);
+      }
+      if (cap && sorted.length > cap) {
+        sorted.splice(0, sorted.length - cap).forEach((m) => rows.delete(m.id));
+      }
+      return sorted;
     };
   }
   const epochMetrics = increments("resources=false&scale=epoch");
-  const cpuSamples = increments("name=rank_cpu_percent");
-  const memorySamples = increments("name=rank_rss_mb");
+  const cpuSamples = increments("name=rank_cpu_percent", MAX_SAMPLES);
+  const memorySamples = increments("name=rank_rss_mb", MAX_SAMPLES);
 
   async function refresh(rankGroups, task) {
     const [metrics, steps, throughput, cpu, memory] = await Promise.all([

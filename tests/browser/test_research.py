@@ -8,14 +8,15 @@ import io
 import re
 import zipfile
 from pathlib import Path
+from urllib.parse import parse_qs, urlparse
 
 import httpx
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, Route, expect
 
 from polytrain.stack import LocalStack
 from tests.browser.conftest import log_in
 from tests.browser.test_portal import EXAMPLE
-from tests.e2e.conftest import TERMINAL, new_version, wait_for
+from tests.e2e.conftest import TERMINAL, new_version, submit, wait_for
 
 
 def test_run_again_from_a_cancelled_tasks_page(
@@ -186,17 +187,8 @@ def test_a_tasks_per_step_curves_zoom_and_smooth(
     module's own per-step metric (`STEP_METRICS`: tiny_regression's code with `metrics`)."""
     source = (ROOT / "examples" / "tiny_regression.py").read_bytes() + STEP_METRICS_PART
     version = new_version(api, source=source, project_name="step-curves")
-    body = {
-        "project_id": version["project_id"],
-        "code_version_id": version["id"],
-        "resource_groups": [{"name": "cpu-a", "workers": 1}],
-        "epochs": 2,
-        "global_batch_size": 16,
-        "step_metrics_every": 2,
-    }
-    created = api.post("/api/v1/tasks", json=body)
-    assert created.status_code == 201, created.text
-    task_id = created.json()["id"]
+    one = [{"name": "cpu-a", "workers": 1}]
+    task_id = submit(api, version, resource_groups=one, step_metrics_every=2)["id"]
     log_in(page, stack)
     page.goto(f"{stack.url}/tasks/{task_id}")
     expect(page.locator("#task-status")).to_have_text("SUCCEEDED", timeout=180_000)
@@ -314,3 +306,55 @@ def test_a_sweep_of_four_trials_on_both_groups_runs_to_completion(
         expect(page.locator(f"#sweep-chart-{index}")).to_have_attribute("data-points", "4")
     page.click("#sweeps-link")
     expect(page.locator("#sweeps-table")).to_contain_text(re.compile(r"FINISHED"))
+
+
+def test_the_task_pages_charts_read_metrics_in_increments(
+    page: Page, stack: LocalStack, api: httpx.Client
+) -> None:
+    """The task page reads its epoch metrics after a cursor (`after_id`), page by page past
+    10,000 rows, and still draws a row that committed after a later one was read (ids are
+    taken at insert): here the API's answers are played by the test, the task shown as
+    RUNNING so that the page keeps polling."""
+    version = new_version(api, example="tiny_regression", project_name="increments")
+    task_id = submit(api, version, resource_groups=[{"name": "cpu-a", "workers": 1}])["id"]
+    api.post(f"/api/v1/tasks/{task_id}/cancel")
+
+    def row(metric_id: int) -> dict:
+        return {
+            "id": metric_id,
+            "step": metric_id,
+            "epoch": metric_id,  # one val_loss an epoch: the chart's points are the epochs
+            "name": "val_loss",
+            "value": 1.0 / metric_id,
+            "nonfinite": None,
+            "rank": None,
+            "created_at": "2026-11-29T10:00:00Z",
+        }
+
+    stored = {i: row(i) for i in range(1, 10_002)}  # 10,001: two pages of 10,000
+    asked: list[int] = []
+
+    def metrics(route: Route) -> None:
+        query = parse_qs(urlparse(route.request.url).query)
+        if query.get("scale") != ["epoch"]:
+            route.fulfill(json=[])
+            return
+        after, limit = int(query["after_id"][0]), int(query["limit"][0])
+        asked.append(after)
+        route.fulfill(json=[stored[i] for i in sorted(stored) if i > after][:limit])
+
+    def running(route: Route) -> None:
+        response = route.fetch()
+        route.fulfill(response=response, json={**response.json(), "status": "RUNNING"})
+
+    page.route(re.compile(rf".*/api/v1/tasks/{task_id}/metrics\?.*"), metrics)
+    page.route(re.compile(rf".*/api/v1/tasks/{task_id}$"), running)
+    log_in(page, stack)
+    page.goto(f"{stack.url}/tasks/{task_id}")
+    chart = page.locator("#loss-chart")
+    expect(chart).to_have_attribute("data-points", "10001", timeout=30_000)
+    assert asked[:2] == [0, 10_000]  # the second page after the first's last id
+    stored[10_003] = row(10_003)  # stored while 10,002's report is still being written
+    expect(chart).to_have_attribute("data-points", "10002", timeout=30_000)
+    stored[10_002] = row(10_002)  # committed after a later id was read
+    expect(chart).to_have_attribute("data-points", "10003", timeout=30_000)

@@ -36,14 +36,15 @@ def host_memory_bytes() -> int:
 
 def gpu_names() -> list[str]:
     """The host's NVIDIA GPUs as `nvidia-smi` names them, without importing torch (a `cpu`
-    group's host may have some: the cluster page shows them); none without the tool, or
+    group's host may have some: the cluster page shows them), as CUDA would see them: only
+    those `CUDA_VISIBLE_DEVICES` lists by index, when it is set; none without the tool, or
     when it fails or takes over 10 s."""
     tool = shutil.which("nvidia-smi")
     if tool is None:
         return []
     try:
         listed = subprocess.run(
-            [tool, "--query-gpu=name", "--format=csv,noheader"],
+            [tool, "--query-gpu=index,name", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -51,7 +52,17 @@ def gpu_names() -> list[str]:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    return [line.strip() for line in listed.splitlines() if line.strip()]
+    names: dict[str, str] = {}  # index -> name
+    for line in listed.splitlines():
+        index, _, name = line.partition(",")
+        if name.strip():
+            names[index.strip()] = name.strip()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return list(names.values())
+    # An index list: those GPUs in that order; a UUID or anything else CUDA takes: unknown
+    # here, so the devices are listed only by index.
+    return [names[i.strip()] for i in visible.split(",") if i.strip() in names]
 
 
 def detect_hardware(device_type: str = "cpu") -> dict[str, Any]:

@@ -226,16 +226,21 @@ class StepCurve:
     crosses a multiple of ``every`` (:meth:`due`: a strategy whose steps come in rounds
     reports at the first step past the mark); :meth:`point` reports the window (the
     sample-weighted mean loss, the samples over the window's wall seconds, the learning
-    rate) in one write, then opens the next. :meth:`restart` opens a window at an epoch's
+    rate), then opens the next. :meth:`restart` opens a window at an epoch's
     start: a point never spans an epoch's end (validation, checkpoint), and the steps of an
     epoch after its last mark are not reported. ``observed``: the last step whose batch was
     passed to the user's per-step ``metrics`` (:meth:`observe_due`).
 
-    Points are written at most about once every :data:`STEP_FLUSH_S` seconds (the first at
-    once, then those of the last second in one write; :meth:`flush` writes the rest, at an
-    epoch's end): each write wakes the process that reads the rank's output (the agent), on
-    cores the ranks compute on, and a write per point cost a 400-step epoch of 2 ms steps
-    about 3 % against a write a second (docs/benchmarks.md, "Per-step curves").
+    Points (and the user's per-step ``metrics``, :meth:`send`) are held and written
+    together when :data:`STEP_FLUSH_S` has passed since the last write, and a point whose
+    window lasted that long is written at once: a write every point while points are a
+    second or more apart, at most about one a second when they come faster, so a point is
+    written at most about ``STEP_FLUSH_S`` plus one window after it was measured.
+    :meth:`flush` writes the rest at an epoch's end (or when it raises; a rank killed by a
+    signal loses what it holds, at most that). Each write wakes the process that reads the
+    rank's output (the agent) on the cores the ranks compute on: a write per point cost a
+    400-step epoch of 2 ms steps about 3 % against a write a second (docs/benchmarks.md,
+    "Per-step curves").
     """
 
     __slots__ = ("every", "last", "observed", "loss_sum", "samples", "opened", "held", "written")
@@ -277,8 +282,9 @@ class StepCurve:
 
     def point(self, *, step: int, epoch: int, lr: float | None, send: bool = True) -> None:
         """Report the window at ``step`` (rank 0: the task's series) when ``send``, then
-        open the next one (a rank that does not report keeps its window in step). The point
-        is written with those held, when :data:`STEP_FLUSH_S` passed since the last write."""
+        open the next one (a rank that does not report keeps its window in step). What is
+        held is written when :data:`STEP_FLUSH_S` passed since the last write or the window
+        lasted that long."""
         now = time.perf_counter()
         if send:
             seconds = now - self.opened
@@ -294,12 +300,17 @@ class StepCurve:
             )
             if lr is not None:
                 events.append(metric_event(STEP_SERIES + "lr", float(lr), **self._at(step, epoch)))
-            self.send(events, now)
+            self.held.extend(events)
+        # A slow window's point goes at once: the next call may be far off. (Under sync the
+        # source worker's metrics were sent a moment ago in this step and may have written.)
+        if now - self.written >= STEP_FLUSH_S or now - self.opened >= STEP_FLUSH_S:
+            self.flush(now)
         self.last, self.loss_sum, self.samples, self.opened = step, 0.0, 0, now
 
     def send(self, events: list[dict[str, Any]], now: float | None = None) -> None:
-        """Hold ``events`` (a point's, or the user's per-step ``metrics``) with the others,
-        and write them all when :data:`STEP_FLUSH_S` passed since the last write."""
+        """Hold ``events`` (the user's per-step ``metrics`` of this rank's part of a batch)
+        with the others, and write them all when :data:`STEP_FLUSH_S` passed since the last
+        write."""
         now = time.perf_counter() if now is None else now
         self.held.extend(events)
         if now - self.written >= STEP_FLUSH_S:

@@ -139,7 +139,11 @@ def test_a_plans_trial_is_not_run_again(client: TestClient, session: Session) ->
     assert task is not None
     task.spec = {**task.spec, "trial": {"batch_sizes": [4, 8]}}
     session.commit()
-    assert not parse(client.get(f"/tasks/{task.id}").text).find_all(id="run-again")
+    shown = parse(client.get(f"/tasks/{task.id}").text)
+    assert not shown.find_all(id="run-again")
+    # it trains no epoch: not "0 of 2 epochs done" (nor, once it succeeded, "2 of 2")
+    assert shown.by_id("task-epoch").text() == "a plan's trial: it times steps, it trains no epoch"
+    assert shown.by_id("task-page").attrs["data-trial"] == "true"
     response = client.get(f"/projects/{project['id']}?from_task={task.id}")
     page = parse(response.text)
     assert "is a plan's trial" in page.find(class_="flash flash-error").text()

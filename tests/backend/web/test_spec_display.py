@@ -123,3 +123,6 @@ def test_a_compared_difference_is_shown_as_the_task_page_shows_it() -> None:
     nested = shown_difference("groups.0.workers", [2, 1])
     assert (nested["label"], nested["cells"]) == ("groups.0.workers", ["2", "1"])
     assert shown_difference("fsdp_units", [[3, 4], None])["cells"] == ["[3, 4]", "—"]
+    # the same in words, not the same stored: shown as stored
+    assert shown_difference("exchange_fraction", [None, 0])["cells"] == ["unset", "0"]
+    assert shown_difference("predicted_s", [77.2, 77.4])["cells"] == ["77.2", "77.4"]

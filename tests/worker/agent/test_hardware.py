@@ -32,7 +32,7 @@ def test_a_cpu_groups_agent_does_not_import_torch(tmp_path: Path) -> None:
     learns the version from the package's metadata and the host's GPUs from nvidia-smi
     (here a stand-in on PATH naming two)."""
     smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nprintf 'NVIDIA H200\\nNVIDIA H200\\n'\n")
+    smi.write_text("#!/bin/sh\nprintf '0, NVIDIA H200\\n1, NVIDIA H200\\n'\n")
     smi.chmod(0o755)
     probe = (
         "import json, sys\n"
@@ -41,11 +41,27 @@ def test_a_cpu_groups_agent_does_not_import_torch(tmp_path: Path) -> None:
         "print(json.dumps([found['torch'], found['cuda_devices'], 'torch' in sys.modules]))\n"
     )
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
     )
     version, gpus, imported = json.loads(done.stdout)
     assert (version, gpus, imported) == (torch.__version__, ["NVIDIA H200"] * 2, False)
+
+
+def test_the_gpus_listed_are_those_cuda_would_see(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf '0, NVIDIA A100\\n1, NVIDIA H100\\n2, NVIDIA L4\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert hardware.gpu_names() == ["NVIDIA A100", "NVIDIA H100", "NVIDIA L4"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert hardware.gpu_names() == ["NVIDIA L4", "NVIDIA A100"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert hardware.gpu_names() == []
 
 
 def test_without_nvidia_smi_or_when_it_fails_there_are_no_gpus(

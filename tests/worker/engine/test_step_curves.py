@@ -107,6 +107,36 @@ def test_points_of_the_same_second_are_written_together_and_flush_writes_the_res
     assert _events(capsys) == []
 
 
+def test_a_point_is_never_held_past_the_next_second_behind_the_users_metrics(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under sync the source worker sends its per-step metrics, then its point, in the same
+    step: the metrics' write must not leave the point held until the next point (2 s on,
+    here), nor, with points 0.25 s apart, for more than about a second."""
+    now = [100.0]
+    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
+    curve = report.StepCurve()
+    curve.restart(0, 1)
+
+    def step(n: int, seconds: float) -> set[tuple[str, int]]:
+        now[0] += seconds
+        curve.add(1.0, 1)
+        curve.send([report.metric_event("step/train_acc", 0.5, step=n, epoch=0, rank=1)])
+        now[0] += 0.001
+        curve.point(step=n, epoch=0, lr=0.1)
+        return {(e["name"], e["step"]) for e in _events(capsys)}
+
+    for n in range(1, 4):  # a point every 2 s: each written in its own step
+        assert ("step/train_loss", n) in step(n, 2.0)
+    late = {}
+    for n in range(4, 20):  # a point every 0.25 s: written within STEP_FLUSH_S + a window
+        for _, at in step(n, 0.25):
+            late[at] = n
+    assert late and all((late[at] - at) * 0.25 <= report.STEP_FLUSH_S + 0.25 for at in late)
+    curve.flush()
+    assert {e["step"] for e in _events(capsys)} | set(late) == set(range(4, 20))
+
+
 def test_observation_is_due_once_per_mark() -> None:
     curve = report.StepCurve()
     curve.restart(0, 5)
