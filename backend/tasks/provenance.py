@@ -15,7 +15,7 @@ hashes) sum, mod 2**64, to the whole set's hash.
 
 from collections import defaultdict
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from backend.tasks.models import Allocation, Checkpoint, NodeRole, ShardRecord, Task
@@ -44,12 +44,32 @@ def store(session: Session, *, task: Task, checkpoint: Checkpoint, data: Provena
     return len(data.records)
 
 
-def read(session: Session, *, task: Task) -> ProvenanceRead:
-    """Every epoch's records in step and worker order, with hosts and the coverage check."""
+def read(session: Session, *, task: Task, last_epochs: int | None = None) -> ProvenanceRead:
+    """Every epoch's records in step and worker order, with hosts and the coverage check;
+    only the latest `last_epochs` epochs when given (the others counted in
+    `earlier_epochs`), read without loading the earlier ones."""
+    mine = ShardRecord.task_id == task.id
+    query = select(ShardRecord).where(mine)
+    earlier = 0
+    if last_epochs is not None:
+        recorded = select(ShardRecord.epoch).where(mine).distinct()
+        first = session.scalar(
+            recorded.order_by(ShardRecord.epoch.desc()).offset(last_epochs - 1).limit(1)
+        )
+        if first is not None:
+            query = query.where(ShardRecord.epoch >= first)
+            earlier = (
+                session.scalar(
+                    select(func.count()).select_from(
+                        recorded.where(ShardRecord.epoch < first).subquery()
+                    )
+                )
+                or 0
+            )
     rows = session.scalars(
-        select(ShardRecord)
-        .where(ShardRecord.task_id == task.id)
-        .order_by(ShardRecord.epoch, ShardRecord.step_from, ShardRecord.attempt, ShardRecord.worker)
+        query.order_by(
+            ShardRecord.epoch, ShardRecord.step_from, ShardRecord.attempt, ShardRecord.worker
+        )
     ).all()
     hosts = {
         (a.attempt, a.rank): a.host
@@ -59,9 +79,15 @@ def read(session: Session, *, task: Task) -> ProvenanceRead:
             )
         )
     }
-    resumed_at: dict[int, int] = {}  # attempt -> the step its first record starts from
-    for row in rows:
-        resumed_at[row.attempt] = min(row.step_from, resumed_at.get(row.attempt, row.step_from))
+    # attempt -> the step its first record starts from (over every epoch, listed or not)
+    resumed_at: dict[int, int] = {
+        attempt: step
+        for attempt, step in session.execute(
+            select(ShardRecord.attempt, func.min(ShardRecord.step_from))
+            .where(mine)
+            .group_by(ShardRecord.attempt)
+        )
+    }
     by_epoch: dict[int, list[ShardRecord]] = defaultdict(list)
     for row in rows:
         by_epoch[row.epoch].append(row)
@@ -91,7 +117,7 @@ def read(session: Session, *, task: Task) -> ProvenanceRead:
                 ],
             )
         )
-    return ProvenanceRead(task_id=task.id, epochs=epochs)
+    return ProvenanceRead(task_id=task.id, epochs=epochs, earlier_epochs=earlier)
 
 
 def _kept(row: ShardRecord, resumed_at: dict[int, int]) -> bool:

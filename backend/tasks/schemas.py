@@ -763,6 +763,11 @@ class ProvenanceRead(BaseModel):
 
     task_id: int
     epochs: list[EpochProvenance]
+    earlier_epochs: int = Field(
+        default=0,
+        description="recorded epochs before those listed (0: all are; the task page lists "
+        "the latest only, the REST answer every one)",
+    )
 
 
 class ComparedTask(BaseModel):

@@ -14,7 +14,7 @@ from backend.tasks import service as tasks
 from backend.tasks.schemas import TaskUpdate
 from backend.web import views
 from backend.web.task_lists import ListQuery, parse_tags
-from backend.web.templating import redirect, render
+from backend.web.templating import fragment, redirect, render
 
 router = APIRouter(include_in_schema=False)
 
@@ -62,6 +62,16 @@ def task_detail(request: Request, task_id: int, session: SessionDep, user: WebUs
     """A task: status, timeline, nodes, metrics charts, live logs, checkpoints."""
     task = task_access.readable_task(session, user=user, task_id=task_id)
     return render(request, "task.html", views.task_page(session, user, task))
+
+
+@router.get("/tasks/{task_id}/provenance-section")
+def task_provenance_section(
+    request: Request, task_id: int, session: SessionDep, user: WebUser
+) -> Response:
+    """The task page's "Where the data went" section alone (HTML), for the page to replace
+    its own with as checkpoints arrive: not the whole page again."""
+    task = task_access.readable_task(session, user=user, task_id=task_id)
+    return fragment(request, "task_provenance.html", views.provenance_section(session, task))
 
 
 @router.post("/tasks/{task_id}/cancel", dependencies=[CsrfCheck])

@@ -86,6 +86,12 @@ def render(
     return response
 
 
+def fragment(request: Request, name: str, context: dict[str, Any]) -> HTMLResponse:
+    """Render the partial template `name` (a section a page fetches again): no layout, and
+    a pending flash is left for the next page."""
+    return templates.TemplateResponse(request, name, context)
+
+
 def redirect(url: str, *, flash: str | None = None, kind: str = "info") -> RedirectResponse:
     """A 303 redirect (POST → GET), carrying an optional one-shot flash message."""
     response = RedirectResponse(url, status_code=303)

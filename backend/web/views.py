@@ -202,6 +202,20 @@ def measured_time(task: Task, elapsed_s: float | None) -> str:
     return f"({word} {format_duration(elapsed_s)})"
 
 
+PROVENANCE_EPOCHS = 50
+"""The task page lists the latest this many epochs of "Where the data went" (the REST answer
+lists every one): a long task's page, and its refresh after each checkpoint, stay small."""
+
+
+def provenance_section(session: Session, task: Task) -> dict[str, Any]:
+    """The task page's "Where the data went", alone: what the page fetches again as
+    checkpoints bring their records."""
+    return {
+        "task": task,
+        "provenance": provenance.read(session, task=task, last_epochs=PROVENANCE_EPOCHS),
+    }
+
+
 def task_page(session: Session, user: User, task: Task) -> dict[str, Any]:
     """A task with its project, code version, timeline, nodes, shares, checkpoints, shard
     provenance and the metric values that were not finite."""
@@ -219,7 +233,7 @@ def task_page(session: Session, user: User, task: Task) -> dict[str, Any]:
         "sub_tasks": tasks.sub_tasks(session, task_id=task.id),
         "allocations": tasks.allocations(session, task_id=task.id),
         "checkpoints": tasks.checkpoints(session, task_id=task.id),
-        "provenance": provenance.read(session, task=task),
+        **provenance_section(session, task),
         "nonfinite": tasks.nonfinite_metrics(session, task_id=task.id),
         "spec": spec_summary(spec),
         "shares": group_shares(spec),

@@ -69,11 +69,13 @@
       .map((a) => [a.rank, a.resource_group]));
   }
 
-  /** "Where the data went" again from the server's page, the epochs the user opened kept
-   * open: the shard records arrive with each checkpoint (in a request of their own, after
-   * the checkpoint's, so this runs on the poll that sees a new checkpoint and the next). */
+  /** "Where the data went" again from the server (the section alone), the epochs the user
+   * opened kept open: the shard records arrive with each checkpoint (in a request of their
+   * own, after the checkpoint's, so this runs on the poll that sees a new checkpoint and the
+   * next). */
   async function refreshProvenance() {
-    const response = await fetch(window.location.pathname, { headers: { Accept: "text/html" } });
+    const response = await fetch(`/tasks/${root.dataset.taskId}/provenance-section`,
+      { headers: { Accept: "text/html" } });
     if (!response.ok) return;
     const page = new DOMParser().parseFromString(await response.text(), "text/html");
     const fresh = page.getElementById("provenance");

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from backend.tasks.models import Task
 from backend.tasks.models import TaskStatus as S
+from backend.web import views
 from tests.backend.scheduling import finish, group, running_task
 from tests.backend.web.dom import parse
 from tests.conftest import agent_headers
@@ -216,3 +217,30 @@ def test_records_a_later_attempt_redid_are_shown_but_not_counted(
     assert kept.count((1, 8, False)) == 3 and kept.count((2, 8, True)) == 3
     page = parse(client.get(f"/tasks/{task.id}").text).by_id("provenance")
     assert page.text().count("(discarded)") == 3
+
+
+def test_the_task_page_lists_the_latest_epochs_and_fetches_its_section_alone(
+    client: TestClient, session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long task's page lists its latest epochs (here 2 of 4; 50 by default), naming how
+    many are before them, and its refresh fetches that section alone; REST lists all."""
+    monkeypatch.setattr(views, "PROVENANCE_EPOCHS", 2)
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    order = torch.randperm(N_ITEMS, generator=torch.Generator().manual_seed(3))
+    for epoch in range(4):
+        checkpoint = _checkpoint(client, task, f"epoch-{epoch}.pt", epoch)
+        parts = [order[:12], order[12:24], order[24:]]
+        assert _put(client, task, checkpoint, _records(epoch, parts)).status_code == 200
+
+    every = client.get(f"/api/v1/tasks/{task.id}/provenance").json()
+    assert [e["epoch"] for e in every["epochs"]] == [0, 1, 2, 3] and every["earlier_epochs"] == 0
+    response = client.get(f"/tasks/{task.id}/provenance-section")
+    assert response.status_code == 200 and "<nav" not in response.text  # the section alone
+    for html in (response.text, client.get(f"/tasks/{task.id}").text):
+        section = parse(html).by_id("provenance")
+        summaries = [d.find("summary").text().split(":")[0] for d in section.find_all("details")]
+        assert summaries == ["Epoch 2", "Epoch 3"]
+        assert "the 2 before them are in the JSON" in section.by_id("provenance-earlier").text()
+    assert client.get("/tasks/999/provenance-section").status_code == 404
