@@ -73,16 +73,21 @@ def register_agent(data: AgentRegister, session: SessionDep, settings: SettingsD
 
 @router.post("/agents/{agent_id}/heartbeat", response_model=HeartbeatReply)
 def heartbeat(
-    agent_id: int, request: Request, session: SessionDep, data: Heartbeat | None = None
+    agent_id: int,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    data: Heartbeat | None = None,
 ) -> HeartbeatReply:
     """The agent is alive, and so are the listed ranks' processes; the answer gives the
     state of each task named (`running`, `tasks`). The stamps are held and written within a
     second (`backend.agents.stamps`): an online agent's beat without resource samples
-    writes nothing itself."""
+    writes nothing itself, and reads nothing when this process saw the agent online within
+    the liveness timeout (`agents.beat`)."""
     stamps: HeldStamps = request.app.state.stamps
     data = data or Heartbeat()
     reports.node_heartbeats(session, running=data.running, stamps=stamps)
-    agents.beat(session, agent_id=agent_id, stamps=stamps)
+    agents.beat(session, agent_id=agent_id, stamps=stamps, trust_s=settings.heartbeat_timeout_s)
     named = sorted({entry.task_id for entry in data.running} | set(data.tasks))
     reply = HeartbeatReply(
         tasks=[

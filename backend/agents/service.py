@@ -126,17 +126,23 @@ def heartbeat(session: Session, *, agent: Agent, stamps: HeldStamps | None = Non
     return agent
 
 
-def beat(session: Session, *, agent_id: int, stamps: HeldStamps) -> None:
-    """`heartbeat` for the internal API: an online agent's beat reads one row's flag (no
-    entity loaded) and is held in `stamps`; the caller commits. Raises NotFound (field
-    `agent_id`) if unknown."""
+def beat(session: Session, *, agent_id: int, stamps: HeldStamps, trust_s: float = 0.0) -> None:
+    """`heartbeat` for the internal API: an online agent's beat is held in `stamps`, without
+    a database round trip when this process read the agent online within `trust_s` seconds
+    (at most the liveness timeout: docs/architecture.md, "Monitoring"), else after reading
+    one row's flag (no entity loaded); the caller commits. Raises NotFound (field
+    `agent_id`) if unknown (once `trust_s` has passed since the row was last read)."""
+    if stamps.known_online(agent_id, trust_s):
+        stamps.agent(agent_id, utcnow())
+        return
     online = session.scalar(select(Agent.online).where(Agent.id == agent_id))
     if online is None:
         raise NotFound(f"agent {agent_id} is not registered", field="agent_id")
     if online:
         stamps.agent(agent_id, utcnow())
-        return
-    heartbeat(session, agent=get(session, agent_id=agent_id), stamps=None)
+    else:
+        heartbeat(session, agent=get(session, agent_id=agent_id), stamps=None)
+    stamps.saw_online(agent_id)
 
 
 def deregister(session: Session, *, agent: Agent, stamps: HeldStamps | None = None) -> None:

@@ -11,6 +11,7 @@ docs/architecture.md.
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import cast
@@ -36,8 +37,23 @@ class HeldStamps:
         self._lock = threading.Lock()
         self._agents: dict[int, datetime] = {}
         self._ranks: dict[tuple[int, int], datetime] = {}
+        self._online: dict[int, float] = {}  # agent -> when a read saw it online (monotonic)
         self.flushing = False
         """True while a `StampFlusher` writes these stamps; else a caller flushes itself."""
+
+    def saw_online(self, agent_id: int) -> None:
+        """The database said, just now, that the agent is online."""
+        with self._lock:
+            self._online[agent_id] = time.monotonic()
+
+    def known_online(self, agent_id: int, within_s: float) -> bool:
+        """True when a read of this process saw the agent online within the last
+        `within_s` seconds: its beat need not read the row again (`backend.agents.service
+        .beat`; why `within_s` must not exceed the liveness timeout: docs/architecture.md,
+        "Monitoring")."""
+        with self._lock:
+            seen = self._online.get(agent_id)
+        return seen is not None and time.monotonic() - seen < within_s
 
     def agent(self, agent_id: int, at: datetime) -> None:
         with self._lock:
@@ -50,9 +66,11 @@ class HeldStamps:
                 self._ranks[key] = max(at, self._ranks.get(key, at))
 
     def forget_agent(self, agent_id: int) -> None:
-        """Drop an agent's held stamp (it deregistered: nothing to write after that)."""
+        """Drop an agent's held stamp and what was seen of it (it deregistered: nothing to
+        write after that, and its next beat reads its row)."""
         with self._lock:
             self._agents.pop(agent_id, None)
+            self._online.pop(agent_id, None)
 
     def held(self) -> tuple[dict[int, datetime], dict[tuple[int, int], datetime]]:
         """A copy of what is held (tests)."""

@@ -6,13 +6,14 @@ from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select, update
+from sqlalchemy import event, select, update
 from sqlalchemy.orm import Session
 
+from backend.agents import stamps as stamps_module
 from backend.agents.models import Agent
 from backend.agents.stamps import FLUSH_EVERY_S, HeldStamps
 from backend.core.config import Settings
-from backend.core.db import utcnow
+from backend.core.db import get_engine, utcnow
 from backend.scheduler import monitor
 from backend.tasks.models import Allocation, NodeRole
 from tests.backend.scheduling import group, running_task
@@ -200,3 +201,48 @@ def test_a_stamp_the_database_refuses_is_dropped_not_held_again(
     _age_agents(session, 10)
     stamps.agent(agent.id, utcnow())
     assert stamps.flush(session) == (1, 0)
+
+
+def test_a_beat_reads_nothing_while_its_agent_was_seen_online_within_the_timeout(
+    client: TestClient, session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle online agent's beat makes no database round trip for a liveness timeout after
+    its row was read; an agent judged lost meanwhile is online again at the first beat after
+    that (at most one timeout late: no verdict can come sooner, docs/architecture.md), and a
+    deregistered one's next beat reads its row."""
+    group(session, "cpu-a", 2)
+    stamps = _own_stamps(client, flushing=True)
+    agent = _agents(session)["agent-cpu-a"]
+    timeout = Settings(_env_file=None).heartbeat_timeout_s  # type: ignore[call-arg]
+    clock = [1000.0]
+    monkeypatch.setattr(stamps_module.time, "monotonic", lambda: clock[0])
+    statements: list[str] = []
+
+    def count(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    engine = get_engine()
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        _beat(client, agent)  # reads the row: online
+        read = len(statements)
+        assert read > 0
+        clock[0] += timeout / 2
+        _beat(client, agent)
+        assert len(statements) == read  # held, nothing read
+        assert agent.id in stamps.held()[0]
+        # Judged lost (another process's monitor) while this one still trusts its read:
+        session.execute(update(Agent).where(Agent.id == agent.id).values(online=False))
+        session.commit()
+        _beat(client, agent)
+        assert not _agents(session)["agent-cpu-a"].online  # held: back within a timeout
+        clock[0] += timeout / 2
+        _beat(client, agent)  # a timeout since the read: read again, online at once
+        assert len(statements) > read and _agents(session)["agent-cpu-a"].online
+        read = len(statements)
+        client.post(f"/internal/v1/agents/{agent.id}/deregister", headers=agent_headers())
+        statements.clear()
+        _beat(client, agent)
+        assert statements  # the deregistered agent's row is read again
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
