@@ -286,9 +286,9 @@ class StepCurve:
         held is written when :data:`STEP_FLUSH_S` passed since the last write or the window
         lasted that long."""
         now = time.perf_counter()
+        events: list[dict[str, Any]] = []
         if send:
             seconds = now - self.opened
-            events = []
             if self.samples:
                 mean = self.loss_sum / self.samples
                 events.append(
@@ -300,20 +300,20 @@ class StepCurve:
             )
             if lr is not None:
                 events.append(metric_event(STEP_SERIES + "lr", float(lr), **self._at(step, epoch)))
-            self.held.extend(events)
         # A slow window's point goes at once: the next call may be far off. (Under sync the
         # source worker's metrics were sent a moment ago in this step and may have written.)
-        if now - self.written >= STEP_FLUSH_S or now - self.opened >= STEP_FLUSH_S:
-            self.flush(now)
+        self.send(events, now, due=now - self.opened >= STEP_FLUSH_S)
         self.last, self.loss_sum, self.samples, self.opened = step, 0.0, 0, now
 
-    def send(self, events: list[dict[str, Any]], now: float | None = None) -> None:
-        """Hold ``events`` (the user's per-step ``metrics`` of this rank's part of a batch)
-        with the others, and write them all when :data:`STEP_FLUSH_S` passed since the last
-        write."""
+    def send(
+        self, events: list[dict[str, Any]], now: float | None = None, *, due: bool = False
+    ) -> None:
+        """Hold ``events`` (a point's, or the user's per-step ``metrics`` of this rank's part
+        of a batch) with the others, and write them all when ``due`` or when
+        :data:`STEP_FLUSH_S` passed since the last write."""
         now = time.perf_counter() if now is None else now
         self.held.extend(events)
-        if now - self.written >= STEP_FLUSH_S:
+        if due or now - self.written >= STEP_FLUSH_S:
             self.flush(now)
 
     def flush(self, now: float | None = None) -> None:
