@@ -117,7 +117,9 @@ def task(
 def plan(cpu: dict[str, CpuGroup], setup: Setup = Setup()) -> PerformanceModel:
     """The trial on all three groups, fitted."""
     groups = [GROUPS[name] for name in QUOTAS]
-    trial = {"batch_sizes": trial_batch_sizes(BATCH, len(groups)), "steps": 5, "repeats": 5}
+    rounds = [g["workers"] for g in groups] if setup.fields["sync_strategy"] == "diloco" else []
+    sizes = trial_batch_sizes(BATCH, len(groups), round_workers=rounds)
+    trial = {"batch_sizes": sizes, "steps": 5, "repeats": 5}
     run = run_task(
         task(groups, 1, setup, trial=trial), env=setup.env, on_spawn=placement(groups, cpu)
     )

@@ -27,9 +27,12 @@ gives the measured error).
 
 **DiLoCo.** With the ``weighted`` split a ``diloco`` group takes, in a round, its share of
 the round's samples in local steps of the global batch ``G`` (``G / W_g`` per worker), so
-its rate is ``r_g = G / (a_g + c_g G / W_g)`` with its fixed cost ``a_g``, every group's
-round ends together, and a split step (``G`` samples) takes ``G / sum r_g`` plus the round
-trip over ``sync_period`` steps. With ``even``, as ``periodic``.
+its rate is ``r_g = G / t_g(G / W_g)``, with ``t_g`` its step's time at that batch as the
+trial measured it (interpolated between the trial's batch sizes, which include it, not the
+line: a step's cost per sample grows with the batch) plus its in-group allreduce; every
+group's round ends together, and a split step (``G`` samples) takes ``G / sum r_g`` plus
+the round trip over ``sync_period`` steps. With ``even``, as ``periodic``. Under every
+strategy but ``sync``, one group alone still makes its round trip to the parameter server.
 
 **Splits.** ``even``: every worker takes ``G / W`` samples. ``weighted``: the shares the
 load balancer aims for, the split that makes every group's compute and in-group allreduce
@@ -153,6 +156,8 @@ class GroupModel:
     sharded_step: Line | None = None  # the step's seconds with the model sharded
     startup_peak_mb: float = 0.0  # the peak before the first step (the model built whole)
     memory_per_worker_mb: float | None = None  # its hardware's memory a worker; None: unknown
+    # (local batch, seconds): the slowest worker's measured step at each trial batch size
+    step_points: tuple[tuple[float, float], ...] = ()
 
     def fixed_s(self, workers: int, n_bytes: int, sharding: str = "none") -> float:
         """Seconds of a step that do not grow with the local batch: ``a`` and the in-group
@@ -162,6 +167,23 @@ class GroupModel:
             return self.sharded_step.intercept
         ring = self.ring.seconds(n_bytes, workers) if self.ring is not None else 0.0
         return self.step.intercept + ring
+
+    def step_s(self, local_batch: float, workers: int, n_bytes: int) -> float:
+        """Seconds of one whole (unsharded) step of ``local_batch`` samples a worker among
+        ``workers``: the measured step times interpolated piecewise linearly between the
+        trial's batch sizes (the step line outside them), plus the in-group allreduce.
+
+        A step's cost per sample is not constant: the 34k-parameter CNN of bench/workloads
+        took 0.36 ms a sample at 86 and 0.47 at 256 on one core, so the line fitted
+        through 43, 86 and 172 predicts a 256-sample step 20-30 % short. ``diloco`` steps at
+        the global batch, beyond the even share's range, so its trial times that batch too
+        (``backend.plans.service.trial_batch_sizes``) and its rounds are priced here."""
+        ring = self.ring.seconds(n_bytes, workers) if self.ring is not None else 0.0
+        points = sorted(self.step_points)
+        for (x0, y0), (x1, y1) in itertools.pairwise(points):
+            if x0 < x1 and x0 <= local_batch <= x1:
+                return y0 + (y1 - y0) * (local_batch - x0) / (x1 - x0) + ring
+        return self.step.at(local_batch) + ring
 
     def slope(self, sharding: str = "none") -> float:
         """Seconds a step takes per sample of the local batch (at least 1e-12)."""
@@ -269,6 +291,7 @@ class PerformanceModel:
                 sharded_step=line(g.get("sharded_step")),
                 startup_peak_mb=g.get("startup_peak_mb", 0.0),
                 memory_per_worker_mb=g.get("memory_per_worker_mb"),
+                step_points=tuple(tuple(p) for p in g.get("step_points", ())),
             )
             for g in data["groups"]
         ]
@@ -349,6 +372,7 @@ def fit(
                 sharded_step=_measured(timed, "sharded_step_s", fit_line),
                 startup_peak_mb=max((w.startup_peak_mb or 0.0) for w in timed),
                 memory_per_worker_mb=(group_memory_mb or {}).get(name),
+                step_points=tuple(points),
             )
         )
     cross = next((Ring.fit(e) for e in trial.exchanges if e.kind == "leaders_allreduce"), None)
@@ -412,16 +436,21 @@ class Prediction:
 
 
 def exchange_s(model: PerformanceModel, names: Sequence[str]) -> float:
-    """The cross-group exchange's seconds per step for the groups ``names``: 0 for one."""
-    if len(names) < 2:
-        return 0.0
+    """The cross-group exchange's seconds per step for the groups ``names``. Under ``sync``
+    0 for one group (its leader has no one to allreduce with); under the others one group
+    alone still sends its model or update to the parameter server and takes the result
+    back (0 where a one-group trial timed no round trip)."""
     n = model.exchange_bytes
     if model.sync_strategy == "sync":
+        if len(names) < 2:
+            return 0.0
         if model.cross is None:
             raise ValueError("the trial timed no leaders' allreduce for sync")
         return model.cross.seconds(n, len(names))
     trips = [model.group(name).round_trip for name in names]
     if any(trip is None for trip in trips):
+        if len(names) < 2:
+            return 0.0
         raise ValueError("the trial timed no round trip to the parameter server")
     seconds = max(t.intercept for t in trips if t) + n * sum(t.slope for t in trips if t)
     return seconds / model.sync_period if model.sync_strategy in ROUND_STRATEGIES else seconds
@@ -446,14 +475,15 @@ def _balanced(fixed: list[float], slopes: list[float], counts: list[int], batch:
 
 
 def _diloco_round(
-    fixed: list[float], slopes: list[float], counts: list[int], batch: int
+    steps: list[float], counts: list[int], batch: int
 ) -> tuple[list[float], list[float]]:
     """``diloco`` with the weighted split (worker/engine/strategy_diloco.py): every group
-    takes its samples in steps of the global batch, ``batch / W_g`` per worker, so its rate
-    is ``batch / (f_g + s_g batch / W_g)``; the split gives it samples in proportion. Returns
-    every group's per-worker share of a split step and the seconds a split step's samples
-    take (alike for every group: their rounds end together)."""
-    rates = [batch / (f + s * batch / n) for f, s, n in zip(fixed, slopes, counts, strict=True)]
+    takes its samples in steps of the global batch, ``batch / W_g`` per worker, each
+    ``steps[g]`` seconds (:meth:`GroupModel.step_s`), so its rate is ``batch / steps[g]``;
+    the split gives it samples in proportion. Returns every group's per-worker share of a
+    split step and the seconds a split step's samples take (alike for every group: their
+    rounds end together)."""
+    rates = [batch / t for t in steps]
     seconds = batch / sum(rates)
     local = [batch * r / sum(rates) / n for r, n in zip(rates, counts, strict=True)]
     return local, [seconds] * len(counts)
@@ -792,7 +822,8 @@ def _step(
     counts = [workers[g.name] for g in groups]
     caps = [placed[g.name].cap for g in groups]
     if split_policy == "weighted" and model.sync_strategy == "diloco":
-        local, compute = _diloco_round(fixed, slopes, counts, global_batch_size)
+        steps = [g.step_s(global_batch_size / w, w, n) for g, w in zip(groups, counts, strict=True)]
+        local, compute = _diloco_round(steps, counts, global_batch_size)
     else:
         if split_policy == "weighted":
 

@@ -37,8 +37,9 @@ PlanDep = Annotated[Plan, Depends(valid_plan)]
 @router.post("", response_model=PlanRead, status_code=status.HTTP_201_CREATED)
 def create_plan(data: PlanCreate, session: SessionDep, user: CurrentUser) -> PlanRead:
     """Start a plan: a short trial task on every candidate group at once times the task's
-    own model (step at three local batch sizes, exchanges at two sizes); once it reports,
-    `GET /plans/{id}` predicts every subset of the groups and recommends one."""
+    own model (step at three local batch sizes, under diloco also at each group's share of
+    the global batch; exchanges at two sizes); once it reports, `GET /plans/{id}` predicts
+    every subset of the groups and recommends one."""
     project_access.writable_project(session, user=user, project_id=data.project_id)
     project_access.readable_version(session, user=user, version_id=data.code_version_id)
     return service.read(session, plan=service.create(session, data=data))

@@ -3,7 +3,8 @@
 A plan's trial is a real task (scheduled, visible in the task list, cancellable, its workers
 released when it ends) on every candidate group at once, with the engine option `trial`
 (`contracts.trial.TrialOptions`): its ranks time the task's own step at three local batch
-sizes and its exchanges at two sizes, and its parameter server reports the timings, which
+sizes (under `diloco` also at each group's share of the global batch, `trial_batch_sizes`)
+and its exchanges at two sizes, and its parameter server reports the timings, which
 `store_trial` keeps and fits (`backend.plans.performance`).
 """
 
@@ -30,11 +31,22 @@ from contracts.plan import ROUND_STRATEGIES
 from contracts.trial import TrialOptions, TrialResult
 
 
-def trial_batch_sizes(global_batch_size: int, workers: int) -> list[int]:
+def trial_batch_sizes(
+    global_batch_size: int, workers: int, *, round_workers: Sequence[int] = ()
+) -> list[int]:
     """The local batch sizes a trial times: half, once and twice the even share
-    ``ceil(G / W)``, distinct (at least two)."""
+    ``ceil(G / W)``, distinct (at least two), and ``ceil(G / w)`` for each group size ``w``
+    in ``round_workers``: the local batch of a ``diloco`` group of ``w`` workers, which
+    steps at the global batch (worker/engine/strategy_diloco.py), outside the even share's
+    range, where a step's cost per sample is not the line's (backend/plans/performance.py,
+    ``GroupModel.step_s``). At most 8 sizes (``TrialOptions``): beyond, the smallest and
+    largest ``diloco`` batch are kept, the ones between interpolated."""
     even = math.ceil(global_batch_size / workers)
-    return sorted({max(1, even // 2), even, 2 * even})
+    sizes = {max(1, even // 2), even, 2 * even}
+    rounds = sorted({math.ceil(global_batch_size / w) for w in round_workers} - sizes)
+    if len(sizes) + len(rounds) > 8:
+        rounds = [rounds[0], rounds[-1]]
+    return sorted(sizes | set(rounds))
 
 
 def create(session: Session, *, data: PlanCreate) -> Plan:
@@ -48,7 +60,14 @@ def create(session: Session, *, data: PlanCreate) -> Plan:
     workers = sum(g.workers for g in data.resource_groups)
     many = len(data.resource_groups) > 1
     trial = TrialOptions(
-        batch_sizes=trial_batch_sizes(data.global_batch_size, workers), steps=data.trial_steps
+        batch_sizes=trial_batch_sizes(
+            data.global_batch_size,
+            workers,
+            round_workers=[g.workers for g in data.resource_groups]
+            if data.sync_strategy == "diloco"
+            else (),
+        ),
+        steps=data.trial_steps,
     )
     name = data.name or f"plan of code version {data.code_version_id}"
     task = tasks.submit(

@@ -16,6 +16,7 @@ from backend.plans.performance import (
     predict,
     recommend,
 )
+from backend.plans.service import trial_batch_sizes
 from contracts.trial import TrialResult
 
 N_TRAIN = 6400
@@ -312,6 +313,51 @@ def test_diloco_takes_a_slow_groups_samples_without_its_fixed_cost_every_step() 
     # the split step's samples, spread by the groups' rates at the fast group's local batch
     fast, slow = diloco.local_batch["fast"], diloco.local_batch["slow"]
     assert 2 * fast + slow == pytest.approx(64) and 0 < slow < fast
+
+
+def test_diloco_prices_its_rounds_at_the_step_time_measured_at_the_global_batch() -> None:
+    # A step's cost per sample grows with the batch (the 34k CNN: 0.36 ms a sample at 86,
+    # 0.47 at 256). diloco steps at the global batch, beyond the even share: its trial times
+    # that batch and the round is priced at the measured time, not the line's.
+    global_batch = 64
+    sizes = trial_batch_sizes(global_batch, 3, round_workers=[2, 1])
+    assert sizes == [11, 22, 32, 44, 64]  # the even share's three, then 64 / 2 and 64 / 1
+    trips = {0: (0.001, 1e-9), 1: (0.001, 1e-9)}
+    trial = _trial(
+        {0: (0.01, 0.001), 1: (0.01, 0.003)}, {0: 2, 1: 1}, cross=None, trips=trips, sizes=sizes
+    )
+    convex = trial.model_copy(deep=True)
+    for worker in convex.workers:  # each step 1.5 times the line's at 64 samples
+        worker.step_s[-1] *= 1.5
+    kwargs = {"global_batch_size": global_batch, "epochs": 1, "split_policy": "weighted"}
+    workers = {"fast": 2, "slow": 1}
+    linear = fit(trial, GROUPS, sync_strategy="diloco", sync_period=8)
+    measured = fit(convex, GROUPS, sync_strategy="diloco", sync_period=8)
+    assert PerformanceModel.from_json(measured.to_json()) == measured
+    fast, slow = measured.groups
+    assert fast.step_s(32, 2, BYTES) == pytest.approx(linear.groups[0].step_s(32, 2, BYTES))
+    assert slow.step_s(64, 1, BYTES) == pytest.approx(1.5 * (0.01 + 0.003 * 64))
+    assert slow.step_s(54, 1, BYTES) == pytest.approx(
+        (0.01 + 0.003 * 44) + (1.5 * (0.01 + 0.003 * 64) - (0.01 + 0.003 * 44)) / 2
+    )  # between two measured sizes: on the segment, not the line
+    rates = [global_batch / fast.step_s(32, 2, BYTES), global_batch / slow.step_s(64, 1, BYTES)]
+    trip = (0.001 + BYTES * 2e-9) / 8  # both groups' round trips, once a round of 8 steps
+    step = predict(measured, workers, **kwargs).step_s
+    assert step == pytest.approx(global_batch / sum(rates) + trip)
+    assert step > predict(linear, workers, **kwargs).step_s
+
+
+def test_a_round_strategy_on_one_group_still_pays_its_round_trip() -> None:
+    trips = {0: (0.004, 1e-9), 1: (0.004, 1e-9)}
+    trial = _trial({0: (0.01, 0.001), 1: (0.01, 0.003)}, {0: 2, 1: 1}, cross=None, trips=trips)
+    kwargs = {"global_batch_size": 64, "epochs": 1, "split_policy": "weighted"}
+    for strategy, period in (("periodic", 4), ("diloco", 4)):
+        model = fit(trial, GROUPS, sync_strategy=strategy, sync_period=period)
+        alone = predict(model, {"fast": 2}, **kwargs)
+        assert alone.exchange_s == pytest.approx((0.004 + BYTES * 1e-9) / 4)
+    sync = _trial({0: (0.01, 0.001), 1: (0.01, 0.003)}, {0: 2, 1: 1})
+    alone = predict(fit(sync, GROUPS, sync_strategy="sync"), {"fast": 2}, **kwargs)
+    assert alone.exchange_s == 0.0  # one leader: nothing to allreduce across groups
 
 
 def test_quorum_epochs_are_set_by_the_slowest_group() -> None:

@@ -157,6 +157,11 @@ def test_a_plan_runs_a_trial_task_then_recommends(client: TestClient, version: d
     assert task["spec"]["epochs"] == 1 and task["max_restarts"] == 0
     listed = client.get("/api/v1/tasks").json()
     assert plan["trial_task_id"] in [t["id"] for t in listed]
+    # A diloco group steps at its share of the global batch, 64 / 2 and 64 / 1 here: timed too.
+    diloco = client.post("/api/v1/plans", json=_plan_body(version, sync_strategy="diloco"))
+    assert diloco.status_code == 201, diloco.text
+    trial = client.get(f"/api/v1/tasks/{diloco.json()['trial_task_id']}").json()
+    assert trial["spec"]["trial"]["batch_sizes"] == [11, 22, 32, 44, 64]
 
     stored = client.put(
         f"/internal/v1/tasks/{plan['trial_task_id']}/trial",
