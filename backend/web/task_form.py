@@ -1,14 +1,15 @@
 """The task submission form, built from `TaskCreate` so that every field it has is offered.
 
-Fields with choices become selects, numbers become number inputs with the
-schema's bounds, a list of names (`fsdp_units`) a text input of comma-separated
-names, and a nested settings model (one level) becomes a group of
-inputs named `parent.child`. Resource groups, the code version (or a bundled
-example) and dependencies have their own widgets; `plan_id` is a hidden input that the
-page's "Use this plan" button sets (frontend/static/plan.js). "Run again" fills the form from
-a task's spec (`form_from_task`).
+Fields with choices become selects, numbers become number inputs with the schema's
+bounds, a list of names (`fsdp_units`) a text input of comma-separated names, a mapping
+(`hyperparameters`) a text input of a JSON object, and a nested settings model (one level)
+becomes a group of inputs named `parent.child`. Resource groups, the code version (or a
+bundled example) and dependencies have their own widgets; `plan_id` is a hidden input that
+the page's "Use this plan" button sets (frontend/static/plan.js). "Run again" fills the form
+from a task's spec (`form_from_task`).
 """
 
+import json
 import re
 import types
 from dataclasses import dataclass, field
@@ -41,14 +42,23 @@ OWN_WIDGETS = {
     "plan_id",
 }
 # Shown at once; every other setting sits under "More settings".
-BASIC = {"epochs", "global_batch_size", "split_policy", "sync_strategy", "priority", "tags"}
+BASIC = {
+    "epochs",
+    "global_batch_size",
+    "split_policy",
+    "sync_strategy",
+    "priority",
+    "tags",
+    "hyperparameters",
+}
 _GROUP_FIELD = re.compile(r"^resource_groups\.(\d+)(\..*)?$")
 
 
 @dataclass(frozen=True)
 class FormField:
     """One input of the form: `kind` is `select`, `number` or `text`; `names`: a text input
-    of comma-separated names that the schema takes as a list."""
+    of comma-separated names that the schema takes as a list; `mapping`: a text input of a
+    JSON object that the schema takes as a dict."""
 
     name: str
     label: str
@@ -58,6 +68,7 @@ class FormField:
     attrs: dict[str, str] = field(default_factory=dict)
     hint: str = ""
     names: bool = False
+    mapping: bool = False
 
     @property
     def basic(self) -> bool:
@@ -83,8 +94,10 @@ def _bounds(info: FieldInfo) -> dict[str, str]:
 
 
 def _text(value: Any) -> str:
-    """A setting's value as its input holds it: a list as comma-separated names, a bool as
-    `true`/`false`, None blank."""
+    """A setting's value as its input holds it: a list as comma-separated names, a mapping as
+    a JSON object (blank when empty), a bool as `true`/`false`, None blank."""
+    if isinstance(value, dict):
+        return json.dumps(value) if value else ""
     if isinstance(value, list):
         return ", ".join(map(str, value))
     return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
@@ -110,7 +123,7 @@ def _widget(kind: Any, info: FieldInfo) -> tuple[str, tuple[str, ...], dict[str,
         return "select", ("true", "false"), {}
     if kind in (int, float):
         return "number", (), {"step": "1" if kind is int else "any", **_bounds(info)}
-    if _names(kind):
+    if _names(kind) or get_origin(kind) is dict:
         return "text", (), {}
     return ("text", (), {}) if kind is str else None
 
@@ -137,6 +150,7 @@ def _field(name: str, info: FieldInfo) -> FormField | None:
         hint=(info.description or "").replace("`", "")
         + ("; separate names with commas" if _names(kind) else ""),
         names=_names(kind),
+        mapping=get_origin(kind) is dict,
     )
 
 
@@ -282,9 +296,6 @@ def not_in_form(task: Task) -> list[str]:
         left.append("preprocessing steps")
     if spec.agreement_tolerance:
         left.append("agreement tolerances")
-    if spec.hyperparameters:
-        values = ", ".join(f"{k}={v}" for k, v in spec.hyperparameters.items())
-        left.append(f"hyperparameters {values}")
     return left
 
 
@@ -320,9 +331,10 @@ def _group_requests(form: TaskForm) -> tuple[list[dict], FieldErrors]:
 
 
 def _to_form_fields(errors: FieldErrors, names: list[str]) -> FieldErrors:
-    """Re-key `resource_groups.I...` errors to `group.NAME`, and `depends_on.I` or a list of
-    names' `FIELD.I` (`fsdp_units.0`) to the field's own input."""
-    lists = {"depends_on", *(f.name for f in task_fields() if f.names)}
+    """Re-key `resource_groups.I...` errors to `group.NAME`, and `depends_on.I`, a list of
+    names' `FIELD.I` (`fsdp_units.0`) or a mapping's `FIELD.KEY` (`hyperparameters.lr`) to
+    the field's own input."""
+    lists = {"depends_on", *(f.name for f in task_fields() if f.names or f.mapping)}
     keyed: FieldErrors = {}
     for key, message in errors.items():
         match = _GROUP_FIELD.match(key)
@@ -334,28 +346,48 @@ def _to_form_fields(errors: FieldErrors, names: list[str]) -> FieldErrors:
     return keyed
 
 
-def _settings(form: TaskForm) -> dict[str, Any]:
+def _mapping(raw: str) -> dict[str, Any] | None:
+    """The JSON object typed in a mapping's input; None when it is not one."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _settings(form: TaskForm) -> tuple[dict[str, Any], FieldErrors]:
+    """The settings inputs as TaskCreate's fields, and errors of inputs it could not read."""
     payload: dict[str, Any] = {}
+    errors: FieldErrors = {}
     for form_field in task_fields():
         raw = form.value(form_field).strip()
         if raw == "":
             continue
-        value: str | list[str] = raw
+        value: str | list[str] | dict[str, Any] = raw
         if form_field.names:
             value = [name.strip() for name in raw.split(",") if name.strip()]
+        if form_field.mapping:
+            mapping = _mapping(raw)
+            if mapping is None:
+                errors[form_field.name] = (
+                    'enter a JSON object of names and values, e.g. {"lr": 0.003, "width": 128}'
+                )
+                continue
+            value = mapping
         parent, _, child = form_field.name.partition(".")
         if child:
             payload.setdefault(parent, {})[child] = value
         else:
             payload[parent] = value
-    return payload
+    return payload, errors
 
 
 def _payload(
     project_id: int, version_id: int | str, form: TaskForm, requests: list[dict]
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], FieldErrors]:
+    settings, errors = _settings(form)
     payload = {
-        **_settings(form),
+        **settings,
         "project_id": project_id,
         "code_version_id": version_id,
         "name": form.name,
@@ -365,7 +397,7 @@ def _payload(
         payload["depends_on"] = [v for v in form.depends_on if v.strip()]
     if form.plan_id.strip():
         payload["plan_id"] = form.plan_id.strip()
-    return payload
+    return payload, errors
 
 
 def _unknown_fields(form: TaskForm) -> FieldErrors:
@@ -386,8 +418,10 @@ def _task_create(project_id: int, form: TaskForm) -> tuple[TaskCreate | None, Fi
     if not form.code_version_id:
         errors["code_version_id"] = "choose a code version or a bundled example"
     version_id = 0 if form.code_version_id.startswith(EXAMPLE_PREFIX) else form.code_version_id
+    payload, unread = _payload(project_id, version_id, form, requests)
+    errors.update(unread)
     try:
-        data = TaskCreate.model_validate(_payload(project_id, version_id, form, requests))
+        data = TaskCreate.model_validate(payload)
     except ValidationError as exc:
         found = _to_form_fields(validation_errors(exc), [r["name"] for r in requests])
         return None, {**found, **errors}

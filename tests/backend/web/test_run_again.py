@@ -30,6 +30,7 @@ SETTINGS = {
     "priority": 5,
     "max_restarts": 1,
     "max_runtime_s": 600,
+    "hyperparameters": {"lr": 0.003},
 }
 
 
@@ -101,6 +102,7 @@ def test_run_again_fills_the_form_from_the_task_and_submits_a_new_one(
         "task-priority": "5",
         "task-max_restarts": "1",
         "task-max_runtime_s": "600",
+        "task-hyperparameters": '{"lr": 0.003}',  # a sweep trial's too: run again as it ran
     }
     assert {key: _value(page, key) for key in filled} == filled
 
@@ -176,3 +178,30 @@ def test_run_again_says_what_the_form_leaves_out_and_keeps_strategy_defaults_bla
     assert _value(page, "workers-cpu-a") == "0"
     assert (_value(page, "task-sync_strategy"), _value(page, "task-outer_lr")) == ("diloco", "0.5")
     assert _value(page, "task-sync_period") == ""
+
+
+def test_the_form_takes_hyperparameters_as_a_json_object_and_keeps_a_refused_one(
+    client: TestClient,
+) -> None:
+    """Unreadable JSON, or a name the code does not declare, is refused under the input,
+    which keeps what was typed; a JSON object is submitted as the task's hyperparameters."""
+    project, task = _original(client)
+    page = parse(client.get(f"/projects/{project['id']}?from_task={task['id']}").text)
+    assert "hyperparameters" not in page.by_id("run-again-note").text()
+    url = f"/projects/{project['id']}/tasks"
+    for typed, message in (
+        ("lr=0.01", 'enter a JSON object of names and values, e.g. {"lr": 0.003'),
+        ('{"learning_rate": 0.01}', "learning_rate"),
+    ):
+        form = {**_posted(page.by_id("task-form")), "hyperparameters": [typed]}
+        refused = client.post(url, data=with_csrf(client, form), follow_redirects=False)
+        assert refused.status_code == 422, refused.text
+        again = parse(refused.text)
+        assert _value(again, "task-hyperparameters") == typed
+        error = again.by_id("task-hyperparameters").attrs.get("aria-describedby", "")
+        assert error and message in again.by_id(error).text(), refused.text
+    form = {**_posted(page.by_id("task-form")), "hyperparameters": ['{"lr": 0.01, "hidden": 32}']}
+    response = client.post(url, data=with_csrf(client, form), follow_redirects=False)
+    assert response.status_code == 303, response.text
+    created = client.get(response.headers["location"].replace("/tasks/", "/api/v1/tasks/")).json()
+    assert created["spec"]["hyperparameters"] == {"lr": 0.01, "hidden": 32}
