@@ -171,7 +171,9 @@ class GroupModel:
     def step_s(self, local_batch: float, workers: int, n_bytes: int) -> float:
         """Seconds of one whole (unsharded) step of ``local_batch`` samples a worker among
         ``workers``: the measured step times interpolated piecewise linearly between the
-        trial's batch sizes (the step line outside them), plus the in-group allreduce.
+        trial's batch sizes (outside them, the nearest measured point moved along the line's
+        slope, so a larger batch is never predicted faster), plus the in-group allreduce
+        (none for one worker).
 
         A step's cost per sample is not constant: the 34k-parameter CNN of bench/workloads
         took 0.36 ms a sample at 86 and 0.47 at 256 on one core, so the line fitted
@@ -180,10 +182,13 @@ class GroupModel:
         (``backend.plans.service.trial_batch_sizes``) and its rounds are priced here."""
         ring = self.ring.seconds(n_bytes, workers) if self.ring is not None else 0.0
         points = sorted(self.step_points)
+        if not points:
+            return self.step.at(local_batch) + ring
         for (x0, y0), (x1, y1) in itertools.pairwise(points):
             if x0 < x1 and x0 <= local_batch <= x1:
                 return y0 + (y1 - y0) * (local_batch - x0) / (x1 - x0) + ring
-        return self.step.at(local_batch) + ring
+        x, y = points[0] if local_batch < points[0][0] else points[-1]
+        return max(0.0, y + self.step.slope * (local_batch - x)) + ring
 
     def slope(self, sharding: str = "none") -> float:
         """Seconds a step takes per sample of the local batch (at least 1e-12)."""
@@ -577,7 +582,7 @@ def _outside_steps(
     """
     total = sum(counts)
     even = global_batch_size / total
-    even_step = max(g.step.at(even) for g in groups)
+    even_step = max(g.step_s(even, 1, 0) for g in groups)  # compute alone: one worker's
     passes = (
         2 if split_policy == "weighted" and total > 1 and model.sync_strategy != "diloco" else 1
     )
@@ -835,9 +840,13 @@ def _step(
                 ]
 
             local = _capped_fill(share, counts, caps, global_batch_size)
-        else:
+            compute = [f + s * b for f, s, b in zip(fixed, slopes, local, strict=True)]
+        else:  # every worker G / W: the measured step there (the sharded step's line)
             local = [global_batch_size / total] * len(groups)
-        compute = [f + s * b for f, s, b in zip(fixed, slopes, local, strict=True)]
+            compute = [
+                g.step_s(b, w, n) if placed[g.name].sharding == "none" else fixed[i] + slopes[i] * b
+                for i, (g, w, b) in enumerate(zip(groups, counts, local, strict=True))
+            ]
     cross = exchange_s(model, names)
     seconds = expected_max(compute, _spreads(model, groups, compute)) + cross
     return _Step(seconds, local, compute, cross, placed)

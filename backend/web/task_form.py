@@ -254,7 +254,7 @@ def form_from_task(task: Task) -> TaskForm:
     stored it, its dependencies and plan, and its name with " (again)". The project page
     shows it as it shows a refused form's values; what is submitted is a new task.
 
-    A device-type request item, preprocessing steps and agreement tolerances have no input
+    A device-type request item, emulated speed factors and preprocessing steps have no input
     in the form (`not_in_form`).
 
     Raises:
@@ -294,8 +294,6 @@ def not_in_form(task: Task) -> list[str]:
         left.append("emulated speed factors")
     if spec.preprocess:
         left.append("preprocessing steps")
-    if spec.agreement_tolerance:
-        left.append("agreement tolerances")
     return left
 
 
@@ -346,6 +344,13 @@ def _to_form_fields(errors: FieldErrors, names: list[str]) -> FieldErrors:
     return keyed
 
 
+# What a mapping's refused input is shown as an example of.
+MAPPING_EXAMPLES = {
+    "hyperparameters": '{"lr": 0.003, "hidden": 128}',
+    "agreement_tolerance": '{"cpu/cuda": 0.001}',
+}
+
+
 def _mapping(raw: str) -> dict[str, Any] | None:
     """The JSON object typed in a mapping's input; None when it is not one."""
     try:
@@ -370,7 +375,8 @@ def _settings(form: TaskForm) -> tuple[dict[str, Any], FieldErrors]:
             mapping = _mapping(raw)
             if mapping is None:
                 errors[form_field.name] = (
-                    'enter a JSON object of names and values, e.g. {"lr": 0.003, "width": 128}'
+                    "enter a JSON object of names and values, e.g. "
+                    + MAPPING_EXAMPLES.get(form_field.name, '{"name": 1}')
                 )
                 continue
             value = mapping

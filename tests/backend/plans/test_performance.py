@@ -345,6 +345,14 @@ def test_diloco_prices_its_rounds_at_the_step_time_measured_at_the_global_batch(
     step = predict(measured, workers, **kwargs).step_s
     assert step == pytest.approx(global_batch / sum(rates) + trip)
     assert step > predict(linear, workers, **kwargs).step_s
+    # Beyond the last size, along the line's slope from the last point: never faster.
+    assert slow.step_s(80, 1, BYTES) == pytest.approx(
+        slow.step_s(64, 1, BYTES) + slow.step.slope * 16
+    )
+    # The even split's steps (G / W each) are the measured ones too, not a line that the
+    # larger diloco sizes have bent.
+    even = predict(measured, workers, **{**kwargs, "split_policy": "even"})
+    assert even.compute_s["slow"] == pytest.approx(0.01 + 0.003 * global_batch / 3)
 
 
 def test_a_round_strategy_on_one_group_still_pays_its_round_trip() -> None:

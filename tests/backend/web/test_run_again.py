@@ -155,8 +155,9 @@ def test_a_plans_trial_is_not_run_again(client: TestClient, session: Session) ->
 def test_run_again_says_what_the_form_leaves_out_and_keeps_strategy_defaults_blank(
     client: TestClient,
 ) -> None:
-    """A device-type request and agreement tolerances have no input: the note names them;
-    a diloco task's round of 16 (its strategy's default) stays blank, as on a new form."""
+    """A device-type request has no input: the note names it; agreement tolerances fill
+    their JSON input; a diloco task's round of 16 (its strategy's default) stays blank, as
+    on a new form."""
     make_group(client, "cpu-a", capacity=2)
     project, version = make_project(client)
     body = task_request(
@@ -174,7 +175,8 @@ def test_run_again_says_what_the_form_leaves_out_and_keeps_strategy_defaults_bla
     page = parse(client.get(f"/projects/{project['id']}?from_task={task['id']}").text)
     note = page.by_id("run-again-note").text()
     assert "the request of 2 cpu worker(s) by device type" in note
-    assert "agreement tolerances" in note
+    assert "agreement tolerances" not in note
+    assert _value(page, "task-agreement_tolerance") == '{"cpu/cpu": 0.001}'
     assert _value(page, "workers-cpu-a") == "0"
     assert (_value(page, "task-sync_strategy"), _value(page, "task-outer_lr")) == ("diloco", "0.5")
     assert _value(page, "task-sync_period") == ""
@@ -190,7 +192,7 @@ def test_the_form_takes_hyperparameters_as_a_json_object_and_keeps_a_refused_one
     assert "hyperparameters" not in page.by_id("run-again-note").text()
     url = f"/projects/{project['id']}/tasks"
     for typed, message in (
-        ("lr=0.01", 'enter a JSON object of names and values, e.g. {"lr": 0.003'),
+        ("lr=0.01", 'enter a JSON object of names and values, e.g. {"lr": 0.003, "hidden"'),
         ('{"learning_rate": 0.01}', "learning_rate"),
     ):
         form = {**_posted(page.by_id("task-form")), "hyperparameters": [typed]}
