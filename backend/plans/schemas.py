@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from backend.core.schemas import UtcDateTime
+from backend.tasks.schemas import Hyperparameters
 from contracts.payload import DEFAULT_MEMORY_LIMIT_MB
 from contracts.plan import DILOCO_PERIOD, SplitPolicy, SyncStrategy, check_period
 from contracts.strict import StrictModel
@@ -60,6 +61,11 @@ class PlanCreate(StrictModel):
         description="data memory each rank of the planned task may use, in MiB (the task's "
         "`memory_limit_mb`): with each CPU group's memory per worker, what the plan fits the "
         "model into, whole or sharded, capping a group's batch share where needed",
+    )
+    hyperparameters: Hyperparameters = Field(
+        default_factory=dict,
+        description="the planned task's hyperparameters (as the task's: names the training "
+        'code declares, e.g. `{"hidden": 512}`), so that the trial times the model they build',
     )
 
     model_config = ConfigDict(

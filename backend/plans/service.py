@@ -90,6 +90,7 @@ def create(session: Session, *, data: PlanCreate) -> Plan:
             seed=data.seed,
             # room to measure the whole model where the planned limit will not hold it
             memory_limit_mb=max(data.memory_limit_mb, DEFAULT_MEMORY_LIMIT_MB),
+            hyperparameters=data.hyperparameters,
         ),
         trial=trial,
         commit=False,

@@ -85,6 +85,16 @@
     if ((strategy === "periodic" || strategy === "diloco") && period) body.sync_period = numberOr(period);
     const quorum = input("quorum") && input("quorum").value.trim();
     if (strategy === "quorum" && quorum) body.quorum = numberOr(quorum);
+    // The task's hyperparameters, so the trial times the model they build (a value that is
+    // not a JSON object is sent as typed: the API's refusal names the field).
+    const typed = input("hyperparameters") && input("hyperparameters").value.trim();
+    if (typed) {
+      try {
+        body.hyperparameters = JSON.parse(typed);
+      } catch (err) {
+        body.hyperparameters = typed;
+      }
+    }
     const deadline = $("plan-deadline").value.trim();
     if (deadline) body.deadline = (deadline.length === 16 ? `${deadline}:00` : deadline) + "Z";
     return body;

@@ -243,8 +243,14 @@ def test_plan_from_the_submit_form_then_use_it(
     ).to_be_visible()
     expect(page.locator("#task-name")).to_have_value("planned in chromium")  # values kept
     assert api.get("/api/v1/plans").json() == []
-
+    # The form's hyperparameters go to the trial: this code declares none, so it is refused.
     page.fill("#workers-cpu-a", "2")
+    page.fill("#task-hyperparameters", '{"hidden": 32}')
+    page.click("#plan-button")
+    expect(page.locator("#plan-error")).to_contain_text("declares no HYPERPARAMETERS")
+    assert api.get("/api/v1/plans").json() == []
+
+    page.fill("#task-hyperparameters", "")
     page.click("#plan-button")
     expect(page.locator("#plan-status")).to_contain_text("Trial running")
     expect(page.locator("[data-field^='plan.']")).to_have_count(0)  # the old error is gone

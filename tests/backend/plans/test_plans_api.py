@@ -144,6 +144,23 @@ def _field(response) -> str:  # type: ignore[no-untyped-def]
     return str(response.json()["error"].get("field"))
 
 
+def test_a_plans_trial_trains_the_model_the_tasks_hyperparameters_build(
+    client: TestClient,
+) -> None:
+    make_group(client, "cpu-a", capacity=2)
+    make_group(client, "cpu-b", capacity=1)
+    mnist = make_project(client, name="mnist-plans", example="mnist_cnn")[1]
+    body = _plan_body(mnist, hyperparameters={"hidden": 32})
+    created = client.post("/api/v1/plans", json=body)
+    assert created.status_code == 201, created.text
+    trial = client.get(f"/api/v1/tasks/{created.json()['trial_task_id']}").json()
+    assert trial["spec"]["hyperparameters"] == {"hidden": 32}
+    before = len(client.get("/api/v1/tasks").json())
+    refused = client.post("/api/v1/plans", json={**body, "hyperparameters": {"width": 3}})
+    assert refused.status_code == 422 and _field(refused) == "hyperparameters.width"
+    assert len(client.get("/api/v1/tasks").json()) == before  # no trial queued
+
+
 def test_a_plan_runs_a_trial_task_then_recommends(client: TestClient, version: dict) -> None:
     created = client.post("/api/v1/plans", json=_plan_body(version))
     assert created.status_code == 201, created.text
