@@ -31,8 +31,11 @@ its rate is ``r_g = G / t_g(G / W_g)``, with ``t_g`` its step's time at that bat
 trial measured it (interpolated between the trial's batch sizes, which include it, not the
 line: a step's cost per sample grows with the batch) plus its in-group allreduce; every
 group's round ends together, and a split step (``G`` samples) takes ``G / sum r_g`` plus
-the round trip over ``sync_period`` steps. With ``even``, as ``periodic``. Under every
-strategy but ``sync``, one group alone still makes its round trip to the parameter server.
+the round trip over ``sync_period`` steps; the round waits for the slowest group, whose
+round is the sum of its own ``tau_g`` local steps (its spread shrinks by ``sqrt(tau_g)``,
+not ``sqrt(H)``: a slow group of two steps a round varies as much as two steps do). With
+``even``, as ``periodic``. Under every strategy but ``sync``, one group alone still makes
+its round trip to the parameter server.
 
 **Splits.** ``even``: every worker takes ``G / W`` samples. ``weighted``: the shares the
 load balancer aims for, the split that makes every group's compute and in-group allreduce
@@ -534,16 +537,34 @@ def _phi_cdf(x: float) -> float:
 
 
 def _spreads(
-    model: PerformanceModel, groups: list[GroupModel], compute: list[float]
+    model: PerformanceModel,
+    groups: list[GroupModel],
+    compute: list[float],
+    round_steps: list[int] | None = None,
 ) -> list[float]:
     """The standard deviation of each group's step time where it decides the wait: every
-    step under ``sync``; a round's sum of H steps under ``periodic`` and ``diloco`` (its
-    spread shrinks by sqrt(H), the steps' variations being independent); none under
-    ``quorum``, which does not wait for the slowest group."""
+    step under ``sync``; a round's sum of its local steps under ``periodic`` and ``diloco``
+    (its spread shrinks by sqrt(k) for k local steps, the steps' variations being
+    independent: k = H, or ``round_steps[g]`` where a group takes its own count, as a
+    weighted ``diloco`` group takes ``tau_g``); none under ``quorum``, which does not wait
+    for the slowest group."""
     if model.sync_strategy == "quorum":
         return [0.0] * len(groups)
-    scale = 1 / math.sqrt(model.sync_period) if model.sync_strategy in ROUND_STRATEGIES else 1
-    return [g.jitter * c * scale for g, c in zip(groups, compute, strict=True)]
+    if model.sync_strategy not in ROUND_STRATEGIES:
+        steps = [1] * len(groups)
+    else:
+        steps = round_steps or [model.sync_period] * len(groups)
+    return [g.jitter * c / math.sqrt(k) for g, c, k in zip(groups, compute, steps, strict=True)]
+
+
+def diloco_round_steps(local: list[float], counts: list[int], batch: int, period: int) -> list[int]:
+    """Each group's local steps in a ``diloco`` round of ``period`` (H) split steps under the
+    weighted split: ``tau_g = clamp(round(n_g / B), 1, H)`` for its ``n_g = H W_g b_g``
+    samples (worker/engine/strategy_diloco.py)."""
+    return [
+        max(1, min(period, round(period * b * n / batch)))
+        for b, n in zip(local, counts, strict=True)
+    ]
 
 
 def _startup(model: PerformanceModel, groups: list[GroupModel]) -> float:
@@ -826,9 +847,11 @@ def _step(
     slopes = [g.slope(placed[g.name].sharding) for g in groups]
     counts = [workers[g.name] for g in groups]
     caps = [placed[g.name].cap for g in groups]
+    round_steps = None
     if split_policy == "weighted" and model.sync_strategy == "diloco":
         steps = [g.step_s(global_batch_size / w, w, n) for g, w in zip(groups, counts, strict=True)]
         local, compute = _diloco_round(steps, counts, global_batch_size)
+        round_steps = diloco_round_steps(local, counts, global_batch_size, model.sync_period)
     else:
         if split_policy == "weighted":
 
@@ -848,7 +871,7 @@ def _step(
                 for i, (g, w, b) in enumerate(zip(groups, counts, local, strict=True))
             ]
     cross = exchange_s(model, names)
-    seconds = expected_max(compute, _spreads(model, groups, compute)) + cross
+    seconds = expected_max(compute, _spreads(model, groups, compute, round_steps)) + cross
     return _Step(seconds, local, compute, cross, placed)
 
 

@@ -355,6 +355,30 @@ def test_diloco_prices_its_rounds_at_the_step_time_measured_at_the_global_batch(
     assert even.compute_s["slow"] == pytest.approx(0.01 + 0.003 * global_batch / 3)
 
 
+def test_a_diloco_round_varies_as_its_groups_own_local_steps_do() -> None:
+    # The slow group takes 3 local steps a round of 16: its round's time varies as three
+    # steps' sum does (sd / sqrt(3)), not as sixteen's; the round waits for the slower sum.
+    trips = {0: (0.001, 1e-9), 1: (0.001, 1e-9)}
+    trial = _trial({0: (0.0, 0.001), 1: (0.0, 0.005)}, {0: 1, 1: 1}, cross=None, trips=trips)
+    jittery = trial.model_copy(deep=True)
+    for worker in jittery.workers:  # every step's standard deviation 30 % of its mean
+        worker.step_sd = [0.3 * t for t in worker.step_s]
+    groups = [("fast", "cpu", 1), ("slow", "cpu", 1)]
+    model = fit(jittery, groups, sync_strategy="diloco", sync_period=16)
+    kwargs = {"global_batch_size": 64, "epochs": 1, "split_policy": "weighted"}
+    got = predict(model, {"fast": 1, "slow": 1}, **kwargs)
+    compute = 64 / (64 / 0.064 + 64 / 0.32)  # both groups' rates at 64 samples a step
+    taus = [round(16 * b / 64) for b in (got.local_batch["fast"], got.local_batch["slow"])]
+    assert taus == [13, 3]
+    spreads = [0.3 * compute / math.sqrt(k) for k in taus]
+    trip = (0.001 + BYTES * 2e-9) / 16
+    assert got.step_s == pytest.approx(expected_max([compute] * 2, spreads) + trip)
+    steady = predict(
+        fit(trial, groups, sync_strategy="diloco", sync_period=16), {"fast": 1, "slow": 1}, **kwargs
+    )
+    assert got.step_s > steady.step_s * 1.05  # the wait for the slower sum: 7.6 % here
+
+
 def test_a_round_strategy_on_one_group_still_pays_its_round_trip() -> None:
     trips = {0: (0.004, 1e-9), 1: (0.004, 1e-9)}
     trial = _trial({0: (0.01, 0.001), 1: (0.01, 0.003)}, {0: 2, 1: 1}, cross=None, trips=trips)
