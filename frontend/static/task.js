@@ -89,15 +89,27 @@
     section.replaceWith(document.importNode(fresh, true));
   }
 
+  // The checkpoint list is oldest first and paged (100 by default): its length is read from
+  // X-Total-Count with a one-row request each poll, and only when it grows are the newest
+  // CHECKPOINTS_SHOWN fetched. (Reading the default page's length stopped at 100: the table
+  // and "Where the data went" stopped following a task past its 100th checkpoint.)
+  const CHECKPOINTS_SHOWN = 100;
   let seenCheckpoints = null, provenanceDue = 0;
   async function refreshCheckpoints() {
-    const checkpoints = await P.getJSON(`${api}/checkpoints`);
-    if (seenCheckpoints !== null && checkpoints.length !== seenCheckpoints) provenanceDue = 2;
-    seenCheckpoints = checkpoints.length;
+    const head = await fetch(`${api}/checkpoints?limit=1`,
+      { headers: { Accept: "application/json" }, cache: "no-store" });
+    if (!head.ok) throw new Error(`${api}/checkpoints: HTTP ${head.status}`);
+    const total = Number(head.headers.get("X-Total-Count") || 0);
+    const grew = seenCheckpoints === null || total !== seenCheckpoints;
+    if (seenCheckpoints !== null && grew) provenanceDue = 2;
+    seenCheckpoints = total;
     if (provenanceDue > 0) {
       provenanceDue -= 1;
       await refreshProvenance();
     }
+    if (!grew) return;
+    const offset = Math.max(0, total - CHECKPOINTS_SHOWN);
+    const checkpoints = await P.getJSON(`${api}/checkpoints?offset=${offset}&limit=${CHECKPOINTS_SHOWN}`);
     P.fillTable($("checkpoints"), checkpoints, (c) => {
       const link = document.createElement("a");
       link.href = `${api}/checkpoints/${c.id}/download`;
