@@ -3,6 +3,8 @@ types a group may have, how data and batch are split between its workers and how
 sync (the strategy names the API accepts; the engine has one class per name,
 `worker.engine.strategy`)."""
 
+import math
+from collections.abc import Sequence
 from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, Field
@@ -158,3 +160,22 @@ def check_local_batch(
                 "each share within its group's max_local_batch), lower global_batch_size, add "
                 "workers, or raise that max_local_batch"
             )
+
+
+def local_steps(totals: Sequence[float], length: int, *, batch: int | None) -> list[int]:
+    """Local steps ``tau_g`` each group takes in a round of ``length`` split steps.
+
+    ``totals[g]`` is group ``g``'s samples ``n_g`` in the round. Without ``batch`` every
+    group takes ``length`` steps; with the global batch B, a group takes
+    ``clamp(round(n_g / B), 1, length)`` (steps of about B samples, as it would train
+    alone). A group without samples (left out) takes none.
+    """
+    steps = []
+    for total in totals:
+        if total == 0:
+            steps.append(0)
+        elif batch is None:
+            steps.append(length)
+        else:
+            steps.append(min(length, max(1, math.floor(total / batch + 0.5))))
+    return steps

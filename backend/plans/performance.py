@@ -59,6 +59,7 @@ from contracts.plan import (
     GUARD_MARGIN,
     GUARDED_STRATEGIES,
     ROUND_STRATEGIES,
+    local_steps,
 )
 from contracts.trial import PROFILE_STEPS, ExchangeTiming, TrialResult, WorkerTiming
 
@@ -559,12 +560,10 @@ def _spreads(
 
 def diloco_round_steps(local: list[float], counts: list[int], batch: int, period: int) -> list[int]:
     """Each group's local steps in a ``diloco`` round of ``period`` (H) split steps under the
-    weighted split: ``tau_g = clamp(round(n_g / B), 1, H)`` for its ``n_g = H W_g b_g``
-    samples (worker/engine/strategy_diloco.py)."""
-    return [
-        max(1, min(period, round(period * b * n / batch)))
-        for b, n in zip(local, counts, strict=True)
-    ]
+    weighted split, by the engine's rule (:func:`contracts.plan.local_steps`) for its
+    ``n_g = H W_g b_g`` samples."""
+    totals = [period * b * n for b, n in zip(local, counts, strict=True)]
+    return [max(1, k) for k in local_steps(totals, period, batch=batch)]
 
 
 def _startup(model: PerformanceModel, groups: list[GroupModel]) -> float:

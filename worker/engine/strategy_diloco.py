@@ -71,6 +71,7 @@ import torch.distributed as dist
 from torch import Tensor
 from typing_extensions import override
 
+from contracts.plan import local_steps  # noqa: F401 (the engine's and the planner's rule)
 from worker.engine import report
 from worker.engine.distributed import Topology
 from worker.engine.exchange import (
@@ -117,25 +118,6 @@ def round_samples(split: SplitState, start: int, end: int) -> list[int]:
     """Samples each worker takes in the split's steps ``[start, end)`` of this epoch."""
     before, after = split.needs_from(start), split.needs_from(end)
     return [a - b for a, b in zip(before, after, strict=True)]
-
-
-def local_steps(totals: list[int], length: int, *, batch: int | None) -> list[int]:
-    """Local steps ``tau_g`` each group takes in a round of ``length`` split steps.
-
-    ``totals[g]`` is group ``g``'s samples ``n_g`` in the round. Without ``batch`` every
-    group takes ``length`` steps; with the global batch B, a group takes
-    ``clamp(round(n_g / B), 1, length)`` (steps of about B samples, as it would train
-    alone). A group without samples (left out) takes none.
-    """
-    steps = []
-    for total in totals:
-        if total == 0:
-            steps.append(0)
-        elif batch is None:
-            steps.append(length)
-        else:
-            steps.append(min(length, max(1, math.floor(total / batch + 0.5))))
-    return steps
 
 
 def chunk_counts(split: SplitState, worker: int, start: int, end: int, steps: int) -> list[int]:
