@@ -448,7 +448,7 @@ def exchange_s(model: PerformanceModel, names: Sequence[str]) -> float:
     """The cross-group exchange's seconds per step for the groups ``names``. Under ``sync``
     0 for one group (its leader has no one to allreduce with); under the others one group
     alone still sends its model or update to the parameter server and takes the result
-    back (0 where a one-group trial timed no round trip)."""
+    back (0 for a trial that timed none: one group's trials did not before 2026-11-29)."""
     n = model.exchange_bytes
     if model.sync_strategy == "sync":
         if len(names) < 2:

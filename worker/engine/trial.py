@@ -285,14 +285,15 @@ def time_cross_exchange(
     spec: RunSpec, topo: Topology, numel: int, dtype: torch.dtype
 ) -> list[dict[str, Any]]:
     """Step 3: the cross-group exchange's timings, on the rank that reports them (the first
-    leader for ``sync``, the parameter server otherwise); empty elsewhere and with one group."""
+    leader for ``sync``, the parameter server otherwise); empty elsewhere. With one group,
+    ``sync`` has no exchange (its leader has no one to allreduce with), but every other
+    strategy still sends its model or update to the parameter server and back: that round
+    trip is timed as with several groups."""
     assert spec.trial is not None
     repeats, sizes = spec.trial.repeats, _sizes(numel)
     element = torch.empty(0, dtype=dtype).element_size()
-    if len(spec.groups) < 2:
-        return []
     if spec.sync_strategy == "sync":
-        if topo.cross is None:
+        if len(spec.groups) < 2 or topo.cross is None:
             return []
         seconds = []
         for size in sizes:

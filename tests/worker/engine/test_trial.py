@@ -77,6 +77,28 @@ def test_trial_times_every_worker_and_exchange(
         assert all(s > 0 for s in exchange.seconds)
 
 
+@pytest.mark.parametrize("strategy", ["sync", "diloco"])
+def test_a_one_group_trial_times_the_round_trip_its_strategy_makes(
+    make_spec: Callable[..., RunSpec], strategy: str
+) -> None:
+    # diloco on one group still sends its update to the parameter server every round and
+    # takes the result back, so the plan must price that round trip; sync on one group has
+    # no exchange across groups.
+    spec = make_spec(
+        groups=[{"name": "a", "device_type": "cpu", "workers": 1}],
+        sync_strategy=strategy,
+        sync_period=1 if strategy == "sync" else 2,
+        global_batch_size=16,
+        trial={"batch_sizes": [4, 16], "steps": 2, "repeats": 2},
+    )
+    result = _result(spec)
+    kinds = {(e.kind, e.group_index) for e in result.exchanges}
+    assert kinds == (set() if strategy == "sync" else {("ps_round_trip", 0)})
+    for exchange in result.exchanges:
+        assert exchange.bytes[-1] == result.exchange_bytes
+        assert all(s > 0 for s in exchange.seconds)
+
+
 MIB = 2**20
 WIDE = """
 import torch
