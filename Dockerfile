@@ -5,7 +5,7 @@ FROM python:3.11-slim
 # polytrain-run (docs/security.md), which needs the agent itself to be root:
 # docker-compose.yml runs the agent services with `user: root` and the right to create
 # namespaces.
-RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap iptables \
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap iptables libjemalloc2 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --user-group --home-dir /app --create-home \
         --shell /usr/sbin/nologin polytrain \

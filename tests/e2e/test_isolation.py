@@ -19,6 +19,7 @@ import pytest
 from polytrain.stack import LocalStack
 from tests.e2e.conftest import TINY, new_version, rank_dirs, submit, wait_for
 from worker.agent import netpolicy
+from worker.engine.ranks import jemalloc_path
 
 PROBE = TINY.replace(
     "def build_datasets():",
@@ -272,6 +273,11 @@ def test_a_model_too_large_whole_trains_sharded_under_the_same_limit(api: httpx.
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     checkpoints = api.get(f"/api/v1/tasks/{sharded['id']}/checkpoints").json()
     assert checkpoints, "the sharded task saved no checkpoint"
+    # The agent started the sharded workers' sandboxed interpreters with jemalloc preloaded
+    # (worker.engine.ranks.allocator_env); on glibc's malloc the group's leader says so.
+    logs = api.get(f"/api/v1/tasks/{sharded['id']}/logs", params={"limit": 10_000}).json()
+    on_glibc = [line["text"] for line in logs if "glibc's malloc" in line["text"]]
+    assert len(on_glibc) == (0 if jemalloc_path() else 1), on_glibc
 
 
 def test_wall_clock_limit_fails_the_task_naming_the_limit(api: httpx.Client) -> None:

@@ -81,7 +81,9 @@ class Slot:
         return True
 
 
-def start_slot(sandbox: Sandbox, *, warm: bool = False) -> Slot:
+def start_slot(
+    sandbox: Sandbox, *, warm: bool = False, env: Mapping[str, str] | None = None
+) -> Slot:
     """Start an interpreter in a new rank directory inside the sandbox.
 
     It runs as a sandbox uid leased for it alone, with no network until
@@ -89,7 +91,9 @@ def start_slot(sandbox: Sandbox, *, warm: bool = False) -> Slot:
     Its environment is only the allow-listed one (`sandbox.rank_environment`);
     it dies with the agent (parent-death signal, and bwrap's `--die-with-parent`),
     so a killed agent leaves no orphan training processes. `warm`: import torch
-    and the engine first, then print `@@warm ready`. Raises SandboxUnavailable
+    and the engine first, then print `@@warm ready`. `env`: variables the interpreter must
+    start with (of `sandbox.RANK_ENV`; a sharded worker's allocator,
+    `worker.engine.ranks.allocator_env`). Raises SandboxUnavailable
     when every sandbox uid of the host is in use.
     """
     lease = sandbox.pool.lease()
@@ -100,7 +104,7 @@ def start_slot(sandbox: Sandbox, *, warm: bool = False) -> Slot:
         # signal fires when the agent dies, not when a short-lived thread ends.
         popen = spawn(
             sandbox.command(rank_dir, argv, lease.uid),
-            rank_environment({}, rank_dir),
+            rank_environment(dict(env or {}), rank_dir),
             stdin=True,
             die_with_parent=True,
         )

@@ -27,7 +27,7 @@ from worker.agent.sandbox import Sandbox, link_environment, write_rank_file
 from worker.agent.states import StateWatch, TaskStates, stop_reason
 from worker.agent.uids import Lease
 from worker.config import AgentSettings
-from worker.engine.ranks import RankProcess, node_name, rank_env
+from worker.engine.ranks import RankProcess, allocator_env, node_name, rank_env
 from worker.engine.report import parse_event
 from worker.engine.spec import RunSpec
 
@@ -186,7 +186,13 @@ class SubTaskRunner:
                 return False, f"stopped: {exc}", "stopped"
 
         def start(rank: int, addr: str, port: int) -> None:
-            slot = self.pool.acquire() if self.pool else start_slot(self.sandbox)
+            # A sharded worker's allocator must be there when its interpreter starts: a
+            # fresh one, not a warm one (worker.engine.ranks.allocator_env).
+            preload = allocator_env(rank != 0 and _sharded(payload))
+            if preload:
+                slot = start_slot(self.sandbox, env=preload)
+            else:
+                slot = self.pool.acquire() if self.pool else start_slot(self.sandbox)
             if site is not None:
                 link_environment(slot.rank_dir, site)
             peers.leases.append(slot.lease)
@@ -408,3 +414,10 @@ class SubTaskRunner:
         raise TimeoutError(
             f"no parameter server rendezvous within {self.settings.rendezvous_timeout_s:.0f} s"
         )
+
+
+def _sharded(payload: SubTaskPayload) -> bool:
+    """True when this part's group holds its model sharded (its own ``sharding``, else the
+    task's), as :meth:`worker.engine.spec.RunSpec.sharded` decides."""
+    plan = payload.groups[payload.group_index]
+    return (plan.sharding or payload.engine.get("sharding", "none")) == "fsdp"

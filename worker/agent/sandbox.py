@@ -72,6 +72,10 @@ RANK_ENV = (
     "POLYTRAIN_DIST_TIMEOUT_S",
     "PYTHONUNBUFFERED",
     "POLYTRAIN_DATASETS",
+    # set by the platform alone, at the interpreter's start, for a sharded group's workers
+    # (worker.engine.ranks.allocator_env): jemalloc and its settings
+    "LD_PRELOAD",
+    "MALLOC_CONF",
 )
 ETC_FILES = (
     "group",

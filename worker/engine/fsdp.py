@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -57,19 +58,38 @@ MMAP_THRESHOLD_BYTES = 1 << 20
 own and unmapped when freed."""
 
 
-def return_freed_memory() -> None:
-    """Make glibc give large freed blocks back to the system at once on this process: a fixed
-    mmap threshold (:data:`MMAP_THRESHOLD_BYTES`, ``mallopt(M_MMAP_THRESHOLD)``, which also
-    stops glibc raising it). By default glibc raises the threshold to the size of each mapped
-    block freed, so a sharded worker's unit gathers (a unit's parameters and gradients,
-    allocated and freed every step, by the main and the autograd threads) end up in heaps
-    that keep them: measured on a 50M-parameter MLP (2 workers, Adam), 1.7-1.9 GiB of data
-    memory per worker with the default against 0.86-0.89 GiB with a fixed threshold, where
-    the model's whole state is 0.8 GiB. A no-op where glibc is absent."""
+def return_freed_memory() -> str:
+    """Make the allocator give large freed blocks back at once on this process, where it is
+    glibc's: a fixed mmap threshold (:data:`MMAP_THRESHOLD_BYTES`,
+    ``mallopt(M_MMAP_THRESHOLD)``, which also stops glibc raising it). By default glibc raises
+    the threshold to the size of each mapped block freed, so a sharded worker's unit gathers
+    (a unit's parameters and gradients, allocated and freed every step, by the main and the
+    autograd threads) end up in heaps that keep them: measured on a 50M-parameter MLP (2
+    workers, Adam), 1.7-1.9 GiB of data memory per worker with the default against 0.86-0.89
+    GiB with a fixed threshold, where the model's whole state is 0.8 GiB. The price is a
+    fresh mapping, faulted in, for every gather (a 10M-parameter step twice as long).
+
+    A sharded worker normally runs with jemalloc preloaded instead
+    (:func:`worker.engine.ranks.allocator_env`), which keeps the pages it freed for the next
+    gather: then this changes nothing. Returns the allocator in use, ``jemalloc`` or
+    ``glibc`` (:func:`allocator`). A no-op where glibc is absent."""
+    name = allocator()
+    if name == "glibc":
+        try:
+            ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+        except (OSError, AttributeError):
+            pass
+    return name
+
+
+def allocator() -> str:
+    """``jemalloc`` where jemalloc is loaded into this process (preloaded: it then serves every
+    malloc), else ``glibc`` (also where ``/proc`` cannot be read)."""
     try:
-        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    except (OSError, AttributeError):
-        pass
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return "glibc"
+    return "jemalloc" if "libjemalloc" in maps else "glibc"
 
 
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any, cast
 
 from worker.engine import prefork
-from worker.engine.ranks import RankSet, checkout_env, free_port, rank_command, rank_env, spawn
+from worker.engine.ranks import (
+    RankSet,
+    allocator_env,
+    checkout_env,
+    free_port,
+    rank_command,
+    rank_env,
+    spawn,
+)
 from worker.engine.report import parse_event
 from worker.engine.spec import RunSpec
 
@@ -105,7 +113,9 @@ def _supervise(
 
 def _start(spec_path: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     """One rank: a fresh interpreter, or forked from the preloaded fork server once tests
-    asked for it (:mod:`worker.engine.prefork`)."""
+    asked for it (:mod:`worker.engine.prefork`; a forked rank keeps the fork server's
+    allocator: what :func:`worker.engine.ranks.allocator_env` preloads takes effect in a
+    fresh interpreter only)."""
     if prefork.enabled():
         # ForkedRank has the part of Popen that RankSet uses (pid, stdout, poll, wait).
         return cast("subprocess.Popen[str]", prefork.ForkedRank(["--spec", str(spec_path)], env))
@@ -144,7 +154,11 @@ def launch_local(
         spec_path.write_text(spec.model_dump_json())
         try:  # a rank that fails to start, on_spawn's error, an interrupt: no rank outlives it
             for rank in range(spec.world_size):
-                env = {**rank_env(spec, rank, "127.0.0.1", port), **(env_extra or {})}
+                env = {
+                    **rank_env(spec, rank, "127.0.0.1", port),
+                    **allocator_env(rank != 0 and spec.sharded(spec.group_of(rank))),
+                    **(env_extra or {}),
+                }
                 ranks.add(rank, _start(spec_path, checkout_env(env)))
             if on_spawn is not None:
                 on_spawn({p.rank: p.popen.pid for p in ranks.procs})

@@ -32,8 +32,10 @@ from tests.worker.engine.reference import (
 from tests.worker.engine.test_buffers import ATOL, bn_spec, checkpoint_model, rule_reference
 from tests.worker.engine.test_numerics import NAN_LOSS, launch, user_spec
 from tests.worker.engine.test_provenance import covers_once, provenance_of
+from worker.engine import prefork
 from worker.engine.fsdp import ShardingError, chunk_rows, named_units, shard_model, size_units
 from worker.engine.local import launch_local
+from worker.engine.ranks import jemalloc_path
 from worker.engine.sharded import is_sharded, local
 from worker.engine.spec import RunSpec
 
@@ -313,3 +315,40 @@ def test_bfloat16_mixed_precision_computes_low_and_keeps_float32(
     expected, _ = reference_run(spec, dumped_batches(tmp_path / "params"))
     gap = float((finals[0] - expected).norm() / expected.norm())
     assert 1e-6 < gap < 2e-2, gap
+
+
+def _maps(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.skipif(jemalloc_path() is None, reason="no jemalloc on this host (libjemalloc2)")
+def test_sharded_workers_start_with_jemalloc_and_the_others_do_not(
+    make_spec: Callable[..., RunSpec],
+) -> None:
+    # A sharded worker frees and allocates every unit's gather each step; jemalloc reuses the
+    # pages (glibc either keeps them, saving no memory, or maps them afresh each step). The
+    # library must be preloaded when the interpreter starts, so these ranks start fresh.
+    spec = make_spec(**CASES["sharded-beside-whole-weighted"])
+    seen: dict[int, bool] = {}
+
+    def look(pids: dict[int, int]) -> None:  # the loader mapped LD_PRELOAD before main ran
+        seen.update({rank: "libjemalloc" in _maps(pid) for rank, pid in pids.items()})
+
+    with prefork.disabled():
+        run = launch_local(spec, timeout_s=150, on_spawn=look)
+    assert run.ok, run.text(1)[-3000:]
+    assert seen == {0: False, 1: True, 2: True, 3: False}  # the server, a (fsdp) x 2, b
+    assert not any("glibc's malloc" in line for line in run.output[1])
+
+
+def test_without_jemalloc_a_sharded_group_says_what_it_costs(
+    make_spec: Callable[..., RunSpec], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # POLYTRAIN_JEMALLOC=off: glibc's malloc with the fixed mmap threshold, and one line from
+    # the group's leader that says so and what to install.
+    monkeypatch.setenv("POLYTRAIN_JEMALLOC", "off")
+    spec = make_spec(**CASES["sharded-beside-whole-weighted"], epochs=1)
+    run = launch_local(spec, timeout_s=150)
+    assert run.ok, run.text(1)[-3000:]
+    said = [rank for rank, lines in run.output.items() if any("libjemalloc2" in x for x in lines)]
+    assert said == [1]  # group a's leader alone

@@ -2,9 +2,12 @@
 
 import subprocess
 import time
+from pathlib import Path
+
+import pytest
 
 from worker.agent.processes import ProcessSet
-from worker.engine.ranks import RankProcess
+from worker.engine.ranks import SHARDED_MALLOC_CONF, RankProcess, allocator_env, jemalloc_path
 
 
 class SlowReader(ProcessSet):
@@ -29,3 +32,21 @@ def test_a_failed_rank_is_judged_on_its_whole_output() -> None:
     assert failed is not None
     assert failed.tail == ["DistBackendError: Connection closed by peer"]
     assert ProcessSet.cause(failed) == "peer"
+
+
+def test_a_sharded_worker_gets_jemalloc_where_the_host_has_it(tmp_path: Path) -> None:
+    library = tmp_path / "libjemalloc.so.2"
+    library.write_bytes(b"")
+    named = {"POLYTRAIN_JEMALLOC": str(library)}
+    assert jemalloc_path(named) == str(library)
+    assert allocator_env(True, named) == {
+        "LD_PRELOAD": str(library),
+        "MALLOC_CONF": SHARDED_MALLOC_CONF,
+    }
+    assert allocator_env(False, named) == {}  # whole-model ranks keep glibc's malloc
+    for off in ("off", "OFF", ""):
+        assert allocator_env(True, {"POLYTRAIN_JEMALLOC": off}) == {}
+    with pytest.raises(FileNotFoundError, match="POLYTRAIN_JEMALLOC"):
+        jemalloc_path({"POLYTRAIN_JEMALLOC": str(tmp_path / "missing.so")})
+    found = jemalloc_path({})  # this host's own, from the distributions' paths
+    assert found is None or Path(found).is_file()
