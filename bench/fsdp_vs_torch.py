@@ -39,13 +39,15 @@ at every size). Ideal 1.0: the engine costs what FSDP2 costs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -56,7 +58,7 @@ from bench.workloads import deep_mlp
 from worker.engine.fsdp import MMAP_THRESHOLD_BYTES, size_units
 from worker.engine.launch import exit_now
 from worker.engine.local import LocalRun
-from worker.engine.ranks import free_port
+from worker.engine.ranks import free_port, jemalloc_path
 
 GLOBAL_BATCH, EPOCHS = 128, 2
 CORES = (0, 1)  # compute process i runs on core CORES[i]
@@ -147,9 +149,31 @@ def torch_step_s(
     return list(json.loads(out[0].strip().splitlines()[-1])["step_s"])
 
 
-def engine_run(hidden: int) -> LocalRun:
+def engine_run(hidden: int, jemalloc: bool = False) -> LocalRun:
     """The engine's run of :data:`EPOCHS` epochs, one group of 2 workers with ``sharding:
-    fsdp``; exits 1 if it fails (:func:`bench.common.run_task`)."""
+    fsdp``, its sharded workers on glibc's malloc as by default or, with ``jemalloc``, on
+    jemalloc (``POLYTRAIN_JEMALLOC=on``, worker/engine/ranks.py ``allocator_env``); exits 1
+    if it fails (:func:`bench.common.run_task`)."""
+    with _jemalloc(jemalloc):
+        return _engine_run(hidden)
+
+
+@contextlib.contextmanager
+def _jemalloc(on: bool) -> Iterator[None]:
+    """``POLYTRAIN_JEMALLOC`` of this process (the launcher reads it) set to ``on`` or ``off``
+    inside, restored after."""
+    before = os.environ.get("POLYTRAIN_JEMALLOC")
+    os.environ["POLYTRAIN_JEMALLOC"] = "on" if on else "off"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["POLYTRAIN_JEMALLOC"]
+        else:
+            os.environ["POLYTRAIN_JEMALLOC"] = before
+
+
+def _engine_run(hidden: int) -> LocalRun:
     return run_task(
         {
             "code": workload("deep_mlp"),
@@ -168,6 +192,15 @@ def engine_step_s(run: LocalRun, steps: int) -> list[float]:
     """Seconds a step of an engine run: the parameter server's ``epoch_time_s`` over the
     epoch's steps, epochs after the first."""
     return [t / steps for t in ps_metric(run, "epoch_time_s")[1:]]
+
+
+def jemalloc_figures(times: dict[str, list[float]]) -> dict[str, Any]:
+    """The engine on jemalloc against plain FSDP2 (``ratio_jemalloc``, median and 95 %
+    interval), where the host has jemalloc and the arm ran; else nothing."""
+    if "engine_jemalloc" not in times:
+        return {}
+    ratio = summary(paired_ratios(times["engine_jemalloc"], times["torch"]))
+    return {"ratio_jemalloc": ratio["median"], "ci95_jemalloc": ratio["ci95"]}
 
 
 def main() -> None:
@@ -193,6 +226,10 @@ def main() -> None:
             "torch_mmap": lambda h=hidden: statistics.median(torch_step_s(h, env=MMAP_ENV)[1:]),
             "engine": lambda h=hidden, s=steps: statistics.median(engine_step_s(engine_run(h), s)),
         }
+        if jemalloc_path({"POLYTRAIN_JEMALLOC": "on"}) is not None:
+            arms["engine_jemalloc"] = lambda h=hidden, s=steps: statistics.median(
+                engine_step_s(engine_run(h, jemalloc=True), s)
+            )
         times = paired_rounds(arms, args.rounds)
         ratio = summary(paired_ratios(times["engine"], times["torch"]))
         same = summary(paired_ratios(times["engine"], times["torch_mmap"]))
@@ -208,6 +245,7 @@ def main() -> None:
             ratios=ratio["values"],
             ratio_same_allocator=same["median"],
             ci95_same_allocator=same["ci95"],
+            **jemalloc_figures(times),
             steps_per_epoch=steps,
             median_step_ms={k: round(statistics.median(v) * 1000, 2) for k, v in times.items()},
             step_ms={k: [round(t * 1000, 2) for t in v] for k, v in times.items()},

@@ -10,14 +10,15 @@ SANDBOX_USER="${POLYTRAIN_SANDBOX_USER:-polytrain-run}"
 if [ "$(id -u)" != 0 ]; then
   command -v bwrap >/dev/null || echo "warning: bubblewrap missing; as root: apt-get install -y bubblewrap" >&2
   command -v iptables >/dev/null || echo "warning: iptables missing; as root: apt-get install -y iptables" >&2
-  ldconfig -p | grep -q 'libjemalloc\.so\.2' || echo "warning: jemalloc missing (sharded groups run slower); as root: apt-get install -y libjemalloc2" >&2
+  ldconfig -p | grep -q 'libjemalloc\.so\.2' || echo "warning: jemalloc missing (POLYTRAIN_JEMALLOC=on needs it); as root: apt-get install -y libjemalloc2" >&2
   id -u "$SANDBOX_USER" >/dev/null 2>&1 || echo "warning: no user $SANDBOX_USER; as root: useradd --system --user-group --no-create-home --shell /usr/sbin/nologin $SANDBOX_USER" >&2
   exit 0
 fi
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v iptables >/dev/null || missing+=(iptables)
-# jemalloc for the workers of a sharded group (worker/engine/ranks.py allocator_env)
+# jemalloc, for sharded groups' workers where an agent sets POLYTRAIN_JEMALLOC=on
+# (worker/engine/ranks.py allocator_env)
 ldconfig -p | grep -q 'libjemalloc\.so\.2' || missing+=(libjemalloc2)
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y "${missing[@]}" || { apt-get update && apt-get install -y "${missing[@]}"; }

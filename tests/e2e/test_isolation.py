@@ -273,8 +273,8 @@ def test_a_model_too_large_whole_trains_sharded_under_the_same_limit(api: httpx.
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     checkpoints = api.get(f"/api/v1/tasks/{sharded['id']}/checkpoints").json()
     assert checkpoints, "the sharded task saved no checkpoint"
-    # The agent started the sharded workers' sandboxed interpreters with jemalloc preloaded
-    # (worker.engine.ranks.allocator_env); on glibc's malloc the group's leader says so.
+    # Sharded workers run on glibc's malloc unless the agent's host asks for jemalloc
+    # (POLYTRAIN_JEMALLOC, worker.engine.ranks.allocator_env); the group's leader says which.
     logs = api.get(f"/api/v1/tasks/{sharded['id']}/logs", params={"limit": 10_000}).json()
     on_glibc = [line["text"] for line in logs if "glibc's malloc" in line["text"]]
     assert len(on_glibc) == (0 if jemalloc_path() else 1), on_glibc

@@ -188,7 +188,9 @@ class SubTaskRunner:
         def start(rank: int, addr: str, port: int) -> None:
             # A sharded worker's allocator must be there when its interpreter starts: a
             # fresh one, not a warm one (worker.engine.ranks.allocator_env).
-            preload = allocator_env(rank != 0 and _sharded(payload))
+            preload = allocator_env(
+                rank != 0 and _sharded(payload), {"POLYTRAIN_JEMALLOC": self.settings.jemalloc}
+            )
             if preload:
                 slot = start_slot(self.sandbox, env=preload)
             else:

@@ -92,6 +92,21 @@ def allocator() -> str:
     return "jemalloc" if "libjemalloc" in maps else "glibc"
 
 
+def purge_jemalloc() -> bool:
+    """Hand every page jemalloc's arenas hold freed back to the system (``mallctl`` of
+    ``arena.4096.purge``, 4096 being ``MALLCTL_ARENAS_ALL``): a sharded worker's jemalloc keeps
+    freed pages for reuse (:data:`worker.engine.ranks.SHARDED_MALLOC_CONF`), so what a phase
+    freed for good, the whole model once it is sharded, would otherwise stay resident.
+    Returns whether it was done (False where jemalloc does not serve this process)."""
+    if allocator() != "jemalloc":
+        return False
+    try:
+        mallctl = ctypes.CDLL(None).mallctl
+    except (OSError, AttributeError):
+        return False
+    return int(mallctl(b"arena.4096.purge", None, None, None, ctypes.c_size_t(0))) == 0
+
+
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 
 

@@ -58,7 +58,7 @@ def rank_env(spec: RunSpec, rank: int, master_addr: str, master_port: int) -> di
 
 
 # Where distributions install jemalloc 5 (Debian and Ubuntu's libjemalloc2, Fedora's and
-# RHEL's jemalloc); POLYTRAIN_JEMALLOC names another file, or "off" to keep glibc's malloc.
+# RHEL's jemalloc), for POLYTRAIN_JEMALLOC=on.
 JEMALLOC_PATHS = (
     "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
     "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
@@ -72,34 +72,38 @@ SHARDED_MALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1,retain:false"
 
 
 def jemalloc_path(environ: Mapping[str, str] | None = None) -> str | None:
-    """The jemalloc shared library to preload into a sharded rank: ``POLYTRAIN_JEMALLOC``
-    when set (``off`` or empty: none), else the first of :data:`JEMALLOC_PATHS` that exists;
-    None where there is none. Raises FileNotFoundError for a ``POLYTRAIN_JEMALLOC`` that
-    names no file."""
+    """The jemalloc shared library to preload into a sharded rank, as ``POLYTRAIN_JEMALLOC``
+    asks on the host that starts it: ``on`` (or ``1``, ``true``), the first of
+    :data:`JEMALLOC_PATHS` that exists (None where none does); a path, that file; unset,
+    ``off`` or empty, None (glibc's malloc, the default). Raises FileNotFoundError for a path
+    that names no file."""
     source = os.environ if environ is None else environ
-    chosen = source.get("POLYTRAIN_JEMALLOC")
-    if chosen is not None:
-        if chosen.strip().lower() in ("", "off"):
-            return None
-        if not Path(chosen).is_file():
-            raise FileNotFoundError(f"POLYTRAIN_JEMALLOC={chosen}: no such file")
-        return chosen
-    return next((p for p in JEMALLOC_PATHS if Path(p).is_file()), None)
+    chosen = source.get("POLYTRAIN_JEMALLOC", "").strip()
+    if chosen.lower() in ("", "off", "0", "false"):
+        return None
+    if chosen.lower() in ("on", "1", "true"):
+        return next((p for p in JEMALLOC_PATHS if Path(p).is_file()), None)
+    if not Path(chosen).is_file():
+        raise FileNotFoundError(f"POLYTRAIN_JEMALLOC={chosen}: no such file")
+    return chosen
 
 
 def allocator_env(sharded: bool, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a rank starts with for its memory allocator: for a worker of a group
-    with ``sharding: fsdp``, jemalloc preloaded (``LD_PRELOAD``, :func:`jemalloc_path`) with
-    :data:`SHARDED_MALLOC_CONF`; nothing for other ranks or where jemalloc is absent.
+    with ``sharding: fsdp`` on a host that asks for it (``POLYTRAIN_JEMALLOC``,
+    :func:`jemalloc_path`), jemalloc preloaded (``LD_PRELOAD``) with
+    :data:`SHARDED_MALLOC_CONF`; nothing otherwise.
 
-    Why: an FSDP2 worker allocates and frees every unit's gathered parameters and gradients
-    each step. glibc's malloc either keeps those blocks in its heaps (no memory saved by
-    sharding) or, with the fixed mmap threshold the engine then sets
-    (:func:`worker.engine.fsdp.return_freed_memory`), maps and faults them in afresh each
-    step: 650 ms a step against plain FSDP2's 290 at 10M parameters. jemalloc reuses the
-    freed pages: 240-290 ms at the sharded memory (docs/benchmarks.md, "Sharding inside a
-    group"). The variables must be set when the interpreter starts, so a sharded rank
-    starts in a fresh one (not a warm one, nor a test's fork server)."""
+    The trade-off (docs/benchmarks.md, "Sharding inside a group"): an FSDP2 worker allocates
+    and frees every unit's gathered parameters and gradients each step. glibc's malloc with
+    the fixed mmap threshold the engine sets (:func:`worker.engine.fsdp.return_freed_memory`)
+    hands each back at once and maps it afresh the next step: the least memory, but a
+    10M-parameter step took 650 ms against plain FSDP2's 290. jemalloc keeps the freed pages
+    for the next gather: 300 ms, at 10-15 % more peak memory per worker (0.63-0.68 of an
+    unsharded worker's against 0.56-0.59), and more than the plan's trial measured for a
+    sharded worker (it runs on glibc). The variables must be set when the interpreter
+    starts, so such a rank starts in a fresh one (not a warm one, nor a test's fork
+    server)."""
     path = jemalloc_path(environ) if sharded else None
     return {} if path is None else {"LD_PRELOAD": path, "MALLOC_CONF": SHARDED_MALLOC_CONF}
 

@@ -50,7 +50,7 @@ from worker.engine.exchange import (
     gather_work,
     sum_over_world,
 )
-from worker.engine.fsdp import optimizer_params, shard_state
+from worker.engine.fsdp import optimizer_params, purge_jemalloc, shard_state
 from worker.engine.provenance import ShardLedger
 from worker.engine.run import (
     MIN_WINDOW_STEPS,
@@ -341,12 +341,15 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
 
 
 def release_freed_memory() -> None:
-    """Give the heap memory freed so far back to the system (glibc ``malloc_trim``).
+    """Give the heap memory freed so far back to the system (glibc ``malloc_trim``, or
+    jemalloc's arenas purged where a sharded worker runs on it, :func:`fsdp.purge_jemalloc`).
 
     An epoch's start replaces the split's index tensors (4 bytes per item, e.g. 33 MB for
     8 million items); glibc keeps such freed blocks in the heap, so without this the
-    worker's memory would carry every copy it ever made. A no-op where glibc is absent.
+    worker's memory would carry every copy it ever made. A no-op where neither is there.
     """
+    if purge_jemalloc():
+        return
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):

@@ -10,11 +10,13 @@ import pytest
 
 from contracts.packages import lock_hash
 from tests.worker.agent.conftest import HOST
-from tests.worker.agent.fakes import FakeApi, FakePool, event
+from tests.worker.agent.fakes import FakeApi, FakePool, FakeSlot, event
+from worker.agent import runner as runner_module
 from worker.agent.environments import READY
 from worker.agent.runner import Peers
 from worker.agent.sandbox import env_dir
 from worker.config import AgentSettings
+from worker.engine.ranks import SHARDED_MALLOC_CONF
 
 Run = Callable[..., tuple[str, FakePool]]
 RENDEZVOUS = event("rendezvous", port=4242)
@@ -242,3 +244,44 @@ def test_a_task_cancelled_while_its_environment_was_prepared_starts_no_rank(
     assert outcome == "failed" and pool.slots == []
     [finished] = api.bodies("finished")
     assert (finished["succeeded"], finished["cause"]) == (False, "stopped")
+
+
+def test_sharded_workers_start_fresh_with_the_allocator_the_host_asks_for(
+    api: FakeApi,
+    run_with: Run,
+    settings: AgentSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # A sharded group's workers need jemalloc preloaded when their interpreter starts
+    # (POLYTRAIN_JEMALLOC on this host): fresh slots with it in their environment, not warm
+    # ones; the parameter server and unsharded ranks keep the warm pool.
+    library = tmp_path / "libjemalloc.so.2"
+    library.write_bytes(b"")
+    settings.jemalloc = str(library)  # POLYTRAIN_JEMALLOC on the agent's host
+    scripts = {0: f"echo ps up; {RENDEZVOUS}"}
+    fresh: list[tuple[dict[str, str], FakeSlot]] = []
+
+    def start_slot(sandbox: object, *, warm: bool = False, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+        slot = FakeSlot(tmp_path / f"fresh-{len(fresh)}", scripts)
+        fresh.append((dict(env or {}), slot))
+        return slot
+
+    monkeypatch.setattr(runner_module, "start_slot", start_slot)
+    groups = [
+        {"name": "a", "device_type": "cpu", "workers": 2, "sharding": "fsdp"},
+        {"name": "b", "device_type": "cpu", "workers": 1},
+    ]
+    try:
+        outcome, pool = run_with(scripts, groups=groups)
+        assert outcome == "succeeded"
+        expected = {"LD_PRELOAD": str(library), "MALLOC_CONF": SHARDED_MALLOC_CONF}
+        assert [env for env, _ in fresh] == [expected, expected]  # group a's 2 workers
+        assert sorted(int(slot.env["RANK"]) for _, slot in fresh) == [1, 2]
+        assert sorted(pool.by_rank()) == [0]  # the parameter server: a warm slot
+    finally:
+        for _, slot in fresh:
+            slot.popen.kill()
+            slot.popen.wait()
+            if slot.popen.stdout is not None:
+                slot.popen.stdout.close()
