@@ -4,13 +4,15 @@ Agents hold no database credentials: they talk to the backend's internal API
 with the agent token, and to the broker for their group's queue.
 """
 
+import logging
 import socket
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.messaging import resolve_broker_url
 from contracts.packages import PackageIndexSettings
+from worker.engine.ranks import JEMALLOC_PATHS, jemalloc_path
 
 
 def default_address() -> str:
@@ -55,6 +57,25 @@ class AgentSettings(PackageIndexSettings, BaseSettings):
         "10-15 % more memory per worker); or the path of a libjemalloc.so.2 under /usr. "
         "Such a worker then starts in a fresh interpreter, not a warm one",
     )
+
+    @field_validator("jemalloc")
+    @classmethod
+    def _jemalloc_is_usable(cls, value: str) -> str:
+        """Refuse at start what would fail every sharded task later (ValueError: a path that
+        is no root-owned library under /usr); warn once where ``on`` finds no library."""
+        if jemalloc_path({"POLYTRAIN_JEMALLOC": value}) is None and value.strip().lower() in (
+            "on",
+            "1",
+            "true",
+        ):
+            logging.getLogger(__name__).warning(
+                "POLYTRAIN_JEMALLOC=%s but no libjemalloc.so.2 in %s: sharded groups' workers "
+                "run on glibc's malloc (Debian: apt-get install libjemalloc2)",
+                value,
+                ", ".join(JEMALLOC_PATHS),
+            )
+        return value
+
     rendezvous_timeout_s: float = 120.0
     dist_timeout_s: float = 120.0
     sandbox_user: str = Field(

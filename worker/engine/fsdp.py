@@ -28,7 +28,6 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -69,9 +68,9 @@ def return_freed_memory() -> str:
     GiB with a fixed threshold, where the model's whole state is 0.8 GiB. The price is a
     fresh mapping, faulted in, for every gather (a 10M-parameter step twice as long).
 
-    A sharded worker normally runs with jemalloc preloaded instead
-    (:func:`worker.engine.ranks.allocator_env`), which keeps the pages it freed for the next
-    gather: then this changes nothing. Returns the allocator in use, ``jemalloc`` or
+    Where the host asks for it (``POLYTRAIN_JEMALLOC``, :func:`worker.engine.ranks.allocator_env`)
+    a sharded worker runs with jemalloc preloaded instead, which keeps the pages it freed for
+    the next gather: then this changes nothing. Returns the allocator in use, ``jemalloc`` or
     ``glibc`` (:func:`allocator`). A no-op where glibc is absent."""
     name = allocator()
     if name == "glibc":
@@ -83,13 +82,13 @@ def return_freed_memory() -> str:
 
 
 def allocator() -> str:
-    """``jemalloc`` where jemalloc is loaded into this process (preloaded: it then serves every
-    malloc), else ``glibc`` (also where ``/proc`` cannot be read)."""
+    """``jemalloc`` where jemalloc serves this process's malloc (preloaded: its ``mallctl`` is
+    in the global symbol scope; a library that bundles a private jemalloc does not put it
+    there), else ``glibc``."""
     try:
-        maps = Path("/proc/self/maps").read_text()
+        return "jemalloc" if hasattr(ctypes.CDLL(None), "mallctl") else "glibc"
     except OSError:
         return "glibc"
-    return "jemalloc" if "libjemalloc" in maps else "glibc"
 
 
 def purge_jemalloc() -> bool:

@@ -113,10 +113,9 @@ def _supervise(
 
 def _start(spec_path: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     """One rank: a fresh interpreter, or forked from the preloaded fork server once tests
-    asked for it (:mod:`worker.engine.prefork`; a forked rank keeps the fork server's
-    allocator: what :func:`worker.engine.ranks.allocator_env` preloads takes effect in a
-    fresh interpreter only)."""
-    if prefork.enabled():
+    asked for it (:mod:`worker.engine.prefork`); always a fresh one for a rank that preloads
+    a library (:func:`worker.engine.ranks.allocator_env`), which a fork could not load."""
+    if prefork.enabled() and "LD_PRELOAD" not in env:
         # ForkedRank has the part of Popen that RankSet uses (pid, stdout, poll, wait).
         return cast("subprocess.Popen[str]", prefork.ForkedRank(["--spec", str(spec_path)], env))
     return spawn(rank_command(spec_path), env)

@@ -15,6 +15,7 @@ import os
 import queue
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -75,16 +76,34 @@ def jemalloc_path(environ: Mapping[str, str] | None = None) -> str | None:
     """The jemalloc shared library to preload into a sharded rank, as ``POLYTRAIN_JEMALLOC``
     asks on the host that starts it: ``on`` (or ``1``, ``true``), the first of
     :data:`JEMALLOC_PATHS` that exists (None where none does); a path, that file; unset,
-    ``off`` or empty, None (glibc's malloc, the default). Raises FileNotFoundError for a path
-    that names no file."""
+    ``off`` (``0``, ``false``) or empty, None (glibc's malloc, the default). Raises ValueError
+    for a path that is not a regular file under ``/usr`` (what a rank's sandbox shows it)
+    owned by root and writable by root alone: the library is loaded into every process the
+    agent starts for such a rank, the sandbox's own included."""
     source = os.environ if environ is None else environ
     chosen = source.get("POLYTRAIN_JEMALLOC", "").strip()
     if chosen.lower() in ("", "off", "0", "false"):
         return None
     if chosen.lower() in ("on", "1", "true"):
         return next((p for p in JEMALLOC_PATHS if Path(p).is_file()), None)
-    if not Path(chosen).is_file():
-        raise FileNotFoundError(f"POLYTRAIN_JEMALLOC={chosen}: no such file")
+    path = Path(chosen)
+    try:
+        info = path.resolve().stat()
+    except OSError:
+        info = None
+    safe = (
+        info is not None
+        and path.is_absolute()
+        and path.resolve().is_relative_to("/usr")
+        and stat.S_ISREG(info.st_mode)
+        and info.st_uid == 0
+        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
+    if not safe:
+        raise ValueError(
+            f"POLYTRAIN_JEMALLOC={chosen}: not 'on', 'off' or the path of a library under /usr "
+            "owned and writable by root alone (Debian: apt-get install libjemalloc2, then 'on')"
+        )
     return chosen
 
 

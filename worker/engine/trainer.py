@@ -11,6 +11,7 @@ BatchNorm running statistics) travel with the parameters
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
@@ -74,14 +75,9 @@ def run_worker(
     sharded = spec.sharded(topo.group_index)
     if sharded:
         # before the whole model built here is freed for its rows
-        if return_freed_memory() == "glibc" and topo.am_i_leader:
-            report.log(
-                f"group {spec.groups[spec.group_of(topo.rank)].name}: its sharded workers run "
-                "on glibc's malloc with a fixed mmap threshold, the least memory: each step "
-                "maps its unit gathers afresh. POLYTRAIN_JEMALLOC=on on the hosts (with "
-                "libjemalloc2) runs them on jemalloc: about twice as fast at 10M parameters, "
-                "10-15 % more memory"
-            )
+        on = return_freed_memory()
+        if topo.device.type == "cpu" and topo.am_i_leader:  # a CUDA unit's gathers: the device's
+            report.log(allocator_note(spec.groups[spec.group_of(topo.rank)].name, on))
         shard_model(model, topo, spec.fsdp_units, spec.fsdp_param_dtype)
         session.release_freed_memory()  # the whole model's pages, freed for its rows
     strategy = session.strategy_for(spec.sync_strategy)
@@ -115,3 +111,21 @@ def run_worker(
     if not spec.debug_dump_dir:  # only a debug dump reads it: gather or copy nothing
         return torch.empty(0)
     return run.state.vector().cpu()
+
+
+def allocator_note(group: str, allocator: str) -> str:
+    """The log line of a sharded CPU group's leader: which allocator its workers run on and
+    what that means (worker/engine/ranks.py ``allocator_env``)."""
+    if allocator == "jemalloc":
+        return f"group {group}: its sharded workers run on jemalloc (POLYTRAIN_JEMALLOC)"
+    if "jemalloc" in os.environ.get("LD_PRELOAD", ""):
+        return (
+            f"group {group}: jemalloc was asked for (POLYTRAIN_JEMALLOC) but did not load; "
+            "its sharded workers run on glibc's malloc with a fixed mmap threshold"
+        )
+    return (
+        f"group {group}: its sharded workers run on glibc's malloc with a fixed mmap "
+        "threshold, the least memory: each step maps its unit gathers afresh. "
+        "POLYTRAIN_JEMALLOC=on on the hosts (with libjemalloc2) runs them on jemalloc: about "
+        "twice as fast at 10M parameters, 10-15 % more memory"
+    )

@@ -13,6 +13,7 @@ sharded replica at the parameter server.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -335,14 +336,19 @@ def test_on_request_sharded_workers_start_with_jemalloc_and_the_others_do_not(
     spec = make_spec(**CASES["sharded-beside-whole-weighted"])
     seen: dict[int, bool] = {}
 
-    def look(pids: dict[int, int]) -> None:  # the loader mapped LD_PRELOAD before main ran
-        seen.update({rank: "libjemalloc" in _maps(pid) for rank, pid in pids.items()})
+    def look(pids: dict[int, int]) -> None:
+        for rank, pid in pids.items():  # the loader maps LD_PRELOAD before libc, at exec
+            deadline = time.monotonic() + 30
+            while "libc.so" not in _maps(pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen[rank] = "libjemalloc" in _maps(pid)
 
     with prefork.disabled():
         run = launch_local(spec, timeout_s=150, on_spawn=look)
     assert run.ok, run.text(1)[-3000:]
     assert seen == {0: False, 1: True, 2: True, 3: False}  # the server, a (fsdp) x 2, b
-    assert not any("glibc's malloc" in line for line in run.output[1])
+    said = [line for line in run.output[1] if "group a:" in line]
+    assert len(said) == 1 and "run on jemalloc" in said[0], said  # the leader says which
 
 
 def test_without_jemalloc_a_sharded_group_says_what_it_costs(

@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from worker.agent.processes import ProcessSet
-from worker.engine.ranks import SHARDED_MALLOC_CONF, RankProcess, allocator_env, jemalloc_path
+from worker.engine import ranks
+from worker.engine.ranks import (
+    JEMALLOC_PATHS,
+    SHARDED_MALLOC_CONF,
+    RankProcess,
+    allocator_env,
+    jemalloc_path,
+)
 
 
 class SlowReader(ProcessSet):
@@ -34,19 +41,28 @@ def test_a_failed_rank_is_judged_on_its_whole_output() -> None:
     assert ProcessSet.cause(failed) == "peer"
 
 
-def test_a_sharded_worker_gets_jemalloc_where_the_host_asks(tmp_path: Path) -> None:
+def test_a_sharded_worker_gets_jemalloc_where_the_host_asks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    found = next(p for p in JEMALLOC_PATHS if Path(p).is_file())  # make install's libjemalloc2
+    named = {"POLYTRAIN_JEMALLOC": found}
+    assert jemalloc_path(named) == found
+    assert allocator_env(True, named) == {"LD_PRELOAD": found, "MALLOC_CONF": SHARDED_MALLOC_CONF}
+    assert allocator_env(False, named) == {}  # whole-model ranks keep glibc's malloc
+    for value in (None, " off ", "", "0"):
+        off = {} if value is None else {"POLYTRAIN_JEMALLOC": value}
+        assert allocator_env(True, off) == {}  # glibc's, the default
+    # "on" takes the first of the distributions' paths that exists
+    first, second = tmp_path / "a.so", tmp_path / "b.so"
+    second.write_bytes(b"")
+    monkeypatch.setattr(ranks, "JEMALLOC_PATHS", (str(first), str(second)))
+    for on in ("on", "ON", "1", "true"):
+        assert jemalloc_path({"POLYTRAIN_JEMALLOC": on}) == str(second)
+    second.unlink()
+    assert jemalloc_path({"POLYTRAIN_JEMALLOC": "on"}) is None
+    # the library goes into processes the agent starts as root: a file under /usr, root's alone
     library = tmp_path / "libjemalloc.so.2"
     library.write_bytes(b"")
-    named = {"POLYTRAIN_JEMALLOC": str(library)}
-    assert jemalloc_path(named) == str(library)
-    assert allocator_env(True, named) == {
-        "LD_PRELOAD": str(library),
-        "MALLOC_CONF": SHARDED_MALLOC_CONF,
-    }
-    assert allocator_env(False, named) == {}  # whole-model ranks keep glibc's malloc
-    for off in ({}, {"POLYTRAIN_JEMALLOC": "off"}, {"POLYTRAIN_JEMALLOC": ""}):
-        assert allocator_env(True, off) == {}  # glibc's, the default
-    with pytest.raises(FileNotFoundError, match="POLYTRAIN_JEMALLOC"):
-        jemalloc_path({"POLYTRAIN_JEMALLOC": str(tmp_path / "missing.so")})
-    found = jemalloc_path({"POLYTRAIN_JEMALLOC": "on"})  # this host's, from the usual paths
-    assert found is None or Path(found).is_file()
+    for bad in (str(library), str(tmp_path / "missing.so"), "yes", "/usr"):
+        with pytest.raises(ValueError, match="POLYTRAIN_JEMALLOC"):
+            jemalloc_path({"POLYTRAIN_JEMALLOC": bad})
