@@ -14,6 +14,7 @@ from bench.common import cores
 from bench.fsdp_vs_torch import engine_step_s, steps_for
 from bench.workloads import deep_mlp
 from worker.engine.local import LocalRun
+from worker.engine.ranks import jemalloc_path
 
 
 def _epoch_time(value: float | None, rank: int = 0) -> dict[str, object]:
@@ -46,7 +47,15 @@ def test_a_tiny_run_gives_one_line_per_size_and_the_summary(
     size, total = lines
     assert size["parameters"] == deep_mlp.parameters(64) and size["target"] == "<= 1.10"
     steps = size["step_ms"]
-    assert [len(v) for v in steps.values()] == [1, 1, 1] and steps["torch_mmap"][0] > 0
+    # the engine on jemalloc too, where the host has it (POLYTRAIN_JEMALLOC=on for that arm)
+    has_jemalloc = jemalloc_path({"POLYTRAIN_JEMALLOC": "on"}) is not None
+    arms = {"torch", "torch_mmap", "engine"} | ({"engine_jemalloc"} if has_jemalloc else set())
+    assert set(steps) == arms and all(len(v) == 1 and v[0] > 0 for v in steps.values())
+    if has_jemalloc:
+        on_jemalloc = steps["engine_jemalloc"][0] / steps["torch"][0]
+        assert size["ratio_jemalloc"] == pytest.approx(on_jemalloc, rel=0.02)
+    else:
+        assert "ratio_jemalloc" not in size
     engine, plain = steps["engine"][0], steps["torch"][0]
     # step_ms is rounded to 0.01 ms, the ratio to 1e-4: within both roundings
     slack = engine / plain * (0.005 / engine + 0.005 / plain) + 1e-4
