@@ -125,6 +125,11 @@ class GroupPlan(BaseModel):
     sharding: Sharding | None = None  # the group's own; None: the task's
     max_local_batch: int | None = Field(default=None, ge=1)  # per worker and step; None: no cap
 
+    def sharded(self, task_sharding: str) -> bool:
+        """True when the group holds its model sharded (``fsdp``): its own ``sharding``, else
+        the task's ``task_sharding``."""
+        return (self.sharding or task_sharding) == "fsdp"
+
 
 def check_local_batch(
     groups: list[tuple[str, int, int | None]], global_batch_size: int, split_policy: str | None

@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.messaging import resolve_broker_url
 from contracts.packages import PackageIndexSettings
-from worker.engine.ranks import JEMALLOC_PATHS, jemalloc_path
+from worker.engine.ranks import JEMALLOC_ON, JEMALLOC_PATHS, jemalloc_path
 
 
 def default_address() -> str:
@@ -63,11 +63,8 @@ class AgentSettings(PackageIndexSettings, BaseSettings):
     def _jemalloc_is_usable(cls, value: str) -> str:
         """Refuse at start what would fail every sharded task later (ValueError: a path that
         is no root-owned library under /usr); warn once where ``on`` finds no library."""
-        if jemalloc_path({"POLYTRAIN_JEMALLOC": value}) is None and value.strip().lower() in (
-            "on",
-            "1",
-            "true",
-        ):
+        on = value.strip().lower() in JEMALLOC_ON
+        if jemalloc_path({"POLYTRAIN_JEMALLOC": value}) is None and on:
             logging.getLogger(__name__).warning(
                 "POLYTRAIN_JEMALLOC=%s but no libjemalloc.so.2 in %s: sharded groups' workers "
                 "run on glibc's malloc (Debian: apt-get install libjemalloc2)",

@@ -419,7 +419,6 @@ class SubTaskRunner:
 
 
 def _sharded(payload: SubTaskPayload) -> bool:
-    """True when this part's group holds its model sharded (its own ``sharding``, else the
-    task's), as :meth:`worker.engine.spec.RunSpec.sharded` decides."""
-    plan = payload.groups[payload.group_index]
-    return (plan.sharding or payload.engine.get("sharding", "none")) == "fsdp"
+    """True when this part's group holds its model sharded (:meth:`GroupPlan.sharded`, the
+    rule :meth:`worker.engine.spec.RunSpec.sharded` follows)."""
+    return payload.groups[payload.group_index].sharded(payload.engine.get("sharding", "none"))

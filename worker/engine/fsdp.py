@@ -85,10 +85,7 @@ def allocator() -> str:
     """``jemalloc`` where jemalloc serves this process's malloc (preloaded: its ``mallctl`` is
     in the global symbol scope; a library that bundles a private jemalloc does not put it
     there), else ``glibc``."""
-    try:
-        return "jemalloc" if hasattr(ctypes.CDLL(None), "mallctl") else "glibc"
-    except OSError:
-        return "glibc"
+    return "glibc" if _mallctl() is None else "jemalloc"
 
 
 def purge_jemalloc() -> bool:
@@ -97,13 +94,18 @@ def purge_jemalloc() -> bool:
     freed pages for reuse (:data:`worker.engine.ranks.SHARDED_MALLOC_CONF`), so what a phase
     freed for good, the whole model once it is sharded, would otherwise stay resident.
     Returns whether it was done (False where jemalloc does not serve this process)."""
-    if allocator() != "jemalloc":
-        return False
-    try:
-        mallctl = ctypes.CDLL(None).mallctl
-    except (OSError, AttributeError):
+    mallctl = _mallctl()
+    if mallctl is None:
         return False
     return int(mallctl(b"arena.4096.purge", None, None, None, ctypes.c_size_t(0))) == 0
+
+
+def _mallctl() -> Any:
+    """jemalloc's ``mallctl`` where jemalloc serves this process's malloc, else None."""
+    try:
+        return getattr(ctypes.CDLL(None), "mallctl", None)
+    except OSError:
+        return None
 
 
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h

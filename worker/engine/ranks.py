@@ -70,6 +70,7 @@ JEMALLOC_PATHS = (
 # sizes again: purged pages would be faulted in afresh every step), and freed address space
 # is unmapped rather than retained (it would count against memory_limit_mb, RLIMIT_DATA).
 SHARDED_MALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1,retain:false"
+JEMALLOC_ON = ("on", "1", "true")  # POLYTRAIN_JEMALLOC's spellings of "the usual paths"
 
 
 def jemalloc_path(environ: Mapping[str, str] | None = None) -> str | None:
@@ -84,7 +85,7 @@ def jemalloc_path(environ: Mapping[str, str] | None = None) -> str | None:
     chosen = source.get("POLYTRAIN_JEMALLOC", "").strip()
     if chosen.lower() in ("", "off", "0", "false"):
         return None
-    if chosen.lower() in ("on", "1", "true"):
+    if chosen.lower() in JEMALLOC_ON:
         return next((p for p in JEMALLOC_PATHS if Path(p).is_file()), None)
     path = Path(chosen)
     try:

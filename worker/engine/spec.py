@@ -158,8 +158,7 @@ class RunSpec(BaseModel):
         None (the parameter server's group index: it holds the whole model)."""
         if g is None:
             return False
-        plan = self.groups[self.group_index(g)]
-        return (plan.sharding or self.sharding) == "fsdp"
+        return self.groups[self.group_index(g)].sharded(self.sharding)
 
     @property
     def any_sharded(self) -> bool:
