@@ -14,7 +14,12 @@ freed (activations, gradients, a sharded unit's gathered parameters). In this pr
 free space glibc's heaps keep (``mallinfo2().fordblks``) is taken off ``VmData``: it is
 mapped but free for the next allocation, and an earlier phase leaves it behind (the whole
 model's moments, freed before the trial shards the model, stayed in the heaps and made a
-sharded worker's peak look as large as a whole one's: 737 MiB against 755). Resetting the peak
+sharded worker's peak look as large as a whole one's: 737 MiB against 755). Before the figures
+are read, ``malloc_trim(0)`` hands the heaps' free pages back, so that a block a step allocated
+and freed in a heap (where glibc puts blocks under its dynamic mmap threshold, up to 32 MiB)
+leaves ``VmRSS`` and counts in ``VmHWM - VmRSS``; left resident in the free lists it counted
+nowhere (a clean-clone run saw a whole 16M-parameter worker's peak as 611 MiB at one batch
+size and 667 at another, as 32 MB gradients went to the heap or to mappings). Resetting the peak
 (:func:`reset_peak`) writes ``5`` to ``/proc/self/clear_refs`` (Linux 4.0 and later), which
 sets ``VmHWM`` to ``VmRSS``, after ``malloc_trim`` has handed glibc's free heap back; where
 the reset is not allowed the peak is the process's whole-life peak, which is the peak of the
@@ -56,10 +61,7 @@ def reset_peak(device: torch.device) -> bool:
         torch.cuda.empty_cache()  # what an earlier phase freed is not held as reserved
         torch.cuda.reset_peak_memory_stats(device)
         return True
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    trim_heaps()
     try:
         CLEAR_REFS.write_text("5")
     except OSError:
@@ -73,8 +75,18 @@ def peak_mib(device: torch.device) -> float | None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_reserved(device) / 2**20
+    trim_heaps()  # freed heap pages leave RSS, so VmHWM - VmRSS counts them
     kib = status_kib()
     return None if kib is None else data_peak_mib(kib) - heap_free_bytes() / 2**20
+
+
+def trim_heaps() -> None:
+    """Hand glibc's free heap pages back to the kernel (``malloc_trim(0)``): they leave
+    ``VmRSS`` but stay mapped. A no-op where glibc is absent."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class _Mallinfo2(ctypes.Structure):

@@ -139,9 +139,14 @@ def test_trial_measures_memory_whole_and_sharded(
     for worker in result.workers:
         assert worker.peak_mb is not None and worker.sharded_peak_mb is not None
         assert worker.startup_peak_mb is not None
+        # a worker holds half the parameters, gradients and moments: half the state is 122 MiB.
+        # The peaks of single sizes vary by +-50 MiB with where glibc put the step's blocks
+        # (41-231 MiB apart over 12 workers after memory.py counted freed heap blocks; 26 before,
+        # in a CI run), so each size's sharded peak is below its whole one, and the larger
+        # peaks, which the plan's fit check meets at the largest size, differ by a quarter
+        # of the state or more (129-197 MiB over those runs)
         for whole, sharded in zip(worker.peak_mb, worker.sharded_peak_mb, strict=True):
-            # a worker holds half the parameters, gradients and moments, as measured: half the
-            # state is 128 MiB; a clean-clone run on a loaded host saw the 8M model's 64 MiB
-            # come out as 26-44, what glibc's heaps keep between the phases, so an eighth
-            assert whole - sharded > state_mib / 8, (worker.peak_mb, worker.sharded_peak_mb)
+            assert sharded < whole, (worker.peak_mb, worker.sharded_peak_mb)
+        saved = max(worker.peak_mb) - max(worker.sharded_peak_mb)
+        assert saved > state_mib / 4, (worker.peak_mb, worker.sharded_peak_mb)
         assert worker.sharded_step_s is not None and all(s > 0 for s in worker.sharded_step_s)
