@@ -61,7 +61,14 @@ from contracts.plan import (
     ROUND_STRATEGIES,
     local_steps,
 )
-from contracts.trial import PROFILE_STEPS, ExchangeTiming, TrialResult, WorkerTiming
+from contracts.trial import (
+    PROFILE_BUDGET_S,
+    PROFILE_STEPS,
+    ExchangeTiming,
+    TrialResult,
+    WorkerTiming,
+    profile_timed_steps,
+)
 
 MAX_SUBSETS = 2_000  # the deadline search's worker-count combinations, at most
 MIB = 2**20
@@ -576,6 +583,12 @@ def _startup(model: PerformanceModel, groups: list[GroupModel]) -> float:
     return max(model.ps_startup_s, *(g.startup_s for g in groups))
 
 
+def _profile_s(step_s: list[float]) -> float:
+    """Seconds of one throughput profile pass whose groups take ``step_s`` seconds a step:
+    the slowest group's warm-up and timed steps."""
+    return max((1 + profile_timed_steps(s, PROFILE_STEPS, PROFILE_BUDGET_S)) * s for s in step_s)
+
+
 def _outside_steps(
     model: PerformanceModel,
     groups: list[GroupModel],
@@ -591,8 +604,11 @@ def _outside_steps(
 
     ``start``: the trial's start-up (process creation to data, with the rendezvous that
     waits for the last rank), the slowest group's optimizer construction, the model sent to
-    every group, the throughput profile (``PROFILE_STEPS`` + 1 steps at the even share, and
-    under the weighted split but for ``diloco`` as many again at the chosen shares) and the
+    every group, the throughput profile (the slowest group's warm-up and ``PROFILE_STEPS``
+    timed steps at the even share, fewer past ``PROFILE_BUDGET_S``
+    (:func:`contracts.trial.profile_timed_steps`; priced so for a sharded group too, which
+    takes every step), and under the weighted split but for ``diloco`` as many again at the
+    chosen shares) and the
     agreement check's gradient (one step at the even share). ``epoch_end``: validation
     (each worker a block of the validation set in proportion to its batch share, the
     slowest group's), the model sent out again (and, under ``sync``, first fetched from the
@@ -602,11 +618,12 @@ def _outside_steps(
     """
     total = sum(counts)
     even = global_batch_size / total
-    even_step = max(g.step_s(even, 1, 0) for g in groups)  # compute alone: one worker's
+    even_steps = [g.step_s(even, 1, 0) for g in groups]  # compute alone: one worker's
+    even_step = max(even_steps)
     passes = (
         2 if split_policy == "weighted" and total > 1 and model.sync_strategy != "diloco" else 1
     )
-    profile = (PROFILE_STEPS + 1) * (even_step + (max(compute) if passes == 2 else 0.0))
+    profile = _profile_s(even_steps) + (_profile_s(compute) if passes == 2 else 0.0)
     trips = [g.round_trip.at(model.exchange_bytes) for g in groups if g.round_trip is not None]
     transfer = max(trips) if trips else cross
     setup = max(g.setup_s for g in groups)

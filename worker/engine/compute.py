@@ -329,12 +329,17 @@ def profile_throughput(
     steps: int,
     seed: int,
     pool: Tensor | None = None,
+    budget_s: float | None = None,
 ) -> float:
     """Measured samples/s of forward/backward on ``batch_size`` training samples.
 
     One warm-up step, then ``steps`` timed steps on seeded random samples of
     ``pool`` (int64 item indices; default every item), read as training reads
-    them (planned ahead on the streaming path); the
+    them (planned ahead on the streaming path), or fewer once the timed steps' seconds
+    reach ``budget_s`` (at least one; :func:`contracts.trial.profile_timed_steps`): a
+    slow worker's few long steps measure its rate as well as many short ones do, and
+    every rank waits for the slowest profile. A sharded model ignores the budget: its
+    group's members gather each unit together, so they take the same steps. The
     rate uses the median step time, so one step disturbed by another process
     does not skew it. The model's parameters, buffers (e.g. BatchNorm
     statistics) and torch's random state are left as they were. Returns 0.0
@@ -356,13 +361,17 @@ def profile_throughput(
     ]
     data.plan(batches)
     # A sharded model's gradient stays in its rows (its group's members profile together).
-    step = _forward_backward if any(is_sharded(p) for p in model.parameters()) else local_gradient
+    sharded = any(is_sharded(p) for p in model.parameters())
+    step = _forward_backward if sharded else local_gradient
     for indices in batches:
         _, seconds = emulator.run(
             lambda idx=indices: step(code, model, data, idx, device),  # type: ignore[misc]
             batch_size,
         )
         times.append(seconds)
+        timed = times[1:]
+        if not sharded and budget_s is not None and timed and sum(timed) >= budget_s:
+            break
     model.zero_grad(set_to_none=True)
     with torch.no_grad():
         for buffer, before in zip(model.buffers(), saved, strict=True):

@@ -131,6 +131,7 @@ def _profiled_shares(run: Run, train: Source | None, shares: list[int], *, last:
             share,
             run.emulator,
             steps=spec.profile_steps,
+            budget_s=spec.profile_budget_s,
             seed=spec.seed * 1000 + topo.rank,
             pool=run.split.first_shard(topo.worker_index, topo.n_workers, spec.seed),
         )

@@ -26,7 +26,7 @@ from contracts.plan import (
     check_local_batch,
 )
 from contracts.preprocess import PreprocessStep
-from contracts.trial import PROFILE_STEPS, TrialOptions
+from contracts.trial import PROFILE_BUDGET_S, PROFILE_STEPS, TrialOptions
 
 OnNonFinite = Literal["fail", "skip_step"]
 
@@ -43,7 +43,10 @@ class RunSpec(BaseModel):
     Heterogeneity: ``split_policy`` gives each worker an equal (``even``) or
     throughput-proportional (``weighted``) share of data and global batch;
     ``rebalance_every`` is the online controller's check interval in steps
-    (0: only at epoch ends). ``sync_strategy`` is ``sync`` (parameter server
+    (0: only at epoch ends). Each worker's throughput profile at the start times
+    ``profile_steps`` steps after a warm-up, or fewer once their seconds reach
+    ``profile_budget_s`` (:func:`contracts.trial.profile_timed_steps`; not in a sharded
+    group, whose members step together). ``sync_strategy`` is ``sync`` (parameter server
     every step), ``periodic`` (groups train locally, models averaged every
     ``sync_period`` steps) or ``quorum`` (update once ``quorum`` of the groups
     reported, late gradients at most ``max_staleness`` updates old) or ``diloco`` (rounds of
@@ -106,6 +109,7 @@ class RunSpec(BaseModel):
     split_policy: SplitPolicy = "even"
     rebalance_every: int = Field(default=10, ge=0)
     profile_steps: int = Field(default=PROFILE_STEPS, ge=1, le=100)
+    profile_budget_s: float = Field(default=PROFILE_BUDGET_S, gt=0.0, le=3600.0)
     sync_strategy: SyncStrategy = "sync"
     sync_period: int = Field(default=1, ge=1)
     quorum: int | None = Field(default=None, ge=1)

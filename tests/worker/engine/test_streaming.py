@@ -61,6 +61,7 @@ def test_each_worker_reads_exactly_its_shard_of_each_epoch(
         global_batch_size=12,
         exchange_fraction=0.25,
         data={"path": "streaming", "num_workers": 1},
+        profile_budget_s=3600,  # every profile step, however slow the host (the reads counted)
     )
     run, _ = run_with_dump(spec, tmp_path / "params")
     batches = dumped_batches(tmp_path / "params")
