@@ -55,10 +55,10 @@ from typing import Any
 
 from contracts.plan import (
     AGREEMENT_BATCH,
-    GUARD_CHECK_STEPS,
     GUARD_MARGIN,
     GUARDED_STRATEGIES,
     ROUND_STRATEGIES,
+    guard_first_check_steps,
     local_steps,
 )
 from contracts.trial import (
@@ -423,7 +423,8 @@ class Prediction:
     the exchange every step. ``parked``: groups the guard would park (worker/engine/guard.py:
     ``sync`` and ``periodic`` with the weighted split), which take no samples and no part
     in the steps once it has: the times are the other groups', after the first check
-    (``GUARD_CHECK_STEPS``) on them all. Memory, per group (:func:`placements`): its
+    (:func:`contracts.plan.guard_first_check_steps` of the slowest group's compute) on
+    them all. Memory, per group (:func:`placements`): its
     ``sharding``, the cap on a worker's share (``max_local_batch``, None: none), a worker's
     predicted peak MiB at its local batch (``memory_mb``, None: not measured) and what it
     may hold (``memory_limit_mb``, None: not known)."""
@@ -583,6 +584,30 @@ def _startup(model: PerformanceModel, groups: list[GroupModel]) -> float:
     return max(model.ps_startup_s, *(g.startup_s for g in groups))
 
 
+def _profile_passes(model: PerformanceModel, counts: list[int], split_policy: str) -> int:
+    """The throughput profile's passes: a second at the chosen shares under the weighted
+    split, but for ``diloco`` (worker/engine/session.py, ``initial_shares``)."""
+    again = split_policy == "weighted" and model.sync_strategy != "diloco"
+    return 2 if again and sum(counts) > 1 else 1
+
+
+def _profiled_step_s(
+    model: PerformanceModel,
+    groups: list[GroupModel],
+    counts: list[int],
+    global_batch_size: int,
+    split_policy: str,
+    step: _Step,
+) -> float:
+    """The step the engine's last profile pass measures on its slowest worker, which sizes
+    the guard's first check (:func:`contracts.plan.guard_first_check_steps`): a worker's
+    step at the even share, or with a second pass at its chosen share (a group without
+    samples measures nothing)."""
+    if _profile_passes(model, counts, split_policy) == 2:
+        return max((c for c, b in zip(step.compute, step.local, strict=True) if b > 0), default=0)
+    return max(g.step_s(global_batch_size / sum(counts), 1, 0) for g in groups)
+
+
 def _profile_s(step_s: list[float]) -> float:
     """Seconds of one throughput profile pass whose groups take ``step_s`` seconds a step:
     the slowest group's warm-up and timed steps."""
@@ -620,9 +645,7 @@ def _outside_steps(
     even = global_batch_size / total
     even_steps = [g.step_s(even, 1, 0) for g in groups]  # compute alone: one worker's
     even_step = max(even_steps)
-    passes = (
-        2 if split_policy == "weighted" and total > 1 and model.sync_strategy != "diloco" else 1
-    )
+    passes = _profile_passes(model, counts, split_policy)
     profile = _profile_s(even_steps) + (_profile_s(compute) if passes == 2 else 0.0)
     trips = [g.round_trip.at(model.exchange_bytes) for g in groups if g.round_trip is not None]
     transfer = max(trips) if trips else cross
@@ -961,7 +984,9 @@ def predict(
     start, epoch_end = _outside_steps(
         model, groups, counts, full.local, global_batch_size, split_policy, full.compute, full.cross
     )
-    before_check = min(GUARD_CHECK_STEPS, steps * epochs) * (full.seconds - on.seconds)
+    profiled = _profiled_step_s(model, groups, counts, global_batch_size, split_policy, full)
+    first_check = guard_first_check_steps(profiled)
+    before_check = min(first_check, steps * epochs) * (full.seconds - on.seconds)
     return Prediction(
         workers=dict(workers),
         split_policy=split_policy,

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from contracts.plan import GUARD_CHECK_STEPS
+from contracts.plan import guard_first_check_steps
 from worker.engine import report
 from worker.engine.agreement import check_parameters, hooked_precision
 from worker.engine.balance import Balancer, by_group, imbalance, rates_of
@@ -105,6 +105,9 @@ class Run:
     outer: torch.optim.Optimizer | None = None  # diloco: the parameter server's outer optimizer
     outer_state: dict[str, Any] | None = None  # its checkpointed state, loaded at first use
     guard: Guard | None = None  # the guard's state where it acts (:func:`guarding`)
+    # The throughput profile's step: its last pass's slowest worker's median step seconds,
+    # the same on every rank (None: the attempt did not profile); sizes the guard's first check.
+    profiled_step_s: float | None = None
     # The step's process groups (leaders' allreduce, every stepping worker) by parked groups.
     comm: dict[frozenset[int], tuple[Any, Any]] = field(default_factory=dict)
     state: ModelState = field(init=False)
@@ -573,14 +576,17 @@ def _balance_due(run: Run, step: int | None = None) -> bool:
 def guard_due(run: Run, step: int | None = None) -> bool:
     """True when the control point at this step (``step``: at that later global step)
     runs a rebalancing check at which the guard may park a group or take one back: every
-    rebalancing check, and the attempt's first control point from ``GUARD_CHECK_STEPS``
-    steps on while the guard has measured nothing (so a task without in-epoch rebalancing,
-    ``diloco``'s overlapped and async exchanges, does not run its first epoch on a group
-    that costs more than it adds). Every rank holds the same guard state, so all agree."""
+    rebalancing check, and the attempt's first control point from
+    :func:`contracts.plan.guard_first_check_steps` steps on (4 to ``GUARD_CHECK_STEPS``, as
+    many as the profiled step fills 4 s with) while the guard has measured nothing (so a
+    task without in-epoch rebalancing, ``diloco``'s overlapped and async exchanges, does
+    not run its first epoch on a group that costs more than it adds). Every rank holds the
+    same guard state, so all agree."""
     if run.guard is None:  # (it acts with the weighted split only: guarding)
         return False
     step = run.step if step is None else step
-    first = not run.guard.costs and step - run.last_balance >= GUARD_CHECK_STEPS
+    first_at = guard_first_check_steps(run.profiled_step_s)
+    first = not run.guard.costs and step - run.last_balance >= first_at
     return first or _balance_due(run, step)
 
 

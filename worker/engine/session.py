@@ -141,6 +141,8 @@ def _profiled_shares(run: Run, train: Source | None, shares: list[int], *, last:
     compute_s, counts = gather_work(topo, seconds, samples)
     rates = [n / t if t > 0 else 0.0 for n, t in zip(counts, compute_s, strict=True)]
     proposal = run.balancer.initial(rates if all(rates) else [1.0] * len(rates))
+    if last:  # the slowest worker's measured step; gathered, so every rank holds the same
+        run.profiled_step_s = max(compute_s, default=0.0) or None
     if topo.is_ps:
         report.log(
             f"profiled samples/s {[round(r, 1) for r in rates]} at shares {shares}; "

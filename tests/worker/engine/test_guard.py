@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from contracts.plan import GUARD_CHECK_STEPS, guard_first_check_steps
 from tests.worker.engine.reference import (
     assert_every_sample_once,
     dumped_batches,
@@ -26,6 +28,7 @@ from tests.worker.engine.reference import (
 )
 from tests.worker.engine.test_equivalence import assert_matches_reference
 from worker.engine.guard import GroupCost, Guard, round_step_seconds, step_seconds
+from worker.engine.run import guard_due
 from worker.engine.spec import RunSpec
 
 B = 64
@@ -347,3 +350,32 @@ def test_an_undone_park_is_not_tried_again_on_the_same_step() -> None:
     assert guard.decide(B) == frozenset()  # the same step as when it was undone
     guard.observe(costs, 0.03, active=3, step_s=0.30)  # 30 % slower since: tried again
     assert guard.decide(B) == frozenset({2})
+
+
+@pytest.mark.parametrize(
+    ("step_s", "expected"),
+    [
+        (None, GUARD_CHECK_STEPS),  # not profiled (a resumed attempt)
+        (0.05, GUARD_CHECK_STEPS),  # short steps: 10 of them are still under 4 s
+        (0.5, 8),  # 8 steps fill 4 s
+        (1.0, 4),
+        (2.2, 4),  # never fewer than 4: a window of fewer measures too roughly
+    ],
+)
+def test_the_first_check_comes_after_the_steps_that_fill_four_seconds(
+    step_s: float | None, expected: int
+) -> None:
+    assert guard_first_check_steps(step_s) == expected
+
+
+@pytest.mark.parametrize(("step_s", "first"), [(2.2, 4), (None, GUARD_CHECK_STEPS)])
+def test_the_engine_checks_first_at_the_step_its_profile_sizes(
+    step_s: float | None, first: int
+) -> None:
+    # Every rank holds the same profiled step, so every rank finds the same first check.
+    spec = SimpleNamespace(split_policy="weighted", rebalance_every=0)  # no other checks
+    run = SimpleNamespace(spec=spec, guard=Guard(2), step=0, last_balance=0, profiled_step_s=step_s)
+    due = [step for step in range(1, 12) if guard_due(run, step)]  # type: ignore[arg-type]
+    assert due[0] == first
+    run.guard.costs[0] = GroupCost(0.1, 100.0)  # measured: no more first checks
+    assert not any(guard_due(run, step) for step in range(1, 12))  # type: ignore[arg-type]
