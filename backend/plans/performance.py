@@ -608,10 +608,13 @@ def _profiled_step_s(
     return max(g.step_s(global_batch_size / sum(counts), 1, 0) for g in groups)
 
 
-def _profile_s(step_s: list[float]) -> float:
-    """Seconds of one throughput profile pass whose groups take ``step_s`` seconds a step:
-    the slowest group's warm-up and timed steps."""
-    return max((1 + profile_timed_steps(s, PROFILE_STEPS, PROFILE_BUDGET_S)) * s for s in step_s)
+def _profile_s(warm_up_s: list[float], step_s: list[float]) -> float:
+    """Seconds of one throughput profile pass whose groups take ``warm_up_s`` seconds for
+    the one-sample warm-up and ``step_s`` a timed step: the slowest group's."""
+    return max(
+        w + profile_timed_steps(s, PROFILE_STEPS, PROFILE_BUDGET_S) * s
+        for w, s in zip(warm_up_s, step_s, strict=True)
+    )
 
 
 def _outside_steps(
@@ -629,8 +632,8 @@ def _outside_steps(
 
     ``start``: the trial's start-up (process creation to data, with the rendezvous that
     waits for the last rank), the slowest group's optimizer construction, the model sent to
-    every group, the throughput profile (the slowest group's warm-up and ``PROFILE_STEPS``
-    timed steps at the even share, fewer past ``PROFILE_BUDGET_S``
+    every group, the throughput profile (the slowest group's warm-up on two samples and
+    ``PROFILE_STEPS`` timed steps at the even share, fewer past ``PROFILE_BUDGET_S``
     (:func:`contracts.trial.profile_timed_steps`; priced so for a sharded group too, which
     takes every step), and under the weighted split but for ``diloco`` as many again at the
     chosen shares) and the
@@ -646,7 +649,10 @@ def _outside_steps(
     even_steps = [g.step_s(even, 1, 0) for g in groups]  # compute alone: one worker's
     even_step = max(even_steps)
     passes = _profile_passes(model, counts, split_policy)
-    profile = _profile_s(even_steps) + (_profile_s(compute) if passes == 2 else 0.0)
+    warm_up = [g.step_s(2, 1, 0) for g in groups]  # the engine's PROFILE_WARM_UP samples
+    profile = _profile_s(warm_up, even_steps)
+    if passes == 2:
+        profile += _profile_s(warm_up, compute)
     trips = [g.round_trip.at(model.exchange_bytes) for g in groups if g.round_trip is not None]
     transfer = max(trips) if trips else cross
     setup = max(g.setup_s for g in groups)

@@ -319,6 +319,10 @@ class BusyClock:
         return own, self.waited_s
 
 
+PROFILE_WARM_UP = 2
+"""Samples of a throughput profile's warm-up step (:func:`profile_throughput`)."""
+
+
 def profile_throughput(
     code: TrainingCode,
     model: torch.nn.Module,
@@ -333,13 +337,17 @@ def profile_throughput(
 ) -> float:
     """Measured samples/s of forward/backward on ``batch_size`` training samples.
 
-    One warm-up step, then ``steps`` timed steps on seeded random samples of
-    ``pool`` (int64 item indices; default every item), read as training reads
-    them (planned ahead on the streaming path), or fewer once the timed steps' seconds
-    reach ``budget_s`` (at least one; :func:`contracts.trial.profile_timed_steps`): a
-    slow worker's few long steps measure its rate as well as many short ones do, and
-    every rank waits for the slowest profile. A sharded model ignores the budget: its
-    group's members gather each unit together, so they take the same steps. The
+    One warm-up step on ``PROFILE_WARM_UP`` samples (what a first step pays once, the
+    gradients' allocation and torch's lazy set-up, does not grow with the batch, and a slow
+    worker's full-batch warm-up was most of its profile: 4 s at 25M parameters on a third
+    of a core; two, as BatchNorm in training refuses a batch of one), then ``steps`` timed
+    steps on seeded random samples of ``pool`` (int64 item indices; default every item),
+    read as training reads them (planned ahead on the streaming path), or fewer once the
+    timed steps' seconds reach ``budget_s`` (at least one;
+    :func:`contracts.trial.profile_timed_steps`): a slow worker's few long steps measure its
+    rate as well as many short ones do, and every rank waits for the slowest profile. A
+    sharded model ignores the budget: its group's members gather each unit together, so
+    they take the same steps. The
     rate uses the median step time, so one step disturbed by another process
     does not skew it. The model's parameters, buffers (e.g. BatchNorm
     statistics) and torch's random state are left as they were. Returns 0.0
@@ -356,8 +364,8 @@ def profile_throughput(
     times = []
     device = next(model.parameters()).device
     batches = [
-        pool[torch.randint(0, len(pool), (batch_size,), generator=generator)]
-        for _ in range(steps + 1)
+        pool[torch.randint(0, len(pool), (size,), generator=generator)]
+        for size in [min(PROFILE_WARM_UP, batch_size)] + [batch_size] * steps
     ]
     data.plan(batches)
     # A sharded model's gradient stays in its rows (its group's members profile together).
@@ -366,7 +374,7 @@ def profile_throughput(
     for indices in batches:
         _, seconds = emulator.run(
             lambda idx=indices: step(code, model, data, idx, device),  # type: ignore[misc]
-            batch_size,
+            len(indices),
         )
         times.append(seconds)
         timed = times[1:]

@@ -145,7 +145,11 @@ def test_the_finish_counts_set_up_profiling_validation_and_checkpoints() -> None
     b = 64 / 3
     even_step = max(0.010 + 0.002 * b, 0.030 + 0.006 * b)
     trip = 0.004 + 3e-9 * BYTES  # the slowest group's round trip
-    start = 3.0 + 1.5 + trip + 6 * (even_step + max(found.compute_s.values())) + even_step
+    # each profile pass: a warm-up on one sample and 5 timed steps (short: within the
+    # budget), the slowest group's
+    warm_up = {"fast": 0.010 + 0.002 * 2, "slow": 0.030 + 0.006 * 2}  # on two samples
+    second = max(warm_up[g] + 5 * found.compute_s[g] for g in warm_up)
+    start = 3.0 + 1.5 + trip + (warm_up["slow"] + 5 * even_step) + second + even_step
     assert found.start_s == pytest.approx(start)
     local = found.local_batch
     val = max(1000 * local["fast"] / 64 * 1e-4, 1000 * local["slow"] / 64 * 3e-4)
@@ -156,7 +160,8 @@ def test_the_finish_counts_set_up_profiling_validation_and_checkpoints() -> None
     once = predict(
         diloco, {"fast": 2, "slow": 1}, split_policy="weighted", global_batch_size=64, epochs=3
     )
-    assert once.start_s == pytest.approx(3.0 + 1.5 + trip + 6 * even_step + even_step)
+    profile = warm_up["slow"] + 5 * even_step
+    assert once.start_s == pytest.approx(3.0 + 1.5 + trip + profile + even_step)
 
 
 def test_expected_max_is_clarks_and_exact_for_two() -> None:
@@ -228,7 +233,7 @@ def test_even_and_weighted_predictions_follow_the_costs() -> None:
     # Outside the steps: nothing timed but start-up, so the model sent out (the leaders'
     # allreduce priced: no round trip timed), one profile and the agreement check's step.
     even_step = max(0.010 + 0.002 * b, 0.030 + 0.006 * b)
-    start = 3.0 + cross + 7 * even_step
+    start = 3.0 + cross + (0.030 + 0.006 * 2) + 5 * even_step + even_step  # warm-up on two
     assert even.start_s == pytest.approx(start)
     assert even.epoch_end_s == pytest.approx(2 * cross)  # fetched from a worker, sent out
     assert even.finish_s == pytest.approx(start + 3 * (even.epoch_s + 2 * cross))

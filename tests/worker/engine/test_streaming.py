@@ -73,8 +73,9 @@ def test_each_worker_reads_exactly_its_shard_of_each_epoch(
         # One process read everything: the worker's DataLoader process, ahead of its steps.
         assert len(files) == 1 and files[0].name != f"{rank}-{run.pids[rank]}", files
         read = [int(line) for line in files[0].read_text().split()]
-        # Profiling, then (the first worker) the agreement check's fixed batch.
-        profiled = (spec.profile_steps + 1) * 4 + (AGREEMENT_BATCH if rank == 1 else 0)
+        # Profiling (a two-sample warm-up, then its steps), then (the first worker) the
+        # agreement check's fixed batch.
+        profiled = 2 + spec.profile_steps * 4 + (AGREEMENT_BATCH if rank == 1 else 0)
         epochs = []
         for epoch in range(spec.epochs):
             mine = []

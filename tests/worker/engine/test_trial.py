@@ -140,13 +140,11 @@ def test_trial_measures_memory_whole_and_sharded(
         assert worker.peak_mb is not None and worker.sharded_peak_mb is not None
         assert worker.startup_peak_mb is not None
         # a worker holds half the parameters, gradients and moments: half the state is 122 MiB.
-        # The peaks of single sizes vary by +-50 MiB with where glibc put the step's blocks
-        # (41-231 MiB apart over 12 workers after memory.py counted freed heap blocks; 26 before,
-        # in a CI run), so each size's sharded peak is below its whole one, and the larger
-        # peaks, which the plan's fit check meets at the largest size, differ by a quarter
-        # of the state or more (129-197 MiB over those runs)
-        for whole, sharded in zip(worker.peak_mb, worker.sharded_peak_mb, strict=True):
-            assert sharded < whole, (worker.peak_mb, worker.sharded_peak_mb)
-        saved = max(worker.peak_mb) - max(worker.sharded_peak_mb)
+        # A single size's peak varies by +-50 MiB with where glibc put the step's blocks, and
+        # the first size measured sharded carries more (the first sharded steps' one-time
+        # costs: 12 workers, 3 runs at a time, 2026-11-29, saved 70-233 MiB at 8 samples, 126-270 at
+        # 64), so the saving is asserted at the largest size, where the plan's fit check
+        # bites, as a quarter of the state
+        saved = worker.peak_mb[-1] - worker.sharded_peak_mb[-1]
         assert saved > state_mib / 4, (worker.peak_mb, worker.sharded_peak_mb)
         assert worker.sharded_step_s is not None and all(s > 0 for s in worker.sharded_step_s)
