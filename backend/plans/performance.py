@@ -608,12 +608,14 @@ def _profiled_step_s(
     return max(g.step_s(global_batch_size / sum(counts), 1, 0) for g in groups)
 
 
-def _profile_s(warm_up_s: list[float], step_s: list[float]) -> float:
+def _profile_s(warm_up_s: list[float], step_s: list[float], sharded: list[bool]) -> float:
     """Seconds of one throughput profile pass whose groups take ``warm_up_s`` seconds for
-    the one-sample warm-up and ``step_s`` a timed step: the slowest group's."""
+    the two-sample warm-up and ``step_s`` a timed step, ``sharded`` groups every step
+    (their members gather together), the others fewer past the budget: the slowest
+    group's."""
     return max(
-        w + profile_timed_steps(s, PROFILE_STEPS, PROFILE_BUDGET_S) * s
-        for w, s in zip(warm_up_s, step_s, strict=True)
+        w + profile_timed_steps(s, PROFILE_STEPS, None if shard else PROFILE_BUDGET_S) * s
+        for w, s, shard in zip(warm_up_s, step_s, sharded, strict=True)
     )
 
 
@@ -626,6 +628,7 @@ def _outside_steps(
     split_policy: str,
     compute: list[float],
     cross: float,
+    sharded: list[bool],
 ) -> tuple[float, float]:
     """The seconds of a task outside its steps, as the engine spends them
     (worker/engine/session.py): ``(start, epoch_end)``.
@@ -634,8 +637,8 @@ def _outside_steps(
     waits for the last rank), the slowest group's optimizer construction, the model sent to
     every group, the throughput profile (the slowest group's warm-up on two samples and
     ``PROFILE_STEPS`` timed steps at the even share, fewer past ``PROFILE_BUDGET_S``
-    (:func:`contracts.trial.profile_timed_steps`; priced so for a sharded group too, which
-    takes every step), and under the weighted split but for ``diloco`` as many again at the
+    (:func:`contracts.trial.profile_timed_steps`; every step in a ``sharded`` group, whose
+    members gather together), and under the weighted split but for ``diloco`` as many again at the
     chosen shares) and the
     agreement check's gradient (one step at the even share). ``epoch_end``: validation
     (each worker a block of the validation set in proportion to its batch share, the
@@ -650,9 +653,9 @@ def _outside_steps(
     even_step = max(even_steps)
     passes = _profile_passes(model, counts, split_policy)
     warm_up = [g.step_s(2, 1, 0) for g in groups]  # the engine's PROFILE_WARM_UP samples
-    profile = _profile_s(warm_up, even_steps)
+    profile = _profile_s(warm_up, even_steps, sharded)
     if passes == 2:
-        profile += _profile_s(warm_up, compute)
+        profile += _profile_s(warm_up, compute, sharded)
     trips = [g.round_trip.at(model.exchange_bytes) for g in groups if g.round_trip is not None]
     transfer = max(trips) if trips else cross
     setup = max(g.setup_s for g in groups)
@@ -987,11 +990,22 @@ def predict(
     steps = math.ceil(model.n_train / global_batch_size)
     # Start-up and each epoch's end as with every group (a parked one still meets the others
     # at the epoch's collectives); the steps before the guard's first check on them all.
+    sharded = [full.placed[g.name].sharding == "fsdp" for g in groups]
     start, epoch_end = _outside_steps(
-        model, groups, counts, full.local, global_batch_size, split_policy, full.compute, full.cross
+        model,
+        groups,
+        counts,
+        full.local,
+        global_batch_size,
+        split_policy,
+        full.compute,
+        full.cross,
+        sharded,
     )
     profiled = _profiled_step_s(model, groups, counts, global_batch_size, split_policy, full)
     first_check = guard_first_check_steps(profiled)
+    if model.sync_strategy in ROUND_STRATEGIES:  # the check waits for a round's end
+        first_check = math.ceil(first_check / model.sync_period) * model.sync_period
     before_check = min(first_check, steps * epochs) * (full.seconds - on.seconds)
     return Prediction(
         workers=dict(workers),

@@ -145,7 +145,7 @@ def test_the_finish_counts_set_up_profiling_validation_and_checkpoints() -> None
     b = 64 / 3
     even_step = max(0.010 + 0.002 * b, 0.030 + 0.006 * b)
     trip = 0.004 + 3e-9 * BYTES  # the slowest group's round trip
-    # each profile pass: a warm-up on one sample and 5 timed steps (short: within the
+    # each profile pass: a warm-up on two samples and 5 timed steps (short: within the
     # budget), the slowest group's
     warm_up = {"fast": 0.010 + 0.002 * 2, "slow": 0.030 + 0.006 * 2}  # on two samples
     second = max(warm_up[g] + 5 * found.compute_s[g] for g in warm_up)

@@ -32,7 +32,12 @@ def test_slowed_worker_gets_less_and_the_global_batch_stays(
     module = tmp_path / "slows_down.py"
     module.write_text(SLOWS_DOWN)
     spec = make_spec(
-        code=str(module), split_policy="weighted", global_batch_size=24, rebalance_every=2, epochs=3
+        code=str(module),
+        split_policy="weighted",
+        global_batch_size=24,
+        rebalance_every=2,
+        epochs=3,
+        profile_budget_s=3600,  # every profile step, however slow the host (calls counted)
     )
     run, finals = run_with_dump(spec, tmp_path / "params")
     shares = {rank: finite(run.metrics("batch_share", rank=rank)) for rank in (1, 2, 3)}
