@@ -601,10 +601,11 @@ def _profiled_step_s(
 ) -> float:
     """The step the engine's last profile pass measures on its slowest worker, which sizes
     the guard's first check (:func:`contracts.plan.guard_first_check_steps`): a worker's
-    step at the even share, or with a second pass at its chosen share (a group without
-    samples measures nothing)."""
+    step at the even share, or with a second pass at its chosen share (the balancer gives
+    every worker at least one sample, so a group the split leaves idle profiles its fixed
+    part)."""
     if _profile_passes(model, counts, split_policy) == 2:
-        return max((c for c, b in zip(step.compute, step.local, strict=True) if b > 0), default=0)
+        return max(step.compute)
     return max(g.step_s(global_batch_size / sum(counts), 1, 0) for g in groups)
 
 
