@@ -9,6 +9,7 @@ its in-group allreduce, and the groups together time the strategy's cross-group 
 two sizes (a small vector and the model's), so latency and bandwidth can be told apart.
 """
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -26,15 +27,27 @@ other rank waiting for its `PROFILE_STEPS` (a third of a core at 25M parameters:
 24 s a profile)."""
 
 
+PROFILE_WARM_UP = 2
+"""Samples of a throughput profile's warm-up step (worker/engine/compute.py,
+``profile_throughput``; BatchNorm in training refuses one), which a plan prices."""
+
+
+def profile_stops(timed_s: Sequence[float], steps: int, budget_s: float | None) -> bool:
+    """Whether a throughput profile stops after the timed steps that took ``timed_s``
+    seconds: all ``steps`` taken, or at least one and their seconds reaching ``budget_s``
+    (None: no budget). The engine's rule (worker/engine/compute.py,
+    ``profile_throughput``)."""
+    if len(timed_s) >= steps:
+        return True
+    return budget_s is not None and len(timed_s) > 0 and sum(timed_s) >= budget_s
+
+
 def profile_timed_steps(step_s: float, steps: int, budget_s: float | None) -> int:
-    """The timed steps a throughput profile takes at ``step_s`` seconds a step: ``steps``, or
-    fewer once their seconds reach ``budget_s`` (None: no budget), never fewer than one.
-    The engine's rule (worker/engine/compute.py, ``profile_throughput``), which a plan
-    prices."""
-    if budget_s is None or step_s <= 0:
-        return steps
+    """The timed steps a throughput profile takes at ``step_s`` seconds a step
+    (:func:`profile_stops`): ``steps``, or fewer once their seconds reach ``budget_s``,
+    never fewer than one; what a plan prices."""
     taken = 1
-    while taken < steps and taken * step_s < budget_s:
+    while not profile_stops([step_s] * taken, steps, budget_s):
         taken += 1
     return taken
 

@@ -64,6 +64,7 @@ from contracts.plan import (
 from contracts.trial import (
     PROFILE_BUDGET_S,
     PROFILE_STEPS,
+    PROFILE_WARM_UP,
     ExchangeTiming,
     TrialResult,
     WorkerTiming,
@@ -653,7 +654,7 @@ def _outside_steps(
     even_steps = [g.step_s(even, 1, 0) for g in groups]  # compute alone: one worker's
     even_step = max(even_steps)
     passes = _profile_passes(model, counts, split_policy)
-    warm_up = [g.step_s(2, 1, 0) for g in groups]  # the engine's PROFILE_WARM_UP samples
+    warm_up = [g.step_s(PROFILE_WARM_UP, 1, 0) for g in groups]
     profile = _profile_s(warm_up, even_steps, sharded)
     if passes == 2:
         profile += _profile_s(warm_up, compute, sharded)

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from contracts.trial import PROFILE_WARM_UP, profile_stops
 from worker.engine.contract import TrainingCode, default_metrics
 from worker.engine.data import Source
 from worker.engine.distributed import Topology
@@ -319,10 +320,6 @@ class BusyClock:
         return own, self.waited_s
 
 
-PROFILE_WARM_UP = 2
-"""Samples of a throughput profile's warm-up step (:func:`profile_throughput`)."""
-
-
 def profile_throughput(
     code: TrainingCode,
     model: torch.nn.Module,
@@ -337,14 +334,14 @@ def profile_throughput(
 ) -> float:
     """Measured samples/s of forward/backward on ``batch_size`` training samples.
 
-    One warm-up step on ``PROFILE_WARM_UP`` samples (what a first step pays once, the
-    gradients' allocation and torch's lazy set-up, does not grow with the batch, and a slow
-    worker's full-batch warm-up was most of its profile: 4 s at 25M parameters on a third
-    of a core; two, as BatchNorm in training refuses a batch of one), then ``steps`` timed
-    steps on seeded random samples of ``pool`` (int64 item indices; default every item),
-    read as training reads them (planned ahead on the streaming path), or fewer once the
-    timed steps' seconds reach ``budget_s`` (at least one;
-    :func:`contracts.trial.profile_timed_steps`): a slow worker's few long steps measure its
+    One warm-up step on :data:`contracts.trial.PROFILE_WARM_UP` samples (what a first step
+    pays once, the gradients' allocation and torch's lazy set-up, does not grow with the
+    batch, and a slow worker's full-batch warm-up was most of its profile: 4 s at 25M
+    parameters on a third of a core), then ``steps`` timed steps on seeded random samples
+    of ``pool`` (int64 item indices; default every item), read as training reads them
+    (planned ahead on the streaming path), or fewer once the timed steps' seconds reach
+    ``budget_s`` (at least one; :func:`contracts.trial.profile_stops`): a slow worker's few
+    long steps measure its
     rate as well as many short ones do, and every rank waits for the slowest profile. A
     sharded model ignores the budget: its group's members gather each unit together, so
     they take the same steps. The
@@ -377,8 +374,7 @@ def profile_throughput(
             len(indices),
         )
         times.append(seconds)
-        timed = times[1:]
-        if not sharded and budget_s is not None and timed and sum(timed) >= budget_s:
+        if profile_stops(times[1:], steps, None if sharded else budget_s):
             break
     model.zero_grad(set_to_none=True)
     with torch.no_grad():
