@@ -5,6 +5,7 @@ task's fate (:mod:`backend.tasks.fate`), the reports' storage
 (:mod:`backend.tasks.reports`) or the agents' registry (:mod:`backend.agents.service`).
 """
 
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -48,6 +49,7 @@ from contracts.agent_api import (
     TaskState,
     TaskStateOf,
 )
+from contracts.sharded_state import MAX_PARTS as MAX_STATE_PARTS
 from contracts.trial import TrialResult
 
 router = APIRouter(prefix="/internal/v1", tags=["internal (agents)"], dependencies=[AgentAuth])
@@ -238,6 +240,14 @@ async def upload_checkpoint(
     epoch: Annotated[int, Query(ge=0)],
     step: Annotated[int, Query(ge=0)],
     attempt: Annotated[int, Query(ge=1)] = 1,
+    parts: Annotated[
+        list[str] | None,
+        Query(
+            max_length=MAX_STATE_PARTS,
+            description="the `folder/file` names of its sharded optimizer state, uploaded "
+            "beside it (`POST /tasks/{id}/checkpoint-parts`)",
+        ),
+    ] = None,
 ) -> Checkpoint:
     """Store a checkpoint file sent as the raw request body (409 if the name is taken by
     other content in this attempt; the same upload again returns the stored one)."""
@@ -254,9 +264,63 @@ async def upload_checkpoint(
             step=step,
             body=body,
             attempt=attempt,
+            parts=parts,
         )
 
     return await run_in_threadpool(store)
+
+
+@router.post("/tasks/{task_id}/checkpoint-parts")
+async def upload_checkpoint_part(
+    task_id: int,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    part: Annotated[
+        str,
+        Query(
+            max_length=300,
+            examples=["step-8.pt.dcp/__1_0.distcp"],
+            description="`<checkpoint>.dcp/<file>`: a file of a checkpoint's state folder",
+        ),
+    ],
+    attempt: Annotated[int, Query(ge=1)] = 1,
+) -> dict:
+    """Store a file of a checkpoint's sharded optimizer state, sent as the raw request body
+    by the worker that wrote it (409 if stored with other content; the same bytes again are
+    kept)."""
+    body = await request.body()
+
+    def store() -> str:
+        task = tasks.get(session, task_id=task_id)
+        reports.save_checkpoint_part(
+            task=task, directory=settings.checkpoint_dir, part=part, body=body, attempt=attempt
+        )
+        return part
+
+    return {"stored": await run_in_threadpool(store)}
+
+
+@router.get("/tasks/{task_id}/checkpoints/{checkpoint_id}/parts")
+def checkpoint_parts(task_id: int, checkpoint_id: int, session: SessionDep) -> dict:
+    """The files of a checkpoint's sharded optimizer state (``parts``, empty where the file
+    holds it all) and those not stored yet (``missing``)."""
+    checkpoint = tasks.get_checkpoint(session, task_id=task_id, checkpoint_id=checkpoint_id)
+    return {"parts": checkpoint.parts or [], "missing": checkpoint.missing_parts()}
+
+
+@router.get("/tasks/{task_id}/checkpoints/{checkpoint_id}/parts/{folder}/{name}")
+def fetch_checkpoint_part(
+    task_id: int, checkpoint_id: int, folder: str, name: str, session: SessionDep
+) -> FileResponse:
+    """One file of a checkpoint's sharded optimizer state, for a worker of a restarted task
+    (404 for a file the checkpoint does not name, or one not stored yet)."""
+    checkpoint = tasks.get_checkpoint(session, task_id=task_id, checkpoint_id=checkpoint_id)
+    part = f"{folder}/{name}"
+    path = Path(checkpoint.path).parent / part
+    if part not in (checkpoint.parts or []) or not path.is_file():
+        raise NotFound(f"checkpoint {checkpoint_id} has no stored part {part!r}")
+    return FileResponse(path, media_type="application/octet-stream")
 
 
 @router.put("/tasks/{task_id}/checkpoints/{checkpoint_id}/provenance")

@@ -133,13 +133,14 @@ def environment_of(session: Session, task: Task) -> Environment | None:
 
 
 def last_checkpoint(session: Session, *, task_id: int) -> Checkpoint | None:
-    """The task's newest checkpoint (most steps), from any attempt."""
-    return session.scalar(
+    """The task's newest whole checkpoint (most steps), from any attempt: one whose sharded
+    state's files are not all stored yet (their workers upload them beside it) is passed over."""
+    newest = session.scalars(
         select(Checkpoint)
         .where(Checkpoint.task_id == task_id)
         .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
-        .limit(1)
     )
+    return next((c for c in newest if not c.missing_parts()), None)
 
 
 def resume_checkpoint(session: Session, task: Task) -> Checkpoint | None:
@@ -158,7 +159,7 @@ def resume_checkpoint(session: Session, task: Task) -> Checkpoint | None:
             .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
         )
         for checkpoint in ends:
-            if regrow.epoch_end(checkpoint):
+            if regrow.epoch_end(checkpoint) and not checkpoint.missing_parts():
                 return checkpoint
     return last_checkpoint(session, task_id=task.id)
 

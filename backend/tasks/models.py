@@ -3,6 +3,7 @@ checkpoints."""
 
 import enum
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -428,6 +429,20 @@ class Checkpoint(Base):
     size_bytes: Mapped[int]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     attempt: Mapped[int] = mapped_column(default=1, server_default="1")
+    # The ``folder/file`` names of its sharded optimizer state (contracts/sharded_state.py),
+    # uploaded by the sharded group's workers beside it; None: the file holds it all.
+    parts: Mapped[list[str] | None] = mapped_column(JSON, nullable=True, default=None)
+
+    @property
+    def sharded_files(self) -> int:
+        """How many files its sharded optimizer state has (0: the file holds it all)."""
+        return len(self.parts or [])
+
+    def missing_parts(self) -> list[str]:
+        """The parts of its sharded state not stored yet (none for a whole file): a
+        checkpoint missing one can be neither resumed from nor downloaded."""
+        base = Path(self.path).parent
+        return [p for p in self.parts or [] if not (base / p).is_file()]
 
 
 class ShardRecord(Base):

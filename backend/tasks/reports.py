@@ -29,6 +29,7 @@ from backend.tasks.models import (
     next_pace,
 )
 from backend.tasks.spec import read_spec
+from contracts import sharded_state
 from contracts.agent_api import (
     CHECKPOINT_NAME,
     Alarm,
@@ -134,8 +135,13 @@ def save_checkpoint(
     step: int,
     body: bytes,
     attempt: int = 1,
+    parts: list[str] | None = None,
 ) -> Checkpoint:
     """Store an uploaded checkpoint file as `directory/task-<id>/<name>` (`attempt-<n>/` after 1).
+
+    `parts`: the `folder/file` names of its sharded optimizer state (contracts/sharded_state.py),
+    which the sharded group's workers upload beside it (:func:`save_checkpoint_part`), in any
+    order; a checkpoint is whole once every one is stored (`Checkpoint.missing_parts`).
 
     A name is stored once and never overwritten: the same name with the same bytes
     again (an upload retried after a lost answer) returns the stored checkpoint.
@@ -147,12 +153,15 @@ def save_checkpoint(
     Raises:
         Invalid: `name` is empty, `.`/`..`, hidden, or not a plain file name (field `name`).
         Conflict: a checkpoint of this name and attempt with other content exists (`name`).
+        Invalid: a part that is no state folder's file (field `parts`).
     """
     check_checkpoint_name(name)
-    folder = directory / f"task-{task.id}"
-    if attempt > 1:
-        folder = folder / f"attempt-{attempt}"
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for part in parts or []:
+        try:
+            sharded_state.check_part(part)
+        except ValueError as exc:
+            raise Invalid(str(exc), field="parts") from None
+    folder = attempt_folder(directory, task, attempt)
     path = (folder / name).resolve()
     if not _write_new(path, body):
         if path.read_bytes() != body:
@@ -175,6 +184,7 @@ def save_checkpoint(
         path=str(path),
         size_bytes=len(body),
         attempt=attempt,
+        parts=list(parts) if parts else None,
     )
     session.add(checkpoint)
     session.commit()
@@ -187,6 +197,42 @@ def save_checkpoint(
     # answer is built from it on the event loop.
     session.refresh(checkpoint)
     return checkpoint
+
+
+def attempt_folder(directory: Path, task: Task, attempt: int) -> Path:
+    """The folder of a task's checkpoints of `attempt` (`task-<id>/`, `attempt-<n>/` after 1),
+    made if missing."""
+    folder = directory / f"task-{task.id}"
+    if attempt > 1:
+        folder = folder / f"attempt-{attempt}"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return folder
+
+
+def save_checkpoint_part(
+    *, task: Task, directory: Path, part: str, body: bytes, attempt: int = 1
+) -> Path:
+    """Store a file of a checkpoint's state folder (`part`: `step-8.pt.dcp/__1_0.distcp`),
+    uploaded by the worker that wrote it, beside the checkpoints of `attempt`; before or after
+    the checkpoint file itself. Stored once: the same bytes again are kept, other bytes refused.
+
+    Raises:
+        Invalid: `part` is no state folder's file (field `part`).
+        Conflict: the part is stored with other content (`part`).
+    """
+    try:
+        folder_name, name = sharded_state.check_part(part)
+    except ValueError as exc:
+        raise Invalid(str(exc), field="part") from None
+    folder = attempt_folder(directory, task, attempt) / folder_name
+    folder.mkdir(exist_ok=True, mode=0o700)
+    path = folder / name
+    if not _write_new(path, body) and path.read_bytes() != body:
+        raise Conflict(
+            f"part {part!r} of attempt {attempt} already exists with other content; it is kept",
+            field="part",
+        )
+    return path
 
 
 def add_alarm(session: Session, *, task: Task, data: Alarm) -> bool:

@@ -21,7 +21,7 @@ from backend.core.dependencies import SessionDep
 from backend.core.errors import Invalid
 from backend.core.pagination import TOTAL_HEADER, Page, PageParams, paginated
 from backend.projects import access as project_access
-from backend.tasks import access, compare, provenance, service
+from backend.tasks import access, compare, consolidate, provenance, service
 from backend.tasks.models import Task, TaskStatus
 from backend.tasks.schemas import (
     MAX_TAGS,
@@ -381,10 +381,13 @@ def task_provenance(task: TaskDep, session: SessionDep) -> ProvenanceRead:
 
 @router.get("/{task_id}/checkpoints/{checkpoint_id}/download")
 def download_checkpoint(task: TaskDep, checkpoint_id: int, session: SessionDep) -> FileResponse:
-    """The checkpoint file (`torch.save` of model and optimizer state dicts)."""
+    """The checkpoint file (`torch.save` of model and optimizer state dicts), streamed. Where
+    a sharded group's workers keep its optimizer state, the one file is built from their
+    files on the first download (409 while one of them is still arriving)."""
     checkpoint = service.get_checkpoint(session, task_id=task.id, checkpoint_id=checkpoint_id)
+    path = consolidate.whole_file(checkpoint)  # a worker thread: FastAPI runs a def there
     return FileResponse(
-        checkpoint.path,
+        path,
         media_type="application/octet-stream",
         filename=f"task{task.id}-{Path(checkpoint.path).name}",
     )

@@ -709,6 +709,11 @@ class CheckpointRead(BaseModel):
     step: int
     size_bytes: int
     created_at: UtcDateTime
+    sharded_files: int = Field(
+        0,
+        description="files of its optimizer state its sharded group's workers keep beside it "
+        "(0: the file holds it all); its download is made one file on the first request",
+    )
 
 
 class ShardRecordRead(BaseModel):

@@ -115,8 +115,17 @@
       link.href = `${api}/checkpoints/${c.id}/download`;
       link.setAttribute("download", "");
       link.textContent = "Download";
+      let cell = link;
+      if (c.sharded_files) {
+        cell = document.createElement("span");
+        const note = document.createElement("span");
+        note.className = "muted";
+        note.title = `its optimizer state is kept by the sharded group's workers (${c.sharded_files} files), made one file on download`;
+        note.textContent = "sharded";
+        cell.append(link, " ", note);
+      }
       return [String(c.epoch), [String(c.step), "num"], [formatBytes(c.size_bytes), "num"],
-        [P.fmtTime(c.created_at), "nowrap"], link];
+        [P.fmtTime(c.created_at), "nowrap"], cell];
     }, "No checkpoints yet.");
   }
 

@@ -204,16 +204,42 @@ class InternalApi:
         )
 
     def checkpoint(
-        self, task_id: int, *, name: str, epoch: int, step: int, body: bytes, attempt: int = 1
+        self,
+        task_id: int,
+        *,
+        name: str,
+        epoch: int,
+        step: int,
+        body: bytes,
+        attempt: int = 1,
+        parts: list[str] | None = None,
     ) -> int:
-        """Upload a checkpoint file; returns its id."""
-        response = self._call(
-            "POST",
-            f"/tasks/{task_id}/checkpoints",
-            content=body,
-            params={"name": name, "epoch": epoch, "step": step, "attempt": attempt},
-        )
+        """Upload a checkpoint file (``parts``: the files of its sharded optimizer state,
+        which their workers upload, :meth:`checkpoint_part`); returns its id."""
+        params: dict[str, Any] = {"name": name, "epoch": epoch, "step": step, "attempt": attempt}
+        if parts:
+            params["parts"] = parts
+        response = self._call("POST", f"/tasks/{task_id}/checkpoints", content=body, params=params)
         return int(response.json()["id"])
+
+    def checkpoint_part(self, task_id: int, *, part: str, body: bytes, attempt: int = 1) -> None:
+        """Upload a file of a checkpoint's state folder (``part``: ``<name>.dcp/<file>``)."""
+        self._call(
+            "POST",
+            f"/tasks/{task_id}/checkpoint-parts",
+            content=body,
+            params={"part": part, "attempt": attempt},
+        )
+
+    def checkpoint_parts(self, task_id: int, checkpoint_id: int) -> dict[str, list[str]]:
+        """A stored checkpoint's sharded-state files: ``parts`` and those ``missing``."""
+        return dict(self._call("GET", f"/tasks/{task_id}/checkpoints/{checkpoint_id}/parts").json())
+
+    def fetch_checkpoint_part(self, task_id: int, checkpoint_id: int, part: str) -> bytes:
+        """One stored file of a checkpoint's state folder (to resume from)."""
+        return self._call(
+            "GET", f"/tasks/{task_id}/checkpoints/{checkpoint_id}/parts/{part}"
+        ).content
 
     def alarm(
         self, task_id: int, *, reason: str, group: str, attempt: int = 1, kind: str = "alarm"

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from contracts import sharded_state
 from contracts.agent_api import REPORT_MAX_ITEMS, Alarm, MetricIn, Provenance
 from contracts.trial import TrialResult
 from worker.agent.client import Conflict, InternalApi
@@ -112,6 +113,8 @@ class Reporter:
             self._progress = (min(1.0, done / total), int(event["epoch"]))
         elif kind == "checkpoint":
             self._upload(node, event)
+        elif kind == "checkpoint_part":
+            self._upload_part(node, event)
         elif kind in ("alarm", "guard") and node == node_name(0):  # the PS speaks for the task
             try:
                 alarm = Alarm(
@@ -147,6 +150,7 @@ class Reporter:
             self.agent_line(f"refused checkpoint {str(path)[:200]!r} from {node}: {exc}")
             return
         provenance = self._provenance(node, path.name, event.get("provenance"))
+        parts = event.get("parts")
         try:
             checkpoint_id = self.api.checkpoint(
                 self.task_id,
@@ -155,9 +159,11 @@ class Reporter:
                 step=int(event["step"]),
                 body=body,
                 attempt=self.attempt,
+                parts=[str(p) for p in parts] if isinstance(parts, list) else None,
             )
         except Conflict as exc:
             self.agent_line(f"refused checkpoint {path.name!r} from {node}: {exc}")
+            return
         except httpx.HTTPStatusError as exc:
             self._refused(exc, f"refused checkpoint {path.name!r} from {node}")
             return
@@ -171,6 +177,26 @@ class Reporter:
                 f"refused the shard provenance of {path.name!r} from {node} "
                 "(the checkpoint is kept)",
             )
+
+    def _upload_part(self, node: str, event: dict[str, Any]) -> None:
+        """Upload a file of a checkpoint's state folder a sharded group's worker wrote
+        (``<its checkpoints>/<name>.dcp/<file>``), from that worker's own folder only."""
+        path, rank_dir = Path(str(event.get("path"))), self.rank_dirs.get(node)
+        part = f"{path.parent.name}/{path.name}"
+        try:
+            if rank_dir is None or path.parent.parent != rank_dir / "checkpoints":
+                raise PermissionError(f"not in {node}'s checkpoint folder")
+            sharded_state.check_part(part)
+            body = read_rank_file(rank_dir, f"checkpoints/{path.parent.name}", path.name)
+        except (PermissionError, ValueError) as exc:
+            self.agent_line(f"refused checkpoint part {str(path)[:200]!r} from {node}: {exc}")
+            return
+        try:
+            self.api.checkpoint_part(self.task_id, part=part, body=body, attempt=self.attempt)
+        except Conflict as exc:
+            self.agent_line(f"refused checkpoint part {part!r} from {node}: {exc}")
+        except httpx.HTTPStatusError as exc:
+            self._refused(exc, f"refused checkpoint part {part!r} from {node}")
 
     def _refused(self, exc: httpx.HTTPStatusError, what: str) -> None:
         """Log a request the API refused (4xx) as ``what: status body``; re-raise a 5xx."""

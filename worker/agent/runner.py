@@ -8,6 +8,7 @@ import traceback
 from contextlib import ExitStack
 from pathlib import Path
 
+from contracts import sharded_state
 from contracts.agent_api import ACTIVE_STATUSES
 from contracts.packages import Environment
 from contracts.payload import SubTaskPayload
@@ -378,15 +379,18 @@ class SubTaskRunner:
 
     def _spec(self, payload: SubTaskPayload, slot: Slot, rank: int, code: bytes) -> RunSpec:
         code_path = write_rank_file(slot.rank_dir, "code.py", code)
-        resume = None
-        if rank == 0 and payload.resume_checkpoint_id is not None:
+        resume, state_dir = None, None
+        checkpoint_id = payload.resume_checkpoint_id
+        if rank == 0 and checkpoint_id is not None:
             resume = str(
                 write_rank_file(
                     slot.rank_dir,
-                    f"resume-{payload.resume_checkpoint_id}.pt",
-                    self.api.fetch_checkpoint(payload.task_id, payload.resume_checkpoint_id),
+                    f"resume-{checkpoint_id}.pt",
+                    self.api.fetch_checkpoint(payload.task_id, checkpoint_id),
                 )
             )
+        elif checkpoint_id is not None:  # a compute worker: the sharded state, if any
+            state_dir = self._state_folder(payload.task_id, checkpoint_id, slot.rank_dir)
         return RunSpec(
             task_id=payload.task_id,
             code=str(code_path),
@@ -398,7 +402,30 @@ class SubTaskRunner:
             **payload.engine,
             checkpoint_dir=str(slot.rank_dir / "checkpoints"),
             resume_from=resume,
+            resume_state_dir=state_dir,
         )
+
+    def _state_folder(self, task_id: int, checkpoint_id: int, rank_dir: Path) -> str | None:
+        """Download the resume checkpoint's sharded optimizer state (the files of its state
+        folder, contracts/sharded_state.py) into ``rank_dir/resume-<id>.dcp/``, where the
+        worker reads what it holds of it; None for a checkpoint whose file holds it all.
+        Raises RuntimeError for a checkpoint whose state is not all stored."""
+        listed = self.api.checkpoint_parts(task_id, checkpoint_id)
+        if listed.get("missing"):
+            raise RuntimeError(
+                f"checkpoint {checkpoint_id} lacks {len(listed['missing'])} files of its "
+                f"sharded state: {listed['missing'][:3]}"
+            )
+        parts = listed.get("parts") or []
+        if not parts:
+            return None
+        folder = rank_dir / f"resume-{checkpoint_id}.dcp"
+        folder.mkdir(mode=0o755)
+        for part in parts:
+            name = sharded_state.check_part(part)[1]
+            body = self.api.fetch_checkpoint_part(task_id, checkpoint_id, part)
+            write_rank_file(folder, name, body)
+        return str(folder)
 
     def _rendezvous(self, payload: SubTaskPayload) -> tuple[str, int]:
         """The parameter server's rendezvous address, as its agent published it."""

@@ -352,25 +352,26 @@ def read_rank_file(
 ) -> bytes:
     """The bytes of regular file `rank_dir/folder/name`, written by user code, read safely.
 
-    Neither `folder` nor `name` may be a symlink, and `name` must be a plain
-    file name: the agent (root) never follows a path that user code made point
+    `folder` is one folder name or several joined by `/` (`checkpoints/step-8.pt.dcp`).
+    Neither a folder nor `name` may be a symlink, and each must be a plain
+    name: the agent (root) never follows a path that user code made point
     at the agent's own files, and reads at most `max_bytes`. Raises
     PermissionError for anything else, or a larger file.
     """
-    if "/" in folder or "/" in name or name in ("", ".", ".."):
+    folders = folder.split("/")
+    if "/" in name or any(n in ("", ".", "..") for n in [name, *folders]):
         raise PermissionError(f"refusing checkpoint name {name!r}")
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    root = os.open(rank_dir, flags | os.O_DIRECTORY)
+    opened = [os.open(rank_dir, flags | os.O_DIRECTORY)]
     try:
-        sub = os.open(folder, flags | os.O_DIRECTORY, dir_fd=root)
-        try:
-            fd = os.open(name, flags | os.O_NONBLOCK, dir_fd=sub)
-        finally:
-            os.close(sub)
+        for step in folders:
+            opened.append(os.open(step, flags | os.O_DIRECTORY, dir_fd=opened[-1]))
+        fd = os.open(name, flags | os.O_NONBLOCK, dir_fd=opened[-1])
     except OSError as exc:
         raise PermissionError(f"refusing {folder}/{name} of {rank_dir}: {exc}") from exc
     finally:
-        os.close(root)
+        for each in opened:
+            os.close(each)
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fh.fileno())
         if not stat.S_ISREG(info.st_mode):

@@ -4,7 +4,9 @@ A checkpoint is a ``torch.save`` dict written by the parameter server::
 
     model             state_dict of the global model: parameters and buffers (BatchNorm
                       statistics, combined as docs/heterogeneity.md "Buffers" says)
-    optimizer         state_dict of the parameter server's optimizer (None with periodic sync)
+    optimizer         state_dict of the parameter server's optimizer (None with periodic sync);
+                      where the source group holds it sharded, its outline, the tensors in
+                      the state folder ``<name>.dcp`` (contracts/sharded_state.py)
     group_optimizers  {group index: state_dict} of each group's local optimizer (periodic) or None
     epoch, step       epoch being trained (0-based) and optimizer steps done since the start
     epoch_complete    True at an epoch end: resume starts epoch + 1
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from contracts import sharded_state
 from worker.engine import report
 
 
@@ -39,8 +42,13 @@ def save_checkpoint(
     partial = path.with_name(path.name + ".partial")
     torch.save(state, partial)
     os.replace(partial, path)
+    ref = sharded_state.reference(state.get("optimizer"))
     report.checkpoint(
-        str(path), step=int(state["step"]), epoch=int(state["epoch"]), provenance=provenance
+        str(path),
+        step=int(state["step"]),
+        epoch=int(state["epoch"]),
+        provenance=provenance,
+        parts=sharded_state.part_paths(ref) if ref is not None else None,
     )
 
 

@@ -28,15 +28,19 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from contracts import sharded_state
+from worker.engine import report
 from worker.engine.checkpoint import to_cpu
 from worker.engine.distributed import Topology
 from worker.engine.sharded import full, local
@@ -351,6 +355,64 @@ def outline(state_dict: dict[str, Any], whole: bool = False) -> dict[str, Any]:
         for key, values in state_dict["state"].items()
     }
     return to_cpu({"state": state, "param_groups": state_dict["param_groups"]})
+
+
+def save_state_rows(
+    optimizer: torch.optim.Optimizer, folder: Path, topo: Topology
+) -> dict[str, Any]:
+    """Every member of a sharded group, together: write this member's rows of each state
+    tensor of its optimizer into state folder ``folder`` with torch.distributed.checkpoint,
+    all members at once (one ``__<member>_0.distcp`` file each, DCP's ``.metadata`` from the
+    first), and report each file this member wrote (:func:`report.checkpoint_part`, for its
+    agent to upload). Nothing is gathered: the parameter server gets the returned outline
+    only (``contracts.sharded_state.outline_state``: the scalars, the parameter groups, and
+    every file of the folder). Raises OSError where the folder cannot be written."""
+    state_dict = optimizer.state_dict()
+    tensors = {
+        sharded_state.dcp_key(key, name): value
+        for key, values in state_dict["state"].items()
+        for name, value in values.items()
+        if isinstance(value, Tensor) and value.dim() > 0
+    }
+    metadata = dcp.save(tensors, checkpoint_id=folder, process_group=topo.group)
+    files = sorted({str(info.relative_path) for info in metadata.storage_data.values()})
+    member = topo.group_ranks.index(topo.rank)
+    for name in [".metadata", *files] if member == 0 else files:
+        if name == ".metadata" or name.startswith(f"__{member}_"):
+            report.checkpoint_part(str(folder / name))
+    return sharded_state.outline_state(
+        outline(state_dict), lambda v: isinstance(v, Rows), folder.name, [".metadata", *files]
+    )
+
+
+def load_state_rows(
+    optimizer: torch.optim.Optimizer, outlined: dict[str, Any], folder: Path
+) -> None:
+    """Load the optimizer state a checkpoint keeps in state folder ``folder``
+    (``outlined``: its outline, :func:`save_state_rows`) into ``optimizer``, reading only
+    what this worker holds: a sharded worker its rows as its group now lays them out (any
+    number of members: DCP reshards), a whole worker every row. Raises ValueError for a
+    folder that is not the outline's, RuntimeError (DCP's) for a missing tensor."""
+    ref = sharded_state.reference(outlined)
+    if ref is None:
+        raise ValueError("the optimizer state names no state folder")
+    files = [p.split("/", 1)[1] for p in sharded_state.part_paths(ref)]
+    params = optimizer_params(optimizer)
+    template: dict[str, Tensor] = {}
+    for key, name, dtype_name in sharded_state.marked_entries(outlined):
+        dtype = getattr(torch, dtype_name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"optimizer state {key}.{name} has no dtype {dtype_name!r}")
+        param = params[int(key)]
+        if isinstance(param, DTensor):
+            mine = torch.empty(param.to_local().shape, dtype=dtype, device=param.device)
+            template[sharded_state.dcp_key(key, name)] = like(param, mine)
+        else:
+            template[sharded_state.dcp_key(key, name)] = torch.empty(
+                param.shape, dtype=dtype, device=param.device
+            )
+    sharded_state.load_into(template, folder, files)
+    optimizer.load_state_dict(sharded_state.filled(outlined, template))
 
 
 def _in_order(state: dict[Any, dict[str, Any]]) -> list[tuple[Any, str]]:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from contracts import sharded_state
 from worker.engine import report, session
 from worker.engine.checkpoint import load_checkpoint, resume_package, save_checkpoint
 from worker.engine.contract import TrainingCode
@@ -93,29 +94,29 @@ def run_parameter_server(
     if spec.resume_from:
         state = load_checkpoint(spec.resume_from)
         model.load_state_dict(state["model"])
-        # Under sync the server never steps: with a sharded group the state stays in the file.
-        if state["optimizer"] is not None and not spec.any_sharded:
+        # Under sync the server never steps: a sharded group's state stays in its folder.
+        held_out = sharded_state.reference(state["optimizer"]) is not None
+        if state["optimizer"] is not None and not held_out:
             optimizer.load_state_dict(state["optimizer"])
         package = resume_package(state)
         outer_state = state.get("outer_optimizer")  # diloco's outer momentum stays here
     run, under_way = session.start(spec, code, topo, model, optimizer, data, package, clock)
     run.outer_state = outer_state
-    if spec.resume_from and spec.any_sharded and package is not None:
-        run.optimizer_in = str(Path(spec.resume_from).resolve())  # not loaded above
+    if package is not None and sharded_state.reference(package["optimizer"]) is not None:
+        run.optimizer_in = package["optimizer"]  # not loaded above
     if spec.debug_dump_dir:
         run.batches = []
     session.train(run, under_way, lambda r: {}, report_server_epoch)
-    # A sharded source group's optimizer state went into the checkpoints only (run.py).
+    # A sharded source group's optimizer state is in the last checkpoint's state folder
+    # (run.py): final.pt names that folder, the state being the same.
     directory = Path(spec.checkpoint_dir)
-    held = load_checkpoint(str(directory / run.optimizer_in)) if run.optimizer_in else None
     final = {
         "model": model.state_dict(),
-        "optimizer": held["optimizer"] if held is not None else optimizer.state_dict(),
+        "optimizer": run.optimizer_in if run.optimizer_in is not None else optimizer.state_dict(),
         "epoch": spec.epochs - 1,
         "step": run.step,
         "epoch_complete": True,
     }
-    del held
     save_checkpoint(directory / "final.pt", final)
     _dump_batches(run)
     report.done()

@@ -100,14 +100,29 @@ def metric_event(name: str, value: float, *, step: int, epoch: int, rank: int) -
 
 
 def checkpoint(
-    path: str, *, step: int, epoch: int, provenance: dict[str, Any] | None = None
+    path: str,
+    *,
+    step: int,
+    epoch: int,
+    provenance: dict[str, Any] | None = None,
+    parts: list[str] | None = None,
 ) -> None:
     """Report that a checkpoint file was written (by the parameter server), with the shard
-    provenance of the samples trained since the previous one when given."""
+    provenance of the samples trained since the previous one when given, and ``parts``, the
+    ``folder/file`` names of its sharded optimizer state (contracts/sharded_state.py) where
+    its state folder holds it."""
     event: dict[str, Any] = {"type": "checkpoint", "path": path, "step": step, "epoch": epoch}
     if provenance is not None:
         event["provenance"] = provenance
+    if parts:
+        event["parts"] = parts
     emit(event)
+
+
+def checkpoint_part(path: str) -> None:
+    """Report a file of a checkpoint's state folder this worker wrote (``path``:
+    ``<checkpoint_dir>/<name>.dcp/<file>``), for its agent to upload."""
+    emit({"type": "checkpoint_part", "path": path})
 
 
 def progress(*, epoch: int, step: int, steps_per_epoch: int, epochs: int) -> None:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from contracts import sharded_state
 from contracts.plan import guard_first_check_steps
 from worker.engine import report
 from worker.engine.agreement import check_parameters, hooked_precision
@@ -44,11 +45,11 @@ from worker.engine.exchange import gather_work, receive_at_ps, send_to_ps
 from worker.engine.fsdp import (
     assemble_rows_,
     group_sum_,
-    optimizer_params,
     outline,
     own_rows,
     receive_state_rows,
     rows_numel,
+    save_state_rows,
     send_state_rows,
 )
 from worker.engine.guard import GroupCost, Guard
@@ -114,9 +115,9 @@ class Run:
     strategy: Strategy[Run] = field(kw_only=True)
     _tail: Tensor | None = field(default=None, init=False, repr=False)  # sharded: the step's
     grad_fault: bool | None = None  # sharded: this worker's gradient was non-finite before the sum
-    # The checkpoint holding the latest optimizer state when the server did not load it (a
-    # sharded source group's, assembled into the file only).
-    optimizer_in: str | None = None
+    # The latest optimizer state's outline when the server does not hold it (a sharded
+    # source group's, in the last checkpoint's state folder: contracts/sharded_state.py).
+    optimizer_in: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.state = ModelState.of(self.model)
@@ -734,26 +735,28 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     sends = run.topo.rank == source if replicated else run.topo.am_i_leader and stepping(run)
     source_group = run.spec.group_of(source)
     # A sender's optimizer outline travels in the gather, its state tensors after it, one at
-    # a time (a sharded source group's members each their rows): no rank pickles or gathers a
-    # whole state.
+    # a time: no rank pickles or gathers a whole state. A sharded source group's members
+    # write their rows into the checkpoint's state folder instead, all at once
+    # (torch.distributed.checkpoint), and the outline names its files.
     sharded = run.spec.group_ranks(source_group) if run.spec.sharded(source_group) else []
-    if run.optimizer is not None and not run.topo.is_ps and sends:
-        local_optimizer = outline(run.optimizer.state_dict(), whole=not sharded)
+    if run.optimizer is not None and run.topo.rank in sharded:
+        folder = Path(run.spec.checkpoint_dir) / sharded_state.folder_of(name)
+        written = save_state_rows(run.optimizer, folder, run.topo)
+        local_optimizer = written if sends else None
+    elif run.optimizer is not None and not run.topo.is_ps and sends:
+        local_optimizer = outline(run.optimizer.state_dict(), whole=True)
     states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
-    if run.optimizer is not None and (local_optimizer is not None or run.topo.rank in sharded):
+    if run.optimizer is not None and local_optimizer is not None and not sharded:
         send_state_rows(run.optimizer.state_dict())
     if states is None:
         return
-    optimizer = run.optimizer
-    shapes = [p.shape for p in optimizer_params(optimizer)] if sharded and optimizer else []
     for r in sorted(states):  # the senders' tensors, each rank's in turn
-        if states[r]["optimizer"] is not None:
-            members = sharded if r == source and sharded else [r]
-            states[r]["optimizer"] = receive_state_rows(states[r]["optimizer"], members, shapes)
+        if states[r]["optimizer"] is not None and not sharded:
+            states[r]["optimizer"] = receive_state_rows(states[r]["optimizer"], [r])
     optimizer_state = None
     if replicated and run.optimizer is not None and sharded:
-        optimizer_state = states[source]["optimizer"]
-        run.optimizer_in = name  # not loaded: the server never steps it (ps.py's final.pt)
+        optimizer_state = states[source]["optimizer"]  # the outline: its state folder holds it
+        run.optimizer_in = optimizer_state  # not loaded: the server never steps it (final.pt)
     elif replicated and run.optimizer is not None:
         run.optimizer.load_state_dict(states[source]["optimizer"])
         run.optimizer_in = None

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from contracts import sharded_state
 from worker.engine import report
 from worker.engine.agreement import check_gradients
 from worker.engine.balance import Balancer
@@ -50,7 +51,7 @@ from worker.engine.exchange import (
     gather_work,
     sum_over_world,
 )
-from worker.engine.fsdp import optimizer_params, purge_jemalloc, shard_state
+from worker.engine.fsdp import load_state_rows, optimizer_params, purge_jemalloc, shard_state
 from worker.engine.provenance import ShardLedger
 from worker.engine.run import (
     MIN_WINDOW_STEPS,
@@ -230,9 +231,12 @@ def start(
     package = broadcast_object(package)
     replica = package is not None and run.strategy.replicated and not topo.is_ps
     if replica and optimizer is not None and package["optimizer"] is not None:
-        whole = package["optimizer"]  # a sharded worker keeps its rows of it
-        mine = shard_state(whole, optimizer_params(optimizer)) if run.sharded else whole
-        optimizer.load_state_dict(mine)
+        saved = package["optimizer"]
+        if sharded_state.reference(saved) is not None:  # each worker reads what it holds
+            load_state_rows(optimizer, saved, state_folder(spec, saved))
+        else:  # a sharded worker keeps its rows of a whole state
+            mine = shard_state(saved, optimizer_params(optimizer)) if run.sharded else saved
+            optimizer.load_state_dict(mine)
     if package is not None and fits(package, run):
         under_way = restore(run, package)
     elif package is not None and continues(package, run):
@@ -258,6 +262,25 @@ def start(
         clock.mark("agreement")
         clock.report(topo.rank)
     return run, under_way
+
+
+def state_folder(spec: RunSpec, outlined: dict[str, Any]) -> Path:
+    """Where this rank reads the resume checkpoint's state folder (named in ``outlined``, its
+    optimizer outline): ``spec.resume_state_dir`` where given (an agent downloads it into
+    the rank's folder), else beside ``spec.resume_from``. Raises FileNotFoundError naming
+    the folder where neither holds it."""
+    ref = sharded_state.reference(outlined) or {}
+    if spec.resume_state_dir:
+        folder = Path(spec.resume_state_dir)
+    elif spec.resume_from:
+        folder = Path(spec.resume_from).parent / str(ref.get("folder"))
+    else:
+        folder = Path(str(ref.get("folder")))
+    if not (folder / ".metadata").is_file():
+        raise FileNotFoundError(
+            f"the checkpoint's sharded optimizer state {ref.get('folder')!r} is not at {folder}"
+        )
+    return folder
 
 
 def fits(package: dict[str, Any], run: Run) -> bool:

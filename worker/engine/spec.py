@@ -38,7 +38,11 @@ class RunSpec(BaseModel):
     ``groups`` occupies a contiguous block of ranks, in list order. ``code`` is
     ``example:<name>`` (module ``examples/<name>.py`` of this repository) or an
     absolute path to a ``.py`` file. ``checkpoint_dir`` is written by the
-    parameter server only; ``resume_from`` is a checkpoint path it can read.
+    parameter server, and by the members of a sharded group (their rows of the optimizer
+    state, in each checkpoint's state folder, contracts/sharded_state.py); ``resume_from``
+    is a checkpoint path it can read. A compute worker reads the resume checkpoint's state
+    folder beside ``resume_from``, or at ``resume_state_dir`` where that is given (an
+    agent's rank, which downloads it into its own folder).
 
     Heterogeneity: ``split_policy`` gives each worker an equal (``even``) or
     throughput-proportional (``weighted``) share of data and global batch;
@@ -132,6 +136,7 @@ class RunSpec(BaseModel):
     data: DataOptions = Field(default_factory=DataOptions)
     checkpoint_dir: str
     resume_from: str | None = None
+    resume_state_dir: str | None = None
     emulation_pace: (
         list[tuple[Annotated[int, Field(ge=1)], Annotated[float, Field(gt=0)]]] | None
     ) = Field(default=None, min_length=1)

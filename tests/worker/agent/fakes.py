@@ -62,6 +62,8 @@ class FakeApi:
         self.status, self.attempt = status, attempt
         self.code = b"print('hello')\n"
         self.checkpoints: dict[int, bytes] = {}
+        # checkpoint id -> its sharded state's files ("<name>.dcp/<file>" -> bytes)
+        self.parts: dict[int, dict[str, bytes]] = {}
         self.master: tuple[str, int] | None = None
         self.peer_hosts: list[str] = []
         self.peers_complete = False
@@ -148,6 +150,16 @@ class FakeApi:
             return httpx.Response(200, content=self.code)
         if re.search(r"/checkpoints/\d+$", request.url.path):
             return httpx.Response(200, content=self.checkpoints[int(route)])
+        listed = re.search(r"/checkpoints/(\d+)/parts$", request.url.path)
+        if listed:
+            return httpx.Response(
+                200, json={"parts": sorted(self.parts.get(int(listed[1]), {})), "missing": []}
+            )
+        part = re.search(r"/checkpoints/(\d+)/parts/(.+)$", request.url.path)
+        if part:
+            return httpx.Response(200, content=self.parts[int(part[1])][part[2]])
+        if route == "checkpoint-parts":
+            return httpx.Response(200, json={"stored": request.url.params["part"]})
         if route == "state":
             self._wait_state(request)
             return httpx.Response(200, json={"status": self.status, "attempt": self.attempt})

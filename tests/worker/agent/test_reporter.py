@@ -170,6 +170,38 @@ def test_checkpoints_are_uploaded_only_from_the_ranks_own_folder(
     assert len(refused) == 3 and all(t.startswith("refused checkpoint") for t in refused)
 
 
+def test_a_sharded_workers_state_files_are_uploaded_from_its_own_folder_only(
+    api: FakeApi, tmp_path: Path
+) -> None:
+    """Each worker of a sharded group uploads the files of a checkpoint's state folder it
+    wrote (contracts/sharded_state.py); the parameter server's checkpoint names them all."""
+    rank_dir = tmp_path / "rank"
+    state = rank_dir / "checkpoints" / "step-8.pt.dcp"
+    state.mkdir(parents=True)
+    (state / "__1_0.distcp").write_bytes(b"rows")
+    (state / "notes.txt").write_bytes(b"x")
+    secret = tmp_path / "agent-secret"
+    secret.write_text("token")
+    (state / "__2_0.distcp").symlink_to(secret)
+    reporter = Reporter(api.client(), 4, group="a", attempt=2)
+    reporter.rank_dirs["rank-2"] = rank_dir
+    part = {"type": "checkpoint_part"}
+    reporter.pump(
+        lines(
+            ("rank-2", ev(**part, path=str(state / "__1_0.distcp"))),
+            ("rank-2", ev(**part, path=str(state / "notes.txt"))),  # not DCP's
+            ("rank-2", ev(**part, path=str(state / "__2_0.distcp"))),  # a symlink
+            ("rank-2", ev(**part, path=str(secret))),  # outside its folder
+            ("rank-1", ev(**part, path=str(state / "__1_0.distcp"))),  # not its folder
+        )
+    )
+    uploads = [r for r in api.requests if r.url.path.endswith("/checkpoint-parts")]
+    assert len(uploads) == 1 and uploads[0].content == b"rows"
+    assert dict(uploads[0].url.params) == {"part": "step-8.pt.dcp/__1_0.distcp", "attempt": "2"}
+    refused = [x["text"] for x in api.reported("lines")]
+    assert len(refused) == 4 and all(t.startswith("refused checkpoint part") for t in refused)
+
+
 def _provenance(**change: object) -> dict:
     record = {
         "worker": 0,

@@ -71,6 +71,26 @@ def test_a_later_attempt_resumes_from_the_named_checkpoint(api: FakeApi, run_wit
     assert {x["attempt"] for x in api.reported("lines")} == {2}
 
 
+def test_a_later_attempts_workers_fetch_the_sharded_state_of_its_checkpoint(
+    api: FakeApi, run_with: Run
+) -> None:
+    """A checkpoint whose optimizer state a sharded group's workers kept (its state folder,
+    contracts/sharded_state.py): every compute worker gets the folder's files in its own
+    folder, where it reads its rows of them; the parameter server only the checkpoint."""
+    files = {".metadata": b"meta", "__0_0.distcp": b"rows 0", "__1_0.distcp": b"rows 1"}
+    api.attempt, api.checkpoints[9] = 2, b"outline"
+    api.parts[9] = {f"step-8.pt.dcp/{name}": body for name, body in files.items()}
+    outcome, pool = run_with({0: RENDEZVOUS}, attempt=2, resume_checkpoint_id=9)
+    assert outcome == "succeeded"
+    ranks = pool.by_rank()
+    assert json.loads((ranks[0].rank_dir / "spec.json").read_text())["resume_state_dir"] is None
+    for rank in (1, 2):
+        spec = json.loads((ranks[rank].rank_dir / "spec.json").read_text())
+        folder = Path(spec["resume_state_dir"])
+        assert folder == ranks[rank].rank_dir / "resume-9.dcp"
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == files
+
+
 def test_another_group_waits_for_the_published_rendezvous(api: FakeApi, run_with: Run) -> None:
     def publish_on_second_ask(route: str) -> None:
         if route == "rendezvous" and len(api.calls("rendezvous")) >= 2:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from contracts import sharded_state
 from tests.worker.engine.reference import (
     TIMEOUT_S,
     assert_every_sample_once,
@@ -76,9 +77,16 @@ def test_sharded_groups_step_as_one_process(
     # The agreement checks (before training, then every 4 steps) passed: a disagreement
     # fails the run (on_disagreement: fail), which run_with_dump asserts against.
     assert (Path(spec.checkpoint_dir) / "step-6.pt").exists()
-    # final.pt holds the whole optimizer state, assembled from the sharded workers' rows
-    # (the parameter server, which never steps under sync, did not load it).
-    final = torch.load(Path(spec.checkpoint_dir) / "final.pt", weights_only=True)
+    # The source group (a) is sharded: final.pt names the last epoch's state folder, which
+    # its workers wrote (the parameter server, which never steps under sync, holds none of
+    # it); consolidated, as the portal builds a download, it is the whole optimizer state.
+    final_pt = Path(spec.checkpoint_dir) / "final.pt"
+    final = torch.load(final_pt, weights_only=True)
+    ref = sharded_state.reference(final["optimizer"])
+    assert ref is not None and ref["folder"] == f"epoch-{spec.epochs - 1}.pt.dcp"
+    whole = tmp_path / "final-whole.pt"
+    sharded_state.consolidate(final_pt, final_pt.parent / ref["folder"], whole)
+    final = torch.load(whole, weights_only=True)
     shapes = [tuple(t.shape) for t in final["model"].values()]
     momenta = [tuple(s["momentum_buffer"].shape) for s in final["optimizer"]["state"].values()]
     assert momenta == shapes
@@ -178,7 +186,11 @@ def test_a_sharded_checkpoint_resumes_on_another_number_of_workers(
     """A checkpoint taken mid-epoch with group "a" sharded over 2 workers goes on with one
     group of 4 sharded workers (each takes its rows of the model and of the optimizer's
     momentum; the output layer's one row is on the first only): it ends where the same
-    resume on 4 whole replicas ends."""
+    resume on 4 whole replicas ends.
+
+    The optimizer state is never gathered: each of group a's workers writes its rows into
+    the checkpoint's state folder (torch.distributed.checkpoint), and reports the files it
+    wrote; the checkpoint file keeps only the state's outline, naming them."""
     first = make_spec(
         epochs=1,
         checkpoint_every=5,
@@ -188,11 +200,29 @@ def test_a_sharded_checkpoint_resumes_on_another_number_of_workers(
         ],
     )
     stop_at = "step-10.pt"
-    launch_local(
+    ran = launch_local(
         first,
         timeout_s=TIMEOUT_S,
         stop_when=lambda e: e["type"] == "checkpoint" and Path(e["path"]).name == stop_at,
     )
+    saved = torch.load(Path(first.checkpoint_dir) / stop_at, weights_only=True)["optimizer"]
+    files = [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert saved["sharded_state"] == {"folder": "step-10.pt.dcp", "files": files}
+    kept = [v for s in saved["state"].values() for v in s.values() if isinstance(v, torch.Tensor)]
+    assert all(v.dim() == 0 for v in kept)  # scalars only: the state tensors are marked
+    assert {v for s in saved["state"].values() for v in s.values() if isinstance(v, str)} == {
+        "dcp:float32"
+    }
+    folder = Path(first.checkpoint_dir) / "step-10.pt.dcp"
+    assert sorted(p.name for p in folder.iterdir()) == files
+    parts = {
+        (e["_rank"], Path(e["path"]).name)
+        for e in ran.events
+        if e["type"] == "checkpoint_part" and Path(e["path"]).parent == folder
+    }
+    assert parts == {(1, ".metadata"), (1, "__0_0.distcp"), (2, "__1_0.distcp")}
+    told = [e for e in ran.events if e["type"] == "checkpoint" and e["path"].endswith(stop_at)]
+    assert told[0]["parts"] == [f"step-10.pt.dcp/{f}" for f in files]
     finals = {}
     for sharding in ("fsdp", "none"):
         moved = make_spec(

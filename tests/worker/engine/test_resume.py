@@ -57,8 +57,8 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     # 23 steps per epoch: step 35 is in the middle of epoch 1, after an exchange.
     "sync-even-exchange": ({"exchange_fraction": 0.25, "checkpoint_every": 7}, "step-35.pt"),
     "sync-batchnorm": ({"checkpoint_every": 7}, "step-35.pt"),
-    # Group "a" sharded (FSDP2): the checkpoint holds the momentum its two workers' rows
-    # assemble, and each takes its rows of it back.
+    # Group "a" sharded (FSDP2): its two workers write their rows of the momentum into the
+    # checkpoint's state folder, and each reads its rows of it back.
     "sync-fsdp": (
         {
             "checkpoint_every": 7,

@@ -1,0 +1,77 @@
+"""A checkpoint as one file to download: its sharded optimizer state made whole, on demand.
+
+A checkpoint of a task whose source group holds its optimizer sharded keeps that state in
+its state folder, one file from each of the group's workers (contracts/sharded_state.py).
+A user downloads one ``torch.save`` dict all the same: the first download builds it
+(``python -m contracts.sharded_state``, in a process of its own, so the API process never
+holds the state and a malformed folder cannot reach it) and keeps it beside the checkpoint,
+in ``.whole/``, for the next; stored checkpoints and their parts never change, so neither
+does what is built from them.
+"""
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from backend.core.errors import Conflict, ServiceError
+from backend.tasks.models import Checkpoint
+
+CONSOLIDATE_TIMEOUT_S = 1800.0
+"""The longest a consolidation may run (it reads and writes the whole state once)."""
+
+
+class ConsolidationFailed(ServiceError):
+    """The stored state could not be made one file (a 500: the stored files are at fault)."""
+
+    status = 500
+
+
+def whole_file(checkpoint: Checkpoint) -> Path:
+    """The file to download for ``checkpoint``: its own, or, where its optimizer state is
+    sharded, the consolidated one (built now if not yet).
+
+    Raises:
+        Conflict: a file of its sharded state is not stored yet (field `checkpoint_id`).
+        ConsolidationFailed: the stored files do not make a whole state.
+    """
+    own = Path(checkpoint.path)
+    if not checkpoint.parts:
+        return own
+    missing = checkpoint.missing_parts()
+    if missing:
+        raise Conflict(
+            f"checkpoint {checkpoint.id}'s sharded optimizer state is still arriving: "
+            f"{len(missing)} of its {len(checkpoint.parts)} files are not stored yet; its "
+            "workers upload them beside it, so try again shortly",
+            field="checkpoint_id",
+        )
+    target = own.parent / ".whole" / own.name
+    if target.is_file():
+        return target
+    target.parent.mkdir(exist_ok=True, mode=0o700)
+    partial = target.with_name(f".{own.name}.{os.getpid()}-{threading.get_ident()}.partial")
+    folder = own.parent / checkpoint.parts[0].split("/", 1)[0]
+    command = [sys.executable, "-m", "contracts.sharded_state", str(own), str(folder)]
+    try:
+        done = subprocess.run(
+            [*command, str(partial)],
+            capture_output=True,
+            text=True,
+            timeout=CONSOLIDATE_TIMEOUT_S,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ConsolidationFailed(
+                f"checkpoint {checkpoint.id} could not be made one file: "
+                f"{done.stderr.strip()[-500:]}"
+            )
+        os.replace(partial, target)
+    except subprocess.TimeoutExpired:
+        raise ConsolidationFailed(
+            f"checkpoint {checkpoint.id} took over {CONSOLIDATE_TIMEOUT_S:.0f} s to make whole"
+        ) from None
+    finally:
+        partial.unlink(missing_ok=True)
+    return target

@@ -1,0 +1,263 @@
+"""A checkpoint's sharded optimizer state: written by a sharded group's members with
+torch.distributed.checkpoint (DCP), read back by rows, consolidated on demand.
+
+Where the group the checkpoint takes its optimizer from holds it sharded (``sharding:
+fsdp``), no process gathers that state. Each member writes its rows of every state tensor
+(Adam's two moments) into the checkpoint's *state folder*, ``<checkpoint name>.dcp``, at
+once with the others: one ``__<member>_0.distcp`` file each, and the first member DCP's
+``.metadata``. The checkpoint file itself (``step-8.pt``: the parameter server's ``torch.save``
+dict) keeps, as its ``optimizer``, the state dict's outline: the scalars (Adam's ``step``),
+the parameter groups, each sharded tensor replaced by the marker ``"dcp:<dtype>"``, and
+``sharded_state`` = ``{"folder": "step-8.pt.dcp", "files": [...]}``, the files that make the
+state whole. ``final.pt`` names the last epoch's folder (the same state).
+
+On resume each worker reads its own view (:func:`load_into`): a sharded worker its rows as
+its new group lays them out, so a group of 2 resumes on 3 (resharding), a whole worker every
+row. The portal builds the one consolidated ``state_dict`` a user downloads on demand
+(:func:`consolidate`, ``python -m contracts.sharded_state``), in a process of its own.
+
+DCP's ``.metadata`` is a pickle, and the files come from ranks that run user code: every read
+here goes through :class:`SafeReader`, which unpickles only DCP's metadata classes, opens only
+the files listed, and takes tensors only (``torch.load(weights_only=True)``, DCP's own).
+docs/heterogeneity.md, "Sharded optimizer state".
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+FOLDER_SUFFIX = ".dcp"
+"""A state folder is named after its checkpoint: ``step-8.pt`` keeps ``step-8.pt.dcp``."""
+MARK = "dcp:"
+"""A state tensor kept in the state folder, in the checkpoint's optimizer outline:
+``"dcp:float32"``."""
+PART_PATTERN = r"^(\.metadata|__[0-9]{1,6}_[0-9]{1,6}\.distcp)$"
+"""The files DCP's file system writer makes, one pattern for every one of them."""
+PART = re.compile(PART_PATTERN)
+FOLDER_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,195}\.dcp$"
+FOLDER = re.compile(FOLDER_PATTERN)
+MAX_PARTS = 4097
+"""The most files a state folder may have: DCP's ``.metadata`` and one file a member."""
+MAX_STATE_BYTES = 64 << 30
+"""The largest state a consolidation builds (its metadata claims the tensors' sizes)."""
+
+
+def folder_of(checkpoint_name: str) -> str:
+    """The state folder's name of checkpoint ``checkpoint_name`` (``step-8.pt.dcp``)."""
+    return checkpoint_name + FOLDER_SUFFIX
+
+
+def reference(state_dict: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``sharded_state`` of an optimizer outline (``{"folder", "files"}``), or None for
+    a whole state (or none)."""
+    if not isinstance(state_dict, dict):
+        return None
+    ref = state_dict.get("sharded_state")
+    return ref if isinstance(ref, dict) else None
+
+
+def part_paths(ref: dict[str, Any]) -> list[str]:
+    """``folder/file`` of every file of reference ``ref``, checked: raises ValueError for a
+    folder or file name that is not DCP's (a path, ``..``, another file)."""
+    folder = str(ref.get("folder", ""))
+    if not FOLDER.match(folder):
+        raise ValueError(f"sharded state folder {folder[:200]!r} is not <checkpoint>.dcp")
+    files = [str(f) for f in ref.get("files", [])]
+    bad = [f[:200] for f in files if not PART.match(f)]
+    if bad or ".metadata" not in files:
+        raise ValueError(
+            f"sharded state files {bad or files} are not DCP's (.metadata, __<n>_0.distcp)"
+        )
+    return [f"{folder}/{f}" for f in files]
+
+
+def check_part(path: str) -> tuple[str, str]:
+    """``(folder, file)`` of part path ``path`` (``step-8.pt.dcp/__0_0.distcp``). Raises
+    ValueError for anything but a state folder's name and one of DCP's file names."""
+    folder, _, name = path.partition("/")
+    if not FOLDER.match(folder) or not PART.match(name):
+        raise ValueError(
+            f"{path[:200]!r} is no part of a state folder: '<checkpoint>.dcp/<file>', the "
+            "file '.metadata' or '__<n>_<m>.distcp'"
+        )
+    return folder, name
+
+
+def marked(dtype: Any) -> str:
+    """The outline's marker of a state tensor of ``dtype`` kept in the state folder."""
+    return MARK + str(dtype).removeprefix("torch.")
+
+
+def outline_state(
+    state_dict: dict[str, Any], is_row: Callable[[Any], bool], folder: str, files: Sequence[str]
+) -> dict[str, Any]:
+    """An optimizer ``state_dict`` with every tensor ``is_row`` accepts (one shaped as its
+    parameter) replaced by its :func:`marked` dtype, and ``sharded_state`` set: what a
+    checkpoint keeps of a state the state folder holds."""
+    state = {
+        key: {n: marked(v.dtype) if is_row(v) else v for n, v in values.items()}
+        for key, values in state_dict["state"].items()
+    }
+    return {
+        "state": state,
+        "param_groups": state_dict["param_groups"],
+        "sharded_state": {"folder": folder, "files": sorted(files)},
+    }
+
+
+def marked_entries(outline: dict[str, Any]) -> Iterator[tuple[Any, str, str]]:
+    """``(state key, state name, dtype name)`` of every marked tensor of ``outline``."""
+    for key, values in outline["state"].items():
+        for name, value in values.items():
+            if isinstance(value, str) and value.startswith(MARK):
+                yield key, name, value.removeprefix(MARK)
+
+
+def dcp_key(key: Any, name: str) -> str:
+    """The flat key DCP gives state tensor ``name`` of parameter ``key``."""
+    return f"state.{key}.{name}"
+
+
+def filled(outline: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
+    """``outline`` as the optimizer ``state_dict`` it stands for: each marker replaced by its
+    tensor from ``tensors`` (keyed by :func:`dcp_key`), ``sharded_state`` dropped."""
+    state = {
+        key: {
+            name: tensors[dcp_key(key, name)]
+            if isinstance(value, str) and value.startswith(MARK)
+            else value
+            for name, value in values.items()
+        }
+        for key, values in outline["state"].items()
+    }
+    return {"state": state, "param_groups": outline["param_groups"]}
+
+
+# -- reading: DCP's metadata unpickled from an allow-list ------------------------------
+
+_ALLOWED = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "TensorStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's metadata classes, torch's dtypes and layouts, and nothing else."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if name in _ALLOWED.get(module, ()):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"DCP metadata may not name {module}.{name}")
+
+
+def read_metadata(folder: Path, files: Sequence[str]) -> Any:
+    """The DCP ``Metadata`` of ``folder``, checked: only tensors (no pickled objects), each
+    stored in one of ``files``, at most :data:`MAX_STATE_BYTES` in all. Raises ValueError
+    for anything else, pickle.UnpicklingError for a class outside the allow-list."""
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+    with open(folder / ".metadata", "rb") as fh:
+        metadata = _MetadataUnpickler(fh).load()
+    if not isinstance(metadata, Metadata):
+        raise ValueError("the state folder's .metadata is not DCP metadata")
+    total = 0
+    for key, item in metadata.state_dict_metadata.items():
+        if not isinstance(item, TensorStorageMetadata):
+            raise ValueError(f"sharded state entry {key[:200]!r} is not a tensor")
+        total += item.size.numel() * item.properties.dtype.itemsize
+    if total > MAX_STATE_BYTES:
+        raise ValueError(f"sharded state claims {total} bytes, over {MAX_STATE_BYTES}")
+    listed = set(files)
+    for info in (metadata.storage_data or {}).values():
+        if str(info.relative_path) not in listed:
+            raise ValueError(f"sharded state names file {str(info.relative_path)[:200]!r}")
+    return metadata
+
+
+def reader(folder: Path, files: Sequence[str]) -> Any:
+    """A DCP storage reader of ``folder`` whose metadata is read by :func:`read_metadata`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            metadata = read_metadata(Path(folder), files)
+            metadata.storage_meta = StorageMeta()  # as DCP's own reader: its path dropped
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(str(folder))
+
+
+def load_into(template: dict[str, Any], folder: Path, files: Sequence[str]) -> None:
+    """Fill ``template`` (``{dcp_key: tensor}``: whole tensors, or DTensors laid out as this
+    worker's group shards them) from the state folder, in place, on this process alone.
+    Raises ValueError / pickle.UnpicklingError for a folder :func:`read_metadata` refuses,
+    RuntimeError (DCP's) for a key or shape the folder lacks."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(template, storage_reader=reader(folder, files), no_dist=True)
+
+
+def consolidate(checkpoint: Path, folder: Path, out: Path) -> None:
+    """Write to ``out`` checkpoint ``checkpoint`` with its optimizer whole: the sharded state
+    of ``folder`` (the state folder named in it, wherever it is kept) read into each marked
+    tensor, whole. A checkpoint with a whole optimizer is written as it is. Raises ValueError
+    for a checkpoint or folder that does not match, pickle errors for a file that is not one."""
+    import torch
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    outline = state.get("optimizer") if isinstance(state, dict) else None
+    ref = reference(outline)
+    if ref is not None:
+        assert outline is not None
+        files = [p.split("/", 1)[1] for p in part_paths(ref)]
+        metadata = read_metadata(folder, files)
+        template = {}
+        for key, name, _ in marked_entries(outline):
+            item = metadata.state_dict_metadata.get(dcp_key(key, name))
+            if item is None:
+                raise ValueError(f"the state folder has no {dcp_key(key, name)!r}")
+            template[dcp_key(key, name)] = torch.empty(item.size, dtype=item.properties.dtype)
+        load_into(template, folder, files)
+        state["optimizer"] = filled(outline, template)
+    torch.save(state, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m contracts.sharded_state CHECKPOINT FOLDER OUT``: :func:`consolidate`."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3:
+        print("usage: python -m contracts.sharded_state CHECKPOINT FOLDER OUT", file=sys.stderr)
+        return 2
+    try:
+        consolidate(Path(args[0]), Path(args[1]), Path(args[2]))
+    except (ValueError, OSError, pickle.UnpicklingError, RuntimeError) as exc:
+        print(f"cannot consolidate {args[0]}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

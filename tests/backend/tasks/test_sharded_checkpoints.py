@@ -1,0 +1,155 @@
+"""A checkpoint whose optimizer state its sharded group's workers keep (contracts/sharded_state.py),
+at the backend: the files of its state folder arrive beside it, in any order, each from the
+worker that wrote it; until all are stored it is neither resumed from nor downloadable; its
+download is one consolidated state dict, the same as a whole run's; a tampered folder is
+refused, never run."""
+
+import io
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from backend.scheduler.dispatch import last_checkpoint
+from tests.backend.scheduling import group, running_task
+from tests.conftest import agent_headers
+from tests.worker.engine.conftest import build_spec
+from tests.worker.engine.reference import TIMEOUT_S
+from worker.engine.local import launch_local
+
+pytestmark = pytest.mark.stack
+
+GROUPS = [
+    {"name": "a", "device_type": "cpu", "workers": 2, "sharding": "fsdp"},
+    {"name": "b", "device_type": "cpu", "workers": 1},
+]
+FILES = [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One epoch of the same task with group a sharded and whole: their checkpoint folders."""
+    found = {}
+    for sharding in ("fsdp", "none"):
+        folder = tmp_path_factory.mktemp(sharding)
+        groups = [{**g, "sharding": sharding} if g["name"] == "a" else g for g in GROUPS]
+        spec = build_spec(folder, epochs=1, groups=groups)
+        run = launch_local(spec, timeout_s=TIMEOUT_S)
+        assert run.ok, run.text(0)[-2000:]
+        found[sharding] = Path(spec.checkpoint_dir)
+    return found
+
+
+def _upload(client: TestClient, task_id: int, source: Path, parts: list[str]) -> int:
+    response = client.post(
+        f"/internal/v1/tasks/{task_id}/checkpoints",
+        headers=agent_headers(),
+        params={"name": source.name, "epoch": 0, "step": 23, "parts": parts},
+        content=source.read_bytes(),
+    )
+    response.raise_for_status()
+    return int(response.json()["id"])
+
+
+def _upload_part(client: TestClient, task_id: int, part: str, body: bytes) -> int:
+    return client.post(
+        f"/internal/v1/tasks/{task_id}/checkpoint-parts",
+        headers=agent_headers(),
+        params={"part": part},
+        content=body,
+    ).status_code
+
+
+def test_a_sharded_checkpoint_is_whole_once_its_parts_arrive_and_downloads_as_one(
+    client: TestClient, session: Session, runs: dict[str, Path]
+) -> None:
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    folder = runs["fsdp"] / "epoch-0.pt.dcp"
+    parts = [f"epoch-0.pt.dcp/{f}" for f in FILES]
+    assert _upload_part(client, task.id, parts[2], (folder / FILES[2]).read_bytes()) == 200
+    checkpoint = _upload(client, task.id, runs["fsdp"] / "epoch-0.pt", parts)
+    assert _upload_part(client, task.id, parts[0], (folder / FILES[0]).read_bytes()) == 200
+
+    listed = client.get(
+        f"/internal/v1/tasks/{task.id}/checkpoints/{checkpoint}/parts", headers=agent_headers()
+    ).json()
+    assert listed == {"parts": parts, "missing": [parts[1]]}
+    session.expire_all()
+    assert last_checkpoint(session, task_id=task.id) is None  # not resumable yet
+    url = f"/api/v1/tasks/{task.id}/checkpoints/{checkpoint}/download"
+    early = client.get(url)
+    assert early.status_code == 409 and "1 of its 3 files are not stored yet" in early.text
+
+    assert _upload_part(client, task.id, parts[1], (folder / FILES[1]).read_bytes()) == 200
+    # Sent again (a retried upload): kept; other bytes under a stored name: refused.
+    assert _upload_part(client, task.id, parts[1], (folder / FILES[1]).read_bytes()) == 200
+    assert _upload_part(client, task.id, parts[1], b"other") == 409
+    session.expire_all()
+    resumable = last_checkpoint(session, task_id=task.id)
+    assert resumable is not None and resumable.id == checkpoint
+    fetched = client.get(
+        f"/internal/v1/tasks/{task.id}/checkpoints/{checkpoint}/parts/{parts[2]}",
+        headers=agent_headers(),
+    )
+    assert fetched.content == (folder / FILES[2]).read_bytes()
+
+    downloaded = client.get(url)
+    assert downloaded.status_code == 200, downloaded.text
+    got = torch.load(io.BytesIO(downloaded.content), weights_only=True)
+    whole = torch.load(runs["none"] / "epoch-0.pt", weights_only=True)
+    assert "sharded_state" not in got["optimizer"]
+    assert got["optimizer"]["param_groups"] == whole["optimizer"]["param_groups"]
+    assert got["optimizer"]["state"].keys() == whole["optimizer"]["state"].keys()
+    for key, state in whole["optimizer"]["state"].items():
+        for name, value in state.items():  # sync with fsdp steps as one process does
+            torch.testing.assert_close(
+                got["optimizer"]["state"][key][name], value, atol=1e-5, rtol=0
+            )
+    for name, value in whole["model"].items():
+        torch.testing.assert_close(got["model"][name], value, atol=1e-5, rtol=0)
+    assert client.get(url).content == downloaded.content  # built once, kept
+    (listed_row,) = client.get(f"/api/v1/tasks/{task.id}/checkpoints").json()
+    assert listed_row["sharded_files"] == 3
+    page = client.get(f"/tasks/{task.id}")
+    assert page.status_code == 200 and "(3 files), made one file on download" in page.text
+
+
+class _Run:
+    def __reduce__(self) -> tuple:
+        import os
+
+        return (os.system, ("touch /tmp/polytrain-pwned",))
+
+
+@pytest.mark.parametrize("bad", ["a part name", "code in its metadata"])
+def test_a_tampered_state_folder_is_refused(
+    bad: str, client: TestClient, session: Session, runs: dict[str, Path]
+) -> None:
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    folder = runs["fsdp"] / "epoch-0.pt.dcp"
+    if bad == "a part name":
+        response = client.post(
+            f"/internal/v1/tasks/{task.id}/checkpoint-parts",
+            headers=agent_headers(),
+            params={"part": "epoch-0.pt.dcp/../../secret"},
+            content=b"x",
+        )
+        assert response.status_code == 422 and "'.metadata' or '__<n>_<m>.distcp'" in response.text
+        return
+    parts = [f"epoch-0.pt.dcp/{f}" for f in FILES]
+    checkpoint = _upload(client, task.id, runs["fsdp"] / "epoch-0.pt", parts)
+    for part, name in zip(parts, FILES, strict=True):
+        body = pickle.dumps(_Run()) if name == ".metadata" else (folder / name).read_bytes()
+        assert _upload_part(client, task.id, part, body) == 200
+    Path("/tmp/polytrain-pwned").unlink(missing_ok=True)
+    response = client.get(f"/api/v1/tasks/{task.id}/checkpoints/{checkpoint}/download")
+    assert response.status_code == 500
+    assert "could not be made one file" in response.text and "posix.system" in response.text
+    assert not Path("/tmp/polytrain-pwned").exists()
