@@ -24,6 +24,7 @@ docs/heterogeneity.md, "Sharded optimizer state".
 
 from __future__ import annotations
 
+import math
 import pickle
 import re
 import sys
@@ -65,10 +66,10 @@ def part_paths(ref: dict[str, Any]) -> list[str]:
     """``folder/file`` of every file of reference ``ref``, checked: raises ValueError for a
     folder or file name that is not DCP's (a path, ``..``, another file)."""
     folder = str(ref.get("folder", ""))
-    if not FOLDER.match(folder):
+    if not FOLDER.fullmatch(folder):
         raise ValueError(f"sharded state folder {folder[:200]!r} is not <checkpoint>.dcp")
     files = [str(f) for f in ref.get("files", [])]
-    bad = [f[:200] for f in files if not PART.match(f)]
+    bad = [f[:200] for f in files if not PART.fullmatch(f)]
     if bad or ".metadata" not in files:
         raise ValueError(
             f"sharded state files {bad or files} are not DCP's (.metadata, __<n>_0.distcp)"
@@ -80,7 +81,7 @@ def check_part(path: str) -> tuple[str, str]:
     """``(folder, file)`` of part path ``path`` (``step-8.pt.dcp/__0_0.distcp``). Raises
     ValueError for anything but a state folder's name and one of DCP's file names."""
     folder, _, name = path.partition("/")
-    if not FOLDER.match(folder) or not PART.match(name):
+    if not FOLDER.fullmatch(folder) or not PART.fullmatch(name):
         raise ValueError(
             f"{path[:200]!r} is no part of a state folder: '<checkpoint>.dcp/<file>', the "
             "file '.metadata' or '__<n>_<m>.distcp'"
@@ -173,8 +174,11 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 def read_metadata(folder: Path, files: Sequence[str]) -> Any:
     """The DCP ``Metadata`` of ``folder``, checked: only tensors (no pickled objects), each
-    stored in one of ``files``, at most :data:`MAX_STATE_BYTES` in all. Raises ValueError
-    for anything else, pickle.UnpicklingError for a class outside the allow-list."""
+    tensor covered exactly by its stored chunks (no dimension negative, no chunk outside it,
+    their elements summing to its own), each chunk stored in one of ``files``, and no more
+    bytes claimed than those files hold (DCP stores tensors uncompressed), nor over
+    :data:`MAX_STATE_BYTES`. Raises ValueError for anything else, pickle.UnpicklingError for
+    a class outside the allow-list."""
     from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
     with open(folder / ".metadata", "rb") as fh:
@@ -185,14 +189,32 @@ def read_metadata(folder: Path, files: Sequence[str]) -> Any:
     for key, item in metadata.state_dict_metadata.items():
         if not isinstance(item, TensorStorageMetadata):
             raise ValueError(f"sharded state entry {key[:200]!r} is not a tensor")
+        _check_chunks(key, item)
         total += item.size.numel() * item.properties.dtype.itemsize
-    if total > MAX_STATE_BYTES:
-        raise ValueError(f"sharded state claims {total} bytes, over {MAX_STATE_BYTES}")
+    stored = sum((folder / f).stat().st_size for f in files if f != ".metadata")
+    if total > min(stored, MAX_STATE_BYTES):
+        raise ValueError(f"sharded state claims {total} bytes; its files hold {stored}")
     listed = set(files)
     for info in (metadata.storage_data or {}).values():
         if str(info.relative_path) not in listed:
             raise ValueError(f"sharded state names file {str(info.relative_path)[:200]!r}")
     return metadata
+
+
+def _check_chunks(key: str, item: Any) -> None:
+    """Raise ValueError unless tensor ``item``'s chunks lie inside it and cover it once."""
+    size = list(item.size)
+    covered = 0
+    for chunk in item.chunks:
+        offsets, sizes = list(chunk.offsets), list(chunk.sizes)
+        inside = len(offsets) == len(sizes) == len(size) and all(
+            o >= 0 and n >= 0 and o + n <= d for o, n, d in zip(offsets, sizes, size, strict=True)
+        )
+        if not inside:
+            raise ValueError(f"sharded state entry {key[:200]!r} has a chunk outside its shape")
+        covered += math.prod(sizes)
+    if any(d < 0 for d in size) or covered != math.prod(size):
+        raise ValueError(f"sharded state entry {key[:200]!r} is not covered by its chunks")
 
 
 def reader(folder: Path, files: Sequence[str]) -> Any:
@@ -254,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         consolidate(Path(args[0]), Path(args[1]), Path(args[2]))
     except (ValueError, OSError, pickle.UnpicklingError, RuntimeError) as exc:
-        print(f"cannot consolidate {args[0]}: {exc}", file=sys.stderr)
+        # Named without the folders (the portal's paths): what is wrong with the files.
+        said = str(exc).replace(args[1], "<state folder>").replace(args[0], "<checkpoint>")
+        print(f"{type(exc).__name__}: {said}", file=sys.stderr)
         return 1
     return 0
 

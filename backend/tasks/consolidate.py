@@ -23,9 +23,16 @@ CONSOLIDATE_TIMEOUT_S = 1800.0
 
 
 class ConsolidationFailed(ServiceError):
-    """The stored state could not be made one file (a 500: the stored files are at fault)."""
+    """The stored state could not be made one file: its files, written by the task's own
+    ranks, are malformed (a 422 naming the checkpoint)."""
 
-    status = 500
+    status = 422
+
+
+def _plain_env() -> dict[str, str]:
+    """The consolidation's environment: the interpreter's search paths and locale only."""
+    keep = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "HOME", "VIRTUAL_ENV")
+    return {k: v for k, v in os.environ.items() if k in keep} | {"OMP_NUM_THREADS": "1"}
 
 
 def whole_file(checkpoint: Checkpoint) -> Path:
@@ -34,7 +41,8 @@ def whole_file(checkpoint: Checkpoint) -> Path:
 
     Raises:
         Conflict: a file of its sharded state is not stored yet (field `checkpoint_id`).
-        ConsolidationFailed: the stored files do not make a whole state.
+        ConsolidationFailed: the stored files do not make a whole state (field
+            `checkpoint_id`).
     """
     own = Path(checkpoint.path)
     if not checkpoint.parts:
@@ -61,16 +69,21 @@ def whole_file(checkpoint: Checkpoint) -> Path:
             text=True,
             timeout=CONSOLIDATE_TIMEOUT_S,
             check=False,
+            env=_plain_env(),  # none of the portal's settings or secrets
+            cwd=own.parent,
         )
         if done.returncode != 0:
+            said = (done.stderr.strip().splitlines() or ["no reason given"])[-1]
             raise ConsolidationFailed(
-                f"checkpoint {checkpoint.id} could not be made one file: "
-                f"{done.stderr.strip()[-500:]}"
+                f"checkpoint {checkpoint.id} could not be made one file, its sharded state's "
+                f"files being malformed ({said[-300:]}); download an earlier checkpoint",
+                field="checkpoint_id",
             )
         os.replace(partial, target)
     except subprocess.TimeoutExpired:
         raise ConsolidationFailed(
-            f"checkpoint {checkpoint.id} took over {CONSOLIDATE_TIMEOUT_S:.0f} s to make whole"
+            f"checkpoint {checkpoint.id} took over {CONSOLIDATE_TIMEOUT_S:.0f} s to make whole",
+            field="checkpoint_id",
         ) from None
     finally:
         partial.unlink(missing_ok=True)

@@ -44,6 +44,32 @@ def test_metadata_naming_a_file_outside_the_folder_is_refused(tmp_path: Path) ->
         sharded_state.read_metadata(folder, files)
 
 
+@pytest.mark.parametrize(
+    ("claim", "said"),
+    [
+        ([1 << 20, 1 << 10], "claims 4294967308 bytes; its files hold"),  # huge, from little
+        ([-5, 3], "has a chunk outside its shape"),  # a negative size, to lower the sum
+    ],
+)
+def test_metadata_claiming_more_than_its_files_hold_is_refused(
+    claim: list[int], said: str, tmp_path: Path
+) -> None:
+    folder, files = _folder(tmp_path, {"state.0.exp_avg": torch.ones(3)})
+
+    def inflate(metadata) -> None:  # type: ignore[no-untyped-def]
+        item = metadata.state_dict_metadata["state.0.exp_avg"]
+        chunk = dataclasses.replace(item.chunks[0], offsets=torch.Size([0, 0]))
+        metadata.state_dict_metadata["state.1.exp_avg"] = dataclasses.replace(
+            item,
+            size=torch.Size(claim),
+            chunks=[dataclasses.replace(chunk, sizes=torch.Size(claim))],
+        )
+
+    _rewrite(folder, inflate)
+    with pytest.raises(ValueError, match=said):
+        sharded_state.read_metadata(folder, files)
+
+
 def test_metadata_holding_anything_but_tensors_is_refused(tmp_path: Path) -> None:
     folder, files = _folder(tmp_path, {"state.0.exp_avg": torch.ones(3), "note": "hello"})
     with pytest.raises(pickle.UnpicklingError, match="may not name .*BytesStorageMetadata"):

@@ -102,17 +102,25 @@ def run_parameter_server(
         outer_state = state.get("outer_optimizer")  # diloco's outer momentum stays here
     run, under_way = session.start(spec, code, topo, model, optimizer, data, package, clock)
     run.outer_state = outer_state
+    resumed = None
     if package is not None and sharded_state.reference(package["optimizer"]) is not None:
-        run.optimizer_in = package["optimizer"]  # not loaded above
+        resumed = run.optimizer_in = package["optimizer"]  # not loaded above
     if spec.debug_dump_dir:
         run.batches = []
     session.train(run, under_way, lambda r: {}, report_server_epoch)
     # A sharded source group's optimizer state is in the last checkpoint's state folder
     # (run.py): final.pt names that folder, the state being the same.
     directory = Path(spec.checkpoint_dir)
+    held: dict[str, Any] | None = (
+        run.optimizer_in if run.optimizer_in is not None else optimizer.state_dict()
+    )
+    if resumed is not None and run.optimizer_in is resumed:
+        # No checkpoint since the resume: the folder is the resumed one's, not beside final.pt.
+        held = None
+        report.log("final.pt holds no optimizer state: none was trained after the resume")
     final = {
         "model": model.state_dict(),
-        "optimizer": run.optimizer_in if run.optimizer_in is not None else optimizer.state_dict(),
+        "optimizer": held,
         "epoch": spec.epochs - 1,
         "step": run.step,
         "epoch_complete": True,

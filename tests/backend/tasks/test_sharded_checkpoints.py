@@ -150,6 +150,9 @@ def test_a_tampered_state_folder_is_refused(
         assert _upload_part(client, task.id, part, body) == 200
     Path("/tmp/polytrain-pwned").unlink(missing_ok=True)
     response = client.get(f"/api/v1/tasks/{task.id}/checkpoints/{checkpoint}/download")
-    assert response.status_code == 500
-    assert "could not be made one file" in response.text and "posix.system" in response.text
+    assert response.status_code == 422, response.text
+    said = response.json()["error"]
+    assert said["field"] == "checkpoint_id" and "download an earlier checkpoint" in said["message"]
+    assert "may not name posix.system" in said["message"]
+    assert str(runs["fsdp"]) not in said["message"] and "/checkpoints/" not in said["message"]
     assert not Path("/tmp/polytrain-pwned").exists()

@@ -224,13 +224,18 @@ def test_a_sharded_checkpoint_resumes_on_another_number_of_workers(
     told = [e for e in ran.events if e["type"] == "checkpoint" and e["path"].endswith(stop_at)]
     assert told[0]["parts"] == [f"step-10.pt.dcp/{f}" for f in files]
     finals = {}
-    for sharding in ("fsdp", "none"):
+    fetched = None
+    for sharding in ("none", "fsdp"):
+        if sharding == "fsdp":  # as an agent's worker: the folder downloaded into its own
+            fetched = str(tmp_path / "resume-9.dcp")
+            folder.rename(fetched)
         moved = make_spec(
             epochs=2,
             groups=[{"name": "solo", "device_type": "cpu", "workers": 4}],
             sharding=sharding,
             checkpoint_dir=str(tmp_path / sharding),
             resume_from=str(Path(first.checkpoint_dir) / stop_at),
+            resume_state_dir=fetched,
         )
         run, finals[sharding] = run_with_dump(moved, tmp_path / f"params-{sharding}")
         assert "continues epoch 0 at step 10 of 23 on 4 workers" in "\n".join(run.output[0])
