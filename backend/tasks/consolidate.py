@@ -9,6 +9,7 @@ in ``.whole/``, for the next; stored checkpoints and their parts never change, s
 does what is built from them.
 """
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -59,8 +60,19 @@ def whole_file(checkpoint: Checkpoint) -> Path:
     if target.is_file():
         return target
     target.parent.mkdir(exist_ok=True, mode=0o700)
+    # One build at a time for a checkpoint (across the API's processes): a second download
+    # waits for the first's file instead of building it again.
+    with open(target.with_name(f".{own.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.is_file():
+            _build(checkpoint.id, own, own.parent / checkpoint.parts[0].split("/", 1)[0], target)
+    return target
+
+
+def _build(checkpoint_id: int, own: Path, folder: Path, target: Path) -> None:
+    """Write ``target``: checkpoint file ``own`` with the state of ``folder`` made whole, by a
+    subprocess."""
     partial = target.with_name(f".{own.name}.{os.getpid()}-{threading.get_ident()}.partial")
-    folder = own.parent / checkpoint.parts[0].split("/", 1)[0]
     command = [sys.executable, "-m", "contracts.sharded_state", str(own), str(folder)]
     try:
         done = subprocess.run(
@@ -75,16 +87,15 @@ def whole_file(checkpoint: Checkpoint) -> Path:
         if done.returncode != 0:
             said = (done.stderr.strip().splitlines() or ["no reason given"])[-1]
             raise ConsolidationFailed(
-                f"checkpoint {checkpoint.id} could not be made one file, its sharded state's "
+                f"checkpoint {checkpoint_id} could not be made one file, its sharded state's "
                 f"files being malformed ({said[-300:]}); download an earlier checkpoint",
                 field="checkpoint_id",
             )
         os.replace(partial, target)
     except subprocess.TimeoutExpired:
         raise ConsolidationFailed(
-            f"checkpoint {checkpoint.id} took over {CONSOLIDATE_TIMEOUT_S:.0f} s to make whole",
+            f"checkpoint {checkpoint_id} took over {CONSOLIDATE_TIMEOUT_S:.0f} s to make whole",
             field="checkpoint_id",
         ) from None
     finally:
         partial.unlink(missing_ok=True)
-    return target

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
 from contracts import sharded_state
 from contracts.plan import guard_first_check_steps
@@ -41,7 +42,7 @@ from worker.engine.contract import TrainingCode, default_metrics
 from worker.engine.data import Source
 from worker.engine.distributed import FIRST_WORKER, Topology  # noqa: F401 (re-exported)
 from worker.engine.emulation import SpeedEmulator
-from worker.engine.exchange import gather_work, receive_at_ps, send_to_ps
+from worker.engine.exchange import broadcast_object, gather_work, receive_at_ps, send_to_ps
 from worker.engine.fsdp import (
     assemble_rows_,
     group_sum_,
@@ -715,6 +716,18 @@ def _recv(numel: int, dtype: torch.dtype, src: int) -> Tensor:
     return buffer
 
 
+def _write_error(exc: BaseException) -> str:
+    """What went wrong in a DCP write, in a line: the first member's own error (DCP wraps
+    every member's in one CheckpointException with their tracebacks)."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        exc = next(iter(exc.failures.values()))[0]
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+FAILED_WRITE = "failed_write"
+"""In a sharded source group's gathered outline: the error its members' DCP write raised."""
+
+
 def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     """Control point: workers send RNG and local optimizer states; the PS writes ``name``.
 
@@ -739,13 +752,29 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     # write their rows into the checkpoint's state folder instead, all at once
     # (torch.distributed.checkpoint), and the outline names its files.
     sharded = run.spec.group_ranks(source_group) if run.spec.sharded(source_group) else []
+    failed: BaseException | None = None
     if run.optimizer is not None and run.topo.rank in sharded:
         folder = Path(run.spec.checkpoint_dir) / sharded_state.folder_of(name)
-        written = save_state_rows(run.optimizer, folder, run.topo)
-        local_optimizer = written if sends else None
+        try:
+            written = save_state_rows(run.optimizer, folder, run.topo)
+        except (Exception, CheckpointException) as exc:  # on every member alike (disk full)
+            failed, written = exc, {FAILED_WRITE: _write_error(exc)}
+        local_optimizer = written if sends or failed is not None else None
     elif run.optimizer is not None and not run.topo.is_ps and sends:
         local_optimizer = outline(run.optimizer.state_dict(), whole=True)
+    # Joined even after a failed write: the server tells every rank, which all fail now
+    # with the reason rather than at the process group's timeout.
     states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
+    if sharded:
+        told = None
+        for r, sent in sorted((states or {}).items()):
+            if isinstance(sent["optimizer"], dict) and FAILED_WRITE in sent["optimizer"]:
+                told = f"rank {r} could not write its rows of {name}'s optimizer state: "
+                told += str(sent["optimizer"][FAILED_WRITE])
+                break
+        told = broadcast_object(told)
+        if told is not None:
+            raise RuntimeError(told) from failed
     if run.optimizer is not None and local_optimizer is not None and not sharded:
         send_state_rows(run.optimizer.state_dict())
     if states is None:

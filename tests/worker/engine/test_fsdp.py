@@ -242,6 +242,23 @@ def test_a_sharded_checkpoint_resumes_on_another_number_of_workers(
     torch.testing.assert_close(finals["fsdp"][0], finals["none"][0], atol=1e-5, rtol=0)
 
 
+def test_a_sharded_group_that_cannot_write_its_state_fails_the_task_at_once(
+    make_spec: Callable[..., RunSpec],
+) -> None:
+    """The state folder cannot be made (a file is in its place): group a's workers fail
+    their write alike, and the parameter server fails the task naming it, then and there,
+    not at the process group's timeout (120 s, past this test's 90)."""
+    spec = make_spec(epochs=1, checkpoint_every=6, groups=SHARDED_A)
+    Path(spec.checkpoint_dir).mkdir(parents=True)
+    (Path(spec.checkpoint_dir) / "step-6.pt.dcp").write_text("not a folder")
+    run = launch_local(spec, timeout_s=TIMEOUT_S)
+    assert not run.timed_out and run.returncodes[0] != 0, run.returncodes
+    for rank in run.output:  # every rank ends on the reason, none on a lost peer
+        said = run.text(rank)
+        reason = "rank 1 could not write its rows of step-6.pt's optimizer state: FileExistsError"
+        assert reason in said and "step-6.pt.dcp" in said, said[-3000:]
+
+
 def test_fsdp_units_naming_no_module_class_fails_the_task_naming_the_field(
     make_spec: Callable[..., RunSpec],
 ) -> None:
