@@ -1,15 +1,18 @@
-"""A checkpoint's sharded optimizer state: written by a sharded group's members with
-torch.distributed.checkpoint (DCP), read back by rows, consolidated on demand.
+"""A checkpoint's optimizer states kept out of its file: written by the workers that hold
+them with torch.distributed.checkpoint (DCP), read back by rows, consolidated on demand.
 
-Where the group the checkpoint takes its optimizer from holds it sharded (``sharding:
-fsdp``), no process gathers that state. Each member writes its rows of every state tensor
-(Adam's two moments) into the checkpoint's *state folder*, ``<checkpoint name>.dcp``, at
-once with the others: one ``__<member>_0.distcp`` file each, and the first member DCP's
-``.metadata``. The checkpoint file itself (``step-8.pt``: the parameter server's ``torch.save``
-dict) keeps, as its ``optimizer``, the state dict's outline: the scalars (Adam's ``step``),
-the parameter groups, each sharded tensor replaced by the marker ``"dcp:<dtype>"``, and
-``sharded_state`` = ``{"folder": "step-8.pt.dcp", "files": [...]}``, the files that make the
-state whole. ``final.pt`` names the last epoch's folder (the same state).
+No process gathers a group's optimizer state for a checkpoint. Where the group a checkpoint
+takes its optimizer from holds it sharded (``sharding: fsdp``), each member writes its rows
+of every state tensor (Adam's two moments) into the checkpoint's *state folder*,
+``<checkpoint name>.dcp``, at once with the others: one ``__<member>_0.distcp`` file each,
+and the first member DCP's ``.metadata``. Under ``periodic`` and ``diloco`` (an optimizer
+per group) each group's leader writes its group's state into a folder of its own,
+``<checkpoint name>.g<group>.dcp``, all leaders at once. The checkpoint file itself
+(``step-8.pt``: the parameter server's ``torch.save`` dict) keeps, in place of each state,
+its outline: the scalars (Adam's ``step``), the parameter groups, each state tensor replaced
+by the marker ``"dcp:<dtype>"``, and ``sharded_state`` = ``{"folder": "step-8.pt.dcp",
+"files": [...]}``, the files that make it whole. ``final.pt`` names the last epoch's folder
+(the same state).
 
 On resume each worker reads its own view (:func:`load_into`): a sharded worker its rows as
 its new group lays them out, so a group of 2 resumes on 3 (resharding), a whole worker every
@@ -19,7 +22,7 @@ row. The portal builds the one consolidated ``state_dict`` a user downloads on d
 DCP's ``.metadata`` is a pickle, and the files come from ranks that run user code: every read
 here goes through :class:`SafeReader`, which unpickles only DCP's metadata classes, opens only
 the files listed, and takes tensors only (``torch.load(weights_only=True)``, DCP's own).
-docs/heterogeneity.md, "Sharded optimizer state".
+docs/heterogeneity.md, "Optimizer states out of the checkpoint file".
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ import math
 import pickle
 import re
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +53,11 @@ MAX_STATE_BYTES = 64 << 30
 """The largest state a consolidation builds (its metadata claims the tensors' sizes)."""
 
 
-def folder_of(checkpoint_name: str) -> str:
-    """The state folder's name of checkpoint ``checkpoint_name`` (``step-8.pt.dcp``)."""
-    return checkpoint_name + FOLDER_SUFFIX
+def folder_of(checkpoint_name: str, group: int | None = None) -> str:
+    """The state folder's name of checkpoint ``checkpoint_name`` (``step-8.pt.dcp``), or of
+    group ``group``'s own optimizer in it (``step-8.pt.g1.dcp``)."""
+    own = "" if group is None else f".g{group}"
+    return checkpoint_name + own + FOLDER_SUFFIX
 
 
 def reference(state_dict: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -239,45 +246,82 @@ def load_into(template: dict[str, Any], folder: Path, files: Sequence[str]) -> N
     RuntimeError (DCP's) for a key or shape the folder lacks."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(template, storage_reader=reader(folder, files), no_dist=True)
+    with single_process():
+        dcp.load(template, storage_reader=reader(folder, files), no_dist=True)
 
 
-def consolidate(checkpoint: Path, folder: Path, out: Path) -> None:
-    """Write to ``out`` checkpoint ``checkpoint`` with its optimizer whole: the sharded state
-    of ``folder`` (the state folder named in it, wherever it is kept) read into each marked
-    tensor, whole. A checkpoint with a whole optimizer is written as it is. Raises ValueError
-    for a checkpoint or folder that does not match, pickle errors for a file that is not one."""
+@contextmanager
+def single_process() -> Iterator[None]:
+    """Around a DCP call on this process alone (``no_dist``): without DCP's warning that it
+    assumes so, which every such call would print into the rank's log."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def references(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every ``sharded_state`` a checkpoint dict names: its optimizer's, and each group's
+    (``group_optimizers``, the local optimizers of ``periodic`` and ``diloco``)."""
+    outlines = [state.get("optimizer"), *(state.get("group_optimizers") or {}).values()]
+    return [ref for ref in map(reference, outlines) if ref is not None]
+
+
+def all_part_paths(state: dict[str, Any]) -> list[str]:
+    """``folder/file`` of every file of every state folder ``state`` names, each once."""
+    return sorted({path for ref in references(state) for path in part_paths(ref)})
+
+
+def _whole(outline: dict[str, Any], base: Path) -> dict[str, Any]:
+    """The optimizer ``state_dict`` ``outline`` stands for, read whole from its state folder
+    in ``base``."""
+    import torch
+
+    ref = reference(outline)
+    assert ref is not None
+    files = [p.split("/", 1)[1] for p in part_paths(ref)]
+    folder = base / str(ref["folder"])
+    metadata = read_metadata(folder, files)
+    template = {}
+    for key, name, _ in marked_entries(outline):
+        item = metadata.state_dict_metadata.get(dcp_key(key, name))
+        if item is None:
+            raise ValueError(f"the state folder has no {dcp_key(key, name)!r}")
+        template[dcp_key(key, name)] = torch.empty(item.size, dtype=item.properties.dtype)
+    load_into(template, folder, files)
+    return filled(outline, template)
+
+
+def consolidate(checkpoint: Path, out: Path) -> None:
+    """Write to ``out`` checkpoint ``checkpoint`` with every optimizer state whole: each one
+    a state folder holds (its optimizer's, each group's) read from that folder, beside the
+    checkpoint, into every marked tensor. A checkpoint that names no state folder is written
+    as it is. Raises ValueError for a checkpoint or folder that does not match, pickle errors
+    for a file that is not one."""
     import torch
 
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    outline = state.get("optimizer") if isinstance(state, dict) else None
-    ref = reference(outline)
-    if ref is not None:
-        assert outline is not None
-        files = [p.split("/", 1)[1] for p in part_paths(ref)]
-        metadata = read_metadata(folder, files)
-        template = {}
-        for key, name, _ in marked_entries(outline):
-            item = metadata.state_dict_metadata.get(dcp_key(key, name))
-            if item is None:
-                raise ValueError(f"the state folder has no {dcp_key(key, name)!r}")
-            template[dcp_key(key, name)] = torch.empty(item.size, dtype=item.properties.dtype)
-        load_into(template, folder, files)
-        state["optimizer"] = filled(outline, template)
+    if not isinstance(state, dict):
+        raise ValueError("the checkpoint is not a dict")
+    if reference(state.get("optimizer")) is not None:
+        state["optimizer"] = _whole(state["optimizer"], checkpoint.parent)
+    groups = state.get("group_optimizers") or {}
+    for g, outline in groups.items():
+        if reference(outline) is not None:
+            groups[g] = _whole(outline, checkpoint.parent)
     torch.save(state, out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m contracts.sharded_state CHECKPOINT FOLDER OUT``: :func:`consolidate`."""
+    """``python -m contracts.sharded_state CHECKPOINT OUT``: :func:`consolidate`."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 3:
-        print("usage: python -m contracts.sharded_state CHECKPOINT FOLDER OUT", file=sys.stderr)
+    if len(args) != 2:
+        print("usage: python -m contracts.sharded_state CHECKPOINT OUT", file=sys.stderr)
         return 2
     try:
-        consolidate(Path(args[0]), Path(args[1]), Path(args[2]))
+        consolidate(Path(args[0]), Path(args[1]))
     except (ValueError, OSError, pickle.UnpicklingError, RuntimeError) as exc:
-        # Named without the folders (the portal's paths): what is wrong with the files.
-        said = str(exc).replace(args[1], "<state folder>").replace(args[0], "<checkpoint>")
+        # Named without the portal's folders: what is wrong with the files.
+        said = str(exc).replace(str(Path(args[0]).parent), "<checkpoints>")
         print(f"{type(exc).__name__}: {said}", file=sys.stderr)
         return 1
     return 0

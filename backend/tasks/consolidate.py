@@ -1,7 +1,8 @@
 """A checkpoint as one file to download: its sharded optimizer state made whole, on demand.
 
-A checkpoint of a task whose source group holds its optimizer sharded keeps that state in
-its state folder, one file from each of the group's workers (contracts/sharded_state.py).
+A checkpoint keeps the optimizer states its workers hold out of its file, in state folders
+beside it (a sharded group's: one file from each member; each group's own under
+``periodic`` and ``diloco``; contracts/sharded_state.py).
 A user downloads one ``torch.save`` dict all the same: the first download builds it
 (``python -m contracts.sharded_state``, in a process of its own, so the API process never
 holds the state and a malformed folder cannot reach it) and keeps it beside the checkpoint,
@@ -65,15 +66,15 @@ def whole_file(checkpoint: Checkpoint) -> Path:
     with open(target.with_name(f".{own.name}.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not target.is_file():
-            _build(checkpoint.id, own, own.parent / checkpoint.parts[0].split("/", 1)[0], target)
+            _build(checkpoint.id, own, target)
     return target
 
 
-def _build(checkpoint_id: int, own: Path, folder: Path, target: Path) -> None:
-    """Write ``target``: checkpoint file ``own`` with the state of ``folder`` made whole, by a
-    subprocess."""
+def _build(checkpoint_id: int, own: Path, target: Path) -> None:
+    """Write ``target``: checkpoint file ``own`` with the states of its folders (beside it)
+    made whole, by a subprocess."""
     partial = target.with_name(f".{own.name}.{os.getpid()}-{threading.get_ident()}.partial")
-    command = [sys.executable, "-m", "contracts.sharded_state", str(own), str(folder)]
+    command = [sys.executable, "-m", "contracts.sharded_state", str(own)]
     try:
         done = subprocess.run(
             [*command, str(partial)],

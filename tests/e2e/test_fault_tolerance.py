@@ -8,6 +8,7 @@ process restarts the task at once. A lost group, with no spare capacity, shrinks
 onto the survivors. Every end releases everything. One stack serves every test here.
 """
 
+import io
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from polytrain.stack import GroupSetup, LocalStack
 from tests import production
@@ -233,6 +235,43 @@ def test_killed_process_restarts_the_task(
     )
     assert "exited with code -9" in alarm["reason"]
     assert_logs_gap_free(ft_api, task["id"])
+    assert_released(ft_api, ft_stack, done)
+
+
+def test_a_sharded_task_resumes_from_its_workers_state_and_downloads_whole(
+    ft_api: httpx.Client, ft_stack: LocalStack
+) -> None:
+    """Group cpu-a holds its model sharded (FSDP2): its two workers keep the optimizer state
+    of each checkpoint, each uploading its own file through its agent. A worker killed after
+    the first epoch's checkpoint is whole restarts the task; the new attempt's workers fetch
+    that state and resume from it; the final checkpoint downloads as one state dict."""
+    version = new_version(ft_api, example="mnist_cnn")
+    groups = [{"name": "cpu-a", "workers": 2, "sharding": "fsdp"}, {"name": "cpu-b", "workers": 1}]
+    task = submit(ft_api, version, epochs=2, global_batch_size=64, resource_groups=groups)
+    wait_checkpoints(ft_api, task["id"], 1)
+    first = ft_api.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()[0]
+    assert first["sharded_files"] == 3  # .metadata and one file from each of cpu-a's workers
+    url = f"/api/v1/tasks/{task['id']}/checkpoints/{first['id']}/download"
+    deadline = time.monotonic() + 60
+    while (early := ft_api.get(url)).status_code == 409:  # its files still arriving
+        assert time.monotonic() < deadline, early.text
+        time.sleep(0.2)
+    assert early.status_code == 200, early.text
+    os.kill(_rank_pid(ft_stack, task["id"], 2), signal.SIGKILL)
+    done = wait_for(ft_api, task["id"], ENDED, 150)
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    assert done["attempt"] == 2
+    logs = ft_api.get(f"/api/v1/tasks/{task['id']}/logs", params={"limit": 10_000}).json()
+    resumed = {x["node"] for x in logs if x["attempt"] == 2 and "resumed at epoch" in x["text"]}
+    assert {"rank-1", "rank-2"} <= resumed, resumed  # cpu-a's workers, from their state
+    final = ft_api.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()[-1]
+    assert final["sharded_files"] == 3
+    body = ft_api.get(f"/api/v1/tasks/{task['id']}/checkpoints/{final['id']}/download")
+    assert body.status_code == 200, body.text
+    state = torch.load(io.BytesIO(body.content), weights_only=True)
+    shapes = {tuple(v.shape) for v in state["model"].values() if v.dim() > 0}
+    moments = [v for s in state["optimizer"]["state"].values() for v in s.values() if v.dim() > 0]
+    assert moments and {tuple(v.shape) for v in moments} <= shapes  # whole, not rows
     assert_released(ft_api, ft_stack, done)
 
 

@@ -406,10 +406,10 @@ class SubTaskRunner:
         )
 
     def _state_folder(self, task_id: int, checkpoint_id: int, rank_dir: Path) -> str | None:
-        """Download the resume checkpoint's sharded optimizer state (the files of its state
-        folder, contracts/sharded_state.py) into ``rank_dir/resume-<id>.dcp/``, where the
-        worker reads what it holds of it; None for a checkpoint whose file holds it all.
-        Raises RuntimeError for a checkpoint whose state is not all stored."""
+        """Download the resume checkpoint's optimizer states kept out of its file (its state
+        folders, contracts/sharded_state.py) into ``rank_dir/resume-<id>.state/<folder>/``,
+        where the worker reads what it holds of them; None for a checkpoint whose file holds
+        them all. Raises RuntimeError for a checkpoint whose state is not all stored."""
         listed = self.api.checkpoint_parts(task_id, checkpoint_id)
         if listed.get("missing"):
             raise RuntimeError(
@@ -419,13 +419,14 @@ class SubTaskRunner:
         parts = listed.get("parts") or []
         if not parts:
             return None
-        folder = rank_dir / f"resume-{checkpoint_id}.dcp"
-        folder.mkdir(mode=0o755)
+        root = rank_dir / f"resume-{checkpoint_id}.state"
+        root.mkdir(mode=0o755)
         for part in parts:
-            name = sharded_state.check_part(part)[1]
+            folder, name = sharded_state.check_part(part)
+            (root / folder).mkdir(mode=0o755, exist_ok=True)
             body = self.api.fetch_checkpoint_part(task_id, checkpoint_id, part)
-            write_rank_file(folder, name, body)
-        return str(folder)
+            write_rank_file(root / folder, name, body)
+        return str(root)
 
     def _rendezvous(self, payload: SubTaskPayload) -> tuple[str, int]:
         """The parameter server's rendezvous address, as its agent published it."""

@@ -7,7 +7,8 @@ A checkpoint is a ``torch.save`` dict written by the parameter server::
     optimizer         state_dict of the parameter server's optimizer (None with periodic sync);
                       where the source group holds it sharded, its outline, the tensors in
                       the state folder ``<name>.dcp`` (contracts/sharded_state.py)
-    group_optimizers  {group index: state_dict} of each group's local optimizer (periodic) or None
+    group_optimizers  {group index: the outline of each group's local optimizer (periodic,
+                      diloco), its tensors in the state folder ``<name>.g<index>.dcp``} or None
     epoch, step       epoch being trained (0-based) and optimizer steps done since the start
     epoch_complete    True at an epoch end: resume starts epoch + 1
     split             :meth:`worker.engine.split.SplitState.state_dict` (shards, shares, position)
@@ -42,13 +43,12 @@ def save_checkpoint(
     partial = path.with_name(path.name + ".partial")
     torch.save(state, partial)
     os.replace(partial, path)
-    ref = sharded_state.reference(state.get("optimizer"))
     report.checkpoint(
         str(path),
         step=int(state["step"]),
         epoch=int(state["epoch"]),
         provenance=provenance,
-        parts=sharded_state.part_paths(ref) if ref is not None else None,
+        parts=sharded_state.all_part_paths(state) or None,
     )
 
 

@@ -357,16 +357,19 @@ def outline(state_dict: dict[str, Any], whole: bool = False) -> dict[str, Any]:
     return to_cpu({"state": state, "param_groups": state_dict["param_groups"]})
 
 
-def save_state_rows(
-    optimizer: torch.optim.Optimizer, folder: Path, topo: Topology
+def save_state(
+    optimizer: torch.optim.Optimizer, folder: Path, topo: Topology, *, sharded: bool
 ) -> dict[str, Any]:
-    """Every member of a sharded group, together: write this member's rows of each state
-    tensor of its optimizer into state folder ``folder`` with torch.distributed.checkpoint,
-    all members at once (one ``__<member>_0.distcp`` file each, DCP's ``.metadata`` from the
-    first), and report each file this member wrote (:func:`report.checkpoint_part`, for its
-    agent to upload). Nothing is gathered: the parameter server gets the returned outline
-    only (``contracts.sharded_state.outline_state``: the scalars, the parameter groups, and
-    every file of the folder). Raises OSError where the folder cannot be written."""
+    """Write this worker's optimizer state into state folder ``folder`` with
+    torch.distributed.checkpoint and report each file it wrote (:func:`report.checkpoint_part`,
+    for its agent to upload). ``sharded``: every member of this worker's sharded group calls
+    it together, and each writes its rows of each state tensor, all at once (one
+    ``__<member>_0.distcp`` file each, DCP's ``.metadata`` from the first); else this worker
+    alone writes its whole state (a group leader's local optimizer under ``periodic`` or
+    ``diloco``). Nothing is gathered: the parameter server gets the returned outline only
+    (``contracts.sharded_state.outline_state``: the scalars, the parameter groups, and every
+    file of the folder). Raises OSError (wrapped in DCP's CheckpointException, a
+    BaseException, where sharded) when the folder cannot be written."""
     state_dict = optimizer.state_dict()
     tensors = {
         sharded_state.dcp_key(key, name): value
@@ -374,9 +377,14 @@ def save_state_rows(
         for name, value in values.items()
         if isinstance(value, Tensor) and value.dim() > 0
     }
-    metadata = dcp.save(tensors, checkpoint_id=folder, process_group=topo.group)
+    if sharded:
+        metadata = dcp.save(tensors, checkpoint_id=folder, process_group=topo.group)
+        member = topo.group_ranks.index(topo.rank)
+    else:
+        with sharded_state.single_process():
+            metadata = dcp.save(tensors, checkpoint_id=folder, no_dist=True)
+        member = 0
     files = sorted({str(info.relative_path) for info in metadata.storage_data.values()})
-    member = topo.group_ranks.index(topo.rank)
     for name in [".metadata", *files] if member == 0 else files:
         if name == ".metadata" or name.startswith(f"__{member}_"):
             report.checkpoint_part(str(folder / name))
@@ -389,7 +397,7 @@ def load_state_rows(
     optimizer: torch.optim.Optimizer, outlined: dict[str, Any], folder: Path
 ) -> None:
     """Load the optimizer state a checkpoint keeps in state folder ``folder``
-    (``outlined``: its outline, :func:`save_state_rows`) into ``optimizer``, reading only
+    (``outlined``: its outline, :func:`save_state`) into ``optimizer``, reading only
     what this worker holds: a sharded worker its rows as its group now lays them out (any
     number of members: DCP reshards), a whole worker every row. Raises ValueError for a
     folder that is not the outline's, RuntimeError (DCP's) for a missing tensor."""

@@ -50,7 +50,7 @@ from worker.engine.fsdp import (
     own_rows,
     receive_state_rows,
     rows_numel,
-    save_state_rows,
+    save_state,
     send_state_rows,
 )
 from worker.engine.guard import GroupCost, Guard
@@ -747,17 +747,26 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     # checkpoint keeps that for it (its slow link would hold up every checkpoint).
     sends = run.topo.rank == source if replicated else run.topo.am_i_leader and stepping(run)
     source_group = run.spec.group_of(source)
-    # A sender's optimizer outline travels in the gather, its state tensors after it, one at
-    # a time: no rank pickles or gathers a whole state. A sharded source group's members
-    # write their rows into the checkpoint's state folder instead, all at once
-    # (torch.distributed.checkpoint), and the outline names its files.
+    # No optimizer state is gathered where its holders can write it: a sharded source
+    # group's members write their rows into the checkpoint's state folder, all at once, and
+    # under an optimizer per group (periodic, diloco) each stepping leader writes its group's
+    # into a folder of its own, all leaders at once (torch.distributed.checkpoint); the
+    # outline naming the files travels in the gather. A whole replicated state (sync on a
+    # whole source group) travels after it, a tensor at a time: no rank pickles a copy.
+    per_group = run.strategy.group_optimizers
     sharded = run.spec.group_ranks(source_group) if run.spec.sharded(source_group) else []
+    written_out = bool(sharded) or per_group
     failed: BaseException | None = None
+    folder = None
     if run.optimizer is not None and run.topo.rank in sharded:
         folder = Path(run.spec.checkpoint_dir) / sharded_state.folder_of(name)
+    elif run.optimizer is not None and per_group and sends:
+        group = run.topo.group_index
+        folder = Path(run.spec.checkpoint_dir) / sharded_state.folder_of(name, group)
+    if folder is not None and run.optimizer is not None:
         try:
-            written = save_state_rows(run.optimizer, folder, run.topo)
-        except (Exception, CheckpointException) as exc:  # on every member alike (disk full)
+            written = save_state(run.optimizer, folder, run.topo, sharded=bool(sharded))
+        except (Exception, CheckpointException) as exc:  # sharded: on every member alike
             failed, written = exc, {FAILED_WRITE: _write_error(exc)}
         local_optimizer = written if sends or failed is not None else None
     elif run.optimizer is not None and not run.topo.is_ps and sends:
@@ -765,22 +774,22 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     # Joined even after a failed write: the server tells every rank, which all fail now
     # with the reason rather than at the process group's timeout.
     states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
-    if sharded:
+    if written_out:
         told = None
         for r, sent in sorted((states or {}).items()):
             if isinstance(sent["optimizer"], dict) and FAILED_WRITE in sent["optimizer"]:
-                told = f"rank {r} could not write its rows of {name}'s optimizer state: "
+                told = f"rank {r} could not write its optimizer state for {name}: "
                 told += str(sent["optimizer"][FAILED_WRITE])
                 break
         told = broadcast_object(told)
         if told is not None:
             raise RuntimeError(told) from failed
-    if run.optimizer is not None and local_optimizer is not None and not sharded:
+    if run.optimizer is not None and local_optimizer is not None and not written_out:
         send_state_rows(run.optimizer.state_dict())
     if states is None:
         return
     for r in sorted(states):  # the senders' tensors, each rank's in turn
-        if states[r]["optimizer"] is not None and not sharded:
+        if states[r]["optimizer"] is not None and not written_out:
             states[r]["optimizer"] = receive_state_rows(states[r]["optimizer"], [r])
     optimizer_state = None
     if replicated and run.optimizer is not None and sharded:
@@ -789,7 +798,6 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     elif replicated and run.optimizer is not None:
         run.optimizer.load_state_dict(states[source]["optimizer"])
         run.optimizer_in = None
-    per_group = run.strategy.group_optimizers
     leaders = run.spec.leader_ranks()
     state: dict[str, Any] = {
         "model": run.model.state_dict(),

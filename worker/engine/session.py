@@ -180,7 +180,11 @@ def restore(run: Run, package: dict[str, Any]) -> bool:
             torch.set_rng_state(rng)
         optimizers = package["group_optimizers"]
         if optimizers and run.optimizer is not None and run.strategy.group_optimizers:
-            run.optimizer.load_state_dict(optimizers[run.topo.group_index])
+            mine = optimizers[run.topo.group_index]
+            if sharded_state.reference(mine) is not None:  # its state folder holds it
+                load_state_rows(run.optimizer, mine, state_folder(run.spec, mine))
+            else:  # a checkpoint from before state folders
+                run.optimizer.load_state_dict(mine)
     report.log(f"rank {run.topo.rank} resumed at epoch {run.epoch}, step {run.step}")
     return not package["epoch_complete"]
 
@@ -265,13 +269,13 @@ def start(
 
 
 def state_folder(spec: RunSpec, outlined: dict[str, Any]) -> Path:
-    """Where this rank reads the resume checkpoint's state folder (named in ``outlined``, its
-    optimizer outline): ``spec.resume_state_dir`` where given (an agent downloads it into
-    the rank's folder), else beside ``spec.resume_from``. Raises FileNotFoundError naming
-    the folder where neither holds it."""
+    """Where this rank reads a state folder of the resume checkpoint (named in ``outlined``,
+    an optimizer outline): in ``spec.resume_state_dir`` where given (an agent downloads the
+    checkpoint's state folders into the rank's own directory), else beside
+    ``spec.resume_from``. Raises FileNotFoundError naming the folder where neither holds it."""
     ref = sharded_state.reference(outlined) or {}
     if spec.resume_state_dir:
-        folder = Path(spec.resume_state_dir)
+        folder = Path(spec.resume_state_dir) / str(ref.get("folder"))
     elif spec.resume_from:
         folder = Path(spec.resume_from).parent / str(ref.get("folder"))
     else:

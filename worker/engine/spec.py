@@ -38,11 +38,12 @@ class RunSpec(BaseModel):
     ``groups`` occupies a contiguous block of ranks, in list order. ``code`` is
     ``example:<name>`` (module ``examples/<name>.py`` of this repository) or an
     absolute path to a ``.py`` file. ``checkpoint_dir`` is written by the
-    parameter server, and by the members of a sharded group (their rows of the optimizer
-    state, in each checkpoint's state folder, contracts/sharded_state.py); ``resume_from``
+    parameter server, and by the workers that hold an optimizer state (a sharded group's
+    members, their rows; a group leader under ``periodic`` or ``diloco``, its group's), in
+    each checkpoint's state folders (contracts/sharded_state.py); ``resume_from``
     is a checkpoint path it can read. A compute worker reads the resume checkpoint's state
-    folder beside ``resume_from``, or at ``resume_state_dir`` where that is given (an
-    agent's rank, which downloads it into its own folder).
+    folders beside ``resume_from``, or in ``resume_state_dir`` where that is given (an
+    agent's rank, which downloads them into its own directory).
 
     Heterogeneity: ``split_policy`` gives each worker an equal (``even``) or
     throughput-proportional (``weighted``) share of data and global batch;

@@ -86,8 +86,9 @@ def test_a_later_attempts_workers_fetch_the_sharded_state_of_its_checkpoint(
     assert json.loads((ranks[0].rank_dir / "spec.json").read_text())["resume_state_dir"] is None
     for rank in (1, 2):
         spec = json.loads((ranks[rank].rank_dir / "spec.json").read_text())
-        folder = Path(spec["resume_state_dir"])
-        assert folder == ranks[rank].rank_dir / "resume-9.dcp"
+        root = Path(spec["resume_state_dir"])
+        assert root == ranks[rank].rank_dir / "resume-9.state"
+        folder = root / "step-8.pt.dcp"
         assert {p.name: p.read_bytes() for p in folder.iterdir()} == files
 
 

@@ -85,7 +85,7 @@ def test_sharded_groups_step_as_one_process(
     ref = sharded_state.reference(final["optimizer"])
     assert ref is not None and ref["folder"] == f"epoch-{spec.epochs - 1}.pt.dcp"
     whole = tmp_path / "final-whole.pt"
-    sharded_state.consolidate(final_pt, final_pt.parent / ref["folder"], whole)
+    sharded_state.consolidate(final_pt, whole)
     final = torch.load(whole, weights_only=True)
     shapes = [tuple(t.shape) for t in final["model"].values()]
     momenta = [tuple(s["momentum_buffer"].shape) for s in final["optimizer"]["state"].values()]
@@ -227,8 +227,9 @@ def test_a_sharded_checkpoint_resumes_on_another_number_of_workers(
     fetched = None
     for sharding in ("none", "fsdp"):
         if sharding == "fsdp":  # as an agent's worker: the folder downloaded into its own
-            fetched = str(tmp_path / "resume-9.dcp")
-            folder.rename(fetched)
+            fetched = str(tmp_path / "resume-9.state")
+            Path(fetched).mkdir()
+            folder.rename(Path(fetched) / folder.name)
         moved = make_spec(
             epochs=2,
             groups=[{"name": "solo", "device_type": "cpu", "workers": 4}],
@@ -255,7 +256,7 @@ def test_a_sharded_group_that_cannot_write_its_state_fails_the_task_at_once(
     assert not run.timed_out and run.returncodes[0] != 0, run.returncodes
     for rank in run.output:  # every rank ends on the reason, none on a lost peer
         said = run.text(rank)
-        reason = "rank 1 could not write its rows of step-6.pt's optimizer state: FileExistsError"
+        reason = "rank 1 could not write its optimizer state for step-6.pt: FileExistsError"
         assert reason in said and "step-6.pt.dcp" in said, said[-3000:]
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from contracts import sharded_state
 from tests.worker.engine.reference import TIMEOUT_S, run_with_dump
 from worker.engine.local import launch_local
 from worker.engine.spec import RunSpec
@@ -169,6 +170,35 @@ def test_resumed_run_ends_with_the_uninterrupted_parameters(
     assert any("resumed at epoch" in line for line in run.output[0])
     for rank in range(spec.world_size):
         assert torch.equal(finals[rank], expected[rank]), f"rank {rank} differs after resume"
+
+
+def test_each_groups_leader_writes_its_optimizer_state_beside_the_checkpoint(
+    make_spec: Callable[..., RunSpec],
+) -> None:
+    """Under diloco (an optimizer per group) the parameter server gathers no group's state:
+    each leader writes its own into the checkpoint's state folder for its group, and the
+    checkpoint names them; consolidated, as the portal builds a download, each is whole."""
+    spec = make_spec(epochs=1, sync_strategy="diloco", sync_period=5)
+    run = launch_local(spec, timeout_s=TIMEOUT_S)
+    assert run.ok, run.text(0)[-2000:]
+    folder = Path(spec.checkpoint_dir)
+    saved = torch.load(folder / "epoch-0.pt", weights_only=True)["group_optimizers"]
+    assert {g: o["sharded_state"]["folder"] for g, o in saved.items()} == {
+        0: "epoch-0.pt.g0.dcp",
+        1: "epoch-0.pt.g1.dcp",
+    }
+    written = {
+        (e["_rank"], Path(e["path"]).parent.name)
+        for e in run.events
+        if e["type"] == "checkpoint_part" and "epoch-0.pt" in e["path"]
+    }
+    assert written == {(1, "epoch-0.pt.g0.dcp"), (3, "epoch-0.pt.g1.dcp")}  # the leaders
+    sharded_state.consolidate(folder / "epoch-0.pt", folder / "whole.pt")
+    whole = torch.load(folder / "whole.pt", weights_only=True)
+    model = torch.load(folder / "epoch-0.pt", weights_only=True)["model"]
+    for state in whole["group_optimizers"].values():
+        shapes = [tuple(v.shape) for s in state["state"].values() for v in s.values() if v.dim()]
+        assert shapes and set(shapes) <= {tuple(v.shape) for v in model.values()}
 
 
 @pytest.mark.parametrize("strategy", ["sync", "periodic"])
