@@ -729,11 +729,13 @@ FAILED_WRITE = "failed_write"
 
 
 def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
-    """Control point: workers send RNG and local optimizer states; the PS writes ``name``.
+    """Control point: workers send their RNG states, and write the optimizer states the
+    checkpoint keeps into its state folders (contracts/sharded_state.py); the PS writes
+    ``name``, naming those folders.
 
     With a replicated optimizer (sync) the parameter server first takes the source
-    worker's model (:func:`pull_replica`, :func:`source_worker`) and optimizer state, so
-    the checkpoint holds what the workers train with.
+    worker's model (:func:`pull_replica`, :func:`source_worker`), and the source group
+    writes the optimizer state, so the checkpoint holds what the workers train with.
     """
     replicated = run.strategy.replicated
     if replicated:
@@ -747,21 +749,20 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     # checkpoint keeps that for it (its slow link would hold up every checkpoint).
     sends = run.topo.rank == source if replicated else run.topo.am_i_leader and stepping(run)
     source_group = run.spec.group_of(source)
-    # No optimizer state is gathered where its holders can write it: a sharded source
-    # group's members write their rows into the checkpoint's state folder, all at once, and
-    # under an optimizer per group (periodic, diloco) each stepping leader writes its group's
-    # into a folder of its own, all leaders at once (torch.distributed.checkpoint); the
-    # outline naming the files travels in the gather. A whole replicated state (sync on a
-    # whole source group) travels after it, a tensor at a time: no rank pickles a copy.
+    # No optimizer state is gathered: where a checkpoint keeps the workers' (sync's replica,
+    # each group's under periodic and diloco), those who hold it write it, all at once, into
+    # the checkpoint's state folders (torch.distributed.checkpoint): a sharded source group's
+    # members their rows, a whole source worker or a stepping group leader its whole state.
+    # The outline naming the files travels in the gather.
     per_group = run.strategy.group_optimizers
+    writes = replicated or per_group
     sharded = run.spec.group_ranks(source_group) if run.spec.sharded(source_group) else []
-    written_out = bool(sharded) or per_group
     failed: BaseException | None = None
     folder = None
     if run.optimizer is not None and run.topo.rank in sharded:
         folder = Path(run.spec.checkpoint_dir) / sharded_state.folder_of(name)
-    elif run.optimizer is not None and per_group and sends:
-        group = run.topo.group_index
+    elif run.optimizer is not None and writes and sends and not run.topo.is_ps:
+        group = None if replicated else run.topo.group_index
         folder = Path(run.spec.checkpoint_dir) / sharded_state.folder_of(name, group)
     if folder is not None and run.optimizer is not None:
         try:
@@ -769,12 +770,10 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
         except (Exception, CheckpointException) as exc:  # sharded: on every member alike
             failed, written = exc, {FAILED_WRITE: _write_error(exc)}
         local_optimizer = written if sends or failed is not None else None
-    elif run.optimizer is not None and not run.topo.is_ps and sends:
-        local_optimizer = outline(run.optimizer.state_dict(), whole=True)
     # Joined even after a failed write: the server tells every rank, which all fail now
     # with the reason rather than at the process group's timeout.
     states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
-    if written_out:
+    if writes:
         told = None
         for r, sent in sorted((states or {}).items()):
             if isinstance(sent["optimizer"], dict) and FAILED_WRITE in sent["optimizer"]:
@@ -784,20 +783,12 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
         told = broadcast_object(told)
         if told is not None:
             raise RuntimeError(told) from failed
-    if run.optimizer is not None and local_optimizer is not None and not written_out:
-        send_state_rows(run.optimizer.state_dict())
     if states is None:
         return
-    for r in sorted(states):  # the senders' tensors, each rank's in turn
-        if states[r]["optimizer"] is not None and not written_out:
-            states[r]["optimizer"] = receive_state_rows(states[r]["optimizer"], [r])
     optimizer_state = None
-    if replicated and run.optimizer is not None and sharded:
+    if replicated and run.optimizer is not None:
         optimizer_state = states[source]["optimizer"]  # the outline: its state folder holds it
         run.optimizer_in = optimizer_state  # not loaded: the server never steps it (final.pt)
-    elif replicated and run.optimizer is not None:
-        run.optimizer.load_state_dict(states[source]["optimizer"])
-        run.optimizer_in = None
     leaders = run.spec.leader_ranks()
     state: dict[str, Any] = {
         "model": run.model.state_dict(),

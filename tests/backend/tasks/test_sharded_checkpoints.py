@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from backend.scheduler.dispatch import last_checkpoint
+from contracts import sharded_state
 from tests.backend.scheduling import group, running_task
 from tests.conftest import agent_headers
 from tests.worker.engine.conftest import build_spec
@@ -101,7 +102,9 @@ def test_a_sharded_checkpoint_is_whole_once_its_parts_arrive_and_downloads_as_on
     downloaded = client.get(url)
     assert downloaded.status_code == 200, downloaded.text
     got = torch.load(io.BytesIO(downloaded.content), weights_only=True)
-    whole = torch.load(runs["none"] / "epoch-0.pt", weights_only=True)
+    # The whole run's source worker wrote its optimizer state beside its checkpoint too.
+    sharded_state.consolidate(runs["none"] / "epoch-0.pt", runs["none"] / "whole.pt")
+    whole = torch.load(runs["none"] / "whole.pt", weights_only=True)
     assert "sharded_state" not in got["optimizer"]
     assert got["optimizer"]["param_groups"] == whole["optimizer"]["param_groups"]
     assert got["optimizer"]["state"].keys() == whole["optimizer"]["state"].keys()
