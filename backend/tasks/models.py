@@ -435,8 +435,20 @@ class Checkpoint(Base):
 
     @property
     def sharded_files(self) -> int:
-        """How many files its sharded optimizer state has (0: the file holds it all)."""
+        """How many files its workers' optimizer states have beside it (0: the file holds
+        them all)."""
         return len(self.parts or [])
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of those files stored so far."""
+        base = Path(self.path).parent
+        return sum((base / p).stat().st_size for p in self.parts or [] if (base / p).is_file())
+
+    @property
+    def complete(self) -> bool:
+        """Whether every file of it is stored: only then is it resumed from or downloaded."""
+        return not self.missing_parts()
 
     def missing_parts(self) -> list[str]:
         """The parts of its sharded state not stored yet (none for a whole file): a

@@ -711,8 +711,14 @@ class CheckpointRead(BaseModel):
     created_at: UtcDateTime
     sharded_files: int = Field(
         0,
-        description="files of its optimizer state its sharded group's workers keep beside it "
-        "(0: the file holds it all); its download is made one file on the first request",
+        description="files of the optimizer states its workers wrote beside it (0: the file "
+        "holds them all); its download joins them into one file",
+    )
+    state_bytes: int = Field(0, description="bytes of those files stored so far")
+    complete: bool = Field(
+        True,
+        description="every file stored: it can be downloaded and resumed from (false while "
+        "its workers' files are still arriving)",
     )
 
 

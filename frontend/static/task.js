@@ -116,16 +116,14 @@
       link.setAttribute("download", "");
       link.textContent = "Download";
       let cell = link;
-      if (c.sharded_files) {
+      if (!c.complete) {  // its workers' optimizer state files are still arriving
         cell = document.createElement("span");
-        const note = document.createElement("span");
-        note.className = "muted";
-        note.title = `its optimizer state is kept by the sharded group's workers (${c.sharded_files} files), made one file on download`;
-        note.textContent = "sharded";
-        cell.append(link, " ", note);
+        cell.className = "muted";
+        cell.title = "its workers' optimizer state files are still arriving";
+        cell.textContent = "Arriving…";
       }
-      return [String(c.epoch), [String(c.step), "num"], [formatBytes(c.size_bytes), "num"],
-        [P.fmtTime(c.created_at), "nowrap"], cell];
+      return [String(c.epoch), [String(c.step), "num"],
+        [formatBytes(c.size_bytes + c.state_bytes), "num"], [P.fmtTime(c.created_at), "nowrap"], cell];
     }, "No checkpoints yet.");
   }
 

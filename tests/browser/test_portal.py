@@ -74,6 +74,10 @@ def _watch(page: Page, api: httpx.Client) -> None:
     shown = latest.inner_text().split(":")[0] + ":"
     expect(latest).not_to_contain_text(shown, timeout=60_000)
     assert 0 < page.locator("#provenance details").count() <= 50
+    # The checkpoints listed live: each downloads once its workers' optimizer state files are
+    # stored beside it, and is sized with them.
+    expect(page.locator("#checkpoints tbody a", has_text="Download").first).to_be_visible()
+    expect(page.locator("#checkpoints tbody td.num").nth(1)).to_contain_text("KiB")
     metrics = api.get("/metrics").text
     rates = re.findall(
         r'polytrain_group_throughput_samples_per_second\{resource_group="cpu-a"\}'

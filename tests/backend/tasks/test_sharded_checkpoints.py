@@ -82,6 +82,9 @@ def test_a_sharded_checkpoint_is_whole_once_its_parts_arrive_and_downloads_as_on
     assert listed == {"parts": parts, "missing": [parts[1]]}
     session.expire_all()
     assert last_checkpoint(session, task_id=task.id) is None  # not resumable yet
+    (row,) = client.get(f"/api/v1/tasks/{task.id}/checkpoints").json()
+    assert (row["sharded_files"], row["complete"]) == (3, False)
+    assert "Arriving…" in client.get(f"/tasks/{task.id}").text
     url = f"/api/v1/tasks/{task.id}/checkpoints/{checkpoint}/download"
     early = client.get(url)
     assert early.status_code == 409 and "1 of its 3 files are not stored yet" in early.text
@@ -116,10 +119,13 @@ def test_a_sharded_checkpoint_is_whole_once_its_parts_arrive_and_downloads_as_on
     for name, value in whole["model"].items():
         torch.testing.assert_close(got["model"][name], value, atol=1e-5, rtol=0)
     assert client.get(url).content == downloaded.content  # built once, kept
-    (listed_row,) = client.get(f"/api/v1/tasks/{task.id}/checkpoints").json()
-    assert listed_row["sharded_files"] == 3
+    (row,) = client.get(f"/api/v1/tasks/{task.id}/checkpoints").json()
+    assert (row["sharded_files"], row["complete"]) == (3, True)
+    stored = sum((folder / f).stat().st_size for f in FILES)
+    assert row["state_bytes"] == stored  # the size shown is the file's and these together
     page = client.get(f"/tasks/{task.id}")
-    assert page.status_code == 200 and "(3 files), made one file on download" in page.text
+    assert page.status_code == 200 and "Arriving…" not in page.text
+    assert f"/checkpoints/{checkpoint}/download" in page.text
 
 
 class _Run:
