@@ -48,7 +48,9 @@ PART = re.compile(PART_PATTERN)
 FOLDER_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,195}\.dcp$"
 FOLDER = re.compile(FOLDER_PATTERN)
 MAX_PARTS = 4097
-"""The most files a state folder may have: DCP's ``.metadata`` and one file a member."""
+"""The most files a checkpoint's state folders may have together (each: DCP's ``.metadata``
+and one file a member). They travel in its upload's query string, so in practice a proxy's
+request-line limit (8 KiB: some 180 files) binds first."""
 MAX_STATE_BYTES = 64 << 30
 """The largest state a consolidation builds (its metadata claims the tensors' sizes)."""
 

@@ -244,8 +244,8 @@ async def upload_checkpoint(
         list[str] | None,
         Query(
             max_length=MAX_STATE_PARTS,
-            description="the `folder/file` names of its sharded optimizer state, uploaded "
-            "beside it (`POST /tasks/{id}/checkpoint-parts`)",
+            description="the `folder/file` names of the optimizer states its workers wrote "
+            "beside it, which they upload (`POST /tasks/{id}/checkpoint-parts`)",
         ),
     ] = None,
 ) -> Checkpoint:
@@ -286,9 +286,9 @@ async def upload_checkpoint_part(
     ],
     attempt: Annotated[int, Query(ge=1)] = 1,
 ) -> dict:
-    """Store a file of a checkpoint's sharded optimizer state, sent as the raw request body
-    by the worker that wrote it (409 if stored with other content; the same bytes again are
-    kept)."""
+    """Store a file of a checkpoint's state folder (a worker's optimizer state), sent as the
+    raw request body by the worker's agent (409 if stored with other content; the same bytes
+    again are kept)."""
     body = await request.body()
 
     def store() -> str:

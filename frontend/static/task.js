@@ -94,8 +94,8 @@
   // CHECKPOINTS_SHOWN fetched. (Reading the default page's length stopped at 100: the table
   // and "Where the data went" stopped following a task past its 100th checkpoint.)
   const CHECKPOINTS_SHOWN = 100;
-  let seenCheckpoints = null, provenanceDue = 0;
-  async function refreshCheckpoints() {
+  let seenCheckpoints = null, provenanceDue = 0, arriving = false;
+  async function refreshCheckpoints(ended) {
     const head = await fetch(`${api}/checkpoints?limit=1`,
       { headers: { Accept: "application/json" }, cache: "no-store" });
     if (!head.ok) throw new Error(`${api}/checkpoints: HTTP ${head.status}`);
@@ -107,25 +107,28 @@
       provenanceDue -= 1;
       await refreshProvenance();
     }
-    if (!grew) return;
+    if (!grew && !arriving) return;  // a listed checkpoint's state files still arriving
     const offset = Math.max(0, total - CHECKPOINTS_SHOWN);
     const checkpoints = await P.getJSON(`${api}/checkpoints?offset=${offset}&limit=${CHECKPOINTS_SHOWN}`);
+    arriving = checkpoints.some((c) => !c.complete);
     P.fillTable($("checkpoints"), checkpoints, (c) => {
       const link = document.createElement("a");
       link.href = `${api}/checkpoints/${c.id}/download`;
       link.setAttribute("download", "");
       link.textContent = "Download";
       let cell = link;
-      if (!c.complete) {  // its workers' optimizer state files are still arriving
+      if (!c.complete) {  // its workers' optimizer state files not all stored
         cell = document.createElement("span");
         cell.className = "muted";
-        cell.title = "its workers' optimizer state files are still arriving";
-        cell.textContent = "Arriving…";
+        cell.title = ended ? INCOMPLETE : "its workers' optimizer state files are still arriving";
+        cell.textContent = ended ? "Incomplete" : "Arriving…";
       }
       return [String(c.epoch), [String(c.step), "num"],
         [formatBytes(c.size_bytes + c.state_bytes), "num"], [P.fmtTime(c.created_at), "nowrap"], cell];
     }, "No checkpoints yet.");
   }
+
+  const INCOMPLETE = "a worker's optimizer state file never arrived: download an earlier checkpoint";
 
   function formatBytes(size) {
     const units = ["B", "KiB", "MiB", "GiB"];
@@ -141,7 +144,8 @@
     const tables = task.status !== lastStatus ? refreshTables() : Promise.resolve();
     lastStatus = task.status;
     // Throughput rows name each rank's group, known from the allocations table.
-    await Promise.all([tables.then(() => window.TaskCharts.refresh(rankGroups, task)), refreshCheckpoints()]);
+    await Promise.all([tables.then(() => window.TaskCharts.refresh(rankGroups, task)),
+      refreshCheckpoints(P.TERMINAL.has(task.status))]);
     return !P.TERMINAL.has(task.status);
   }, 3000);
 })();

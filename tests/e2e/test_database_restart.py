@@ -30,8 +30,9 @@ from tests.e2e.test_fault_tolerance import (
 from worker.engine.ranks import free_port
 
 OUTAGE_S = 4.0
-"""How long the database is down: longer than an agent's retries of one request (5 at 0.5 s
-apart), shorter than the heartbeat timeout (15 s)."""
+"""How long the database is down: every request an agent makes meanwhile is answered 5xx and
+tried again (an agent's client tries a request 30 times, 0.5 s apart), and it is shorter
+than the heartbeat timeout (15 s), so no agent may be declared lost."""
 
 
 def _bin(name: str) -> str:

@@ -247,17 +247,17 @@ def test_a_sharded_task_resumes_from_its_workers_state_and_downloads_whole(
     that state and resume from it; the final checkpoint downloads as one state dict."""
     version = new_version(ft_api, example="mnist_cnn")
     groups = [{"name": "cpu-a", "workers": 2, "sharding": "fsdp"}, {"name": "cpu-b", "workers": 1}]
-    task = submit(ft_api, version, epochs=2, global_batch_size=64, resource_groups=groups)
+    task = submit(ft_api, version, epochs=3, global_batch_size=64, resource_groups=groups)
     wait_checkpoints(ft_api, task["id"], 1)
-    first = ft_api.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()[0]
-    assert first["sharded_files"] == 3  # .metadata and one file from each of cpu-a's workers
-    url = f"/api/v1/tasks/{task['id']}/checkpoints/{first['id']}/download"
+    listing = f"/api/v1/tasks/{task['id']}/checkpoints"
     deadline = time.monotonic() + 60
-    while (early := ft_api.get(url)).status_code == 409:  # its files still arriving
-        assert time.monotonic() < deadline, early.text
-        time.sleep(0.2)
-    assert early.status_code == 200, early.text
+    while not (first := ft_api.get(listing).json()[0])["complete"]:  # its files arriving
+        assert time.monotonic() < deadline, first
+        time.sleep(0.1)
+    assert first["sharded_files"] == 3  # .metadata and one file from each of cpu-a's workers
     os.kill(_rank_pid(ft_stack, task["id"], 2), signal.SIGKILL)
+    early = ft_api.get(f"{listing}/{first['id']}/download")
+    assert early.status_code == 200, early.text
     done = wait_for(ft_api, task["id"], ENDED, 150)
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     assert done["attempt"] == 2

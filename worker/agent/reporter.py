@@ -179,8 +179,9 @@ class Reporter:
             )
 
     def _upload_part(self, node: str, event: dict[str, Any]) -> None:
-        """Upload a file of a checkpoint's state folder a sharded group's worker wrote
-        (``<its checkpoints>/<name>.dcp/<file>``), from that worker's own folder only."""
+        """Upload a file of a checkpoint's state folder its worker wrote (a sharded group's
+        member, a sync source worker, a group leader: ``<its checkpoints>/<name>.dcp/<file>``),
+        from that worker's own folder only."""
         path, rank_dir = Path(str(event.get("path"))), self.rank_dirs.get(node)
         part = f"{path.parent.name}/{path.name}"
         try:

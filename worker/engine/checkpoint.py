@@ -4,9 +4,10 @@ A checkpoint is a ``torch.save`` dict written by the parameter server::
 
     model             state_dict of the global model: parameters and buffers (BatchNorm
                       statistics, combined as docs/heterogeneity.md "Buffers" says)
-    optimizer         state_dict of the parameter server's optimizer (None with periodic sync);
-                      where the source group holds it sharded, its outline, the tensors in
-                      the state folder ``<name>.dcp`` (contracts/sharded_state.py)
+    optimizer         sync: the outline of the workers' optimizer replica, its tensors in the
+                      state folder ``<name>.dcp`` the source worker (or a sharded source
+                      group's members) wrote (contracts/sharded_state.py); quorum: the
+                      state_dict of the parameter server's own; None with periodic, diloco
     group_optimizers  {group index: the outline of each group's local optimizer (periodic,
                       diloco), its tensors in the state folder ``<name>.g<index>.dcp``} or None
     epoch, step       epoch being trained (0-based) and optimizer steps done since the start
@@ -81,12 +82,12 @@ def gather_worker_states(
     topo_is_ps: bool, rank: int, optimizer_outline: dict[str, Any] | None
 ) -> dict[int, dict[str, Any]] | None:
     """Collect every compute worker's RNG state (and the outline of the optimizer state it
-    sends, ``worker.engine.fsdp.outline``) at rank 0, in one ``gather_object``.
+    wrote into a state folder, ``worker.engine.fsdp.save_state``) at rank 0, in one
+    ``gather_object``.
 
     Call on every rank of the world; returns ``{rank: {"rng", "optimizer"}}`` on rank 0 (the
-    optimizer an outline, or None for a rank that sends none) and None elsewhere. The state
-    tensors themselves follow point to point, a tensor at a time
-    (``worker.engine.fsdp.send_state_rows``), so neither side pickles a copy of the state.
+    optimizer an outline, or None for a rank that wrote none) and None elsewhere. No state
+    tensor travels: those who hold them wrote them beside the checkpoint.
     """
     mine = None
     if not topo_is_ps:

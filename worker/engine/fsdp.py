@@ -405,19 +405,20 @@ def load_state_rows(
     if ref is None:
         raise ValueError("the optimizer state names no state folder")
     files = [p.split("/", 1)[1] for p in sharded_state.part_paths(ref)]
+    stored = sharded_state.read_metadata(folder, files).state_dict_metadata
     params = optimizer_params(optimizer)
     template: dict[str, Tensor] = {}
-    for key, name, dtype_name in sharded_state.marked_entries(outlined):
-        dtype = getattr(torch, dtype_name, None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"optimizer state {key}.{name} has no dtype {dtype_name!r}")
-        param = params[int(key)]
-        if isinstance(param, DTensor):
+    for key, name, _ in sharded_state.marked_entries(outlined):
+        item = stored.get(sharded_state.dcp_key(key, name))
+        if item is None:
+            raise ValueError(f"the state folder {folder.name} has no optimizer state {key}.{name}")
+        param, dtype = params[int(key)], item.properties.dtype
+        if isinstance(param, DTensor) and tuple(item.size) == tuple(param.shape):
             mine = torch.empty(param.to_local().shape, dtype=dtype, device=param.device)
             template[sharded_state.dcp_key(key, name)] = like(param, mine)
-        else:
+        else:  # whole; or a state not shaped as its parameter (Adafactor's row and column)
             template[sharded_state.dcp_key(key, name)] = torch.empty(
-                param.shape, dtype=dtype, device=param.device
+                item.size, dtype=dtype, device=param.device
             )
     sharded_state.load_into(template, folder, files)
     optimizer.load_state_dict(sharded_state.filled(outlined, template))

@@ -94,7 +94,8 @@ def run_parameter_server(
     if spec.resume_from:
         state = load_checkpoint(spec.resume_from)
         model.load_state_dict(state["model"])
-        # Under sync the server never steps: a sharded group's state stays in its folder.
+        # The server never steps the workers' optimizer: their state stays in its folder
+        # (a checkpoint from before state folders holds it whole).
         held_out = sharded_state.reference(state["optimizer"]) is not None
         if state["optimizer"] is not None and not held_out:
             optimizer.load_state_dict(state["optimizer"])
@@ -108,8 +109,8 @@ def run_parameter_server(
     if spec.debug_dump_dir:
         run.batches = []
     session.train(run, under_way, lambda r: {}, report_server_epoch)
-    # A sharded source group's optimizer state is in the last checkpoint's state folder
-    # (run.py): final.pt names that folder, the state being the same.
+    # Under sync the optimizer replica is in the last checkpoint's state folder (run.py):
+    # final.pt names that folder, the state being the same.
     directory = Path(spec.checkpoint_dir)
     held: dict[str, Any] | None = (
         run.optimizer_in if run.optimizer_in is not None else optimizer.state_dict()

@@ -116,8 +116,8 @@ class Run:
     strategy: Strategy[Run] = field(kw_only=True)
     _tail: Tensor | None = field(default=None, init=False, repr=False)  # sharded: the step's
     grad_fault: bool | None = None  # sharded: this worker's gradient was non-finite before the sum
-    # The latest optimizer state's outline when the server does not hold it (a sharded
-    # source group's, in the last checkpoint's state folder: contracts/sharded_state.py).
+    # The latest optimizer replica's outline (sync: the source group wrote it into the last
+    # checkpoint's state folder, contracts/sharded_state.py); the server never holds it.
     optimizer_in: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:

@@ -14,8 +14,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from backend.scheduler.dispatch import last_checkpoint
+from backend.tasks.models import TaskStatus
 from contracts import sharded_state
-from tests.backend.scheduling import group, running_task
+from tests.backend.scheduling import finish, group, running_task
 from tests.conftest import agent_headers
 from tests.worker.engine.conftest import build_spec
 from tests.worker.engine.reference import TIMEOUT_S
@@ -126,6 +127,20 @@ def test_a_sharded_checkpoint_is_whole_once_its_parts_arrive_and_downloads_as_on
     page = client.get(f"/tasks/{task.id}")
     assert page.status_code == 200 and "Arriving…" not in page.text
     assert f"/checkpoints/{checkpoint}/download" in page.text
+
+
+def test_a_checkpoint_whose_state_never_arrived_says_so_once_the_task_ended(
+    client: TestClient, session: Session, runs: dict[str, Path]
+) -> None:
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    parts = [f"epoch-0.pt.dcp/{f}" for f in FILES]
+    _upload(client, task.id, runs["fsdp"] / "epoch-0.pt", parts)  # no part ever comes
+    finish(session, task, TaskStatus.FAILED)
+    page = client.get(f"/tasks/{task.id}").text
+    assert "Incomplete" in page and "download an earlier checkpoint" in page
+    assert "Arriving…" not in page
 
 
 class _Run:
