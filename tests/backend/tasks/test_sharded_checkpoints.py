@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from backend.scheduler.dispatch import last_checkpoint
-from backend.tasks.models import TaskStatus
+from backend.tasks.models import Task, TaskStatus
 from contracts import sharded_state
 from tests.backend.scheduling import finish, group, running_task
 from tests.conftest import agent_headers
@@ -45,6 +45,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return found
 
 
+def _running(session: Session) -> Task:
+    """A task running on cpu-a x 2 and cpu-b x 1 (groups made here)."""
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    return running_task(session)
+
+
 def _upload(client: TestClient, task_id: int, source: Path, parts: list[str]) -> int:
     response = client.post(
         f"/internal/v1/tasks/{task_id}/checkpoints",
@@ -68,9 +75,7 @@ def _upload_part(client: TestClient, task_id: int, part: str, body: bytes) -> in
 def test_a_sharded_checkpoint_is_whole_once_its_parts_arrive_and_downloads_as_one(
     client: TestClient, session: Session, runs: dict[str, Path]
 ) -> None:
-    group(session, "cpu-a", 2)
-    group(session, "cpu-b", 1)
-    task = running_task(session)
+    task = _running(session)
     folder = runs["fsdp"] / "epoch-0.pt.dcp"
     parts = [f"epoch-0.pt.dcp/{f}" for f in FILES]
     assert _upload_part(client, task.id, parts[2], (folder / FILES[2]).read_bytes()) == 200
@@ -132,9 +137,7 @@ def test_a_sharded_checkpoint_is_whole_once_its_parts_arrive_and_downloads_as_on
 def test_a_checkpoint_whose_state_never_arrived_says_so_once_the_task_ended(
     client: TestClient, session: Session, runs: dict[str, Path]
 ) -> None:
-    group(session, "cpu-a", 2)
-    group(session, "cpu-b", 1)
-    task = running_task(session)
+    task = _running(session)
     parts = [f"epoch-0.pt.dcp/{f}" for f in FILES]
     _upload(client, task.id, runs["fsdp"] / "epoch-0.pt", parts)  # no part ever comes
     finish(session, task, TaskStatus.FAILED)
@@ -154,9 +157,7 @@ class _Run:
 def test_a_tampered_state_folder_is_refused(
     bad: str, client: TestClient, session: Session, runs: dict[str, Path]
 ) -> None:
-    group(session, "cpu-a", 2)
-    group(session, "cpu-b", 1)
-    task = running_task(session)
+    task = _running(session)
     folder = runs["fsdp"] / "epoch-0.pt.dcp"
     if bad == "a part name":
         response = client.post(
