@@ -339,9 +339,9 @@ class Rows:
 def outline(state_dict: dict[str, Any], whole: bool = False) -> dict[str, Any]:
     """An optimizer ``state_dict()`` with each state tensor shaped as its parameter (one
     dimension or more) replaced by :class:`Rows` (with its shape when ``whole``: a worker
-    that holds the whole model sends each tensor whole): what the parameter server needs to
-    receive them (:func:`receive_state_rows`); scalars (Adam's ``step``) and the parameter
-    groups are kept, any tensor among them on the CPU (it unpickles on a host without the
+    that holds the whole model sends each tensor whole): what a receiver needs to take them
+    (:func:`receive_state_rows`), or a state folder's outline (:func:`save_state`); scalars
+    (Adam's ``step``) and the parameter groups are kept, any tensor among them on the CPU (it unpickles on a host without the
     worker's device)."""
     state = {
         key: {
@@ -355,6 +355,17 @@ def outline(state_dict: dict[str, Any], whole: bool = False) -> dict[str, Any]:
         for key, values in state_dict["state"].items()
     }
     return to_cpu({"state": state, "param_groups": state_dict["param_groups"]})
+
+
+def state_tensors(state_dict: dict[str, Any]) -> dict[str, Tensor]:
+    """An optimizer ``state_dict``'s state tensors (one dimension or more), keyed as a state
+    folder keeps them (``contracts.sharded_state.dcp_key``): what a checkpoint writes."""
+    return {
+        sharded_state.dcp_key(key, name): value
+        for key, values in state_dict["state"].items()
+        for name, value in values.items()
+        if isinstance(value, Tensor) and value.dim() > 0
+    }
 
 
 def save_state(
@@ -371,12 +382,7 @@ def save_state(
     file of the folder). Raises OSError (wrapped in DCP's CheckpointException, a
     BaseException, where sharded) when the folder cannot be written."""
     state_dict = optimizer.state_dict()
-    tensors = {
-        sharded_state.dcp_key(key, name): value
-        for key, values in state_dict["state"].items()
-        for name, value in values.items()
-        if isinstance(value, Tensor) and value.dim() > 0
-    }
+    tensors = state_tensors(state_dict)
     if sharded:
         metadata = dcp.save(tensors, checkpoint_id=folder, process_group=topo.group)
         member = topo.group_ranks.index(topo.rank)
@@ -439,33 +445,21 @@ def send_state_rows(state_dict: dict[str, Any], dst: int = 0) -> None:
             dist.send(local(value).detach().contiguous().cpu(), dst=dst)
 
 
-def receive_state_rows(
-    outlined: dict[str, Any], members: Sequence[int], shapes: Sequence[torch.Size] = ()
-) -> dict[str, Any]:
-    """Parameter server: the whole optimizer ``state_dict`` of a sharded group, from its
-    members' rows (:func:`send_state_rows`, ``members`` their global ranks in order) and the
-    first member's :func:`outline`; each tensor assembled as it arrives, so the server holds
-    the result and one tensor's rows, never a member's whole state besides. ``shapes``: the
-    parameters' whole shapes in the optimizer's numbering (:func:`optimizer_params`; a state
-    tensor is shaped as its parameter), unused where the outline gives each shape (a whole
-    worker's, ``members`` then that one rank)."""
+def receive_state_rows(outlined: dict[str, Any], source: int) -> dict[str, Any]:
+    """The whole optimizer ``state_dict`` rank ``source`` sends (:func:`send_state_rows`, its
+    :func:`outline` made with ``whole``: each state tensor's shape given), each tensor
+    received as it arrives: no copy of the whole state is pickled (a parked group taking the
+    source's back, ``worker.engine.run``)."""
     state: dict[Any, dict[str, Any]] = {k: dict(v) for k, v in outlined["state"].items()}
     for key, name in _in_order(state):
         value = state[key][name]
         if not isinstance(value, Rows):
             continue
-        if value.shape is not None:
-            whole = torch.empty(value.shape, dtype=value.dtype)
-            dist.recv(whole, src=members[0])
-            state[key][name] = whole
-            continue
-        shape = shapes[int(key)]
-        parts = []
-        for member, rows in zip(members, chunk_rows(shape[0], len(members)), strict=True):
-            buffer = torch.empty((rows, *shape[1:]), dtype=value.dtype)
-            dist.recv(buffer, src=member)
-            parts.append(buffer)
-        state[key][name] = assemble(shape, parts)
+        if value.shape is None:
+            raise ValueError(f"state {key}.{name} was outlined without its shape (not whole)")
+        whole = torch.empty(value.shape, dtype=value.dtype)
+        dist.recv(whole, src=source)
+        state[key][name] = whole
     return {"state": state, "param_groups": outlined["param_groups"]}
 
 

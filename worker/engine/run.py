@@ -410,7 +410,7 @@ def refresh(run: Run, groups: set[int], source: int) -> None:
         box: list[Any] = [None]
         dist.recv_object_list(box, src=source)
         if box[0] is not None:
-            received = receive_state_rows(box[0], [source])
+            received = receive_state_rows(box[0], source)
             if run.optimizer is not None:
                 run.optimizer.load_state_dict(received)
 

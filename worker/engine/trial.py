@@ -239,12 +239,7 @@ def time_checkpoint(code: TrainingCode, model: torch.nn.Module, folder: str) -> 
     Path(folder).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         started = time.perf_counter()
-        tensors = {
-            sharded_state.dcp_key(key, name): value
-            for key, values in optimizer.state_dict()["state"].items()
-            for name, value in values.items()
-            if isinstance(value, torch.Tensor) and value.dim() > 0
-        }
+        tensors = fsdp.state_tensors(optimizer.state_dict())
         with sharded_state.single_process():
             dcp.save(tensors, checkpoint_id=Path(tmp) / "trial.pt.dcp", no_dist=True)
         torch.save({"model": model.state_dict()}, Path(tmp) / "trial.pt")
