@@ -341,8 +341,8 @@ def outline(state_dict: dict[str, Any], whole: bool = False) -> dict[str, Any]:
     dimension or more) replaced by :class:`Rows` (with its shape when ``whole``: a worker
     that holds the whole model sends each tensor whole): what a receiver needs to take them
     (:func:`receive_state_rows`), or a state folder's outline (:func:`save_state`); scalars
-    (Adam's ``step``) and the parameter groups are kept, any tensor among them on the CPU (it unpickles on a host without the
-    worker's device)."""
+    (Adam's ``step``) and the parameter groups are kept, any tensor among them on the CPU (it
+    unpickles on a host without the worker's device)."""
     state = {
         key: {
             name: Rows(value.dtype, tuple(value.shape) if whole else None)
