@@ -51,7 +51,7 @@ format: install
 	$(BIN)/ruff check --fix $(LINTED)
 
 # Benchmarks (docs/benchmarks.md): one JSON line each. bench: the figures with targets, every
-# ratio from 5 paired rounds (under 30 minutes on this 2-core host); bench-all adds the
+# ratio from 5 paired rounds (over 40 minutes on this 2-core host: bench/run_all.py); bench-all adds the
 # accuracy runs and the earlier issues' benchmarks (about 165 minutes in all); bench-quick,
 # the engine's core figures, about 6 minutes.
 bench: install

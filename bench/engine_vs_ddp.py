@@ -30,13 +30,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -58,6 +60,8 @@ def steps_for(hidden: int) -> int:
 
 
 CORES = (0, 1)  # compute process i runs on core CORES[i]
+DDP_TIMEOUT_S = 900  # a plain DDP run (the largest size's epochs take under a minute)
+RENDEZVOUS_TIMEOUT_S = 300  # a DDP rank's wait for its peer, at the rendezvous or a collective
 
 
 def _env(hidden: int) -> dict[str, str]:
@@ -68,7 +72,7 @@ def _env(hidden: int) -> dict[str, str]:
     }
 
 
-def ddp_rank(rank: int, port: int) -> None:
+def ddp_rank(rank: int, port: int) -> NoReturn:
     """One DDP rank (run as ``--ddp-rank``): trains EPOCHS epochs, rank 0 prints step times."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -76,7 +80,11 @@ def ddp_rank(rank: int, port: int) -> None:
     torch.set_num_threads(1)
     pin(os.getpid(), CORES[rank])
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    # A rank whose peer died fails at the rendezvous or its next collective within the
+    # timeout instead of waiting torch's default half hour.
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=2, timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
+    )
     sys.path.insert(0, str(Path(workload("sized_mlp")).parent))
     import sized_mlp  # type: ignore[import-not-found]
 
@@ -101,34 +109,72 @@ def ddp_rank(rank: int, port: int) -> None:
         per_step.append((time.perf_counter() - started) / steps)
     if rank == 0:
         print(json.dumps({"step_s": per_step[1:]}), flush=True)
-    dist.destroy_process_group()
+    # End here, with the model alive: freeing DDP's reducer (on return) destroys its gloo
+    # group, whose destructor joins gloo's threads while one of them waits for the GIL this
+    # thread holds (seen: both ranks stuck there for good after a finished run).
+    exit_now(0)
 
 
-def ddp_step_s(hidden: int) -> list[float]:
-    """Seconds per step of plain DDP on 2 gloo ranks (epochs after the first)."""
+def ddp_step_s(hidden: int, tries: int = 2) -> list[float]:
+    """Seconds per step of plain DDP on 2 gloo ranks (epochs after the first).
+
+    A run whose ranks fail (e.g. another process took the rendezvous port between
+    :func:`free_port` and rank 0's bind) is run again on a new port, up to ``tries`` runs in
+    all; then the benchmark exits naming what failed. No rank outlives its run."""
+    failed: list[str] = []
+    for attempt in range(1, tries + 1):
+        out, failed = _ddp_run(hidden)
+        if not failed:
+            return list(json.loads(out[0][0].strip().splitlines()[-1])["step_s"])
+        print(f"DDP run {attempt} of {tries} failed:\n" + "\n".join(failed), file=sys.stderr)
+    sys.exit("DDP run failed:\n" + "\n".join(failed))
+
+
+def _ddp_run(hidden: int) -> tuple[list[tuple[str, str]], list[str]]:
+    """One plain DDP run: each rank's ``(stdout, stderr)`` and what failed (empty when none).
+    A rank that fails ends the run at once (its peer would wait for it at a collective), as
+    does :data:`DDP_TIMEOUT_S`."""
     port = free_port()
     env = {**os.environ, **_env(hidden)}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.engine_vs_ddp",
-                "--ddp-rank",
-                str(r),
-                "--port",
-                str(port),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
+    command = [sys.executable, "-m", "bench.engine_vs_ddp", "--port", str(port), "--ddp-rank"]
+    killed: list[int] = []
+    with tempfile.TemporaryDirectory(prefix="polytrain-ddp-") as tmp:
+        files = [(Path(tmp) / f"{r}.out", Path(tmp) / f"{r}.err") for r in range(2)]
+        procs = []
+        for r, (out, err) in enumerate(files):
+            with out.open("w") as stdout, err.open("w") as stderr:
+                procs.append(
+                    subprocess.Popen([*command, str(r)], env=env, stdout=stdout, stderr=stderr)
+                )
+        deadline = time.monotonic() + DDP_TIMEOUT_S
+        try:
+            while True:
+                codes = [p.poll() for p in procs]  # every rank's: one that failed ends the run
+                if None not in codes or any(codes) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        finally:
+            for r, p in enumerate(procs):
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                    killed.append(r)
+        texts = [(out.read_text(), err.read_text()) for out, err in files]
+    failed = [
+        f"rank {r} {ended(p.returncode)}: {texts[r][1][-1500:]}"
+        for r, p in enumerate(procs)
+        if p.returncode and r not in killed
     ]
-    out = [p.communicate(timeout=900)[0] for p in procs]
-    if any(p.returncode for p in procs):
-        sys.exit(f"DDP run failed: {out}")
-    return list(json.loads(out[0].strip().splitlines()[-1])["step_s"])
+    if killed:
+        failed.append(f"ranks {killed} stopped: the run failed or ran over {DDP_TIMEOUT_S} s")
+    return texts, failed
+
+
+def ended(code: int) -> str:
+    """How a process with exit status ``code`` (``Popen.returncode``) ended, in words."""
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited {code}"
 
 
 def engine_step_s(hidden: int, groups: list[dict[str, Any]]) -> list[float]:
@@ -166,8 +212,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.ddp_rank is not None:
-        ddp_rank(args.ddp_rank, args.port)
-        exit_now(0)  # as the engine's ranks end (worker.engine.launch.exit_now)
+        ddp_rank(args.ddp_rank, args.port)  # ends the process (exit_now)
     one_group = [{"name": "a", "device_type": "cpu", "workers": 2}]
     two_groups = [
         {"name": "a", "device_type": "cpu", "workers": 1},

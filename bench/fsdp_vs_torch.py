@@ -47,7 +47,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -81,7 +81,7 @@ def _env(hidden: int, batch: int, steps: int) -> dict[str, str]:
     }
 
 
-def torch_rank(rank: int, port: int, batch: int, epochs: int) -> None:
+def torch_rank(rank: int, port: int, batch: int, epochs: int) -> NoReturn:
     """One plain FSDP2 rank (run as ``--torch-rank``): trains ``epochs`` epochs of global
     batches of ``batch``; rank 0 prints each epoch's seconds a step."""
     import torch.distributed as dist
@@ -117,7 +117,9 @@ def torch_rank(rank: int, port: int, batch: int, epochs: int) -> None:
         per_step.append((time.perf_counter() - started) / steps)
     if rank == 0:
         print(json.dumps({"step_s": per_step}), flush=True)
-    dist.destroy_process_group()
+    # End here, with the model alive: freeing it (on return) destroys its gloo group, whose
+    # destructor can wait for good on gloo's threads (bench/engine_vs_ddp.py, ddp_rank).
+    exit_now(0)
 
 
 def torch_step_s(
@@ -215,8 +217,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=EPOCHS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.torch_rank is not None:
-        torch_rank(args.torch_rank, args.port, args.batch, args.epochs)
-        exit_now(0)  # as the engine's ranks end (worker.engine.launch.exit_now)
+        torch_rank(args.torch_rank, args.port, args.batch, args.epochs)  # ends the process
     worst = 0.0
     for size in args.sizes.split(","):
         hidden = deep_mlp.width(size)

@@ -109,12 +109,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing import forkserver
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from bench.common import emit, workload
 from bench.stats import paired_ratios, summary
 from bench.throttle import CpuGroup, Throttle, ThrottleError, exit_unavailable, place_ranks
 from worker.engine import prefork
+from worker.engine.launch import exit_now
 from worker.engine.local import launch_local
 from worker.engine.ranks import free_port
 from worker.engine.spec import RunSpec
@@ -300,7 +301,7 @@ def _epoch_line(step: int, train_s: float, accuracy: float) -> None:
     print(json.dumps({"step": step, "train_s": train_s, "accuracy": accuracy}), flush=True)
 
 
-def plain_rank(kind: str, rank: int, port: int, settings: Settings) -> None:
+def plain_rank(kind: str, rank: int, port: int, settings: Settings) -> NoReturn:
     """One process of the ``single`` or ``ddp`` arm (run as ``--plain``): trains up to
     ``max_epochs`` epochs, printing after each (rank 0) ``{"step", "train_s", "accuracy"}``."""
     import torch
@@ -344,8 +345,9 @@ def plain_rank(kind: str, rank: int, port: int, settings: Settings) -> None:
             dist.all_reduce(correct)
         if rank == 0:
             _epoch_line(step, train_s, float(correct[0] / correct[1]))
-    if world > 1:
-        dist.destroy_process_group()
+    # End here, with the model alive: freeing DDP's reducer (on return) destroys its gloo
+    # group, which can wait for good on gloo's threads (bench/engine_vs_ddp.py, ddp_rank).
+    exit_now(0)
 
 
 def rate_rank(settings: Settings, seconds: float) -> None:
@@ -698,8 +700,7 @@ def main() -> None:
         rate_rank(base, RATE_SECONDS)
         return
     if args.plain:
-        plain_rank(args.plain, args.rank, args.port, base)
-        return
+        plain_rank(args.plain, args.rank, args.port, base)  # ends the process (exit_now)
     arms = args.arms.split(",")
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     if args.quick:

@@ -67,6 +67,21 @@ def guard_first_check_steps(step_s: float | None) -> int:
     return max(GUARD_FIRST_CHECK_MIN_STEPS, min(GUARD_CHECK_STEPS, wanted))
 
 
+def warm_point(step: int, split_step: int, steps_per_epoch: int, period: int) -> int:
+    """The global step of the attempt's warm point from global step ``step`` (the split at
+    ``split_step`` of ``steps_per_epoch``): its second sync point (``sync``: the end of the
+    second step; ``periodic`` and ``diloco``: the second round's end, rounds ending at
+    multiples of ``period`` in the epoch), or the epoch's end if that comes first. A worker's
+    optimizer step is its own work, which its busy clock (worker/engine/compute.py) charges
+    to its next compute section: the first one (which makes the optimizer's state) to its
+    second local step, in the first round, or for a group of one local step a round in the
+    second round's first; an epoch's end drops it (a new clock)."""
+    period = max(1, period)
+    first = min((split_step // period + 1) * period, steps_per_epoch)
+    second = min((first // period + 1) * period, steps_per_epoch)
+    return step + second - split_step
+
+
 DILOCO_PERIOD = 16
 """`diloco`'s round length (`sync_period`) when none is given; a round of one step is refused
 (every group would take every step, which is `periodic` with an outer step)."""

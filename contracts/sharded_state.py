@@ -62,6 +62,14 @@ def folder_of(checkpoint_name: str, group: int | None = None) -> str:
     return checkpoint_name + own + FOLDER_SUFFIX
 
 
+def group_of_folder(folder: str) -> int | None:
+    """The group whose own optimizer state folder ``folder`` is (``step-8.pt.g1.dcp``: 1),
+    None for a folder of the task's one replica or a sharded group's rows (``step-8.pt.dcp``):
+    the inverse of :func:`folder_of`."""
+    found = re.fullmatch(r".*\.g([0-9]{1,6})" + re.escape(FOLDER_SUFFIX), folder)
+    return int(found.group(1)) if found else None
+
+
 def reference(state_dict: dict[str, Any] | None) -> dict[str, Any] | None:
     """The ``sharded_state`` of an optimizer outline (``{"folder", "files"}``), or None for
     a whole state (or none)."""

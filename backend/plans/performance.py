@@ -60,6 +60,7 @@ from contracts.plan import (
     ROUND_STRATEGIES,
     guard_first_check_steps,
     local_steps,
+    warm_point,
 )
 from contracts.trial import (
     PROFILE_BUDGET_S,
@@ -1005,9 +1006,11 @@ def predict(
         sharded,
     )
     profiled = _profiled_step_s(model, groups, counts, global_batch_size, split_policy, full)
-    first_check = guard_first_check_steps(profiled)
-    if model.sync_strategy in ROUND_STRATEGIES:  # the check waits for a round's end
-        first_check = math.ceil(first_check / model.sync_period) * model.sync_period
+    # The check counts from the attempt's warm point (the steps before it pay one-off costs)
+    # and waits for a round's end.
+    period = model.sync_period if model.sync_strategy in ROUND_STRATEGIES else 1
+    warm = warm_point(0, 0, steps, period)
+    first_check = math.ceil((warm + guard_first_check_steps(profiled)) / period) * period
     before_check = min(first_check, steps * epochs) * (full.seconds - on.seconds)
     return Prediction(
         workers=dict(workers),

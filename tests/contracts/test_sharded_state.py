@@ -76,6 +76,12 @@ def test_metadata_holding_anything_but_tensors_is_refused(tmp_path: Path) -> Non
         sharded_state.read_metadata(folder, files)
 
 
+def test_a_groups_folder_names_its_group() -> None:
+    assert sharded_state.group_of_folder(sharded_state.folder_of("step-8.pt", 12)) == 12
+    assert sharded_state.group_of_folder(sharded_state.folder_of("epoch-1.pt")) is None
+    assert sharded_state.group_of_folder("g3.dcp") is None  # no checkpoint name before it
+
+
 def test_part_names_are_a_state_folder_and_dcps_files_only() -> None:
     assert sharded_state.check_part("step-8.pt.dcp/__12_0.distcp") == (
         "step-8.pt.dcp",

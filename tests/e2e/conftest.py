@@ -22,6 +22,10 @@ TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 COLD_RANKS = {"POLYTRAIN_WARM_POOL": "false"}
 WARM_POOL_MODULES = {"tests.e2e.test_isolation"}
 
+DOWNLOAD_TIMEOUT_S = 180
+"""A checkpoint's download is built on demand from its files: past the client's 30 s on a
+loaded host (three runs of make test on 2026-11-30 at load 9-11), in well under 30 alone."""
+
 
 # A tiny training module that trains: a linear model on random sums (tests change a part).
 TINY = """

@@ -24,7 +24,14 @@ import torch
 
 from polytrain.stack import GroupSetup, LocalStack
 from tests import production
-from tests.e2e.conftest import COLD_RANKS, new_version, submit, training_processes, wait_for
+from tests.e2e.conftest import (
+    COLD_RANKS,
+    DOWNLOAD_TIMEOUT_S,
+    new_version,
+    submit,
+    training_processes,
+    wait_for,
+)
 from worker.engine.ranks import free_port
 
 GROUPS = [GroupSetup("cpu-a", 2), GroupSetup("cpu-b", 1), GroupSetup("cpu-c", 2)]
@@ -256,7 +263,7 @@ def test_a_sharded_task_resumes_from_its_workers_state_and_downloads_whole(
         time.sleep(0.1)
     assert first["sharded_files"] == 3  # .metadata and one file from each of cpu-a's workers
     os.kill(_rank_pid(ft_stack, task["id"], 2), signal.SIGKILL)
-    early = ft_api.get(f"{listing}/{first['id']}/download")
+    early = ft_api.get(f"{listing}/{first['id']}/download", timeout=DOWNLOAD_TIMEOUT_S)
     assert early.status_code == 200, early.text
     done = wait_for(ft_api, task["id"], ENDED, 150)
     assert done["status"] == "SUCCEEDED", done["status_reason"]
@@ -266,7 +273,10 @@ def test_a_sharded_task_resumes_from_its_workers_state_and_downloads_whole(
     assert {"rank-1", "rank-2"} <= resumed, resumed  # cpu-a's workers, from their state
     final = ft_api.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()[-1]
     assert final["sharded_files"] == 3
-    body = ft_api.get(f"/api/v1/tasks/{task['id']}/checkpoints/{final['id']}/download")
+    body = ft_api.get(
+        f"/api/v1/tasks/{task['id']}/checkpoints/{final['id']}/download",
+        timeout=DOWNLOAD_TIMEOUT_S,
+    )
     assert body.status_code == 200, body.text
     state = torch.load(io.BytesIO(body.content), weights_only=True)
     shapes = {tuple(v.shape) for v in state["model"].values() if v.dim() > 0}

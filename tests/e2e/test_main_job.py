@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from polytrain.stack import LocalStack
-from tests.e2e.conftest import TINY, new_version, submit, training_processes, wait_for
+from tests.e2e.conftest import (
+    DOWNLOAD_TIMEOUT_S,
+    TINY,
+    new_version,
+    submit,
+    training_processes,
+    wait_for,
+)
 
 FAILING_MODEL = TINY.replace(
     "    return torch.nn.Linear(4, 1)",
@@ -82,7 +89,10 @@ def test_checkpoint_downloads_and_loads(api: httpx.Client, stack: LocalStack) ->
     assert wait_for(api, task["id"], {"SUCCEEDED", "FAILED"})["status"] == "SUCCEEDED"
     checkpoints = api.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()
     assert checkpoints
-    blob = api.get(f"/api/v1/tasks/{task['id']}/checkpoints/{checkpoints[-1]['id']}/download")
+    blob = api.get(
+        f"/api/v1/tasks/{task['id']}/checkpoints/{checkpoints[-1]['id']}/download",
+        timeout=DOWNLOAD_TIMEOUT_S,
+    )
     assert blob.status_code == 200
     state = torch.load(io.BytesIO(blob.content), weights_only=True)
     # The source worker kept the optimizer state (its agent uploaded its file beside the

@@ -70,8 +70,8 @@ from worker.engine.balance import Balancer
 from worker.engine.compute import batch_loss
 from worker.engine.contract import TrainingCode
 from worker.engine.data import Source, TensorData
-from worker.engine.distributed import FIRST_WORKER, Topology
-from worker.engine.exchange import broadcast_object, receive_at_ps, send_to_ps
+from worker.engine.distributed import FIRST_WORKER, Topology, all_reduce_sum, broadcast_object
+from worker.engine.exchange import receive_at_ps, send_to_ps
 from worker.engine.sharded import full, materialised
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
@@ -189,7 +189,7 @@ def _fixed_batch(run: CheckedRun, train: Source | None) -> Any:
         if not train.expects(indices):
             train.plan([indices])
         batch = train.take(indices)
-    return broadcast_object(batch, src=FIRST_WORKER)
+    return broadcast_object(batch, run.topo, src=FIRST_WORKER)
 
 
 def _backward(run: CheckedRun, batch: Any) -> None:
@@ -230,7 +230,7 @@ def _gradients(run: CheckedRun, batch: Any) -> list[Tensor]:
 
 
 def check_gradients(run: CheckedRun, train: Source | None) -> None:
-    """Check 1 above, on every rank (collectives over the world and the leaders' group); its
+    """Check 1 above, on every rank (collectives over the groups and the leaders'); its
     wall seconds count to ``run.agreement_s`` (every rank waits in it: all of it is cost)."""
     if run.spec.on_disagreement == "off":
         return
@@ -253,7 +253,7 @@ def _check_gradients(run: CheckedRun, train: Source | None) -> None:
     topo = run.topo
     with shared_randomness(run):
         batch = _fixed_batch(run, train)
-        # Each group's distance where it disagrees, NaN elsewhere: one tensor broadcast.
+        # Each group's distance where it disagrees, NaN elsewhere: one broadcast.
         gaps = torch.full((len(run.spec.groups),), math.nan, dtype=torch.float64)
         if topo.is_ps:
             try:
@@ -278,7 +278,7 @@ def _check_gradients(run: CheckedRun, train: Source | None) -> None:
         elif topo.am_i_leader or run.spec.sharded(topo.group_index):
             _send_gradients(run, batch)
     run.model.zero_grad(set_to_none=True)
-    dist.broadcast(gaps, src=0)
+    gaps = broadcast_object(gaps, topo)
     found = {g: gap for g, gap in enumerate(gaps.tolist()) if not math.isnan(gap)}
     act(run, found, "its gradient of a fixed batch")
 
@@ -394,7 +394,7 @@ def check_parameters(run: CheckedRun) -> None:
         if topo.am_i_leader:
             table[topo.group_index, :3] = mine
             table[topo.group_index, 3] = time.perf_counter() - started
-    dist.all_reduce(table, op=dist.ReduceOp.SUM)
+    all_reduce_sum(table, topo)
     run.agreement_s += float(table[:, 3].max())
     out = run.parked_groups
     stepping = [g for g in range(groups) if g not in out]

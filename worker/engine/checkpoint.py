@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from contracts import sharded_state
 from worker.engine import report
@@ -76,27 +75,6 @@ def to_cpu(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return type(obj)(to_cpu(v) for v in obj)
     return obj
-
-
-def gather_worker_states(
-    topo_is_ps: bool, rank: int, optimizer_outline: dict[str, Any] | None
-) -> dict[int, dict[str, Any]] | None:
-    """Collect every compute worker's RNG state (and the outline of the optimizer state it
-    wrote into a state folder, ``worker.engine.fsdp.save_state``) at rank 0, in one
-    ``gather_object``.
-
-    Call on every rank of the world; returns ``{rank: {"rng", "optimizer"}}`` on rank 0 (the
-    optimizer an outline, or None for a rank that wrote none) and None elsewhere. No state
-    tensor travels: those who hold them wrote them beside the checkpoint.
-    """
-    mine = None
-    if not topo_is_ps:
-        mine = {"rng": torch.get_rng_state(), "optimizer": optimizer_outline}
-    gathered: list[Any] | None = [None] * dist.get_world_size() if topo_is_ps else None
-    dist.gather_object((rank, mine), gathered, dst=0)
-    if gathered is None:
-        return None
-    return {r: state for r, state in gathered if state is not None}
 
 
 def resume_package(state: dict[str, Any]) -> dict[str, Any]:

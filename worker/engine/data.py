@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 from torch.utils import _pytree as pytree
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
@@ -45,8 +44,8 @@ from contracts.data import MEMORY_PATH_MAX_BYTES, DataOptions
 from contracts.preprocess import Augment, PreprocessStep, Tokenize
 from worker.engine import report
 from worker.engine.contract import ContractError, TrainingCode, seed_everything
-from worker.engine.distributed import Topology
-from worker.engine.exchange import broadcast_object, sum_over_world
+from worker.engine.distributed import Topology, all_gather_objects, broadcast_object
+from worker.engine.exchange import sum_over_world
 from worker.engine.preprocess import (
     Fitter,
     Prepared,
@@ -308,7 +307,7 @@ class WorldFitter(Fitter):
 
     The tokenizer is trained by the first compute worker on every training text and sent
     to all ranks as JSON; channel statistics are summed over every compute worker's
-    contiguous part of the training set (float64, one allreduce), read in
+    contiguous part of the training set (float64, one sum over the task), read in
     :data:`STATS_BATCH` batches through a DataLoader.
     """
 
@@ -320,7 +319,7 @@ class WorldFitter(Fitter):
         built = None
         if self.topo.rank == 1:
             built = train_tokenizer(step, texts_of(train, range(len(train))))
-        return str(broadcast_object(built, src=1))
+        return str(broadcast_object(built, self.topo, src=1))
 
     @override
     def channel_stats(self, prefix: Prepared | None) -> tuple[Tensor, Tensor]:
@@ -331,7 +330,7 @@ class WorldFitter(Fitter):
             for c in range(sums.shape[1]):
                 totals[f"{c:06d}:sum"] = (float(sums[1, c]), float(sums[0, c]))
                 totals[f"{c:06d}:squares"] = (float(sums[2, c]), float(sums[0, c]))
-        summed = sum_over_world(totals)
+        summed = sum_over_world(totals, self.topo)
         channels = len(summed) // 2
         if channels == 0:
             raise ValueError("normalize: the training set has no images to compute mean/std")
@@ -428,15 +427,15 @@ def choose_path(
 
 
 def agreed_counts(topo: Topology, mine: tuple[int, int, str] | None) -> tuple[int, int, str]:
-    """Every worker's ``(training items, validation items, path)`` on every rank (one
-    ``all_gather_object``; the parameter server passes None): the workers' must agree.
+    """Every worker's ``(training items, validation items, path)`` on every rank
+    (:func:`worker.engine.distributed.all_gather_objects`; the parameter server passes
+    None): the workers' must agree.
 
     Raises ContractError on every rank when they differ, naming each worker's counts:
     the ranks would otherwise run different numbers of steps and wait on each other
     until the distributed timeout (e.g. a datasets folder that differs between hosts).
     """
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
+    gathered = all_gather_objects(mine, topo)
     counts = {rank: tuple(c) for rank, c in enumerate(gathered) if c is not None}
     if len({c[:2] for c in counts.values()}) != 1:
         listed = ", ".join(f"rank {r}: {c[0]} + {c[1]}" for r, c in sorted(counts.items()))

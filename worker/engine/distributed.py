@@ -1,19 +1,24 @@
 """Process-group setup behind small typed objects (after Lightning Fabric's cluster environments).
 
 :class:`ClusterEnv` says where this process sits (read from environment
-variables, never module globals); :func:`init` joins the world and builds the
-:class:`Topology`: one subgroup per resource group, one leaders group
-(parameter server + first rank of each group) for the parameter server's
-exchange, and, for the synchronous strategy's step path, the group leaders
-without the parameter server (``cross``) and every compute worker (``workers``).
+variables, never module globals); :func:`init` joins the world (a group that carries
+nothing) and builds the :class:`Topology`: one subgroup per resource group, one leaders
+group (parameter server + first rank of each group) for the parameter server's exchange
+and the control collectives between groups, the group leaders without the parameter
+server (``cross``) for the synchronous strategy's step path, and a sharded group with the
+server (``server_links``). The control collectives (:func:`all_reduce_sum` and the rest)
+go through those; the module's "Process groups" comment says why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+import pickle
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -61,8 +66,14 @@ class Topology:
     ``device`` is where the model and in-group collectives live (CPU on the
     parameter server and in gloo groups). The leaders group is always gloo, on CPU.
     ``cross`` (gloo, CPU) holds the group leaders without the parameter server: set on
-    the leaders when there is more than one group, None elsewhere. ``workers`` (gloo)
-    holds every compute worker: set on the workers, None on the parameter server.
+    the leaders when there is more than one group, None elsewhere.
+    ``control`` (gloo, CPU) holds this rank's resource group, for the control collectives
+    (:func:`all_reduce_sum` and the rest): ``group`` itself on a CPU group, a gloo group of
+    the same ranks beside a CUDA or NPU group's; None on the parameter server. ``groups``
+    lists every resource group's global ranks, in group order. ``server_links`` (gloo) holds,
+    for each sharded group (``sharding: fsdp``) by index, the parameter server and every
+    worker of it, each of which exchanges its own rows with the server: on the server every
+    sharded group's, on a sharded group's worker its own.
     """
 
     rank: int
@@ -74,7 +85,9 @@ class Topology:
     leaders: dist.ProcessGroup
     device: torch.device
     cross: dist.ProcessGroup | None = None
-    workers: dist.ProcessGroup | None = None
+    control: dist.ProcessGroup | None = None
+    groups: tuple[tuple[int, ...], ...] = ()
+    server_links: Mapping[int, dist.ProcessGroup] = field(default_factory=dict)
 
     @property
     def is_ps(self) -> bool:
@@ -144,6 +157,24 @@ def rendezvous_store(env: ClusterEnv, timeout: timedelta) -> dist.TCPStore:
     return store
 
 
+@contextlib.contextmanager
+def _gloo_lazy_init() -> Iterator[None]:
+    """gloo groups made inside connect a pair of ranks on its first message rather than every
+    pair at once (``TORCH_GLOO_LAZY_INIT``); the variable is put back after."""
+    before = os.environ.get(LAZY)
+    os.environ[LAZY] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[LAZY]
+        else:
+            os.environ[LAZY] = before
+
+
+LAZY = "TORCH_GLOO_LAZY_INIT"
+
+
 def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -> Topology:
     """Join the world (gloo, :func:`rendezvous_store` at ``env.master_addr:master_port``) and
     build groups.
@@ -159,34 +190,43 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
         raise ValueError(f"WORLD_SIZE={env.world_size} but the spec needs {spec.world_size}")
     timeout = timedelta(seconds=timeout_s)
     if not dist.is_initialized():
-        dist.init_process_group(
-            "gloo",
-            store=rendezvous_store(env, timeout),
-            rank=env.rank,
-            world_size=env.world_size,
-            timeout=timeout,
-        )
+        # The world group carries nothing (module comment below, "Process groups"): made
+        # with gloo's lazy connections, which it never opens, it holds no connection at all.
+        with _gloo_lazy_init():
+            dist.init_process_group(
+                "gloo",
+                store=rendezvous_store(env, timeout),
+                rank=env.rank,
+                world_size=env.world_size,
+                timeout=timeout,
+            )
     my_index = None if env.rank == 0 else spec.group_of(env.rank)
     device = torch.device("cpu")
     if my_index is not None:
         device = pick_device(spec.groups[my_index].device_type, env.local_rank)
-    my_group = None
+    my_group = control = None
     for index in range(len(spec.groups)):
         # Every rank must create every group, in the same order, members or not.
         backend = _group_backend(device) if index == my_index else "gloo"
         group = dist.new_group(spec.group_ranks(index), timeout=timeout, backend=backend)
         if index == my_index:
-            my_group = group
+            my_group = control = group
+        if spec.groups[index].device_type != "cpu":  # a gloo twin for the control collectives
+            twin = dist.new_group(spec.group_ranks(index), timeout=timeout, backend="gloo")
+            if index == my_index:
+                control = twin
     leaders = dist.new_group([0, *spec.leader_ranks()], timeout=timeout, backend="gloo")
     cross = None
     if len(spec.groups) > 1:
         cross = dist.new_group(spec.leader_ranks(), timeout=timeout, backend="gloo")
-    workers = dist.new_group(list(range(1, env.world_size)), timeout=timeout, backend="gloo")
-    # Every rank has finished connecting every group before any goes on: a rank that fails
-    # right after (say in the user's build_model) cannot break a peer's group set-up, so each
-    # rank fails on the user's error itself and its output shows that error.
-    dist.barrier()
-    return Topology(
+    links = {}
+    for index in range(len(spec.groups)):
+        if spec.sharded(index):
+            ranks = [0, *spec.group_ranks(index)]
+            link = dist.new_group(ranks, timeout=timeout, backend="gloo")
+            if env.rank in ranks:
+                links[index] = link
+    topo = Topology(
         rank=env.rank,
         world_size=env.world_size,
         n_workers=spec.n_workers,
@@ -196,8 +236,168 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
         leaders=leaders,
         device=device,
         cross=cross if my_index is not None and env.rank in spec.leader_ranks() else None,
-        workers=workers if my_index is not None else None,
+        control=control,
+        groups=tuple(tuple(spec.group_ranks(g)) for g in range(len(spec.groups))),
+        server_links=links,
     )
+    # Every rank has finished making every group before any goes on: a rank that fails right
+    # after (say in the user's build_model) cannot break a peer's group set-up, so each rank
+    # fails on the user's error itself and its output shows that error.
+    barrier(topo)
+    return topo
+
+
+# Process groups (docs/architecture.md, "Process groups"). The world group carries nothing:
+# gloo would connect every pair of its ranks, world (world - 1) / 2 connections, so it is made
+# with lazy connections and never used, and opens none. Every message goes through a group
+# whose ranks talk: each resource group (W_g (W_g - 1) / 2 connections), the leaders' group
+# (the parameter server and each group's first rank), under sync the leaders among themselves
+# (``cross``), a sharded group with the server (``server_links``) and, when the guard takes a
+# parked group back, its workers with the worker they copy (``worker.engine.run.refresh``).
+# These are connected when made (gloo's lazy connections failed on this engine's traffic in
+# torch 2.13: an abort in gloo, "pair.cc:676 state_ <= CONNECTED. 5 vs 4").
+#
+# Control collectives: small tensors and objects every rank of the task takes part in (the
+# balancer's table, validation sums, the data's item counts, checkpoint outlines). Each goes
+# through the rank's resource group (``control``, gloo's collectives) and, between the
+# groups, through the parameter server: each leader sends its group's part to rank 0 and
+# takes the result back (point to point on the leaders' group, under :data:`CONTROL_TAG`).
+# Every rank of the task calls each one, in the same order, as it would the world's. The
+# parameter server's part is 2 G small messages a collective.
+
+CONTROL_TAG = 1 << 30
+"""The gloo tag of the control messages between the parameter server and the leaders: apart
+from the exchange's piece tags (worker/engine/exchange.py), which may be in flight at the
+same time under the overlapped exchange."""
+
+
+def _in_group(topo: Topology) -> dist.ProcessGroup | None:
+    """This rank's control group when its resource group has more than one member."""
+    return topo.control if len(topo.group_ranks) > 1 else None
+
+
+def _leaders(topo: Topology) -> list[int]:
+    """Every group's leader, in group order."""
+    return [ranks[0] for ranks in topo.groups]
+
+
+def _send_tensor(tensor: torch.Tensor, dst: int, topo: Topology) -> None:
+    dist.send(tensor, dst=dst, group=topo.leaders, tag=CONTROL_TAG)
+
+
+def _recv_tensor(tensor: torch.Tensor, src: int, topo: Topology) -> torch.Tensor:
+    dist.recv(tensor, src=src, group=topo.leaders, tag=CONTROL_TAG)
+    return tensor
+
+
+def _send_object(obj: Any, dst: int, topo: Topology) -> None:
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    _send_tensor(torch.tensor([data.numel()], dtype=torch.int64), dst, topo)
+    _send_tensor(data, dst, topo)
+
+
+def _recv_object(src: int, topo: Topology) -> Any:
+    size = int(_recv_tensor(torch.empty(1, dtype=torch.int64), src, topo))
+    data = _recv_tensor(torch.empty(size, dtype=torch.uint8), src, topo)
+    return pickle.loads(data.numpy().tobytes())  # noqa: S301 (from a rank of this task)
+
+
+def _sum_at_ps(tensor: torch.Tensor, topo: Topology) -> None:
+    """The leaders' and the parameter server's ``tensor`` summed in place on each of them
+    (the server adds the leaders' parts in group order and sends the sum back)."""
+    if topo.is_ps:
+        part = torch.empty_like(tensor)
+        for leader in _leaders(topo):
+            tensor += _recv_tensor(part, leader, topo)
+        for leader in _leaders(topo):
+            _send_tensor(tensor, leader, topo)
+    elif topo.am_i_leader:
+        _send_tensor(tensor, 0, topo)
+        _recv_tensor(tensor, 0, topo)
+
+
+def barrier(topo: Topology) -> None:
+    """Return once every rank of the task has called it: each resource group, then the
+    leaders with the parameter server, then each group again."""
+    inner = _in_group(topo)
+    if inner is not None:
+        dist.barrier(group=inner)
+    _sum_at_ps(torch.zeros(1), topo)
+    if inner is not None:
+        dist.barrier(group=inner)
+
+
+def all_reduce_sum(tensor: torch.Tensor, topo: Topology) -> torch.Tensor:
+    """Sum the CPU ``tensor`` (any shape) over every rank of the task, in place; returns it.
+
+    Each group reduces to its leader, the parameter server sums the leaders' parts, and each
+    leader broadcasts the sum to its group. The order of the additions differs from a world
+    allreduce's: float64 sums of a few values agree to rounding; sums in which each rank
+    fills its own entries and the others zeros are exact.
+    """
+    inner = _in_group(topo)
+    if inner is not None:
+        dist.reduce(tensor, dst=topo.group_ranks[0], op=dist.ReduceOp.SUM, group=inner)
+    _sum_at_ps(tensor, topo)
+    if inner is not None:
+        dist.broadcast(tensor, src=topo.group_ranks[0], group=inner)
+    return tensor
+
+
+def broadcast_object(obj: Any, topo: Topology, src: int = 0) -> Any:
+    """A picklable object from global rank ``src`` to every rank of the task (``obj`` is
+    ignored elsewhere): within ``src``'s group to its leader, from there to the parameter
+    server, from the server to the other leaders, then within each other group."""
+    box = [obj]
+    home = next((g for g, ranks in enumerate(topo.groups) if src in ranks), None)
+    inner = _in_group(topo)
+    if home is not None and home == topo.group_index and inner is not None:
+        dist.broadcast_object_list(box, src=src, group=inner)
+    root = 0 if home is None else topo.groups[home][0]
+    if topo.is_ps:
+        if root != 0:
+            box[0] = _recv_object(root, topo)
+        for leader in _leaders(topo):
+            if leader != root:
+                _send_object(box[0], leader, topo)
+    elif topo.am_i_leader:
+        if topo.rank == root:
+            _send_object(box[0], 0, topo)
+        else:
+            box[0] = _recv_object(0, topo)
+    if inner is not None and topo.group_index != home:
+        dist.broadcast_object_list(box, src=topo.group_ranks[0], group=inner)
+    return box[0]
+
+
+def gather_objects(obj: Any, topo: Topology) -> list[Any] | None:
+    """Every rank's picklable ``obj`` at the parameter server, as a list indexed by global
+    rank; None on every other rank. Each group gathers at its leader, then each leader sends
+    its group's to the parameter server."""
+    inner = _in_group(topo)
+    mine: list[tuple[int, Any]] = [(topo.rank, obj)]
+    if inner is not None:
+        got: list[Any] | None = [None] * len(topo.group_ranks) if topo.am_i_leader else None
+        dist.gather_object(mine, got, dst=topo.group_ranks[0], group=inner)
+        if got is None:
+            return None
+        mine = [pair for part in got for pair in part]
+    if topo.am_i_leader:
+        _send_object(mine, 0, topo)
+    if not topo.is_ps:
+        return None
+    out: list[Any] = [None] * topo.world_size
+    out[0] = obj
+    for leader in _leaders(topo):
+        for rank, value in _recv_object(leader, topo):
+            out[rank] = value
+    return out
+
+
+def all_gather_objects(obj: Any, topo: Topology) -> list[Any]:
+    """Every rank's picklable ``obj`` on every rank, as a list indexed by global rank
+    (:func:`gather_objects` at the parameter server, then :func:`broadcast_object`)."""
+    return broadcast_object(gather_objects(obj, topo), topo, src=0)
 
 
 def destroy() -> None:

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from worker.engine.distributed import Topology
+from worker.engine.distributed import Topology, all_gather_objects, all_reduce_sum, gather_objects
 
 BUCKET_BYTES = 16 * 2**20
 # Point-to-point messages between the parameter server and the group leaders.
@@ -288,20 +288,22 @@ def _scratch(index: int, numel: int, dtype: torch.dtype) -> Tensor:
     return _SCRATCH[key]
 
 
-def sum_over_world(totals: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
-    """Sum ``name -> (weighted_sum, count)`` pairs over every rank of the world.
+def sum_over_world(
+    totals: dict[str, tuple[float, float]], topo: Topology
+) -> dict[str, tuple[float, float]]:
+    """Sum ``name -> (weighted_sum, count)`` pairs over every rank of the task.
 
     Ranks may hold different names (a worker with no validation samples holds
-    none); names are first united with one all_gather_object, then the values
-    are summed by one float64 allreduce.
+    none); names are first united (:func:`worker.engine.distributed.all_gather_objects`),
+    then the values are summed by one float64 sum (``all_reduce_sum``), both through the
+    groups and the leaders.
     """
-    names_per_rank: list[list[str] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(names_per_rank, sorted(totals))
+    names_per_rank = all_gather_objects(sorted(totals), topo)
     names = sorted({n for rank_names in names_per_rank for n in rank_names or []})
     flat = torch.zeros(2 * len(names), dtype=torch.float64)
     for i, name in enumerate(names):
         flat[2 * i], flat[2 * i + 1] = totals.get(name, (0.0, 0.0))
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    all_reduce_sum(flat, topo)
     return {name: (float(flat[2 * i]), float(flat[2 * i + 1])) for i, name in enumerate(names)}
 
 
@@ -311,20 +313,33 @@ def gather_work(
     """Every worker's ``(compute seconds, samples, *more)`` on every rank, as one list over
     workers for each.
 
-    One float64 allreduce over the world of a ``[2 + len(more), W]`` tensor in which each
-    worker fills its own column (the parameter server contributes zeros).
+    One float64 sum over the task (``all_reduce_sum``: through the groups and the leaders)
+    of a ``[2 + len(more), W]`` tensor in which each worker fills its own column (the
+    parameter server contributes zeros), so the sum is exact.
     """
     values = [compute_s, samples, *more]
     table = torch.zeros(len(values), topo.n_workers, dtype=torch.float64)
     if not topo.is_ps:
         table[:, topo.worker_index] = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(table, op=dist.ReduceOp.SUM)
+    all_reduce_sum(table, topo)
     return tuple(row.tolist() for row in table)
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """A picklable object from rank ``src`` to every rank of the world (``obj`` ignored
-    elsewhere)."""
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
+def gather_worker_states(
+    topo: Topology, optimizer_outline: dict[str, Any] | None
+) -> dict[int, dict[str, Any]] | None:
+    """Collect every compute worker's RNG state (and the outline of the optimizer state it
+    wrote into a state folder, ``worker.engine.fsdp.save_state``) at rank 0
+    (:func:`worker.engine.distributed.gather_objects`).
+
+    Call on every rank of the task; returns ``{rank: {"rng", "optimizer"}}`` on rank 0 (the
+    optimizer an outline, or None for a rank that wrote none) and None elsewhere. No state
+    tensor travels: those who hold them wrote them beside the checkpoint.
+    """
+    mine = None
+    if not topo.is_ps:
+        mine = {"rng": torch.get_rng_state(), "optimizer": optimizer_outline}
+    gathered = gather_objects(mine, topo)
+    if gathered is None:
+        return None
+    return {r: state for r, state in enumerate(gathered) if state is not None}

@@ -38,6 +38,7 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import _random as dtensor_random
 
 from contracts import sharded_state
 from worker.engine import report
@@ -179,6 +180,14 @@ def shard_model(
     if topo.group is None:
         raise RuntimeError("only a compute worker's group shards its model")
     mesh = DeviceMesh.from_group(topo.group, device_type=topo.device.type)
+    if topo.device.type != "cpu" and dtensor_random._rng_tracker is None:
+        # DTensor's first random op on a CUDA mesh would make its RNG tracker, which syncs the
+        # state by a broadcast over the world group, where only this group's ranks arrive
+        # (distributed.py, "Process groups"); every rank is seeded alike
+        # (contract.seed_everything), so there is nothing to sync.
+        dtensor_random._rng_tracker = dtensor_random.OffsetBasedRNGTracker(
+            mesh, run_state_sync=False
+        )
     chosen = named_units(model, units) if units else size_units(model)
     low = getattr(torch, param_dtype)
     policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
@@ -434,18 +443,18 @@ def _in_order(state: dict[Any, dict[str, Any]]) -> list[tuple[Any, str]]:
     return [(key, name) for key in sorted(state, key=int) for name in sorted(state[key])]
 
 
-def send_state_rows(state_dict: dict[str, Any], dst: int = 0) -> None:
-    """Send rank ``dst`` (the parameter server by default) each state tensor of this worker's
-    optimizer (a sharded worker: its rows of it), one tensor at a time in the outline's order
+def send_state_rows(state_dict: dict[str, Any], dst: int, group: Any) -> None:
+    """Send rank ``dst`` over ``group`` each state tensor of this worker's optimizer (a
+    sharded worker: its rows of it), one tensor at a time in the outline's order
     (point to point): no copy of the whole state is made, as pickling it would (twice)."""
     state = state_dict["state"]
     for key, name in _in_order(state):
         value = state[key][name]
         if isinstance(value, Tensor) and value.dim() > 0:
-            dist.send(local(value).detach().contiguous().cpu(), dst=dst)
+            dist.send(local(value).detach().contiguous().cpu(), dst=dst, group=group)
 
 
-def receive_state_rows(outlined: dict[str, Any], source: int) -> dict[str, Any]:
+def receive_state_rows(outlined: dict[str, Any], source: int, group: Any) -> dict[str, Any]:
     """The whole optimizer ``state_dict`` rank ``source`` sends (:func:`send_state_rows`, its
     :func:`outline` made with ``whole``: each state tensor's shape given), each tensor
     received as it arrives: no copy of the whole state is pickled (a parked group taking the
@@ -458,7 +467,7 @@ def receive_state_rows(outlined: dict[str, Any], source: int) -> dict[str, Any]:
         if value.shape is None:
             raise ValueError(f"state {key}.{name} was outlined without its shape (not whole)")
         whole = torch.empty(value.shape, dtype=value.dtype)
-        dist.recv(whole, src=source)
+        dist.recv(whole, src=source, group=group)
         state[key][name] = whole
     return {"state": state, "param_groups": outlined["param_groups"]}
 

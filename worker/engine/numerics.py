@@ -16,8 +16,8 @@ detection adds no pass over the gradient (``bench/nonfinite_check.py``). A
 ``quorum`` member sends the group's raw sum, which the parameter server
 divides per step, so it checks with :func:`all_finite` (one sum over it).
 
-Only once a sum is non-finite does the world (``sync``) or the group (the
-others) run one more collective, :func:`blame`, in which every worker marks
+Only once a sum is non-finite do the stepping workers (``sync``) or the group
+(the others) run one more collective, :func:`blame`, in which every worker marks
 whether its own loss, gradient or buffers were non-finite, so the reason
 names epoch, step, rank and group. With ``on_nonfinite: fail`` every rank
 that saw the fault raises :class:`NonFiniteError` before anything is
@@ -29,9 +29,9 @@ counted in the epoch's ``skipped_steps`` metric.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from worker.engine.spec import RunSpec
@@ -136,19 +136,19 @@ def blame(
     spec: RunSpec,
     worker_index: int,
     faults: list[bool] | None,
-    group: dist.ProcessGroup | None = None,
+    sum_: Callable[[Tensor], object],
 ) -> list[tuple[int, str, str]]:
     """Every worker's faults, learnt by every caller: ``[(rank, group name, kind)]``.
 
-    One float allreduce of a ``[3, W]`` table over ``group`` (None: the world)
-    in which each worker sets its own column from ``faults`` (see
+    ``sum_`` sums a ``[3, W]`` float table in place over the callers (one group, or every
+    stepping worker), in which each worker sets its own column from ``faults`` (see
     :func:`local_faults`); the parameter server passes None. Workers of other
     groups contribute zeros, so the result lists only the callers' faults.
     """
     table = torch.zeros(len(KINDS), spec.n_workers)
     if faults is not None:
         table[:, worker_index] = torch.tensor(faults, dtype=table.dtype)
-    dist.all_reduce(table, op=dist.ReduceOp.SUM, group=group)
+    sum_(table)
     found = []
     for index in range(spec.n_workers):
         rank = index + 1

@@ -5,7 +5,8 @@ optimizer, checkpoints) and each compute worker (its local copy, the
 preprocessed data, its speed emulator and, when the sync strategy has
 ``group_optimizers`` (periodic), its group's optimizer). Every rank holds an
 identical load balancer and takes each rebalancing decision itself, from the
-same measured work. Control points are collectives over the whole world at
+same measured work. Control points are collectives every rank of the task joins
+(through the groups and the parameter server: worker/engine/distributed.py) at
 steps every rank knows in advance: the load-balancing check every
 ``rebalance_every`` steps and at epoch ends, and checkpoints every
 ``checkpoint_every`` steps.
@@ -29,7 +30,7 @@ from contracts.plan import guard_first_check_steps
 from worker.engine import report
 from worker.engine.agreement import check_parameters, hooked_precision
 from worker.engine.balance import Balancer, by_group, imbalance, rates_of
-from worker.engine.checkpoint import gather_worker_states, save_checkpoint
+from worker.engine.checkpoint import save_checkpoint
 from worker.engine.compute import (
     BusyClock,
     Observer,
@@ -40,9 +41,13 @@ from worker.engine.compute import (
 )
 from worker.engine.contract import TrainingCode, default_metrics
 from worker.engine.data import Source
-from worker.engine.distributed import FIRST_WORKER, Topology  # noqa: F401 (re-exported)
+from worker.engine.distributed import (  # noqa: F401 (Topology re-exported)
+    FIRST_WORKER,
+    Topology,
+    broadcast_object,
+)
 from worker.engine.emulation import SpeedEmulator
-from worker.engine.exchange import broadcast_object, gather_work, receive_at_ps, send_to_ps
+from worker.engine.exchange import gather_work, gather_worker_states, receive_at_ps, send_to_ps
 from worker.engine.fsdp import (
     assemble_rows_,
     group_sum_,
@@ -85,6 +90,12 @@ class Run:
     window: Work = field(default_factory=Work)
     epoch_work: Work = field(default_factory=Work)
     last_balance: int = 0
+    # Where the guard acts, the attempt's warm point (its second sync point,
+    # contracts.plan.warm_point): the steps before it pay one-off costs (an optimizer's lazily
+    # made state, the gradients' first allocation), so the guard measures from there
+    # (:func:`warm`). Set with the attempt's first epoch (:func:`worker.engine.session.train`),
+    # alike on every rank.
+    warm_at: int | None = None
     last_checkpoint: int = 0
     last_progress: int = 0
     loss_sum: float = 0.0
@@ -110,8 +121,10 @@ class Run:
     # The throughput profile's step: its last pass's slowest worker's median step seconds,
     # the same on every rank (None: the attempt did not profile); sizes the guard's first check.
     profiled_step_s: float | None = None
-    # The step's process groups (leaders' allreduce, every stepping worker) by parked groups.
-    comm: dict[frozenset[int], tuple[Any, Any]] = field(default_factory=dict)
+    # The stepping leaders' process group (their allreduce), by the set of parked groups.
+    comm: dict[frozenset[int], Any] = field(default_factory=dict)
+    # The process groups of a refresh (:func:`refresh`), by their ranks.
+    links: dict[tuple[int, ...], Any] = field(default_factory=dict)
     state: ModelState = field(init=False)
     strategy: Strategy[Run] = field(kw_only=True)
     _tail: Tensor | None = field(default=None, init=False, repr=False)  # sharded: the step's
@@ -269,8 +282,7 @@ class Run:
             group_sum_(grads, self.params, self.topo)
         tail = self._tail
         assert tail is not None
-        dist.all_reduce(tail, group=self.topo.workers)
-        return tail
+        return sum_over_stepping(tail, self)
 
     def group_reducer(self) -> GradientReducer:
         """The reducer of this worker's group-only sum (periodic, quorum), built at first use."""
@@ -285,10 +297,11 @@ class Run:
             self.batches.append(self.split.global_batch())
 
 
-def nonfinite_step(run: Run, group: dist.ProcessGroup | None) -> None:
-    """After a non-finite sum over ``group`` (None: the world): learn who, then fail or skip.
+def nonfinite_step(run: Run, sum_: Callable[[Tensor], object]) -> None:
+    """After a non-finite sum: learn who, then fail or skip. ``sum_`` sums a tensor in place
+    over the ranks that saw the sum (:func:`sum_over_stepping`, or over one group).
 
-    Every rank that saw the sum calls this (one collective, :func:`worker.engine.numerics.blame`).
+    Every rank that saw the sum calls this (:func:`worker.engine.numerics.blame`).
     Raises NonFiniteError with ``on_nonfinite: fail``; otherwise counts the skip.
     """
     faults = None
@@ -296,7 +309,7 @@ def nonfinite_step(run: Run, group: dist.ProcessGroup | None) -> None:
         faults = local_faults(run.local_loss, run.params, run.state.buffers)
         if run.grad_fault is not None:  # a task with a sharded group: as before the groups' sum
             faults[1] = run.grad_fault
-    found = blame(run.spec, run.topo.worker_index, faults, group)
+    found = blame(run.spec, run.topo.worker_index, faults, sum_)
     reason = describe(found, epoch=run.epoch, step=run.step + 1)
     if run.spec.on_nonfinite == "fail":
         raise NonFiniteError(reason)
@@ -359,35 +372,63 @@ def stepping_leaders(run: Run) -> list[int]:
     return [run.spec.group_ranks(g)[0] for g in range(len(run.spec.groups)) if g not in out]
 
 
-def step_groups(run: Run) -> tuple[Any, Any]:
-    """This worker's ``(cross, workers)`` process groups for a step: the leaders' and every
-    worker's, of the groups not parked (the topology's own when none is; None where this
-    rank is not a member)."""
+def step_groups(run: Run) -> Any:
+    """This worker's ``cross`` process group for a step: the leaders' of the groups not
+    parked (the topology's own when none is; None where this rank is not one of them)."""
     out = run.parked_groups
     if not out:
-        return run.topo.cross, run.topo.workers
+        return run.topo.cross
     return run.comm[out]
 
 
+def sum_over_stepping(
+    tensor: Tensor, run: Run, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+) -> Tensor:
+    """Reduce ``tensor`` (CPU, or a sharded CUDA group's tail: gloo takes both) with ``op``
+    over every stepping worker, in place on each:
+    within the group (its gloo ``control`` group), among the stepping groups' leaders
+    (:func:`step_groups`), then from each leader to its group. No process group spans the
+    workers of several groups (docs/architecture.md, "Process groups")."""
+    topo = run.topo
+    inner = topo.control if len(topo.group_ranks) > 1 else None
+    cross = step_groups(run)
+    if inner is not None:
+        dist.all_reduce(tensor, op=op, group=inner)
+    if cross is not None:
+        dist.all_reduce(tensor, op=op, group=cross)
+    if inner is not None:
+        dist.broadcast(tensor, src=topo.group_ranks[0], group=inner)
+    return tensor
+
+
+def sum_in_group(tensor: Tensor, run: Run) -> Tensor:
+    """Sum the CPU ``tensor`` over this worker's group, in place (its gloo ``control``)."""
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=run.topo.control)
+    return tensor
+
+
 def _step_comm(run: Run, out: frozenset[int]) -> None:
-    """Build the step's process groups without the groups ``out`` (every rank, together, in
-    the same order: a control point), once for each set."""
+    """Build the stepping leaders' process group without the groups ``out`` (every rank,
+    together, in the same order: a control point), once for each set."""
     if not out or out in run.comm:
         return
     spec, rank = run.spec, run.topo.rank
-    kept = [g for g in range(len(spec.groups)) if g not in out]
-    leaders = [spec.group_ranks(g)[0] for g in kept]
-    members = [r for g in kept for r in spec.group_ranks(g)]
+    leaders = [spec.group_ranks(g)[0] for g in range(len(spec.groups)) if g not in out]
     cross = dist.new_group(leaders, backend="gloo") if len(leaders) > 1 else None
-    workers = dist.new_group(members, backend="gloo")
-    run.comm[out] = (cross if rank in leaders else None, workers if rank in members else None)
+    run.comm[out] = cross if rank in leaders else None
 
 
 def refresh(run: Run, groups: set[int], source: int) -> None:
     """The workers of ``groups`` take the parameters, buffers, optimizer state and the epoch's
     loss and sample totals of rank ``source`` (point to point): a parked group coming back to
-    the step path holds what the others train with. Every other rank does nothing."""
+    the step path holds what the others train with. Called on every rank together (it makes
+    the process group of ``source`` and the targets, once for each such set, where the
+    transfer goes); every other rank does nothing more."""
     targets = [r for g in sorted(groups) for r in run.spec.group_ranks(g)]
+    members = tuple(sorted({source, *targets}))
+    if members not in run.links:
+        run.links[members] = dist.new_group(list(members), backend="gloo")
+    link = run.links[members]
     rank, state = run.topo.rank, run.state
     if rank == source:
         vector = state.vector().cpu()
@@ -395,22 +436,22 @@ def refresh(run: Run, groups: set[int], source: int) -> None:
         optimizer = run.optimizer.state_dict() if run.optimizer is not None else None
         outlined = outline(optimizer, whole=True) if optimizer is not None else None
         for target in targets:
-            dist.send(vector, dst=target)
-            dist.send(totals, dst=target)
-            dist.send_object_list([outlined], dst=target)  # then a tensor at a time
+            dist.send(vector, dst=target, group=link)
+            dist.send(totals, dst=target, group=link)
+            dist.send_object_list([outlined], dst=target, group=link)  # then a tensor at a time
             if optimizer is not None:
-                send_state_rows(optimizer, dst=target)
+                send_state_rows(optimizer, dst=target, group=link)
     elif rank in targets:
         vector = torch.empty(state.n_params + state.n_buffers, dtype=run.params[0].dtype)
-        dist.recv(vector, src=source)
+        dist.recv(vector, src=source, group=link)
         state.load_(vector.to(run.topo.device))
         totals = torch.empty(2, dtype=torch.float64)
-        dist.recv(totals, src=source)  # the epoch's loss and samples so far, which it missed
+        dist.recv(totals, src=source, group=link)  # the epoch's loss and samples, which it missed
         run.loss_sum, run.samples = float(totals[0]), int(round(float(totals[1])))
         box: list[Any] = [None]
-        dist.recv_object_list(box, src=source)
+        dist.recv_object_list(box, src=source, group=link)
         if box[0] is not None:
-            received = receive_state_rows(box[0], source)
+            received = receive_state_rows(box[0], source, group=link)
             if run.optimizer is not None:
                 run.optimizer.load_state_dict(received)
 
@@ -425,7 +466,7 @@ def _group_costs(
     worker that took no sample in the window is left out of the costs. Also the window's
     wall seconds a split step (its slowest worker's)."""
     busy, samples, own, steps, wall = columns
-    split_steps = max(1, run.step - run.last_balance)
+    split_steps = max(1, run.step - window_start(run))
     costs: dict[int, GroupCost] = {}
     busiest, longest = 0.0, 0.0
     for g in range(len(run.spec.groups)):
@@ -455,16 +496,20 @@ def guard_check(run: Run, columns: tuple[list[float], ...]) -> bool:
 
     A move is a guard event of the task (:func:`worker.engine.report.guard`) and a log line;
     a group taken back first takes the model and optimizer state from the first stepping
-    worker (:func:`refresh`).
+    worker (:func:`refresh`). A window that holds the attempt's first steps (not yet
+    :func:`warm`) is neither judged nor kept as a group's costs (a test's schedule still
+    moves groups there).
     """
     guard = run.guard
     assert guard is not None
+    schedule = run.spec.debug_guard_schedule
+    if schedule is None and not warm(run):
+        return False  # the window holds the attempt's first steps' one-off costs (warm_at)
     costs, overhead, step_s = _group_costs(run, columns)
     before = guard.parked
     stepping_now = len(run.spec.groups) - len(before)
     # A window in which no group was measured has no step time (not one of 0 s).
     guard.observe(costs, overhead, stepping_now, step_s if step_s > 0 else None)
-    schedule = run.spec.debug_guard_schedule
     if schedule is None:
         after = guard.decide(run.spec.global_batch_size, left_out=run.excluded_groups)
     else:  # a test's schedule moves the groups, alone
@@ -530,7 +575,9 @@ def rebalance(run: Run, window: Work, *, update: bool = True, shares: bool = Tru
     the decision is needed. The parameter server logs it. Where the guard acts, it
     decides first, on a fresh window (``update``), and a move it makes is the check's;
     ``shares`` False: the guard's check only (:func:`guard_due`'s first check, off the
-    balancer's ``rebalance_every`` schedule).
+    balancer's ``rebalance_every`` schedule). Where the guard acts, neither it nor the balancer
+    decides on a window up to the attempt's warm point (:func:`warm`): one round's
+    one-off costs at a third of a core cut the slow group's share from 15 to 8 of 64.
     """
     columns = gather_work(
         run.topo,
@@ -545,6 +592,8 @@ def rebalance(run: Run, window: Work, *, update: bool = True, shares: bool = Tru
         return
     if not shares:  # the guard's own first check: the balancer keeps to its schedule
         return
+    if run.warm_at is not None and run.step <= run.warm_at:
+        return  # a window of the first steps' one-off costs (warm): the next one decides
     proposal = run.balancer.propose(run.split.shares, compute_s, samples, update=update)
     if proposal is None:
         return
@@ -571,16 +620,18 @@ def _balance_due(run: Run, step: int | None = None) -> bool:
     step = run.step if step is None else step
     if spec.split_policy != "weighted" or not every:
         return False
-    enough = step - run.last_balance >= min(MIN_WINDOW_STEPS, every)
+    enough = step - window_start(run, step) >= min(MIN_WINDOW_STEPS, every)
     return enough and _crossed(step, run.last_balance, every)
 
 
 def guard_due(run: Run, step: int | None = None) -> bool:
     """True when the control point at this step (``step``: at that later global step)
     runs a rebalancing check at which the guard may park a group or take one back: every
-    rebalancing check, and the attempt's first control point from
-    :func:`contracts.plan.guard_first_check_steps` steps on (4 to ``GUARD_CHECK_STEPS``, as
-    many as the profiled step fills 4 s with) while the guard has measured nothing (so a
+    rebalancing check (:func:`guard_check` judges none up to the attempt's warm point,
+    :func:`warm`), and the first control point
+    :func:`contracts.plan.guard_first_check_steps` steps after that point (4 to
+    ``GUARD_CHECK_STEPS``, as many as the profiled step fills 4 s with) while the guard has
+    measured nothing (so a
     task without in-epoch rebalancing, ``diloco``'s overlapped and async exchanges, does
     not run its first epoch on a group that costs more than it adds). Every rank holds the
     same guard state, so all agree."""
@@ -588,8 +639,32 @@ def guard_due(run: Run, step: int | None = None) -> bool:
         return False
     step = run.step if step is None else step
     first_at = guard_first_check_steps(run.profiled_step_s)
-    first = not run.guard.costs and step - run.last_balance >= first_at
+    first = not run.guard.costs and warm(run, step) and step - window_start(run, step) >= first_at
     return first or _balance_due(run, step)
+
+
+def warm(run: Run, step: int | None = None) -> bool:
+    """True past the attempt's warm point (``run.warm_at``,
+    :func:`contracts.plan.warm_point`) at global step ``step`` (default the run's): a
+    rebalancing window from there holds none of the first steps, whose one-off costs (an
+    optimizer's state made at its first step: two model-sized tensors for Adam, written at
+    a third of a core's speed on a throttled CPU group; the gradients' first allocation; on
+    a GPU, kernels chosen and memory pooled) would make a group look many times slower than
+    it is. The guard judges no window before it."""
+    step = run.step if step is None else step
+    return run.warm_at is not None and step > run.warm_at
+
+
+def window_start(run: Run, step: int | None = None) -> int:
+    """The global step the current rebalancing window counts from at global step ``step``
+    (default the run's): the last check's, or the attempt's warm point
+    (``run.warm_at``) once it has passed, where every worker started a window without its
+    first steps' one-off costs (:func:`control_point`). A function of steps every rank
+    knows, so all agree."""
+    if not warm(run, step):
+        return run.last_balance
+    assert run.warm_at is not None
+    return max(run.last_balance, run.warm_at)
 
 
 def control_due(run: Run, step: int | None = None) -> bool:
@@ -635,6 +710,8 @@ def control_point(run: Run) -> None:
     checkpoint when their marks are crossed."""
     spec = run.spec
     if not control_due(run):
+        if run.step == run.warm_at:
+            _warm_window(run)
         return
     started, window = time.perf_counter(), run.window
     window.closed = started  # a check here measures the window up to this control point
@@ -648,11 +725,20 @@ def control_point(run: Run) -> None:
         if _crossed(run.step, run.last_checkpoint, spec.checkpoint_every):
             checkpoint(run, f"step-{run.step}.pt", epoch_complete=False)
             run.last_checkpoint = run.step
+    if run.step == run.warm_at:
+        _warm_window(run)  # (a check may have started a new window: its wall time stands)
     if run.window is window:  # the window goes on: its wall time leaves the control point out
         window.closed = None
         window.opened += time.perf_counter() - started
     else:  # a new window (a rebalancing check): its wall time starts here
         run.window.opened = time.perf_counter()
+
+
+def _warm_window(run: Run) -> None:
+    """At the attempt's warm point (:func:`warm`): a new window, unless a check here just
+    started one."""
+    if run.step != run.last_balance:
+        run.window = Work()
 
 
 def pull_replica(run: Run) -> None:
@@ -689,30 +775,34 @@ def _pull_sharded(run: Run, source: int) -> None:
     whole model; the server assembles them (:func:`worker.engine.fsdp.assemble_rows_`), then takes
     the buffers and the totals from ``source`` as from a whole replica."""
     state, topo, spec = run.state, run.topo, run.spec
-    members = spec.group_ranks(spec.group_of(source))
+    group = spec.group_of(source)
+    members = spec.group_ranks(group)
     width = len(members)
     if topo.is_ps:
+        link = topo.server_links[group]
         dtype = run.params[0].dtype
         vectors = [
-            _recv(rows_numel(run.params, i, width), dtype, member)
+            _recv(rows_numel(run.params, i, width), dtype, member, link)
             for i, member in enumerate(members)
         ]
         assemble_rows_(run.params, vectors)
         if state.buffers:
-            state.load_buffers_(_recv(state.n_buffers, dtype, source))
-        totals = _recv(2, torch.float64, source)
+            state.load_buffers_(_recv(state.n_buffers, dtype, source, link))
+        totals = _recv(2, torch.float64, source, link)
         run.loss_sum, run.samples = float(totals[0]), int(round(float(totals[1])))
     elif topo.rank in members:
-        dist.send(own_rows(run.params), dst=0)
+        link = topo.server_links[group]
+        dist.send(own_rows(run.params), dst=0, group=link)
         if topo.rank == source:
             if state.buffers:
-                dist.send(state.buffers_vector().cpu(), dst=0)
-            dist.send(torch.tensor([run.loss_sum, float(run.samples)], dtype=torch.float64), dst=0)
+                dist.send(state.buffers_vector().cpu(), dst=0, group=link)
+            totals = torch.tensor([run.loss_sum, float(run.samples)], dtype=torch.float64)
+            dist.send(totals, dst=0, group=link)
 
 
-def _recv(numel: int, dtype: torch.dtype, src: int) -> Tensor:
+def _recv(numel: int, dtype: torch.dtype, src: int, group: Any) -> Tensor:
     buffer = torch.empty(numel, dtype=dtype)
-    dist.recv(buffer, src=src)
+    dist.recv(buffer, src=src, group=group)
     return buffer
 
 
@@ -772,7 +862,7 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
         local_optimizer = written if sends or failed is not None else None
     # Joined even after a failed write: the server tells every rank, which all fail now
     # with the reason rather than at the process group's timeout.
-    states = gather_worker_states(run.topo.is_ps, run.topo.rank, local_optimizer)
+    states = gather_worker_states(run.topo, local_optimizer)
     if writes:
         told = None
         for r, sent in sorted((states or {}).items()):
@@ -780,7 +870,7 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
                 told = f"rank {r} could not write its optimizer state for {name}: "
                 told += str(sent["optimizer"][FAILED_WRITE])
                 break
-        told = broadcast_object(told)
+        told = broadcast_object(told, run.topo)
         if told is not None:
             raise RuntimeError(told) from failed
     if states is None:

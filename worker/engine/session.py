@@ -38,19 +38,16 @@ from typing import Any
 import torch
 
 from contracts import sharded_state
+from contracts.plan import warm_point
 from worker.engine import report
 from worker.engine.agreement import check_gradients
 from worker.engine.balance import Balancer
 from worker.engine.compute import BusyClock, Work, profile_throughput
 from worker.engine.contract import TrainingCode
 from worker.engine.data import DataSources, Source
-from worker.engine.distributed import Topology
+from worker.engine.distributed import Topology, broadcast_object
 from worker.engine.emulation import Pace, SpeedEmulator
-from worker.engine.exchange import (
-    broadcast_object,
-    gather_work,
-    sum_over_world,
-)
+from worker.engine.exchange import gather_work, sum_over_world
 from worker.engine.fsdp import load_state_rows, optimizer_params, purge_jemalloc, shard_state
 from worker.engine.provenance import ShardLedger
 from worker.engine.run import (
@@ -62,6 +59,7 @@ from worker.engine.run import (
     rebalance,
     stepping,
     stepping_leaders,
+    window_start,
 )
 from worker.engine.spec import RunSpec
 from worker.engine.split import SplitState
@@ -232,7 +230,7 @@ def start(
     sync_state(topo, run.state, spec=spec)
     if clock is not None:
         clock.mark("sync")
-    package = broadcast_object(package)
+    package = broadcast_object(package, topo)
     replica = package is not None and run.strategy.replicated and not topo.is_ps
     if replica and optimizer is not None and package["optimizer"] is not None:
         saved = package["optimizer"]
@@ -349,7 +347,7 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
     if stepping(run):  # a parked group takes the model when it is taken back (run.refresh)
         sync_state(run.topo, run.state, stepping_leaders(run), run.spec)
     counted = {SKIPPED: (float(run.skipped), 1.0)} if counts_skips(run) else {}
-    val = sum_over_world({**val_totals, **counted})
+    val = sum_over_world({**val_totals, **counted}, run.topo)
     skipped = int(val.pop(SKIPPED, (0.0, 0.0))[0])
     compute_s, samples = gather_work(run.topo, run.epoch_work.compute_s, run.epoch_work.samples)
     if run.spec.split_policy == "weighted":
@@ -357,10 +355,14 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
         # whole epoch would mix in how fast the workers were before a change of speed. A
         # window of a few steps only (a check just before the epoch's end) is too noisy:
         # then the epoch. Every rank knows the steps, so all take the same one.
-        recent = run.step - run.last_balance >= MIN_WINDOW_STEPS
+        recent = run.step - window_start(run) >= MIN_WINDOW_STEPS
         # The epoch's steps are in the rate estimate already: decide on it, do not blend
         # them in again (a speed change mid-epoch would be pulled back to the old speed).
-        rebalance(run, run.window if recent else run.epoch_work, update=recent)
+        # An epoch that holds the attempt's first steps (warm) decides on no such fallback:
+        # it began (global step run.step - split.step) before the warm point.
+        cold = run.warm_at is not None and run.step - run.split.step < run.warm_at
+        if recent or not cold:
+            rebalance(run, run.window if recent else run.epoch_work, update=recent)
     run.window, run.last_balance = Work(), run.step
     if run.ledger is not None:  # the samples each worker took, before the exchange moves them
         run.ledger.close(run.split, epoch=run.epoch, step=run.step)
@@ -401,6 +403,12 @@ def train(
             run.split.begin_epoch(run.spec.seed, epoch)
             release_freed_memory()
         under_way = False
+        if run.warm_at is None and run.guard is not None:  # the second sync point, from
+            # which the guard measures (contracts.plan.warm_point)
+            split = run.split
+            run.warm_at = warm_point(
+                run.step, split.step, split.steps_per_epoch, run.spec.sync_period
+            )
         if run.ledger is not None:
             run.ledger.begin(run.split, run.step)
         run.epoch_work, run.loss_sum, run.samples, run.stats = Work(), 0.0, 0, {}

@@ -551,7 +551,7 @@ class DiLoCo(Strategy[Run]):
                 indices = plan.flat[position : position + count]
                 upcoming = partial(plan.upcoming, r, k, position)
                 computed = run.compute(run.group_reducer(), indices=indices, upcoming=upcoming)
-                step_loss, step_count = step_from_sum(run, computed, run.topo.group)
+                step_loss, step_count = step_from_sum(run, computed, in_group=True)
                 position += count
                 loss_sum, samples = loss_sum + step_loss, samples + step_count
                 steps += 1 if step_count > 0 else 0

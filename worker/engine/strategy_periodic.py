@@ -73,7 +73,7 @@ def group_step(run: Run) -> tuple[float, int]:
     divides it by the count, so a non-finite one fails or skips the whole
     group at once; a skip puts the buffers back.
     """
-    return step_from_sum(run, run.compute(run.group_reducer()), run.topo.group)
+    return step_from_sum(run, run.compute(run.group_reducer()), in_group=True)
 
 
 class Periodic(Strategy[Run]):

@@ -30,6 +30,8 @@ reproducible bit for bit. Checkpoints are taken at epoch ends only.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -38,9 +40,14 @@ from typing_extensions import override
 from worker.engine import report
 from worker.engine.exchange import vector_to_grads
 from worker.engine.numerics import all_finite
-from worker.engine.run import Run, nonfinite_step
+from worker.engine.run import Run, nonfinite_step, sum_in_group
 from worker.engine.strategy import Strategy
 from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, step_point
+
+QUORUM_TAG = 1 << 29
+"""The gloo tag of the reports and parameters between the leaders and the parameter server
+(on the leaders' group): the server receives reports from any leader, which must not take a
+status or a control message in their place."""
 
 
 def receive_params(run: Run) -> Tensor:
@@ -50,7 +57,7 @@ def receive_params(run: Run) -> Tensor:
     assert topo.group is not None and topo.leader_rank is not None
     received = run.state.vector().cpu()
     if topo.am_i_leader:
-        dist.recv(received, src=0)
+        dist.recv(received, src=0, group=topo.leaders, tag=QUORUM_TAG)
     on_device = received.to(topo.device)
     if len(topo.group_ranks) > 1:
         dist.broadcast(on_device, src=topo.leader_rank, group=topo.group)
@@ -66,7 +73,7 @@ def group_report(run: Run) -> Tensor:
     """
     vector = run.compute(run.group_reducer())
     if not all_finite(vector):
-        nonfinite_step(run, run.topo.group)
+        nonfinite_step(run, partial(sum_in_group, run=run))
         vector.zero_()
     return vector
 
@@ -92,7 +99,7 @@ def collect(
 
     while must_wait():
         buffer = torch.zeros(numel + 2)
-        src = dist.recv(buffer)
+        src = dist.recv(buffer, group=run.topo.leaders, tag=QUORUM_TAG)
         arrived[leader_group[src]] = buffer
     return arrived
 
@@ -138,7 +145,7 @@ class Quorum(Strategy[Run]):
             vector = group_report(run)
             with run.clock.waiting():
                 if run.topo.am_i_leader:
-                    dist.send(vector.cpu(), dst=0)
+                    dist.send(vector.cpu(), dst=0, group=run.topo.leaders, tag=QUORUM_TAG)
                 fresh = receive_params(run)
             run.state.load_(fresh)
             run.split.advance()
@@ -161,7 +168,8 @@ class Quorum(Strategy[Run]):
             version, updates = version + 1, updates + 1
             fresh = run.state.vector()
             for g in arrived:
-                dist.send(fresh, dst=run.spec.leader_ranks()[g])
+                leader = run.spec.leader_ranks()[g]
+                dist.send(fresh, dst=leader, group=run.topo.leaders, tag=QUORUM_TAG)
                 seen[g], remaining[g] = version, remaining[g] - 1
             run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
             done = run.split.steps_per_epoch - max(remaining.values())

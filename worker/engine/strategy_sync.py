@@ -29,6 +29,8 @@ compute that dominates the sum's transfer.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -48,6 +50,8 @@ from worker.engine.run import (
     source_worker,
     step_groups,
     stepping,
+    sum_in_group,
+    sum_over_stepping,
 )
 from worker.engine.sharded import local
 from worker.engine.strategy import Strategy
@@ -67,32 +71,34 @@ def checked_update(total: Tensor, run: Run) -> tuple[bool, float, int]:
     return (True, *apply_update(total, run))
 
 
-def step_from_sum(run: Run, total: Tensor, group: dist.ProcessGroup | None) -> tuple[float, int]:
-    """One exact step from ``total``, a sum every rank of ``group`` holds alike: its
-    ``(loss_sum, count)``, zeros when skipped.
+def step_from_sum(run: Run, total: Tensor, *, in_group: bool = False) -> tuple[float, int]:
+    """One exact step from ``total``, a sum every stepping worker holds alike (``in_group``:
+    every worker of this group, as under periodic and diloco): its ``(loss_sum, count)``,
+    zeros when skipped.
 
-    Every member checks the sum in the pass that divides it by the count
-    (:func:`checked_update`), so a non-finite one fails or skips the whole of
-    ``group`` at once (:func:`worker.engine.run.nonfinite_step`, which raises
+    Every rank checks the sum in the pass that divides it by the count
+    (:func:`checked_update`), so a non-finite one fails or skips all of them at
+    once (:func:`worker.engine.run.nonfinite_step`, which raises
     NonFiniteError with ``on_nonfinite: fail``); a skip puts the buffers back.
     """
     finite, loss_sum, count = checked_update(total, run)
     if finite:
         return loss_sum, count
-    nonfinite_step(run, group)
+    nonfinite_step(run, partial(sum_in_group if in_group else sum_over_stepping, run=run))
     assert run.buffer_base is not None
     run.state.restore(run.buffer_base)
     return 0.0, 0
 
 
-def sharded_update(run: Run, tail: Tensor, group: dist.ProcessGroup | None) -> tuple[float, int]:
+def sharded_update(run: Run, tail: Tensor) -> tuple[float, int]:
     """One exact step of a worker in a task with a sharded group, from the summed ``tail``
     ``[buffer_change_sum (B), loss_sum, count]`` and the parameters' gradients (this
     worker's rows of the global sum, :meth:`worker.engine.run.Run.compute`): its
     ``(loss_sum, count)``, zeros when skipped.
 
-    Whether every gradient row and the tail are finite is agreed over ``group`` (one
-    allreduce of a flag: no worker holds the whole gradient to check); a non-finite step
+    Whether every gradient row and the tail are finite is agreed over the stepping workers
+    (:func:`worker.engine.run.sum_over_stepping` of a flag: no worker holds the whole
+    gradient to check); a non-finite step
     fails or skips on every worker at once (:func:`worker.engine.run.nonfinite_step`) and
     puts the buffers back. Otherwise each worker divides its rows by the count (the mean
     over every sample of the step), steps its shard of the optimizer and moves the buffers
@@ -104,9 +110,9 @@ def sharded_update(run: Run, tail: Tensor, group: dist.ProcessGroup | None) -> t
         not bool(torch.isfinite(g).all()) for g in grads
     )
     flag = torch.tensor([float(bad)])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    sum_over_stepping(flag, run, dist.ReduceOp.MAX)
     if flag.item():
-        nonfinite_step(run, group)
+        nonfinite_step(run, partial(sum_over_stepping, run=run))
         run.state.restore(run.buffer_base)
         return 0.0, 0
     loss_sum, count_sum = tail[-2:].tolist()
@@ -173,14 +179,14 @@ def _step(run: Run) -> tuple[float, int]:
     """One step of a stepping worker: its ``(loss_sum, count)`` (zeros when skipped); with a
     sharded group in the task the sharded step (:func:`sharded_update`), else the global sum
     reduced while backward runs (the reducer built at first use for the step's groups)."""
-    cross, workers = step_groups(run)
+    cross = step_groups(run)
     if run.spec.any_sharded:
-        return sharded_update(run, run.compute(), workers)
+        return sharded_update(run, run.compute())
     if run.reducer is None:
         n_tail = run.state.n_buffers + 2
         n_groups = len(run.spec.groups) - len(run.parked_groups)
         run.reducer = GradientReducer(run.topo, run.params, n_tail, n_groups, cross=cross)
-    return step_from_sum(run, run.compute(run.reducer), workers)
+    return step_from_sum(run, run.compute(run.reducer))
 
 
 class Synchronous(Strategy[Run]):

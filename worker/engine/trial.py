@@ -15,7 +15,7 @@ Every rank runs :func:`run_trial` instead of the training session (docs/architec
 3. the groups time the strategy's cross-group exchange at the same two sizes: for ``sync``
    the group leaders' allreduce, for ``periodic`` and ``quorum`` each leader's round trip
    to the parameter server, one leader at a time;
-4. the parameter server gathers every timing (one ``gather_object``), with each worker's
+4. the parameter server gathers every timing (``distributed.gather_objects``), with each worker's
    optimizer construction and validation pass (over its even block of the validation set)
    and its own write of a checkpoint of the model and the user's optimizer, and reports
    them as a ``trial`` event (:class:`contracts.trial.TrialResult`) with the seconds from
@@ -45,7 +45,7 @@ from worker.engine import fsdp, memory, report
 from worker.engine.compute import local_gradient, sharded_gradient, validate
 from worker.engine.contract import TrainingCode
 from worker.engine.data import DataSources, Source
-from worker.engine.distributed import Topology
+from worker.engine.distributed import Topology, gather_objects
 from worker.engine.emulation import Pace, SpeedEmulator, synchronize
 from worker.engine.exchange import leader_ranks, params_of, vector_to_grads
 from worker.engine.sharding import contiguous_shard
@@ -408,8 +408,7 @@ def run_trial(
         if in_group is not None and topo.am_i_leader:
             mine["exchanges"].append(in_group)
     mine["exchanges"] += time_cross_exchange(spec, topo, numel, dtype)
-    gathered: list[Any] | None = [None] * topo.world_size if topo.is_ps else None
-    dist.gather_object(mine, gathered, dst=0)
+    gathered = gather_objects(mine, topo)
     if gathered is None:
         return
     workers = [part["worker"] for part in gathered if "worker" in part]

@@ -92,6 +92,42 @@ def test_a_later_attempts_workers_fetch_the_sharded_state_of_its_checkpoint(
         assert {p.name: p.read_bytes() for p in folder.iterdir()} == files
 
 
+def test_a_later_attempts_workers_fetch_their_own_groups_state_only(
+    api: FakeApi, run_with: Run
+) -> None:
+    """Under periodic and diloco each group's leader wrote its group's optimizer into a folder
+    of its own (``<checkpoint>.g<g>.dcp``): a worker of group 0 downloads group 0's, not
+    group 1's (at 25M parameters with Adam, 200 MB a group)."""
+    api.attempt, api.checkpoints[9] = 2, b"outline"
+    api.parts[9] = {
+        f"step-8.pt.g{g}.dcp/{name}": f"{g}{name}".encode()
+        for g in (0, 1)
+        for name in (".metadata", "__0_0.distcp")
+    }
+    outcome, pool = run_with({0: RENDEZVOUS}, attempt=2, resume_checkpoint_id=9)  # group 0
+    assert outcome == "succeeded"
+    for rank in (1, 2):
+        spec = json.loads((pool.by_rank()[rank].rank_dir / "spec.json").read_text())
+        root = Path(spec["resume_state_dir"])
+        assert [p.name for p in root.iterdir()] == ["step-8.pt.g0.dcp"]
+        assert (root / "step-8.pt.g0.dcp" / ".metadata").read_bytes() == b"0.metadata"
+    fetched = [r.url.path for r in api.requests if "/parts/" in r.url.path]
+    assert fetched and all("/step-8.pt.g0.dcp/" in path for path in fetched), fetched
+
+
+def test_a_group_parked_at_the_checkpoint_fetches_the_other_groups_state(
+    api: FakeApi, run_with: Run
+) -> None:
+    """A group the guard had parked wrote no folder: its entry in the checkpoint names the
+    source group's, so its workers take the folders there are."""
+    api.attempt, api.checkpoints[9] = 2, b"outline"
+    api.parts[9] = {f"step-8.pt.g1.dcp/{name}": b"b" for name in (".metadata", "__0_0.distcp")}
+    outcome, pool = run_with({0: RENDEZVOUS}, attempt=2, resume_checkpoint_id=9)  # group 0
+    assert outcome == "succeeded"
+    spec = json.loads((pool.by_rank()[1].rank_dir / "spec.json").read_text())
+    assert [p.name for p in Path(spec["resume_state_dir"]).iterdir()] == ["step-8.pt.g1.dcp"]
+
+
 def test_another_group_waits_for_the_published_rendezvous(api: FakeApi, run_with: Run) -> None:
     def publish_on_second_ask(route: str) -> None:
         if route == "rendezvous" and len(api.calls("rendezvous")) >= 2:

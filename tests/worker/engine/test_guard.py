@@ -28,7 +28,7 @@ from tests.worker.engine.reference import (
 )
 from tests.worker.engine.test_equivalence import assert_matches_reference
 from worker.engine.guard import GroupCost, Guard, round_step_seconds, step_seconds
-from worker.engine.run import guard_due
+from worker.engine.run import guard_check, guard_due, window_start
 from worker.engine.spec import RunSpec
 
 B = 64
@@ -187,13 +187,21 @@ def build_optimizer(params):
 """
 
 
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        {"epochs": 1},
+        # diloco's first check comes after its first round (warm): the guard still acts
+        {"epochs": 2, "sync_strategy": "diloco", "sync_period": 2},
+    ],
+)
 def test_the_guard_parks_a_group_whose_update_outlasts_the_step(
-    make_spec: Callable[..., RunSpec], tmp_path: Path
+    make_spec: Callable[..., RunSpec], tmp_path: Path, strategy: dict[str, object]
 ) -> None:
     module = tmp_path / "slow_update.py"
     tiny = Path(__file__).resolve().parents[3] / "examples" / "tiny_regression.py"
     module.write_text(tiny.read_text() + SLOW_UPDATE)
-    spec = make_spec(**{**GUARDED, "code": str(module), "global_batch_size": 16, "epochs": 1})
+    spec = make_spec(**{**GUARDED, "code": str(module), "global_batch_size": 16, **strategy})
     run, finals = run_with_dump(spec, tmp_path / "dump")
     server = run.text(0)
     assert "guard: group 'b' parked" in server, server[-3000:]
@@ -368,14 +376,53 @@ def test_the_first_check_comes_after_the_steps_that_fill_four_seconds(
     assert guard_first_check_steps(step_s) == expected
 
 
+def guarded_run(step_s: float | None, warm_at: int, **spec: object) -> SimpleNamespace:
+    """What guard_due and guard_check read of a run: no rebalancing schedule unless given."""
+    fields = {"split_policy": "weighted", "rebalance_every": 0, "debug_guard_schedule": None}
+    return SimpleNamespace(
+        spec=SimpleNamespace(**{**fields, **spec}),
+        guard=Guard(2),
+        step=0,
+        last_balance=0,
+        profiled_step_s=step_s,
+        warm_at=warm_at,
+    )
+
+
 @pytest.mark.parametrize(("step_s", "first"), [(2.2, 4), (None, GUARD_CHECK_STEPS)])
 def test_the_engine_checks_first_at_the_step_its_profile_sizes(
     step_s: float | None, first: int
 ) -> None:
-    # Every rank holds the same profiled step, so every rank finds the same first check.
-    spec = SimpleNamespace(split_policy="weighted", rebalance_every=0)  # no other checks
-    run = SimpleNamespace(spec=spec, guard=Guard(2), step=0, last_balance=0, profiled_step_s=step_s)
-    due = [step for step in range(1, 12) if guard_due(run, step)]  # type: ignore[arg-type]
-    assert due[0] == first
+    # Every rank holds the same profiled step, so every rank finds the same first check; it
+    # counts from the attempt's warm point, the end of sync's second step.
+    run = guarded_run(step_s, warm_at=2)
+    due = [step for step in range(1, 14) if guard_due(run, step)]  # type: ignore[arg-type]
+    assert due[0] == 2 + first
     run.guard.costs[0] = GroupCost(0.1, 100.0)  # measured: no more first checks
-    assert not any(guard_due(run, step) for step in range(1, 12))  # type: ignore[arg-type]
+    assert not any(guard_due(run, step) for step in range(1, 14))  # type: ignore[arg-type]
+
+
+def test_no_guard_check_judges_the_attempts_first_rounds() -> None:
+    """diloco rounds of 16 steps: the first round's steps pay the optimizer's state and the
+    gradients' first allocation (at 25M parameters on a third of a core, the first round took
+    the slow group twice as long as its later rounds, and the guard parked it at step 16 for
+    good), and the busy clock charges a group's first update to its next section, which is
+    the second round's first for a group of one local step a round. A rebalancing check up
+    to the second round's end (the warm point) neither parks nor keeps the window's costs;
+    the next window counts from there."""
+    run = guarded_run(2.2, warm_at=32, rebalance_every=10)
+    due = [s for s in range(1, 33) if guard_due(run, s)]
+    assert due[0] == 10 and 32 in due  # the balancer's marks: checks from there on
+    run.step = 32
+    assert window_start(run) == 0
+    # (busy s, samples, own s, local steps, wall s) by worker: the slow one at 1.3 s a step
+    cold = ([9.0, 2.0], [200.0, 40.0], [0.5, 5.0], [12.0, 4.0], [9.0, 9.0])
+    assert not guard_check(run, cold)  # type: ignore[arg-type]
+    assert not run.guard.costs and not run.guard.parked
+    run.step = 36
+    assert window_start(run) == 32  # every worker started a window at the warm point
+
+
+def test_the_first_check_counts_from_the_warm_point() -> None:
+    run = guarded_run(2.2, warm_at=32)  # no rebalancing schedule: the guard's own first check
+    assert [s for s in range(1, 48) if guard_due(run, s)] == list(range(36, 48))

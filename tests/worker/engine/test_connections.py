@@ -1,0 +1,98 @@
+"""A task's TCP connections grow with its groups, not with its world (issue 37 item 3).
+
+The world group carries nothing and, made with gloo's lazy connections, opens none; every
+message goes through a resource group, the leaders' group (the parameter server and each
+group's first rank) or the leaders among themselves (worker/engine/distributed.py,
+"Process groups"). So no two ranks of different groups are connected unless both are leaders
+or one is the parameter server. The test's training code records, from every compute worker,
+its established TCP connections during the last epoch's validation (by then every collective
+of an epoch, its end and its checkpoint has run twice); the connections to the rendezvous
+store (one a rank) are left out. Before, the same task held 69 connections (every process
+group a full mesh, the world's 28 among them); now 20.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from itertools import combinations
+from pathlib import Path
+
+import pytest
+
+from tests.worker.engine.reference import run_with_dump
+from worker.engine.spec import RunSpec
+
+RECORDS_CONNECTIONS = """
+import json, os
+import psutil
+from examples.tiny_regression import build_datasets, build_model, build_optimizer, loss_fn
+
+def metrics(output, target):
+    sockets = [
+        [list(c.laddr), list(c.raddr)]
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.raddr
+    ]
+    record = {"rank": int(os.environ["RANK"]), "store": int(os.environ["MASTER_PORT"]),
+              "sockets": sockets}
+    with open(os.path.join(FOLDER, f"rank-{record['rank']}.json"), "w") as out:
+        json.dump(record, out)
+    return {}
+"""
+
+GROUPS = [
+    {"name": "a", "device_type": "cpu", "workers": 3},
+    {"name": "b", "device_type": "cpu", "workers": 2},
+    {"name": "c", "device_type": "cpu", "workers": 1},
+    {"name": "d", "device_type": "cpu", "workers": 1},
+]
+
+
+def connections(folder: Path) -> tuple[set[frozenset[int]], int]:
+    """The pairs of ranks holding a connection (rank 0 for an end no worker holds: the
+    parameter server), and how many connections there are, from the workers' records."""
+    records = [json.loads(path.read_text()) for path in sorted(folder.glob("rank-*.json"))]
+    owner = {tuple(local): r["rank"] for r in records for local, _ in r["sockets"]}
+    seen: set[frozenset[tuple[str, int]]] = set()
+    pairs: set[frozenset[int]] = set()
+    for record in records:
+        for local, remote in record["sockets"]:
+            if remote[1] == record["store"]:
+                continue  # this rank's client of the rendezvous store
+            seen.add(frozenset({tuple(local), tuple(remote)}))
+            pairs.add(frozenset({record["rank"], owner.get(tuple(remote), 0)}))
+    return pairs, len(seen)
+
+
+@pytest.mark.parametrize("strategy", ["sync", "diloco"])
+def test_a_four_group_task_connects_inside_groups_and_among_leaders_only(
+    make_spec: Callable[..., RunSpec], tmp_path: Path, strategy: str
+) -> None:
+    folder = tmp_path / "sockets"
+    folder.mkdir()
+    module = tmp_path / "records_connections.py"
+    module.write_text(f"FOLDER = {str(folder)!r}\n" + RECORDS_CONNECTIONS)
+    spec = make_spec(
+        code=str(module),
+        groups=GROUPS,
+        epochs=3,
+        global_batch_size=14,
+        sync_strategy=strategy,
+        sync_period=2,
+    )
+    run, _ = run_with_dump(spec, tmp_path / "params")
+    assert len(list(folder.glob("rank-*.json"))) == spec.n_workers, run.text(0)
+    pairs, count = connections(folder)
+    leaders = [0, *spec.leader_ranks()]
+    groups = [spec.group_ranks(g) for g in range(len(spec.groups))]
+    inside = {frozenset(p) for g in groups for p in combinations(g, 2)}
+    among_leaders = {frozenset(p) for p in combinations(leaders, 2)}
+    assert pairs <= inside | among_leaders, sorted(map(sorted, pairs))
+    assert frozenset({0, 4}) in pairs and frozenset({1, 2}) in pairs, sorted(map(sorted, pairs))
+    # Σ W_g (W_g − 1) / 2 = 3 + 1 inside the groups, 5 × 4 / 2 = 10 in the leaders' group and
+    # 4 × 3 / 2 = 6 among the leaders alone: 20, where the world group alone held 8 × 7 / 2
+    g = len(spec.groups)
+    bound = len(inside) + len(among_leaders) + g * (g - 1) // 2
+    world_mesh = spec.world_size * (spec.world_size - 1) // 2
+    assert count <= bound == 20 < world_mesh == 28, (count, sorted(map(sorted, pairs)))
