@@ -269,7 +269,7 @@ def _check_gradients(run: CheckedRun, train: Source | None) -> None:
             for group, leader in enumerate(run.spec.leader_ranks()):
                 theirs = receive_at_ps(topo, DIGEST_BYTES, torch.uint8, leader)
                 wanted = mine is not None and not torch.equal(theirs, mine)
-                dist.send(torch.tensor([int(wanted)], dtype=torch.uint8), leader, topo.leaders)
+                dist.send(torch.tensor([int(wanted)], dtype=torch.uint8), leader, topo.link(leader))
                 if reference is not None and wanted:
                     received = [receive_at_ps(topo, n, dtype, leader) for n, dtype in shapes]
                     gap = distance(received, reference)
@@ -294,7 +294,7 @@ def _send_gradients(run: CheckedRun, batch: Any) -> None:
         gradients = _gradients(run, batch)
         send_to_ps(topo, digest(gradients))
         asked = torch.zeros(1, dtype=torch.uint8)
-        dist.recv(asked, 0, topo.leaders)
+        dist.recv(asked, 0, topo.link(0))
         if asked.item():
             for grad in gradients:
                 send_to_ps(topo, grad)
@@ -307,7 +307,7 @@ def _send_gradients(run: CheckedRun, batch: Any) -> None:
             pass
     asked = torch.zeros(1, dtype=torch.uint8)
     if topo.am_i_leader:
-        dist.recv(asked, 0, topo.leaders)
+        dist.recv(asked, 0, topo.link(0))
     told = asked.to(topo.device)  # the group's own backend: nccl on a CUDA group
     dist.broadcast(told, src=topo.group_ranks[0], group=topo.group)
     asked = told.cpu()

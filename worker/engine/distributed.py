@@ -2,12 +2,12 @@
 
 :class:`ClusterEnv` says where this process sits (read from environment
 variables, never module globals); :func:`init` joins the world (a group that carries
-nothing) and builds the :class:`Topology`: one subgroup per resource group, one leaders
-group (parameter server + first rank of each group) for the parameter server's exchange
-and the control collectives between groups, the group leaders without the parameter
-server (``cross``) for the synchronous strategy's step path, and a sharded group with the
-server (``server_links``). The control collectives (:func:`all_reduce_sum` and the rest)
-go through those; the module's "Process groups" comment says why.
+nothing) and builds the :class:`Topology`: one subgroup per resource group, a link (a
+two-rank group) between the parameter server and each group leader, and each worker of a
+sharded group, for the server's exchange and the control collectives between groups, and
+under ``sync`` the group leaders without the parameter server (``cross``) for the step
+path. The control collectives (:func:`all_reduce_sum` and the rest) go through those; the
+module's "Process groups" comment says why.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import queue
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -64,16 +66,19 @@ class Topology:
 
     ``group`` and ``group_ranks`` are None/empty on the parameter server;
     ``device`` is where the model and in-group collectives live (CPU on the
-    parameter server and in gloo groups). The leaders group is always gloo, on CPU.
+    parameter server and in gloo groups).
+    ``links`` (gloo, CPU) are the two-rank groups between the parameter server and a worker
+    that talks to it, keyed by that worker's global rank: every group leader, and every
+    worker of a sharded group (``sharding: fsdp``, which exchanges its own rows with the
+    server). The server holds every link, such a worker its own, others none;
+    :meth:`link` picks one.
     ``cross`` (gloo, CPU) holds the group leaders without the parameter server: set on
-    the leaders when there is more than one group, None elsewhere.
+    the leaders under ``sync`` with more than one group, None elsewhere.
     ``control`` (gloo, CPU) holds this rank's resource group, for the control collectives
     (:func:`all_reduce_sum` and the rest): ``group`` itself on a CPU group, a gloo group of
     the same ranks beside a CUDA or NPU group's; None on the parameter server. ``groups``
-    lists every resource group's global ranks, in group order. ``server_links`` (gloo) holds,
-    for each sharded group (``sharding: fsdp``) by index, the parameter server and every
-    worker of it, each of which exchanges its own rows with the server: on the server every
-    sharded group's, on a sharded group's worker its own.
+    lists every resource group's global ranks, in group order. ``timeout`` bounds every
+    collective and receive.
     """
 
     rank: int
@@ -82,12 +87,23 @@ class Topology:
     group_index: int | None
     group: dist.ProcessGroup | None
     group_ranks: tuple[int, ...]
-    leaders: dist.ProcessGroup
     device: torch.device
+    links: Mapping[int, dist.ProcessGroup] = field(default_factory=dict)
     cross: dist.ProcessGroup | None = None
     control: dist.ProcessGroup | None = None
     groups: tuple[tuple[int, ...], ...] = ()
-    server_links: Mapping[int, dist.ProcessGroup] = field(default_factory=dict)
+    timeout: timedelta = timedelta(seconds=DEFAULT_TIMEOUT_S)
+
+    def link(self, peer: int) -> dist.ProcessGroup:
+        """The two-rank group to talk to global rank ``peer`` through: on the parameter
+        server the link to that worker, on a worker (``peer`` 0) its own. Raises KeyError
+        for a pair of ranks without a link (two workers, or a worker that never talks to
+        the server)."""
+        if self.is_ps:
+            return self.links[peer]
+        if peer != 0:
+            raise KeyError(f"rank {self.rank} has no link to rank {peer}, only to rank 0")
+        return self.links[self.rank]
 
     @property
     def is_ps(self) -> bool:
@@ -215,17 +231,14 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
             twin = dist.new_group(spec.group_ranks(index), timeout=timeout, backend="gloo")
             if index == my_index:
                 control = twin
-    leaders = dist.new_group([0, *spec.leader_ranks()], timeout=timeout, backend="gloo")
-    cross = None
-    if len(spec.groups) > 1:
-        cross = dist.new_group(spec.leader_ranks(), timeout=timeout, backend="gloo")
     links = {}
-    for index in range(len(spec.groups)):
-        if spec.sharded(index):
-            ranks = [0, *spec.group_ranks(index)]
-            link = dist.new_group(ranks, timeout=timeout, backend="gloo")
-            if env.rank in ranks:
-                links[index] = link
+    for peer in linked_ranks(spec):
+        link = dist.new_group([0, peer], timeout=timeout, backend="gloo")
+        if env.rank in (0, peer):
+            links[peer] = link
+    cross = None
+    if len(spec.groups) > 1 and spec.sync_strategy == "sync":
+        cross = dist.new_group(spec.leader_ranks(), timeout=timeout, backend="gloo")
     topo = Topology(
         rank=env.rank,
         world_size=env.world_size,
@@ -233,12 +246,12 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
         group_index=my_index,
         group=my_group,
         group_ranks=tuple(spec.group_ranks(my_index)) if my_index is not None else (),
-        leaders=leaders,
         device=device,
+        links=links,
         cross=cross if my_index is not None and env.rank in spec.leader_ranks() else None,
         control=control,
         groups=tuple(tuple(spec.group_ranks(g)) for g in range(len(spec.groups))),
-        server_links=links,
+        timeout=timeout,
     )
     # Every rank has finished making every group before any goes on: a rank that fails right
     # after (say in the user's build_model) cannot break a peer's group set-up, so each rank
@@ -247,23 +260,36 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
     return topo
 
 
+def linked_ranks(spec: RunSpec) -> list[int]:
+    """The workers with a link to the parameter server (:attr:`Topology.links`), in rank
+    order: every group leader and every worker of a sharded group."""
+    linked = set(spec.leader_ranks())
+    for index in range(len(spec.groups)):
+        if spec.sharded(index):
+            linked.update(spec.group_ranks(index))
+    return sorted(linked)
+
+
 # Process groups (docs/architecture.md, "Process groups"). The world group carries nothing:
 # gloo would connect every pair of its ranks, world (world - 1) / 2 connections, so it is made
 # with lazy connections and never used, and opens none. Every message goes through a group
-# whose ranks talk: each resource group (W_g (W_g - 1) / 2 connections), the leaders' group
-# (the parameter server and each group's first rank), under sync the leaders among themselves
-# (``cross``), a sharded group with the server (``server_links``) and, when the guard takes a
-# parked group back, its workers with the worker they copy (``worker.engine.run.refresh``).
-# These are connected when made (gloo's lazy connections failed on this engine's traffic in
-# torch 2.13: an abort in gloo, "pair.cc:676 state_ <= CONNECTED. 5 vs 4").
+# whose ranks talk: each resource group (W_g (W_g - 1) / 2 connections), a link between the
+# parameter server and each group leader (G connections, a star: a group of the server and
+# every leader would connect the leaders among themselves too, G (G + 1) / 2), a link to each
+# worker of a sharded group, under sync the leaders among themselves (``cross``, whose ring
+# allreduce carries the step's sum) and, when the guard takes a parked group back, its
+# workers with the worker they copy (``worker.engine.run.refresh``). These are connected when
+# made: gloo's lazy connections abort a rank in torch 2.13 when a connected peer exits first
+# ("pair.cc:676 state_ <= CONNECTED. 5 vs 4", an assertion on gloo's event-loop thread), so
+# the world group, which never connects, is the only lazy one.
 #
 # Control collectives: small tensors and objects every rank of the task takes part in (the
 # balancer's table, validation sums, the data's item counts, checkpoint outlines). Each goes
 # through the rank's resource group (``control``, gloo's collectives) and, between the
 # groups, through the parameter server: each leader sends its group's part to rank 0 and
-# takes the result back (point to point on the leaders' group, under :data:`CONTROL_TAG`).
-# Every rank of the task calls each one, in the same order, as it would the world's. The
-# parameter server's part is 2 G small messages a collective.
+# takes the result back (point to point on its link, under :data:`CONTROL_TAG`). Every rank
+# of the task calls each one, in the same order, as it would the world's. The parameter
+# server's part is 2 G small messages a collective.
 
 CONTROL_TAG = 1 << 30
 """The gloo tag of the control messages between the parameter server and the leaders: apart
@@ -282,12 +308,61 @@ def _leaders(topo: Topology) -> list[int]:
 
 
 def _send_tensor(tensor: torch.Tensor, dst: int, topo: Topology) -> None:
-    dist.send(tensor, dst=dst, group=topo.leaders, tag=CONTROL_TAG)
+    dist.send(tensor, dst=dst, group=topo.link(dst), tag=CONTROL_TAG)
 
 
 def _recv_tensor(tensor: torch.Tensor, src: int, topo: Topology) -> torch.Tensor:
-    dist.recv(tensor, src=src, group=topo.leaders, tag=CONTROL_TAG)
+    dist.recv(tensor, src=src, group=topo.link(src), tag=CONTROL_TAG)
     return tensor
+
+
+class Arrivals:
+    """Messages from several peers, each over its own link to this rank (:meth:`Topology.link`),
+    taken in the order they arrive: MPI's receive from any source, which torch.distributed
+    offers only inside one process group, where gloo connects every pair of its ranks.
+
+    Each expected message has its own receive and a thread that waits on it (gloo's
+    receive works do not say they are done until waited on), which hands it over on
+    arrival. A peer with a message expected must send it: the receive waits up to the
+    process group's timeout and then fails, as a blocking receive would.
+    """
+
+    def __init__(self, topo: Topology, tag: int = 0) -> None:
+        self.topo, self.tag = topo, tag
+        self._arrived: queue.SimpleQueue[tuple[int, torch.Tensor, BaseException | None]]
+        self._arrived = queue.SimpleQueue()
+        self.waiting: set[int] = set()
+
+    def expect(self, peer: int, buffer: torch.Tensor) -> None:
+        """Start receiving ``buffer`` (CPU, contiguous; left alone until :meth:`take` hands
+        it back) from global rank ``peer``. Raises RuntimeError when a message from ``peer``
+        is already expected."""
+        if peer in self.waiting:
+            raise RuntimeError(f"a message from rank {peer} is already expected")
+        work = dist.irecv(buffer, src=peer, group=self.topo.link(peer), tag=self.tag)
+        assert work is not None  # None only outside the group
+        self.waiting.add(peer)
+
+        def wait() -> None:
+            try:
+                work.wait()
+            except BaseException as exc:  # noqa: BLE001 (handed to the taker, raised there)
+                self._arrived.put((peer, buffer, exc))
+            else:
+                self._arrived.put((peer, buffer, None))
+
+        threading.Thread(target=wait, name=f"arrival-from-{peer}", daemon=True).start()
+
+    def take(self) -> tuple[int, torch.Tensor]:
+        """The next message to arrive: its sender's global rank and the buffer it filled.
+        Raises RuntimeError when none is expected, or what its receive raised."""
+        if not self.waiting:
+            raise RuntimeError("no message is expected")
+        peer, buffer, error = self._arrived.get()
+        self.waiting.discard(peer)
+        if error is not None:
+            raise error
+        return peer, buffer
 
 
 def _send_object(obj: Any, dst: int, topo: Topology) -> None:

@@ -26,7 +26,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from worker.engine.distributed import Topology, all_gather_objects, all_reduce_sum, gather_objects
+from worker.engine.distributed import (
+    Arrivals,
+    Topology,
+    all_gather_objects,
+    all_reduce_sum,
+    gather_objects,
+)
 
 BUCKET_BYTES = 16 * 2**20
 # Point-to-point messages between the parameter server and the group leaders.
@@ -114,7 +120,7 @@ def post_to_ps(topo: Topology, vector: Tensor) -> list[Any]:
     pieces (:func:`gather_at_ps` receives them); returns the works to wait on. ``vector``
     must not change until they are done."""
     return [
-        dist.isend(vector[a:b], dst=0, group=topo.leaders, tag=k)
+        dist.isend(vector[a:b], dst=0, group=topo.link(0), tag=k)
         for k, (a, b) in enumerate(pieces(vector.numel(), vector.element_size()))
     ]
 
@@ -123,21 +129,32 @@ def post_from_ps(topo: Topology, buffer: Tensor) -> list[Any]:
     """Start receiving, on a group leader, what the parameter server sends with
     :func:`broadcast_down` into the 1-D CPU ``buffer``; returns the works to wait on."""
     return [
-        dist.irecv(buffer[a:b], src=0, group=topo.leaders, tag=k)
+        dist.irecv(buffer[a:b], src=0, group=topo.link(0), tag=k)
         for k, (a, b) in enumerate(pieces(buffer.numel(), buffer.element_size()))
     ]
 
 
-def receive_any_at_ps(topo: Topology, buffer: Tensor) -> int:
+def expect_at_ps(arrivals: Arrivals, leader: int, numel: int, dtype: torch.dtype) -> None:
+    """Parameter server: start receiving the first piece of the next vector [numel] that
+    the group leader of global rank ``leader`` sends with :func:`post_to_ps`, among
+    ``arrivals`` (tag 0, the first piece's; :func:`receive_any_at_ps` takes it)."""
+    first, last = pieces(numel, torch.empty(0, dtype=dtype).element_size())[0]
+    arrivals.expect(leader, torch.empty(last - first, dtype=dtype))
+
+
+def receive_any_at_ps(topo: Topology, buffer: Tensor, arrivals: Arrivals) -> int:
     """Parameter server: receive into the 1-D CPU ``buffer`` the next vector a group leader
-    sent with :func:`post_to_ps`, whichever leader's comes first; returns that leader's
-    global rank. The first piece is received from any source, the rest from its sender."""
+    sent with :func:`post_to_ps`, whichever expected leader's (:func:`expect_at_ps`) comes
+    first; returns that leader's global rank. The first piece is the one ``arrivals``
+    received, the rest come from its sender."""
     parts = pieces(buffer.numel(), buffer.element_size())
     first, last = parts[0]
-    sender = dist.recv(buffer[first:last], group=topo.leaders, tag=0)
+    sender, piece = arrivals.take()
+    buffer[first:last].copy_(piece)
+    link = topo.link(sender)
     wait_all(
         [
-            dist.irecv(buffer[a:b], src=sender, group=topo.leaders, tag=k)
+            dist.irecv(buffer[a:b], src=sender, group=link, tag=k)
             for k, (a, b) in enumerate(parts)
             if k > 0
         ]
@@ -150,7 +167,7 @@ def post_to_leader(topo: Topology, vector: Tensor, leader: int) -> list[Any]:
     rank ``leader`` alone (:func:`post_from_ps` receives it); returns the works to wait on.
     ``vector`` must not change until they are done."""
     return [
-        dist.isend(vector[a:b], dst=leader, group=topo.leaders, tag=k)
+        dist.isend(vector[a:b], dst=leader, group=topo.link(leader), tag=k)
         for k, (a, b) in enumerate(pieces(vector.numel(), vector.element_size()))
     ]
 
@@ -173,7 +190,7 @@ def gather_at_ps(
     parts = pieces(numel, total.element_size())
     received = [
         [
-            dist.irecv(buffer[a:b], src=rank, group=topo.leaders, tag=k)
+            dist.irecv(buffer[a:b], src=rank, group=topo.link(rank), tag=k)
             for k, (a, b) in enumerate(parts)
         ]
         for rank, buffer in zip(leaders, [total, *spare], strict=True)
@@ -216,23 +233,23 @@ def broadcast_down(topo: Topology, vector: Tensor, leaders: list[int] | None = N
 
 def send_to_ps(topo: Topology, vector: Tensor) -> None:
     """Send the 1-D ``vector`` from this group leader to the parameter server (point to point
-    over the leaders group, on CPU); the server receives it with :func:`receive_at_ps`."""
-    dist.send(vector.detach().cpu().contiguous(), dst=0, group=topo.leaders)
+    over its link, on CPU); the server receives it with :func:`receive_at_ps`."""
+    dist.send(vector.detach().cpu().contiguous(), dst=0, group=topo.link(0))
 
 
 def receive_at_ps(topo: Topology, numel: int, dtype: torch.dtype, src: int) -> Tensor:
     """Parameter server: the vector [numel] that leader ``src`` (global rank) sends it."""
     buffer = torch.empty(numel, dtype=dtype)
-    dist.recv(buffer, src=src, group=topo.leaders)
+    dist.recv(buffer, src=src, group=topo.link(src))
     return buffer
 
 
 def send_status(topo: Topology, reason: str | None) -> None:
     """From a group leader to the parameter server: all is well (``reason`` None) or a
-    failure's reason (point to point over the leaders group, read by :func:`receive_status`)."""
-    dist.send(torch.tensor([0.0 if reason is None else 1.0]), dst=0, group=topo.leaders)
+    failure's reason (point to point over its link, read by :func:`receive_status`)."""
+    dist.send(torch.tensor([0.0 if reason is None else 1.0]), dst=0, group=topo.link(0))
     if reason is not None:
-        dist.send_object_list([reason], dst=0, group=topo.leaders)
+        dist.send_object_list([reason], dst=0, group=topo.link(0))
 
 
 # How long the parameter server waits for the workers between two meeting points.
@@ -248,19 +265,19 @@ def receive_status(topo: Topology, src: int) -> str | None:
     closes). Raises what the receive raises.
     """
     flag = torch.zeros(1)
-    work = dist.irecv(flag, src=src, group=topo.leaders)
+    work = dist.irecv(flag, src=src, group=topo.link(src))
     assert work is not None  # None only for a rank outside the group
     work.wait(STATUS_WAIT)
     if float(flag) == 0.0:
         return None
     box: list[Any] = [None]
-    dist.recv_object_list(box, src=src, group=topo.leaders)
+    dist.recv_object_list(box, src=src, group=topo.link(src))
     return str(box[0])
 
 
 def leader_ranks(topo: Topology) -> list[int]:
-    """Global ranks of the group leaders, in group order (the leaders group minus rank 0)."""
-    return [r for r in dist.get_process_group_ranks(topo.leaders) if r != 0]
+    """Global ranks of the group leaders, in group order."""
+    return [ranks[0] for ranks in topo.groups]
 
 
 def pieces(numel: int, element_size: int, piece_bytes: int | None = None) -> list[tuple[int, int]]:

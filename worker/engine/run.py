@@ -779,19 +779,18 @@ def _pull_sharded(run: Run, source: int) -> None:
     members = spec.group_ranks(group)
     width = len(members)
     if topo.is_ps:
-        link = topo.server_links[group]
         dtype = run.params[0].dtype
         vectors = [
-            _recv(rows_numel(run.params, i, width), dtype, member, link)
+            _recv(rows_numel(run.params, i, width), dtype, member, topo.link(member))
             for i, member in enumerate(members)
         ]
         assemble_rows_(run.params, vectors)
         if state.buffers:
-            state.load_buffers_(_recv(state.n_buffers, dtype, source, link))
-        totals = _recv(2, torch.float64, source, link)
+            state.load_buffers_(_recv(state.n_buffers, dtype, source, topo.link(source)))
+        totals = _recv(2, torch.float64, source, topo.link(source))
         run.loss_sum, run.samples = float(totals[0]), int(round(float(totals[1])))
     elif topo.rank in members:
-        link = topo.server_links[group]
+        link = topo.link(0)
         dist.send(own_rows(run.params), dst=0, group=link)
         if topo.rank == source:
             if state.buffers:

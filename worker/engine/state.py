@@ -179,13 +179,13 @@ def sync_state(
                 members = spec.group_ranks(g)
                 for i, member in enumerate(members):
                     rows = torch.cat([rows_vector(state.params, i, len(members)), buffers])
-                    dist.send(rows, member, group=topo.server_links[g])
+                    dist.send(rows, member, group=topo.link(member))
             return
         if topo.group_index in sharded:
             held = sum(local(p).numel() for p in state.params)
             received = torch.empty(held + state.n_buffers, dtype=state.params[0].dtype)
             assert topo.group_index is not None
-            dist.recv(received, src=0, group=topo.server_links[topo.group_index])
+            dist.recv(received, src=0, group=topo.link(0))
             read = load_rows_(state.params, received.to(state.params[0].device))
             state.load_buffers_(received[read:])
             return

@@ -73,9 +73,10 @@ from typing_extensions import override
 
 from contracts.plan import local_steps  # noqa: F401 (the engine's and the planner's rule)
 from worker.engine import report
-from worker.engine.distributed import Topology
+from worker.engine.distributed import Arrivals, Topology
 from worker.engine.exchange import (
     broadcast_down,
+    expect_at_ps,
     gather_at_ps,
     post_from_ps,
     post_to_leader,
@@ -431,10 +432,15 @@ class AsyncServer:
         replies: list[tuple[Tensor, list[Any]]] = [(vector, [])] * self.groups
         last = len(self.rounds) - 1
         completed = 0
+        arrivals = Arrivals(topo)  # each group's next round, expected while it has one to send
+        for leader in leaders:
+            expect_at_ps(arrivals, leader, vector.numel(), dtype)
         while len(held) < self.groups:
-            g = leaders.index(receive_any_at_ps(topo, vector))
+            g = leaders.index(receive_any_at_ps(topo, vector, arrivals))
             r = arrived[g]
             arrived[g] += 1
+            if r < last:
+                expect_at_ps(arrivals, leaders[g], vector.numel(), dtype)
             if r == last:
                 held[g] = vector.clone()
             else:

@@ -38,6 +38,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from worker.engine import report
+from worker.engine.distributed import Arrivals
 from worker.engine.exchange import vector_to_grads
 from worker.engine.numerics import all_finite
 from worker.engine.run import Run, nonfinite_step, sum_in_group
@@ -46,8 +47,8 @@ from worker.engine.strategy_sync import PROGRESS_REPORTS_PER_EPOCH, step_point
 
 QUORUM_TAG = 1 << 29
 """The gloo tag of the reports and parameters between the leaders and the parameter server
-(on the leaders' group): the server receives reports from any leader, which must not take a
-status or a control message in their place."""
+(on their links): the server receives reports from whichever leader sends first, which must
+not take a status or a control message in their place."""
 
 
 def receive_params(run: Run) -> Tensor:
@@ -57,7 +58,7 @@ def receive_params(run: Run) -> Tensor:
     assert topo.group is not None and topo.leader_rank is not None
     received = run.state.vector().cpu()
     if topo.am_i_leader:
-        dist.recv(received, src=0, group=topo.leaders, tag=QUORUM_TAG)
+        dist.recv(received, src=0, group=topo.link(0), tag=QUORUM_TAG)
     on_device = received.to(topo.device)
     if len(topo.group_ranks) > 1:
         dist.broadcast(on_device, src=topo.leader_rank, group=topo.group)
@@ -78,13 +79,23 @@ def group_report(run: Run) -> Tensor:
     return vector
 
 
-def collect(
-    run: Run, remaining: dict[int, int], seen: dict[int, int], version: int, numel: int
-) -> dict[int, Tensor]:
-    """Receive group reports until Z of the active groups are in and no one would be too stale.
+def expect_report(arrivals: Arrivals, run: Run, group: int, numel: int) -> None:
+    """Parameter server: start receiving group ``group``'s next report [numel + 2] among
+    ``arrivals`` (``numel`` = P + B; :func:`collect` takes it)."""
+    arrivals.expect(run.spec.leader_ranks()[group], torch.zeros(numel + 2))
 
-    Returns ``{group index: [grad_sum (P), buffer_change_sum (B), loss_sum, count]}``
-    (``numel`` = P + B).
+
+def collect(
+    run: Run,
+    arrivals: Arrivals,
+    remaining: dict[int, int],
+    seen: dict[int, int],
+    version: int,
+) -> dict[int, Tensor]:
+    """Receive group reports until Z of the active groups are in and no one would be too
+    stale, in the order they arrive (each active group's report expected among ``arrivals``).
+
+    Returns ``{group index: [grad_sum (P), buffer_change_sum (B), loss_sum, count]}``.
     """
     leader_group = {r: g for g, r in enumerate(run.spec.leader_ranks())}
     active = [g for g, left in remaining.items() if left > 0]
@@ -98,8 +109,7 @@ def collect(
         return len(arrived) < need or overdue
 
     while must_wait():
-        buffer = torch.zeros(numel + 2)
-        src = dist.recv(buffer, group=run.topo.leaders, tag=QUORUM_TAG)
+        src, buffer = arrivals.take()
         arrived[leader_group[src]] = buffer
     return arrived
 
@@ -145,7 +155,7 @@ class Quorum(Strategy[Run]):
             vector = group_report(run)
             with run.clock.waiting():
                 if run.topo.am_i_leader:
-                    dist.send(vector.cpu(), dst=0, group=run.topo.leaders, tag=QUORUM_TAG)
+                    dist.send(vector.cpu(), dst=0, group=run.topo.link(0), tag=QUORUM_TAG)
                 fresh = receive_params(run)
             run.state.load_(fresh)
             run.split.advance()
@@ -161,16 +171,24 @@ class Quorum(Strategy[Run]):
         seen = {g: 0 for g in groups}
         version, updates, max_stale = 0, 0, 0
         every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
+        # Each group's next report is expected from the start, and again once it has taken
+        # the parameters its last one earned, while it has steps left.
+        arrivals = Arrivals(run.topo, QUORUM_TAG)
+        for g in groups:
+            if remaining[g] > 0:
+                expect_report(arrivals, run, g, numel)
         while any(remaining.values()):
-            arrived = collect(run, remaining, seen, version, numel)
+            arrived = collect(run, arrivals, remaining, seen, version)
             loss_sum, count = apply_reports(run, arrived, remaining)
             max_stale = max(max_stale, *(version - seen[g] for g in arrived))
             version, updates = version + 1, updates + 1
             fresh = run.state.vector()
             for g in arrived:
                 leader = run.spec.leader_ranks()[g]
-                dist.send(fresh, dst=leader, group=run.topo.leaders, tag=QUORUM_TAG)
+                dist.send(fresh, dst=leader, group=run.topo.link(leader), tag=QUORUM_TAG)
                 seen[g], remaining[g] = version, remaining[g] - 1
+                if remaining[g] > 0:
+                    expect_report(arrivals, run, g, numel)
             run.loss_sum, run.samples = run.loss_sum + loss_sum, run.samples + count
             done = run.split.steps_per_epoch - max(remaining.values())
             step_point(run, loss_sum, count, run.step + done)  # by the slowest group's steps

@@ -333,15 +333,16 @@ def _round_trips(
             token = torch.zeros(1)
             times = []
             for _ in range(repeats + 1):
+                link = topo.link(peer)
                 if topo.is_ps:
-                    dist.send(token, dst=peer, group=topo.leaders)
-                    dist.recv(vector, src=peer, group=topo.leaders)
-                    dist.send(vector, dst=peer, group=topo.leaders)
+                    dist.send(token, dst=peer, group=link)
+                    dist.recv(vector, src=peer, group=link)
+                    dist.send(vector, dst=peer, group=link)
                 else:
-                    dist.recv(token, src=peer, group=topo.leaders)
+                    dist.recv(token, src=peer, group=link)
                     started = time.perf_counter()
-                    dist.send(vector, dst=peer, group=topo.leaders)
-                    dist.recv(vector, src=peer, group=topo.leaders)
+                    dist.send(vector, dst=peer, group=link)
+                    dist.recv(vector, src=peer, group=link)
                     times.append(time.perf_counter() - started)
             if not topo.is_ps:
                 seconds.append(statistics.fmean(times[1:]))

@@ -1,14 +1,15 @@
 """A task's TCP connections grow with its groups, not with its world (issue 37 item 3).
 
 The world group carries nothing and, made with gloo's lazy connections, opens none; every
-message goes through a resource group, the leaders' group (the parameter server and each
-group's first rank) or the leaders among themselves (worker/engine/distributed.py,
-"Process groups"). So no two ranks of different groups are connected unless both are leaders
-or one is the parameter server. The test's training code records, from every compute worker,
+message goes through a resource group, a link between the parameter server and a group
+leader, or under sync the leaders among themselves (worker/engine/distributed.py, "Process
+groups"). So a task holds Σ W_g (W_g − 1) / 2 + G connections (issue 37's bound), and
+G (G − 1) / 2 more under sync. The test's training code records, from every compute worker,
 its established TCP connections during the last epoch's validation (by then every collective
 of an epoch, its end and its checkpoint has run twice); the connections to the rendezvous
 store (one a rank) are left out. Before, the same task held 69 connections (every process
-group a full mesh, the world's 28 among them); now 20.
+group a full mesh, the world's 28 among them); then 20 (a leaders' group of the server and
+every leader, a full mesh too); now 8 under diloco and 14 under sync.
 """
 
 from __future__ import annotations
@@ -84,15 +85,18 @@ def test_a_four_group_task_connects_inside_groups_and_among_leaders_only(
     run, _ = run_with_dump(spec, tmp_path / "params")
     assert len(list(folder.glob("rank-*.json"))) == spec.n_workers, run.text(0)
     pairs, count = connections(folder)
-    leaders = [0, *spec.leader_ranks()]
     groups = [spec.group_ranks(g) for g in range(len(spec.groups))]
+    leaders = spec.leader_ranks()
     inside = {frozenset(p) for g in groups for p in combinations(g, 2)}
-    among_leaders = {frozenset(p) for p in combinations(leaders, 2)}
-    assert pairs <= inside | among_leaders, sorted(map(sorted, pairs))
-    assert frozenset({0, 4}) in pairs and frozenset({1, 2}) in pairs, sorted(map(sorted, pairs))
-    # Σ W_g (W_g − 1) / 2 = 3 + 1 inside the groups, 5 × 4 / 2 = 10 in the leaders' group and
-    # 4 × 3 / 2 = 6 among the leaders alone: 20, where the world group alone held 8 × 7 / 2
+    to_server = {frozenset({0, leader}) for leader in leaders}
+    among_leaders = (
+        {frozenset(p) for p in combinations(leaders, 2)} if strategy == "sync" else set()
+    )
+    assert pairs == inside | to_server | among_leaders, sorted(map(sorted, pairs))
+    # Σ W_g (W_g − 1) / 2 = 3 + 1 inside the groups and G = 4 links to the parameter server: 8
+    # (issue 37's bound), and under sync the leaders' ring allreduce, 4 × 3 / 2 = 6 more; the
+    # world group alone held 8 × 7 / 2 = 28
     g = len(spec.groups)
-    bound = len(inside) + len(among_leaders) + g * (g - 1) // 2
-    world_mesh = spec.world_size * (spec.world_size - 1) // 2
-    assert count <= bound == 20 < world_mesh == 28, (count, sorted(map(sorted, pairs)))
+    expected = len(inside) + g + (g * (g - 1) // 2 if strategy == "sync" else 0)
+    assert count == expected == {"sync": 14, "diloco": 8}[strategy], sorted(map(sorted, pairs))
+    assert count < spec.world_size * (spec.world_size - 1) // 2 == 28

@@ -148,7 +148,6 @@ def _shard_in_world(rank: int, port: int, out: str) -> None:
         group_index=0,
         group=group,
         group_ranks=(0, 1),
-        leaders=group,
         device=torch.device("cpu"),
     )
     torch.manual_seed(0)

@@ -66,7 +66,6 @@ def _worker(rank: int, layout: list[int], counts: list[int], init: str, out: str
         group_index=index,
         group=groups[index],
         group_ranks=ranks,
-        leaders=groups[index],
         device=torch.device("cpu"),
         cross=cross if rank in firsts else None,
     )
@@ -147,7 +146,7 @@ def _status_peer(rank: int, init: str, delay_s: float, out: str) -> None:
         "gloo", init_method=init, rank=rank, world_size=2, timeout=timedelta(seconds=2)
     )
     world = dist.group.WORLD
-    topo = SimpleNamespace(leaders=world)
+    topo = SimpleNamespace(link=lambda peer: world)
     if rank == 1:
         time.sleep(delay_s)
         send_status(topo, "non-finite loss on rank 1")  # type: ignore[arg-type]
