@@ -323,8 +323,9 @@ class Arrivals:
 
     Each expected message has its own receive and a thread that waits on it (gloo's
     receive works do not say they are done until waited on), which hands it over on
-    arrival. A peer with a message expected must send it: the receive waits up to the
-    process group's timeout and then fails, as a blocking receive would.
+    arrival. A peer with a message expected must send it within the process groups'
+    timeout (:attr:`Topology.timeout`) from when it is expected, as a blocking exchange's
+    must; else the receive fails and :meth:`take` raises its error.
     """
 
     def __init__(self, topo: Topology, tag: int = 0) -> None:
@@ -345,7 +346,7 @@ class Arrivals:
 
         def wait() -> None:
             try:
-                work.wait()
+                work.wait(self.topo.timeout)
             except BaseException as exc:  # noqa: BLE001 (handed to the taker, raised there)
                 self._arrived.put((peer, buffer, exc))
             else:

@@ -409,8 +409,9 @@ def sum_in_group(tensor: Tensor, run: Run) -> Tensor:
 
 def _step_comm(run: Run, out: frozenset[int]) -> None:
     """Build the stepping leaders' process group without the groups ``out`` (every rank,
-    together, in the same order: a control point), once for each set."""
-    if not out or out in run.comm:
+    together, in the same order: a control point), once for each set; under ``sync`` only,
+    the one strategy whose step sums among the leaders (:func:`step_groups`)."""
+    if not out or out in run.comm or run.spec.sync_strategy != "sync":
         return
     spec, rank = run.spec, run.topo.rank
     leaders = [spec.group_ranks(g)[0] for g in range(len(spec.groups)) if g not in out]

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import default_collate
 
+from worker.engine import prefork
 from worker.engine.contract import load_training_code, seed_everything
 from worker.engine.local import LocalRun, launch_local
 from worker.engine.sharding import even_shares
@@ -100,3 +104,18 @@ def finite(values: list[float | None]) -> list[float]:
     """The metric values, asserting none was reported as non-finite (null)."""
     assert all(v is not None for v in values), values
     return [v for v in values if v is not None]
+
+
+def run_ranks(target: Callable[..., None], world_size: int, *args: Any) -> list[int | None]:
+    """Run ``target(rank, *args)`` for every rank of ``world_size`` in processes forked from
+    one server that imported torch and ``target``'s module once (a spawned interpreter would
+    import them again, seconds each: the server launch_local's ranks fork from too,
+    tests/conftest.py); returns their exit codes, None for one still running after 120 s."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload([*prefork.PRELOAD, target.__module__])
+    procs = [context.Process(target=target, args=(rank, *args)) for rank in range(world_size)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+    return [proc.exitcode for proc in procs]

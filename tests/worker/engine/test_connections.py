@@ -67,7 +67,7 @@ def connections(folder: Path) -> tuple[set[frozenset[int]], int]:
 
 
 @pytest.mark.parametrize("strategy", ["sync", "diloco"])
-def test_a_four_group_task_connects_inside_groups_and_among_leaders_only(
+def test_a_four_group_task_connects_inside_groups_and_leaders_to_the_server(
     make_spec: Callable[..., RunSpec], tmp_path: Path, strategy: str
 ) -> None:
     folder = tmp_path / "sockets"

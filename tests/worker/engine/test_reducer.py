@@ -8,7 +8,6 @@ parameters used in another order than defined, and a worker without samples.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from worker.engine import prefork
+from tests.worker.engine.reference import run_ranks
 from worker.engine.compute import local_gradient, reduced_gradient
 from worker.engine.data import TensorData
 from worker.engine.distributed import Topology
@@ -40,15 +39,6 @@ class Odd(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.late(torch.relu(self.frozen(self.norm(self.early(x)))))
-
-
-def _processes() -> mp.context.ForkServerContext:
-    """Each test's processes, forked from one server process that imported this module (and
-    torch) once, where a spawned interpreter would import them again, seconds each (the
-    server launch_local's ranks fork from too, tests/conftest.py)."""
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload([*prefork.PRELOAD, __name__])
-    return context
 
 
 def _worker(rank: int, layout: list[int], counts: list[int], init: str, out: str) -> None:
@@ -101,17 +91,8 @@ def _worker(rank: int, layout: list[int], counts: list[int], init: str, out: str
 def test_overlapped_sum_equals_the_sum_of_local_vectors(
     layout: list[int], counts: list[int], tmp_path: Path
 ) -> None:
-    context = _processes()
     init = f"file://{tmp_path / 'store'}"
-    procs = [
-        context.Process(target=_worker, args=(r, layout, counts, init, str(tmp_path)))
-        for r in range(sum(layout))
-    ]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(120)
-        assert proc.exitcode == 0
+    assert run_ranks(_worker, sum(layout), layout, counts, init, str(tmp_path)) == [0] * sum(layout)
     outs = [torch.load(tmp_path / f"{r}.pt", weights_only=True) for r in range(sum(layout))]
     expected = torch.stack([o["local"] for o in outs]).sum(0)
     first = outs[0]["reduced"][0]
@@ -159,13 +140,6 @@ def test_the_parameter_server_waits_for_a_status_longer_than_the_group_timeout(
     tmp_path: Path,
 ) -> None:
     """An epoch without control points may outlast the process groups' timeout (2 s here)."""
-    context = _processes()
     out = tmp_path / "status"
-    args = (f"file://{tmp_path / 'store'}", 4.0, str(out))
-    procs = [context.Process(target=_status_peer, args=(r, *args)) for r in range(2)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(60)
-        assert proc.exitcode == 0
+    assert run_ranks(_status_peer, 2, f"file://{tmp_path / 'store'}", 4.0, str(out)) == [0, 0]
     assert out.read_text() == "non-finite loss on rank 1"
