@@ -297,8 +297,9 @@ from the exchange's piece tags (worker/engine/exchange.py), which may be in flig
 same time under the overlapped exchange."""
 
 
-def _in_group(topo: Topology) -> dist.ProcessGroup | None:
-    """This rank's control group when its resource group has more than one member."""
+def in_group_control(topo: Topology) -> dist.ProcessGroup | None:
+    """This rank's control group (gloo) when its resource group has more than one member,
+    else None: the first and last stage of a sum over several groups."""
     return topo.control if len(topo.group_ranks) > 1 else None
 
 
@@ -395,7 +396,7 @@ def _sum_at_ps(tensor: torch.Tensor, topo: Topology) -> None:
 def barrier(topo: Topology) -> None:
     """Return once every rank of the task has called it: each resource group, then the
     leaders with the parameter server, then each group again."""
-    inner = _in_group(topo)
+    inner = in_group_control(topo)
     if inner is not None:
         dist.barrier(group=inner)
     _sum_at_ps(torch.zeros(1), topo)
@@ -411,7 +412,7 @@ def all_reduce_sum(tensor: torch.Tensor, topo: Topology) -> torch.Tensor:
     allreduce's: float64 sums of a few values agree to rounding; sums in which each rank
     fills its own entries and the others zeros are exact.
     """
-    inner = _in_group(topo)
+    inner = in_group_control(topo)
     if inner is not None:
         dist.reduce(tensor, dst=topo.group_ranks[0], op=dist.ReduceOp.SUM, group=inner)
     _sum_at_ps(tensor, topo)
@@ -426,7 +427,7 @@ def broadcast_object(obj: Any, topo: Topology, src: int = 0) -> Any:
     server, from the server to the other leaders, then within each other group."""
     box = [obj]
     home = next((g for g, ranks in enumerate(topo.groups) if src in ranks), None)
-    inner = _in_group(topo)
+    inner = in_group_control(topo)
     if home is not None and home == topo.group_index and inner is not None:
         dist.broadcast_object_list(box, src=src, group=inner)
     root = 0 if home is None else topo.groups[home][0]
@@ -450,7 +451,7 @@ def gather_objects(obj: Any, topo: Topology) -> list[Any] | None:
     """Every rank's picklable ``obj`` at the parameter server, as a list indexed by global
     rank; None on every other rank. Each group gathers at its leader, then each leader sends
     its group's to the parameter server."""
-    inner = _in_group(topo)
+    inner = in_group_control(topo)
     mine: list[tuple[int, Any]] = [(topo.rank, obj)]
     if inner is not None:
         got: list[Any] | None = [None] * len(topo.group_ranks) if topo.am_i_leader else None

@@ -45,6 +45,7 @@ from worker.engine.distributed import (  # noqa: F401 (Topology re-exported)
     FIRST_WORKER,
     Topology,
     broadcast_object,
+    in_group_control,
 )
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import gather_work, gather_worker_states, receive_at_ps, send_to_ps
@@ -390,7 +391,7 @@ def sum_over_stepping(
     (:func:`step_groups`), then from each leader to its group. No process group spans the
     workers of several groups (docs/architecture.md, "Process groups")."""
     topo = run.topo
-    inner = topo.control if len(topo.group_ranks) > 1 else None
+    inner = in_group_control(topo)
     cross = step_groups(run)
     if inner is not None:
         dist.all_reduce(tensor, op=op, group=inner)
@@ -415,7 +416,11 @@ def _step_comm(run: Run, out: frozenset[int]) -> None:
         return
     spec, rank = run.spec, run.topo.rank
     leaders = [spec.group_ranks(g)[0] for g in range(len(spec.groups)) if g not in out]
-    cross = dist.new_group(leaders, backend="gloo") if len(leaders) > 1 else None
+    cross = (
+        dist.new_group(leaders, timeout=run.topo.timeout, backend="gloo")
+        if len(leaders) > 1
+        else None
+    )
     run.comm[out] = cross if rank in leaders else None
 
 
@@ -428,7 +433,7 @@ def refresh(run: Run, groups: set[int], source: int) -> None:
     targets = [r for g in sorted(groups) for r in run.spec.group_ranks(g)]
     members = tuple(sorted({source, *targets}))
     if members not in run.links:
-        run.links[members] = dist.new_group(list(members), backend="gloo")
+        run.links[members] = dist.new_group(list(members), timeout=run.topo.timeout, backend="gloo")
     link = run.links[members]
     rank, state = run.topo.rank, run.state
     if rank == source:
