@@ -66,17 +66,21 @@ def connections(folder: Path) -> tuple[set[frozenset[int]], int]:
     return pairs, len(seen)
 
 
-@pytest.mark.parametrize("strategy", ["sync", "diloco"])
+@pytest.mark.parametrize("strategy", ["sync", "diloco", "sync-sharded"])
 def test_a_four_group_task_connects_inside_groups_and_leaders_to_the_server(
     make_spec: Callable[..., RunSpec], tmp_path: Path, strategy: str
 ) -> None:
+    """``sync-sharded``: group a (3 workers) shards its model (``sharding: fsdp``), so its
+    two other workers have a link of their own to the server too."""
+    sharded = strategy == "sync-sharded"
+    strategy = strategy.removesuffix("-sharded")
     folder = tmp_path / "sockets"
     folder.mkdir()
     module = tmp_path / "records_connections.py"
     module.write_text(f"FOLDER = {str(folder)!r}\n" + RECORDS_CONNECTIONS)
     spec = make_spec(
         code=str(module),
-        groups=GROUPS,
+        groups=[{**GROUPS[0], "sharding": "fsdp"}, *GROUPS[1:]] if sharded else GROUPS,
         epochs=3,
         global_batch_size=14,
         sync_strategy=strategy,
@@ -88,15 +92,18 @@ def test_a_four_group_task_connects_inside_groups_and_leaders_to_the_server(
     groups = [spec.group_ranks(g) for g in range(len(spec.groups))]
     leaders = spec.leader_ranks()
     inside = {frozenset(p) for g in groups for p in combinations(g, 2)}
-    to_server = {frozenset({0, leader}) for leader in leaders}
+    linked = [*leaders, *(groups[0][1:] if sharded else [])]
+    to_server = {frozenset({0, rank}) for rank in linked}
     among_leaders = (
         {frozenset(p) for p in combinations(leaders, 2)} if strategy == "sync" else set()
     )
     assert pairs == inside | to_server | among_leaders, sorted(map(sorted, pairs))
     # Σ W_g (W_g − 1) / 2 = 3 + 1 inside the groups and G = 4 links to the parameter server: 8
-    # (issue 37's bound), and under sync the leaders' ring allreduce, 4 × 3 / 2 = 6 more; the
-    # world group alone held 8 × 7 / 2 = 28
+    # (issue 37's bound), under sync the leaders' ring allreduce, 4 × 3 / 2 = 6 more, and with
+    # group a sharded its other W_g − 1 = 2 workers' links; the world group alone held 28
     g = len(spec.groups)
     expected = len(inside) + g + (g * (g - 1) // 2 if strategy == "sync" else 0)
-    assert count == expected == {"sync": 14, "diloco": 8}[strategy], sorted(map(sorted, pairs))
+    expected += len(groups[0]) - 1 if sharded else 0
+    want = {"sync": 14, "diloco": 8}[strategy] + (2 if sharded else 0)
+    assert count == expected == want, sorted(map(sorted, pairs))
     assert count < spec.world_size * (spec.world_size - 1) // 2 == 28
