@@ -303,8 +303,8 @@ def in_group_control(topo: Topology) -> dist.ProcessGroup | None:
     return topo.control if len(topo.group_ranks) > 1 else None
 
 
-def _leaders(topo: Topology) -> list[int]:
-    """Every group's leader, in group order."""
+def leader_ranks(topo: Topology) -> list[int]:
+    """Global ranks of the group leaders, in group order."""
     return [ranks[0] for ranks in topo.groups]
 
 
@@ -384,9 +384,9 @@ def _sum_at_ps(tensor: torch.Tensor, topo: Topology) -> None:
     (the server adds the leaders' parts in group order and sends the sum back)."""
     if topo.is_ps:
         part = torch.empty_like(tensor)
-        for leader in _leaders(topo):
+        for leader in leader_ranks(topo):
             tensor += _recv_tensor(part, leader, topo)
-        for leader in _leaders(topo):
+        for leader in leader_ranks(topo):
             _send_tensor(tensor, leader, topo)
     elif topo.am_i_leader:
         _send_tensor(tensor, 0, topo)
@@ -434,7 +434,7 @@ def broadcast_object(obj: Any, topo: Topology, src: int = 0) -> Any:
     if topo.is_ps:
         if root != 0:
             box[0] = _recv_object(root, topo)
-        for leader in _leaders(topo):
+        for leader in leader_ranks(topo):
             if leader != root:
                 _send_object(box[0], leader, topo)
     elif topo.am_i_leader:
@@ -465,7 +465,7 @@ def gather_objects(obj: Any, topo: Topology) -> list[Any] | None:
         return None
     out: list[Any] = [None] * topo.world_size
     out[0] = obj
-    for leader in _leaders(topo):
+    for leader in leader_ranks(topo):
         for rank, value in _recv_object(leader, topo):
             out[rank] = value
     return out

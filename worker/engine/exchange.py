@@ -32,6 +32,7 @@ from worker.engine.distributed import (
     all_gather_objects,
     all_reduce_sum,
     gather_objects,
+    leader_ranks,
 )
 
 BUCKET_BYTES = 16 * 2**20
@@ -273,11 +274,6 @@ def receive_status(topo: Topology, src: int) -> str | None:
     box: list[Any] = [None]
     dist.recv_object_list(box, src=src, group=topo.link(src))
     return str(box[0])
-
-
-def leader_ranks(topo: Topology) -> list[int]:
-    """Global ranks of the group leaders, in group order."""
-    return [ranks[0] for ranks in topo.groups]
 
 
 def pieces(numel: int, element_size: int, piece_bytes: int | None = None) -> list[tuple[int, int]]:

@@ -184,7 +184,6 @@ def sync_state(
         if topo.group_index in sharded:
             held = sum(local(p).numel() for p in state.params)
             received = torch.empty(held + state.n_buffers, dtype=state.params[0].dtype)
-            assert topo.group_index is not None
             dist.recv(received, src=0, group=topo.link(0))
             read = load_rows_(state.params, received.to(state.params[0].device))
             state.load_buffers_(received[read:])

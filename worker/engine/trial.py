@@ -45,9 +45,9 @@ from worker.engine import fsdp, memory, report
 from worker.engine.compute import local_gradient, sharded_gradient, validate
 from worker.engine.contract import TrainingCode
 from worker.engine.data import DataSources, Source
-from worker.engine.distributed import Topology, gather_objects
+from worker.engine.distributed import Topology, gather_objects, leader_ranks
 from worker.engine.emulation import Pace, SpeedEmulator, synchronize
-from worker.engine.exchange import leader_ranks, params_of, vector_to_grads
+from worker.engine.exchange import params_of, vector_to_grads
 from worker.engine.sharding import contiguous_shard
 from worker.engine.spec import RunSpec
 from worker.engine.state import ModelState
