@@ -37,7 +37,7 @@ PACKAGE = "worker.engine"
 LAYERS: list[set[str]] = [  # from the bottom
     # No engine imports: the spec, the event lines, the user's code, sample counts and
     # index helpers, preprocessing, speed emulation, the guard's cost model.
-    # Tensors that may be sharded over a group; a rank's peak memory.
+    # Tensors that may be sharded over a group; a rank's peak memory; the leaders' ring.
     {
         "contract",
         "emulation",
@@ -45,6 +45,7 @@ LAYERS: list[set[str]] = [  # from the bottom
         "memory",
         "preprocess",
         "report",
+        "ring",
         "sharded",
         "sharding",
         "spec",

@@ -5,9 +5,10 @@ variables, never module globals); :func:`init` joins the world (a group that car
 nothing) and builds the :class:`Topology`: one subgroup per resource group, a link (a
 two-rank group) between the parameter server and each group leader, and each worker of a
 sharded group, for the server's exchange and the control collectives between groups, and
-under ``sync`` the group leaders without the parameter server (``cross``) for the step
-path. The control collectives (:func:`all_reduce_sum` and the rest) go through those; the
-module's "Process groups" comment says why.
+under ``sync`` a ring of links among the group leaders (``cross``, a
+:class:`worker.engine.ring.LeaderRing`) for the step path. The control collectives
+(:func:`all_reduce_sum` and the rest) go through those; the module's "Process groups"
+comment says why.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from worker.engine import report
+from worker.engine.ring import LeaderRing, ring_pairs
 from worker.engine.spec import RunSpec
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -72,8 +74,10 @@ class Topology:
     worker of a sharded group (``sharding: fsdp``, which exchanges its own rows with the
     server). The server holds every link, such a worker its own, others none;
     :meth:`link` picks one.
-    ``cross`` (gloo, CPU) holds the group leaders without the parameter server: set on
-    the leaders under ``sync`` with more than one group, None elsewhere.
+    ``cross`` is the group leaders' allreduce without the parameter server, over a ring of
+    two-rank gloo groups (``ring_links``, keyed by the pair of global ranks, on every rank:
+    a pair without this rank maps to torch's non-member marker): set on the leaders under
+    ``sync`` with more than one group, None elsewhere.
     ``control`` (gloo, CPU) holds this rank's resource group, for the control collectives
     (:func:`all_reduce_sum` and the rest): ``group`` itself on a CPU group, a gloo group of
     the same ranks beside a CUDA or NPU group's; None on the parameter server. ``groups``
@@ -89,7 +93,8 @@ class Topology:
     group_ranks: tuple[int, ...]
     device: torch.device
     links: Mapping[int, dist.ProcessGroup] = field(default_factory=dict)
-    cross: dist.ProcessGroup | None = None
+    cross: LeaderRing | None = None
+    ring_links: Mapping[frozenset[int], dist.ProcessGroup] = field(default_factory=dict)
     control: dist.ProcessGroup | None = None
     groups: tuple[tuple[int, ...], ...] = ()
     timeout: timedelta = timedelta(seconds=DEFAULT_TIMEOUT_S)
@@ -236,9 +241,10 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
         link = dist.new_group([0, peer], timeout=timeout, backend="gloo")
         if env.rank in (0, peer):
             links[peer] = link
-    cross = None
-    if len(spec.groups) > 1 and spec.sync_strategy == "sync":
-        cross = dist.new_group(spec.leader_ranks(), timeout=timeout, backend="gloo")
+    leaders = spec.leader_ranks()
+    ring_links: dict[frozenset[int], dist.ProcessGroup] = {}
+    if spec.sync_strategy == "sync":
+        add_ring_links(leaders, env.rank, ring_links, timeout)
     topo = Topology(
         rank=env.rank,
         world_size=env.world_size,
@@ -248,7 +254,10 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
         group_ranks=tuple(spec.group_ranks(my_index)) if my_index is not None else (),
         device=device,
         links=links,
-        cross=cross if my_index is not None and env.rank in spec.leader_ranks() else None,
+        cross=LeaderRing(leaders, env.rank, ring_links, timeout)
+        if len(leaders) > 1 and env.rank in leaders and spec.sync_strategy == "sync"
+        else None,
+        ring_links=ring_links,
         control=control,
         groups=tuple(tuple(spec.group_ranks(g)) for g in range(len(spec.groups))),
         timeout=timeout,
@@ -258,6 +267,22 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
     # fails on the user's error itself and its output shows that error.
     barrier(topo)
     return topo
+
+
+def add_ring_links(
+    members: list[int],
+    rank: int,
+    links: dict[frozenset[int], dist.ProcessGroup],
+    timeout: timedelta,
+) -> None:
+    """Make the two-rank gloo groups a ring of ``members`` (global ranks, in ring order)
+    lacks from ``links``, and add them (a pair without this ``rank`` maps to torch's
+    non-member marker, so that every rank knows which are made). Every rank of the task calls
+    it alike, in the same order (each group is made by all of them): the process groups'
+    rule."""
+    for pair in ring_pairs(members):
+        if pair not in links:
+            links[pair] = dist.new_group(sorted(pair), timeout=timeout, backend="gloo")
 
 
 def linked_ranks(spec: RunSpec) -> list[int]:
@@ -276,9 +301,12 @@ def linked_ranks(spec: RunSpec) -> list[int]:
 # whose ranks talk: each resource group (W_g (W_g - 1) / 2 connections), a link between the
 # parameter server and each group leader (G connections, a star: a group of the server and
 # every leader would connect the leaders among themselves too, G (G + 1) / 2), a link to each
-# worker of a sharded group, under sync the leaders among themselves (``cross``, whose ring
-# allreduce carries the step's sum) and, when the guard takes a parked group back, its
-# workers with the worker they copy (``worker.engine.run.refresh``). These are connected when
+# worker of a sharded group, under sync a ring of links among the leaders (G connections,
+# one for two leaders; ``cross``, worker/engine/ring.py, whose ring allreduce carries the
+# step's sum: a leaders' group would connect every pair of them, G (G - 1) / 2; a parked
+# group's neighbours get a link of their own while it is parked) and, when the guard takes a
+# parked group back, its workers with the worker they copy (``worker.engine.run.refresh``).
+# These are connected when
 # made: gloo's lazy connections abort a rank in torch 2.13 when a connected peer exits first
 # ("pair.cc:676 state_ <= CONNECTED. 5 vs 4", an assertion on gloo's event-loop thread), so
 # the world group, which never connects, is the only lazy one.

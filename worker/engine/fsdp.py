@@ -475,7 +475,7 @@ def receive_state_rows(outlined: dict[str, Any], source: int, group: Any) -> dic
 def group_sum_(grads: Sequence[Tensor | None], params: Sequence[Tensor], topo: Topology) -> None:
     """The step's gradient sum across the groups, for a task with a sharded group: each
     group's sum (sharded: gathered a parameter at a time; unsharded: allreduced in the
-    group), then the leaders' allreduce (``topo.cross``), then the leader's broadcast in the
+    group), then the leaders' ring allreduce (``topo.cross``), then the leader's broadcast in the
     group; a sharded worker keeps its rows. Every compute worker calls it alike; ``grads``
     are the parameters' gradients after backward (None: not reached), set in place; a frozen
     parameter (``requires_grad`` False) keeps none, so the optimizer skips it."""
@@ -494,7 +494,7 @@ def group_sum_(grads: Sequence[Tensor | None], params: Sequence[Tensor], topo: T
             dist.all_reduce(whole, group=topo.group)
         if topo.cross is not None:  # gloo, on CPU
             on_cpu = whole.cpu()
-            dist.all_reduce(on_cpu, group=topo.cross)
+            topo.cross.all_reduce(on_cpu)
             whole.copy_(on_cpu)
         if members > 1:
             dist.broadcast(whole, src=topo.group_ranks[0], group=topo.group)

@@ -19,9 +19,9 @@ contribution* is the step time without it minus the step time with it: when it i
 negative (adding the group makes every step longer: at 10M parameters a CPU group's
 one-sample step, update included, outlasts a faster group's whole step), the guard parks
 the group. A parked group takes no share and no part in the step's collectives: the
-active groups' leaders allreduce in a process group without it. At every later check the
-guard compares the step with the group back, from the group's last measured costs and
-the active groups' fresh ones, and takes it back when that is shorter.
+active groups' leaders allreduce in a ring without it (worker/engine/ring.py). At every
+later check the guard compares the step with the group back, from the group's last
+measured costs and the active groups' fresh ones, and takes it back when that is shorter.
 
 The overhead with several groups and with one is each taken from the last window that ran
 so; before a window has run with one group, a single group's overhead is taken as none (its

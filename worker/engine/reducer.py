@@ -23,9 +23,10 @@ known after the forward pass and rides in the first bucket.
 
 Two levels, as the groups are built (docs/architecture.md, "Training engine"):
 the sum inside the resource group (allreduce over the group), then, with more
-than one group, over the group leaders (gloo ring allreduce over the leaders,
-bandwidth-optimal: each leader sends and receives ``2 (G - 1) / G`` of the
-vector, where a parameter server's link carries all G vectors in and out),
+than one group, over the group leaders (a ring allreduce over links between
+neighbouring leaders, :class:`worker.engine.ring.LeaderRing`, bandwidth-optimal:
+each leader sends and receives ``2 (G - 1) / G`` of the vector, where a
+parameter server's link carries all G vectors in and out),
 then a broadcast from the leader inside the group. With one worker per group
 the leaders' allreduce is the one the hooks launch; with one group, the
 in-group allreduce is the whole sum.
@@ -45,6 +46,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from worker.engine.distributed import Topology
+from worker.engine.ring import LeaderRing
 
 # As DistributedDataParallel's defaults: a small first bucket, then 25 MB buckets.
 FIRST_BUCKET_BYTES = 1 * 2**20
@@ -80,7 +82,7 @@ class GradientReducer:
     Built once per worker for the model's ``params`` (flat-vector order), a
     tail of ``tail_numel`` elements and ``n_groups``, the groups the sum spans:
     the task's groups (sync), or 1 for the sum inside this worker's group only
-    (periodic's and quorum's exact in-group step); ``cross`` the leaders' process group when
+    (periodic's and quorum's exact in-group step); ``cross`` the leaders' ring when
     it is not the topology's (:func:`worker.engine.run.step_groups`). Per step:
     :meth:`begin` with the local sample count (arms the hooks), the forward
     pass, :meth:`set_tail`, the backward pass, then :meth:`finish`, which
@@ -96,7 +98,7 @@ class GradientReducer:
         tail_numel: int,
         n_groups: int,
         *,
-        cross: dist.ProcessGroup | None = None,
+        cross: LeaderRing | None = None,
     ) -> None:
         if topo.group is None:
             raise RuntimeError("the gradient reducer is for compute workers")
@@ -118,7 +120,7 @@ class GradientReducer:
         self.cross = (cross or topo.cross) if self.multi_group else None
         # The collective the hooks launch: the in-group sum, or with one worker per group the
         # leaders' sum. (On a non-CPU device the leaders' gloo sum waits for the end.)
-        self.first_stage = self.in_group
+        self.first_stage: dist.ProcessGroup | LeaderRing | None = self.in_group
         if self.first_stage is None and self.cross is not None and topo.device.type == "cpu":
             self.first_stage = self.cross
         self.armed = False
@@ -244,12 +246,7 @@ class GradientReducer:
         for i in range(start, stop):
             if not self.written[i]:  # no gradient this step (unused, or no samples): zeros
                 self.param_slices[i].zero_()
-        work = None
-        if self.first_stage is not None:
-            work = dist.all_reduce(
-                self.bucket_spans[k], op=dist.ReduceOp.SUM, group=self.first_stage, async_op=True
-            )
-        self.launched.append(work)
+        self.launched.append(self._reduce_async(self.bucket_spans[k]))
 
     def finish(self) -> Tensor:
         """Launch what backward left (parameters without a gradient: zeros), wait, and return
@@ -258,11 +255,7 @@ class GradientReducer:
             self._launch(self.next_bucket)
             self.next_bucket += 1
         if not self.buckets:  # no parameters: the tail alone
-            self.launched.append(
-                None
-                if self.first_stage is None
-                else dist.all_reduce(self.flat, group=self.first_stage, async_op=True)
-            )
+            self.launched.append(self._reduce_async(self.flat))
         self.armed = False
         for work in self.launched:
             if work is not None:
@@ -276,16 +269,22 @@ class GradientReducer:
             dist.broadcast(self.flat, src=self.topo.group_ranks[0], group=self.in_group)
         return self.flat
 
+    def _reduce_async(self, span: Tensor) -> Any:
+        """Launch the hooks' collective (:attr:`first_stage`) on ``span``; None without one."""
+        if self.first_stage is None:
+            return None
+        if isinstance(self.first_stage, LeaderRing):
+            return self.first_stage.all_reduce(span, async_op=True)
+        return dist.all_reduce(span, op=dist.ReduceOp.SUM, group=self.first_stage, async_op=True)
+
     def _leaders_sum(self) -> None:
         """The leaders' allreduce after the in-group sums (gloo, on CPU), bucket by bucket."""
-        if not self.topo.am_i_leader:
+        cross = self.cross
+        if cross is None or not self.topo.am_i_leader:
             return
         on_cpu = self.flat.cpu()
         spans = [self._span(k) for k in range(len(self.buckets))] or [(0, self.numel)]
-        works = [
-            dist.all_reduce(on_cpu[a:b], op=dist.ReduceOp.SUM, group=self.cross, async_op=True)
-            for a, b in spans
-        ]
+        works = [cross.all_reduce(on_cpu[a:b], async_op=True) for a, b in spans]
         for work in works:
             work.wait()
         if on_cpu.data_ptr() != self.flat.data_ptr():

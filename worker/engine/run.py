@@ -44,6 +44,7 @@ from worker.engine.data import Source
 from worker.engine.distributed import (  # noqa: F401 (Topology re-exported)
     FIRST_WORKER,
     Topology,
+    add_ring_links,
     broadcast_object,
     in_group_control,
 )
@@ -63,6 +64,7 @@ from worker.engine.guard import GroupCost, Guard
 from worker.engine.numerics import NonFiniteError, blame, describe, local_faults
 from worker.engine.provenance import ShardLedger
 from worker.engine.reducer import GradientReducer
+from worker.engine.ring import LeaderRing
 from worker.engine.sharded import local
 from worker.engine.sharding import Batches
 from worker.engine.spec import RunSpec
@@ -122,8 +124,11 @@ class Run:
     # The throughput profile's step: its last pass's slowest worker's median step seconds,
     # the same on every rank (None: the attempt did not profile); sizes the guard's first check.
     profiled_step_s: float | None = None
-    # The stepping leaders' process group (their allreduce), by the set of parked groups.
-    comm: dict[frozenset[int], Any] = field(default_factory=dict)
+    # The stepping leaders' ring (their allreduce, worker.engine.ring), by the set of parked
+    # groups; the ring links made so far, by pair (Topology.ring_links and those of the
+    # rings without parked groups).
+    comm: dict[frozenset[int], LeaderRing | None] = field(default_factory=dict)
+    ring_links: dict[frozenset[int], Any] = field(default_factory=dict)
     # The process groups of a refresh (:func:`refresh`), by their ranks.
     links: dict[tuple[int, ...], Any] = field(default_factory=dict)
     state: ModelState = field(init=False)
@@ -373,9 +378,9 @@ def stepping_leaders(run: Run) -> list[int]:
     return [run.spec.group_ranks(g)[0] for g in range(len(run.spec.groups)) if g not in out]
 
 
-def step_groups(run: Run) -> Any:
-    """This worker's ``cross`` process group for a step: the leaders' of the groups not
-    parked (the topology's own when none is; None where this rank is not one of them)."""
+def step_groups(run: Run) -> LeaderRing | None:
+    """This worker's ``cross`` ring for a step: the leaders' of the groups not parked (the
+    topology's own when none is; None where this rank is not one of them)."""
     out = run.parked_groups
     if not out:
         return run.topo.cross
@@ -396,7 +401,7 @@ def sum_over_stepping(
     if inner is not None:
         dist.all_reduce(tensor, op=op, group=inner)
     if cross is not None:
-        dist.all_reduce(tensor, op=op, group=cross)
+        cross.all_reduce(tensor, op=op)
     if inner is not None:
         dist.broadcast(tensor, src=topo.group_ranks[0], group=inner)
     return tensor
@@ -409,19 +414,22 @@ def sum_in_group(tensor: Tensor, run: Run) -> Tensor:
 
 
 def _step_comm(run: Run, out: frozenset[int]) -> None:
-    """Build the stepping leaders' process group without the groups ``out`` (every rank,
-    together, in the same order: a control point), once for each set; under ``sync`` only,
-    the one strategy whose step sums among the leaders (:func:`step_groups`)."""
+    """Build the stepping leaders' ring without the groups ``out`` (every rank, together, in
+    the same order: a control point; the links between new neighbours are made then), once
+    for each set; under ``sync`` only, the one strategy whose step sums among the leaders
+    (:func:`step_groups`)."""
     if not out or out in run.comm or run.spec.sync_strategy != "sync":
         return
-    spec, rank = run.spec, run.topo.rank
+    spec, topo = run.spec, run.topo
     leaders = [spec.group_ranks(g)[0] for g in range(len(spec.groups)) if g not in out]
-    cross = (
-        dist.new_group(leaders, timeout=run.topo.timeout, backend="gloo")
-        if len(leaders) > 1
+    if not run.ring_links:
+        run.ring_links.update(topo.ring_links)
+    add_ring_links(leaders, topo.rank, run.ring_links, topo.timeout)
+    run.comm[out] = (
+        LeaderRing(leaders, topo.rank, run.ring_links, topo.timeout)
+        if len(leaders) > 1 and topo.rank in leaders
         else None
     )
-    run.comm[out] = cross if rank in leaders else None
 
 
 def refresh(run: Run, groups: set[int], source: int) -> None:

@@ -28,6 +28,7 @@ The model is trained on trial batches and then dropped: nothing is checkpointed.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import statistics
 import tempfile
@@ -302,7 +303,7 @@ def time_cross_exchange(
         seconds = []
         for size in sizes:
             vector = torch.zeros(size, dtype=dtype)
-            seconds.append(_mean_s(_allreduce(vector, topo.cross), repeats))
+            seconds.append(_mean_s(functools.partial(topo.cross.all_reduce, vector), repeats))
         if topo.rank != leader_ranks(topo)[0]:
             return []
         return [

@@ -2,14 +2,16 @@
 
 The world group carries nothing and, made with gloo's lazy connections, opens none; every
 message goes through a resource group, a link between the parameter server and a group
-leader, or under sync the leaders among themselves (worker/engine/distributed.py, "Process
-groups"). So a task holds Σ W_g (W_g − 1) / 2 + G connections (issue 37's bound), and
-G (G − 1) / 2 more under sync. The test's training code records, from every compute worker,
+leader, or under sync a link between neighbouring leaders of a ring
+(worker/engine/distributed.py, "Process groups"). So a task holds Σ W_g (W_g − 1) / 2 + G
+connections (issue 37's bound), and G more under sync (the ring; 1 for two groups). The
+test's training code records, from every compute worker,
 its established TCP connections during the last epoch's validation (by then every collective
 of an epoch, its end and its checkpoint has run twice); the connections to the rendezvous
 store (one a rank) are left out. Before, the same task held 69 connections (every process
 group a full mesh, the world's 28 among them); then 20 (a leaders' group of the server and
-every leader, a full mesh too); now 8 under diloco and 14 under sync.
+every leader, a full mesh too); then 14 under sync (the leaders a full mesh among
+themselves, G (G − 1) / 2 = 6); now 8 under diloco and 12 under sync.
 """
 
 from __future__ import annotations
@@ -94,16 +96,16 @@ def test_a_four_group_task_connects_inside_groups_and_leaders_to_the_server(
     inside = {frozenset(p) for g in groups for p in combinations(g, 2)}
     linked = [*leaders, *(groups[0][1:] if sharded else [])]
     to_server = {frozenset({0, rank}) for rank in linked}
-    among_leaders = (
-        {frozenset(p) for p in combinations(leaders, 2)} if strategy == "sync" else set()
-    )
+    ring = {frozenset({a, b}) for a, b in zip(leaders, [*leaders[1:], leaders[0]], strict=True)}
+    among_leaders = ring if strategy == "sync" else set()
     assert pairs == inside | to_server | among_leaders, sorted(map(sorted, pairs))
     # Σ W_g (W_g − 1) / 2 = 3 + 1 inside the groups and G = 4 links to the parameter server: 8
-    # (issue 37's bound), under sync the leaders' ring allreduce, 4 × 3 / 2 = 6 more, and with
-    # group a sharded its other W_g − 1 = 2 workers' links; the world group alone held 28
+    # (issue 37's bound), under sync the ring of the leaders' allreduce, G = 4 more (a mesh of
+    # the leaders was 4 × 3 / 2 = 6), and with group a sharded its other W_g − 1 = 2 workers'
+    # links; the world group alone held 28
     g = len(spec.groups)
-    expected = len(inside) + g + (g * (g - 1) // 2 if strategy == "sync" else 0)
+    expected = len(inside) + g + (g if strategy == "sync" else 0)
     expected += len(groups[0]) - 1 if sharded else 0
-    want = {"sync": 14, "diloco": 8}[strategy] + (2 if sharded else 0)
+    want = {"sync": 12, "diloco": 8}[strategy] + (2 if sharded else 0)
     assert count == expected == want, sorted(map(sorted, pairs))
     assert count < spec.world_size * (spec.world_size - 1) // 2 == 28

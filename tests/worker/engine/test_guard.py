@@ -138,11 +138,16 @@ GUARDED = {
 }
 
 
+FOUR_GROUPS = [{"name": n, "device_type": "cpu", "workers": 1} for n in "abcd"]
+
+
 @pytest.mark.parametrize(
-    ("schedule", "parked_name"),
+    ("schedule", "parked_name", "groups"),
     [
-        ({4: [1], 10: []}, "b"),  # the 1-worker group, then back
-        ({4: [0], 12: []}, "a"),  # the group of the first worker: the model's source moves
+        ({4: [1], 10: []}, "b", None),  # the 1-worker group, then back
+        ({4: [0], 12: []}, "a", None),  # the group of the first worker: the model's source moves
+        # four leaders in a ring (worker.engine.ring): without b, a and c get a link of their own
+        ({4: [1], 10: []}, "b", FOUR_GROUPS),
     ],
 )
 def test_a_parked_group_taken_back_keeps_sync_exact(
@@ -150,9 +155,11 @@ def test_a_parked_group_taken_back_keeps_sync_exact(
     tmp_path: Path,
     schedule: dict[int, list[int]],
     parked_name: str,
+    groups: list[dict[str, object]] | None,
 ) -> None:
     spec = make_spec(
         **GUARDED,
+        **({"groups": groups} if groups else {}),
         debug_guard_schedule=schedule,
         checkpoint_every=6,  # a step checkpoint while the group is parked
         agreement_every=3,  # and agreement checks, which leave the parked replica out

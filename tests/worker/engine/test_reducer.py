@@ -9,6 +9,7 @@ parameters used in another order than defined, and a worker without samples.
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,8 +21,9 @@ from torch import Tensor, nn
 from tests.worker.engine.reference import run_ranks
 from worker.engine.compute import local_gradient, reduced_gradient
 from worker.engine.data import TensorData
-from worker.engine.distributed import Topology
+from worker.engine.distributed import Topology, add_ring_links
 from worker.engine.reducer import GradientReducer, plan_buckets
+from worker.engine.ring import LeaderRing
 from worker.engine.state import ModelState
 
 
@@ -46,7 +48,10 @@ def _worker(rank: int, layout: list[int], counts: list[int], init: str, out: str
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     firsts = [sum(layout[:g]) for g in range(len(layout))]
     groups = [dist.new_group(list(range(f, f + n))) for f, n in zip(firsts, layout, strict=True)]
-    cross = dist.new_group(firsts) if len(layout) > 1 else None
+    links: dict[frozenset[int], dist.ProcessGroup] = {}
+    add_ring_links(firsts, rank, links, timedelta(seconds=60))
+    in_ring = len(layout) > 1 and rank in firsts
+    cross = LeaderRing(firsts, rank, links, timedelta(seconds=60)) if in_ring else None
     index = max(g for g, f in enumerate(firsts) if f <= rank)
     ranks = tuple(range(firsts[index], firsts[index] + layout[index]))
     topo = Topology(
@@ -57,7 +62,7 @@ def _worker(rank: int, layout: list[int], counts: list[int], init: str, out: str
         group=groups[index],
         group_ranks=ranks,
         device=torch.device("cpu"),
-        cross=cross if rank in firsts else None,
+        cross=cross,
     )
     torch.manual_seed(0)
     model = Odd()
@@ -85,6 +90,8 @@ def _worker(rank: int, layout: list[int], counts: list[int], init: str, out: str
     [
         ([2, 2], [5, 0, 3, 4]),  # in-group sums, the leaders' sum, the in-group broadcast
         ([1, 1], [3, 6]),  # one worker per group: the hooks launch the leaders' sum
+        ([1, 1, 1], [3, 6, 2]),  # the same over a ring of three links (worker.engine.ring)
+        ([2, 1, 2], [4, 0, 5, 3, 2]),  # in-group sums, then the ring, then the broadcast
         ([3], [2, 7, 3]),  # one group: the in-group sum is all
     ],
 )
