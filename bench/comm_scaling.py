@@ -10,9 +10,11 @@ bytes), three arms run in the same processes, side by side:
   :func:`broadcast_down`). The server's link carries G vectors in and G out.
 - ``allreduce_world``: ``torch.distributed.all_reduce`` (gloo, sum, one call,
   no buckets) of the same bytes among the same G + 1 processes.
-- ``allreduce_leaders``: the same among the G leaders only: the shape of the
-  cross-group exchange once it is an allreduce among the group leaders with no
-  parameter server per step (G = 1: a no-op, not measured).
+- ``allreduce_leaders``: the same among the G leaders only, as ``sync``'s step sums
+  across groups: the leaders' ring of two-rank links
+  (:class:`worker.engine.ring.LeaderRing`; for G = 2 their one link's gloo allreduce),
+  no parameter server per step (G = 1: a no-op, not measured). Until 2026-11-30 a gloo
+  group of the leaders.
 
 Timing: every rank times its part after a barrier and the round's figure is
 the slowest rank's (max over ranks, gathered after the clock stops); below
@@ -57,8 +59,10 @@ from bench.comm import join_ps_world
 from bench.common import cores, emit
 from bench.stats import paired_ratios, paired_rounds, summary
 from worker.engine import distributed
+from worker.engine.distributed import add_ring_links
 from worker.engine.exchange import broadcast_down, gather_at_ps, push_up
 from worker.engine.ranks import free_port
+from worker.engine.ring import LeaderRing
 
 MB = 2**20
 SIZES_MB = (0.1, 1.0, 16.0, 64.0)
@@ -141,7 +145,10 @@ def _timed(fn: Callable[[], Any], reps: int) -> Callable[[], float]:
 
 def _rank(rank: int, port: int, groups: int, sizes: list[int], rounds: int, out: Any) -> None:
     topo = join_ps_world(rank, port, groups, timeout_s=300)
-    leaders = dist.new_group(list(range(1, groups + 1)), timeout=timedelta(seconds=300))
+    members, timeout = list(range(1, groups + 1)), timedelta(seconds=300)
+    links: dict[frozenset[int], Any] = {}
+    add_ring_links(members, rank, links, timeout)
+    ring = LeaderRing(members, rank, links, timeout) if groups > 1 and rank in members else None
     for nbytes in sizes:
         vector = torch.ones(nbytes // 4)
 
@@ -156,8 +163,8 @@ def _rank(rank: int, port: int, groups: int, sizes: list[int], rounds: int, out:
             dist.all_reduce(vector)
 
         def allreduce_leaders(vector: torch.Tensor = vector) -> None:
-            if not topo.is_ps:
-                dist.all_reduce(vector, group=leaders)
+            if ring is not None:
+                ring.all_reduce(vector)
 
         arms = {"ps_round": ps_round, "allreduce_world": allreduce_world}
         if groups > 1:

@@ -10,7 +10,7 @@ import sys
 import psutil
 import pytest
 
-from bench.run_all import ROOT
+from bench.run_all import BENCHMARKS, MORE, ROOT, selection
 
 DRIVER = """
 import json
@@ -40,3 +40,15 @@ def test_a_benchmark_that_leaves_a_process_behind_ends_and_the_process_is_killed
     assert line["benchmark"] == "leaves_a_rank" and line["seconds"] >= 0
     assert "killed the processes it left running" in done.stderr
     assert not psutil.pid_exists(line["value"])  # killed (its 600 s sleep cut short)
+
+
+def test_bench_all_runs_each_full_benchmark_once_in_place_of_its_shortened_run() -> None:
+    everything = selection(everything=True)
+    assert selection(everything=False) == BENCHMARKS
+    assert "bench.hetero_real --rounds 3 --strategies sync_guarded,diloco_overlapped" in BENCHMARKS
+    assert "bench.hetero_real" in everything
+    assert not any(m.startswith("bench.hetero_real ") for m in everything)  # the full run only
+    assert everything.count("bench.rebalance_tracking") == 1
+    # runs of one module with other options stay (the environment and the cold start)
+    assert "bench.submit_to_first_step --only environment" in everything
+    assert set(MORE) <= set(everything)

@@ -304,7 +304,7 @@ def linked_ranks(spec: RunSpec) -> list[int]:
 # worker of a sharded group, under sync a ring of links among the leaders (G connections,
 # one for two leaders; ``cross``, worker/engine/ring.py, whose ring allreduce carries the
 # step's sum: a leaders' group would connect every pair of them, G (G - 1) / 2; a parked
-# group's neighbours get a link of their own while it is parked) and, when the guard takes a
+# group's neighbours get a link of their own, kept for the run) and, when the guard takes a
 # parked group back, its workers with the worker they copy (``worker.engine.run.refresh``).
 # These are connected when
 # made: gloo's lazy connections abort a rank in torch 2.13 when a connected peer exits first

@@ -64,31 +64,41 @@ class RingWork:
 class _Runner:
     """One thread per process that runs the ring allreduces in the order they are launched:
     a launch returns at once (the gradient reducer's buckets, as gloo's async collectives),
-    and two allreduces never use a link at the same time."""
+    and two allreduces never use a link at the same time. Once one fails (a peer gone, a
+    timeout), every later one fails at once with the same error rather than wait out its
+    own timeout: the ring's order is broken for good. A process forked from one whose
+    thread ran starts a thread of its own (a fork copies no thread)."""
 
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue[tuple[Callable[[], None], Future[None]]] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
+        self.failed: BaseException | None = None
 
     def submit(self, job: Callable[[], None]) -> Future[None]:
         future: Future[None] = Future()
         with self.lock:
-            if self.thread is None:
+            if self.thread is None or not self.thread.is_alive():
+                self.jobs = queue.SimpleQueue()
                 self.thread = threading.Thread(target=self._loop, name="leader-ring", daemon=True)
                 self.thread.start()
-        self.jobs.put((job, future))
+            self.jobs.put((job, future))
         return future
 
     def _loop(self) -> None:
+        jobs = self.jobs
         while True:
-            job, future = self.jobs.get()
+            job, future = jobs.get()
             try:
+                if self.failed is not None:
+                    raise self.failed
                 job()
             except BaseException as exc:  # noqa: BLE001 (handed to the waiter, raised there)
+                self.failed = exc
                 future.set_exception(exc)
             else:
                 future.set_result(None)
+            del job, future  # nothing of a finished allreduce (its tensors) stays referenced
 
 
 _RUNNER = _Runner()
@@ -130,13 +140,21 @@ class LeaderRing:
     ) -> Any:
         """Reduce the CPU ``tensor`` (any shape, contiguous) with ``op`` (SUM, PRODUCT, MAX or
         MIN) over the ring's members, in place, as ``torch.distributed.all_reduce``: with
-        ``async_op`` a work object to :meth:`RingWork.wait` on, else None once done. Every
-        member must call it alike, in the same order. Raises ValueError for another op or a
-        non-contiguous tensor."""
+        ``async_op`` a work object to :meth:`RingWork.wait` on, else None once done. A tensor
+        on another device (a sharded CUDA group's step tail) is reduced through a CPU copy,
+        without ``async_op``. Every member must call it alike, in the same order. Raises
+        ValueError for another op, a non-contiguous tensor, or ``async_op`` off the CPU."""
         if op not in _COMBINE:
             raise ValueError(f"the leaders' ring cannot reduce with {op}")
         if not tensor.is_contiguous():
             raise ValueError("the leaders' ring reduces contiguous tensors only")
+        if tensor.device.type != "cpu":
+            if async_op:
+                raise ValueError("the leaders' ring reduces a CPU tensor only asynchronously")
+            on_cpu = tensor.cpu()
+            self.all_reduce(on_cpu, op)
+            tensor.copy_(on_cpu)
+            return None
         if self.size == 2:
             return dist.all_reduce(tensor, op=op, group=self.to_next, async_op=async_op)
         work = RingWork(_RUNNER.submit(lambda: self._ring(tensor.view(-1), _COMBINE[op])))

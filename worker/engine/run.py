@@ -390,8 +390,8 @@ def step_groups(run: Run) -> LeaderRing | None:
 def sum_over_stepping(
     tensor: Tensor, run: Run, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
 ) -> Tensor:
-    """Reduce ``tensor`` (CPU, or a sharded CUDA group's tail: gloo takes both) with ``op``
-    over every stepping worker, in place on each:
+    """Reduce ``tensor`` (CPU, or a sharded CUDA group's tail: gloo and the ring take both)
+    with ``op`` over every stepping worker, in place on each:
     within the group (its gloo ``control`` group), among the stepping groups' leaders
     (:func:`step_groups`), then from each leader to its group. No process group spans the
     workers of several groups (docs/architecture.md, "Process groups")."""

@@ -224,7 +224,7 @@ class Synchronous(Strategy[Run]):
 
         A worker of a group the guard parked (:mod:`worker.engine.guard`) follows the step
         schedule without computing and without the step's collectives, which the other
-        groups' leaders and workers run in process groups of their own
+        groups' leaders and workers run in a ring of their own
         (:func:`worker.engine.run.step_groups`), and meets them at every control point.
         """
         assert run.optimizer is not None

@@ -98,3 +98,31 @@ def test_a_ring_refuses_a_rank_outside_it() -> None:
         LeaderRing([1, 2, 3], 0, {}, timedelta(seconds=1))
     assert ring_pairs([4]) == []
     assert ring_pairs([1, 2]) == [frozenset({1, 2})]
+
+
+def _rank_with_a_peer_gone(rank: int, init: str, out: str) -> None:
+    timeout = timedelta(seconds=30)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=4, timeout=timeout)
+    members = [1, 2, 3]
+    links: dict[frozenset[int], dist.ProcessGroup] = {}
+    add_ring_links(members, rank, links, timeout)
+    if rank in (0, 3):  # the server idles; member 3 leaves before any allreduce
+        os._exit(0)
+    ring = LeaderRing(members, rank, links, timeout)
+    works = [ring.all_reduce(torch.ones(30), async_op=True) for _ in range(2)]
+    errors = []
+    for work in works:
+        try:
+            work.wait()
+        except Exception as exc:  # noqa: BLE001 (recorded for the test)
+            errors.append(type(exc).__name__)
+    Path(out, f"rank-{rank}.json").write_text(json.dumps(errors))
+    os._exit(0)
+
+
+def test_a_member_gone_fails_every_allreduce_queued_instead_of_hanging(tmp_path: Path) -> None:
+    init = f"file://{tmp_path / 'rendezvous'}"
+    assert run_ranks(_rank_with_a_peer_gone, 4, init, str(tmp_path)) == [0] * 4
+    for rank in (1, 2):  # each of the two queued allreduces raised: none waited for good
+        errors = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert len(errors) == 2, errors
