@@ -51,8 +51,9 @@ format: install
 	$(BIN)/ruff check --fix $(LINTED)
 
 # Benchmarks (docs/benchmarks.md): one JSON line each. bench: the figures with targets, every
-# ratio from 5 paired rounds (over 40 minutes on this 2-core host: bench/run_all.py); bench-all adds the
-# accuracy runs and the earlier issues' benchmarks (about 165 minutes in all); bench-quick,
+# ratio from 5 paired rounds, 2 for the throttled and sharded ones (about 27 minutes on this 2-core
+# host: bench/run_all.py); bench-all adds the accuracy runs, the full throttled runs and the earlier
+# issues' benchmarks (about 165 minutes in all); bench-quick,
 # the engine's core figures, about 6 minutes.
 bench: install
 	$(BIN)/python -m bench.run_all

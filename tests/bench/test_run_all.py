@@ -45,7 +45,7 @@ def test_a_benchmark_that_leaves_a_process_behind_ends_and_the_process_is_killed
 def test_bench_all_runs_each_full_benchmark_once_in_place_of_its_shortened_run() -> None:
     everything = selection(everything=True)
     assert selection(everything=False) == BENCHMARKS
-    assert "bench.hetero_real --rounds 3 --strategies sync_guarded,diloco_overlapped" in BENCHMARKS
+    assert "bench.hetero_real --rounds 2 --strategies sync_guarded,diloco_overlapped" in BENCHMARKS
     assert "bench.hetero_real" in everything
     assert not any(m.startswith("bench.hetero_real ") for m in everything)  # the full run only
     assert everything.count("bench.rebalance_tracking") == 1
