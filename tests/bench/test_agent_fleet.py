@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 from fastapi.testclient import TestClient
 
+from bench.agent_fleet import verdicts
 from bench.fleet import AgentPlan, MemoryBroker, Rates, Window, merge, simulate
 from contracts.messaging import queue_name
 from contracts.payload import SubTaskPayload
@@ -114,3 +115,9 @@ def test_simulated_agents_register_heartbeat_and_run_a_task(
     assert client.get(f"/api/v1/tasks/{task_id}/metrics", params={"resources": "false"}).json()
     assert client.get(f"/api/v1/tasks/{task_id}/metrics", params={"resources": "true"}).json()
     assert client.get(f"/api/v1/tasks/{task_id}").json()["progress"] == 1.0
+
+
+def test_the_summary_says_which_targets_a_run_did_not_reach() -> None:
+    # make bench's run stops at 250 agents: neither target is judged, and says so
+    assert verdicts({250: 180.7}) == {"1000": "not measured", "2000": "not measured"}
+    assert verdicts({250: 90.0, 1000: 950.0, 2000: 2500.0}) == {"1000": True, "2000": False}
