@@ -139,6 +139,7 @@ GUARDED = {
 
 
 FOUR_GROUPS = [{"name": n, "device_type": "cpu", "workers": 1} for n in "abcd"]
+THREE_GROUPS = FOUR_GROUPS[:3]
 
 
 @pytest.mark.parametrize(
@@ -148,6 +149,8 @@ FOUR_GROUPS = [{"name": n, "device_type": "cpu", "workers": 1} for n in "abcd"]
         ({4: [0], 12: []}, "a", None),  # the group of the first worker: the model's source moves
         # four leaders in a ring (worker.engine.ring): without b, a and c get a link of their own
         ({4: [1], 10: []}, "b", FOUR_GROUPS),
+        # three leaders' ring, then two: a and c sum over their link's own allreduce
+        ({4: [1], 10: []}, "b", THREE_GROUPS),
     ],
 )
 def test_a_parked_group_taken_back_keeps_sync_exact(
