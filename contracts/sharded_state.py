@@ -49,8 +49,9 @@ FOLDER_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,195}\.dcp$"
 FOLDER = re.compile(FOLDER_PATTERN)
 MAX_PARTS = 4097
 """The most files a checkpoint's state folders may have together (each: DCP's ``.metadata``
-and one file a member). They travel in its upload's query string, so in practice a proxy's
-request-line limit (8 KiB: some 180 files) binds first."""
+and one file a member). Their names travel in its upload's form (``parts``, a JSON array:
+backend/agent_api/router.py), not its query string, where a proxy's 8 KiB request line
+held some 180."""
 MAX_STATE_BYTES = 64 << 30
 """The largest state a consolidation builds (its metadata claims the tensors' sizes)."""
 

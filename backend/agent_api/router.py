@@ -5,6 +5,7 @@ task's fate (:mod:`backend.tasks.fate`), the reports' storage
 (:mod:`backend.tasks.reports`) or the agents' registry (:mod:`backend.agents.service`).
 """
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -21,7 +22,7 @@ from backend.agents.stamps import HeldStamps
 from backend.auth.dependencies import AgentAuth
 from backend.core.db import release
 from backend.core.dependencies import SessionDep, SettingsDep
-from backend.core.errors import NotFound
+from backend.core.errors import Invalid, NotFound
 from backend.plans import service as plans
 from backend.projects import service as projects
 from backend.resource_groups import service as groups
@@ -240,18 +241,19 @@ async def upload_checkpoint(
     epoch: Annotated[int, Query(ge=0)],
     step: Annotated[int, Query(ge=0)],
     attempt: Annotated[int, Query(ge=1)] = 1,
-    parts: Annotated[
-        list[str] | None,
-        Query(
-            max_length=MAX_STATE_PARTS,
-            description="the `folder/file` names of the optimizer states its workers wrote "
-            "beside it, which they upload (`POST /tasks/{id}/checkpoint-parts`)",
-        ),
-    ] = None,
 ) -> Checkpoint:
-    """Store a checkpoint file sent as the raw request body (409 if the name is taken by
-    other content in this attempt; the same upload again returns the stored one)."""
-    body = await request.body()
+    """Store a checkpoint file (409 if the name is taken by other content in this attempt;
+    the same upload again returns the stored one), sent as the raw request body, or where
+    its workers wrote optimizer states beside it (which they upload, `POST
+    /tasks/{id}/checkpoint-parts`) as `multipart/form-data`: the file as `checkpoint` and
+    the states' `folder/file` names as `parts`, a JSON array (in the body, not the query
+    string, where a proxy's 8 KiB request line held some 180 names). 422 naming `parts`
+    for one that is not such an array of at most 4,097 names."""
+    parts: list[str] | None = None
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        body, parts = await _checkpoint_form(request)
+    else:
+        body = await request.body()
 
     def store() -> Checkpoint:  # database and disk work stay off the event loop
         task = tasks.get(session, task_id=task_id)
@@ -268,6 +270,27 @@ async def upload_checkpoint(
         )
 
     return await run_in_threadpool(store)
+
+
+async def _checkpoint_form(request: Request) -> tuple[bytes, list[str]]:
+    """A checkpoint upload's `checkpoint` file and `parts` list from its multipart form.
+    Raises Invalid naming the field that is missing or malformed."""
+    # A field may hold 4 MiB: 4,097 names of up to 260 characters and their JSON quoting.
+    async with request.form(max_files=1, max_fields=1, max_part_size=4 * 2**20) as form:
+        upload, listed = form.get("checkpoint"), form.get("parts")
+        if upload is None or isinstance(upload, str):
+            raise Invalid(
+                "the checkpoint file is missing (form field `checkpoint`)", field="checkpoint"
+            )
+        try:
+            parts = json.loads(listed) if isinstance(listed, str) else None
+        except json.JSONDecodeError:
+            parts = None
+        if not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):
+            raise Invalid("`parts` must be a JSON array of `folder/file` names", field="parts")
+        if len(parts) > MAX_STATE_PARTS:
+            raise Invalid(f"at most {MAX_STATE_PARTS} parts, got {len(parts)}", field="parts")
+        return await upload.read(), parts
 
 
 @router.post("/tasks/{task_id}/checkpoint-parts")

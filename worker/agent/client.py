@@ -1,5 +1,6 @@
 """HTTP client of the backend's internal API, with retries for transient failures."""
 
+import json
 import time
 from typing import Any
 
@@ -215,11 +216,20 @@ class InternalApi:
         parts: list[str] | None = None,
     ) -> int:
         """Upload a checkpoint file (``parts``: the files of its sharded optimizer state,
-        which their workers upload, :meth:`checkpoint_part`); returns its id."""
+        which their workers upload, :meth:`checkpoint_part`; sent with it as a multipart
+        form, never in the query string); returns its id."""
         params: dict[str, Any] = {"name": name, "epoch": epoch, "step": step, "attempt": attempt}
+        url = f"/tasks/{task_id}/checkpoints"
         if parts:
-            params["parts"] = parts
-        response = self._call("POST", f"/tasks/{task_id}/checkpoints", content=body, params=params)
+            response = self._call(
+                "POST",
+                url,
+                params=params,
+                files={"checkpoint": (name, body, "application/octet-stream")},
+                data={"parts": json.dumps(parts)},
+            )
+        else:
+            response = self._call("POST", url, content=body, params=params)
         return int(response.json()["id"])
 
     def checkpoint_part(self, task_id: int, *, part: str, body: bytes, attempt: int = 1) -> None:

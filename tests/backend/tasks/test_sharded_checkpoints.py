@@ -5,6 +5,7 @@ download is one consolidated state dict, the same as a whole run's; a tampered f
 refused, never run."""
 
 import io
+import json
 import pickle
 from pathlib import Path
 
@@ -53,11 +54,14 @@ def _running(session: Session) -> Task:
 
 
 def _upload(client: TestClient, task_id: int, source: Path, parts: list[str]) -> int:
+    """As the agent uploads it (worker.agent.client.AgentClient.checkpoint): the file and its
+    parts' names in one multipart form."""
     response = client.post(
         f"/internal/v1/tasks/{task_id}/checkpoints",
         headers=agent_headers(),
-        params={"name": source.name, "epoch": 0, "step": 23, "parts": parts},
-        content=source.read_bytes(),
+        params={"name": source.name, "epoch": 0, "step": 23},
+        files={"checkpoint": (source.name, source.read_bytes(), "application/octet-stream")},
+        data={"parts": json.dumps(parts)},
     )
     response.raise_for_status()
     return int(response.json()["id"])
@@ -132,6 +136,39 @@ def test_a_sharded_checkpoint_is_whole_once_its_parts_arrive_and_downloads_as_on
     page = client.get(f"/tasks/{task.id}")
     assert page.status_code == 200 and "Arriving…" not in page.text
     assert f"/checkpoints/{checkpoint}/download" in page.text
+
+
+def test_a_checkpoint_lists_a_thousand_state_files_and_refuses_a_malformed_list(
+    client: TestClient, session: Session
+) -> None:
+    """The names travel in the upload's form, not its query string, where a proxy's 8 KiB
+    request line held some 180 (these are 36 KB)."""
+    task = _running(session)
+    parts = [f"epoch-0.pt.g{g}.dcp/__{m}_0.distcp" for g in range(250) for m in range(4)]
+    url = f"/internal/v1/tasks/{task.id}/checkpoints"
+    params = {"name": "epoch-0.pt", "epoch": 0, "step": 3}
+    outline = {"checkpoint": ("epoch-0.pt", b"an outline", "application/octet-stream")}
+    stored = client.post(
+        url,
+        headers=agent_headers(),
+        params=params,
+        files=outline,
+        data={"parts": json.dumps(parts)},
+    )
+    assert stored.status_code == 200, stored.text
+    listed = client.get(f"{url}/{stored.json()['id']}/parts", headers=agent_headers()).json()
+    assert listed["parts"] == parts and listed["missing"] == parts
+    renamed = {**params, "name": "epoch-1.pt"}
+    for files, data, field in [
+        (outline, {"parts": "not json"}, "parts"),
+        (outline, {"parts": json.dumps({"a": "b"})}, "parts"),
+        (outline, {"parts": json.dumps(["epoch-1.pt.dcp/../../secret"])}, "parts"),
+        ({"model": ("x", b"x", "application/octet-stream")}, {"parts": "[]"}, "checkpoint"),
+    ]:
+        refused = client.post(url, headers=agent_headers(), params=renamed, files=files, data=data)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["field"] == field
+    assert len(client.get(f"/api/v1/tasks/{task.id}/checkpoints").json()) == 1  # none stored
 
 
 def test_a_checkpoint_whose_state_never_arrived_says_so_once_the_task_ended(
