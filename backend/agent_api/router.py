@@ -224,7 +224,27 @@ def add_alarm(task_id: int, data: Alarm, session: SessionDep) -> dict:
     }
 
 
-@router.post("/tasks/{task_id}/checkpoints", response_model=CheckpointRead)
+@router.post(
+    "/tasks/{task_id}/checkpoints",
+    response_model=CheckpointRead,
+    openapi_extra={
+        "requestBody": {
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {
+                            "checkpoint": {"type": "string", "format": "binary"},
+                            "parts": {"type": "string", "description": "a JSON array"},
+                        },
+                        "required": ["checkpoint"],
+                    }
+                },
+            }
+        }
+    },
+)
 async def upload_checkpoint(
     task_id: int,
     request: Request,
@@ -249,8 +269,13 @@ async def upload_checkpoint(
     the states' `folder/file` names as `parts`, a JSON array (in the body, not the query
     string, where a proxy's 8 KiB request line held some 180 names). 422 naming `parts`
     for one that is not such an array of at most 4,097 names."""
+    if "parts" in request.query_params:  # an agent older than this portal: nothing is lost
+        raise Invalid(
+            "`parts` travels in the upload's form, not its query string: upgrade the agent",
+            field="parts",
+        )
     parts: list[str] | None = None
-    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+    if request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
         body, parts = await _checkpoint_form(request)
     else:
         body = await request.body()
@@ -272,19 +297,22 @@ async def upload_checkpoint(
     return await run_in_threadpool(store)
 
 
-async def _checkpoint_form(request: Request) -> tuple[bytes, list[str]]:
-    """A checkpoint upload's `checkpoint` file and `parts` list from its multipart form.
-    Raises Invalid naming the field that is missing or malformed."""
-    # A field may hold 4 MiB: 4,097 names of up to 260 characters and their JSON quoting.
-    async with request.form(max_files=1, max_fields=1, max_part_size=4 * 2**20) as form:
+async def _checkpoint_form(request: Request) -> tuple[bytes, list[str] | None]:
+    """A checkpoint upload's `checkpoint` file and `parts` list (None where the form has no
+    `parts`) from its multipart form. Raises Invalid naming the field that is missing or
+    malformed."""
+    # A field may hold 2 MiB: 4,097 names of up to 260 characters and their JSON quoting.
+    async with request.form(max_files=1, max_fields=1, max_part_size=2 * 2**20) as form:
         upload, listed = form.get("checkpoint"), form.get("parts")
         if upload is None or isinstance(upload, str):
             raise Invalid(
                 "the checkpoint file is missing (form field `checkpoint`)", field="checkpoint"
             )
-        try:
+        if listed is None:
+            return await upload.read(), None
+        try:  # a number of 5,000 digits is a ValueError, 200,000 `[` a RecursionError
             parts = json.loads(listed) if isinstance(listed, str) else None
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             parts = None
         if not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):
             raise Invalid("`parts` must be a JSON array of `folder/file` names", field="parts")

@@ -228,6 +228,13 @@ class InternalApi:
                 files={"checkpoint": (name, body, "application/octet-stream")},
                 data={"parts": json.dumps(parts)},
             )
+            # A portal older than this agent would store the form itself as the file.
+            if response.json().get("sharded_files") != len(parts):
+                raise Conflict(
+                    f"the portal did not take checkpoint {name!r}'s {len(parts)} state files "
+                    "(a portal older than this agent?)",
+                    "parts",
+                )
         else:
             response = self._call("POST", url, content=body, params=params)
         return int(response.json()["id"])

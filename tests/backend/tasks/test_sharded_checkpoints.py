@@ -18,6 +18,7 @@ from backend.scheduler.dispatch import last_checkpoint
 from backend.tasks.models import Task, TaskStatus
 from contracts import sharded_state
 from tests.backend.scheduling import finish, group, running_task
+from tests.backend.tasks.test_nonfinite_metrics import _agent_api
 from tests.conftest import agent_headers
 from tests.worker.engine.conftest import build_spec
 from tests.worker.engine.reference import TIMEOUT_S
@@ -142,33 +143,37 @@ def test_a_checkpoint_lists_a_thousand_state_files_and_refuses_a_malformed_list(
     client: TestClient, session: Session
 ) -> None:
     """The names travel in the upload's form, not its query string, where a proxy's 8 KiB
-    request line held some 180 (these are 36 KB)."""
+    request line held some 180 (these are 36 KB); the agent's own client sends them."""
     task = _running(session)
     parts = [f"epoch-0.pt.g{g}.dcp/__{m}_0.distcp" for g in range(250) for m in range(4)]
-    url = f"/internal/v1/tasks/{task.id}/checkpoints"
-    params = {"name": "epoch-0.pt", "epoch": 0, "step": 3}
-    outline = {"checkpoint": ("epoch-0.pt", b"an outline", "application/octet-stream")}
-    stored = client.post(
-        url,
-        headers=agent_headers(),
-        params=params,
-        files=outline,
-        data={"parts": json.dumps(parts)},
+    stored = _agent_api(client).checkpoint(
+        task.id, name="epoch-0.pt", epoch=0, step=3, body=b"an outline", parts=parts
     )
-    assert stored.status_code == 200, stored.text
-    listed = client.get(f"{url}/{stored.json()['id']}/parts", headers=agent_headers()).json()
+    url = f"/internal/v1/tasks/{task.id}/checkpoints"
+    listed = client.get(f"{url}/{stored}/parts", headers=agent_headers()).json()
     assert listed["parts"] == parts and listed["missing"] == parts
-    renamed = {**params, "name": "epoch-1.pt"}
+    params = {"name": "epoch-1.pt", "epoch": 1, "step": 6}
+    outline = {"checkpoint": ("epoch-1.pt", b"an outline", "application/octet-stream")}
     for files, data, field in [
         (outline, {"parts": "not json"}, "parts"),
         (outline, {"parts": json.dumps({"a": "b"})}, "parts"),
+        (outline, {"parts": "[" * 200_000}, "parts"),  # too deep for the JSON parser
         (outline, {"parts": json.dumps(["epoch-1.pt.dcp/../../secret"])}, "parts"),
         ({"model": ("x", b"x", "application/octet-stream")}, {"parts": "[]"}, "checkpoint"),
     ]:
-        refused = client.post(url, headers=agent_headers(), params=renamed, files=files, data=data)
+        refused = client.post(url, headers=agent_headers(), params=params, files=files, data=data)
         assert refused.status_code == 422, refused.text
         assert refused.json()["error"]["field"] == field
+    # An agent older than the portal, sending them in the query string: refused, not stored
+    # as a checkpoint whose state it does not know of.
+    old = client.post(
+        url, headers=agent_headers(), params={**params, "parts": parts[:2]}, content=b"x"
+    )
+    assert old.status_code == 422 and old.json()["error"]["field"] == "parts"
     assert len(client.get(f"/api/v1/tasks/{task.id}/checkpoints").json()) == 1  # none stored
+    # A form without `parts`: a checkpoint whose file holds everything.
+    whole = client.post(url, headers=agent_headers(), params=params, files=outline)
+    assert whole.status_code == 200 and whole.json()["sharded_files"] == 0
 
 
 def test_a_checkpoint_whose_state_never_arrived_says_so_once_the_task_ended(
