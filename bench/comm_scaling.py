@@ -59,10 +59,9 @@ from bench.comm import join_ps_world
 from bench.common import cores, emit
 from bench.stats import paired_ratios, paired_rounds, summary
 from worker.engine import distributed
-from worker.engine.distributed import add_ring_links
+from worker.engine.distributed import leader_ring
 from worker.engine.exchange import broadcast_down, gather_at_ps, push_up
 from worker.engine.ranks import free_port
-from worker.engine.ring import LeaderRing
 
 MB = 2**20
 SIZES_MB = (0.1, 1.0, 16.0, 64.0)
@@ -146,9 +145,7 @@ def _timed(fn: Callable[[], Any], reps: int) -> Callable[[], float]:
 def _rank(rank: int, port: int, groups: int, sizes: list[int], rounds: int, out: Any) -> None:
     topo = join_ps_world(rank, port, groups, timeout_s=300)
     members, timeout = list(range(1, groups + 1)), timedelta(seconds=300)
-    links: dict[frozenset[int], Any] = {}
-    add_ring_links(members, rank, links, timeout)
-    ring = LeaderRing(members, rank, links, timeout) if groups > 1 and rank in members else None
+    ring = leader_ring(members, rank, {}, timeout)
     for nbytes in sizes:
         vector = torch.ones(nbytes // 4)
 

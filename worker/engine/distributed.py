@@ -241,10 +241,10 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
         link = dist.new_group([0, peer], timeout=timeout, backend="gloo")
         if env.rank in (0, peer):
             links[peer] = link
-    leaders = spec.leader_ranks()
     ring_links: dict[frozenset[int], dist.ProcessGroup] = {}
+    cross = None
     if spec.sync_strategy == "sync":
-        add_ring_links(leaders, env.rank, ring_links, timeout)
+        cross = leader_ring(spec.leader_ranks(), env.rank, ring_links, timeout)
     topo = Topology(
         rank=env.rank,
         world_size=env.world_size,
@@ -254,9 +254,7 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
         group_ranks=tuple(spec.group_ranks(my_index)) if my_index is not None else (),
         device=device,
         links=links,
-        cross=LeaderRing(leaders, env.rank, ring_links, timeout)
-        if len(leaders) > 1 and env.rank in leaders and spec.sync_strategy == "sync"
-        else None,
+        cross=cross,
         ring_links=ring_links,
         control=control,
         groups=tuple(tuple(spec.group_ranks(g)) for g in range(len(spec.groups))),
@@ -283,6 +281,21 @@ def add_ring_links(
     for pair in ring_pairs(members):
         if pair not in links:
             links[pair] = dist.new_group(sorted(pair), timeout=timeout, backend="gloo")
+
+
+def leader_ring(
+    members: list[int],
+    rank: int,
+    links: dict[frozenset[int], dist.ProcessGroup],
+    timeout: timedelta,
+) -> LeaderRing | None:
+    """The ring of ``members`` (global ranks, in ring order) as this ``rank`` takes part in
+    it, once :func:`add_ring_links` has made the links it lacks (every rank of the task calls
+    it alike); None for a rank outside it, or fewer than two members."""
+    add_ring_links(members, rank, links, timeout)
+    if len(members) < 2 or rank not in members:
+        return None
+    return LeaderRing(members, rank, links, timeout)
 
 
 def linked_ranks(spec: RunSpec) -> list[int]:

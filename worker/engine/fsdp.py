@@ -492,10 +492,8 @@ def group_sum_(grads: Sequence[Tensor | None], params: Sequence[Tensor], topo: T
             whole = torch.zeros(param.shape, dtype=param.dtype, device=param.device)
         if not isinstance(param, DTensor) and members > 1:
             dist.all_reduce(whole, group=topo.group)
-        if topo.cross is not None:  # gloo, on CPU
-            on_cpu = whole.cpu()
-            topo.cross.all_reduce(on_cpu)
-            whole.copy_(on_cpu)
+        if topo.cross is not None:  # the ring takes a CUDA tensor through a CPU copy
+            topo.cross.all_reduce(whole)
         if members > 1:
             dist.broadcast(whole, src=topo.group_ranks[0], group=topo.group)
         if isinstance(param, DTensor):

@@ -44,9 +44,9 @@ from worker.engine.data import Source
 from worker.engine.distributed import (  # noqa: F401 (Topology re-exported)
     FIRST_WORKER,
     Topology,
-    add_ring_links,
     broadcast_object,
     in_group_control,
+    leader_ring,
 )
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import gather_work, gather_worker_states, receive_at_ps, send_to_ps
@@ -128,7 +128,7 @@ class Run:
     # groups; the ring links made so far, by pair (Topology.ring_links and those of the
     # rings without parked groups).
     comm: dict[frozenset[int], LeaderRing | None] = field(default_factory=dict)
-    ring_links: dict[frozenset[int], Any] = field(default_factory=dict)
+    ring_links: dict[frozenset[int], Any] = field(init=False)
     # The process groups of a refresh (:func:`refresh`), by their ranks.
     links: dict[tuple[int, ...], Any] = field(default_factory=dict)
     state: ModelState = field(init=False)
@@ -141,6 +141,7 @@ class Run:
 
     def __post_init__(self) -> None:
         self.state = ModelState.of(self.model)
+        self.ring_links = dict(self.topo.ring_links)
         if guarding(self):
             rounds = self.spec.sync_strategy == "diloco"
             room = [
@@ -422,14 +423,7 @@ def _step_comm(run: Run, out: frozenset[int]) -> None:
         return
     spec, topo = run.spec, run.topo
     leaders = [spec.group_ranks(g)[0] for g in range(len(spec.groups)) if g not in out]
-    if not run.ring_links:
-        run.ring_links.update(topo.ring_links)
-    add_ring_links(leaders, topo.rank, run.ring_links, topo.timeout)
-    run.comm[out] = (
-        LeaderRing(leaders, topo.rank, run.ring_links, topo.timeout)
-        if len(leaders) > 1 and topo.rank in leaders
-        else None
-    )
+    run.comm[out] = leader_ring(leaders, topo.rank, run.ring_links, topo.timeout)
 
 
 def refresh(run: Run, groups: set[int], source: int) -> None:

@@ -46,7 +46,7 @@ def a_run() -> Run:
             sync_strategy="periodic", guard=False, any_sharded=False
         ),
         code=SimpleNamespace(loss_fn=torch.nn.functional.mse_loss, step_metrics=False),  # type: ignore[arg-type]
-        topo=SimpleNamespace(worker_index=0, device=torch.device("cpu")),  # type: ignore[arg-type]
+        topo=SimpleNamespace(worker_index=0, device=torch.device("cpu"), ring_links={}),  # type: ignore[arg-type]
         model=torch.nn.Linear(4, 1),
         optimizer=None,
         split=split,  # type: ignore[arg-type]

@@ -21,9 +21,8 @@ from torch import Tensor, nn
 from tests.worker.engine.reference import run_ranks
 from worker.engine.compute import local_gradient, reduced_gradient
 from worker.engine.data import TensorData
-from worker.engine.distributed import Topology, add_ring_links
+from worker.engine.distributed import Topology, leader_ring
 from worker.engine.reducer import GradientReducer, plan_buckets
-from worker.engine.ring import LeaderRing
 from worker.engine.state import ModelState
 
 
@@ -48,10 +47,7 @@ def _worker(rank: int, layout: list[int], counts: list[int], init: str, out: str
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     firsts = [sum(layout[:g]) for g in range(len(layout))]
     groups = [dist.new_group(list(range(f, f + n))) for f, n in zip(firsts, layout, strict=True)]
-    links: dict[frozenset[int], dist.ProcessGroup] = {}
-    add_ring_links(firsts, rank, links, timedelta(seconds=60))
-    in_ring = len(layout) > 1 and rank in firsts
-    cross = LeaderRing(firsts, rank, links, timedelta(seconds=60)) if in_ring else None
+    cross = leader_ring(firsts, rank, {}, timedelta(seconds=60))
     index = max(g for g, f in enumerate(firsts) if f <= rank)
     ranks = tuple(range(firsts[index], firsts[index] + layout[index]))
     topo = Topology(
