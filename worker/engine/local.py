@@ -21,7 +21,6 @@ from worker.engine.ranks import (
     RankSet,
     allocator_env,
     checkout_env,
-    free_port,
     rank_command,
     rank_env,
     spawn,
@@ -111,6 +110,28 @@ def _supervise(
     return False, False
 
 
+def _rendezvous_port(ranks: RankSet, deadline: float) -> int | None:
+    """The port rank 0 (the only rank started) reports in its ``rendezvous`` event
+    (:func:`worker.engine.distributed.rendezvous_store`); None when rank 0 ends or
+    ``deadline`` (time.monotonic) passes first. The lines read are put back in order."""
+    seen: list[tuple[str, str]] = []
+    found = None
+    while found is None and time.monotonic() < deadline:
+        try:
+            line = ranks.lines.get(timeout=0.05)
+        except queue.Empty:
+            if not ranks.alive_ranks() and ranks.lines.empty():
+                break
+            continue
+        seen.append(line)
+        event = parse_event(line[1])
+        if event is not None and event.get("type") == "rendezvous":
+            found = int(event["port"])
+    for line in seen:
+        ranks.lines.put(line)
+    return found
+
+
 def _start(spec_path: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     """One rank: a fresh interpreter, or forked from the preloaded fork server once tests
     asked for it (:mod:`worker.engine.prefork`); always a fresh one for a rank that preloads
@@ -133,7 +154,10 @@ def launch_local(
 ) -> LocalRun:
     """Run every rank of ``spec`` on 127.0.0.1 and wait for all of them.
 
-    ``port`` defaults to a free one; ``env_extra`` is added to each rank's
+    ``port`` defaults to one rank 0's rendezvous store picks and reports (the other ranks
+    start once it has: no other socket can take it first, as one could take a port chosen
+    here for rank 0 to bind later); when rank 0 fails before that, no other rank starts.
+    ``env_extra`` is added to each rank's
     environment. When a rank fails, the others get ``fail_grace_s`` seconds to
     notice and exit before they are killed; at ``timeout_s`` seconds all are
     killed. ``stop_when(event)`` returning True for any rank's event kills
@@ -145,20 +169,27 @@ def launch_local(
     every rank is killed and the error propagates.
     Otherwise never raises for a failed run: inspect the returned LocalRun.
     """
-    port = port or free_port()
     started = time.monotonic()
     ranks = RankSet(keep=None)
     with tempfile.TemporaryDirectory(prefix="polytrain-") as tmp:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(spec.model_dump_json())
+
+        def start(rank: int, port: int) -> None:
+            env = {
+                **rank_env(spec, rank, "127.0.0.1", port),
+                **allocator_env(rank != 0 and spec.sharded(spec.group_of(rank))),
+                **(env_extra or {}),
+            }
+            ranks.add(rank, _start(spec_path, checkout_env(env)))
+
         try:  # a rank that fails to start, on_spawn's error, an interrupt: no rank outlives it
-            for rank in range(spec.world_size):
-                env = {
-                    **rank_env(spec, rank, "127.0.0.1", port),
-                    **allocator_env(rank != 0 and spec.sharded(spec.group_of(rank))),
-                    **(env_extra or {}),
-                }
-                ranks.add(rank, _start(spec_path, checkout_env(env)))
+            start(0, port or 0)
+            # Without a port, rank 0's store listens on one the kernel picked.
+            met = port or _rendezvous_port(ranks, deadline=started + timeout_s)
+            for rank in range(1, spec.world_size):
+                if met is not None:
+                    start(rank, met)
             if on_spawn is not None:
                 on_spawn({p.rank: p.popen.pid for p in ranks.procs})
             timed_out, stopped = _supervise(ranks, timeout_s, fail_grace_s, stop_when)
