@@ -53,7 +53,7 @@ format: install
 # Benchmarks (docs/benchmarks.md): one JSON line each. bench: the figures with targets, every
 # ratio from 5 paired rounds, 2 for the throttled and sharded ones (about 27 minutes on this 2-core
 # host: bench/run_all.py); bench-all adds the accuracy runs, the full throttled runs and the earlier
-# issues' benchmarks (about 165 minutes in all); bench-quick,
+# issues' benchmarks (about 170 minutes in all); bench-quick,
 # the engine's core figures, about 6 minutes.
 bench: install
 	$(BIN)/python -m bench.run_all

@@ -117,7 +117,9 @@ def group_name(index: int) -> str:
 
 
 def generator_main(plan_path: Path, part: int, out: Path) -> int:
-    """One generator process: the agents of `plan["plans"]` whose index % parts == part."""
+    """One generator process: the agents of `plan["plans"]` whose index % parts == part,
+    until `plan["until"]` or until the file `plan["stop_file"]` (optional) exists;
+    `plan["rates"]` (optional) overrides fields of `Rates`."""
     plan = json.loads(plan_path.read_text())
     parts = plan["generators"]
     plans = [AgentPlan(**p) for p in plan["plans"] if p["index"] % parts == part]
@@ -134,20 +136,49 @@ def generator_main(plan_path: Path, part: int, out: Path) -> int:
         )
 
     async def run_and_write() -> None:
+        stop = asyncio.Event()
+
+        async def watch_stop_file() -> None:  # bench/fleet_faults.py ends the run with it
+            while not stop.is_set():
+                if plan.get("stop_file") and Path(plan["stop_file"]).exists():
+                    stop.set()
+                await asyncio.sleep(0.5)
+
+        watcher = asyncio.create_task(watch_stop_file())
+        rates: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in (plan.get("rates") or {}).items()
+        }
         report = await simulate(
             plans,
             client=client,
             broker=lambda: RedisBroker(plan["broker_url"]),
             windows=windows,
             until=plan["until"],
-            rates=Rates(),
+            rates=Rates(**rates),
+            stop=stop,
         )
+        watcher.cancel()
         out.write_text(json.dumps(report))
         # Done: connections left to the OS, so no slow clean-up of a thousand can hang here.
         os._exit(0)
 
     asyncio.run(run_and_write())
     return 0
+
+
+def start_generators(
+    workdir: Path, plan: dict[str, Any]
+) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
+    """Write `plan` to `workdir`/plan.json and start its `plan["generators"]` generator
+    processes (`generator_main`); the processes and the files each writes its report to."""
+    (workdir / "plan.json").write_text(json.dumps(plan))
+    outs = [workdir / f"generator-{k}.json" for k in range(plan["generators"])]
+    command = [sys.executable, "-m", "bench.agent_fleet", "--generator", str(workdir / "plan.json")]
+    procs = [
+        subprocess.Popen([*command, "--part", str(k), "--out", str(out)], cwd=ROOT)
+        for k, out in enumerate(outs)
+    ]
+    return procs, outs
 
 
 class Submitter(threading.Thread):
@@ -430,25 +461,7 @@ def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
                 "windows": [w.__dict__ for w in windows],
                 "until": until,
             }
-            (workdir / "plan.json").write_text(json.dumps(plan))
-            outs = [workdir / f"generator-{k}.json" for k in range(args.generators)]
-            generators = [
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "bench.agent_fleet",
-                        "--generator",
-                        str(workdir / "plan.json"),
-                        "--part",
-                        str(k),
-                        "--out",
-                        str(out),
-                    ],
-                    cwd=ROOT,
-                )
-                for k, out in enumerate(outs)
-            ]
+            generators, outs = start_generators(workdir, plan)
             rates = Rates()
             submitter = Submitter(
                 stack, body, steps, ramps, until, args.busy_fraction, sum(rates.task_s) / 2

@@ -32,6 +32,7 @@ import httpx
 
 from contracts.agent_api import (
     ACTIVE_STATUSES,
+    REPORT_MAX_ITEMS,
     STATE_WAIT_S,
     Hardware,
     HeartbeatReply,
@@ -135,7 +136,17 @@ class RedisBroker:
         self._redis = aioredis.Redis.from_url(url, single_connection_client=True)
 
     async def take(self, queue: str, timeout_s: float) -> dict[str, Any] | None:
-        found = await self._redis.brpop([queue], timeout=max(1, round(timeout_s)))
+        """The next message, or None after ``timeout_s``; while Redis is unreachable (a
+        restart), None after a second's wait, the next call reconnecting, as a Celery
+        worker's consumer does."""
+        from redis.exceptions import ConnectionError as RedisDown
+        from redis.exceptions import TimeoutError as RedisTimeout
+
+        try:
+            found = await self._redis.brpop([queue], timeout=max(1, round(timeout_s)))
+        except (RedisDown, RedisTimeout):
+            await asyncio.sleep(1.0)
+            return None
         if found is None:
             return None
         message = json.loads(found[1])
@@ -209,6 +220,35 @@ def summarize(latency: dict[str, list[float]], errors: Counter[str]) -> dict[str
 
 
 @dataclass
+class Ledger:
+    """What the API told a generator's agents it took, for bench/fleet_faults.py to hold
+    against the database: every sub-task claimed (`claims`: sub-task id, agent name; a 204),
+    every log line a report carried that was answered 2xx (`acked`: "task:attempt:node" ->
+    seqs), and the lines an agent gave up on (`dropped`: a sub-task's last report failed
+    after every retry)."""
+
+    claims: list[tuple[int, str]] = field(default_factory=list)
+    acked: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    dropped: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"claims": self.claims, "acked": dict(self.acked), "dropped": self.dropped}
+
+    @staticmethod
+    def merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """Several generators' `as_json()` as one."""
+        acked: dict[str, list[int]] = defaultdict(list)
+        for part in parts:
+            for key, seqs in part["acked"].items():
+                acked[key] += seqs
+        return {
+            "claims": [c for part in parts for c in part["claims"]],
+            "acked": dict(acked),
+            "dropped": sum(part["dropped"] for part in parts),
+        }
+
+
+@dataclass
 class SimAgent:
     """One simulated host: an agent of `group` with `WORKERS` workers.
 
@@ -231,6 +271,7 @@ class SimAgent:
     state: tuple[str, int] | None = None
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     rng: random.Random = field(default_factory=random.Random)
+    ledger: Ledger = field(default_factory=Ledger)
 
     def __post_init__(self) -> None:
         self.name = self.name or f"sim-{self.index:04d}"
@@ -244,15 +285,15 @@ class SimAgent:
         """One request, timed from its first try to its answer; None if every try failed.
 
         As the agent's `InternalApi`: a transport error (e.g. the server closed an idle
-        keep-alive connection as the request left) is tried again after 0.5, 1, 2 ... s, up
-        to 5 times; each retry is counted (`kind:retried-<error>`), the latency includes the
-        waits, and a request that failed every try is an error (`kind:<error>`).
+        keep-alive connection as the request left) is tried again after 0.5, 1, 2 ... s, and
+        a 5xx answer after the same wait, up to 5 tries in all; each retry is counted
+        (`kind:retried-<error>`), the latency includes the waits, and a request that failed
+        every try is an error (`kind:<error>`).
         """
         started, delay = time.perf_counter(), 0.5
         for attempt in range(6):
             try:
                 response = await self.http.request(method, path, **kwargs)
-                break
             except httpx.TransportError as exc:
                 if attempt == 5:
                     self.recorder.request(kind, 0.0, type(exc).__name__)
@@ -260,6 +301,11 @@ class SimAgent:
                 self.recorder.request(kind, 0.0, f"retried-{type(exc).__name__}")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+                continue
+            if response.status_code < 500 or attempt == 5:
+                break
+            self.recorder.request(kind, 0.0, f"retried-{response.status_code}")
+            await asyncio.sleep(delay)
         ms = (time.perf_counter() - started) * 1000
         ok = response.status_code < 400 or (kind == "claim" and response.status_code == 409)
         self.recorder.request(kind, ms, None if ok else str(response.status_code))
@@ -370,6 +416,7 @@ class SimAgent:
         )
         if response is None or response.status_code != 204:
             return
+        self.ledger.claims.append((payload.sub_task_id, self.name))
         task = f"/tasks/{payload.task_id}"
         if payload.hosts_parameter_server:
             await self.call(
@@ -420,6 +467,7 @@ class SimAgent:
         duration = self.rng.uniform(*rates.task_s)
         next_metrics = started + rates.metrics_s
         epoch, metrics = 0, []
+        unsent: list[dict[str, Any]] = []  # as the reporter's buffer: kept after a failure
         while (now := time.monotonic()) - started < duration:
             wake = min(rates.report_s, max(0.0, started + duration - now))
             try:
@@ -428,6 +476,9 @@ class SimAgent:
                 pass
             if self.stopped.is_set():
                 status = self.state[0] if self.state else "gone"
+                if unsent:  # as the reporter's flush when the ranks are stopped
+                    await self._report(task, payload, ranks, seq, epoch, 1.0, [], unsent, new=0)
+                self.ledger.dropped += len(unsent)
                 return f"stopped: task is {status}"
             now = time.monotonic()
             if now >= next_metrics:
@@ -435,14 +486,15 @@ class SimAgent:
                 epoch += 1
                 metrics = self._metrics(ranks, epoch, seq)
             seq = await self._report(
-                task, payload, ranks, seq, epoch, (now - started) / duration, metrics
+                task, payload, ranks, seq, epoch, (now - started) / duration, metrics, unsent
             )
             metrics = []
         # As an agent's reporter flushes when its ranks end: the last interval's report goes
         # out, with the last epoch's metrics.
         await self._report(
-            task, payload, ranks, seq, epoch, 1.0, self._metrics(ranks, epoch + 1, seq)
+            task, payload, ranks, seq, epoch, 1.0, self._metrics(ranks, epoch + 1, seq), unsent
         )
+        self.ledger.dropped += len(unsent)
         return ""
 
     async def _report(
@@ -454,11 +506,17 @@ class SimAgent:
         epoch: int,
         done: float,
         metrics: list[dict[str, Any]],
+        unsent: list[dict[str, Any]],
+        new: int | None = None,
     ) -> int:
-        """One report (`Report`): ``log_lines`` lines from ``seq``, ``metrics`` and the
-        progress; the next seq."""
+        """One report (`Report`): the lines of ``unsent`` (a failed report's, as the agent's
+        `Reporter` keeps them) and ``new`` (default ``log_lines``) more from ``seq``,
+        ``metrics`` and the progress; the next seq. ``unsent`` is emptied when the API
+        answers 2xx (its lines then count as acknowledged, `Ledger.acked`), else holds every
+        line of the report."""
         stamp = datetime.now(UTC).replace(tzinfo=None).isoformat()
-        lines = [
+        count = self.rates.log_lines if new is None else new
+        unsent += [
             {
                 "attempt": payload.attempt,
                 "node": f"worker-{ranks[-1]}",
@@ -466,8 +524,9 @@ class SimAgent:
                 "time": stamp,
                 "text": f"step {seq + i}: loss {self.rng.uniform(0.1, 2.0):.4f}",
             }
-            for i in range(self.rates.log_lines)
+            for i in range(count)
         ]
+        lines = unsent[:REPORT_MAX_ITEMS]
         report = Report.model_validate(
             {
                 "lines": lines,
@@ -479,8 +538,16 @@ class SimAgent:
                 },
             }
         )
-        await self.call("report", "POST", f"{task}/report", json=report.model_dump(mode="json"))
-        return seq + self.rates.log_lines
+        response = await self.call(
+            "report", "POST", f"{task}/report", json=report.model_dump(mode="json")
+        )
+        if response is not None and response.status_code < 300:
+            for line in lines:
+                self.ledger.acked[f"{payload.task_id}:{line['attempt']}:{line['node']}"].append(
+                    line["seq"]
+                )
+            del unsent[: len(lines)]
+        return seq + count
 
     def _metrics(self, ranks: list[int], epoch: int, step: int) -> list[dict[str, Any]]:
         """An epoch's metrics: 3 per worker rank, 4 of the parameter server (rank 0)."""
@@ -530,9 +597,11 @@ async def simulate(
     `broker()` one agent's broker connection (None: agents take no sub-tasks). Returns
     `{"registered", "register_failed", "heartbeats", "windows": [{"label", "latency_ms":
     {kind: [every latency]}, "errors": {"kind:status": count}, "cpu_s" (this process's CPU
-    seconds in the window), "loop_lag_p99_ms"}], "totals"}` (`merge` pools several).
+    seconds in the window), "loop_lag_p99_ms"}], "totals", "ledger"}` (`Ledger.as_json`;
+    `merge` pools several).
     """
     recorder = Recorder(windows)
+    ledger = Ledger()
     agents: list[SimAgent] = []
     closers: list[Callable[[], Any]] = []
     jobs: list[asyncio.Task[None]] = []
@@ -544,7 +613,7 @@ async def simulate(
         await asyncio.sleep(max(0.0, plan.start_at - time.time()))
         http = client()
         closers.append(http.aclose)
-        agent = SimAgent(plan.index, plan.group, http, recorder, rates, None)
+        agent = SimAgent(plan.index, plan.group, http, recorder, rates, None, ledger=ledger)
         if not await agent.register():
             failed += 1
             return
@@ -599,6 +668,7 @@ async def simulate(
         "heartbeats": sum(a.heartbeats for a in agents),
         "windows": report,
         "totals": dict(recorder.totals),
+        "ledger": ledger.as_json(),
     }
 
 
@@ -629,4 +699,5 @@ def merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
         "register_failed": sum(r["register_failed"] for r in reports),
         "heartbeats": sum(r["heartbeats"] for r in reports),
         "windows": windows,
+        "ledger": Ledger.merged([r["ledger"] for r in reports]),
     }

@@ -69,7 +69,7 @@ BENCHMARKS = (
     "bench.agent_fleet --steps 250 --measure-s 30",
 )
 LARGE_ARMS = "single,fast,ddp,sync,diloco16,diloco16_overlapped,diloco16_async,diloco64"
-# `make bench-all` adds the slow accuracy runs and the earlier issues' benchmarks (about 135
+# `make bench-all` adds the slow accuracy runs and the earlier issues' benchmarks (about 140
 # minutes more).
 MORE = (
     # real throttling, every strategy (guard off and on, periodic, the three diloco modes),
@@ -99,6 +99,9 @@ MORE = (
     "bench.api_p99 --only readers",
     # a thousand agents, simulated (issue 19): about 5 minutes
     "bench.agent_fleet",
+    # issue 37 item 5: an API process killed, Redis and PostgreSQL restarted under 1,000
+    # simulated agents, the database held against what they were told: about 5 minutes
+    "bench.fleet_faults",
     # what the cross-device agreement checks cost a clean run (issue 21): about 12 minutes
     "bench.agreement_overhead",
     # a plan's predictions against real throttled runs (issue 21 item 3; root, cgroup v1

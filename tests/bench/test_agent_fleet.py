@@ -3,18 +3,25 @@ heartbeat, and run a task the scheduler placed from claim to finish, so the benc
 (bench/agent_fleet.py) cannot rot."""
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from fastapi.testclient import TestClient
 
+from bench import fleet
 from bench.agent_fleet import verdicts
 from bench.fleet import AgentPlan, MemoryBroker, Rates, Window, merge, simulate
+from bench.fleet_faults import logged_errors
 from contracts.messaging import queue_name
 from contracts.payload import SubTaskPayload
 from tests.conftest import TOKEN, make_group, make_project, task_request
+from tests.worker.agent.conftest import make_payload
+from worker.engine.ranks import free_port
 
 FAST = Rates(
     heartbeat_s=0.3,
@@ -111,7 +118,17 @@ def test_simulated_agents_register_heartbeat_and_run_a_task(
         assert requests[kind]["count"] >= 1, kind
     # The agent's protocol: no state poll, no separate logs/progress/metrics requests.
     assert not {"task_state", "logs", "progress", "metrics"} & set(requests)
-    assert client.get(f"/api/v1/tasks/{task_id}/logs").json()
+    logs = client.get(f"/api/v1/tasks/{task_id}/logs", params={"limit": 10_000}).json()
+    # The ledger bench/fleet_faults.py holds against the database: what the API took
+    ledger = report["ledger"]
+    assert len({sub_task for sub_task, _agent in ledger["claims"]}) == 2
+    acked = {
+        (int(key.split(":")[1]), key.split(":", 2)[2], seq)
+        for key, seqs in ledger["acked"].items()
+        for seq in seqs
+    }
+    assert acked and acked <= {(line["attempt"], line["node"], line["seq"]) for line in logs}
+    assert ledger["dropped"] == 0
     assert client.get(f"/api/v1/tasks/{task_id}/metrics", params={"resources": "false"}).json()
     assert client.get(f"/api/v1/tasks/{task_id}/metrics", params={"resources": "true"}).json()
     assert client.get(f"/api/v1/tasks/{task_id}").json()["progress"] == 1.0
@@ -121,3 +138,66 @@ def test_the_summary_says_which_targets_a_run_did_not_reach() -> None:
     # make bench's run stops at 250 agents: neither target is judged, and says so
     assert verdicts({250: 180.7}) == {"1000": "not measured", "2000": "not measured"}
     assert verdicts({250: 90.0, 1000: 950.0, 2000: 2500.0}) == {"1000": True, "2000": False}
+
+
+def test_a_report_the_api_failed_keeps_its_lines_for_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the agent's reporter: a report answered 5xx on every try keeps its lines, and the
+    next report carries them first; only lines of a 2xx answer count as acknowledged."""
+    bodies: list[dict[str, Any]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(503 if len(bodies) <= 6 else 200, json={})
+
+    async def no_wait(_s: float) -> None:
+        return None
+
+    monkeypatch.setattr(fleet.asyncio, "sleep", no_wait)
+    payload = make_payload(task_id=3)
+
+    async def run() -> tuple[fleet.SimAgent, list[dict[str, Any]]]:
+        http = httpx.AsyncClient(transport=httpx.MockTransport(handle), base_url="http://api")
+        agent = fleet.SimAgent(0, "gpu-a", http, fleet.Recorder([]), FAST, None)
+        unsent: list[dict[str, Any]] = []
+        seq = await agent._report("/tasks/3", payload, [1], 0, 0, 0.5, [], unsent)
+        kept = list(unsent)
+        await agent._report("/tasks/3", payload, [1], seq, 0, 1.0, [], unsent)
+        assert unsent == []
+        return agent, kept
+
+    agent, kept = asyncio.run(run())
+    assert len(bodies) == 7  # one report's 6 tries, then the next report
+    assert [line["seq"] for line in kept] == [0, 1, 2, 3]
+    assert [line["seq"] for line in bodies[-1]["lines"]] == list(range(8))
+    assert agent.ledger.acked == {"3:1:worker-1": list(range(8))}
+
+
+def test_a_broker_that_is_down_answers_no_message() -> None:
+    """A simulated agent's queue read while Redis restarts: no message, no exception (the
+    agent's serving loop would end), as a Celery consumer reconnects."""
+    broker = fleet.RedisBroker(f"redis://127.0.0.1:{free_port()}/0")
+
+    async def take() -> Any:
+        try:
+            return await broker.take("rg.a.agent-1", 1.0)
+        finally:
+            await broker.close()
+
+    assert asyncio.run(take()) is None
+
+
+def test_the_fault_run_reads_the_exceptions_its_api_logged(tmp_path: Path) -> None:
+    log = tmp_path / "api.log"
+    log.write_text(
+        "publishing sub-task 305 failed; retrying next pass\n"
+        "Traceback (most recent call last):\n"
+        '  File "kombu/connection.py", line 539, in _reraise_as_library_errors\n'
+        "kombu.exceptions.OperationalError: Error 111 connecting. Connection refused.\n"
+        "INFO: 127.0.0.1 - POST /internal/v1/agents/1/heartbeat 200\n"
+    )
+    assert logged_errors(log) == {
+        "kombu.exceptions.OperationalError: Error 111 connecting. Connection refused.": 1
+    }
+    assert logged_errors(tmp_path / "none.log") == {}
