@@ -59,8 +59,9 @@ class LocalRun:
         )
 
     def text(self, rank: int) -> str:
-        """All output of ``rank`` as one string."""
-        return "\n".join(self.output[rank])
+        """All output of ``rank`` as one string ("" for a rank that never started: rank 0
+        failed before the others were started)."""
+        return "\n".join(self.output.get(rank, []))
 
     def metrics(self, name: str, rank: int = 0) -> list[float | None]:
         """Values of metric ``name`` reported by ``rank``, in order."""
@@ -112,24 +113,22 @@ def _supervise(
 
 def _rendezvous_port(ranks: RankSet, deadline: float) -> int | None:
     """The port rank 0 (the only rank started) reports in its ``rendezvous`` event
-    (:func:`worker.engine.distributed.rendezvous_store`); None when rank 0 ends or
-    ``deadline`` (time.monotonic) passes first. The lines read are put back in order."""
-    seen: list[tuple[str, str]] = []
-    found = None
-    while found is None and time.monotonic() < deadline:
-        try:
-            line = ranks.lines.get(timeout=0.05)
-        except queue.Empty:
-            if not ranks.alive_ranks() and ranks.lines.empty():
-                break
-            continue
-        seen.append(line)
-        event = parse_event(line[1])
-        if event is not None and event.get("type") == "rendezvous":
-            found = int(event["port"])
-    for line in seen:
-        ranks.lines.put(line)
-    return found
+    (:func:`worker.engine.distributed.rendezvous_store`), read from its output as its reader
+    keeps it (``tail``; the queue of lines is left to ``stop_when``); None when rank 0's
+    output ends or ``deadline`` (time.monotonic) passes first."""
+    (proc,) = ranks.procs
+    read = 0
+    while time.monotonic() < deadline:
+        ended = proc.reader is not None and not proc.reader.is_alive()  # before reading
+        for line in proc.tail[read:]:
+            read += 1
+            event = parse_event(line)
+            if event is not None and event.get("type") == "rendezvous":
+                return int(event["port"])
+        if ended:
+            return None
+        time.sleep(0.02)
+    return None
 
 
 def _start(spec_path: Path, env: dict[str, str]) -> subprocess.Popen[str]:
@@ -157,16 +156,16 @@ def launch_local(
     ``port`` defaults to one rank 0's rendezvous store picks and reports (the other ranks
     start once it has: no other socket can take it first, as one could take a port chosen
     here for rank 0 to bind later); when rank 0 fails before that, no other rank starts.
-    ``env_extra`` is added to each rank's
-    environment. When a rank fails, the others get ``fail_grace_s`` seconds to
-    notice and exit before they are killed; at ``timeout_s`` seconds all are
-    killed. ``stop_when(event)`` returning True for any rank's event kills
-    every rank at once (an interruption, for resume tests). ``on_spawn(pids)``
-    is called once every rank has started, with each rank's process id, while
-    they are still importing (a second or so; benchmarks place ranks in CPU
-    cgroups with it, bench/throttle.py, before any computes or starts a
-    child); if it raises, or the wait is interrupted (KeyboardInterrupt, a test's timeout),
-    every rank is killed and the error propagates.
+    ``env_extra`` is added to each rank's environment. When a rank fails, the others get
+    ``fail_grace_s`` seconds to notice and exit before they are killed; at ``timeout_s``
+    seconds all are killed (rank 0's wait for its port included). ``stop_when(event)``
+    returning True for any rank's event kills every rank at once (an interruption, for
+    resume tests). ``on_spawn(pids)`` is called once every rank has started, with each
+    rank's process id, while the others are still importing and rank 0 waits for them at
+    its store (benchmarks place ranks in CPU cgroups with it, bench/throttle.py, before any
+    computes or starts a child), and not at all when rank 0 failed first; if it raises, or
+    the wait is interrupted (KeyboardInterrupt, a test's timeout), every rank is killed and
+    the error propagates.
     Otherwise never raises for a failed run: inspect the returned LocalRun.
     """
     started = time.monotonic()
@@ -187,12 +186,13 @@ def launch_local(
             start(0, port or 0)
             # Without a port, rank 0's store listens on one the kernel picked.
             met = port or _rendezvous_port(ranks, deadline=started + timeout_s)
-            for rank in range(1, spec.world_size):
-                if met is not None:
+            if met is not None:
+                for rank in range(1, spec.world_size):
                     start(rank, met)
-            if on_spawn is not None:
-                on_spawn({p.rank: p.popen.pid for p in ranks.procs})
-            timed_out, stopped = _supervise(ranks, timeout_s, fail_grace_s, stop_when)
+                if on_spawn is not None:
+                    on_spawn({p.rank: p.popen.pid for p in ranks.procs})
+            left_s = started + timeout_s - time.monotonic()  # one timeout for the whole run
+            timed_out, stopped = _supervise(ranks, left_s, fail_grace_s, stop_when)
         except BaseException:
             ranks.kill_all(grace_s=0.5)
             raise
