@@ -60,12 +60,17 @@ class GroupDevice(BaseModel):
 
 class Claim(StrictModel):
     """An agent takes its part. `preparing`: it first builds the code version's environment,
-    so the task is not counted as started until it reports the part ready."""
+    so the task is not counted as started until it reports the part ready. `claim_id`: made
+    by the agent for this claim (a random token, the same in every retry of the request): a
+    retry of a claim the API took, whose answer was lost (the API process killed, a dropped
+    connection), is answered as the first was, where a redelivered message (a new claim) is
+    refused."""
 
     agent_id: int
     host: str
     attempt: int = Field(default=1, ge=1)
     preparing: bool = False
+    claim_id: str | None = Field(default=None, min_length=16, max_length=64)
 
 
 class Ready(StrictModel):

@@ -36,7 +36,9 @@ def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
     """An agent takes a sub-task (its group's part booked for that agent). A redelivered
     message finds it taken: Conflict.
 
-    A message of an earlier attempt (the task restarted since) is refused too.
+    A message of an earlier attempt (the task restarted since) is refused too. A retry of
+    a claim that was taken (the same `data.claim_id`, agent and attempt: its answer was
+    lost) is answered as it was, changing nothing, while the part still runs.
     The first claim moves the task from SCHEDULED to RUNNING, unless the claiming agent
     prepares first (`data.preparing`: it builds the code version's environment): then the
     part waits in `preparing`, the timeline records the phase, and :func:`ready` starts the
@@ -59,6 +61,13 @@ def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
     if agent is None:
         raise NotFound(f"agent {data.agent_id} is not registered", field="agent_id")
     task = session.get_one(Task, sub.task_id, with_for_update=True)
+    retried = data.claim_id is not None and (sub.claim_id, sub.agent_id, sub.attempt) == (
+        data.claim_id,
+        data.agent_id,
+        data.attempt,
+    )
+    if retried and sub.status is SubTaskStatus.RUNNING and task.status.active:
+        return sub  # this very claim, retried: it was taken, its answer was lost
     if (
         sub.status is not SubTaskStatus.PENDING
         or not task.status.active
@@ -95,7 +104,7 @@ def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
             field="workers",
         )
     lifecycle.move_sub_task(sub, SubTaskStatus.RUNNING)
-    sub.agent_id, sub.preparing = data.agent_id, data.preparing
+    sub.agent_id, sub.preparing, sub.claim_id = data.agent_id, data.preparing, data.claim_id
     nodes = (Allocation.role == NodeRole.COMPUTE) & Allocation.rank.between(
         sub.first_rank, sub.first_rank + sub.workers - 1
     )

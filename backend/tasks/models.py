@@ -337,6 +337,8 @@ class SubTask(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     attempt: Mapped[int] = mapped_column(default=1, server_default="1")
     dispatched_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The agent's token for the claim that took it (Claim.claim_id): its retry is answered again.
+    claim_id: Mapped[str | None] = mapped_column(String(64), default=None)
     # Claimed, but its agent builds the code version's environment first (Claim.preparing):
     # the task does not count as started while a part of its attempt prepares.
     preparing: Mapped[bool] = mapped_column(default=False, server_default=false())

@@ -1,6 +1,7 @@
 """HTTP client of the backend's internal API, with retries for transient failures."""
 
 import json
+import secrets
 import time
 from typing import Any
 
@@ -74,6 +75,7 @@ class InternalApi:
                 raise Conflict(error["message"], error.get("field"))
             if response.status_code >= 500 and attempt < self._retries:
                 time.sleep(delay)
+                delay = min(delay * 2, 5.0)
                 continue
             response.raise_for_status()
             return response
@@ -117,11 +119,19 @@ class InternalApi:
         attempt: int = 1,
         preparing: bool = False,
     ) -> None:
-        """Take the part; `preparing`: the environment is built first (then :meth:`ready`)."""
+        """Take the part; `preparing`: the environment is built first (then :meth:`ready`).
+        Every retry carries the same claim id, so a claim the API took whose answer was lost
+        is answered again rather than refused (`Claim.claim_id`)."""
         self._call(
             "POST",
             f"/sub-tasks/{sub_task_id}/claim",
-            json={"agent_id": agent_id, "host": host, "attempt": attempt, "preparing": preparing},
+            json={
+                "agent_id": agent_id,
+                "host": host,
+                "attempt": attempt,
+                "preparing": preparing,
+                "claim_id": secrets.token_hex(16),
+            },
         )
 
     def ready(self, sub_task_id: int, *, detail: str) -> tuple[str, int]:

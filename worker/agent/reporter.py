@@ -1,5 +1,6 @@
 """Turns the processes' output into logs, metrics, progress and checkpoints at the backend."""
 
+import logging
 import queue
 import time
 from datetime import UTC, datetime
@@ -16,6 +17,15 @@ from worker.agent.client import Conflict, InternalApi
 from worker.agent.sandbox import read_rank_file
 from worker.engine.ranks import node_name
 from worker.engine.report import parse_event
+
+log = logging.getLogger(__name__)
+
+OUTAGE_LIMIT_S = 120.0
+"""How long the API may fail every flush (transport errors, 5xx answers, each after the
+client's retries) while a group's ranks run before the part is failed: a restart of the API
+or of its database, seconds, must not stop training; an API gone for minutes fails it."""
+OUTAGE_RETRY_S = 5.0
+"""Seconds between flushes while the API fails them."""
 
 
 class Reporter:
@@ -39,9 +49,13 @@ class Reporter:
         group: str,
         interval_s: float = 0.5,
         attempt: int = 1,
+        outage_limit_s: float = OUTAGE_LIMIT_S,
     ) -> None:
         self.api, self.task_id, self.group, self.interval_s = api, task_id, group, interval_s
         self.attempt = attempt
+        self.outage_limit_s = outage_limit_s
+        self._failing_since: float | None = None  # time.monotonic() of the first failed flush
+        self._retry_at = 0.0
         self._seq: dict[str, int] = {}
         self._lines: list[dict[str, Any]] = []
         self._metrics: list[dict[str, Any]] = []
@@ -84,8 +98,9 @@ class Reporter:
                     f"ignored a malformed {str(event.get('type'))[:40]!r} event "
                     f"from {node}: {str(exc)[:200]}"
                 )
-        if time.monotonic() - self._last_flush >= self.interval_s:
-            self.flush()
+        now = time.monotonic()
+        if now - self._last_flush >= self.interval_s and now >= self._retry_at:
+            self.flush(tolerate=True)
 
     def _handle(self, node: str, event: dict[str, Any]) -> None:
         kind = event.get("type")
@@ -222,14 +237,43 @@ class Reporter:
         self.agent_line(f"refused the shard provenance of {name!r} from {node}: {reason}")
         return None
 
-    def flush(self) -> None:
+    def flush(self, *, tolerate: bool = False) -> None:
         """Send everything buffered now: log lines, metrics and the latest progress in one
         request (`Report`), none when nothing is buffered; more than a report may carry
         (`REPORT_MAX_ITEMS` lines or metrics) goes in several, in order, the progress with
         the last. What was sent leaves the buffers; a failed request keeps the rest for the
         next flush. (One report of everything was refused, 422, once a burst of output
         passed the limit, and every flush after it sent the same report again: a task's
-        logs and metrics from that agent stopped.)"""
+        logs and metrics from that agent stopped.)
+
+        With ``tolerate`` (the flushes while the ranks run, :meth:`pump`), a failure the API
+        can recover from (a transport error or a 5xx, after the client's retries) is logged
+        and the next flush comes ``OUTAGE_RETRY_S`` later; it raises only once every flush
+        has failed for ``outage_limit_s`` seconds. Without it, or for a 4xx, it raises
+        (httpx.TransportError, httpx.HTTPStatusError). A restart of the API or its database
+        so costs a running part nothing (it once failed every part that flushed during it,
+        the client's retries of a 5xx lasting 2.5 s: bench/fleet_faults.py).
+        """
+        try:
+            self._send()
+        except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+            recoverable = isinstance(exc, httpx.TransportError) or not exc.response.is_client_error
+            now = time.monotonic()
+            self._failing_since = self._failing_since or now
+            if not (tolerate and recoverable) or now - self._failing_since > self.outage_limit_s:
+                raise
+            self._retry_at = now + OUTAGE_RETRY_S
+            log.warning(
+                "task %s: report not sent (%s), kept for %.0f s more; next try in %.0f s",
+                self.task_id,
+                exc,
+                self.outage_limit_s - (now - self._failing_since),
+                OUTAGE_RETRY_S,
+            )
+            return
+        self._failing_since, self._retry_at = None, 0.0
+
+    def _send(self) -> None:
         self._last_flush = time.monotonic()
         if not (self._lines or self._metrics or self._progress is not None):
             return

@@ -6,9 +6,13 @@ import json
 import queue
 from pathlib import Path
 
+import httpx
+import pytest
+
 from contracts.agent_api import REPORT_MAX_ITEMS
 from contracts.trial import TrialResult
 from tests.worker.agent.fakes import FakeApi
+from worker.agent import reporter as reporter_module
 from worker.agent.reporter import Reporter
 from worker.engine.report import PREFIX
 
@@ -75,6 +79,36 @@ def test_logs_survive_a_503(api: FakeApi) -> None:
     reporter.flush()
     assert [x["text"] for x in api.reported("lines")] == ["started"]
     assert api.reported("lines")[0]["node"] == "agent-a"
+
+
+def test_an_api_outage_keeps_the_output_and_costs_the_running_part_nothing(
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the ranks run, a report the API fails (its database restarting: 5xx, or the
+    process gone: a dropped connection), after the client's retries, is kept for a later
+    flush instead of failing the part; nothing is lost or sent twice."""
+    monkeypatch.setattr(reporter_module, "OUTAGE_RETRY_S", 0.0)
+    api.fail["report"] = [503, 0]  # retries=0: one failed flush each
+    reporter = Reporter(api.client(retries=0), 4, group="a", interval_s=0.0)
+    reporter.pump(lines(("rank-1", "one"), ("ps", ev(type="metric", name="loss", value=0.5))))
+    reporter.pump(lines(("rank-1", "two")))
+    assert api.reported("lines") == []
+    reporter.pump(lines(("rank-1", "three")))  # the API is back
+    assert [x["text"] for x in api.reported("lines")] == ["one", "two", "three"]
+    assert [x["seq"] for x in api.reported("lines")] == [0, 1, 2]
+    assert [m["value"] for m in api.reported("metrics")] == [0.5]
+
+
+def test_an_api_gone_for_longer_than_the_limit_fails_the_part(api: FakeApi) -> None:
+    api.fail["report"] = [503, 503]
+    reporter = Reporter(api.client(retries=0), 4, group="a", interval_s=0.0, outage_limit_s=0.0)
+    reporter.pump(lines(("rank-1", "one")))  # the first failure starts the clock
+    reporter._retry_at = 0.0  # the next flush now, not OUTAGE_RETRY_S later
+    with pytest.raises(httpx.HTTPStatusError):
+        reporter.pump(lines(("rank-1", "two")))
+    api.fail["report"] = [422]  # a refusal is no outage: raised at once
+    with pytest.raises(httpx.HTTPStatusError):
+        Reporter(api.client(retries=0), 4, group="a", interval_s=0.0).pump(lines(("ps", "x")))
 
 
 def test_metrics_keep_their_rank_and_the_parameter_server_reports_global_ones(api: FakeApi) -> None:

@@ -37,7 +37,9 @@ def test_a_message_of_an_earlier_attempt_is_refused(api: FakeApi, run_with: Run)
     api.attempt = 2
     outcome, pool = run_with({}, attempt=1)
     assert outcome == "ignored" and pool.slots == []
-    assert api.bodies("claim") == [{"agent_id": 7, "host": HOST, "attempt": 1, "preparing": False}]
+    (claim,) = api.bodies("claim")
+    assert len(claim.pop("claim_id")) == 32  # a retry of this claim would carry it again
+    assert claim == {"agent_id": 7, "host": HOST, "attempt": 1, "preparing": False}
 
 
 def test_the_parameter_server_host_publishes_the_rendezvous_and_succeeds(
