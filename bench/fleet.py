@@ -21,6 +21,7 @@ import asyncio
 import base64
 import json
 import random
+import secrets
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from contracts.agent_api import (
 )
 from contracts.messaging import queue_name
 from contracts.payload import SubTaskPayload
+from worker.agent.reporter import OUTAGE_LIMIT_S, OUTAGE_RETRY_S
 
 HARDWARE = Hardware(
     device_type="cuda",
@@ -176,9 +178,11 @@ class Recorder:
                 return window.label
         return None
 
-    def request(self, kind: str, ms: float, error: str | None) -> None:
+    def request(self, kind: str, ms: float, error: str | None, at: float | None = None) -> None:
+        """One request's latency, or its error, in the window of ``at`` (when it was sent,
+        `time.time()`; default now)."""
         self.totals[kind if error is None else f"{kind}:{error}"] += 1
-        label = self._window(time.time())
+        label = self._window(time.time() if at is None else at)
         if label is None:
             return
         if error is None:
@@ -224,15 +228,22 @@ class Ledger:
     """What the API told a generator's agents it took, for bench/fleet_faults.py to hold
     against the database: every sub-task claimed (`claims`: sub-task id, agent name; a 204),
     every log line a report carried that was answered 2xx (`acked`: "task:attempt:node" ->
-    seqs), and the lines an agent gave up on (`dropped`: a sub-task's last report failed
-    after every retry)."""
+    seqs), the lines an agent gave up on (`dropped`: a sub-task's last report failed after
+    every retry), and the parts failed because every report failed for `OUTAGE_LIMIT_S`
+    (`gave_up`)."""
 
     claims: list[tuple[int, str]] = field(default_factory=list)
     acked: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     dropped: int = 0
+    gave_up: int = 0
 
     def as_json(self) -> dict[str, Any]:
-        return {"claims": self.claims, "acked": dict(self.acked), "dropped": self.dropped}
+        return {
+            "claims": self.claims,
+            "acked": dict(self.acked),
+            "dropped": self.dropped,
+            "gave_up": self.gave_up,
+        }
 
     @staticmethod
     def merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -245,7 +256,20 @@ class Ledger:
             "claims": [c for part in parts for c in part["claims"]],
             "acked": dict(acked),
             "dropped": sum(part["dropped"] for part in parts),
+            "gave_up": sum(part["gave_up"] for part in parts),
         }
+
+
+@dataclass
+class Unsent:
+    """A running sub-task's reporter buffer (the agent's `Reporter`): the lines and metrics
+    not yet taken by the API, since when every report failed, and when the next may go
+    (`time.monotonic()`, s)."""
+
+    lines: list[dict[str, Any]] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    failing_since: float | None = None
+    retry_at: float = 0.0
 
 
 @dataclass
@@ -285,30 +309,31 @@ class SimAgent:
         """One request, timed from its first try to its answer; None if every try failed.
 
         As the agent's `InternalApi`: a transport error (e.g. the server closed an idle
-        keep-alive connection as the request left) is tried again after 0.5, 1, 2 ... s, and
-        a 5xx answer after the same wait, up to 5 tries in all; each retry is counted
+        keep-alive connection as the request left) or a 5xx answer is tried again after 0.5,
+        1, 2, 4, 5 s (6 tries in all); each retry is counted
         (`kind:retried-<error>`), the latency includes the waits, and a request that failed
         every try is an error (`kind:<error>`).
         """
-        started, delay = time.perf_counter(), 0.5
+        started, sent, delay = time.perf_counter(), time.time(), 0.5
         for attempt in range(6):
             try:
                 response = await self.http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
                 if attempt == 5:
-                    self.recorder.request(kind, 0.0, type(exc).__name__)
+                    self.recorder.request(kind, 0.0, type(exc).__name__, sent)
                     return None
-                self.recorder.request(kind, 0.0, f"retried-{type(exc).__name__}")
+                self.recorder.request(kind, 0.0, f"retried-{type(exc).__name__}", sent)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
             if response.status_code < 500 or attempt == 5:
                 break
-            self.recorder.request(kind, 0.0, f"retried-{response.status_code}")
+            self.recorder.request(kind, 0.0, f"retried-{response.status_code}", sent)
             await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
         ms = (time.perf_counter() - started) * 1000
         ok = response.status_code < 400 or (kind == "claim" and response.status_code == 409)
-        self.recorder.request(kind, ms, None if ok else str(response.status_code))
+        self.recorder.request(kind, ms, None if ok else str(response.status_code), sent)
         return response
 
     async def register(self) -> bool:
@@ -412,7 +437,12 @@ class SimAgent:
             "claim",
             "POST",
             f"/sub-tasks/{payload.sub_task_id}/claim",
-            json={"agent_id": self.agent_id, "host": self.host, "attempt": payload.attempt},
+            json={
+                "agent_id": self.agent_id,
+                "host": self.host,
+                "attempt": payload.attempt,
+                "claim_id": secrets.token_hex(16),  # the same in every retry, as the agent's
+            },
         )
         if response is None or response.status_code != 204:
             return
@@ -436,6 +466,7 @@ class SimAgent:
         finally:
             self.running = None
             watch.cancel()
+        cause = "infra" if outcome.startswith("infra") else "stopped" if outcome else "user"
         await self.call(
             "finished",
             "POST",
@@ -443,7 +474,7 @@ class SimAgent:
             json={
                 "succeeded": outcome == "",
                 "detail": outcome or "done",
-                "cause": "stopped" if outcome else "user",
+                "cause": cause,
             },
         )
 
@@ -461,13 +492,16 @@ class SimAgent:
 
     async def _train(self, task: str, payload: SubTaskPayload, ranks: list[int]) -> str:
         """Report logs and progress (and an epoch's metrics when due) until done, or until
-        the task's state says stop; "" or why it stopped."""
+        the task's state says stop; "" or why it stopped ("infra: ..." when the API failed
+        every report for `OUTAGE_LIMIT_S`, as the agent's reporter then fails the part).
+
+        As the agent's `Reporter`: a failed report keeps its lines and metrics for the next,
+        which goes `OUTAGE_RETRY_S` later."""
         rates, seq = self.rates, 0
         started = time.monotonic()
         duration = self.rng.uniform(*rates.task_s)
         next_metrics = started + rates.metrics_s
-        epoch, metrics = 0, []
-        unsent: list[dict[str, Any]] = []  # as the reporter's buffer: kept after a failure
+        epoch, buffer = 0, Unsent()
         while (now := time.monotonic()) - started < duration:
             wake = min(rates.report_s, max(0.0, started + duration - now))
             try:
@@ -476,47 +510,39 @@ class SimAgent:
                 pass
             if self.stopped.is_set():
                 status = self.state[0] if self.state else "gone"
-                if unsent:  # as the reporter's flush when the ranks are stopped
-                    await self._report(task, payload, ranks, seq, epoch, 1.0, [], unsent, new=0)
-                self.ledger.dropped += len(unsent)
+                if buffer.lines or buffer.metrics:  # the reporter's flush as the ranks stop
+                    await self._report(task, payload, epoch, 1.0, buffer)
+                self.ledger.dropped += len(buffer.lines)
                 return f"stopped: task is {status}"
             now = time.monotonic()
             if now >= next_metrics:
                 next_metrics += rates.metrics_s
                 epoch += 1
-                metrics = self._metrics(ranks, epoch, seq)
-            seq = await self._report(
-                task, payload, ranks, seq, epoch, (now - started) / duration, metrics, unsent
-            )
-            metrics = []
+                buffer.metrics += self._metrics(ranks, epoch, seq)
+            seq = self._output(buffer, payload, ranks, seq)
+            if now < buffer.retry_at:
+                continue
+            if await self._report(task, payload, epoch, (now - started) / duration, buffer):
+                buffer.failing_since, buffer.retry_at = None, 0.0
+                continue
+            buffer.failing_since = buffer.failing_since or now
+            if now - buffer.failing_since > OUTAGE_LIMIT_S:
+                self.ledger.dropped += len(buffer.lines)
+                self.ledger.gave_up += 1
+                return f"infra: every report failed for {OUTAGE_LIMIT_S:.0f} s"
+            buffer.retry_at = now + OUTAGE_RETRY_S
         # As an agent's reporter flushes when its ranks end: the last interval's report goes
         # out, with the last epoch's metrics.
-        await self._report(
-            task, payload, ranks, seq, epoch, 1.0, self._metrics(ranks, epoch + 1, seq), unsent
-        )
-        self.ledger.dropped += len(unsent)
+        buffer.metrics += self._metrics(ranks, epoch + 1, seq)
+        self._output(buffer, payload, ranks, seq)
+        await self._report(task, payload, epoch, 1.0, buffer)
+        self.ledger.dropped += len(buffer.lines)
         return ""
 
-    async def _report(
-        self,
-        task: str,
-        payload: SubTaskPayload,
-        ranks: list[int],
-        seq: int,
-        epoch: int,
-        done: float,
-        metrics: list[dict[str, Any]],
-        unsent: list[dict[str, Any]],
-        new: int | None = None,
-    ) -> int:
-        """One report (`Report`): the lines of ``unsent`` (a failed report's, as the agent's
-        `Reporter` keeps them) and ``new`` (default ``log_lines``) more from ``seq``,
-        ``metrics`` and the progress; the next seq. ``unsent`` is emptied when the API
-        answers 2xx (its lines then count as acknowledged, `Ledger.acked`), else holds every
-        line of the report."""
+    def _output(self, buffer: Unsent, payload: SubTaskPayload, ranks: list[int], seq: int) -> int:
+        """``log_lines`` more lines from ``seq`` into ``buffer``; the next seq."""
         stamp = datetime.now(UTC).replace(tzinfo=None).isoformat()
-        count = self.rates.log_lines if new is None else new
-        unsent += [
+        buffer.lines += [
             {
                 "attempt": payload.attempt,
                 "node": f"worker-{ranks[-1]}",
@@ -524,9 +550,18 @@ class SimAgent:
                 "time": stamp,
                 "text": f"step {seq + i}: loss {self.rng.uniform(0.1, 2.0):.4f}",
             }
-            for i in range(count)
+            for i in range(self.rates.log_lines)
         ]
-        lines = unsent[:REPORT_MAX_ITEMS]
+        return seq + self.rates.log_lines
+
+    async def _report(
+        self, task: str, payload: SubTaskPayload, epoch: int, done: float, buffer: Unsent
+    ) -> bool:
+        """One report (`Report`) of what ``buffer`` holds (up to `REPORT_MAX_ITEMS` lines and
+        metrics: a few seconds' worth here) and the progress; whether the API answered 2xx,
+        which takes the report's lines and metrics out of ``buffer`` (the lines then count as
+        acknowledged, `Ledger.acked`)."""
+        lines, metrics = buffer.lines[:REPORT_MAX_ITEMS], buffer.metrics[:REPORT_MAX_ITEMS]
         report = Report.model_validate(
             {
                 "lines": lines,
@@ -541,13 +576,13 @@ class SimAgent:
         response = await self.call(
             "report", "POST", f"{task}/report", json=report.model_dump(mode="json")
         )
-        if response is not None and response.status_code < 300:
-            for line in lines:
-                self.ledger.acked[f"{payload.task_id}:{line['attempt']}:{line['node']}"].append(
-                    line["seq"]
-                )
-            del unsent[: len(lines)]
-        return seq + count
+        if response is None or response.status_code >= 300:
+            return False
+        for line in lines:
+            key = f"{payload.task_id}:{line['attempt']}:{line['node']}"
+            self.ledger.acked[key].append(line["seq"])
+        del buffer.lines[: len(lines)], buffer.metrics[: len(metrics)]
+        return True
 
     def _metrics(self, ranks: list[int], epoch: int, step: int) -> list[dict[str, Any]]:
         """An epoch's metrics: 3 per worker rank, 4 of the parameter server (rank 0)."""

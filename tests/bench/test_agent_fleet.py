@@ -157,21 +157,52 @@ def test_a_report_the_api_failed_keeps_its_lines_for_the_next(
     monkeypatch.setattr(fleet.asyncio, "sleep", no_wait)
     payload = make_payload(task_id=3)
 
-    async def run() -> tuple[fleet.SimAgent, list[dict[str, Any]]]:
+    async def run() -> tuple[fleet.SimAgent, list[bool], list[dict[str, Any]]]:
         http = httpx.AsyncClient(transport=httpx.MockTransport(handle), base_url="http://api")
         agent = fleet.SimAgent(0, "gpu-a", http, fleet.Recorder([]), FAST, None)
-        unsent: list[dict[str, Any]] = []
-        seq = await agent._report("/tasks/3", payload, [1], 0, 0, 0.5, [], unsent)
-        kept = list(unsent)
-        await agent._report("/tasks/3", payload, [1], seq, 0, 1.0, [], unsent)
-        assert unsent == []
-        return agent, kept
+        buffer, answers = fleet.Unsent(), []
+        seq = agent._output(buffer, payload, [1], 0)
+        answers.append(await agent._report("/tasks/3", payload, 0, 0.5, buffer))
+        kept = list(buffer.lines)
+        agent._output(buffer, payload, [1], seq)
+        answers.append(await agent._report("/tasks/3", payload, 0, 1.0, buffer))
+        assert buffer.lines == []
+        return agent, answers, kept
 
-    agent, kept = asyncio.run(run())
+    agent, answers, kept = asyncio.run(run())
+    assert answers == [False, True]
     assert len(bodies) == 7  # one report's 6 tries, then the next report
     assert [line["seq"] for line in kept] == [0, 1, 2, 3]
     assert [line["seq"] for line in bodies[-1]["lines"]] == list(range(8))
     assert agent.ledger.acked == {"3:1:worker-1": list(range(8))}
+
+
+def test_an_agent_whose_reports_fail_past_the_limit_fails_its_part(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the agent's reporter: every report failing for `OUTAGE_LIMIT_S` (0 here) fails the
+    part, its unsent lines counted as given up."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={})
+
+    async def no_wait(_s: float) -> None:
+        return None
+
+    monkeypatch.setattr(fleet.asyncio, "sleep", no_wait)
+    monkeypatch.setattr(fleet, "OUTAGE_LIMIT_S", 0.0)
+    monkeypatch.setattr(fleet, "OUTAGE_RETRY_S", 0.0)
+    rates = Rates(report_s=0.05, task_s=(60.0, 60.0))
+
+    async def run() -> tuple[fleet.SimAgent, str]:
+        http = httpx.AsyncClient(transport=httpx.MockTransport(handle), base_url="http://api")
+        agent = fleet.SimAgent(0, "gpu-a", http, fleet.Recorder([]), rates, None)
+        return agent, await agent._train("/tasks/3", make_payload(task_id=3), [1])
+
+    agent, outcome = asyncio.run(run())
+    assert outcome.startswith("infra: every report failed")
+    assert agent.ledger.gave_up == 1 and agent.ledger.dropped >= 8
+    assert agent.ledger.acked == {}
 
 
 def test_a_broker_that_is_down_answers_no_message() -> None:
