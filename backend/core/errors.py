@@ -1,13 +1,16 @@
 """One JSON error shape for every failure: `{"error": {"code", "message", "field"?}}`."""
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
 
 
 class ServiceError(Exception):
@@ -85,6 +88,13 @@ class Busy(ServiceError):
         self.headers = {"Retry-After": str(max(1, retry_after_s))}
 
 
+class DatabaseUnavailable(Busy):
+    """The database cannot be reached (restarting, failing over, its connections gone): 503
+    with `Retry-After`, where an unexpected failure would be a 500 and a logged traceback."""
+
+    code = "database_unavailable"
+
+
 def error_body(code: str, message: str, field: str | None = None, **extra: Any) -> dict[str, Any]:
     body: dict[str, Any] = {"code": code, "message": message}
     if field:
@@ -135,6 +145,17 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             error_body("invalid", "a number in the request is out of range"), status_code=422
         )
+
+    @app.exception_handler(OperationalError)
+    async def _database_down(request: Request, exc: Exception) -> Response:
+        # One line in the log, not a traceback a request: while PostgreSQL restarts every
+        # request fails alike. Answered as a ServiceError is (an HTML page for the portal).
+        log.warning("database unavailable: %s", str(exc).splitlines()[0][:300])
+        refused = DatabaseUnavailable(
+            "the database is unavailable (restarting?); try again in a few seconds",
+            retry_after_s=5,
+        )
+        return await request.app.exception_handlers[ServiceError](request, refused)  # type: ignore[no-any-return]
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -259,3 +259,29 @@ def test_the_internal_limit_needs_the_agent_token(client: TestClient) -> None:
         "/internal/v1/agents/register", headers={"Content-Length": str(500 * MB)}, content=b""
     )
     assert declared.status_code == 413
+
+
+def test_a_database_that_cannot_be_reached_is_a_503_to_retry_not_a_500(  # type: ignore[no-untyped-def]
+    client: TestClient, monkeypatch, caplog
+) -> None:
+    """While PostgreSQL restarts every request fails to connect: each is answered 503 with
+    Retry-After (the agent's client and a user's script retry a 5xx) and logged in one line,
+    where it was a 500 and a logged traceback apiece."""
+    from sqlalchemy.exc import OperationalError
+
+    def down(*_: object, **__: object) -> None:
+        raise OperationalError("SELECT 1", {}, Exception("connection refused\nis it running?"))
+
+    quiet = TestClient(client.app, raise_server_exceptions=False)
+    quiet.headers.update(client.headers)
+    quiet.cookies = client.cookies
+    monkeypatch.setattr("backend.auth.tokens.list_for", down)
+    api = quiet.get("/api/v1/users/me/tokens")
+    assert api.status_code == 503 and api.headers["retry-after"] == "5"
+    assert api.json()["error"]["code"] == "database_unavailable"
+    assert "try again" in api.json()["error"]["message"]
+    page = quiet.get("/account")
+    assert page.status_code == 503 and page.headers["content-type"].startswith("text/html")
+    assert "try again" in page.text
+    warned = [r for r in caplog.records if "database unavailable" in r.getMessage()]
+    assert len(warned) == 2 and all(r.exc_info is None for r in warned)
