@@ -493,6 +493,9 @@ def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
         "drained": drained,
         **found,
         "agents_offline_most_by_window": sampler.most_in(windows),
+        "agents_offline_over_time": [  # (seconds from the start, agents offline), when any
+            (round(t - start, 1), n) for t, n in sampler.samples if n
+        ],
         "offline_samples": {"reads": sampler.reads, "failed_reads": sampler.failed},
         "tasks_submitted": submitter.submitted,
         "task_submissions_failed": submitter.failed,
