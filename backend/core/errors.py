@@ -95,6 +95,26 @@ class DatabaseUnavailable(Busy):
     code = "database_unavailable"
 
 
+UNREACHABLE_SQLSTATES = ("57P01", "57P02", "57P03")
+"""PostgreSQL's admin shutdown, crash shutdown and cannot-connect-now (starting up or
+shutting down), besides class 08 (connection exceptions)."""
+
+
+def database_unreachable(exc: OperationalError) -> bool:
+    """True when `exc` says the database could not be reached or dropped the connection (a
+    restart, a failover, a network cut; SQLite's lock held by another writer): worth a
+    retry in a few seconds. False for an error the same request would meet again."""
+    if exc.connection_invalidated:
+        return True
+    state = getattr(exc.orig, "sqlstate", None)
+    message = str(exc.orig).lower()
+    if type(exc.orig).__module__.startswith("psycopg"):
+        if state is None:  # no SQLSTATE: the client's own error; the connection's, or not
+            return "connection" in message or "server closed" in message
+        return state.startswith("08") or state in UNREACHABLE_SQLSTATES
+    return "database is locked" in message or "database is busy" in message
+
+
 def error_body(code: str, message: str, field: str | None = None, **extra: Any) -> dict[str, Any]:
     body: dict[str, Any] = {"code": code, "message": message}
     if field:
@@ -150,6 +170,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _database_down(request: Request, exc: Exception) -> Response:
         # One line in the log, not a traceback a request: while PostgreSQL restarts every
         # request fails alike. Answered as a ServiceError is (an HTML page for the portal).
+        # Any other OperationalError (a missing table, a full disk, a statement timeout)
+        # is a fault to fix, not to retry: a 500 with its traceback, as before.
+        assert isinstance(exc, OperationalError)
+        if not database_unreachable(exc):
+            log.error("database error", exc_info=exc)
+            return await request.app.exception_handlers[Exception](request, exc)  # type: ignore[no-any-return]
         log.warning("database unavailable: %s", str(exc).splitlines()[0][:300])
         refused = DatabaseUnavailable(
             "the database is unavailable (restarting?); try again in a few seconds",

@@ -61,6 +61,9 @@ def claim(session: Session, *, sub: SubTask, data: Claim) -> SubTask:
     if agent is None:
         raise NotFound(f"agent {data.agent_id} is not registered", field="agent_id")
     task = session.get_one(Task, sub.task_id, with_for_update=True)
+    # Read the part again under the task's lock: a claim of it that committed while this
+    # one waited (this very claim, its answer lost and retried) must be seen as it is now.
+    session.refresh(sub)
     retried = data.claim_id is not None and (sub.claim_id, sub.agent_id, sub.attempt) == (
         data.claim_id,
         data.agent_id,

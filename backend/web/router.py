@@ -55,7 +55,9 @@ def install_web(app: FastAPI) -> None:
             return await json_errors(request, exc)  # type: ignore[misc]
         titles = {401: "Log in", 403: "Not allowed", 404: "Not found", 409: "Conflict"}
         context = {"title": titles.get(exc.status, "Refused"), "message": exc.message}
-        return render(request, "error.html", context, status_code=exc.status)
+        page = render(request, "error.html", context, status_code=exc.status)
+        page.headers.update(exc.headers or {})  # Retry-After of a 503, as the API's answer
+        return page
 
     async def login_required(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, LoginRequired)

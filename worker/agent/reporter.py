@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 OUTAGE_LIMIT_S = 120.0
 """How long the API may fail every flush (transport errors, 5xx answers, each after the
 client's retries) while a group's ranks run before the part is failed: a restart of the API
-or of its database, seconds, must not stop training; an API gone for minutes fails it."""
+or of its database, seconds, must not stop training through its reports; an API gone for
+minutes fails it."""
 OUTAGE_RETRY_S = 5.0
 """Seconds between flushes while the API fails them."""
 
@@ -249,17 +250,21 @@ class Reporter:
         With ``tolerate`` (the flushes while the ranks run, :meth:`pump`), a failure the API
         can recover from (a transport error or a 5xx, after the client's retries) is logged
         and the next flush comes ``OUTAGE_RETRY_S`` later; it raises only once every flush
-        has failed for ``outage_limit_s`` seconds. Without it, or for a 4xx, it raises
-        (httpx.TransportError, httpx.HTTPStatusError). A restart of the API or its database
-        so costs a running part nothing (it once failed every part that flushed during it,
-        the client's retries of a 5xx lasting 2.5 s: bench/fleet_faults.py).
+        has failed for ``outage_limit_s`` seconds (counted from the first failing flush's
+        start). Without it, or for a 4xx, it raises (httpx.TransportError,
+        httpx.HTTPStatusError). A restart of the API or its database so no longer fails a
+        running part through its reports (it failed every part that flushed during one, the
+        client's retries of a 5xx lasting 2.5 s: bench/fleet_faults.py); the other calls
+        made while the ranks run (checkpoint uploads, alarms, the rendezvous) still fail it
+        once the client's retries, about 12.5 s, are spent.
         """
+        began = time.monotonic()  # the client's retries of a failing flush count as outage
         try:
             self._send()
         except (httpx.TransportError, httpx.HTTPStatusError) as exc:
             recoverable = isinstance(exc, httpx.TransportError) or not exc.response.is_client_error
             now = time.monotonic()
-            self._failing_since = self._failing_since or now
+            self._failing_since = self._failing_since or began
             if not (tolerate and recoverable) or now - self._failing_since > self.outage_limit_s:
                 raise
             self._retry_at = now + OUTAGE_RETRY_S

@@ -245,7 +245,7 @@ class SubTaskRunner:
             reporter.agent_line(line)
             if time.monotonic() - flushed[0] >= 1.0:  # live, at most a request a second
                 flushed[0] = time.monotonic()
-                reporter.flush()
+                reporter.flush(tolerate=True)
 
         def stop() -> str | None:
             return stop_reason(self.states.get(payload.task_id), payload.attempt)

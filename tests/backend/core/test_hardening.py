@@ -2,11 +2,14 @@
 portal pages, what the OpenAPI document shows, private file modes, HTML or JSON errors."""
 
 import asyncio
+import sqlite3
 import stat
 from pathlib import Path
 
+import psycopg
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.exc import OperationalError
 
 from tests.conftest import TOKEN, add_account
 
@@ -267,10 +270,10 @@ def test_a_database_that_cannot_be_reached_is_a_503_to_retry_not_a_500(  # type:
     """While PostgreSQL restarts every request fails to connect: each is answered 503 with
     Retry-After (the agent's client and a user's script retry a 5xx) and logged in one line,
     where it was a 500 and a logged traceback apiece."""
-    from sqlalchemy.exc import OperationalError
 
     def down(*_: object, **__: object) -> None:
-        raise OperationalError("SELECT 1", {}, Exception("connection refused\nis it running?"))
+        refused = psycopg.OperationalError("connection failed: connection refused\nrunning?")
+        raise OperationalError("SELECT 1", {}, refused)
 
     quiet = TestClient(client.app, raise_server_exceptions=False)
     quiet.headers.update(client.headers)
@@ -282,6 +285,40 @@ def test_a_database_that_cannot_be_reached_is_a_503_to_retry_not_a_500(  # type:
     assert "try again" in api.json()["error"]["message"]
     page = quiet.get("/account")
     assert page.status_code == 503 and page.headers["content-type"].startswith("text/html")
-    assert "try again" in page.text
+    assert "try again" in page.text and page.headers["retry-after"] == "5"
     warned = [r for r in caplog.records if "database unavailable" in r.getMessage()]
     assert len(warned) == 2 and all(r.exc_info is None for r in warned)
+
+
+def test_a_database_error_a_retry_would_meet_again_stays_a_logged_500(  # type: ignore[no-untyped-def]
+    client: TestClient, monkeypatch, caplog
+) -> None:
+    def missing(*_: object, **__: object) -> None:
+        raise OperationalError("SELECT 1", {}, sqlite3.OperationalError("no such table: x"))
+
+    quiet = TestClient(client.app, raise_server_exceptions=False)
+    quiet.headers.update(client.headers)
+    monkeypatch.setattr("backend.auth.tokens.list_for", missing)
+    api = quiet.get("/api/v1/users/me/tokens")
+    assert api.status_code == 500 and api.json()["error"]["code"] == "internal"
+    assert any(r.exc_info for r in caplog.records if r.getMessage() == "database error")
+
+
+@pytest.mark.parametrize(
+    ("orig", "unreachable"),
+    [
+        (psycopg.OperationalError("connection failed: connection refused"), True),
+        (psycopg.OperationalError("consuming input failed: server closed the connection"), True),
+        (psycopg.errors.AdminShutdown("terminating connection"), True),
+        (psycopg.errors.CannotConnectNow("the database system is starting up"), True),
+        (psycopg.errors.DiskFull("could not extend file"), False),
+        (psycopg.errors.QueryCanceled("canceling statement due to statement timeout"), False),
+        (psycopg.OperationalError("number of parameters must be between 0 and 65535"), False),
+        (sqlite3.OperationalError("database is locked"), True),
+        (sqlite3.OperationalError("no such table: sub_task"), False),
+    ],
+)
+def test_only_an_unreachable_database_is_worth_a_retry(orig: Exception, unreachable: bool) -> None:
+    from backend.core.errors import database_unreachable
+
+    assert database_unreachable(OperationalError("SELECT 1", {}, orig)) is unreachable

@@ -7,6 +7,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from backend.core import db
 from backend.core.errors import Conflict
 from backend.scheduler.service import schedule_once
 from backend.tasks import fate
@@ -67,3 +68,27 @@ def test_the_agent_sends_one_claim_id_in_every_retry() -> None:
     ids = [Claim.model_validate_json(body).claim_id for body in bodies]
     assert len(ids) == 3 and ids[0] == ids[1] != ids[2]
     assert all(i is not None and len(i) == 32 for i in ids)
+
+
+def test_a_retry_that_read_the_part_before_its_claim_committed_is_answered_again(
+    session: Session,
+) -> None:
+    """The retry of a claim still under way (its answer late, the client timed out) read the
+    part PENDING, then waited for the task's lock while the claim committed: it must see the
+    part as it is now (claimed by this very claim) and be answered, not refused or made to
+    hand the part back."""
+    sub = _part(session)
+    assert sub.agent_id is not None
+    taken = Claim(agent_id=sub.agent_id, host="a", claim_id="c" * 32)
+    assert sub.status is SubTaskStatus.PENDING  # what the retry read
+    with db.get_sessionmaker()() as first:
+        fate.claim(first, sub=first.get_one(SubTask, sub.id), data=taken)
+        first.commit()
+    assert fate.claim(session, sub=sub, data=taken) is sub
+    session.commit()
+    session.expire_all()
+    assert (sub.status, sub.agent_id, sub.claim_id) == (
+        SubTaskStatus.RUNNING,
+        taken.agent_id,
+        "c" * 32,
+    )
