@@ -432,18 +432,26 @@ class SimAgent:
                 await self.run_sub_task(SubTaskPayload.model_validate(raw))
 
     async def run_sub_task(self, payload: SubTaskPayload) -> None:
-        """Claim, meet at the rendezvous, "train" with the agent's reports, finish."""
-        response = await self.call(
-            "claim",
-            "POST",
-            f"/sub-tasks/{payload.sub_task_id}/claim",
-            json={
-                "agent_id": self.agent_id,
-                "host": self.host,
-                "attempt": payload.attempt,
-                "claim_id": secrets.token_hex(16),  # the same in every retry, as the agent's
-            },
-        )
+        """Claim, meet at the rendezvous, "train" with the agent's reports, finish.
+
+        As the agent's runner: a claim the API could not answer (every try a transport error
+        or a 5xx) is tried again `OUTAGE_RETRY_S` later with the same claim id, for up to
+        `OUTAGE_LIMIT_S`."""
+        body = {
+            "agent_id": self.agent_id,
+            "host": self.host,
+            "attempt": payload.attempt,
+            "claim_id": secrets.token_hex(16),
+        }
+        began = time.monotonic()
+        while True:
+            response = await self.call(
+                "claim", "POST", f"/sub-tasks/{payload.sub_task_id}/claim", json=body
+            )
+            unanswered = response is None or response.status_code >= 500
+            if not unanswered or time.monotonic() - began > OUTAGE_LIMIT_S:
+                break
+            await asyncio.sleep(OUTAGE_RETRY_S)
         if response is None or response.status_code != 204:
             return
         self.ledger.claims.append((payload.sub_task_id, self.name))

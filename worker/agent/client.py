@@ -118,10 +118,12 @@ class InternalApi:
         host: str,
         attempt: int = 1,
         preparing: bool = False,
+        claim_id: str | None = None,
     ) -> None:
         """Take the part; `preparing`: the environment is built first (then :meth:`ready`).
-        Every retry carries the same claim id, so a claim the API took whose answer was lost
-        is answered again rather than refused (`Claim.claim_id`)."""
+        Every retry carries the same claim id (`claim_id`, a new random one by default; a
+        caller that tries the claim again passes the same), so a claim the API took whose
+        answer was lost is answered again rather than refused (`Claim.claim_id`)."""
         self._call(
             "POST",
             f"/sub-tasks/{sub_task_id}/claim",
@@ -130,7 +132,7 @@ class InternalApi:
                 "host": host,
                 "attempt": attempt,
                 "preparing": preparing,
-                "claim_id": secrets.token_hex(16),
+                "claim_id": claim_id or secrets.token_hex(16),
             },
         )
 

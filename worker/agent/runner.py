@@ -3,10 +3,13 @@ to result."""
 
 import logging
 import queue
+import secrets
 import time
 import traceback
 from contextlib import ExitStack
 from pathlib import Path
+
+import httpx
 
 from contracts import sharded_state
 from contracts.agent_api import ACTIVE_STATUSES
@@ -23,7 +26,7 @@ from worker.agent.processes import (
     error_summary,
     start_slot,
 )
-from worker.agent.reporter import Reporter
+from worker.agent.reporter import OUTAGE_LIMIT_S, OUTAGE_RETRY_S, Reporter
 from worker.agent.sandbox import Sandbox, link_environment, write_rank_file
 from worker.agent.states import StateWatch, TaskStates, stop_reason
 from worker.agent.uids import Lease
@@ -123,13 +126,7 @@ class SubTaskRunner:
         """Run one payload (validated by the caller, once) to its end; "ignored" for a
         sub-task already taken."""
         try:
-            self.api.claim(
-                payload.sub_task_id,
-                agent_id=self.agent_id,
-                host=self.settings.advertise_addr,
-                attempt=payload.attempt,
-                preparing=payload.environment is not None,
-            )
+            self._claim(payload)
         except Conflict as exc:
             log.info("ignoring sub-task %s: %s", payload.sub_task_id, exc)
             if exc.field == "agent_id":
@@ -165,6 +162,38 @@ class SubTaskRunner:
             self.registry.remove(payload.task_id, procs)
         self.api.finished(payload.sub_task_id, succeeded=succeeded, detail=detail, cause=cause)
         return "succeeded" if succeeded else "failed"
+
+    def _claim(self, payload: SubTaskPayload) -> None:
+        """Claim the part, trying again every `OUTAGE_RETRY_S` with the same claim id while
+        the API cannot answer (a transport error or a 5xx after the client's retries), for
+        up to `OUTAGE_LIMIT_S`: a claim taken whose answer was lost in an outage is answered
+        when the API is back, where giving up would leave the part claimed and not run.
+        Raises Conflict (refused), or the last error after the limit or for a 4xx."""
+        claim_id, started = secrets.token_hex(16), time.monotonic()
+        while True:
+            try:
+                self.api.claim(
+                    payload.sub_task_id,
+                    agent_id=self.agent_id,
+                    host=self.settings.advertise_addr,
+                    attempt=payload.attempt,
+                    preparing=payload.environment is not None,
+                    claim_id=claim_id,
+                )
+                return
+            except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+                client_error = (
+                    isinstance(exc, httpx.HTTPStatusError) and exc.response.is_client_error
+                )
+                if client_error or time.monotonic() - started > OUTAGE_LIMIT_S:
+                    raise
+                log.warning(
+                    "claim of sub-task %s not answered (%s); trying again in %.0f s",
+                    payload.sub_task_id,
+                    exc,
+                    OUTAGE_RETRY_S,
+                )
+                time.sleep(OUTAGE_RETRY_S)
 
     def _run_claimed(
         self, payload: SubTaskPayload, procs: ProcessSet, reporter: Reporter, held: ExitStack

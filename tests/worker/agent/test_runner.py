@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from contracts.packages import lock_hash
@@ -40,6 +41,27 @@ def test_a_message_of_an_earlier_attempt_is_refused(api: FakeApi, run_with: Run)
     (claim,) = api.bodies("claim")
     assert len(claim.pop("claim_id")) == 32  # a retry of this claim would carry it again
     assert claim == {"agent_id": 7, "host": HOST, "attempt": 1, "preparing": False}
+
+
+def test_a_claim_the_api_could_not_answer_is_tried_again_with_its_claim_id(
+    api: FakeApi, run_with: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outage longer than the client's retries (here: none) meets the claim: the runner
+    tries it again with the same claim id until the API answers, then runs the part."""
+    monkeypatch.setattr(runner_module, "OUTAGE_RETRY_S", 0.0)
+    api.fail["claim"] = [503, 0, 503]  # the database away, then the API process
+    tries: list[str] = []
+    answer = api.handle
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/claim"):
+            tries.append(json.loads(request.content)["claim_id"])
+        return answer(request)
+
+    monkeypatch.setattr(api, "handle", recording)
+    outcome, _pool = run_with({0: f"echo ps up; {RENDEZVOUS}", 1: "echo r1 done"})
+    assert outcome == "succeeded"
+    assert len(tries) == 4 and len(set(tries)) == 1  # 3 failed (2 calls), then answered
 
 
 def test_the_parameter_server_host_publishes_the_rendezvous_and_succeeds(
