@@ -190,14 +190,20 @@ class PersistentRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
 
+def read_row(dsn: str, sql: str) -> tuple[Any, ...] | None:
+    """The first row of `sql` on a connection of its own, None when there is none or the
+    database did not answer within 2 s (it restarts during the run)."""
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=2) as conn:
+            return conn.execute(sql).fetchone()
+    except psycopg.Error:
+        return None
+
+
 def leader_pid(dsn: str) -> int | None:
     """The pid of the API process that leads the scheduler, None while none does or the
     database is unreachable."""
-    try:
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=2) as conn:
-            row = conn.execute(LEADER_SQL).fetchone()
-    except psycopg.Error:
-        return None
+    row = read_row(dsn, LEADER_SQL)
     try:
         return int(row[0].rsplit(":", 1)[1]) if row else None
     except ValueError:  # a host name so long that the 63-character name lost the pid
@@ -236,28 +242,21 @@ class OfflineSampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(1.0):
-            try:
-                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=2) as conn:
-                    row = conn.execute("SELECT count(*) FROM agent WHERE NOT online").fetchone()
-            except psycopg.Error:
+            row = read_row(self.dsn, "SELECT count(*) FROM agent WHERE NOT online")
+            if row is None:
                 self.failed += 1
                 continue
             self.reads += 1
-            if row:
-                self.samples.append((time.time(), int(row[0])))
-                self.most = max(self.most, int(row[0]))
+            self.samples.append((time.time(), int(row[0])))
+            self.most = max(self.most, int(row[0]))
 
 
 def all_ended(dsn: str) -> bool | None:
     """Whether every task has ended (None: the database did not answer)."""
-    try:
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=2) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM task WHERE status NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
-            ).fetchone()
-    except psycopg.Error:
-        return None
-    return row is not None and int(row[0]) == 0
+    row = read_row(
+        dsn, "SELECT count(*) FROM task WHERE status NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
+    )
+    return None if row is None else int(row[0]) == 0
 
 
 def checks(dsn: str, ledger: dict[str, Any]) -> dict[str, Any]:
