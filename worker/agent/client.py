@@ -37,6 +37,15 @@ def without_nul(value: Any) -> Any:
     return value
 
 
+def unanswered(exc: httpx.HTTPError) -> bool:
+    """True when `exc` (from a call, after its retries) says the API could not answer: a
+    transport error or a 5xx, over once the API or its database is back. False for a 4xx,
+    which the same request would meet again."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return not exc.response.is_client_error
+    return isinstance(exc, httpx.TransportError)
+
+
 class InternalApi:
     """Typed calls of `/internal/v1`; every call carries the agent token."""
 

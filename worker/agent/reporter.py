@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from contracts import sharded_state
 from contracts.agent_api import REPORT_MAX_ITEMS, Alarm, MetricIn, Provenance
 from contracts.trial import TrialResult
-from worker.agent.client import Conflict, InternalApi
+from worker.agent.client import Conflict, InternalApi, unanswered
 from worker.agent.sandbox import read_rank_file
 from worker.engine.ranks import node_name
 from worker.engine.report import parse_event
@@ -262,10 +262,12 @@ class Reporter:
         try:
             self._send()
         except (httpx.TransportError, httpx.HTTPStatusError) as exc:
-            recoverable = isinstance(exc, httpx.TransportError) or not exc.response.is_client_error
             now = time.monotonic()
             self._failing_since = self._failing_since or began
-            if not (tolerate and recoverable) or now - self._failing_since > self.outage_limit_s:
+            if (
+                not (tolerate and unanswered(exc))
+                or now - self._failing_since > self.outage_limit_s
+            ):
                 raise
             self._retry_at = now + OUTAGE_RETRY_S
             log.warning(

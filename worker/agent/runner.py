@@ -15,7 +15,7 @@ from contracts import sharded_state
 from contracts.agent_api import ACTIVE_STATUSES
 from contracts.packages import Environment
 from contracts.payload import SubTaskPayload
-from worker.agent.client import Conflict, InternalApi
+from worker.agent.client import Conflict, InternalApi, unanswered
 from worker.agent.environments import BuildStopped, EnvironmentBuildFailed, EnvironmentCache
 from worker.agent.netpolicy import NetworkPolicyUnavailable
 from worker.agent.processes import (
@@ -182,10 +182,7 @@ class SubTaskRunner:
                 )
                 return
             except (httpx.TransportError, httpx.HTTPStatusError) as exc:
-                client_error = (
-                    isinstance(exc, httpx.HTTPStatusError) and exc.response.is_client_error
-                )
-                if client_error or time.monotonic() - started > OUTAGE_LIMIT_S:
+                if not unanswered(exc) or time.monotonic() - started > OUTAGE_LIMIT_S:
                     raise
                 log.warning(
                     "claim of sub-task %s not answered (%s); trying again in %.0f s",
