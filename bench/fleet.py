@@ -305,28 +305,31 @@ class SimAgent:
         )
         self.rng = random.Random(self.index)
 
-    async def call(self, kind: str, method: str, path: str, **kwargs: Any) -> httpx.Response | None:
+    async def call(
+        self, kind: str, method: str, path: str, *, tries: int = 6, **kwargs: Any
+    ) -> httpx.Response | None:
         """One request, timed from its first try to its answer; None if every try failed.
 
         As the agent's `InternalApi`: a transport error (e.g. the server closed an idle
         keep-alive connection as the request left) or a 5xx answer is tried again after 0.5,
-        1, 2, 4, 5 s (6 tries in all); each retry is counted
-        (`kind:retried-<error>`), the latency includes the waits, and a request that failed
-        every try is an error (`kind:<error>`).
+        1, 2, 4, 5 s (`tries`, 6 in all by default; a heartbeat's 2, as the agent's); each
+        retry is counted (`kind:retried-<error>`), the latency includes the waits, and a
+        request that failed every try is an error (`kind:<error>`).
         """
         started, sent, delay = time.perf_counter(), time.time(), 0.5
-        for attempt in range(6):
+        last = tries - 1
+        for attempt in range(tries):
             try:
                 response = await self.http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
-                if attempt == 5:
+                if attempt == last:
                     self.recorder.request(kind, 0.0, type(exc).__name__, sent)
                     return None
                 self.recorder.request(kind, 0.0, f"retried-{type(exc).__name__}", sent)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            if response.status_code < 500 or attempt == 5:
+            if response.status_code < 500 or attempt == last:
                 break
             self.recorder.request(kind, 0.0, f"retried-{response.status_code}", sent)
             await asyncio.sleep(delay)
@@ -385,8 +388,10 @@ class SimAgent:
             body: dict[str, Any] = {"running": self._running()}
             if running is not None:
                 body["tasks"] = [running["task_id"]]
+            # Tried twice, as the agent's (`InternalApi.heartbeat`): the next beat comes
+            # one interval later.
             response = await self.call(
-                "heartbeat", "POST", f"/agents/{self.agent_id}/heartbeat", json=body
+                "heartbeat", "POST", f"/agents/{self.agent_id}/heartbeat", tries=2, json=body
             )
             if running is None or response is None or response.status_code != 200:
                 continue

@@ -66,15 +66,22 @@ class InternalApi:
         )
         self._retries = retries
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _call(
+        self, method: str, path: str, *, retries: int | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        """One request, tried again after a transport error or a 5xx up to `retries` times
+        (the client's own count unless given), 0.5 s later, then twice as long each time up
+        to 5 s. Raises Conflict for a 409, httpx.HTTPStatusError for any other error status
+        (at once for a 4xx), httpx.TransportError once the retries are spent."""
+        retries = self._retries if retries is None else retries
         if "json" in kwargs:
             kwargs["json"] = without_nul(kwargs["json"])
         delay = 0.5
-        for attempt in range(self._retries + 1):
+        for attempt in range(retries + 1):
             try:
                 response = self._http.request(method, path, **kwargs)
             except httpx.TransportError:
-                if attempt == self._retries:
+                if attempt == retries:
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -82,7 +89,7 @@ class InternalApi:
             if response.status_code == 409:
                 error = response.json()["error"]
                 raise Conflict(error["message"], error.get("field"))
-            if response.status_code >= 500 and attempt < self._retries:
+            if response.status_code >= 500 and attempt < retries:
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
@@ -106,11 +113,19 @@ class InternalApi:
         tasks: list[int] | None = None,
     ) -> dict[int, tuple[str, int]]:
         """Beat, with the ranks alive (`running`) and the tasks this agent runs a part of
-        (`tasks`); the (status, attempt) of each task named, from the answer."""
+        (`tasks`); the (status, attempt) of each task named, from the answer.
+
+        Tried once more 0.5 s later (another API process may answer), then raises the
+        transport error or error status: the caller beats again one interval later, so an
+        agent reaches an API back from a restart within one heartbeat interval. Retried
+        with the client's backoff, a beat waited up to 5 s between tries, and a restarted
+        API whose monitor allows a short timeout (6 s, 1 s beats:
+        tests/e2e/test_api_restart.py) declared healthy agents lost and restarted their
+        task."""
         body: dict[str, Any] = {"running": running or []}
         if tasks:
             body["tasks"] = tasks
-        answer = self._call("POST", f"/agents/{agent_id}/heartbeat", json=body)
+        answer = self._call("POST", f"/agents/{agent_id}/heartbeat", json=body, retries=1)
         if not answer.content:
             return {}
         reply = HeartbeatReply.model_validate(answer.json())

@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+import httpx
 import psutil
 from celery import Celery, Task
 from pydantic import ValidationError
@@ -101,6 +102,7 @@ def _heartbeats(
 ) -> None:
     """Every `interval_s`: the ranks alive, with their resource use when `sampler` has a
     sample due, and the tasks `states` watches, whose states the answer brings into it."""
+    failing_since: float | None = None  # time.monotonic() of the first failed beat in a row
     while not stop.wait(interval_s):
         try:
             answer = api.heartbeat(
@@ -108,8 +110,21 @@ def _heartbeats(
             )
             if states is not None:
                 states.update(answer)
-        except Exception:  # keep beating through a backend restart
-            log.warning("heartbeat failed", exc_info=True)
+        except Exception as exc:  # keep beating through a backend restart: once an interval
+            if failing_since is None:
+                failing_since = time.monotonic()
+                log.warning(
+                    "heartbeat failed (%s); beating every %.1f s until the API answers",
+                    exc,
+                    interval_s,
+                    exc_info=not isinstance(exc, httpx.HTTPError),
+                )
+            continue
+        if failing_since is not None:
+            log.warning(
+                "heartbeats reach the API again after %.1f s", time.monotonic() - failing_since
+            )
+            failing_since = None
 
 
 def choose_gloo_interface(advertise_addr: str) -> None:

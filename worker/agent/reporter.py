@@ -254,9 +254,10 @@ class Reporter:
         start). Without it, or for a 4xx, it raises (httpx.TransportError,
         httpx.HTTPStatusError). A restart of the API or its database so no longer fails a
         running part through its reports (it failed every part that flushed during one, the
-        client's retries of a 5xx lasting 2.5 s: bench/fleet_faults.py); the other calls
-        made while the ranks run (checkpoint uploads, alarms, the rendezvous) still fail it
-        once the client's retries, about 12.5 s, are spent.
+        client's retries of a 5xx lasting 2.5 s: bench/fleet_faults.py). The agent's own
+        client (`run_agent`: 30 retries, about 137 s) rides out most outages inside one
+        flush, as it does for the part's other calls (checkpoint uploads, alarms, the
+        rendezvous); this limit then bounds the whole.
         """
         began = time.monotonic()  # the client's retries of a failing flush count as outage
         try:

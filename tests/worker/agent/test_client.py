@@ -59,3 +59,17 @@ def test_nul_characters_in_rank_output_still_arrive(api: FakeApi) -> None:
 def test_task_state_and_attempt(api: FakeApi) -> None:
     api.status, api.attempt = "CANCELLED", 3
     assert api.client().task_state(4) == ("CANCELLED", 3)
+
+
+def test_a_heartbeat_is_tried_twice_and_never_waits_on_the_backoff(api: FakeApi) -> None:
+    # The agent's loop beats again one interval later; the client's backoff (up to 5 s
+    # between tries) would reach a restarted API too late for its monitor's timeout.
+    api.fail["heartbeat"] = [0, 0, 503, 503]
+    client = api.client(retries=30)
+    with pytest.raises(httpx.TransportError):
+        client.heartbeat(7)
+    with pytest.raises(httpx.HTTPStatusError):
+        client.heartbeat(7)
+    assert api.fail["heartbeat"] == [] and api.bodies("heartbeat") == []
+    assert client.heartbeat(7) == {}
+    assert api.bodies("heartbeat") == [{"running": []}]
