@@ -52,8 +52,9 @@ def test_api_down_longer_than_the_heartbeat_timeout_raises_no_alarm(stack: Local
     with httpx.Client(base_url=stack.url, timeout=30, headers=stack.headers) as api:
         done = wait_for(api, task["id"], ENDED, 300)
         events = api.get(f"/api/v1/tasks/{task['id']}/events").json()
+        timeline = [(e["kind"], e["to_status"], e["reason"]) for e in events]
         assert done["status"] == "SUCCEEDED", done["status_reason"]
-        assert done["attempt"] == 1, events
+        assert done["attempt"] == 1, f"{timeline}; logs in {stack.data_dir}"
         assert [e for e in events if e["kind"] == "alarm"] == []
         assert "RESTARTING" not in [e["to_status"] for e in events]
         agents = api.get("/api/v1/agents").json()
