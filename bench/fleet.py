@@ -230,9 +230,12 @@ class Ledger:
     every log line a report carried that was answered 2xx (`acked`: "task:attempt:node" ->
     seqs), the lines an agent gave up on (`dropped`: a sub-task's last report failed after
     every retry), and the parts failed because every report failed for `OUTAGE_LIMIT_S`
-    (`gave_up`)."""
+    (`gave_up`); and every claim not taken (`refused`: sub-task id, agent name, the answer:
+    a status and its text, or that none came), which explains a part the database holds
+    for an agent that was never told."""
 
     claims: list[tuple[int, str]] = field(default_factory=list)
+    refused: list[tuple[int, str, str]] = field(default_factory=list)
     acked: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     dropped: int = 0
     gave_up: int = 0
@@ -240,6 +243,7 @@ class Ledger:
     def as_json(self) -> dict[str, Any]:
         return {
             "claims": self.claims,
+            "refused": self.refused,
             "acked": dict(self.acked),
             "dropped": self.dropped,
             "gave_up": self.gave_up,
@@ -254,6 +258,7 @@ class Ledger:
                 acked[key] += seqs
         return {
             "claims": [c for part in parts for c in part["claims"]],
+            "refused": [r for part in parts for r in part.get("refused", [])],
             "acked": dict(acked),
             "dropped": sum(part["dropped"] for part in parts),
             "gave_up": sum(part["gave_up"] for part in parts),
@@ -458,6 +463,12 @@ class SimAgent:
                 break
             await asyncio.sleep(OUTAGE_RETRY_S)
         if response is None or response.status_code != 204:
+            answer = (
+                f"no answer after {time.monotonic() - began:.0f} s"
+                if response is None
+                else f"{response.status_code}: {response.text[:300]}"
+            )
+            self.ledger.refused.append((payload.sub_task_id, self.name, answer))
             return
         self.ledger.claims.append((payload.sub_task_id, self.name))
         task = f"/tasks/{payload.task_id}"

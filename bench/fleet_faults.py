@@ -272,13 +272,23 @@ def checks(dsn: str, ledger: dict[str, Any]) -> dict[str, Any]:
             "SELECT count(DISTINCT task_id) FROM task_event "
             "WHERE reason LIKE '%stopped sending heartbeats%'"
         ).fetchone()
-        held: list[tuple[int, str]] = [
-            (int(sub), str(name))
-            for sub, name in conn.execute(
-                "SELECT s.id, a.name FROM sub_task s JOIN agent a ON a.id = s.agent_id "
-                "WHERE s.status IN ('RUNNING', 'SUCCEEDED')"
+        held: dict[tuple[int, str], dict[str, Any]] = {
+            (int(row[0]), str(row[1])): {
+                "sub_task": int(row[0]),
+                "agent": str(row[1]),
+                "status": str(row[2]),
+                "attempt": int(row[3]),
+                "task": int(row[4]),
+                "task_status": str(row[5]),
+                "task_attempt": int(row[6]),
+                "updated_at": str(row[7]),
+            }
+            for row in conn.execute(
+                "SELECT s.id, a.name, s.status, s.attempt, t.id, t.status, t.attempt, "
+                "s.updated_at FROM sub_task s JOIN agent a ON a.id = s.agent_id "
+                "JOIN task t ON t.id = s.task_id WHERE s.status IN ('RUNNING', 'SUCCEEDED')"
             )
-        ]
+        }
         stored: set[tuple[int, int, str, int]] = {
             (int(t), int(a), str(n), int(s))
             for t, a, n, s in conn.execute("SELECT task_id, attempt, node, seq FROM log_line")
@@ -292,13 +302,28 @@ def checks(dsn: str, ledger: dict[str, Any]) -> dict[str, Any]:
     claims = Counter(sub_task for sub_task, _agent in ledger["claims"])
     claimed_twice = len([n for n in claims.values() if n > 1])
     told = {(int(sub), str(agent)) for sub, agent in ledger["claims"]}
+    unknowing = [pair for pair in held if pair not in told]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for pair in unknowing:  # what explains it: the agent's answers, the task's timeline
+            held[pair]["agent_was_answered"] = [
+                answer for sub, agent, answer in ledger.get("refused", []) if (sub, agent) == pair
+            ]
+            held[pair]["task_events"] = [
+                f"{at} {to}: {reason[:200]}"
+                for at, to, reason in conn.execute(
+                    "SELECT created_at, to_status, reason FROM task_event WHERE task_id = %s "
+                    "ORDER BY id",
+                    (held[pair]["task"],),
+                )
+            ]
     return {
         "tasks_by_status": statuses,
         "tasks_not_succeeded": sum(n for status, n in statuses.items() if status != "SUCCEEDED"),
         "tasks_restarted": int(restarted[0]) if restarted else 0,
         "tasks_restarted_for_a_lost_agent": int(lost_events[0]) if lost_events else 0,
         "booked_twice": claimed_twice,
-        "parts_held_unknowingly": len([pair for pair in held if pair not in told]),
+        "parts_held_unknowingly": len(unknowing),
+        "parts_held_unknowingly_detail": [held[pair] for pair in unknowing],
         "sub_tasks_claimed": len(claims),
         "log_lines_acknowledged": len(acked),
         "log_lines_lost": sum(1 for line in acked if line not in stored),

@@ -232,3 +232,52 @@ def test_the_fault_run_reads_the_exceptions_its_api_logged(tmp_path: Path) -> No
         "kombu.exceptions.OperationalError: Error 111 connecting. Connection refused.": 1
     }
     assert logged_errors(tmp_path / "none.log") == {}
+
+
+def test_a_claim_not_taken_is_in_the_ledger_with_its_answer() -> None:
+    """A refused claim runs nothing and is recorded with the API's answer, which is what
+    bench/fleet_faults.py shows for a part the database holds for an agent never told."""
+    seen: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        return httpx.Response(409, json={"error": {"message": "sub-task 9 is RUNNING"}})
+
+    async def run() -> fleet.SimAgent:
+        http = httpx.AsyncClient(transport=httpx.MockTransport(handle), base_url="http://api")
+        agent = fleet.SimAgent(0, "gpu-a", http, fleet.Recorder([]), FAST, None)
+        agent.agent_id = 7
+        await agent.run_sub_task(make_payload(task_id=3, sub_task_id=9))
+        return agent
+
+    agent = asyncio.run(run())
+    assert seen == ["/sub-tasks/9/claim"]  # refused at once: no rendezvous, no report
+    assert agent.ledger.claims == []
+    [(sub_task, name, answer)] = agent.ledger.refused
+    assert (sub_task, name) == (9, agent.name) and answer.startswith("409: ")
+    assert "sub-task 9 is RUNNING" in answer
+    assert fleet.Ledger.merged([agent.ledger.as_json()])["refused"] == [(9, agent.name, answer)]
+
+
+def test_a_simulated_heartbeat_is_tried_twice_as_the_agents(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tries: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        tries.append(request.url.path)
+        return httpx.Response(503, json={})
+
+    async def no_wait(_s: float) -> None:
+        return None
+
+    monkeypatch.setattr(fleet.asyncio, "sleep", no_wait)
+
+    async def run() -> httpx.Response | None:
+        http = httpx.AsyncClient(transport=httpx.MockTransport(handle), base_url="http://api")
+        agent = fleet.SimAgent(0, "gpu-a", http, fleet.Recorder([]), FAST, None)
+        return await agent.call("heartbeat", "POST", "/agents/7/heartbeat", tries=2, json={})
+
+    answer = asyncio.run(run())
+    assert answer is not None and answer.status_code == 503
+    assert tries == ["/agents/7/heartbeat"] * 2
