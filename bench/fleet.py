@@ -42,6 +42,7 @@ from contracts.agent_api import (
 from contracts.messaging import queue_name
 from contracts.payload import SubTaskPayload
 from worker.agent.reporter import OUTAGE_LIMIT_S, OUTAGE_RETRY_S
+from worker.engine.ranks import node_name
 
 HARDWARE = Hardware(
     device_type="cuda",
@@ -273,6 +274,7 @@ class Unsent:
 
     lines: list[dict[str, Any]] = field(default_factory=list)
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    metric_seq: dict[str, int] = field(default_factory=dict)  # each node's next metric number
     failing_since: float | None = None
     retry_at: float = 0.0
 
@@ -542,7 +544,7 @@ class SimAgent:
             if now >= next_metrics:
                 next_metrics += rates.metrics_s
                 epoch += 1
-                buffer.metrics += self._metrics(ranks, epoch, seq)
+                buffer.metrics += self._metrics(buffer, payload.attempt, ranks, epoch, seq)
             seq = self._output(buffer, payload, ranks, seq)
             if now < buffer.retry_at:
                 continue
@@ -557,7 +559,7 @@ class SimAgent:
             buffer.retry_at = now + OUTAGE_RETRY_S
         # As an agent's reporter flushes when its ranks end: the last interval's report goes
         # out, with the last epoch's metrics.
-        buffer.metrics += self._metrics(ranks, epoch + 1, seq)
+        buffer.metrics += self._metrics(buffer, payload.attempt, ranks, epoch + 1, seq)
         self._output(buffer, payload, ranks, seq)
         await self._report(task, payload, epoch, 1.0, buffer)
         self.ledger.dropped += len(buffer.lines)
@@ -608,26 +610,32 @@ class SimAgent:
         del buffer.lines[: len(lines)], buffer.metrics[: len(metrics)]
         return True
 
-    def _metrics(self, ranks: list[int], epoch: int, step: int) -> list[dict[str, Any]]:
-        """An epoch's metrics: 3 per worker rank, 4 of the parameter server (rank 0)."""
-        per_rank = [
-            {
-                "name": name,
-                "value": round(self.rng.uniform(0, 1), 4),
-                "step": step,
-                "epoch": epoch,
-                "rank": rank,
-            }
+    def _metrics(
+        self, buffer: Unsent, attempt: int, ranks: list[int], epoch: int, step: int
+    ) -> list[dict[str, Any]]:
+        """An epoch's metrics: 3 per worker rank, 4 of the parameter server (rank 0), each
+        numbered in its node's sequence (`buffer.metric_seq`), as the agent's reporter does."""
+        wanted = [
+            (rank, name)
             for rank in ranks
             if rank > 0
             for name in ("samples_per_s", "batch_share", "idle_fraction")
-        ]
-        server = [
-            {"name": name, "value": round(self.rng.uniform(0, 1), 4), "step": step, "epoch": epoch}
+        ] + [
+            (0, name)
             for name in ("train_loss", "val_loss", "val_accuracy", "update_norm")
             if 0 in ranks
         ]
-        return per_rank + server
+        out = []
+        for rank, name in wanted:
+            node = node_name(rank)
+            number = buffer.metric_seq.get(node, 0)
+            buffer.metric_seq[node] = number + 1
+            metric = {"name": name, "value": round(self.rng.uniform(0, 1), 4), "step": step}
+            metric.update(epoch=epoch, attempt=attempt, node=node, seq=number)
+            if rank > 0:
+                metric["rank"] = rank
+            out.append(metric)
+        return out
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,13 @@ NonFinite = Literal["nan", "inf", "-inf"]
 
 class MetricIn(StrictModel):
     """One metric value; a NaN or infinite one comes as ``value`` null plus ``nonfinite``
-    (a float NaN/inf, where a JSON parser lets one through, is turned into that form)."""
+    (a float NaN/inf, where a JSON parser lets one through, is turned into that form).
+
+    ``attempt``, ``node`` and ``seq`` (all three or none): the value's place in its node's
+    sequence of metrics in that attempt, counted from 0 by the agent's reporter, so a report
+    sent again after its answer was lost stores each value once, as its log lines are
+    (`reports.add_report`). A value without them (an agent of an older release) is stored
+    as it comes."""
 
     name: str = Field(max_length=100)
     value: float | None
@@ -123,6 +129,15 @@ class MetricIn(StrictModel):
     step: int = 0
     epoch: int = 0
     rank: int | None = None
+    attempt: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    node: str | None = Field(default=None, max_length=64)
+    seq: int | None = Field(default=None, ge=0, le=2**31 - 1)
+
+    @model_validator(mode="after")
+    def _numbered_whole(self) -> "MetricIn":
+        if len({self.attempt is None, self.node is None, self.seq is None}) > 1:
+            raise ValueError("seq: give attempt, node and seq together, or none of them")
+        return self
 
     @model_validator(mode="after")
     def _one_value(self) -> "MetricIn":

@@ -394,9 +394,13 @@ class Metric(Base):
 
     A value that is not finite has ``value`` None and ``nonfinite`` "nan", "inf" or
     "-inf" (JSON and SQLite cannot hold NaN), so it is shown rather than dropped.
+    ``attempt``, ``node`` and ``seq`` number a reporter's values (`contracts.agent_api.
+    MetricIn`): one is stored once however often its report is sent; unnumbered ones (an
+    older agent, a resource sample) are NULL there and never conflict.
     """
 
     __tablename__ = "metric"
+    __table_args__ = (UniqueConstraint("task_id", "attempt", "node", "seq"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"), index=True)
@@ -407,6 +411,9 @@ class Metric(Base):
     nonfinite: Mapped[str | None] = mapped_column(String(8), default=None)
     rank: Mapped[int | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    attempt: Mapped[int | None] = mapped_column(default=None)
+    node: Mapped[str | None] = mapped_column(String(64), default=None)
+    seq: Mapped[int | None] = mapped_column(default=None)
 
 
 STEP_SERIES = "step/"

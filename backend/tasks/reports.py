@@ -36,6 +36,7 @@ from contracts.agent_api import (
     LogBatch,
     LogIn,
     MetricBatch,
+    MetricIn,
     Progress,
     RankSample,
     Report,
@@ -55,7 +56,7 @@ def add_report(session: Session, *, task: Task, report: Report) -> int:
     """Store a reporter's log lines, metrics and progress together, in one transaction
     (each as `add_logs`, `add_metrics` and `set_progress` would); the new lines' count."""
     stored = _stage_logs(session, task_id=task.id, lines=report.lines)
-    session.add_all(Metric(task_id=task.id, **m.model_dump()) for m in report.metrics)
+    _stage_metrics(session, task_id=task.id, metrics=report.metrics)
     if report.progress is not None:
         _stage_progress(task, report.progress)
     session.commit()
@@ -92,8 +93,33 @@ def _stage_logs(session: Session, *, task_id: int, lines: list[LogIn]) -> int:
 
 
 def add_metrics(session: Session, *, task_id: int, batch: MetricBatch) -> None:
-    session.add_all(Metric(task_id=task_id, **m.model_dump()) for m in batch.metrics)
+    """Store metric values; a numbered one already stored (same attempt, node and seq) is
+    skipped."""
+    _stage_metrics(session, task_id=task_id, metrics=batch.metrics)
     session.commit()
+
+
+def _stage_metrics(session: Session, *, task_id: int, metrics: list[MetricIn]) -> None:
+    """Add the values not stored yet to the session: a numbered value (`MetricIn.seq`) once
+    by attempt, node and seq, as `_stage_logs` does for lines (a report sent again after its
+    answer was lost stored its metrics twice); an unnumbered one always."""
+    keys = {(m.attempt, m.node, m.seq) for m in metrics if m.seq is not None}
+    existing: set[tuple[int | None, str | None, int | None]] = set()
+    if keys:
+        existing = {
+            (attempt, node, seq)
+            for attempt, node, seq in session.execute(
+                select(Metric.attempt, Metric.node, Metric.seq).where(
+                    Metric.task_id == task_id,
+                    tuple_(Metric.attempt, Metric.node, Metric.seq).in_(list(keys)),
+                )
+            ).all()
+        }
+    session.add_all(
+        Metric(task_id=task_id, **m.model_dump())
+        for m in metrics
+        if m.seq is None or (m.attempt, m.node, m.seq) not in existing
+    )
 
 
 def set_progress(session: Session, *, task: Task, data: Progress) -> None:

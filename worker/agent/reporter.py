@@ -58,6 +58,7 @@ class Reporter:
         self._failing_since: float | None = None  # time.monotonic() of the first failed flush
         self._retry_at = 0.0
         self._seq: dict[str, int] = {}
+        self._metric_seq: dict[str, int] = {}  # each node's next metric number (`MetricIn.seq`)
         self._lines: list[dict[str, Any]] = []
         self._metrics: list[dict[str, Any]] = []
         self._progress: tuple[float, int] | None = None
@@ -107,7 +108,7 @@ class Reporter:
         kind = event.get("type")
         if kind == "metric" and (event.get("value") is not None or event.get("nonfinite")):
             # Rank 0 (the parameter server) reports the task's global metrics: no rank.
-            rank = event.get("rank") or None
+            rank, seq = event.get("rank") or None, self._metric_seq.get(node, 0)
             metric = {
                 "name": event["name"],
                 "value": event["value"],
@@ -115,11 +116,16 @@ class Reporter:
                 "step": event.get("step", 0),
                 "epoch": event.get("epoch", 0),
                 "rank": rank,
+                # Numbered per node, as its lines: a report sent again stores it once.
+                "attempt": self.attempt,
+                "node": node,
+                "seq": seq,
             }
             try:  # as the API will, so one bad metric cannot lose its whole batch
                 MetricIn.model_validate(metric)
             except ValidationError as exc:
                 raise ValueError(f"metric refused: {exc.errors()[0]['msg']}") from None
+            self._metric_seq[node] = seq + 1
             self._metrics.append(metric)
         elif kind == "progress":
             done = event["step"]

@@ -126,6 +126,12 @@ def test_metrics_keep_their_rank_and_the_parameter_server_reports_global_ones(ap
         (2, 0.7, None),
         (2, None, "nan"),
     ]
+    # Numbered per node and attempt, so a report sent again stores each value once.
+    assert [(m["attempt"], m["node"], m["seq"]) for m in batch["metrics"]] == [
+        (1, "ps", 0),
+        (1, "rank-2", 0),
+        (1, "rank-2", 1),
+    ]
 
 
 def test_a_malformed_event_is_logged_and_loses_nothing_else(api: FakeApi) -> None:
@@ -138,6 +144,7 @@ def test_a_malformed_event_is_logged_and_loses_nothing_else(api: FakeApi) -> Non
         )
     )
     assert [m["name"] for m in api.reported("metrics")] == ["acc"]
+    assert api.reported("metrics")[0]["seq"] == 0  # a refused value takes no number
     texts = [x["text"] for x in api.reported("lines")]
     assert len(texts) == 2 and all(t.startswith("ignored a malformed") for t in texts)
 
