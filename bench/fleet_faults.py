@@ -68,6 +68,11 @@ import psutil  # noqa: E402
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 
+from backend.scheduler.leader import (  # noqa: E402
+    LEADING_SESSION_PARAMS,
+    LEADING_SESSION_SQL,
+    leader_pid_in,
+)
 from bench.agent_fleet import Submitter, seed, start_generators, step_schedule  # noqa: E402
 from bench.fleet import Window, merge  # noqa: E402
 from bench.services import redis_server  # noqa: E402
@@ -76,12 +81,6 @@ from worker.engine.ranks import free_port  # noqa: E402
 
 FAULTS = ("kill_api_leader", "restart_redis", "restart_postgresql")
 """The faults in their order, each at the start of a `--gap-s` window named after it."""
-LEADER_SQL = (
-    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-    "WHERE l.locktype = 'advisory' AND l.granted AND a.application_name LIKE "
-    "'polytrain scheduler %%' AND a.datname = current_database()"
-)
-"""The session holding the scheduler's lock names its process (`backend.scheduler.leader`)."""
 
 
 def _server_program(name: str) -> str:
@@ -190,24 +189,21 @@ class PersistentRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
 
-def read_row(dsn: str, sql: str) -> tuple[Any, ...] | None:
+def read_row(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
     """The first row of `sql` on a connection of its own, None when there is none or the
     database did not answer within 2 s (it restarts during the run)."""
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=2) as conn:
-            return conn.execute(sql).fetchone()
+            return conn.execute(sql, params).fetchone()
     except psycopg.Error:
         return None
 
 
 def leader_pid(dsn: str) -> int | None:
-    """The pid of the API process that leads the scheduler, None while none does or the
-    database is unreachable."""
-    row = read_row(dsn, LEADER_SQL)
-    try:
-        return int(row[0].rsplit(":", 1)[1]) if row else None
-    except ValueError:  # a host name so long that the 63-character name lost the pid
-        return None
+    """The pid of the API process that leads the scheduler (the session holding its lock,
+    `backend.scheduler.leader`), None while none does or the database is unreachable."""
+    row = read_row(dsn, LEADING_SESSION_SQL, LEADING_SESSION_PARAMS)
+    return leader_pid_in(row[0]) if row else None
 
 
 def wait_for_leader(dsn: str, other_than: int | None, timeout_s: float) -> tuple[int | None, float]:

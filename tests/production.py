@@ -122,13 +122,8 @@ def leader_pid(url: str) -> int | None:
     """The pid of the API process whose session holds the scheduler's lock on the database of
     `url` (from the session's application_name, `backend.scheduler.leader.process_name`),
     or None while no process leads."""
-    from backend.scheduler.leader import LEADER_LOCK
+    from backend.scheduler.leader import LEADING_SESSION_PARAMS, LEADING_SESSION_SQL, leader_pid_in
 
     with psycopg.connect(_dsn(url), autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s "
-            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            (LEADER_LOCK >> 32, LEADER_LOCK & 0xFFFFFFFF),
-        ).fetchone()
-    return int(row[0].rsplit(":", 1)[1]) if row else None
+        row = conn.execute(LEADING_SESSION_SQL, LEADING_SESSION_PARAMS).fetchone()
+    return leader_pid_in(row[0]) if row else None

@@ -53,6 +53,26 @@ def process_name() -> str:
     return f"polytrain scheduler {socket.gethostname()}:{os.getpid()}"[:63]
 
 
+LEADING_SESSION_SQL = (
+    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+"""The name (:func:`process_name`) of the session holding the scheduler's lock on the current
+database, for an operator's or a test's own DB-API connection: run it with
+`LEADING_SESSION_PARAMS`, then read the pid with :func:`leader_pid_in`."""
+LEADING_SESSION_PARAMS = (LEADER_LOCK >> 32, LEADER_LOCK & 0xFFFFFFFF)
+
+
+def leader_pid_in(name: str) -> int | None:
+    """The pid in a leading session's name (:func:`process_name`); None when the 63
+    characters PostgreSQL keeps cut it off (a very long host name)."""
+    try:
+        return int(name.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
 class Election:
     """This process's candidacy for the scheduler on the PostgreSQL database of `url`.
 

@@ -19,7 +19,16 @@ from sqlalchemy import text
 
 from backend.core.config import get_settings
 from backend.prometheus import render_metrics
-from backend.scheduler.leader import LEADER_LOCK, Election, NotLeader, SqliteInUse, hold_sqlite
+from backend.scheduler.leader import (
+    LEADING_SESSION_PARAMS,
+    LEADING_SESSION_SQL,
+    Election,
+    NotLeader,
+    SqliteInUse,
+    hold_sqlite,
+    leader_pid_in,
+    process_name,
+)
 from backend.scheduler.loop import SchedulerLoop
 from tests.backend.scheduling import RecordingDispatcher
 
@@ -42,13 +51,14 @@ def _admin() -> psycopg.Connection:
 def _holder() -> str | None:
     """The application_name of the session holding the leader's lock in this database."""
     with _admin() as conn:
-        row = conn.execute(
-            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s "
-            "AND a.datname = current_database()",
-            (LEADER_LOCK >> 32, LEADER_LOCK & 0xFFFFFFFF),
-        ).fetchone()
+        row = conn.execute(LEADING_SESSION_SQL, LEADING_SESSION_PARAMS).fetchone()
     return str(row[0]) if row else None
+
+
+def test_the_leading_pid_is_read_from_the_sessions_name_unless_it_was_cut() -> None:
+    assert leader_pid_in(process_name()) == os.getpid()
+    assert leader_pid_in(f"polytrain scheduler {'h' * 60}:12345"[:63]) is None  # cut off
+    assert leader_pid_in("polytrain scheduler host:") is None
 
 
 @pytest.fixture
