@@ -32,7 +32,7 @@ from worker.agent.states import StateWatch, TaskStates, stop_reason
 from worker.agent.uids import Lease
 from worker.config import AgentSettings
 from worker.engine.ranks import RankProcess, allocator_env, node_name, rank_env
-from worker.engine.report import parse_event
+from worker.engine.report import rendezvous_port
 from worker.engine.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -313,11 +313,9 @@ class SubTaskRunner:
                     if not procs.alive_ranks():
                         return None
                     continue
-                event = parse_event(text) if node == node_name(0) else None
-                if event is not None and event.get("type") == "rendezvous":
-                    port = event.get("port")
-                    if isinstance(port, int) and 0 < port < 65536:
-                        return port
+                port = rendezvous_port(text) if node == node_name(0) else None
+                if port is not None:
+                    return port
                 seen.put((node, text))
             raise TimeoutError(
                 f"rank 0 reported no rendezvous port within "

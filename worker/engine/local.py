@@ -25,7 +25,7 @@ from worker.engine.ranks import (
     rank_env,
     spawn,
 )
-from worker.engine.report import parse_event
+from worker.engine.report import parse_event, rendezvous_port
 from worker.engine.spec import RunSpec
 
 
@@ -122,9 +122,9 @@ def _rendezvous_port(ranks: RankSet, deadline: float) -> int | None:
         ended = proc.reader is not None and not proc.reader.is_alive()  # before reading
         for line in proc.tail[read:]:
             read += 1
-            event = parse_event(line)
-            if event is not None and event.get("type") == "rendezvous":
-                return int(event["port"])
+            port = rendezvous_port(line)
+            if port is not None:
+                return port
         if ended:
             return None
         time.sleep(0.02)

@@ -177,6 +177,19 @@ def parse_event(line: str) -> dict[str, Any] | None:
     return event
 
 
+def rendezvous_port(line: str) -> int | None:
+    """The port rank 0's rendezvous store listens on, from its ``rendezvous`` event
+    (:func:`worker.engine.distributed.rendezvous_store`); None for any other line, or an
+    event whose port is not a TCP port (rank 0 runs the user's code: its output is not
+    trusted)."""
+    event = parse_event(line)
+    if event is None or event["type"] != "rendezvous":
+        return None
+    port = event.get("port")
+    valid = isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536
+    return port if valid else None
+
+
 RANK_STARTED: float | None = None
 """When this process was given its rank (``time.time()``), where that is later than its
 creation: a warm interpreter of the agent's pool (``worker/agent/warm.py``) waits, torch

@@ -62,6 +62,26 @@ def test_malformed_event_lines_are_log_lines(line: str) -> None:
     assert report.parse_event(line) is None
 
 
+@pytest.mark.parametrize(
+    ("line", "port"),
+    [
+        ('@@polytrain {"type": "rendezvous", "port": 29500}', 29500),
+        ('@@polytrain {"type": "rendezvous", "port": 0}', None),
+        ('@@polytrain {"type": "rendezvous", "port": 65536}', None),
+        ('@@polytrain {"type": "rendezvous", "port": "29500"}', None),
+        ('@@polytrain {"type": "rendezvous", "port": true}', None),
+        ('@@polytrain {"type": "rendezvous"}', None),
+        ('@@polytrain {"type": "done", "port": 29500}', None),
+        ("rendezvous at 29500", None),
+    ],
+)
+def test_only_a_rendezvous_event_with_a_tcp_port_gives_the_port(
+    line: str, port: int | None
+) -> None:
+    # Rank 0 runs the user's code: a line it prints must not set where the others connect.
+    assert report.rendezvous_port(line) == port
+
+
 def test_cluster_env_from_variables() -> None:
     env = ClusterEnv.from_env(
         {"RANK": "2", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}
