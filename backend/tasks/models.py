@@ -400,7 +400,20 @@ class Metric(Base):
     """
 
     __tablename__ = "metric"
-    __table_args__ = (UniqueConstraint("task_id", "attempt", "node", "seq"),)
+    __table_args__ = (
+        # Partial: only numbered values are indexed (resource samples, an older agent's
+        # values are not), so the index starts empty on an existing table.
+        Index(
+            "uq_metric_seq",
+            "task_id",
+            "attempt",
+            "node",
+            "seq",
+            unique=True,
+            postgresql_where=text("seq IS NOT NULL"),
+            sqlite_where=text("seq IS NOT NULL"),
+        ),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     task_id: Mapped[int] = mapped_column(ForeignKey("task.id", ondelete="CASCADE"), index=True)

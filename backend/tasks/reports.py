@@ -75,19 +75,21 @@ def _stage_logs(session: Session, *, task_id: int, lines: list[LogIn]) -> int:
     keys = {(line.attempt, line.node, line.seq) for line in lines}
     if not keys:
         return 0
-    existing = set(
-        session.execute(
+    existing: set[tuple[int, str, int]] = {
+        (attempt, node, seq)
+        for attempt, node, seq in session.execute(
             select(LogLine.attempt, LogLine.node, LogLine.seq).where(
                 LogLine.task_id == task_id,
                 tuple_(LogLine.attempt, LogLine.node, LogLine.seq).in_(list(keys)),
             )
         ).all()
-    )
-    new = [
-        LogLine(task_id=task_id, **line.model_dump())
-        for line in lines
-        if (line.attempt, line.node, line.seq) not in existing
-    ]
+    }
+    new = []
+    for line in lines:
+        key = (line.attempt, line.node, line.seq)
+        if key not in existing:
+            new.append(LogLine(task_id=task_id, **line.model_dump()))
+            existing.add(key)  # a line twice in one report: stored once, not a 500
     session.add_all(new)
     return len(new)
 
@@ -115,11 +117,12 @@ def _stage_metrics(session: Session, *, task_id: int, metrics: list[MetricIn]) -
                 )
             ).all()
         }
-    session.add_all(
-        Metric(task_id=task_id, **m.model_dump())
-        for m in metrics
-        if m.seq is None or (m.attempt, m.node, m.seq) not in existing
-    )
+    for m in metrics:
+        key = (m.attempt, m.node, m.seq)
+        if m.seq is None or key not in existing:
+            session.add(Metric(task_id=task_id, **m.model_dump()))
+            if m.seq is not None:
+                existing.add(key)  # a value twice in one report: stored once, not a 500
 
 
 def set_progress(session: Session, *, task: Task, data: Progress) -> None:

@@ -15,18 +15,28 @@ down_revision: str | None = "b3e5f7a9c1d4"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+NUMBERED = sa.text("seq IS NOT NULL")
+
 
 def upgrade() -> None:
     with op.batch_alter_table("metric") as batch:
         batch.add_column(sa.Column("attempt", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("node", sa.String(64), nullable=True))
         batch.add_column(sa.Column("seq", sa.Integer(), nullable=True))
-        batch.create_unique_constraint("uq_metric_task_id", ["task_id", "attempt", "node", "seq"])
+    # Partial: the rows already there (all unnumbered) are not indexed, so it starts empty.
+    op.create_index(
+        "uq_metric_seq",
+        "metric",
+        ["task_id", "attempt", "node", "seq"],
+        unique=True,
+        postgresql_where=NUMBERED,
+        sqlite_where=NUMBERED,
+    )
 
 
 def downgrade() -> None:
+    op.drop_index("uq_metric_seq", table_name="metric")
     with op.batch_alter_table("metric") as batch:
-        batch.drop_constraint("uq_metric_task_id", type_="unique")
         batch.drop_column("seq")
         batch.drop_column("node")
         batch.drop_column("attempt")

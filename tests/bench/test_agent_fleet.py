@@ -262,22 +262,32 @@ def test_a_claim_not_taken_is_in_the_ledger_with_its_answer() -> None:
 def test_a_simulated_heartbeat_is_tried_twice_as_the_agents(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    tries: list[str] = []
+    """A beat the API fails is tried once more, then left to the next beat, as the agent's."""
+    waits: list[float] = []
+    requests: list[str] = []
+
+    class NextBeat(Exception):
+        pass
 
     def handle(request: httpx.Request) -> httpx.Response:
-        tries.append(request.url.path)
+        requests.append(request.url.path)
+        if len(requests) > 2:  # the next beat has begun: enough
+            raise NextBeat
         return httpx.Response(503, json={})
 
-    async def no_wait(_s: float) -> None:
-        return None
+    async def no_wait(seconds: float) -> None:
+        waits.append(seconds)
 
     monkeypatch.setattr(fleet.asyncio, "sleep", no_wait)
 
-    async def run() -> httpx.Response | None:
+    async def run() -> None:
         http = httpx.AsyncClient(transport=httpx.MockTransport(handle), base_url="http://api")
         agent = fleet.SimAgent(0, "gpu-a", http, fleet.Recorder([]), FAST, None)
-        return await agent.call("heartbeat", "POST", "/agents/7/heartbeat", tries=2, json={})
+        agent.agent_id = 7
+        await agent.beat()
 
-    answer = asyncio.run(run())
-    assert answer is not None and answer.status_code == 503
-    assert tries == ["/agents/7/heartbeat"] * 2
+    with pytest.raises(NextBeat):
+        asyncio.run(run())
+    assert requests == ["/agents/7/heartbeat"] * 3
+    # the interval, the one retry's 0.5 s, the next interval: no backoff beyond one retry
+    assert waits == [FAST.heartbeat_s, 0.5, FAST.heartbeat_s]

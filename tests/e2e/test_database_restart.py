@@ -31,8 +31,9 @@ from worker.engine.ranks import free_port
 
 OUTAGE_S = 4.0
 """How long the database is down: every request an agent makes meanwhile is answered 5xx and
-tried again (an agent's client tries a request 30 times, 0.5 s apart), and it is shorter
-than the heartbeat timeout (15 s), so no agent may be declared lost."""
+tried again (a part's requests by the client, up to 30 more times 0.5-5 s apart; a report or
+a claim by its caller every 5 s; a heartbeat at the next beat), and it is shorter than the
+heartbeat timeout (15 s), so no agent may be declared lost."""
 
 
 def _bin(name: str) -> str:

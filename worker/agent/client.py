@@ -46,6 +46,17 @@ def unanswered(exc: httpx.HTTPError) -> bool:
     return isinstance(exc, httpx.TransportError)
 
 
+CALLER_RETRIES = 2
+"""How often a call is tried again here (0.5 and 1 s later) when its caller tries it again
+itself, on a clock of its own: a report (the reporter's next flush 5 s later, for up to its
+`OUTAGE_LIMIT_S`) and a claim (the runner's, every 5 s for as long). Through the client's
+own retries (`run_agent`: 30, about 137 s of waits) one failed flush or claim outlasted
+that limit, and the callers' clocks never ran."""
+HEARTBEAT_TIMEOUT_S = 10.0
+"""Seconds a heartbeat waits for its answer (the client's 30 s for any other call): a beat
+to an API process that took the connection and hangs fails in time to reach another."""
+
+
 class InternalApi:
     """Typed calls of `/internal/v1`; every call carries the agent token."""
 
@@ -115,17 +126,23 @@ class InternalApi:
         """Beat, with the ranks alive (`running`) and the tasks this agent runs a part of
         (`tasks`); the (status, attempt) of each task named, from the answer.
 
-        Tried once more 0.5 s later (another API process may answer), then raises the
-        transport error or error status: the caller beats again one interval later, so an
-        agent reaches an API back from a restart within one heartbeat interval. Retried
-        with the client's backoff, a beat waited up to 5 s between tries, and a restarted
-        API whose monitor allows a short timeout (6 s, 1 s beats:
-        tests/e2e/test_api_restart.py) declared healthy agents lost and restarted their
-        task."""
+        Tried once more 0.5 s later (another API process may answer), each try waiting
+        `HEARTBEAT_TIMEOUT_S` at most, then raises the transport error or error status: the
+        caller beats again one interval later, so an agent reaches an API back from a
+        restart within about one heartbeat interval of its first answer. Retried with the
+        client's backoff, a beat waited up to 5 s between tries, and a restarted API whose
+        monitor allows a short timeout (6 s, 1 s beats: tests/e2e/test_api_restart.py)
+        declared healthy agents lost and restarted their task."""
         body: dict[str, Any] = {"running": running or []}
         if tasks:
             body["tasks"] = tasks
-        answer = self._call("POST", f"/agents/{agent_id}/heartbeat", json=body, retries=1)
+        answer = self._call(
+            "POST",
+            f"/agents/{agent_id}/heartbeat",
+            json=body,
+            retries=min(self._retries, 1),
+            timeout=HEARTBEAT_TIMEOUT_S,
+        )
         if not answer.content:
             return {}
         reply = HeartbeatReply.model_validate(answer.json())
@@ -147,10 +164,12 @@ class InternalApi:
         """Take the part; `preparing`: the environment is built first (then :meth:`ready`).
         Every retry carries the same claim id (`claim_id`, a new random one by default; a
         caller that tries the claim again passes the same), so a claim the API took whose
-        answer was lost is answered again rather than refused (`Claim.claim_id`)."""
+        answer was lost is answered again rather than refused (`Claim.claim_id`). Tried
+        `CALLER_RETRIES` more times at most: the runner tries a claim again itself."""
         self._call(
             "POST",
             f"/sub-tasks/{sub_task_id}/claim",
+            retries=min(self._retries, CALLER_RETRIES),
             json={
                 "agent_id": agent_id,
                 "host": host,
@@ -221,11 +240,17 @@ class InternalApi:
         metrics: list[dict[str, Any]],
         progress: dict[str, Any] | None = None,
     ) -> None:
-        """Log lines, metrics and the latest progress in one request (`Report`)."""
+        """Log lines, metrics and the latest progress in one request (`Report`); tried
+        `CALLER_RETRIES` more times at most: the reporter sends what failed again later."""
         body: dict[str, Any] = {"lines": lines, "metrics": metrics}
         if progress is not None:
             body["progress"] = progress
-        self._call("POST", f"/tasks/{task_id}/report", json=body)
+        self._call(
+            "POST",
+            f"/tasks/{task_id}/report",
+            json=body,
+            retries=min(self._retries, CALLER_RETRIES),
+        )
 
     def logs(self, task_id: int, lines: list[dict[str, Any]]) -> None:
         self._call("POST", f"/tasks/{task_id}/logs", json={"lines": lines})

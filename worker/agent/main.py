@@ -102,7 +102,7 @@ def _heartbeats(
 ) -> None:
     """Every `interval_s`: the ranks alive, with their resource use when `sampler` has a
     sample due, and the tasks `states` watches, whose states the answer brings into it."""
-    failing_since: float | None = None  # time.monotonic() of the first failed beat in a row
+    failing = BeatFailures()
     while not stop.wait(interval_s):
         try:
             answer = api.heartbeat(
@@ -111,20 +111,53 @@ def _heartbeats(
             if states is not None:
                 states.update(answer)
         except Exception as exc:  # keep beating through a backend restart: once an interval
-            if failing_since is None:
-                failing_since = time.monotonic()
-                log.warning(
-                    "heartbeat failed (%s); beating every %.1f s until the API answers",
-                    exc,
-                    interval_s,
-                    exc_info=not isinstance(exc, httpx.HTTPError),
-                )
+            failing.failed(exc, interval_s)
             continue
-        if failing_since is not None:
+        failing.answered()
+
+
+class BeatFailures:
+    """The heartbeat loop's log of failed beats: the first of a run, then again when the
+    error changes (a refused connection becoming a 503, or a 4xx the API will keep
+    answering) and every `REPEAT_S` while they go on, and the beat that gets through: a
+    line per outage, not a traceback per beat, yet a lasting refusal stays visible."""
+
+    REPEAT_S = 60.0
+
+    def __init__(self) -> None:
+        self.since: float | None = None  # time.monotonic() of the first failure in a row
+        self._logged: tuple[str, float] | None = None  # the error logged last, and when
+
+    def failed(self, exc: Exception, interval_s: float) -> None:
+        now = time.monotonic()
+        self.since = self.since if self.since is not None else now
+        kind = _error_kind(exc)
+        if self._logged is not None and self._logged[0] == kind:
+            if now - self._logged[1] < self.REPEAT_S:
+                return
+        self._logged = (kind, now)
+        log.warning(
+            "heartbeat failed (%s), failing for %.0f s; beating every %.1f s",
+            exc,
+            now - self.since,
+            interval_s,
+            exc_info=not isinstance(exc, httpx.HTTPError),
+        )
+
+    def answered(self) -> None:
+        if self.since is not None:
             log.warning(
-                "heartbeats reach the API again after %.1f s", time.monotonic() - failing_since
+                "heartbeats reach the API again after %.1f s", time.monotonic() - self.since
             )
-            failing_since = None
+        self.since, self._logged = None, None
+
+
+def _error_kind(exc: Exception) -> str:
+    """What a failed beat met, to tell one error from the next: the HTTP status, or the
+    exception's type."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}"
+    return type(exc).__name__
 
 
 def choose_gloo_interface(advertise_addr: str) -> None:

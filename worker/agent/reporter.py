@@ -260,10 +260,11 @@ class Reporter:
         start). Without it, or for a 4xx, it raises (httpx.TransportError,
         httpx.HTTPStatusError). A restart of the API or its database so no longer fails a
         running part through its reports (it failed every part that flushed during one, the
-        client's retries of a 5xx lasting 2.5 s: bench/fleet_faults.py). The agent's own
-        client (`run_agent`: 30 retries, about 137 s) rides out most outages inside one
-        flush, as it does for the part's other calls (checkpoint uploads, alarms, the
-        rendezvous); this limit then bounds the whole.
+        client's retries of a 5xx lasting 2.5 s: bench/fleet_faults.py). The client tries
+        a report only `CALLER_RETRIES` more times (0.5 and 1 s later), so a flush returns
+        to the watch loop within seconds and this clock decides; the part's other calls
+        (checkpoint uploads, alarms, the rendezvous) ride out an outage in the client's own
+        retries (`run_agent`: 30, about 137 s of waits).
         """
         began = time.monotonic()  # the client's retries of a failing flush count as outage
         try:

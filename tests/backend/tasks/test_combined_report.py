@@ -87,6 +87,9 @@ def test_a_report_sent_again_stores_each_numbered_metric_once(
     # the next attempt's numbers start at 0 again and are other values.
     later = {"metrics": [_metric(1, 0.8), _metric(2, 0.6), _metric(0, 0.5, attempt=2)]}
     assert client.post(url, headers=agent_headers(), json=later).status_code == 200
+    # The same line or value twice in one report is stored once, not refused with a 500.
+    twice = {"lines": [_line(5, "again")] * 2, "metrics": [_metric(3, 0.55)] * 2}
+    assert client.post(url, headers=agent_headers(), json=twice).json() == {"stored": 1}
     old_agent = {"metrics": [_metric(None, 0.4), _metric(None, 0.4)]}  # unnumbered: as sent
     assert client.post(url, headers=agent_headers(), json=old_agent).status_code == 200
     values = [
@@ -94,7 +97,7 @@ def test_a_report_sent_again_stores_each_numbered_metric_once(
         for m in client.get(f"/api/v1/tasks/{task.id}/metrics").json()
         if m["name"] == "step/train_loss"
     ]
-    assert sorted(values) == [0.4, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+    assert sorted(values) == [0.4, 0.4, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9]
 
 
 @pytest.mark.parametrize("given", [{"seq": 0}, {"seq": 0, "node": "ps"}, {"attempt": 1}])

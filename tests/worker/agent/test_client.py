@@ -6,6 +6,7 @@ import httpx
 import pytest
 
 from tests.worker.agent.fakes import FakeApi
+from worker.agent import client as client_module
 from worker.agent.client import Conflict
 
 
@@ -61,9 +62,13 @@ def test_task_state_and_attempt(api: FakeApi) -> None:
     assert api.client().task_state(4) == ("CANCELLED", 3)
 
 
-def test_a_heartbeat_is_tried_twice_and_never_waits_on_the_backoff(api: FakeApi) -> None:
+def test_a_heartbeat_is_tried_twice_and_never_waits_on_the_backoff(
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The agent's loop beats again one interval later; the client's backoff (up to 5 s
     # between tries) would reach a restarted API too late for its monitor's timeout.
+    waits: list[float] = []
+    monkeypatch.setattr(client_module.time, "sleep", waits.append)
     api.fail["heartbeat"] = [0, 0, 503, 503]
     client = api.client(retries=30)
     with pytest.raises(httpx.TransportError):
@@ -73,3 +78,24 @@ def test_a_heartbeat_is_tried_twice_and_never_waits_on_the_backoff(api: FakeApi)
     assert api.fail["heartbeat"] == [] and api.bodies("heartbeat") == []
     assert client.heartbeat(7) == {}
     assert api.bodies("heartbeat") == [{"running": []}]
+    assert waits == [0.5, 0.5]  # one short wait a failed beat, never the backoff's 1-5 s
+    beats = [r for r in api.requests if r.url.path.endswith("/heartbeat")]
+    assert {r.extensions["timeout"]["read"] for r in beats} == {client_module.HEARTBEAT_TIMEOUT_S}
+
+
+def test_a_report_and_a_claim_leave_an_outage_to_their_callers(
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reporter flushes again 5 s later and the runner claims again 5 s later, each for
+    up to 120 s: through the agent's 30 retries (137 s of waits) one call outlasted that."""
+    waits: list[float] = []
+    monkeypatch.setattr(client_module.time, "sleep", waits.append)
+    api.fail["report"] = [503] * 10
+    api.fail["claim"] = [0] * 10
+    client = api.client(retries=30)
+    with pytest.raises(httpx.HTTPStatusError):
+        client.report(4, lines=[], metrics=[])
+    with pytest.raises(httpx.TransportError):
+        client.claim(17, agent_id=7, host="h", attempt=1)
+    assert waits == [0.5, 1.0] * 2
+    assert len(api.fail["report"]) == len(api.fail["claim"]) == 10 - 3

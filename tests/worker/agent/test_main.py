@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from contracts.messaging import RUN_SUBTASK
@@ -111,3 +113,31 @@ def test_heartbeats_carry_the_running_ranks_and_survive_an_api_outage(api: FakeA
         alive.wait()
     assert api.bodies("heartbeat") == [{"running": [{"task_id": 4, "ranks": [2]}]}] * 2
     assert all(r.url.path == "/internal/v1/agents/7/heartbeat" for r in api.requests)
+
+
+def test_failed_beats_log_an_outage_once_a_new_error_again_and_the_recovery(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(main.time, "monotonic", lambda: clock[0])
+    request = httpx.Request("POST", "http://api/internal/v1/agents/7/heartbeat")
+    refused = httpx.ConnectError("[Errno 111] Connection refused", request=request)
+    unavailable = httpx.HTTPStatusError(
+        "503", request=request, response=httpx.Response(503, request=request)
+    )
+    failures = main.BeatFailures()
+    with caplog.at_level(logging.WARNING, logger=main.log.name):
+        for _ in range(5):  # the API restarting: one line, not one a beat
+            failures.failed(refused, 1.0)
+            clock[0] += 1.0
+        failures.failed(unavailable, 1.0)  # its database not back yet: a new error, said
+        clock[0] += main.BeatFailures.REPEAT_S
+        failures.failed(unavailable, 1.0)  # still failing a minute on: said again
+        failures.answered()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4, lines
+    assert "Connection refused" in lines[0] and "failing for 0 s" in lines[0]
+    assert "503" in lines[1] and "failing for 5 s" in lines[1]
+    assert "failing for 65 s" in lines[2]
+    assert lines[3] == "heartbeats reach the API again after 65.0 s"
+    assert not any(r.exc_info for r in caplog.records)  # an HTTP error: no traceback
