@@ -288,6 +288,17 @@ class Reporter:
             return
         self._failing_since, self._retry_at = None, 0.0
 
+    def flush_last(self) -> None:
+        """The last flush, once the ranks have ended: everything still buffered is sent,
+        riding out an outage as the flushes while they ran do (tried again every
+        `OUTAGE_RETRY_S`). Raises as :meth:`flush` once every flush has failed for
+        ``outage_limit_s`` seconds, or at once for a 4xx."""
+        while True:
+            self.flush(tolerate=True)
+            if not (self._lines or self._metrics or self._progress is not None):
+                return
+            time.sleep(max(0.0, self._retry_at - time.monotonic()))
+
     def _send(self) -> None:
         self._last_flush = time.monotonic()
         if not (self._lines or self._metrics or self._progress is not None):

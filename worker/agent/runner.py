@@ -6,6 +6,7 @@ import queue
 import secrets
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -37,6 +38,11 @@ from worker.engine.spec import RunSpec
 
 log = logging.getLogger(__name__)
 Outcome = tuple[bool, str, str]  # (succeeded, detail, cause)
+OUTCOME_LIMIT_S = 600.0
+"""How long an agent keeps trying to report a part's outcome to an API that cannot answer
+(`SubTaskRunner._finished`), beyond its client's retries: longer than any other call, as
+nothing else ends the part's task while its agent lives."""
+
 # How an allocation beyond RLIMIT_DATA shows in a rank's output (Python, torch, C++).
 MEMORY_ERRORS = ("MemoryError", "can't allocate memory", "Cannot allocate memory", "std::bad_alloc")
 
@@ -155,42 +161,48 @@ class SubTaskRunner:
             procs.drain_readers()
             try:
                 reporter.pump(procs.lines)
-                reporter.flush()
+                reporter.flush_last()
             except Exception:  # the outcome must still be reported, or the task hangs
                 log.exception("task %s: last output not sent", payload.task_id)
             watch.close()  # before the registry lets a later attempt's part of the task in
             self.registry.remove(payload.task_id, procs)
-        self.api.finished(payload.sub_task_id, succeeded=succeeded, detail=detail, cause=cause)
+        self._finished(payload, succeeded=succeeded, detail=detail, cause=cause)
         return "succeeded" if succeeded else "failed"
 
+    def _finished(
+        self, payload: SubTaskPayload, *, succeeded: bool, detail: str, cause: str
+    ) -> None:
+        """Report the part's outcome, tried again while the API cannot answer for up to
+        `OUTCOME_LIMIT_S` (:func:`ride_out`): an outcome lost leaves the part RUNNING, and
+        its task waiting, with no agent running it. The same outcome sent again changes
+        nothing (`fate.finish`)."""
+        ride_out(
+            lambda: self.api.finished(
+                payload.sub_task_id, succeeded=succeeded, detail=detail, cause=cause
+            ),
+            f"outcome of sub-task {payload.sub_task_id}",
+            OUTCOME_LIMIT_S,
+        )
+
     def _claim(self, payload: SubTaskPayload) -> None:
-        """Claim the part, trying again every `OUTAGE_RETRY_S` with the same claim id while
-        the API cannot answer (a transport error or a 5xx after the client's retries), for
-        up to `OUTAGE_LIMIT_S`: a claim taken whose answer was lost in an outage is answered
-        when the API is back, where giving up would leave the part claimed and not run.
-        Raises Conflict (refused), or the last error after the limit or for a 4xx."""
-        claim_id, started = secrets.token_hex(16), time.monotonic()
-        while True:
-            try:
-                self.api.claim(
-                    payload.sub_task_id,
-                    agent_id=self.agent_id,
-                    host=self.settings.advertise_addr,
-                    attempt=payload.attempt,
-                    preparing=payload.environment is not None,
-                    claim_id=claim_id,
-                )
-                return
-            except (httpx.TransportError, httpx.HTTPStatusError) as exc:
-                if not unanswered(exc) or time.monotonic() - started > OUTAGE_LIMIT_S:
-                    raise
-                log.warning(
-                    "claim of sub-task %s not answered (%s); trying again in %.0f s",
-                    payload.sub_task_id,
-                    exc,
-                    OUTAGE_RETRY_S,
-                )
-                time.sleep(OUTAGE_RETRY_S)
+        """Claim the part, tried again with the same claim id while the API cannot answer,
+        for up to `OUTAGE_LIMIT_S` (:func:`ride_out`): a claim taken whose answer was lost
+        in an outage is answered when the API is back, where giving up would leave the
+        part claimed and not run. Raises Conflict (refused), or the last error after the
+        limit or for a 4xx."""
+        claim_id = secrets.token_hex(16)
+        ride_out(
+            lambda: self.api.claim(
+                payload.sub_task_id,
+                agent_id=self.agent_id,
+                host=self.settings.advertise_addr,
+                attempt=payload.attempt,
+                preparing=payload.environment is not None,
+                claim_id=claim_id,
+            ),
+            f"claim of sub-task {payload.sub_task_id}",
+            OUTAGE_LIMIT_S,
+        )
 
     def _run_claimed(
         self, payload: SubTaskPayload, procs: ProcessSet, reporter: Reporter, held: ExitStack
@@ -481,6 +493,23 @@ class SubTaskRunner:
         raise TimeoutError(
             f"no parameter server rendezvous within {self.settings.rendezvous_timeout_s:.0f} s"
         )
+
+
+def ride_out(call: Callable[[], None], what: str, limit_s: float) -> None:
+    """Make `call`, trying it again every `OUTAGE_RETRY_S` while the API cannot answer it (a
+    transport error or a 5xx, after the client's own retries) for up to `limit_s` seconds
+    from the first try. Raises the last error after that, at once for a 4xx, and Conflict
+    as the call does."""
+    started = time.monotonic()
+    while True:
+        try:
+            call()
+            return
+        except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+            if not unanswered(exc) or time.monotonic() - started > limit_s:
+                raise
+            log.warning("%s not answered (%s); trying again in %.0f s", what, exc, OUTAGE_RETRY_S)
+            time.sleep(OUTAGE_RETRY_S)
 
 
 def _sharded(payload: SubTaskPayload) -> bool:

@@ -364,3 +364,25 @@ def test_shard_provenance_is_taken_from_the_parameter_server_only(
     assert api.calls("provenance") == []
     (refused,) = [x["text"] for x in api.reported("lines")]
     assert "only the parameter server records shard provenance" in refused
+
+
+def test_the_last_flush_rides_out_an_outage_and_sends_everything(
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the ranks end, the API restarting: the last output is sent once it is back, not
+    dropped at the first failure."""
+    monkeypatch.setattr(reporter_module, "OUTAGE_RETRY_S", 0.0)
+    api.fail["report"] = [503, 0, 503]
+    reporter = Reporter(api.client(retries=0), 4, group="a", interval_s=3600.0)
+    reporter.agent_line("ranks ended")
+    reporter.flush_last()
+    assert api.fail["report"] == []
+    assert [x["text"] for x in api.reported("lines")] == ["ranks ended"]
+
+
+def test_the_last_flush_gives_up_after_the_outage_limit(api: FakeApi) -> None:
+    api.fail["report"] = [503]
+    reporter = Reporter(api.client(retries=0), 4, group="a", outage_limit_s=0.0)
+    reporter.agent_line("ranks ended")
+    with pytest.raises(httpx.HTTPStatusError):
+        reporter.flush_last()

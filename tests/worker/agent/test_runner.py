@@ -367,3 +367,27 @@ def test_sharded_workers_start_fresh_with_the_allocator_the_host_asks_for(
             slot.popen.wait()
             if slot.popen.stdout is not None:
                 slot.popen.stdout.close()
+
+
+def test_an_outcome_the_api_could_not_answer_is_sent_again_until_it_arrives(
+    api: FakeApi, run_with: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The part ends while the API is away for longer than the client's retries: its outcome
+    is sent again (the same, which changes nothing twice), not lost with the task waiting."""
+    monkeypatch.setattr(runner_module, "OUTAGE_RETRY_S", 0.0)
+    api.fail["finished"] = [503, 0, 503, 0]  # the client's 3 tries fail, then 1 more
+    outcome, _pool = run_with({0: f"echo ps up; {RENDEZVOUS}", 1: "echo r1 done"})
+    assert outcome == "succeeded"
+    assert api.fail["finished"] == []
+    (finished,) = api.bodies("finished")
+    assert finished["succeeded"] is True
+
+
+def test_an_outcome_refused_is_not_sent_again(
+    api: FakeApi, run_with: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner_module, "OUTAGE_RETRY_S", 0.0)
+    api.fail["finished"] = [422, 200]
+    with pytest.raises(httpx.HTTPStatusError):
+        run_with({0: f"echo ps up; {RENDEZVOUS}", 1: "echo r1 done"})
+    assert api.fail["finished"] == [200]
