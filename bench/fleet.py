@@ -41,6 +41,7 @@ from contracts.agent_api import (
 )
 from contracts.messaging import queue_name
 from contracts.payload import SubTaskPayload
+from worker.agent.client import CALLER_RETRIES
 from worker.agent.reporter import OUTAGE_LIMIT_S, OUTAGE_RETRY_S
 from worker.engine.ranks import node_name
 
@@ -319,7 +320,8 @@ class SimAgent:
 
         As the agent's `InternalApi`: a transport error (e.g. the server closed an idle
         keep-alive connection as the request left) or a 5xx answer is tried again after 0.5,
-        1, 2, 4, 5 s (`tries`, 6 in all by default; a heartbeat's 2, as the agent's); each
+        1, 2, 4, 5 s (`tries`, 6 in all by default; a heartbeat's 2, a report's and a claim's
+        3, as the agent's); each
         retry is counted (`kind:retried-<error>`), the latency includes the waits, and a
         request that failed every try is an error (`kind:<error>`).
         """
@@ -458,7 +460,11 @@ class SimAgent:
         began = time.monotonic()
         while True:
             response = await self.call(
-                "claim", "POST", f"/sub-tasks/{payload.sub_task_id}/claim", json=body
+                "claim",
+                "POST",
+                f"/sub-tasks/{payload.sub_task_id}/claim",
+                tries=1 + CALLER_RETRIES,  # as the agent's: its own clock tries again
+                json=body,
             )
             unanswered = response is None or response.status_code >= 500
             if not unanswered or time.monotonic() - began > OUTAGE_LIMIT_S:
@@ -600,7 +606,11 @@ class SimAgent:
             }
         )
         response = await self.call(
-            "report", "POST", f"{task}/report", json=report.model_dump(mode="json")
+            "report",
+            "POST",
+            f"{task}/report",
+            tries=1 + CALLER_RETRIES,  # as the agent's: the next flush tries again
+            json=report.model_dump(mode="json"),
         )
         if response is None or response.status_code >= 300:
             return False
