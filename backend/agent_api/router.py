@@ -21,7 +21,7 @@ from backend.agents.schemas import AgentRead, AgentRegister
 from backend.agents.stamps import HeldStamps
 from backend.auth.dependencies import AgentAuth
 from backend.core.db import release
-from backend.core.dependencies import SessionDep, SettingsDep
+from backend.core.dependencies import ArrivalDep, SessionDep, SettingsDep
 from backend.core.errors import Invalid, NotFound
 from backend.plans import service as plans
 from backend.projects import service as projects
@@ -78,6 +78,7 @@ def register_agent(data: AgentRegister, session: SessionDep, settings: SettingsD
 def heartbeat(
     agent_id: int,
     request: Request,
+    arrived: ArrivalDep,
     session: SessionDep,
     settings: SettingsDep,
     data: Heartbeat | None = None,
@@ -86,11 +87,19 @@ def heartbeat(
     state of each task named (`running`, `tasks`). The stamps are held and written within a
     second (`backend.agents.stamps`): an online agent's beat without resource samples
     writes nothing itself, and reads nothing when this process saw the agent online within
-    the liveness timeout (`agents.beat`)."""
+    the liveness timeout (`agents.beat`). The stamp is the beat's arrival (`ArrivalDep`),
+    not the moment a worker thread took it up: on a busy process the wait for one is the
+    agent's delay, not its silence."""
     stamps: HeldStamps = request.app.state.stamps
     data = data or Heartbeat()
-    reports.node_heartbeats(session, running=data.running, stamps=stamps)
-    agents.beat(session, agent_id=agent_id, stamps=stamps, trust_s=settings.heartbeat_timeout_s)
+    reports.node_heartbeats(session, running=data.running, stamps=stamps, at=arrived)
+    agents.beat(
+        session,
+        agent_id=agent_id,
+        stamps=stamps,
+        trust_s=settings.heartbeat_timeout_s,
+        at=arrived,
+    )
     named = sorted({entry.task_id for entry in data.running} | set(data.tasks))
     reply = HeartbeatReply(
         tasks=[

@@ -1,7 +1,7 @@
 """Agent registration and heartbeats."""
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -109,15 +109,21 @@ def get(session: Session, *, agent_id: int) -> Agent:
     return agent
 
 
-def heartbeat(session: Session, *, agent: Agent, stamps: HeldStamps | None = None) -> Agent:
-    """Record a heartbeat now: the agent is online.
+def heartbeat(
+    session: Session,
+    *,
+    agent: Agent,
+    stamps: HeldStamps | None = None,
+    at: datetime | None = None,
+) -> Agent:
+    """Record a heartbeat at `at` (naive UTC; now by default): the agent is online.
 
     With `stamps`, an agent that is online already writes nothing: its time is held there
     and written with the others' within a second (`backend.agents.stamps`); an agent that
     was offline (timed out, or deregistered) is written online at once. The caller commits
     when given `stamps`.
     """
-    now = utcnow()
+    now = at or utcnow()
     if stamps is not None and agent.online:
         stamps.agent(agent.id, now)
         return agent
@@ -126,22 +132,31 @@ def heartbeat(session: Session, *, agent: Agent, stamps: HeldStamps | None = Non
     return agent
 
 
-def beat(session: Session, *, agent_id: int, stamps: HeldStamps, trust_s: float = 0.0) -> None:
-    """`heartbeat` for the internal API: an online agent's beat is held in `stamps`, without
+def beat(
+    session: Session,
+    *,
+    agent_id: int,
+    stamps: HeldStamps,
+    trust_s: float = 0.0,
+    at: datetime | None = None,
+) -> None:
+    """`heartbeat` for the internal API, stamped `at` (the beat's arrival; now by default):
+    an online agent's beat is held in `stamps`, without
     a database round trip when this process read the agent online within `trust_s` seconds
     (at most the liveness timeout: docs/architecture.md, "Monitoring"), else after reading
     one row's flag (no entity loaded); the caller commits. Raises NotFound (field
     `agent_id`) if unknown (once `trust_s` has passed since the row was last read)."""
+    now = at or utcnow()
     if stamps.known_online(agent_id, trust_s):
-        stamps.agent(agent_id, utcnow())
+        stamps.agent(agent_id, now)
         return
     online = session.scalar(select(Agent.online).where(Agent.id == agent_id))
     if online is None:
         raise NotFound(f"agent {agent_id} is not registered", field="agent_id")
     if online:
-        stamps.agent(agent_id, utcnow())
+        stamps.agent(agent_id, now)
     else:
-        heartbeat(session, agent=get(session, agent_id=agent_id), stamps=None)
+        heartbeat(session, agent=get(session, agent_id=agent_id), stamps=None, at=now)
     stamps.saw_online(agent_id)
 
 

@@ -39,10 +39,11 @@ bearer_scheme = HTTPBearer(
 )
 
 
-def require_agent_token(
+async def require_agent_token(
     settings: SettingsDep, authorization: Annotated[str | None, Header()] = None
 ) -> None:
-    """Check the `Authorization: Bearer <agent token>` header of the internal API.
+    """Check the `Authorization: Bearer <agent token>` header of the internal API (on the
+    event loop: a string comparison needs no worker thread).
 
     Raises:
         Unauthorized: the header is missing or carries another token.

@@ -317,12 +317,16 @@ def _write_new(path: Path, body: bytes) -> bool:
 
 
 def node_heartbeats(
-    session: Session, *, running: list[RunningRanks], stamps: "HeldStamps | None" = None
+    session: Session,
+    *,
+    running: list[RunningRanks],
+    stamps: "HeldStamps | None" = None,
+    at: datetime | None = None,
 ) -> None:
-    """Stamp the held allocations of ranks whose processes an agent saw alive (with
-    `stamps`: held there, written with the others within a second), and store their
-    resource samples (`record_usage`). The caller commits."""
-    now = utcnow()
+    """Stamp, at `at` (now by default), the held allocations of ranks whose processes an
+    agent saw alive (with `stamps`: held there, written with the others within a second),
+    and store their resource samples (`record_usage`). The caller commits."""
+    now = at or utcnow()
     for entry in running:
         if stamps is not None:
             stamps.ranks(entry.task_id, entry.ranks, now)

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from backend.agents import stamps as stamps_module
 from backend.agents.models import Agent
 from backend.agents.stamps import FLUSH_EVERY_S, HeldStamps
+from backend.core import dependencies
 from backend.core.config import Settings
 from backend.core.db import get_engine, utcnow
 from backend.scheduler import monitor
@@ -246,3 +247,21 @@ def test_a_beat_reads_nothing_while_its_agent_was_seen_online_within_the_timeout
         assert statements  # the deregistered agent's row is read again
     finally:
         event.remove(engine, "before_cursor_execute", count)
+
+
+def test_a_beat_is_stamped_when_it_arrived_not_when_a_thread_took_it_up(
+    client: TestClient, session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent was alive when its beat reached the API: on a busy process the wait for a
+    worker thread is the API's delay, and must not age the agent (nor its ranks)."""
+    group(session, "cpu-a", 2)
+    group(session, "cpu-b", 1)
+    task = running_task(session)
+    stamps = _own_stamps(client, flushing=True)
+    arrived = utcnow() - timedelta(seconds=4)  # as if a thread took the beat up 4 s late
+    monkeypatch.setattr(dependencies, "utcnow", lambda: arrived)
+    agent = _agents(session)["agent-cpu-a"]
+    _beat(client, agent, running=[{"task_id": task.id, "ranks": [1]}])
+    held_agents, held_ranks = stamps.held()
+    assert held_agents == {agent.id: arrived}
+    assert held_ranks == {(task.id, 1): arrived}
