@@ -543,7 +543,7 @@ class SimAgent:
             if self.stopped.is_set():
                 status = self.state[0] if self.state else "gone"
                 if buffer.lines or buffer.metrics:  # the reporter's flush as the ranks stop
-                    await self._report(task, payload, epoch, 1.0, buffer)
+                    await self._report_last(task, payload, epoch, buffer)
                 self.ledger.dropped += len(buffer.lines)
                 return f"stopped: task is {status}"
             now = time.monotonic()
@@ -567,9 +567,22 @@ class SimAgent:
         # out, with the last epoch's metrics.
         buffer.metrics += self._metrics(buffer, payload.attempt, ranks, epoch + 1, seq)
         self._output(buffer, payload, ranks, seq)
-        await self._report(task, payload, epoch, 1.0, buffer)
+        await self._report_last(task, payload, epoch, buffer)
         self.ledger.dropped += len(buffer.lines)
         return ""
+
+    async def _report_last(
+        self, task: str, payload: SubTaskPayload, epoch: int, buffer: Unsent
+    ) -> None:
+        """The last report, as the ranks end: tried again every `OUTAGE_RETRY_S` while the
+        API fails it, until `OUTAGE_LIMIT_S` of failed reports, as the agent's
+        `Reporter.flush_last`; what is still unsent then is the caller's to count."""
+        while not await self._report(task, payload, epoch, 1.0, buffer):
+            now = time.monotonic()
+            buffer.failing_since = buffer.failing_since or now
+            if now - buffer.failing_since > OUTAGE_LIMIT_S:
+                return
+            await asyncio.sleep(OUTAGE_RETRY_S)
 
     def _output(self, buffer: Unsent, payload: SubTaskPayload, ranks: list[int], seq: int) -> int:
         """``log_lines`` more lines from ``seq`` into ``buffer``; the next seq."""

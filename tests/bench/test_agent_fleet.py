@@ -291,3 +291,32 @@ def test_a_simulated_heartbeat_is_tried_twice_as_the_agents(
     assert requests == ["/agents/7/heartbeat"] * 3
     # the interval, the one retry's 0.5 s, the next interval: no backoff beyond one retry
     assert waits == [FAST.heartbeat_s, 0.5, FAST.heartbeat_s]
+
+
+def test_the_last_report_rides_out_an_outage_as_the_agents(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the agent's `Reporter.flush_last`: the report as the ranks end is tried again
+    while the API fails it, so a restart then drops no line."""
+    answers = [503] * 7 + [200]  # two reports' 3 tries fail, the third report's second is taken
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(answers.pop(0), json={})
+
+    async def no_wait(_s: float) -> None:
+        return None
+
+    monkeypatch.setattr(fleet.asyncio, "sleep", no_wait)
+    payload = make_payload(task_id=3)
+
+    async def run() -> tuple[fleet.SimAgent, fleet.Unsent]:
+        http = httpx.AsyncClient(transport=httpx.MockTransport(handle), base_url="http://api")
+        agent = fleet.SimAgent(0, "gpu-a", http, fleet.Recorder([]), FAST, None)
+        buffer = fleet.Unsent()
+        agent._output(buffer, payload, [1], 0)
+        await agent._report_last("/tasks/3", payload, 0, buffer)
+        return agent, buffer
+
+    agent, buffer = asyncio.run(run())
+    assert answers == [] and buffer.lines == []
+    assert agent.ledger.acked == {"3:1:worker-1": list(range(FAST.log_lines))}
