@@ -4,9 +4,10 @@ the ranks they saw alive, with their resource use (and its alarm)."""
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, tuple_, update
 from sqlalchemy.orm import Session, lazyload
@@ -72,24 +73,39 @@ def add_logs(session: Session, *, task_id: int, batch: LogBatch) -> int:
 
 def _stage_logs(session: Session, *, task_id: int, lines: list[LogIn]) -> int:
     """Add the lines not stored yet (by attempt, node and seq) to the session; their count."""
-    keys = {(line.attempt, line.node, line.seq) for line in lines}
-    if not keys:
-        return 0
-    existing: set[tuple[int, str, int]] = {
-        (attempt, node, seq)
-        for attempt, node, seq in session.execute(
-            select(LogLine.attempt, LogLine.node, LogLine.seq).where(
-                LogLine.task_id == task_id,
-                tuple_(LogLine.attempt, LogLine.node, LogLine.seq).in_(list(keys)),
+    return _stage_numbered(session, LogLine, task_id=task_id, items=lines)
+
+
+def _stage_numbered(
+    session: Session,
+    model: type[LogLine] | type[Metric],
+    *,
+    task_id: int,
+    items: Sequence[LogIn] | Sequence[MetricIn],
+) -> int:
+    """Add `items` as `model` rows of task `task_id` to the session, each numbered one
+    (attempt, node and seq) once: not when stored already (a report sent again after its
+    answer was lost), nor twice from one report (which the unique key would make a 500);
+    an unnumbered one (`seq` None: a metric of an older agent) always. Their count."""
+    keys = {(i.attempt, i.node, i.seq) for i in items if i.seq is not None}
+    stored: set[tuple[Any, ...]] = set()
+    if keys:
+        stored = {
+            tuple(row)
+            for row in session.execute(
+                select(model.attempt, model.node, model.seq).where(
+                    model.task_id == task_id,
+                    tuple_(model.attempt, model.node, model.seq).in_(list(keys)),
+                )
             )
-        ).all()
-    }
+        }
     new = []
-    for line in lines:
-        key = (line.attempt, line.node, line.seq)
-        if key not in existing:
-            new.append(LogLine(task_id=task_id, **line.model_dump()))
-            existing.add(key)  # a line twice in one report: stored once, not a 500
+    for item in items:
+        key = (item.attempt, item.node, item.seq)
+        if item.seq is None or key not in stored:
+            new.append(model(task_id=task_id, **item.model_dump()))
+            if item.seq is not None:
+                stored.add(key)
     session.add_all(new)
     return len(new)
 
@@ -105,24 +121,7 @@ def _stage_metrics(session: Session, *, task_id: int, metrics: list[MetricIn]) -
     """Add the values not stored yet to the session: a numbered value (`MetricIn.seq`) once
     by attempt, node and seq, as `_stage_logs` does for lines (a report sent again after its
     answer was lost stored its metrics twice); an unnumbered one always."""
-    keys = {(m.attempt, m.node, m.seq) for m in metrics if m.seq is not None}
-    existing: set[tuple[int | None, str | None, int | None]] = set()
-    if keys:
-        existing = {
-            (attempt, node, seq)
-            for attempt, node, seq in session.execute(
-                select(Metric.attempt, Metric.node, Metric.seq).where(
-                    Metric.task_id == task_id,
-                    tuple_(Metric.attempt, Metric.node, Metric.seq).in_(list(keys)),
-                )
-            ).all()
-        }
-    for m in metrics:
-        key = (m.attempt, m.node, m.seq)
-        if m.seq is None or key not in existing:
-            session.add(Metric(task_id=task_id, **m.model_dump()))
-            if m.seq is not None:
-                existing.add(key)  # a value twice in one report: stored once, not a 500
+    _stage_numbered(session, Metric, task_id=task_id, items=metrics)
 
 
 def set_progress(session: Session, *, task: Task, data: Progress) -> None:
