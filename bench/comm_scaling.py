@@ -122,14 +122,14 @@ def fit_latency_bandwidth(nbytes: Sequence[float], seconds: Sequence[float]) -> 
     )
 
 
-def _slowest(seconds: float) -> float:
+def slowest(seconds: float) -> float:
     """The largest of every rank's ``seconds`` (an allreduce MAX over the world)."""
     box = torch.tensor([seconds], dtype=torch.float64)
     dist.all_reduce(box, op=dist.ReduceOp.MAX)
     return float(box[0])
 
 
-def _timed(fn: Callable[[], Any], reps: int) -> Callable[[], float]:
+def timed(fn: Callable[[], Any], reps: int) -> Callable[[], float]:
     """A measurement: the best of ``reps`` calls of ``fn`` on every rank, each after a
     barrier and each the slowest rank's seconds."""
 
@@ -137,9 +137,21 @@ def _timed(fn: Callable[[], Any], reps: int) -> Callable[[], float]:
         dist.barrier()
         started = time.perf_counter()
         fn()
-        return _slowest(time.perf_counter() - started)
+        return slowest(time.perf_counter() - started)
 
     return lambda: min(once() for _ in range(reps))
+
+
+def warm_paired(
+    arms: dict[str, Callable[[], Any]], reps: int, rounds: int
+) -> dict[str, list[float]]:
+    """Each arm's seconds (:func:`timed`, best of ``reps``) in ``rounds`` paired rounds
+    (:func:`bench.stats.paired_rounds`), after one warm-up call of each (connections,
+    buffers). Every rank calls it alike."""
+    measures = {name: timed(fn, reps) for name, fn in arms.items()}
+    for measure in measures.values():
+        measure()
+    return paired_rounds(measures, rounds)
 
 
 def _rank(rank: int, port: int, groups: int, sizes: list[int], rounds: int, out: Any) -> None:
@@ -166,11 +178,7 @@ def _rank(rank: int, port: int, groups: int, sizes: list[int], rounds: int, out:
         arms = {"ps_round": ps_round, "allreduce_world": allreduce_world}
         if groups > 1:
             arms["allreduce_leaders"] = allreduce_leaders
-        reps = SMALL_REPS if nbytes < 16 * MB else 1
-        measures = {name: _timed(fn, reps) for name, fn in arms.items()}
-        for measure in measures.values():  # warm-up: connections, buffers
-            measure()
-        values = paired_rounds(measures, rounds)
+        values = warm_paired(arms, SMALL_REPS if nbytes < 16 * MB else 1, rounds)
         if rank == 0:
             out[nbytes] = values
     distributed.destroy()

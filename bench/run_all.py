@@ -63,6 +63,9 @@ BENCHMARKS = (
     # engine with fsdp against plain FSDP2 at 10M parameters, 2 rounds, about 1.5
     "bench.sharded_memory --sizes 25M",
     "bench.fsdp_vs_torch --sizes 10M --rounds 2",
+    # issue 36 item 2: a parameter-server round in 1, 2 and 4 shards against the leaders' ring
+    # allreduce, 2 groups, 16 and 64 MB, 5 rounds: under half a minute
+    "bench.ps_shards",
     # issue 37: the control plane under 250 simulated agents (2 API processes, PostgreSQL,
     # Redis), 30 s measured: about 1.5 minutes (no target at this size: bench-all's run goes
     # on to 1,000 agents, where the summary line judges issue 37's)

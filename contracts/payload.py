@@ -75,8 +75,16 @@ class SubTaskPayload(BaseModel):
 
     @property
     def world_size(self) -> int:
-        """Number of processes of the task: the parameter server plus every compute worker."""
-        return 1 + sum(g.workers for g in self.groups)
+        """Number of processes of the task: the parameter server, every compute worker and
+        the parameter server's other shard owners (`engine["ps_shards"]` - 1)."""
+        return sum(g.workers for g in self.groups) + int(self.engine.get("ps_shards", 1))
+
+    @property
+    def shard_ranks(self) -> list[int]:
+        """The global ranks owning the parameter server's shards other than rank 0's, started
+        by the part that hosts the parameter server (worker.engine.spec.RunSpec.shard_servers)."""
+        first = 1 + sum(g.workers for g in self.groups)
+        return list(range(first, self.world_size))
 
     @property
     def group_ranks(self) -> list[int]:

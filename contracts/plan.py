@@ -26,6 +26,10 @@ BFLOAT16_TOLERANCE = 0.05
 mantissa, so its gradients differ from float32's by about 1e-2 (measured on the test models
 0.4-1.3e-2)."""
 DilocoExchange = Literal["blocking", "overlapped", "async"]
+MAX_PS_SHARDS = 16
+"""The most processes a task's parameter server may be cut into (``ps_shards``)."""
+PS_SHARDED_STRATEGIES = ("periodic",)
+"""The strategies whose parameter server may be sharded so far (``ps_shards`` > 1)."""
 """How `diloco` rounds meet the parameter server: `blocking` waits for the outer update before
 the next round; `overlapped` goes on at once and takes it one round late; `async` has the
 parameter server apply each group's update as it arrives, so a group waits for its own

@@ -33,6 +33,7 @@ ENGINE_OPTIONS = (
     "sharding",
     "fsdp_units",
     "fsdp_param_dtype",
+    "ps_shards",
     "exchange_fraction",
     "checkpoint_every",
     "rebalance_every",
@@ -89,6 +90,7 @@ class TaskSpec(BaseModel):
     sharding: Sharding | None = None
     fsdp_units: list[str] | None = None
     fsdp_param_dtype: str | None = None
+    ps_shards: int | None = None
     exchange_fraction: float | None = None
     checkpoint_every: int | None = None
     rebalance_every: int | None = None

@@ -23,6 +23,8 @@ from contracts.payload import (
 )
 from contracts.plan import (
     DILOCO_PERIOD,
+    MAX_PS_SHARDS,
+    PS_SHARDED_STRATEGIES,
     AgreementTolerance,
     DeviceType,
     DilocoExchange,
@@ -250,6 +252,16 @@ class TaskCreate(StrictModel):
         "and its optimizer stepped in float32, and its agreement checks allow bfloat16's "
         "rounding, a relative distance of 0.05)",
     )
+    ps_shards: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_PS_SHARDS,
+        title="Parameter-server shards",
+        description="periodic: the parameter server's processes, each owning a slice of the "
+        "model that each group leader exchanges with it alone (default 1). Choose 2-4 when "
+        "many groups or a large model make the parameter server's link the bottleneck; the "
+        "other shards run beside it, on its agent",
+    )
     exchange_fraction: float = Field(
         default=0.0,
         ge=0.0,
@@ -457,6 +469,18 @@ class TaskCreate(StrictModel):
                 f"{value!r} does not run sharded groups yet (resource_groups.{own[0]} has "
                 "sharding 'fsdp'; the parameter server is not sharded): use 'sync', or "
                 "leave that group's sharding out"
+            )
+        return value
+
+    @field_validator("ps_shards")
+    @classmethod
+    def _ps_shards_fit(cls, value: int, info: ValidationInfo) -> int:
+        strategy = _strategy(info)
+        if value > 1 and strategy not in (*PS_SHARDED_STRATEGIES, None):
+            allowed = " or ".join(map(repr, PS_SHARDED_STRATEGIES))
+            raise ValueError(
+                f"ps_shards {value} runs with sync_strategy {allowed} only so far, not "
+                f"{strategy!r} (use ps_shards 1)"
             )
         return value
 

@@ -365,9 +365,11 @@ def logs(
 
 def rank_nodes(spec: TaskSpec) -> list[str]:
     """The log nodes of the task's ranks: `ps` (rank 0), then `rank-1` … `rank-W` over its
-    placed groups (else, not placed yet, its request items)."""
+    placed groups (else, not placed yet, its request items), then the ranks that own the
+    parameter server's other shards (`ps_shards`)."""
     workers = sum(plan.workers for plan in spec.groups or spec.request)
-    return ["ps", *(f"rank-{rank}" for rank in range(1, workers + 1))]
+    ranks = workers + (spec.ps_shards or 1) - 1
+    return ["ps", *(f"rank-{rank}" for rank in range(1, ranks + 1))]
 
 
 def log_nodes(task: Task) -> list[str]:

@@ -107,6 +107,7 @@ SETTINGS: dict[str, Setting] = {
     "sharding": Setting("Sharding"),
     "fsdp_units": Setting("FSDP units"),
     "fsdp_param_dtype": Setting("FSDP compute dtype"),
+    "ps_shards": Setting("Parameter-server shards", count("shard")),
     "exchange_fraction": Setting("Neighbour exchange", fraction),
     "checkpoint_every": Setting("Checkpoints", checkpoints),
     "rebalance_every": Setting("Rebalance every", count("step", zero="each epoch end")),

@@ -58,8 +58,8 @@ LAYERS: list[set[str]] = [  # from the bottom
     {"exchange", "fsdp", "provenance", "reducer", "strategy"},
     # The data path; the model's state as flat vectors.
     {"data", "state"},
-    # A worker's forward and backward.
-    {"compute"},
+    # A worker's forward and backward; the parameter server's shards.
+    {"compute", "shard_server"},
     # The cross-device checks; a plan's trial run.
     {"agreement", "trial"},
     # A rank's training state and its control points.

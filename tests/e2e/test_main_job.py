@@ -108,6 +108,23 @@ def test_checkpoint_downloads_and_loads(api: httpx.Client, stack: LocalStack) ->
     assert [tuple(v.shape) for v in moments] == [tuple(p.shape) for p in model.parameters()]
 
 
+def test_a_periodic_task_with_its_parameter_server_in_shards_succeeds(
+    api: httpx.Client, stack: LocalStack
+) -> None:
+    version = new_version(api, example="tiny_regression")
+    task = submit(api, version, epochs=1, sync_strategy="periodic", sync_period=2, ps_shards=2)
+    done = wait_for(api, task["id"], {"SUCCEEDED", "FAILED", "CANCELLED"})
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    # The second shard's owner is rank 4, after the 3 workers, started beside rank 0.
+    lines = api.get(f"/api/v1/tasks/{task['id']}/logs", params={"node": "rank-4"}).json()
+    assert any("up: shard 1 of 2 of the parameter server" in line["text"] for line in lines)
+    agent = api.get(f"/api/v1/tasks/{task['id']}/logs").json()
+    started = [line["text"] for line in agent if "started ranks [0, 4, 1, 2] " in line["text"]]
+    assert started, "the parameter server's agent did not start the second shard's owner"
+    assert api.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()
+    assert_released(api, stack, task["id"])
+
+
 def test_user_error_fails_task_with_traceback(api: httpx.Client, stack: LocalStack) -> None:
     version = new_version(api, source=FAILING_MODEL)
     task = submit(api, version)

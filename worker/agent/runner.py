@@ -228,7 +228,8 @@ class SubTaskRunner:
             # A sharded worker's allocator must be there when its interpreter starts: a
             # fresh one, not a warm one (worker.engine.ranks.allocator_env).
             preload = allocator_env(
-                rank != 0 and _sharded(payload), {"POLYTRAIN_JEMALLOC": self.settings.jemalloc}
+                rank in payload.ranks and _sharded(payload),
+                {"POLYTRAIN_JEMALLOC": self.settings.jemalloc},
             )
             if preload:
                 slot = start_slot(self.sandbox, env=preload)
@@ -256,9 +257,11 @@ class SubTaskRunner:
         else:
             addr, port = self._rendezvous(payload)
             peers.hosts = sorted({*peers.hosts, addr})
-        for rank in payload.ranks:
+        # The parameter server's other shards (ps_shards) run beside it.
+        servers = [0, *payload.shard_ranks] if payload.hosts_parameter_server else []
+        for rank in servers[1:] + payload.ranks:
             start(rank, addr, port)
-        ranks = ([0] if payload.hosts_parameter_server else []) + payload.ranks
+        ranks = servers + payload.ranks
         reporter.agent_line(
             f"attempt {payload.attempt}: started ranks {ranks} on "
             f"{self.settings.advertise_addr}, rendezvous {addr}:{port}"
@@ -355,7 +358,7 @@ class SubTaskRunner:
             slot.rank_dir, "spec.json", spec.model_dump_json(indent=2).encode()
         )
         env = rank_env(spec, rank, addr, port)
-        if rank != 0:  # its index among this host's ranks of the group (a group spans hosts)
+        if rank in payload.ranks:  # its index among this host's ranks of the group
             env["LOCAL_RANK"] = str(payload.ranks.index(rank))
         env["POLYTRAIN_DIST_TIMEOUT_S"] = str(self.settings.dist_timeout_s)
         if self.settings.datasets_dir:
@@ -425,7 +428,7 @@ class SubTaskRunner:
                     self.api.fetch_checkpoint(payload.task_id, checkpoint_id),
                 )
             )
-        elif checkpoint_id is not None:  # a compute worker: the sharded state, if any
+        elif checkpoint_id is not None and rank in payload.ranks:  # a compute worker's state
             state_dir = self._state_folder(
                 payload.task_id, checkpoint_id, slot.rank_dir, payload.group_index
             )

@@ -83,6 +83,9 @@ class Topology:
     the same ranks beside a CUDA or NPU group's; None on the parameter server. ``groups``
     lists every resource group's global ranks, in group order. ``timeout`` bounds every
     collective and receive.
+    ``shards``: with a parameter server in S > 1 shards (``RunSpec.ps_shards``), the links
+    between each shard's owner and each group leader (:class:`ShardLinks`), on those ranks;
+    rank 0 then also holds a link to each other owner (its commands), which holds that one.
     """
 
     rank: int
@@ -98,6 +101,7 @@ class Topology:
     control: dist.ProcessGroup | None = None
     groups: tuple[tuple[int, ...], ...] = ()
     timeout: timedelta = timedelta(seconds=DEFAULT_TIMEOUT_S)
+    shards: ShardLinks | None = None
 
     def link(self, peer: int) -> dist.ProcessGroup:
         """The two-rank group to talk to global rank ``peer`` through: on the parameter
@@ -114,6 +118,11 @@ class Topology:
     def is_ps(self) -> bool:
         """True on rank 0, the parameter server."""
         return self.rank == 0
+
+    @property
+    def is_shard_server(self) -> bool:
+        """True on a rank that owns a shard of the parameter server other than rank 0's."""
+        return not self.is_ps and not self.group_ranks
 
     @property
     def am_i_leader(self) -> bool:
@@ -221,7 +230,8 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
                 world_size=env.world_size,
                 timeout=timeout,
             )
-    my_index = None if env.rank == 0 else spec.group_of(env.rank)
+    serves = env.rank == 0 or spec.is_shard_server(env.rank)
+    my_index = None if serves else spec.group_of(env.rank)
     device = torch.device("cpu")
     if my_index is not None:
         device = pick_device(spec.groups[my_index].device_type, env.local_rank)
@@ -237,10 +247,16 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
             if index == my_index:
                 control = twin
     links = {}
-    for peer in linked_ranks(spec):
+    for peer in linked_ranks(spec) + spec.shard_servers()[1:]:
         link = dist.new_group([0, peer], timeout=timeout, backend="gloo")
         if env.rank in (0, peer):
             links[peer] = link
+    shards = None
+    if spec.ps_shards > 1:
+        leaders = spec.leader_ranks()
+        # Rank 0's links to the leaders carry shard 0: made above (on their members only).
+        reuse = {(0, leader): links.get(leader) for leader in leaders}
+        shards = shard_links(spec.shard_servers(), leaders, env.rank, timeout, reuse)
     ring_links: dict[frozenset[int], dist.ProcessGroup] = {}
     cross = None
     if spec.sync_strategy == "sync":
@@ -259,6 +275,7 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
         control=control,
         groups=tuple(tuple(spec.group_ranks(g)) for g in range(len(spec.groups))),
         timeout=timeout,
+        shards=shards,
     )
     # Every rank has finished making every group before any goes on: a rank that fails right
     # after (say in the user's build_model) cannot break a peer's group set-up, so each rank
@@ -296,6 +313,69 @@ def leader_ring(
     if len(members) < 2 or rank not in members:
         return None
     return LeaderRing(members, rank, links, timeout)
+
+
+@dataclass(frozen=True)
+class ShardLinks:
+    """The links of a parameter server in ``S`` shards, as this rank takes part in them.
+
+    Shard ``s`` of every exchanged vector is owned by global rank ``servers[s]``, which sums
+    the group leaders' slices of it and answers each leader with its slice of the result
+    (a sharded parameter server, after BytePS, Jiang et al., OSDI 2020: each server's link
+    carries 1/S of every leader's bytes). ``links`` holds the two-rank gloo group of each
+    (server, leader) pair that includes ``rank``, keyed by that pair; made by
+    :func:`shard_links`.
+    """
+
+    servers: tuple[int, ...]
+    leaders: tuple[int, ...]
+    rank: int
+    links: Mapping[tuple[int, int], dist.ProcessGroup]
+
+    @property
+    def shard(self) -> int | None:
+        """This rank's shard index, None on a rank that owns no shard."""
+        return self.servers.index(self.rank) if self.rank in self.servers else None
+
+    def link(self, server: int, leader: int) -> dist.ProcessGroup:
+        """The two-rank group of ``server`` and ``leader`` (global ranks). Raises KeyError for a
+        pair this rank is not in, or that has no link."""
+        return self.links[(server, leader)]
+
+
+def shard_links(
+    servers: list[int],
+    leaders: list[int],
+    rank: int,
+    timeout: timedelta,
+    existing: Mapping[tuple[int, int], dist.ProcessGroup | None] | None = None,
+) -> ShardLinks:
+    """Make a two-rank gloo group for every (server, leader) pair, servers in order, each
+    server's leaders in order, and return this ``rank``'s part (:class:`ShardLinks`). A pair
+    that is a key of ``existing`` (say the parameter server's link to a leader) was made
+    already and is not made again: its value is the group on the pair's ranks, None (or
+    anything) on the others; it must be a key on every rank alike.
+
+    Every rank of the world calls it alike, members or not (torch.distributed's rule for
+    making groups). Raises ValueError when ``servers`` and ``leaders`` share a rank or
+    repeat one.
+    """
+    if set(servers) & set(leaders):
+        raise ValueError(f"servers {servers} and leaders {leaders} must not share a rank")
+    if len(set(servers)) != len(servers) or len(set(leaders)) != len(leaders):
+        raise ValueError(f"a rank is repeated in servers {servers} or leaders {leaders}")
+    mine: dict[tuple[int, int], dist.ProcessGroup] = {}
+    for server in servers:
+        for leader in leaders:
+            pair = (server, leader)
+            if existing is not None and pair in existing:
+                group = existing[pair]
+            else:
+                group = dist.new_group([server, leader], timeout=timeout, backend="gloo")
+            if rank in pair:
+                assert group is not None, f"no group for {pair} on one of its ranks"
+                mine[pair] = group
+    return ShardLinks(tuple(servers), tuple(leaders), rank, mine)
 
 
 def linked_ranks(spec: RunSpec) -> list[int]:

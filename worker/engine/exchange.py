@@ -18,7 +18,7 @@ parameter server divides once by the global count.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -28,6 +28,7 @@ from torch import Tensor
 
 from worker.engine.distributed import (
     Arrivals,
+    ShardLinks,
     Topology,
     all_gather_objects,
     all_reduce_sum,
@@ -120,19 +121,13 @@ def post_to_ps(topo: Topology, vector: Tensor) -> list[Any]:
     """Start sending the 1-D CPU ``vector`` from this group leader to the parameter server, in
     pieces (:func:`gather_at_ps` receives them); returns the works to wait on. ``vector``
     must not change until they are done."""
-    return [
-        dist.isend(vector[a:b], dst=0, group=topo.link(0), tag=k)
-        for k, (a, b) in enumerate(pieces(vector.numel(), vector.element_size()))
-    ]
+    return post_pieces(vector, 0, topo.link(0))
 
 
 def post_from_ps(topo: Topology, buffer: Tensor) -> list[Any]:
     """Start receiving, on a group leader, what the parameter server sends with
     :func:`broadcast_down` into the 1-D CPU ``buffer``; returns the works to wait on."""
-    return [
-        dist.irecv(buffer[a:b], src=0, group=topo.link(0), tag=k)
-        for k, (a, b) in enumerate(pieces(buffer.numel(), buffer.element_size()))
-    ]
+    return receive_pieces(buffer, 0, topo.link(0))
 
 
 def expect_at_ps(arrivals: Arrivals, leader: int, numel: int, dtype: torch.dtype) -> None:
@@ -167,10 +162,7 @@ def post_to_leader(topo: Topology, vector: Tensor, leader: int) -> list[Any]:
     """Parameter server: start sending the 1-D CPU ``vector`` to the group leader of global
     rank ``leader`` alone (:func:`post_from_ps` receives it); returns the works to wait on.
     ``vector`` must not change until they are done."""
-    return [
-        dist.isend(vector[a:b], dst=leader, group=topo.link(leader), tag=k)
-        for k, (a, b) in enumerate(pieces(vector.numel(), vector.element_size()))
-    ]
+    return post_pieces(vector, leader, topo.link(leader))
 
 
 def gather_at_ps(
@@ -186,21 +178,104 @@ def gather_at_ps(
     additions is fixed, so the result does not depend on arrival order.
     """
     leaders = leader_ranks(topo) if leaders is None else leaders
+    return sum_received([(rank, topo.link(rank)) for rank in leaders], numel, dtype)
+
+
+def sum_received(
+    sources: list[tuple[int, dist.ProcessGroup]], numel: int, dtype: torch.dtype
+) -> Tensor:
+    """The sum, shape [numel], of the 1-D vectors that each ``(global rank, link)`` of
+    ``sources`` sends (with :func:`post_pieces`): every receive posted at once, the pieces
+    added in the order of ``sources`` as each piece has arrived from all of them."""
     total = torch.empty(numel, dtype=dtype)
-    spare = [_scratch(i, numel, dtype) for i in range(len(leaders) - 1)]
+    spare = [_scratch(i, numel, dtype) for i in range(len(sources) - 1)]
     parts = pieces(numel, total.element_size())
     received = [
-        [
-            dist.irecv(buffer[a:b], src=rank, group=topo.link(rank), tag=k)
-            for k, (a, b) in enumerate(parts)
-        ]
-        for rank, buffer in zip(leaders, [total, *spare], strict=True)
+        [dist.irecv(buffer[a:b], src=rank, group=link, tag=k) for k, (a, b) in enumerate(parts)]
+        for (rank, link), buffer in zip(sources, [total, *spare], strict=True)
     ]
     for k, (a, b) in enumerate(parts):
         wait_all([works[k] for works in received])
         for buffer in spare:
             total[a:b] += buffer[a:b]
     return total
+
+
+def post_pieces(vector: Tensor, peer: int, link: dist.ProcessGroup) -> list[Any]:
+    """Start sending the 1-D CPU ``vector`` to global rank ``peer`` over ``link``, in pieces of
+    :data:`PIECE_BYTES` tagged by their index; returns the works. ``vector`` must not change
+    until they are done."""
+    return [
+        dist.isend(vector[a:b], dst=peer, group=link, tag=k)
+        for k, (a, b) in enumerate(pieces(vector.numel(), vector.element_size()))
+    ]
+
+
+def receive_pieces(buffer: Tensor, peer: int, link: dist.ProcessGroup) -> list[Any]:
+    """Start receiving into the 1-D CPU ``buffer`` what global rank ``peer`` sends with
+    :func:`post_pieces` over ``link``; returns the works."""
+    return [
+        dist.irecv(buffer[a:b], src=peer, group=link, tag=k)
+        for k, (a, b) in enumerate(pieces(buffer.numel(), buffer.element_size()))
+    ]
+
+
+def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of each of ``shards`` contiguous slices of a flat vector [numel], as
+    equal as they can be (the first ``numel % shards`` one element longer). Raises ValueError
+    for ``shards`` < 1 or more shards than elements."""
+    if shards < 1 or shards > max(numel, 1):
+        raise ValueError(f"cannot cut {numel} elements into {shards} shards")
+    size, extra = divmod(numel, shards)
+    bounds, start = [], 0
+    for s in range(shards):
+        end = start + size + (1 if s < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def sharded_round(shards: ShardLinks, slices: list[Tensor], outs: list[Tensor]) -> None:
+    """Group leader's side of a round with a sharded parameter server: send ``slices[s]``
+    (1-D, CPU) to the owner of shard ``s`` and receive its answer into ``outs[s]`` (1-D, CPU),
+    every shard at once; returns when all are done. The servers run :func:`serve_shard`.
+
+    Raises ValueError unless there is one slice and one answer buffer per shard.
+    """
+    if not len(slices) == len(outs) == len(shards.servers):
+        raise ValueError(
+            f"{len(slices)} slices and {len(outs)} answers for {len(shards.servers)} shards"
+        )
+    works: list[Any] = []
+    for server, piece, out in zip(shards.servers, slices, outs, strict=True):
+        link = shards.link(server, shards.rank)
+        works += post_pieces(piece.contiguous(), server, link)
+        works += receive_pieces(out, server, link)
+    wait_all(works)
+
+
+def serve_shard(
+    shards: ShardLinks,
+    numel: int,
+    dtype: torch.dtype,
+    answer: Callable[[Tensor], Tensor],
+    leaders: list[int] | None = None,
+) -> Tensor:
+    """Shard owner's side of :func:`sharded_round`: sum the [numel] slices the group leaders
+    send (``leaders``, global ranks; every leader of ``shards`` by default), in leader order
+    (:func:`sum_received`), and send ``answer(sum)`` (1-D, CPU) back to each of them; returns
+    that answer. Raises ValueError on a rank that owns no shard."""
+    if shards.shard is None:
+        raise ValueError(f"rank {shards.rank} owns no shard")
+    to = list(shards.leaders) if leaders is None else leaders
+    total = sum_received(
+        [(leader, shards.link(shards.rank, leader)) for leader in to], numel, dtype
+    )
+    result = answer(total).contiguous()
+    wait_all(
+        [w for leader in to for w in post_pieces(result, leader, shards.link(shards.rank, leader))]
+    )
+    return result
 
 
 def broadcast_down(topo: Topology, vector: Tensor, leaders: list[int] | None = None) -> Tensor:
@@ -227,9 +302,15 @@ def broadcast_down(topo: Topology, vector: Tensor, leaders: list[int] | None = N
         on_cpu = received if in_place else torch.empty(vector.numel(), dtype=vector.dtype)
         wait_all(post_from_ps(topo, on_cpu))
         received = on_cpu.to(topo.device)
+    return group_broadcast(topo, received)
+
+
+def group_broadcast(topo: Topology, tensor: Tensor) -> Tensor:
+    """The group leader's ``tensor`` (on ``topo.device``) on every member of its group, in
+    place; returns it."""
     if len(topo.group_ranks) > 1:
-        dist.broadcast(received, src=topo.leader_rank, group=topo.group)
-    return received
+        dist.broadcast(tensor, src=topo.leader_rank, group=topo.group)
+    return tensor
 
 
 def send_to_ps(topo: Topology, vector: Tensor) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from worker.engine import distributed, report
+from worker.engine import distributed, report, shard_server
 from worker.engine.contract import load_training_code, seed_everything
 from worker.engine.data import prepare_data
 from worker.engine.distributed import ClusterEnv
@@ -46,6 +46,15 @@ def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
     clock.mark("import")  # the interpreter, torch and the engine
     topo = distributed.init(env, spec, timeout_s)
     clock.mark("rendezvous")  # includes waiting for the last rank to arrive
+    if topo.is_shard_server:  # no model, no data: a slice of the parameter server's
+        assert topo.shards is not None
+        report.log(
+            f"rank {env.rank}/{env.world_size} up: shard {topo.shards.shard} of "
+            f"{len(topo.shards.servers)} of the parameter server"
+        )
+        shard_server.serve(topo)
+        distributed.destroy()
+        return torch.empty(0)
     # Loaded after joining, so a rank that fails here breaks its peers' connections at once.
     code = load_training_code(spec.code, spec.hyperparameters)
     report.log(

@@ -177,7 +177,7 @@ def launch_local(
         def start(rank: int, port: int) -> None:
             env = {
                 **rank_env(spec, rank, "127.0.0.1", port),
-                **allocator_env(rank != 0 and spec.sharded(spec.group_of(rank))),
+                **allocator_env(spec.rank_sharded(rank)),
                 **(env_extra or {}),
             }
             ranks.add(rank, _start(spec_path, checkout_env(env)))

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from contracts import sharded_state
-from worker.engine import report, session
+from worker.engine import report, session, shard_server
 from worker.engine.checkpoint import load_checkpoint, resume_package, save_checkpoint
 from worker.engine.contract import TrainingCode
 from worker.engine.data import DataSources
@@ -109,6 +109,8 @@ def run_parameter_server(
     if spec.debug_dump_dir:
         run.batches = []
     session.train(run, under_way, lambda r: {}, report_server_epoch)
+    if topo.shards is not None:
+        shard_server.stop(topo)
     # Under sync the optimizer replica is in the last checkpoint's state folder (run.py):
     # final.pt names that folder, the state being the same.
     directory = Path(spec.checkpoint_dir)

@@ -42,12 +42,13 @@ def rank_env(spec: RunSpec, rank: int, master_addr: str, master_port: int) -> di
     """The environment variables that place a process at ``rank`` of the task.
 
     ``LOCAL_RANK`` is the rank's index inside its group (0 for the parameter
-    server): right when a group's ranks share one host, to be overridden otherwise.
-    Raises ValueError if ``rank`` is outside the world.
+    server and its shards' owners): right when a group's ranks share one host, to be
+    overridden otherwise. Raises ValueError if ``rank`` is outside the world.
     """
     if not 0 <= rank < spec.world_size:
         raise ValueError(f"rank {rank} outside world of size {spec.world_size}")
-    local_rank = 0 if rank == 0 else spec.group_ranks(spec.group_of(rank)).index(rank)
+    serves = rank == 0 or spec.is_shard_server(rank)
+    local_rank = 0 if serves else spec.group_ranks(spec.group_of(rank)).index(rank)
     return {
         "RANK": str(rank),
         "WORLD_SIZE": str(spec.world_size),

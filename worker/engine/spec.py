@@ -15,6 +15,8 @@ from pydantic import BaseModel, Field, model_validator
 
 from contracts.data import DataOptions
 from contracts.plan import (
+    MAX_PS_SHARDS,
+    PS_SHARDED_STRATEGIES,
     AgreementTolerance,
     DilocoExchange,
     FsdpParamDtype,
@@ -66,6 +68,10 @@ class RunSpec(BaseModel):
     module classes ``fsdp_units`` names or chosen by size (:mod:`worker.engine.fsdp`),
     computing in ``fsdp_param_dtype`` (``bfloat16``: mixed precision, FSDP2's policy); with
     ``sync`` only so far, and the guard does not act on such a task.
+    ``ps_shards`` (S, default 1) cuts the parameter server's model into S slices, each owned
+    by its own process (rank 0 and the ranks after the workers, :meth:`shard_servers`): each
+    group leader exchanges slice s with its owner only (:mod:`worker.engine.shard_server`);
+    with ``periodic`` only so far.
     ``exchange_fraction`` of each worker's shard moves to its ring neighbour
     after every epoch. ``checkpoint_every`` adds a checkpoint every N steps.
     ``data`` says how compute workers read their shards (:class:`contracts.data.DataOptions`:
@@ -126,6 +132,7 @@ class RunSpec(BaseModel):
     sharding: Sharding = "none"
     fsdp_units: list[str] = Field(default_factory=list)
     fsdp_param_dtype: FsdpParamDtype = "float32"
+    ps_shards: int = Field(default=1, ge=1, le=MAX_PS_SHARDS)
     exchange_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     checkpoint_every: int | None = Field(default=None, ge=1)
     on_nonfinite: OnNonFinite = "fail"
@@ -160,6 +167,7 @@ class RunSpec(BaseModel):
         if any(step.op == "tokenize" for step in self.preprocess[1:]):
             raise ValueError("tokenize must be the first preprocessing step")
         check_sharding(self)
+        check_ps_shards(self)
         check_local_batches(self)
         return self
 
@@ -177,8 +185,24 @@ class RunSpec(BaseModel):
 
     @property
     def world_size(self) -> int:
-        """Number of processes: the parameter server plus every compute worker."""
-        return 1 + self.n_workers
+        """Number of processes: the parameter server, every compute worker and the parameter
+        server's other shard owners (``ps_shards - 1``)."""
+        return self.n_workers + self.ps_shards
+
+    def shard_servers(self) -> list[int]:
+        """Global ranks owning the parameter server's shards, shard order: rank 0, then the
+        ranks after the last compute worker."""
+        first = 1 + self.n_workers
+        return [0, *range(first, first + self.ps_shards - 1)]
+
+    def is_shard_server(self, rank: int) -> bool:
+        """True for a rank that owns a shard of the parameter server and is not rank 0 (it
+        holds no model and trains nothing: :func:`worker.engine.shard_server.serve`)."""
+        return rank > self.n_workers and rank in self.shard_servers()
+
+    def rank_sharded(self, rank: int) -> bool:
+        """True for a compute worker of a group that holds its model sharded (``fsdp``)."""
+        return 0 < rank <= self.n_workers and self.sharded(self.group_of(rank))
 
     @property
     def n_workers(self) -> int:
@@ -210,10 +234,11 @@ class RunSpec(BaseModel):
     def group_of(self, rank: int) -> int:
         """Index of the group that compute rank ``rank`` belongs to.
 
-        Raises ValueError for rank 0 (the parameter server) or a rank outside the world.
+        Raises ValueError for rank 0 (the parameter server), a rank owning one of its shards,
+        or a rank outside the world.
         """
-        if rank == 0:
-            raise ValueError("rank 0 is the parameter server, not in any group")
+        if rank == 0 or self.is_shard_server(rank):
+            raise ValueError(f"rank {rank} is the parameter server's, not in any group")
         for i in range(len(self.groups)):
             if rank in self.group_ranks(i):
                 return i
@@ -256,6 +281,23 @@ def check_sharding(spec: RunSpec) -> None:
         raise ValueError("fsdp_units applies only where a group has sharding 'fsdp'")
     if spec.fsdp_param_dtype != "float32" and not sharded:
         raise ValueError("fsdp_param_dtype applies only where a group has sharding 'fsdp'")
+
+
+def check_ps_shards(spec: RunSpec) -> None:
+    """Raises ValueError, naming ``ps_shards``, for a sharded parameter server that cannot be
+    run: a strategy other than ``periodic`` (:data:`contracts.plan.PS_SHARDED_STRATEGIES`) or
+    a plan's trial. More shards than the model has parameters fails at the start
+    (:func:`worker.engine.exchange.shard_bounds`)."""
+    if spec.ps_shards == 1:
+        return
+    if spec.sync_strategy not in PS_SHARDED_STRATEGIES:
+        raise ValueError(
+            f"ps_shards {spec.ps_shards} runs with sync_strategy "
+            f"{' or '.join(map(repr, PS_SHARDED_STRATEGIES))} only so far, not "
+            f"{spec.sync_strategy!r} (use ps_shards 1)"
+        )
+    if spec.trial is not None:
+        raise ValueError("ps_shards applies to training, not to a plan's trial")
 
 
 def check_local_batches(spec: RunSpec) -> None:

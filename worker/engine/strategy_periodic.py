@@ -31,9 +31,11 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
+from worker.engine import shard_server
 from worker.engine.exchange import (
     broadcast_down,
     gather_at_ps,
+    group_broadcast,
     leader_reduce,
     load_vector_,
 )
@@ -62,8 +64,17 @@ def average_models(
         weighted = torch.nn.utils.parameters_to_vector(run.params).detach() * group_samples
     changes = state.buffer_change(sync_base, group_samples, weighted)
     tail = torch.tensor([group_loss, group_samples], dtype=weighted.dtype, device=weighted.device)
-    leader_reduce(run.topo, torch.cat([weighted, changes, tail]))
-    state.load_(broadcast_down(run.topo, state.vector()))
+    topo = run.topo
+    if topo.shards is None:
+        leader_reduce(topo, torch.cat([weighted, changes, tail]))
+        state.load_(broadcast_down(topo, state.vector()))
+        return
+    # The parameter server in shards: each slice to its owner (worker.engine.shard_server).
+    received = state.empty()
+    if topo.am_i_leader:
+        answer = shard_server.leader_round(topo, weighted, torch.cat([changes, tail]))
+        received = answer.to(received.device)
+    state.load_(group_broadcast(topo, received))
 
 
 def group_step(run: Run) -> tuple[float, int]:
@@ -118,10 +129,12 @@ class Periodic(Strategy[Run]):
         and sample sums that come with them make the per-step series (at sync points,
         :func:`worker.engine.strategy_sync.step_point`).
         """
-        state = run.state
+        state, topo = run.state, run.topo
         n_params = state.n_params
         numel = n_params + state.n_buffers
         every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
+        if topo.shards is not None:  # the other owners start the epoch from the global model
+            shard_server.load(topo, state)
         while not run.split.epoch_done:
             run.record_batch()
             run.split.advance()
@@ -129,13 +142,17 @@ class Periodic(Strategy[Run]):
             if not is_sync_point(run):
                 continue
             leaders = stepping_leaders(run)
-            total = gather_at_ps(run.topo, numel + 2, run.params[0].dtype, leaders)
-            if total[-1] > 0:
-                load_vector_(total[:n_params] / total[-1], run.params)
-                state.add_mean_change(None, total[n_params:-2], float(total[-1]))
-            broadcast_down(run.topo, state.vector(), leaders)
-            run.loss_sum += float(total[-2])
-            run.samples += int(round(float(total[-1])))
+            if topo.shards is not None:
+                loss_sum, samples = shard_server.server_round(topo, state, leaders)
+            else:
+                total = gather_at_ps(topo, numel + 2, run.params[0].dtype, leaders)
+                loss_sum, samples = float(total[-2]), float(total[-1])
+                if samples > 0:
+                    load_vector_(total[:n_params] / total[-1], run.params)
+                    state.add_mean_change(None, total[n_params:-2], samples)
+                broadcast_down(topo, state.vector(), leaders)
+            run.loss_sum += loss_sum
+            run.samples += int(round(samples))
             report_progress(run, every)
-            step_point(run, float(total[-2]), int(round(float(total[-1]))))
+            step_point(run, loss_sum, int(round(samples)))
             control_point(run)

@@ -256,6 +256,14 @@ def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> Non
         ({"sync_strategy": "diloco", "sync_period": 0}, "sync_period", "greater than or equal"),
         ({"sync_strategy": "diloco", "sync_period": 1}, "sync_period", "diloco round needs 2"),
         ({"diloco_exchange": "overlapped"}, "diloco_exchange", "sync_strategy 'diloco' only"),
+        ({"ps_shards": 2}, "ps_shards", "runs with sync_strategy 'periodic' only so far"),
+        (
+            {"sync_strategy": "diloco", "ps_shards": 3},
+            "ps_shards",
+            "not 'diloco' (use ps_shards 1)",
+        ),
+        ({"sync_strategy": "periodic", "ps_shards": 0}, "ps_shards", "greater than or equal to 1"),
+        ({"sync_strategy": "periodic", "ps_shards": 17}, "ps_shards", "less than or equal to 16"),
         (
             {"sync_strategy": "diloco", "diloco_exchange": "gossip"},
             "diloco_exchange",

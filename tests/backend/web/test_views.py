@@ -23,6 +23,9 @@ def test_spec_summary_and_log_nodes() -> None:
     assert summary["groups"] == ["cpu-a × 2", "gpu × 1"]
     assert summary["workers"] == 3
     assert rank_nodes(TaskSpec.model_validate(SPEC)) == ["ps", "rank-1", "rank-2", "rank-3"]
+    # The parameter server's other shards' owners come after the workers.
+    sharded = TaskSpec.model_validate({**SPEC, "ps_shards": 3})
+    assert rank_nodes(sharded)[-2:] == ["rank-4", "rank-5"]
 
 
 def test_epochs_done_counts_whole_epochs() -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing as mp
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import default_collate
 
 from worker.engine import prefork
@@ -119,3 +122,12 @@ def run_ranks(target: Callable[..., None], world_size: int, *args: Any) -> list[
     for proc in procs:
         proc.join(120)
     return [proc.exitcode for proc in procs]
+
+
+def leave_with_record(out: str, rank: int, record: dict[str, Any]) -> None:
+    """End a forked rank of :func:`run_ranks`: write its ``record`` to ``rank-<rank>.json``
+    in ``out``, leave the process group and exit 0 at once (no interpreter teardown, where
+    gloo's threads could still hold work)."""
+    Path(out, f"rank-{rank}.json").write_text(json.dumps(record))
+    dist.destroy_process_group()
+    os._exit(0)

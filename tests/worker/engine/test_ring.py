@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.worker.engine.reference import run_ranks
+from tests.worker.engine.reference import leave_with_record, run_ranks
 from worker.engine.distributed import add_ring_links
 from worker.engine.ring import LeaderRing, ring_pairs
 
@@ -60,9 +60,7 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
             ring.all_reduce(torch.zeros(4, 4).t())
         except ValueError as exc:
             record["refused"] = str(exc)
-    Path(out, f"rank-{rank}.json").write_text(json.dumps(record))
-    dist.destroy_process_group()
-    os._exit(0)
+    leave_with_record(out, rank, record)
 
 
 @pytest.mark.parametrize("members", [2, 3, 4])
