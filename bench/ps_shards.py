@@ -8,9 +8,12 @@ process, run in the same processes, side by side:
   (:func:`worker.engine.exchange.shard_bounds`), sends slice s to the owner of shard s and
   takes back that shard's answer (:func:`worker.engine.exchange.sharded_round`); each owner
   sums its slice over the leaders in leader order and answers every leader with it
-  (:func:`worker.engine.exchange.serve_shard`). S = 1 is one server, whose link carries G
-  vectors in and G out; with S shards each server's link carries G / S of them (BytePS,
-  Jiang et al., OSDI 2020). The shards a round does not use wait at the barrier.
+  (:func:`worker.engine.exchange.serve_shard`). As in the engine
+  (:mod:`worker.engine.shard_server`), rank 0 first sends every other owner a command, and
+  every other owner then sends its answer to rank 0 too, which keeps the whole model. S = 1
+  is one server, whose link carries G vectors in and G out; with S shards each server's
+  link carries G / S of them and rank 0's (S - 1) / S more (BytePS, Jiang et al., OSDI
+  2020). The shards a round does not use wait at the barrier.
 - ``allreduce_ring``: the leaders' ring allreduce over two-rank links
   (:class:`worker.engine.ring.LeaderRing`, what ``sync`` sums across groups with), each
   leader sending and receiving 2 (G - 1) / G vectors; no server.
@@ -48,7 +51,14 @@ from bench.comm_scaling import MB, warm_paired
 from bench.common import cores, emit
 from bench.stats import paired_ratios, summary
 from worker.engine.distributed import leader_ring, shard_links
-from worker.engine.exchange import serve_shard, shard_bounds, sharded_round
+from worker.engine.exchange import (
+    post_pieces,
+    receive_pieces,
+    serve_shard,
+    shard_bounds,
+    sharded_round,
+    wait_all,
+)
 from worker.engine.ranks import free_port
 
 SIZES_MB = (16.0, 64.0)
@@ -60,13 +70,16 @@ def _rank(
     rank: int, port: int, groups: int, shards: list[int], sizes: list[int], rounds: int, out: Any
 ) -> None:
     torch.set_num_threads(1)
-    world, servers_max = groups + max(shards), max(shards)
+    top = max(shards)
+    world, servers_max = groups + top, top
     timeout = timedelta(seconds=300)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timeout
     )
     leaders = list(range(servers_max, world))
     layouts = {s: shard_links(list(range(s)), leaders, rank, timeout) for s in shards}
+    # The engine's other legs: rank 0's command to each other owner, and its slice back.
+    back = {k: dist.new_group([0, k], timeout=timeout, backend="gloo") for k in range(1, top)}
     ring = leader_ring(leaders, rank, {}, timeout)
     leaders_group = dist.new_group(leaders, timeout=timeout, backend="gloo")
     for nbytes in sizes:
@@ -75,9 +88,21 @@ def _rank(
 
         def ps_round(s: int, vector: torch.Tensor = vector, answer: torch.Tensor = answer) -> None:
             links, bounds = layouts[s], shard_bounds(vector.numel(), s)
+            command = torch.zeros(4 + groups, dtype=torch.int64)
+            if links.shard == 0:
+                for k in range(1, s):
+                    dist.send(command, k, back[k])
+            elif links.shard is not None:
+                dist.recv(command, 0, back[links.shard])
             if links.shard is not None:
                 a, b = bounds[links.shard]
-                serve_shard(links, b - a, vector.dtype, lambda total: total)
+                result = serve_shard(links, b - a, vector.dtype, lambda total: total)
+                if links.shard > 0:
+                    wait_all(post_pieces(result, 0, back[links.shard]))
+                else:
+                    slices = [answer[a:b] for a, b in bounds[1:]]
+                    works = [receive_pieces(t, k, back[k]) for k, t in enumerate(slices, 1)]
+                    wait_all([w for part in works for w in part])
             elif rank in leaders:
                 sharded_round(
                     links, [vector[a:b] for a, b in bounds], [answer[a:b] for a, b in bounds]

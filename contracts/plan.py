@@ -26,14 +26,14 @@ BFLOAT16_TOLERANCE = 0.05
 mantissa, so its gradients differ from float32's by about 1e-2 (measured on the test models
 0.4-1.3e-2)."""
 DilocoExchange = Literal["blocking", "overlapped", "async"]
-MAX_PS_SHARDS = 16
-"""The most processes a task's parameter server may be cut into (``ps_shards``)."""
-PS_SHARDED_STRATEGIES = ("periodic",)
-"""The strategies whose parameter server may be sharded so far (``ps_shards`` > 1)."""
 """How `diloco` rounds meet the parameter server: `blocking` waits for the outer update before
 the next round; `overlapped` goes on at once and takes it one round late; `async` has the
 parameter server apply each group's update as it arrives, so a group waits for its own
 exchange only (two or more groups)."""
+MAX_PS_SHARDS = 16
+"""The most processes a task's parameter server may be cut into (``ps_shards``)."""
+PS_SHARDED_STRATEGIES = ("periodic", "diloco")
+"""The strategies whose parameter server may be sharded so far (``ps_shards`` > 1)."""
 ROUND_STRATEGIES = ("periodic", "diloco")
 """The strategies whose groups train on their own for `sync_period` steps (a round) and keep
 one inner optimizer state per group, which another layout of groups cannot take over."""

@@ -257,8 +257,9 @@ class TaskCreate(StrictModel):
         ge=1,
         le=MAX_PS_SHARDS,
         title="Parameter-server shards",
-        description="periodic: the parameter server's processes, each owning a slice of the "
-        "model that each group leader exchanges with it alone (default 1). Choose 2-4 when "
+        description="periodic and diloco (blocking, overlapped): the parameter server's "
+        "processes, each owning a slice of the model (and of diloco's outer optimizer) that "
+        "each group leader exchanges with it alone (default 1). Choose 2-4 when "
         "many groups or a large model make the parameter server's link the bottleneck; the "
         "other shards run beside it, on its agent",
     )
@@ -481,6 +482,11 @@ class TaskCreate(StrictModel):
             raise ValueError(
                 f"ps_shards {value} runs with sync_strategy {allowed} only so far, not "
                 f"{strategy!r} (use ps_shards 1)"
+            )
+        if value > 1 and info.data.get("diloco_exchange") == "async":
+            raise ValueError(
+                f"ps_shards {value} runs with diloco_exchange 'blocking' and 'overlapped' so "
+                "far, not 'async' (use ps_shards 1)"
             )
         return value
 

@@ -72,8 +72,8 @@ class Topology:
     ``links`` (gloo, CPU) are the two-rank groups between the parameter server and a worker
     that talks to it, keyed by that worker's global rank: every group leader, and every
     worker of a sharded group (``sharding: fsdp``, which exchanges its own rows with the
-    server). The server holds every link, such a worker its own, others none;
-    :meth:`link` picks one.
+    server), and every other owner of a shard of the server (``shards``, its commands). The
+    server holds every link, such a rank its own, others none; :meth:`link` picks one.
     ``cross`` is the group leaders' allreduce without the parameter server, over a ring of
     two-rank gloo groups (``ring_links``, keyed by the pair of global ranks, on every rank:
     a pair without this rank maps to torch's non-member marker): set on the leaders under
@@ -409,7 +409,8 @@ def linked_ranks(spec: RunSpec) -> list[int]:
 # through the rank's resource group (``control``, gloo's collectives) and, between the
 # groups, through the parameter server: each leader sends its group's part to rank 0 and
 # takes the result back (point to point on its link, under :data:`CONTROL_TAG`). Every rank
-# of the task calls each one, in the same order, as it would the world's. The parameter
+# of the task calls each one, in the same order, as it would the world's, but the owners of
+# the parameter server's other shards (``ps_shards``), which take part in none. The parameter
 # server's part is 2 G small messages a collective.
 
 CONTROL_TAG = 1 << 30

@@ -52,7 +52,7 @@ def run(spec: RunSpec, env: ClusterEnv, timeout_s: float) -> torch.Tensor:
             f"rank {env.rank}/{env.world_size} up: shard {topo.shards.shard} of "
             f"{len(topo.shards.servers)} of the parameter server"
         )
-        shard_server.serve(topo)
+        shard_server.serve(topo, spec)
         distributed.destroy()
         return torch.empty(0)
     # Loaded after joining, so a rank that fails here breaks its peers' connections at once.

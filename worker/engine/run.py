@@ -65,6 +65,7 @@ from worker.engine.numerics import NonFiniteError, blame, describe, local_faults
 from worker.engine.provenance import ShardLedger
 from worker.engine.reducer import GradientReducer
 from worker.engine.ring import LeaderRing
+from worker.engine.shard_server import ServerShards
 from worker.engine.sharded import local
 from worker.engine.sharding import Batches
 from worker.engine.spec import RunSpec
@@ -120,6 +121,8 @@ class Run:
     excluded_groups: set[int] = field(default_factory=set)  # left out on disagreement
     outer: torch.optim.Optimizer | None = None  # diloco: the parameter server's outer optimizer
     outer_state: dict[str, Any] | None = None  # its checkpointed state, loaded at first use
+    # The parameter server in shards (ps_shards > 1): rank 0's side, made at training's start.
+    ps_shards: ServerShards | None = None
     guard: Guard | None = None  # the guard's state where it acts (:func:`guarding`)
     # The throughput profile's step: its last pass's slowest worker's median step seconds,
     # the same on every rank (None: the attempt did not profile); sizes the guard's first check.
@@ -429,7 +432,8 @@ def _step_comm(run: Run, out: frozenset[int]) -> None:
 def refresh(run: Run, groups: set[int], source: int) -> None:
     """The workers of ``groups`` take the parameters, buffers, optimizer state and the epoch's
     loss and sample totals of rank ``source`` (point to point): a parked group coming back to
-    the step path holds what the others train with. Called on every rank together (it makes
+    the step path holds what the others train with. Called on every rank together, the
+    parameter server's other shards' owners apart (it makes
     the process group of ``source`` and the targets, once for each such set, where the
     transfer goes); every other rank does nothing more."""
     targets = [r for g in sorted(groups) for r in run.spec.group_ranks(g)]
@@ -825,6 +829,16 @@ FAILED_WRITE = "failed_write"
 """In a sharded source group's gathered outline: the error its members' DCP write raised."""
 
 
+def outer_state_dict(run: Run) -> dict[str, Any] | None:
+    """The outer optimizer's state for a checkpoint (``diloco``), gathered from the parameter
+    server's shards where it is sharded; None where there is none."""
+    if run.outer is not None:
+        return run.outer.state_dict()
+    if run.ps_shards is not None:
+        return run.ps_shards.outer_state_dict()
+    return None
+
+
 def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     """Control point: workers send their RNG states, and write the optimizer states the
     checkpoint keeps into its state folders (contracts/sharded_state.py); the PS writes
@@ -906,7 +920,7 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
         "split": run.split.state_dict(),
         "rng": {r: s["rng"] for r, s in states.items()},
         "excluded_groups": sorted(run.spec.groups[g].name for g in run.excluded_groups),
-        "outer_optimizer": run.outer.state_dict() if run.outer is not None else None,
+        "outer_optimizer": outer_state_dict(run),
     }
     provenance = run.ledger.drain(run.split.n_items) if run.ledger is not None else None
     save_checkpoint(Path(run.spec.checkpoint_dir) / name, state, provenance)

@@ -1,35 +1,40 @@
 """The parameter server in S shards (``RunSpec.ps_shards`` > 1): what rank 0, the other shard
-owners and the group leaders say to each other, for ``periodic`` model averaging.
+owners and the group leaders say to each other, for ``periodic`` model averaging and ``diloco``'s
+outer optimizer (its ``blocking`` and ``overlapped`` exchanges).
 
 The P parameters are cut into S contiguous slices (:func:`worker.engine.exchange.shard_bounds`);
 slice s is owned by ``RunSpec.shard_servers()[s]``: rank 0 for slice 0, then the ranks after
-the last compute worker, which build no model and train nothing (:func:`serve`). At a sync
-point:
+the last compute worker, which build no model and train nothing (:func:`serve`). A leader's
+round vector is ``[params part (P), rest]`` (the unsharded round's layout: ``periodic``
+``[n_g theta_g, buffer changes, loss, n_g]``, ``diloco`` ``[n_g Delta_g / tau_g, buffer
+changes, loss, n_g tau_g, n_g]``). At a round's end:
 
-1. rank 0 tells every other owner which groups take part (:data:`MEAN`, the guard's parked
-   groups left out);
-2. each taking group's leader sends slice s of ``n_g * theta_g`` to its owner, with ``n_g``
-   (the group's samples since the last sync) appended; slice 0 also carries the group's
-   buffer changes and its loss sum (the layout of the unsharded round,
-   :mod:`worker.engine.strategy_periodic`), and takes every answer back
-   (:func:`worker.engine.exchange.sharded_round`);
-3. each owner adds its slices in leader order, divides by the sum of the ``n_g``, answers the
-   leaders with its slice of the global model, and sends it to rank 0 as well.
+1. rank 0 tells every other owner which groups take part (the guard's parked groups left out);
+2. each taking group's leader sends slice s of the params part to its owner with the round's
+   counts appended (``n_g``; under ``diloco`` ``n_g tau_g, n_g``), and slice 0 with all of
+   ``rest`` to rank 0, and takes every owner's answer back (:class:`SliceExchange`);
+3. each owner adds its slices in leader order and answers every leader with its slice of the
+   new global model, and sends that slice to rank 0 as well: ``periodic`` the sample-weighted
+   mean (:data:`MEAN`), ``diloco`` one step of the outer SGD with Nesterov momentum on the
+   FedNova update ``tau_eff / n * sum_g n_g Delta_g / tau_g`` (:data:`OUTER`), each owner
+   keeping the outer optimizer's momentum of its own slice.
 
-The result is bitwise the unsharded server's: every element is the same sum in the same order,
-divided by the same count. Each owner's link carries G / S of the groups' bytes each way where
-one server's carried all of them (BytePS, Jiang et al., OSDI 2020); rank 0 receives the other
-(S - 1) / S of the model each round besides, as it keeps the whole model for the checkpoints,
-validation and the control points (a group the guard takes back receives it from rank 0).
-At each epoch's start rank 0 sends every owner its slice of the global model (:data:`LOAD`),
-which the owner answers with in a round where no group took a sample; at the end it sends
-:data:`STOP`. A command waits as long as an epoch's end takes (:data:`exchange.STATUS_WAIT`);
-a rank that is gone fails it at once.
+Every element is the same sum in the same order, and the same update, as the unsharded
+server's, so a run is bitwise the one-server run. Each owner's link carries G / S of the
+groups' bytes each way where one server's carried all of them (BytePS, Jiang et al., OSDI
+2020); rank 0 receives the other (S - 1) / S of the model each round besides, as it keeps the
+whole model, which its checkpoints and ``final.pt`` save. Rank 0 sends each owner its slice
+of the global model, and of a resumed outer momentum, when an attempt starts training
+(:data:`LOAD`), asks for the momentum slices when it writes a checkpoint (:data:`STATE`;
+the checkpoint holds the outer optimizer's state as one SGD's, whatever the shards), and
+sends :data:`STOP` at the end. A command waits as long as an epoch's end takes
+(:data:`exchange.STATUS_WAIT`); a rank that is gone fails it at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,13 +48,24 @@ from worker.engine.exchange import (
     receive_pieces,
     serve_shard,
     shard_bounds,
-    sharded_round,
     wait_all,
 )
+from worker.engine.spec import RunSpec
 from worker.engine.state import ModelState
 
-STOP, LOAD, MEAN = 0, 1, 2
+STOP, LOAD, MEAN, OUTER, STATE = 0, 1, 2, 3, 4
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+# LOAD's flags: the outer momentum's slice follows the parameters', then the trainable mask's.
+WITH_MOMENTUM, WITH_MASK = 1, 2
+# The round's counts each slice carries: periodic n_g; diloco n_g tau_g and n_g.
+COUNTS = {"periodic": 1, "diloco": 2}
+
+
+def round_dtype(strategy: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the rounds' vectors for a model of ``dtype``: the model's under
+    ``periodic``, at least float32 under ``diloco`` (its round totals, ``n_g tau_g``, pass
+    float16's range: :func:`worker.engine.strategy_diloco.exchange_dtype`)."""
+    return dtype if strategy == "periodic" else torch.promote_types(dtype, torch.float32)
 
 
 def _owners(topo: Topology) -> tuple[int, ...]:
@@ -58,31 +74,30 @@ def _owners(topo: Topology) -> tuple[int, ...]:
 
 
 def _command(
-    topo: Topology, op: int, bounds: list[tuple[int, int]], dtype: torch.dtype, leaders: list[int]
+    topo: Topology,
+    op: int,
+    bounds: list[tuple[int, int]],
+    dtype: torch.dtype,
+    leaders: list[int],
+    flags: int = 0,
 ) -> None:
-    """Rank 0: send ``[op, numel, dtype, one flag per group]`` to every other owner, ``numel``
-    its slice's length (``bounds``: every shard's, :func:`shard_bounds`); a flag says the
-    group's leader takes part in the round."""
+    """Rank 0: send ``[op, numel, dtype, flags, one bit per group]`` to every other owner,
+    ``numel`` its slice's length (``bounds``: every shard's); a group's bit says its leader
+    takes part in the round."""
     taking = set(leaders)
-    flags = [1 if ranks[0] in taking else 0 for ranks in topo.groups]
+    groups = [1 if ranks[0] in taking else 0 for ranks in topo.groups]
     for owner, (a, b) in zip(_owners(topo)[1:], bounds[1:], strict=True):
-        header = torch.tensor([op, b - a, DTYPES.index(dtype), *flags], dtype=torch.int64)
-        dist.send(header, dst=owner, group=topo.link(owner), tag=CONTROL_TAG)
+        header = [op, b - a, dtype_code(dtype), flags, *groups]
+        dist.send(torch.tensor(header, dtype=torch.int64), owner, topo.link(owner), CONTROL_TAG)
 
 
-def load(topo: Topology, state: ModelState) -> None:
-    """Rank 0, at each epoch's start: send every other owner its slice of the global model's
-    parameters (:data:`LOAD`)."""
-    flat = torch.nn.utils.parameters_to_vector(state.params).detach().cpu()
-    bounds = shard_bounds(flat.numel(), len(_owners(topo)))
-    _command(topo, LOAD, bounds, flat.dtype, [])
-    wait_all(
-        [
-            w
-            for owner, (a, b) in zip(_owners(topo)[1:], bounds[1:], strict=True)
-            for w in post_pieces(flat[a:b], owner, topo.link(owner))
-        ]
-    )
+def dtype_code(dtype: torch.dtype) -> int:
+    """``dtype``'s index in :data:`DTYPES`, how a command names it. Raises ValueError for a
+    model whose parameters are of another dtype."""
+    if dtype not in DTYPES:
+        names = ", ".join(str(d) for d in DTYPES)
+        raise ValueError(f"ps_shards needs parameters of {names}, not {dtype}")
+    return DTYPES.index(dtype)
 
 
 def stop(topo: Topology) -> None:
@@ -90,31 +105,281 @@ def stop(topo: Topology) -> None:
     _command(topo, STOP, [(0, 0)] * len(_owners(topo)), torch.float32, [])
 
 
-def serve(topo: Topology) -> None:
+class SliceExchange:
+    """A group leader's side of the sharded rounds: :meth:`post` starts sending the slices of
+    a round vector ``[params part (P), rest]`` and receiving the answers into ``[P + B]``;
+    once its receives are done, :meth:`assemble` puts slice 0's answer (its parameters and
+    the buffers) in place. ``counts``: how many of ``rest``'s last elements go with every
+    slice (:data:`COUNTS`)."""
+
+    def __init__(self, topo: Topology, n_params: int, counts: int) -> None:
+        assert topo.shards is not None
+        self.topo, self.n_params, self.counts = topo, n_params, counts
+        self.bounds = shard_bounds(n_params, len(topo.shards.servers))
+        self.messages: list[Tensor] = []
+        self.head = torch.empty(0)
+        self.answer = torch.empty(0)
+
+    def post(self, vector: Tensor, answer: Tensor) -> tuple[list[Any], list[Any]]:
+        """Start the round; returns its sends' and its receives' works. ``vector`` (1-D CPU,
+        ``[P + rest]``) may change once posted (the slices are copies); ``answer`` (1-D CPU
+        ``[P + B]``) is whole once the receives are done and :meth:`assemble` was called."""
+        shards, p = self.topo.shards, self.n_params
+        assert shards is not None
+        head_end = self.bounds[0][1]
+        counts = vector[vector.numel() - self.counts :]
+        self.messages = [torch.cat([vector[:head_end], vector[p:]])]
+        self.messages += [torch.cat([vector[a:b], counts]) for a, b in self.bounds[1:]]
+        self.head = torch.empty(head_end + answer.numel() - p, dtype=answer.dtype)
+        self.answer = answer
+        outs = [self.head, *(answer[a:b] for a, b in self.bounds[1:])]
+        sends: list[Any] = []
+        receives: list[Any] = []
+        for owner, message, out in zip(shards.servers, self.messages, outs, strict=True):
+            link = shards.link(owner, shards.rank)
+            sends += post_pieces(message, owner, link)
+            receives += receive_pieces(out, owner, link)
+        return sends, receives
+
+    def assemble(self) -> None:
+        """After the receives: slice 0's parameters and the buffers into ``answer``."""
+        head_end = self.bounds[0][1]
+        self.answer[:head_end] = self.head[:head_end]
+        self.answer[self.n_params :] = self.head[head_end:]
+        self.messages = []
+
+
+class ServerShards:
+    """Rank 0's side of the sharded parameter server for one attempt: made when training
+    starts, it sends every other owner its slice of the global model (and of the outer
+    optimizer's momentum, resumed from ``outer_state``, a checkpoint's ``outer_optimizer``);
+    :meth:`mean_round` and :meth:`outer_round` serve slice 0 and take the others' answers;
+    :meth:`outer_state_dict` gathers the momentum for a checkpoint."""
+
+    def __init__(self, topo: Topology, spec: RunSpec, state: ModelState, outer_state: Any) -> None:
+        self.topo, self.spec, self.state = topo, spec, state
+        flat = torch.nn.utils.parameters_to_vector(state.params).detach().cpu()
+        self.bounds = shard_bounds(flat.numel(), len(_owners(topo)))
+        self.dtype = flat.dtype
+        mask = torch.cat([torch.full((p.numel(),), p.requires_grad) for p in state.params])
+        self.mask = None if bool(mask.all()) else mask.to(flat.dtype)
+        momentum = flat_momentum(state.params, outer_state) if outer_state else None
+        self.outer: OuterSlice | None = None
+        if spec.sync_strategy == "diloco":
+            head = flat[: self.bounds[0][1]]
+            head_momentum = None if momentum is None else momentum[: self.bounds[0][1]]
+            head_mask = None if self.mask is None else self.mask[: self.bounds[0][1]]
+            self.outer = OuterSlice(spec, head, head_momentum, head_mask)
+        flags = (WITH_MOMENTUM if momentum is not None else 0) | (
+            WITH_MASK if self.mask is not None else 0
+        )
+        _command(topo, LOAD, self.bounds, flat.dtype, [], flags)
+        sends: list[Any] = []
+        for owner, (a, b) in zip(_owners(topo)[1:], self.bounds[1:], strict=True):
+            link = topo.link(owner)
+            parts = [flat[a:b]]
+            if momentum is not None:
+                parts.append(momentum[a:b])
+            if self.mask is not None:
+                parts.append(self.mask[a:b])
+            sends += [w for part in parts for w in post_pieces(part.contiguous(), owner, link)]
+        wait_all(sends)
+
+    def _round(self, op: int, leaders: list[int], answer: Callable[[Tensor], Tensor]) -> None:
+        """Command the round, serve slice 0 with ``answer``, then load every owner's slice."""
+        head_end, n_buffers = self.bounds[0][1], self.state.n_buffers
+        rounds = round_dtype(self.spec.sync_strategy, self.dtype)
+        _command(self.topo, op, self.bounds, self.dtype, leaders)
+        assert self.topo.shards is not None
+        numel = head_end + n_buffers + 1 + COUNTS[self.spec.sync_strategy]
+        serve_shard(self.topo.shards, numel, rounds, answer, leaders)
+        flat = torch.nn.utils.parameters_to_vector(self.state.params).detach().cpu()
+        received = [(torch.empty(b - a, dtype=rounds), a, b) for a, b in self.bounds[1:]]
+        wait_all(
+            [
+                w
+                for owner, (buffer, _, _) in zip(_owners(self.topo)[1:], received, strict=True)
+                for w in receive_pieces(buffer, owner, self.topo.link(owner))
+            ]
+        )
+        if self.outer is not None:
+            flat[:head_end] = self.outer.param.detach()
+        for buffer, a, b in received:
+            flat[a:b] = buffer.to(flat.dtype)
+        load_vector_(flat, self.state.params)
+
+    def mean_round(self, leaders: list[int]) -> tuple[float, float]:
+        """``periodic``'s sync point with the groups of ``leaders`` (global ranks); the model
+        ends as the unsharded average leaves it. Returns ``(loss sum, samples)``."""
+        head_end, state = self.bounds[0][1], self.state
+        sums: list[float] = []
+
+        def answer(total: Tensor) -> Tensor:
+            count = float(total[-1])
+            sums.extend([float(total[-2]), count])
+            flat = torch.nn.utils.parameters_to_vector(state.params).detach().cpu()
+            if count > 0:
+                flat[:head_end] = total[:head_end] / total[-1]
+                load_vector_(flat, state.params)
+                state.add_mean_change(None, total[head_end:-2], count)
+            return torch.cat([flat[:head_end], state.buffers_vector().cpu()])
+
+        self._round(MEAN, leaders, answer)
+        return sums[0], sums[1]
+
+    def outer_round(self, leaders: list[int]) -> tuple[float, float]:
+        """``diloco``'s round end with the groups of ``leaders``: the outer step on slice 0, the
+        buffers' mean change, the other owners' steps. Returns ``(loss sum, samples)``."""
+        head_end, state, outer = self.bounds[0][1], self.state, self.outer
+        assert outer is not None
+        sums: list[float] = []
+
+        def answer(total: Tensor) -> Tensor:
+            sums.extend([float(total[-3]), float(total[-1])])
+            outer.step(total[:head_end], float(total[-2]), float(total[-1]))
+            if float(total[-1]) > 0:
+                state.add_mean_change(None, total[head_end:-3], float(total[-1]))
+            rounds = total.dtype
+            return torch.cat(
+                [outer.param.detach().to(rounds), state.buffers_vector().cpu().to(rounds)]
+            )
+
+        self._round(OUTER, leaders, answer)
+        return sums[0], sums[1]
+
+    def outer_state_dict(self) -> dict[str, Any] | None:
+        """The outer optimizer's state as one ``torch.optim.SGD`` over the model's parameters
+        would hold it (the checkpoint's ``outer_optimizer``), its momentum gathered from every
+        owner; None under ``periodic``."""
+        if self.outer is None:
+            return None
+        _command(self.topo, STATE, self.bounds, self.dtype, [])
+        head = self.outer.momentum()
+        slices = [torch.empty(b - a, dtype=self.dtype) for a, b in self.bounds[1:]]
+        flags = torch.zeros(len(slices), dtype=torch.int64)
+        for i, owner in enumerate(_owners(self.topo)[1:]):
+            dist.recv(flags[i : i + 1], owner, self.topo.link(owner), CONTROL_TAG)
+            if int(flags[i]):
+                wait_all(receive_pieces(slices[i], owner, self.topo.link(owner)))
+        sgd = sgd_over(self.spec, self.state.params)
+        if head is not None:
+            momentum = torch.cat([head, *slices])
+            offset = 0
+            for param in self.state.params:
+                n = param.numel()
+                if param.requires_grad:
+                    part = momentum[offset : offset + n].view_as(param).clone()
+                    sgd.state[param]["momentum_buffer"] = part
+                offset += n
+        return sgd.state_dict()
+
+
+def sgd_over(spec: RunSpec, params: list[Any]) -> torch.optim.SGD:
+    """The outer optimizer of ``spec`` over ``params``: SGD with ``outer_lr`` and, when
+    ``outer_momentum`` > 0, Nesterov momentum (DiLoCo, Douillard et al. 2023)."""
+    momentum = spec.outer_momentum
+    return torch.optim.SGD(params, lr=spec.outer_lr, momentum=momentum, nesterov=momentum > 0)
+
+
+def flat_momentum(params: list[torch.nn.Parameter], outer_state: dict[str, Any]) -> Tensor | None:
+    """The momentum of a checkpoint's ``outer_optimizer`` (one SGD's state over ``params``) as
+    one vector [P], zeros for the parameters that have none (frozen); None when it holds no
+    momentum (no outer step yet, or none asked for)."""
+    sgd = torch.optim.SGD(params, lr=1.0)
+    sgd.load_state_dict(outer_state)
+    buffers = [sgd.state.get(p, {}).get("momentum_buffer") for p in params]
+    if all(b is None for b in buffers):
+        return None
+    parts = [
+        torch.zeros(p.numel(), dtype=p.dtype) if b is None else b.detach().reshape(-1).cpu()
+        for p, b in zip(params, buffers, strict=True)
+    ]
+    return torch.cat(parts)
+
+
+class OuterSlice:
+    """The outer optimizer over one slice of the flat parameters: a ``torch.optim.SGD`` (the
+    unsharded server's, :func:`sgd_over`) over a flat parameter holding the slice, so each
+    element takes the same steps as in the unsharded server's optimizer. ``mask`` (1 for a
+    trainable element, 0 for a frozen one; None: all trainable) keeps frozen elements where
+    they are, as an SGD that skips their parameters would."""
+
+    def __init__(
+        self, spec: RunSpec, values: Tensor, momentum: Tensor | None, mask: Tensor | None
+    ) -> None:
+        self.param = torch.nn.Parameter(values.detach().clone())
+        self.sgd = sgd_over(spec, [self.param])
+        self.mask = mask
+        if momentum is not None and spec.outer_momentum > 0:
+            self.sgd.state[self.param]["momentum_buffer"] = momentum.detach().clone()
+
+    @torch.no_grad()
+    def step(self, weighted: Tensor, weighted_steps: float, samples: float) -> None:
+        """One outer step from the groups' summed ``n_g Delta_g / tau_g`` slice, ``sum n_g
+        tau_g`` and ``sum n_g`` (none when no sample was taken)."""
+        if samples <= 0:
+            return
+        tau_eff = weighted_steps / samples
+        update = weighted * (tau_eff / samples)
+        if self.mask is not None:
+            update = update * self.mask.to(update.dtype)
+        self.param.grad = update.to(self.param.dtype)
+        self.sgd.step()
+        self.sgd.zero_grad(set_to_none=True)
+
+    def momentum(self) -> Tensor | None:
+        """The momentum of the slice, None before the first step (or without momentum)."""
+        buffer = self.sgd.state.get(self.param, {}).get("momentum_buffer")
+        return None if buffer is None else buffer.detach()
+
+
+def serve(topo: Topology, spec: RunSpec) -> None:
     """A shard owner other than rank 0: answer rank 0's commands until :data:`STOP`.
 
-    Raises RuntimeError for a round before any :data:`LOAD`, and what a receive raises (a
+    Raises RuntimeError for a round before its slice was loaded, and what a receive raises (a
     peer gone, or no command within :data:`exchange.STATUS_WAIT`).
     """
-    assert topo.shards is not None and topo.shards.shard not in (None, 0)
-    header = torch.empty(3 + len(topo.groups), dtype=torch.int64)
+    shards = topo.shards
+    assert shards is not None and shards.shard not in (None, 0)
+    header = torch.empty(4 + len(topo.groups), dtype=torch.int64)
     held: Tensor | None = None
+    outer: OuterSlice | None = None
+    link = topo.link(0)
     while True:
-        work = dist.irecv(header, src=0, group=topo.link(0), tag=CONTROL_TAG)
+        work = dist.irecv(header, src=0, group=link, tag=CONTROL_TAG)
         assert work is not None
         work.wait(STATUS_WAIT)
-        op, numel, dtype = int(header[0]), int(header[1]), DTYPES[int(header[2])]
+        op, numel, dtype, flags = (int(v) for v in header[:4])
+        model_dtype = DTYPES[dtype]
+        rounds = round_dtype(spec.sync_strategy, model_dtype)
         if op == STOP:
             return
         if op == LOAD:
-            held = torch.empty(numel, dtype=dtype)
-            wait_all(receive_pieces(held, 0, topo.link(0)))
+            parts = [torch.empty(numel, dtype=model_dtype)]
+            parts += [torch.empty(numel, dtype=model_dtype) for bit in (1, 2) if flags & bit]
+            wait_all([w for part in parts for w in receive_pieces(part, 0, link)])
+            held = parts[0]
+            momentum = parts[1] if flags & WITH_MOMENTUM else None
+            mask = parts[-1] if flags & WITH_MASK else None
+            if spec.sync_strategy == "diloco":
+                outer = OuterSlice(spec, held, momentum, mask)
+            continue
+        if op == STATE:
+            assert outer is not None, "STATE under a strategy without an outer optimizer"
+            momentum = outer.momentum()
+            dist.send(torch.tensor([0 if momentum is None else 1]), 0, link, CONTROL_TAG)
+            if momentum is not None:
+                wait_all(post_pieces(momentum.contiguous(), 0, link))
             continue
         if held is None or held.numel() != numel:
-            raise RuntimeError(f"shard {topo.shards.shard}: a round before its slice was loaded")
-        leaders = [ranks[0] for ranks, flag in zip(topo.groups, header[3:], strict=True) if flag]
-        held = serve_shard(topo.shards, numel + 1, dtype, _mean(held), leaders)
-        wait_all(post_pieces(held, 0, topo.link(0)))
+            raise RuntimeError(f"shard {shards.shard}: a round before its slice was loaded")
+        leaders = [ranks[0] for ranks, bit in zip(topo.groups, header[4:], strict=True) if bit]
+        if op == MEAN:
+            held = serve_shard(shards, numel + 1, rounds, _mean(held), leaders)
+        else:
+            assert outer is not None
+            held = serve_shard(shards, numel + 2, rounds, _outer(outer), leaders)
+        wait_all(post_pieces(held, 0, link))
 
 
 def _mean(held: Tensor) -> Callable[[Tensor], Tensor]:
@@ -122,57 +387,17 @@ def _mean(held: Tensor) -> Callable[[Tensor], Tensor]:
     ``held`` (the global model's slice) when no sample was taken."""
 
     def answer(total: Tensor) -> Tensor:
-        count = float(total[-1])
-        return total[:-1] / total[-1] if count > 0 else held
+        return total[:-1] / total[-1] if float(total[-1]) > 0 else held
 
     return answer
 
 
-def leader_round(topo: Topology, weighted: Tensor, tail: Tensor) -> Tensor:
-    """A group leader's side of a sharded sync point: ``weighted`` [P] is ``n_g * theta_g``,
-    ``tail`` [B + 2] the buffer changes, the loss sum and ``n_g``; returns the global model's
-    ``[params (P), buffers (B)]`` on CPU (the leader then broadcasts it in its group)."""
-    weighted, tail = weighted.detach().cpu(), tail.detach().cpu()
-    samples = tail[-1:]
-    bounds = shard_bounds(weighted.numel(), len(_owners(topo)))
-    slices = [torch.cat([weighted[a:b], samples]) for a, b in bounds]
-    slices[0] = torch.cat([weighted[bounds[0][0] : bounds[0][1]], tail])
-    n_buffers = tail.numel() - 2
-    outs = [torch.empty(b - a, dtype=weighted.dtype) for a, b in bounds]
-    outs[0] = torch.empty(bounds[0][1] + n_buffers, dtype=weighted.dtype)
-    assert topo.shards is not None
-    sharded_round(topo.shards, slices, outs)
-    head = bounds[0][1]
-    return torch.cat([outs[0][:head], *outs[1:], outs[0][head:]])
-
-
-def server_round(topo: Topology, state: ModelState, leaders: list[int]) -> tuple[float, float]:
-    """Rank 0's side of a sharded sync point with the groups of ``leaders`` (global ranks):
-    command the other owners, serve shard 0 (its parameters' slice and the buffers), then
-    take the other owners' slices; the model ends as the unsharded average would leave it.
-    Returns the round's ``(loss sum, samples)`` over the groups."""
-    flat = torch.nn.utils.parameters_to_vector(state.params).detach().cpu()
-    bounds = shard_bounds(flat.numel(), len(_owners(topo)))
-    head, n_buffers = bounds[0][1], state.n_buffers
-    _command(topo, MEAN, bounds, flat.dtype, leaders)
-    sums: list[float] = []
+def _outer(outer: OuterSlice) -> Callable[[Tensor], Tensor]:
+    """The owner's answer to ``[sum of n_g Delta_g / tau_g slices, sum n_g tau_g, sum n_g]``:
+    its slice after one outer step, in the rounds' dtype."""
 
     def answer(total: Tensor) -> Tensor:
-        count = float(total[-1])
-        sums.extend([float(total[-2]), count])
-        if count > 0:
-            flat[:head] = total[:head] / total[-1]
-            state.add_mean_change(None, total[head : head + n_buffers], count)
-        return torch.cat([flat[:head], state.buffers_vector().cpu()])
+        outer.step(total[:-2], float(total[-2]), float(total[-1]))
+        return outer.param.detach().to(total.dtype).clone()
 
-    assert topo.shards is not None
-    serve_shard(topo.shards, head + n_buffers + 2, flat.dtype, answer, leaders)
-    wait_all(
-        [
-            w
-            for owner, (a, b) in zip(_owners(topo)[1:], bounds[1:], strict=True)
-            for w in receive_pieces(flat[a:b], owner, topo.link(owner))
-        ]
-    )
-    load_vector_(flat, state.params)
-    return sums[0], sums[1]
+    return answer

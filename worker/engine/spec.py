@@ -71,7 +71,7 @@ class RunSpec(BaseModel):
     ``ps_shards`` (S, default 1) cuts the parameter server's model into S slices, each owned
     by its own process (rank 0 and the ranks after the workers, :meth:`shard_servers`): each
     group leader exchanges slice s with its owner only (:mod:`worker.engine.shard_server`);
-    with ``periodic`` only so far.
+    with ``periodic`` and ``diloco`` (not its ``async`` exchange) only so far.
     ``exchange_fraction`` of each worker's shard moves to its ring neighbour
     after every epoch. ``checkpoint_every`` adds a checkpoint every N steps.
     ``data`` says how compute workers read their shards (:class:`contracts.data.DataOptions`:
@@ -298,6 +298,11 @@ def check_ps_shards(spec: RunSpec) -> None:
         )
     if spec.trial is not None:
         raise ValueError("ps_shards applies to training, not to a plan's trial")
+    if spec.diloco_exchange == "async":
+        raise ValueError(
+            "ps_shards applies to diloco_exchange 'blocking' and 'overlapped' so far, not "
+            "'async' (use ps_shards 1)"
+        )
 
 
 def check_local_batches(spec: RunSpec) -> None:

@@ -94,6 +94,7 @@ from worker.engine.run import (
     stepping,
     stepping_leaders,
 )
+from worker.engine.shard_server import COUNTS, ServerShards, SliceExchange
 from worker.engine.sharding import Batches, even_shares
 from worker.engine.split import SplitState
 from worker.engine.state import ModelState
@@ -251,6 +252,10 @@ class RoundExchange:
         self.sends: list[Any] = []
         self.receives: list[Any] = []
         self.pending = False  # a global model is on its way
+        # The parameter server in shards: each slice to its owner (worker.engine.shard_server).
+        self.slices = None
+        if run.topo.shards is not None and run.topo.am_i_leader:
+            self.slices = SliceExchange(run.topo, self.n_params, COUNTS["diloco"])
 
     @torch.no_grad()
     def end_round(self, run: Run, totals: list[float], *, drain: bool) -> None:
@@ -278,8 +283,11 @@ class RoundExchange:
             delta[: self.n_params].mul_(samples / steps if steps > 0 else 0.0)
             delta[self.n_params :].mul_(-samples)
             self.send[self.size :] = self.send.new_tensor([loss_sum, samples * steps, samples])
-            self.sends = post_to_ps(topo, self.send)
-            self.receives = post_from_ps(topo, self.receive)
+            if self.slices is not None:
+                self.sends, self.receives = self.slices.post(self.send, self.receive)
+            else:
+                self.sends = post_to_ps(topo, self.send)
+                self.receives = post_from_ps(topo, self.receive)
             if run.spec.diloco_exchange == "blocking":
                 # The upload is the group's own cost (the server takes every group's at once),
                 # so it counts as busy: a group whose link or CPU makes it slow gets a smaller
@@ -321,6 +329,8 @@ class RoundExchange:
         with run.clock.waiting():
             wait_all(self.receives)
             self.receives = []
+            if self.slices is not None:
+                self.slices.assemble()
             if len(topo.group_ranks) > 1:  # nccl groups broadcast on the device
                 on_device = self.receive.to(topo.device)
                 dist.broadcast(on_device, src=topo.leader_rank, group=topo.group)
@@ -588,7 +598,11 @@ class DiLoCo(Strategy[Run]):
                 control_point(run)
                 logged = server.logged
             return
-        outer = outer_optimizer(run)
+        sharded = run.topo.shards is not None
+        if sharded and run.ps_shards is None:  # the attempt's first epoch: the owners' slices
+            run.ps_shards = ServerShards(run.topo, run.spec, state, run.outer_state)
+            run.outer_state = None
+        outer = None if sharded else outer_optimizer(run)
         while not run.split.epoch_done:
             start = run.split.step
             end = round_end(run.split, run.spec.sync_period, start)
@@ -603,19 +617,24 @@ class DiLoCo(Strategy[Run]):
                 control_point(run)
             dtype = exchange_dtype(run)
             leaders = stepping_leaders(run)  # every group's, unless the guard parked some
-            total = gather_at_ps(run.topo, n_params + n_buffers + TAIL, dtype, leaders)
-            samples, weighted_steps = float(total[-1]), float(total[-2])
-            if samples > 0:
-                tau_eff = weighted_steps / samples
-                update = total[:n_params] * (tau_eff / samples)
-                vector_to_grads(update.to(run.params[0].dtype), run.params)
-                outer.step()
-                outer.zero_grad(set_to_none=True)
-                state.add_mean_change(None, total[n_params : n_params + n_buffers], samples)
-            broadcast_down(run.topo, state.vector().to(dtype), leaders)
-            run.loss_sum += float(total[-3])
+            if run.ps_shards is not None:
+                loss_sum, samples = run.ps_shards.outer_round(leaders)
+            else:
+                assert outer is not None
+                total = gather_at_ps(run.topo, n_params + n_buffers + TAIL, dtype, leaders)
+                samples, weighted_steps = float(total[-1]), float(total[-2])
+                loss_sum = float(total[-3])
+                if samples > 0:
+                    tau_eff = weighted_steps / samples
+                    update = total[:n_params] * (tau_eff / samples)
+                    vector_to_grads(update.to(run.params[0].dtype), run.params)
+                    outer.step()
+                    outer.zero_grad(set_to_none=True)
+                    state.add_mean_change(None, total[n_params : n_params + n_buffers], samples)
+                broadcast_down(run.topo, state.vector().to(dtype), leaders)
+            run.loss_sum += loss_sum
             run.samples += int(round(samples))
             report_progress(run, every)
-            step_point(run, float(total[-3]), int(round(samples)))
+            step_point(run, loss_sum, int(round(samples)))
             if drain:
                 control_point(run)

@@ -38,6 +38,7 @@ from worker.engine.exchange import (
     group_broadcast,
     leader_reduce,
     load_vector_,
+    wait_all,
 )
 from worker.engine.run import Run, control_point, stepping, stepping_leaders
 from worker.engine.strategy import Strategy
@@ -72,7 +73,12 @@ def average_models(
     # The parameter server in shards: each slice to its owner (worker.engine.shard_server).
     received = state.empty()
     if topo.am_i_leader:
-        answer = shard_server.leader_round(topo, weighted, torch.cat([changes, tail]))
+        vector = torch.cat([weighted, changes, tail]).cpu()
+        answer = torch.empty(state.n_params + state.n_buffers, dtype=vector.dtype)
+        slices = shard_server.SliceExchange(topo, state.n_params, shard_server.COUNTS["periodic"])
+        sends, receives = slices.post(vector, answer)
+        wait_all(sends + receives)
+        slices.assemble()
         received = answer.to(received.device)
     state.load_(group_broadcast(topo, received))
 
@@ -133,8 +139,8 @@ class Periodic(Strategy[Run]):
         n_params = state.n_params
         numel = n_params + state.n_buffers
         every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
-        if topo.shards is not None:  # the other owners start the epoch from the global model
-            shard_server.load(topo, state)
+        if topo.shards is not None and run.ps_shards is None:  # the attempt's first epoch
+            run.ps_shards = shard_server.ServerShards(topo, run.spec, state, None)
         while not run.split.epoch_done:
             run.record_batch()
             run.split.advance()
@@ -142,8 +148,8 @@ class Periodic(Strategy[Run]):
             if not is_sync_point(run):
                 continue
             leaders = stepping_leaders(run)
-            if topo.shards is not None:
-                loss_sum, samples = shard_server.server_round(topo, state, leaders)
+            if run.ps_shards is not None:
+                loss_sum, samples = run.ps_shards.mean_round(leaders)
             else:
                 total = gather_at_ps(topo, numel + 2, run.params[0].dtype, leaders)
                 loss_sum, samples = float(total[-2]), float(total[-1])

@@ -1,10 +1,10 @@
-"""A parameter server in shards (``ps_shards``) under ``periodic``: the run is bitwise the
-unsharded one (every rank's parameters and buffers, and the checkpoint a user downloads),
-the other shard owners build no model, and a spec the engine cannot run is refused naming
-``ps_shards``.
+"""A parameter server in shards (``ps_shards``) under ``periodic`` and ``diloco`` (blocking and
+overlapped): the run is bitwise the unsharded one (every rank's parameters and buffers, the
+checkpoint a user downloads and its outer momentum), the other shard owners build no model,
+and a spec the engine cannot run is refused naming ``ps_shards``.
 
 Real gloo processes through the local launcher; a model with BatchNorm buffers
-(tests/worker/engine/test_buffers.py) over groups of 2 + 1 workers, averaging every 2 steps.
+(tests/worker/engine/test_buffers.py) over three one-worker groups.
 """
 
 from __future__ import annotations
@@ -20,18 +20,32 @@ from tests.worker.engine.reference import run_with_dump
 from tests.worker.engine.test_buffers import bn_spec, checkpoint_model
 from worker.engine.spec import RunSpec
 
+STRATEGIES = {
+    "periodic": {"sync_strategy": "periodic", "sync_period": 2},
+    "diloco": {"sync_strategy": "diloco", "sync_period": 4},
+    "diloco-overlapped": {
+        "sync_strategy": "diloco",
+        "sync_period": 4,
+        "diloco_exchange": "overlapped",
+    },
+}
 
-def _periodic(make_spec: Callable[..., RunSpec], folder: Path, shards: int) -> RunSpec:
-    return bn_spec(
-        make_spec, folder, sync_strategy="periodic", sync_period=2, epochs=2, ps_shards=shards
-    )
+
+# Three groups: each owner adds three leaders' slices, whose float sums depend on the order.
+GROUPS = [{"name": name, "device_type": "cpu", "workers": 1} for name in "abc"]
 
 
+def _spec(make_spec: Callable[..., RunSpec], folder: Path, shards: int, strategy: str) -> RunSpec:
+    options = STRATEGIES[strategy]
+    return bn_spec(make_spec, folder, epochs=2, ps_shards=shards, groups=GROUPS, **options)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_a_sharded_server_trains_bitwise_as_one_server(
-    make_spec: Callable[..., RunSpec], tmp_path: Path
+    make_spec: Callable[..., RunSpec], tmp_path: Path, strategy: str
 ) -> None:
-    one = _periodic(make_spec, tmp_path / "one", 1)
-    three = _periodic(make_spec, tmp_path / "three", 3)
+    one = _spec(make_spec, tmp_path / "one", 1, strategy)
+    three = _spec(make_spec, tmp_path / "three", 3, strategy)
     assert (one.world_size, three.world_size) == (4, 6)
     assert three.shard_servers() == [0, 4, 5]
     _, whole = run_with_dump(one, tmp_path / "one" / "dump")
@@ -50,13 +64,32 @@ def test_a_sharded_server_trains_bitwise_as_one_server(
     assert set(got) == set(want) and any("running_mean" in name for name in got)
     for name, value in want.items():
         assert torch.equal(got[name], value), name
+    # diloco: the outer momentum, gathered from the shards, as one server's SGD holds it.
+    got_outer = _outer(three)
+    want_outer = _outer(one)
+    assert (got_outer is None) == (strategy == "periodic") == (want_outer is None)
+    if want_outer is not None:
+        assert got_outer["param_groups"] == want_outer["param_groups"]
+        assert set(got_outer["state"]) == set(want_outer["state"]) != set()
+        for key, value in want_outer["state"].items():
+            assert torch.equal(got_outer["state"][key]["momentum_buffer"], value["momentum_buffer"])
+
+
+def _outer(spec: RunSpec) -> dict | None:
+    """The last epoch's checkpoint's outer optimizer state."""
+    last = sorted(Path(spec.checkpoint_dir).glob("epoch-*.pt"))[-1]
+    return torch.load(last, weights_only=False).get("outer_optimizer")
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"sync_strategy": "sync"}, "ps_shards 2 runs with sync_strategy 'periodic' only"),
-        ({"sync_strategy": "diloco"}, "not 'diloco' (use ps_shards 1)"),
+        ({"sync_strategy": "sync"}, "ps_shards 2 runs with sync_strategy 'periodic' or"),
+        ({"sync_strategy": "quorum"}, "not 'quorum' (use ps_shards 1)"),
+        (
+            {"sync_strategy": "diloco", "sync_period": 4, "diloco_exchange": "async"},
+            "not 'async' (use ps_shards 1)",
+        ),
     ],
 )
 def test_a_sharded_server_the_engine_cannot_run_is_refused(

@@ -87,6 +87,12 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         {"sync_strategy": "diloco", "sync_period": 5, "checkpoint_every": 10},
         "step-33.pt",
     ),
+    # The same with the parameter server in 3 shards: the outer momentum, gathered from the
+    # shards into the checkpoint, goes back to them on resume.
+    "diloco-ps-shards": (
+        {"sync_strategy": "diloco", "sync_period": 5, "checkpoint_every": 10, "ps_shards": 3},
+        "step-33.pt",
+    ),
     # Overlapped: a checkpoint's round drains the exchange, so the state saved is whole.
     "diloco-overlapped": (
         {
