@@ -9,11 +9,11 @@ process, run in the same processes, side by side:
   takes back that shard's answer (:func:`worker.engine.exchange.sharded_round`); each owner
   sums its slice over the leaders in leader order and answers every leader with it
   (:func:`worker.engine.exchange.serve_shard`). As in the engine
-  (:mod:`worker.engine.shard_server`), rank 0 first sends every other owner a command, and
-  every other owner then sends its answer to rank 0 too, which keeps the whole model. S = 1
-  is one server, whose link carries G vectors in and G out; with S shards each server's
-  link carries G / S of them and rank 0's (S - 1) / S more (BytePS, Jiang et al., OSDI
-  2020). The shards a round does not use wait at the barrier.
+  (:mod:`worker.engine.shard_server`), rank 0 first sends every other owner its command (the
+  owners' slices go to rank 0 only before a control point or an epoch's end, not timed
+  here). S = 1 is one server, whose link carries G vectors in and G out; with S shards each
+  server's link carries G / S of them (BytePS, Jiang et al., OSDI 2020). The shards a round
+  does not use wait at the barrier.
 - ``allreduce_ring``: the leaders' ring allreduce over two-rank links
   (:class:`worker.engine.ring.LeaderRing`, what ``sync`` sums across groups with), each
   leader sending and receiving 2 (G - 1) / G vectors; no server.
@@ -51,14 +51,7 @@ from bench.comm_scaling import MB, warm_paired
 from bench.common import cores, emit
 from bench.stats import paired_ratios, summary
 from worker.engine.distributed import leader_ring, shard_links
-from worker.engine.exchange import (
-    post_pieces,
-    receive_pieces,
-    serve_shard,
-    shard_bounds,
-    sharded_round,
-    wait_all,
-)
+from worker.engine.exchange import serve_shard, shard_bounds, sharded_round
 from worker.engine.ranks import free_port
 
 SIZES_MB = (16.0, 64.0)
@@ -78,7 +71,7 @@ def _rank(
     )
     leaders = list(range(servers_max, world))
     layouts = {s: shard_links(list(range(s)), leaders, rank, timeout) for s in shards}
-    # The engine's other legs: rank 0's command to each other owner, and its slice back.
+    # The engine's command from rank 0 to each other owner, over a link of their own.
     back = {k: dist.new_group([0, k], timeout=timeout, backend="gloo") for k in range(1, top)}
     ring = leader_ring(leaders, rank, {}, timeout)
     leaders_group = dist.new_group(leaders, timeout=timeout, backend="gloo")
@@ -96,13 +89,7 @@ def _rank(
                 dist.recv(command, 0, back[links.shard])
             if links.shard is not None:
                 a, b = bounds[links.shard]
-                result = serve_shard(links, b - a, vector.dtype, lambda total: total)
-                if links.shard > 0:
-                    wait_all(post_pieces(result, 0, back[links.shard]))
-                else:
-                    slices = [answer[a:b] for a, b in bounds[1:]]
-                    works = [receive_pieces(t, k, back[k]) for k, t in enumerate(slices, 1)]
-                    wait_all([w for part in works for w in part])
+                serve_shard(links, b - a, vector.dtype, lambda total: total)
             elif rank in leaders:
                 sharded_round(
                     links, [vector[a:b] for a, b in bounds], [answer[a:b] for a, b in bounds]

@@ -14,7 +14,8 @@ changes, loss, n_g tau_g, n_g]``). At a round's end:
    counts appended (``n_g``; under ``diloco`` ``n_g tau_g, n_g``), and slice 0 with all of
    ``rest`` to rank 0, and takes every owner's answer back (:class:`SliceExchange`);
 3. each owner adds its slices in leader order and answers every leader with its slice of the
-   new global model, and sends that slice to rank 0 as well: ``periodic`` the sample-weighted
+   new global model (and sends that slice to rank 0 in a round after which rank 0 reads its
+   model, :data:`FETCH`: the epoch's end, a control point): ``periodic`` the sample-weighted
    mean (:data:`MEAN`), ``diloco`` one step of the outer SGD with Nesterov momentum on the
    FedNova update ``tau_eff / n * sum_g n_g Delta_g / tau_g`` (:data:`OUTER`), each owner
    keeping the outer optimizer's momentum of its own slice.
@@ -22,8 +23,8 @@ changes, loss, n_g tau_g, n_g]``). At a round's end:
 Every element is the same sum in the same order, and the same update, as the unsharded
 server's, so a run is bitwise the one-server run. Each owner's link carries G / S of the
 groups' bytes each way where one server's carried all of them (BytePS, Jiang et al., OSDI
-2020); rank 0 receives the other (S - 1) / S of the model each round besides, as it keeps the
-whole model, which its checkpoints and ``final.pt`` save. Rank 0 sends each owner its slice
+2020); rank 0 takes the other (S - 1) / S of the model only where it reads its model, which
+its checkpoints and ``final.pt`` save whole. Rank 0 sends each owner its slice
 of the global model, and of a resumed outer momentum, when an attempt starts training
 (:data:`LOAD`), asks for the momentum slices when it writes a checkpoint (:data:`STATE`;
 the checkpoint holds the outer optimizer's state as one SGD's, whatever the shards), and
@@ -57,6 +58,8 @@ STOP, LOAD, MEAN, OUTER, STATE = 0, 1, 2, 3, 4
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # LOAD's flags: the outer momentum's slice follows the parameters', then the trainable mask's.
 WITH_MOMENTUM, WITH_MASK = 1, 2
+# A round's flag: rank 0 takes the new slice too (it reads its whole model next).
+FETCH = 4
 # The round's counts each slice carries: periodic n_g; diloco n_g tau_g and n_g.
 COUNTS = {"periodic": 1, "diloco": 2}
 
@@ -165,6 +168,7 @@ class ServerShards:
         self.mask = None if bool(mask.all()) else mask.to(flat.dtype)
         momentum = flat_momentum(state.params, outer_state) if outer_state else None
         self.outer: OuterSlice | None = None
+        self.head = flat[: self.bounds[0][1]].clone()  # periodic: slice 0 of the global model
         if spec.sync_strategy == "diloco":
             head = flat[: self.bounds[0][1]]
             head_momentum = None if momentum is None else momentum[: self.bounds[0][1]]
@@ -185,51 +189,53 @@ class ServerShards:
             sends += [w for part in parts for w in post_pieces(part.contiguous(), owner, link)]
         wait_all(sends)
 
-    def _round(self, op: int, leaders: list[int], answer: Callable[[Tensor], Tensor]) -> None:
-        """Command the round, serve slice 0 with ``answer``, then load every owner's slice."""
+    def _round(
+        self, op: int, leaders: list[int], answer: Callable[[Tensor], Tensor], fetch: bool
+    ) -> None:
+        """Command the round, serve slice 0 with ``answer``; with ``fetch``, take every other
+        owner's slice of the new global model and load the whole into rank 0's model."""
         head_end, n_buffers = self.bounds[0][1], self.state.n_buffers
         rounds = round_dtype(self.spec.sync_strategy, self.dtype)
-        _command(self.topo, op, self.bounds, self.dtype, leaders)
+        _command(self.topo, op, self.bounds, self.dtype, leaders, FETCH if fetch else 0)
         assert self.topo.shards is not None
         numel = head_end + n_buffers + 1 + COUNTS[self.spec.sync_strategy]
         serve_shard(self.topo.shards, numel, rounds, answer, leaders)
-        flat = torch.nn.utils.parameters_to_vector(self.state.params).detach().cpu()
-        received = [(torch.empty(b - a, dtype=rounds), a, b) for a, b in self.bounds[1:]]
+        if not fetch:
+            return
+        received = [torch.empty(b - a, dtype=rounds) for a, b in self.bounds[1:]]
         wait_all(
             [
                 w
-                for owner, (buffer, _, _) in zip(_owners(self.topo)[1:], received, strict=True)
+                for owner, buffer in zip(_owners(self.topo)[1:], received, strict=True)
                 for w in receive_pieces(buffer, owner, self.topo.link(owner))
             ]
         )
-        if self.outer is not None:
-            flat[:head_end] = self.outer.param.detach()
-        for buffer, a, b in received:
-            flat[a:b] = buffer.to(flat.dtype)
+        head = self.head if self.outer is None else self.outer.param.detach()
+        flat = torch.cat([head, *(buffer.to(self.dtype) for buffer in received)])
         load_vector_(flat, self.state.params)
 
-    def mean_round(self, leaders: list[int]) -> tuple[float, float]:
-        """``periodic``'s sync point with the groups of ``leaders`` (global ranks); the model
-        ends as the unsharded average leaves it. Returns ``(loss sum, samples)``."""
+    def mean_round(self, leaders: list[int], *, fetch: bool) -> tuple[float, float]:
+        """``periodic``'s sync point with the groups of ``leaders`` (global ranks); with
+        ``fetch`` rank 0's model ends as the unsharded average leaves it (its buffers always
+        do). Returns ``(loss sum, samples)``."""
         head_end, state = self.bounds[0][1], self.state
         sums: list[float] = []
 
         def answer(total: Tensor) -> Tensor:
             count = float(total[-1])
             sums.extend([float(total[-2]), count])
-            flat = torch.nn.utils.parameters_to_vector(state.params).detach().cpu()
             if count > 0:
-                flat[:head_end] = total[:head_end] / total[-1]
-                load_vector_(flat, state.params)
+                self.head = total[:head_end] / total[-1]
                 state.add_mean_change(None, total[head_end:-2], count)
-            return torch.cat([flat[:head_end], state.buffers_vector().cpu()])
+            return torch.cat([self.head, state.buffers_vector().cpu()])
 
-        self._round(MEAN, leaders, answer)
+        self._round(MEAN, leaders, answer, fetch)
         return sums[0], sums[1]
 
-    def outer_round(self, leaders: list[int]) -> tuple[float, float]:
+    def outer_round(self, leaders: list[int], *, fetch: bool) -> tuple[float, float]:
         """``diloco``'s round end with the groups of ``leaders``: the outer step on slice 0, the
-        buffers' mean change, the other owners' steps. Returns ``(loss sum, samples)``."""
+        buffers' mean change, the other owners' steps; ``fetch`` as :meth:`mean_round`.
+        Returns ``(loss sum, samples)``."""
         head_end, state, outer = self.bounds[0][1], self.state, self.outer
         assert outer is not None
         sums: list[float] = []
@@ -244,7 +250,7 @@ class ServerShards:
                 [outer.param.detach().to(rounds), state.buffers_vector().cpu().to(rounds)]
             )
 
-        self._round(OUTER, leaders, answer)
+        self._round(OUTER, leaders, answer, fetch)
         return sums[0], sums[1]
 
     def outer_state_dict(self) -> dict[str, Any] | None:
@@ -379,7 +385,8 @@ def serve(topo: Topology, spec: RunSpec) -> None:
         else:
             assert outer is not None
             held = serve_shard(shards, numel + 2, rounds, _outer(outer), leaders)
-        wait_all(post_pieces(held, 0, link))
+        if flags & FETCH:
+            wait_all(post_pieces(held, 0, link))
 
 
 def _mean(held: Tensor) -> Callable[[Tensor], Tensor]:

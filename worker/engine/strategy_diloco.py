@@ -618,7 +618,10 @@ class DiLoCo(Strategy[Run]):
             dtype = exchange_dtype(run)
             leaders = stepping_leaders(run)  # every group's, unless the guard parked some
             if run.ps_shards is not None:
-                loss_sum, samples = run.ps_shards.outer_round(leaders)
+                # Rank 0 takes the whole model where it reads it: the epoch's end, the control
+                # point after a draining round (a checkpoint).
+                fetch = run.split.epoch_done or (drain and control_due(run))
+                loss_sum, samples = run.ps_shards.outer_round(leaders, fetch=fetch)
             else:
                 assert outer is not None
                 total = gather_at_ps(run.topo, n_params + n_buffers + TAIL, dtype, leaders)

@@ -80,6 +80,12 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         },
         "epoch-0.pt",
     ),
+    # With the parameter server in 2 shards, a checkpoint inside the epoch (step 12, the
+    # first sync point past 10): rank 0 takes the owners' slices for it.
+    "periodic-ps-shards": (
+        {"sync_strategy": "periodic", "sync_period": 4, "checkpoint_every": 10, "ps_shards": 2},
+        "step-12.pt",
+    ),
     # DiLoCo with its default outer Nesterov momentum: rounds end at steps 5, 10, 15, 20, 23
     # of each 23-step epoch; step-33.pt (crossing 30) is the end of epoch 1's second round,
     # with momentum in the outer optimizer and a round position to resume from.
