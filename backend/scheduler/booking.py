@@ -77,9 +77,14 @@ WITH claimed AS (
     RETURNING task.id, task.attempt
 ), managers AS (
     INSERT INTO allocation (task_id, attempt, role, resource_group_id, rank, created_at)
-    SELECT claimed.id, claimed.attempt, node.role, %(first_group)s, node.rank, %(now)s
-    FROM claimed, (VALUES ('{NodeRole.TASK_MANAGER.name}', CAST(NULL AS INTEGER)),
-                          ('{NodeRole.PARAMETER_SERVER.name}', 0)) AS node (role, rank)
+    SELECT claimed.id, claimed.attempt, '{NodeRole.TASK_MANAGER.name}', %(first_group)s,
+           NULL, %(now)s
+    FROM claimed
+), servers AS (
+    INSERT INTO allocation (task_id, attempt, role, resource_group_id, rank, created_at)
+    SELECT claimed.id, claimed.attempt, '{NodeRole.PARAMETER_SERVER.name}', %(first_group)s,
+           node.rank, %(now)s
+    FROM claimed, unnest(%(server_ranks)s::integer[]) AS node (rank)
 ), workers AS (
     INSERT INTO allocation (task_id, attempt, role, resource_group_id, rank, created_at)
     SELECT claimed.id, claimed.attempt, '{NodeRole.COMPUTE.name}', node.group_id, node.rank,
@@ -134,7 +139,7 @@ def allocate(
         "task_attempt": queued.attempt,
         "new_spec": queued.spec.model_copy(update={"groups": chosen}).stored(),
     }
-    layout = _booking_layout(chosen, free, now=scheduled.at)
+    layout = _booking_layout(chosen, free, now=scheduled.at, ps_shards=queued.spec.ps_shards or 1)
     if session.get_bind().dialect.name == "postgresql":
         task_id = _book_postgresql(session, {**claim, **layout})
         if (loaded := session.identity_map.get(identity_key(Task, queued.id))) is not None:
@@ -172,11 +177,12 @@ def _book_postgresql(session: Session, params: dict[str, Any]) -> int | None:
 
 
 def _booking_layout(
-    chosen: placement.Plan, fresh: dict[str, GroupFree], *, now: datetime
+    chosen: placement.Plan, fresh: dict[str, GroupFree], *, now: datetime, ps_shards: int = 1
 ) -> dict[str, Any]:
     """Where a booking's nodes and sub-tasks go (`_BOOK_PG`'s parameters; `_book` builds its
-    rows from the same): the task manager and the parameter server (rank 0) on the first
-    group, compute ranks 1.. group after group; each group's workers split into parts across
+    rows from the same): the task manager and the parameter server (rank 0, and with
+    `ps_shards` S > 1 the owners of its other shards, ranks W + 1 .. W + S - 1) on the first
+    group, compute ranks 1 .. W group after group; each group's workers split into parts across
     its serving agents (`placement.parts`), one sub-task per part, ranks contiguous in part
     order; the first part of the first group hosts the parameter server."""
     ids = [fresh[item.name].id for item in chosen]
@@ -196,6 +202,8 @@ def _booking_layout(
     return {
         "first_group": ids[0],
         "now": now,
+        # The parameter server: rank 0 and its other shards' owners, after the workers.
+        "server_ranks": [0, *range(len(worker_groups) + 1, len(worker_groups) + ps_shards)],
         "worker_groups": worker_groups,
         "worker_ranks": list(range(1, len(worker_groups) + 1)),
         **{f"sub_{key}": values for key, values in subs.items()},
@@ -216,9 +224,10 @@ def _book(
         "released_at": None,
     }
     first = layout["first_group"]
-    nodes = [
-        {**base, "role": NodeRole.TASK_MANAGER, "resource_group_id": first, "rank": None},
-        {**base, "role": NodeRole.PARAMETER_SERVER, "resource_group_id": first, "rank": 0},
+    nodes = [{**base, "role": NodeRole.TASK_MANAGER, "resource_group_id": first, "rank": None}]
+    nodes += [
+        {**base, "role": NodeRole.PARAMETER_SERVER, "resource_group_id": first, "rank": rank}
+        for rank in layout["server_ranks"]
     ]
     nodes += [
         {**base, "role": NodeRole.COMPUTE, "resource_group_id": group_id, "rank": rank}

@@ -353,7 +353,7 @@ def record_usage(session: Session, *, task_id: int, samples: list[RankSample]) -
     if task is None or task.status not in ACTIVE:
         return
     held = {
-        0 if role is NodeRole.PARAMETER_SERVER else rank
+        (rank or 0) if role is NodeRole.PARAMETER_SERVER else rank
         for role, rank in session.execute(
             select(Allocation.role, Allocation.rank).where(
                 Allocation.task_id == task_id,

@@ -164,18 +164,19 @@ class ServerShards:
         flat = torch.nn.utils.parameters_to_vector(state.params).detach().cpu()
         self.bounds = shard_bounds(flat.numel(), len(_owners(topo)))
         self.dtype = flat.dtype
-        mask = torch.cat([torch.full((p.numel(),), p.requires_grad) for p in state.params])
-        self.mask = None if bool(mask.all()) else mask.to(flat.dtype)
+        trainable = torch.cat([torch.full((p.numel(),), p.requires_grad) for p in state.params])
+        mask = None if bool(trainable.all()) else trainable.to(flat.dtype)
         momentum = flat_momentum(state.params, outer_state) if outer_state else None
         self.outer: OuterSlice | None = None
-        self.head = flat[: self.bounds[0][1]].clone()  # periodic: slice 0 of the global model
+        # periodic: slice 0 of the global model (diloco's is its outer optimizer's parameter)
+        self.head = flat[: self.bounds[0][1]].clone() if spec.sync_strategy == "periodic" else None
         if spec.sync_strategy == "diloco":
             head = flat[: self.bounds[0][1]]
             head_momentum = None if momentum is None else momentum[: self.bounds[0][1]]
-            head_mask = None if self.mask is None else self.mask[: self.bounds[0][1]]
+            head_mask = None if mask is None else mask[: self.bounds[0][1]]
             self.outer = OuterSlice(spec, head, head_momentum, head_mask)
         flags = (WITH_MOMENTUM if momentum is not None else 0) | (
-            WITH_MASK if self.mask is not None else 0
+            WITH_MASK if mask is not None else 0
         )
         _command(topo, LOAD, self.bounds, flat.dtype, [], flags)
         sends: list[Any] = []
@@ -184,8 +185,8 @@ class ServerShards:
             parts = [flat[a:b]]
             if momentum is not None:
                 parts.append(momentum[a:b])
-            if self.mask is not None:
-                parts.append(self.mask[a:b])
+            if mask is not None:
+                parts.append(mask[a:b])
             sends += [w for part in parts for w in post_pieces(part.contiguous(), owner, link)]
         wait_all(sends)
 
@@ -210,7 +211,8 @@ class ServerShards:
                 for w in receive_pieces(buffer, owner, self.topo.link(owner))
             ]
         )
-        head = self.head if self.outer is None else self.outer.param.detach()
+        head = self.outer.param.detach() if self.outer is not None else self.head
+        assert head is not None
         flat = torch.cat([head, *(buffer.to(self.dtype) for buffer in received)])
         load_vector_(flat, self.state.params)
 
@@ -227,6 +229,7 @@ class ServerShards:
             if count > 0:
                 self.head = total[:head_end] / total[-1]
                 state.add_mean_change(None, total[head_end:-2], count)
+            assert self.head is not None
             return torch.cat([self.head, state.buffers_vector().cpu()])
 
         self._round(MEAN, leaders, answer, fetch)
@@ -364,11 +367,11 @@ def serve(topo: Topology, spec: RunSpec) -> None:
             parts = [torch.empty(numel, dtype=model_dtype)]
             parts += [torch.empty(numel, dtype=model_dtype) for bit in (1, 2) if flags & bit]
             wait_all([w for part in parts for w in receive_pieces(part, 0, link)])
-            held = parts[0]
             momentum = parts[1] if flags & WITH_MOMENTUM else None
             mask = parts[-1] if flags & WITH_MASK else None
+            held = parts[0]  # periodic's slice of the global model; diloco's is outer's
             if spec.sync_strategy == "diloco":
-                outer = OuterSlice(spec, held, momentum, mask)
+                outer, held = OuterSlice(spec, parts[0], momentum, mask), None
             continue
         if op == STATE:
             assert outer is not None, "STATE under a strategy without an outer optimizer"
@@ -377,16 +380,18 @@ def serve(topo: Topology, spec: RunSpec) -> None:
             if momentum is not None:
                 wait_all(post_pieces(momentum.contiguous(), 0, link))
             continue
-        if held is None or held.numel() != numel:
+        slice_ = outer.param if outer is not None else held
+        if slice_ is None or slice_.numel() != numel:
             raise RuntimeError(f"shard {shards.shard}: a round before its slice was loaded")
         leaders = [ranks[0] for ranks, bit in zip(topo.groups, header[4:], strict=True) if bit]
         if op == MEAN:
-            held = serve_shard(shards, numel + 1, rounds, _mean(held), leaders)
+            assert held is not None
+            held = answer = serve_shard(shards, numel + 1, rounds, _mean(held), leaders)
         else:
             assert outer is not None
-            held = serve_shard(shards, numel + 2, rounds, _outer(outer), leaders)
+            answer = serve_shard(shards, numel + 2, rounds, _outer(outer), leaders)
         if flags & FETCH:
-            wait_all(post_pieces(held, 0, link))
+            wait_all(post_pieces(answer, 0, link))
 
 
 def _mean(held: Tensor) -> Callable[[Tensor], Tensor]:
@@ -405,6 +410,6 @@ def _outer(outer: OuterSlice) -> Callable[[Tensor], Tensor]:
 
     def answer(total: Tensor) -> Tensor:
         outer.step(total[:-2], float(total[-2]), float(total[-1]))
-        return outer.param.detach().to(total.dtype).clone()
+        return outer.param.detach().to(total.dtype)  # sent before the next step changes it
 
     return answer

@@ -285,8 +285,9 @@ def check_sharding(spec: RunSpec) -> None:
 
 def check_ps_shards(spec: RunSpec) -> None:
     """Raises ValueError, naming ``ps_shards``, for a sharded parameter server that cannot be
-    run: a strategy other than ``periodic`` (:data:`contracts.plan.PS_SHARDED_STRATEGIES`) or
-    a plan's trial. More shards than the model has parameters fails at the start
+    run: a strategy other than ``periodic`` and ``diloco``
+    (:data:`contracts.plan.PS_SHARDED_STRATEGIES`), diloco's ``async`` exchange, or a plan's
+    trial. More shards than the model has parameters fails at the start
     (:func:`worker.engine.exchange.shard_bounds`)."""
     if spec.ps_shards == 1:
         return
@@ -298,7 +299,7 @@ def check_ps_shards(spec: RunSpec) -> None:
         )
     if spec.trial is not None:
         raise ValueError("ps_shards applies to training, not to a plan's trial")
-    if spec.diloco_exchange == "async":
+    if spec.sync_strategy == "diloco" and spec.diloco_exchange == "async":
         raise ValueError(
             "ps_shards applies to diloco_exchange 'blocking' and 'overlapped' so far, not "
             "'async' (use ps_shards 1)"

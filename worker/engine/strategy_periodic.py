@@ -40,7 +40,7 @@ from worker.engine.exchange import (
     load_vector_,
     wait_all,
 )
-from worker.engine.run import Run, control_due, control_point, stepping, stepping_leaders
+from worker.engine.run import Run, control_point, reads_model, stepping, stepping_leaders
 from worker.engine.strategy import Strategy
 from worker.engine.strategy_sync import (
     PROGRESS_REPORTS_PER_EPOCH,
@@ -149,9 +149,9 @@ class Periodic(Strategy[Run]):
                 continue
             leaders = stepping_leaders(run)
             if run.ps_shards is not None:
-                # Rank 0 takes the whole model where it reads it: the epoch's end, a control
-                # point (a checkpoint).
-                fetch = run.split.epoch_done or control_due(run)
+                # Rank 0 takes the whole model where it reads it: the epoch's end, a
+                # checkpoint at the control point.
+                fetch = run.split.epoch_done or reads_model(run)
                 loss_sum, samples = run.ps_shards.mean_round(leaders, fetch=fetch)
             else:
                 total = gather_at_ps(topo, numel + 2, run.params[0].dtype, leaders)

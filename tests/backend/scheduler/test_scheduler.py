@@ -129,6 +129,25 @@ def test_booking_writes_every_node_sub_task_and_event_of_the_decision(session: S
     )
 
 
+def test_the_parameter_server_s_other_shards_are_booked_after_the_workers(
+    session: Session,
+) -> None:
+    """With `ps_shards` 3 the parameter server holds rank 0 and ranks W + 1, W + 2, on the
+    first group, so their resource samples are kept (SQLite and PostgreSQL alike)."""
+    a, b = group(session, "cpu-a", 2), group(session, "cpu-b", 1)
+    code = version(session)
+    request = [{"name": "cpu-a", "workers": 2}, {"name": "cpu-b", "workers": 1}]
+    task = submit(session, code, request, sync_strategy="periodic", ps_shards=3)
+    assert schedule_next(session) == task.id
+    nodes = session.scalars(
+        select(Allocation).where(Allocation.task_id == task.id).order_by(Allocation.rank)
+    ).all()
+    servers = [(n.resource_group_id, n.rank) for n in nodes if n.role.value == "parameter_server"]
+    assert servers == [(a.id, 0), (a.id, 4), (a.id, 5)]
+    compute = [(n.resource_group_id, n.rank) for n in nodes if n.role.value == "compute"]
+    assert compute == [(a.id, 1), (a.id, 2), (b.id, 3)]
+
+
 def test_a_task_no_longer_queued_is_not_booked(session: Session) -> None:
     group(session, "cpu-a", 1)
     code = version(session)

@@ -12,12 +12,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from tests.worker.engine.reference import run_with_dump
+from tests.worker.engine.reference import TIMEOUT_S, run_with_dump
 from tests.worker.engine.test_buffers import bn_spec, checkpoint_model
+from tests.worker.engine.test_resume import DROPOUT_MODULE, HOLD_AFTER
+from worker.engine.local import launch_local
 from worker.engine.spec import RunSpec
 
 STRATEGIES = {
@@ -106,3 +109,32 @@ def test_the_other_owners_are_in_no_group(make_spec: Callable[..., RunSpec]) -> 
         spec.group_of(4)
     with pytest.raises(ValueError, match="ps_shards"):
         make_spec(sync_strategy="periodic", ps_shards=0)
+
+
+@pytest.mark.parametrize(("written", "read"), [(1, 3), (3, 1)])
+def test_a_checkpoint_resumes_on_another_number_of_shards(
+    make_spec: Callable[..., RunSpec], tmp_path: Path, written: int, read: int
+) -> None:
+    """A diloco checkpoint (model and outer momentum, mid-epoch) written with ``written``
+    shards resumes with ``read`` and ends bitwise as the uninterrupted run."""
+    module = tmp_path / "dropout.py"
+    module.write_text(DROPOUT_MODULE)
+    options = {"sync_strategy": "diloco", "sync_period": 5, "checkpoint_every": 10}
+    spec = make_spec(code=str(module), ps_shards=written, **options)
+    whole = spec.model_copy(update={"checkpoint_dir": str(tmp_path / "whole")})
+    _, expected = run_with_dump(whole, tmp_path / "whole-params")
+    stop_at = Path(spec.checkpoint_dir) / "step-33.pt"
+
+    def reached(event: dict[str, Any]) -> bool:
+        return event["type"] == "checkpoint" and Path(event["path"]) == stop_at
+
+    hold = {HOLD_AFTER: str(stop_at)}
+    interrupted = launch_local(spec, timeout_s=TIMEOUT_S, stop_when=reached, env_extra=hold)
+    assert interrupted.stopped
+    outer = torch.load(stop_at, weights_only=False)["outer_optimizer"]
+    assert outer["state"], "no outer momentum in the checkpoint"
+    resumed = make_spec(code=str(module), ps_shards=read, resume_from=str(stop_at), **options)
+    run, finals = run_with_dump(resumed, tmp_path / "resumed-params")
+    assert any("resumed at epoch" in line for line in run.output[0])
+    for rank in range(1 + spec.n_workers):  # the parameter server and every worker
+        assert torch.equal(finals[rank], expected[rank]), f"rank {rank} differs after resume"
