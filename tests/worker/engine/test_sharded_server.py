@@ -22,8 +22,11 @@ from worker.engine import exchange
 from worker.engine.distributed import shard_links
 from worker.engine.exchange import serve_shard, shard_bounds, sharded_round
 
-# Element counts: fewer than a piece, not divisible by the shards, more than one piece.
-SIZES = (7, 1001, exchange.PIECE_BYTES // 4 + 13)
+# The ranks send in pieces of 4 KiB here (exchange.PIECE_BYTES, 4 MiB in a task), so a vector
+# of a few thousand elements takes several.
+PIECE_BYTES = 4096
+# Element counts: fewer than a piece, not divisible by the shards, more than two pieces.
+SIZES = (7, 1001, 2 * PIECE_BYTES // 4 + 13)
 LEADERS = 3
 
 
@@ -41,27 +44,37 @@ def _expected(size: int, leaders: list[int]) -> torch.Tensor:
     return total / 2
 
 
-def _rank(rank: int, world: int, shards: int, init: str, out: str) -> None:
+SHARDS = (1, 2, 3)
+
+
+def _rank(rank: int, world: int, init: str, out: str) -> None:
+    """Rank ``rank`` of one world of 3 servers and 3 leaders, through every S of
+    :data:`SHARDS` in turn (the servers past S wait)."""
     timeout = timedelta(seconds=60)
+    exchange.PIECE_BYTES = PIECE_BYTES
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timeout)
-    servers, leaders = list(range(shards)), list(range(shards, world))
-    links = shard_links(servers, leaders, rank, timeout)
-    record: dict[str, object] = {"links": sorted(map(list, links.links))}
-    rounds = [(size, leaders) for size in SIZES] + [(SIZES[1], leaders[::2])]  # then 2 parked
-    answers = []
-    for size, taking_part in rounds:
-        if links.shard is not None:
-            a, b = shard_bounds(size, shards)[links.shard]
-            answers.append(
-                serve_shard(links, b - a, torch.float32, lambda t: t / 2, taking_part).tolist()
-            )
-        elif rank in taking_part:
-            vector, got = _vector(rank, size), torch.full((size,), float("nan"))
-            bounds = shard_bounds(size, shards)
-            sharded_round(links, [vector[a:b] for a, b in bounds], [got[a:b] for a, b in bounds])
-            answers.append(got.tolist())
-    record["answers"] = answers
-    if links.shard is None:
+    leaders = list(range(max(SHARDS), world))
+    record: dict[str, object] = {}
+    for shards in SHARDS:
+        links = shard_links(list(range(shards)), leaders, rank, timeout)
+        mine: dict[str, object] = {"links": sorted(map(list, links.links))}
+        rounds = [(size, leaders) for size in SIZES] + [(SIZES[1], leaders[::2])]  # 2 parked
+        answers = []
+        for size, taking_part in rounds:
+            if links.shard is not None:
+                a, b = shard_bounds(size, shards)[links.shard]
+                answer = serve_shard(links, b - a, torch.float32, lambda t: t / 2, taking_part)
+                answers.append(answer.tolist())
+            elif rank in taking_part:
+                vector, got = _vector(rank, size), torch.full((size,), float("nan"))
+                bounds = shard_bounds(size, shards)
+                slices = [vector[a:b] for a, b in bounds]
+                sharded_round(links, slices, [got[a:b] for a, b in bounds])
+                answers.append(got.tolist())
+        mine["answers"] = answers
+        record[str(shards)] = mine
+    if rank in leaders:
+        links = shard_links([0], leaders, rank, timeout)
         try:
             serve_shard(links, 4, torch.float32, lambda t: t)
         except ValueError as exc:
@@ -70,34 +83,39 @@ def _rank(rank: int, world: int, shards: int, init: str, out: str) -> None:
             sharded_round(links, [torch.zeros(1)], [torch.zeros(1)] * 2)
         except ValueError as exc:
             record["mismatch"] = str(exc)
+    else:
+        shard_links([0], leaders, rank, timeout)  # every rank makes every group
     leave_with_record(out, rank, record)
 
 
-@pytest.mark.parametrize("shards", [1, 2, 3])
-def test_every_leader_gets_the_unsharded_answer_bitwise(tmp_path: Path, shards: int) -> None:
-    world = shards + LEADERS
-    codes = run_ranks(_rank, world, world, shards, f"file://{tmp_path / 'rdv'}", str(tmp_path))
+def test_every_leader_gets_the_unsharded_answer_bitwise(tmp_path: Path) -> None:
+    world = max(SHARDS) + LEADERS
+    codes = run_ranks(_rank, world, world, f"file://{tmp_path / 'rdv'}", str(tmp_path))
     assert codes == [0] * world
-    records = {r: json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(world)}
-    leaders = list(range(shards, world))
-    # Each server holds a link to every leader, each leader one to every server.
-    for server in range(shards):
-        assert records[server]["links"] == [[server, leader] for leader in leaders]
-    for leader in leaders:
-        assert records[leader]["links"] == [[server, leader] for server in range(shards)]
-    rounds = [(size, leaders) for size in SIZES] + [(SIZES[1], leaders[::2])]
-    for leader in leaders:
-        mine = [(size, part) for size, part in rounds if leader in part]
-        assert len(records[leader]["answers"]) == len(mine)
-        for (size, part), got in zip(mine, records[leader]["answers"], strict=True):
-            assert torch.equal(torch.tensor(got), _expected(size, part)), (leader, size, part)
-    # Each server answered its own slice of each round, no more.
-    for server in range(shards):
-        for (size, part), got in zip(rounds, records[server]["answers"], strict=True):
-            a, b = shard_bounds(size, shards)[server]
-            assert torch.equal(torch.tensor(got), _expected(size, part)[a:b])
-    assert "owns no shard" in records[leaders[0]]["not_a_server"]
-    assert f"1 slices and 2 answers for {shards} shards" in records[leaders[0]]["mismatch"]
+    every = {r: json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(world)}
+    leaders = list(range(max(SHARDS), world))
+    for shards in SHARDS:
+        records = {r: every[r][str(shards)] for r in range(world)}
+        # Each server holds a link to every leader, each leader one to every server.
+        for server in range(shards):
+            assert records[server]["links"] == [[server, leader] for leader in leaders]
+        for leader in leaders:
+            assert records[leader]["links"] == [[server, leader] for server in range(shards)]
+        rounds = [(size, leaders) for size in SIZES] + [(SIZES[1], leaders[::2])]
+        for leader in leaders:
+            mine = [(size, part) for size, part in rounds if leader in part]
+            assert len(records[leader]["answers"]) == len(mine)
+            for (size, part), got in zip(mine, records[leader]["answers"], strict=True):
+                assert torch.equal(torch.tensor(got), _expected(size, part)), (shards, leader)
+        # Each server answered its own slice of each round, no more; the others none.
+        for server in range(shards):
+            for (size, part), got in zip(rounds, records[server]["answers"], strict=True):
+                a, b = shard_bounds(size, shards)[server]
+                assert torch.equal(torch.tensor(got), _expected(size, part)[a:b])
+        for idle in range(shards, max(SHARDS)):
+            assert records[idle]["answers"] == []
+    assert "owns no shard" in every[leaders[0]]["not_a_server"]
+    assert "1 slices and 2 answers for 1 shards" in every[leaders[0]]["mismatch"]
 
 
 def test_shard_bounds_cover_the_vector_in_near_equal_slices() -> None:
