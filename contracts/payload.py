@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, Field, model_validator
 
 from contracts.packages import Environment
-from contracts.plan import GroupPlan, SplitPolicy
+from contracts.plan import GroupPlan, SplitPolicy, ps_ranks
 
 DEFAULT_MAX_RUNTIME_S = 86_400
 MAX_RUNTIME_S = 30 * 86_400  # the longest wall-clock limit a task may ask for
@@ -83,8 +83,8 @@ class SubTaskPayload(BaseModel):
     def shard_ranks(self) -> list[int]:
         """The global ranks owning the parameter server's shards other than rank 0's, started
         by the part that hosts the parameter server (worker.engine.spec.RunSpec.shard_servers)."""
-        first = 1 + sum(g.workers for g in self.groups)
-        return list(range(first, self.world_size))
+        workers = sum(g.workers for g in self.groups)
+        return ps_ranks(workers, int(self.engine.get("ps_shards", 1)))[1:]
 
     @property
     def group_ranks(self) -> list[int]:

@@ -34,6 +34,14 @@ MAX_PS_SHARDS = 16
 """The most processes a task's parameter server may be cut into (``ps_shards``)."""
 PS_SHARDED_STRATEGIES = ("periodic", "diloco")
 """The strategies whose parameter server may be sharded so far (``ps_shards`` > 1)."""
+
+
+def ps_ranks(n_workers: int, ps_shards: int) -> list[int]:
+    """The global ranks of a task's parameter server, shard order: rank 0, then the owners of
+    its other ``ps_shards - 1`` shards, after the ``n_workers`` compute ranks 1 .. W."""
+    return [0, *range(n_workers + 1, n_workers + ps_shards)]
+
+
 ROUND_STRATEGIES = ("periodic", "diloco")
 """The strategies whose groups train on their own for `sync_period` steps (a round) and keep
 one inner optimizer state per group, which another layout of groups cannot take over."""

@@ -37,6 +37,7 @@ from backend.tasks.models import (
     TaskEvent,
     TaskStatus,
 )
+from contracts.plan import ps_ranks
 
 # Book a task: a guarded UPDATE instead of SELECT ... FOR UPDATE then a flush. A task
 # another transaction holds (a cancellation under way) is skipped, as is one no longer queued.
@@ -203,7 +204,7 @@ def _booking_layout(
         "first_group": ids[0],
         "now": now,
         # The parameter server: rank 0 and its other shards' owners, after the workers.
-        "server_ranks": [0, *range(len(worker_groups) + 1, len(worker_groups) + ps_shards)],
+        "server_ranks": ps_ranks(len(worker_groups), ps_shards),
         "worker_groups": worker_groups,
         "worker_ranks": list(range(1, len(worker_groups) + 1)),
         **{f"sub_{key}": values for key, values in subs.items()},

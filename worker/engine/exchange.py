@@ -242,16 +242,28 @@ def sharded_round(shards: ShardLinks, slices: list[Tensor], outs: list[Tensor]) 
 
     Raises ValueError unless there is one slice and one answer buffer per shard.
     """
+    sends, receives = post_round(shards, slices, outs)
+    wait_all(sends + receives)
+
+
+def post_round(
+    shards: ShardLinks, slices: list[Tensor], outs: list[Tensor]
+) -> tuple[list[Any], list[Any]]:
+    """Start :func:`sharded_round` without waiting: returns its sends' and its receives'
+    works. ``slices`` must not change until the sends are done, nor ``outs`` be read until
+    the receives are. Raises ValueError unless there is one slice and one answer buffer per
+    shard."""
     if not len(slices) == len(outs) == len(shards.servers):
         raise ValueError(
             f"{len(slices)} slices and {len(outs)} answers for {len(shards.servers)} shards"
         )
-    works: list[Any] = []
+    sends: list[Any] = []
+    receives: list[Any] = []
     for server, piece, out in zip(shards.servers, slices, outs, strict=True):
         link = shards.link(server, shards.rank)
-        works += post_pieces(piece.contiguous(), server, link)
-        works += receive_pieces(out, server, link)
-    wait_all(works)
+        sends += post_pieces(piece.contiguous(), server, link)
+        receives += receive_pieces(out, server, link)
+    return sends, receives
 
 
 def serve_shard(

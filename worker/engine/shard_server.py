@@ -46,6 +46,7 @@ from worker.engine.exchange import (
     STATUS_WAIT,
     load_vector_,
     post_pieces,
+    post_round,
     receive_pieces,
     serve_shard,
     shard_bounds,
@@ -136,13 +137,7 @@ class SliceExchange:
         self.head = torch.empty(head_end + answer.numel() - p, dtype=answer.dtype)
         self.answer = answer
         outs = [self.head, *(answer[a:b] for a, b in self.bounds[1:])]
-        sends: list[Any] = []
-        receives: list[Any] = []
-        for owner, message, out in zip(shards.servers, self.messages, outs, strict=True):
-            link = shards.link(owner, shards.rank)
-            sends += post_pieces(message, owner, link)
-            receives += receive_pieces(out, owner, link)
-        return sends, receives
+        return post_round(shards, self.messages, outs)
 
     def assemble(self) -> None:
         """After the receives: slice 0's parameters and the buffers into ``answer``."""

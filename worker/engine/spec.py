@@ -26,6 +26,7 @@ from contracts.plan import (
     SplitPolicy,
     SyncStrategy,
     check_local_batch,
+    ps_ranks,
 )
 from contracts.preprocess import PreprocessStep
 from contracts.trial import PROFILE_BUDGET_S, PROFILE_STEPS, TrialOptions
@@ -192,8 +193,7 @@ class RunSpec(BaseModel):
     def shard_servers(self) -> list[int]:
         """Global ranks owning the parameter server's shards, shard order: rank 0, then the
         ranks after the last compute worker."""
-        first = 1 + self.n_workers
-        return [0, *range(first, first + self.ps_shards - 1)]
+        return ps_ranks(self.n_workers, self.ps_shards)
 
     def is_shard_server(self, rank: int) -> bool:
         """True for a rank that owns a shard of the parameter server and is not rank 0 (it

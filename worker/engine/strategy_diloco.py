@@ -94,7 +94,7 @@ from worker.engine.run import (
     stepping,
     stepping_leaders,
 )
-from worker.engine.shard_server import COUNTS, ServerShards, SliceExchange
+from worker.engine.shard_server import COUNTS, ServerShards, SliceExchange, round_dtype, sgd_over
 from worker.engine.sharding import Batches, even_shares
 from worker.engine.split import SplitState
 from worker.engine.state import ModelState
@@ -207,10 +207,7 @@ def outer_optimizer(run: Run) -> torch.optim.Optimizer:
     ``run.outer_state``, a checkpoint's, when there is one): SGD with ``outer_lr`` and, when
     ``outer_momentum`` > 0, Nesterov momentum."""
     if run.outer is None:
-        momentum = run.spec.outer_momentum
-        run.outer = torch.optim.SGD(
-            run.params, lr=run.spec.outer_lr, momentum=momentum, nesterov=momentum > 0
-        )
+        run.outer = sgd_over(run.spec, run.params)
         if run.outer_state is not None:
             run.outer.load_state_dict(run.outer_state)
             run.outer_state = None
@@ -342,7 +339,7 @@ def exchange_dtype(run: Run) -> torch.dtype:
     """The dtype of the rounds' vectors: the model's, at least float32, so that a
     half-precision model's pseudo-gradients and the round's totals (``n_g tau_g`` passes
     float16's 65,504 in an ordinary round) are not rounded away."""
-    return torch.promote_types(run.params[0].dtype, torch.float32)
+    return round_dtype("diloco", run.params[0].dtype)
 
 
 def drains(run: Run) -> bool:
