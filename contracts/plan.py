@@ -32,8 +32,8 @@ parameter server apply each group's update as it arrives, so a group waits for i
 exchange only (two or more groups)."""
 MAX_PS_SHARDS = 16
 """The most processes a task's parameter server may be cut into (``ps_shards``)."""
-PS_SHARDED_STRATEGIES = ("periodic", "diloco")
-"""The strategies whose parameter server may be sharded so far (``ps_shards`` > 1)."""
+PS_SHARDED_STRATEGIES = ("sync", "periodic", "diloco")
+"""The strategies whose parameter server may be sharded (``ps_shards`` > 1)."""
 
 
 def ps_ranks(n_workers: int, ps_shards: int) -> list[int]:

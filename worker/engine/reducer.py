@@ -27,7 +27,9 @@ than one group, over the group leaders (a ring allreduce over links between
 neighbouring leaders, :class:`worker.engine.ring.LeaderRing`, bandwidth-optimal:
 each leader sends and receives ``2 (G - 1) / G`` of the vector, where a
 parameter server's link carries all G vectors in and out),
-then a broadcast from the leader inside the group. With one worker per group
+then a broadcast from the leader inside the group; with a parameter server in shards
+(``ps_shards``) the leaders' sum is the owners' instead, after backward (``sharded_sum``,
+:func:`worker.engine.shard_server.sum_over_owners`). With one worker per group
 the leaders' allreduce is the one the hooks launch; with one group, the
 in-group allreduce is the whole sum.
 
@@ -39,6 +41,7 @@ its own replica of the optimizer from it keeps identical parameters.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -83,7 +86,9 @@ class GradientReducer:
     tail of ``tail_numel`` elements and ``n_groups``, the groups the sum spans:
     the task's groups (sync), or 1 for the sum inside this worker's group only
     (periodic's and quorum's exact in-group step); ``cross`` the leaders' ring when
-    it is not the topology's (:func:`worker.engine.run.step_groups`). Per step:
+    it is not the topology's (:func:`worker.engine.run.step_groups`); ``sharded_sum`` the
+    leaders' sum in place of the ring's (on a leader's 1-D CPU copy of the vector, in place:
+    the shard owners', :func:`worker.engine.shard_server.sum_over_owners`). Per step:
     :meth:`begin` with the local sample count (arms the hooks), the forward
     pass, :meth:`set_tail`, the backward pass, then :meth:`finish`, which
     returns the global sum, shape [P + T], on ``topo.device``. Outside
@@ -99,6 +104,7 @@ class GradientReducer:
         n_groups: int,
         *,
         cross: LeaderRing | None = None,
+        sharded_sum: Callable[[Tensor], None] | None = None,
     ) -> None:
         if topo.group is None:
             raise RuntimeError("the gradient reducer is for compute workers")
@@ -118,6 +124,9 @@ class GradientReducer:
         # On the leaders, when the sum spans more than one group: ``cross`` when given (the
         # leaders of the groups the guard has not parked), else the topology's.
         self.cross = (cross or topo.cross) if self.multi_group else None
+        self.sharded_sum = sharded_sum if self.multi_group else None
+        if self.sharded_sum is not None:
+            self.cross = None  # the owners sum instead, once the groups' sums are done
         # The collective the hooks launch: the in-group sum, or with one worker per group the
         # leaders' sum. (On a non-CPU device the leaders' gloo sum waits for the end.)
         self.first_stage: dist.ProcessGroup | LeaderRing | None = self.in_group
@@ -265,6 +274,11 @@ class GradientReducer:
         self.launched = []
         if self.cross is not None and self.first_stage is not self.cross:
             self._leaders_sum()
+        if self.sharded_sum is not None and self.topo.am_i_leader:
+            on_cpu = self.flat.cpu()
+            self.sharded_sum(on_cpu)
+            if on_cpu.data_ptr() != self.flat.data_ptr():
+                self.flat.copy_(on_cpu)
         if self.in_group is not None and self.multi_group:
             dist.broadcast(self.flat, src=self.topo.group_ranks[0], group=self.in_group)
         return self.flat

@@ -1,6 +1,6 @@
 """The parameter server in S shards (``RunSpec.ps_shards`` > 1): what rank 0, the other shard
-owners and the group leaders say to each other, for ``periodic`` model averaging and ``diloco``'s
-outer optimizer (its ``blocking`` and ``overlapped`` exchanges).
+owners and the group leaders say to each other, for ``periodic`` model averaging, ``diloco``'s
+outer optimizer (its ``blocking`` and ``overlapped`` exchanges) and ``sync``'s gradient sum.
 
 The P parameters are cut into S contiguous slices (:func:`worker.engine.exchange.shard_bounds`);
 slice s is owned by ``RunSpec.shard_servers()[s]``: rank 0 for slice 0, then the ranks after
@@ -30,6 +30,17 @@ of the global model, and of a resumed outer momentum, when an attempt starts tra
 the checkpoint holds the outer optimizer's state as one SGD's, whatever the shards), and
 sends :data:`STOP` at the end. A command waits as long as an epoch's end takes
 (:data:`exchange.STATUS_WAIT`); a rank that is gone fails it at once.
+
+Under ``sync`` the owners are a summation service (BytePS's, Jiang et al., OSDI 2020): each
+step, after the sums inside the groups, every stepping group's leader sends slice s of its
+step vector ``[count * grad (P), buffer changes (B), loss, count]`` (cut in S over all of it)
+to its owner and takes back the slice summed over the groups, in leader order
+(:func:`sum_over_owners`, in place of the leaders' ring allreduce); rank 0 commands each step
+and sums slice 0 (:func:`sum_round`, :data:`SUM`). The owners keep no state: every worker
+still steps its own replica of the user's optimizer from the global sum, so the optimizer's
+state is the workers' as without shards. Each element is summed in the same order whatever
+S, so runs with S = 2 and S = 3 are bitwise alike; against the ring (S = 1) they differ in
+the sum's rounding only.
 """
 
 from __future__ import annotations
@@ -50,12 +61,13 @@ from worker.engine.exchange import (
     receive_pieces,
     serve_shard,
     shard_bounds,
+    sharded_round,
     wait_all,
 )
 from worker.engine.spec import RunSpec
 from worker.engine.state import ModelState
 
-STOP, LOAD, MEAN, OUTER, STATE = 0, 1, 2, 3, 4
+STOP, LOAD, MEAN, OUTER, STATE, SUM = 0, 1, 2, 3, 4, 5
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # LOAD's flags: the outer momentum's slice follows the parameters', then the trainable mask's.
 WITH_MOMENTUM, WITH_MASK = 1, 2
@@ -107,6 +119,31 @@ def dtype_code(dtype: torch.dtype) -> int:
 def stop(topo: Topology) -> None:
     """Rank 0, when training is over: every other owner returns from :func:`serve`."""
     _command(topo, STOP, [(0, 0)] * len(_owners(topo)), torch.float32, [])
+
+
+def sum_round(topo: Topology, numel: int, dtype: torch.dtype, leaders: list[int]) -> None:
+    """Rank 0 under ``sync``, once per step: tell every other owner that the groups of
+    ``leaders`` (global ranks) send their [numel] step vectors of ``dtype``, and sum slice 0
+    of them (:func:`worker.engine.exchange.serve_shard`; the sum is the answer)."""
+    bounds = shard_bounds(numel, len(_owners(topo)))
+    _command(topo, SUM, bounds, dtype, leaders)
+    assert topo.shards is not None
+    serve_shard(topo.shards, bounds[0][1], dtype, _same, leaders)
+
+
+def sum_over_owners(topo: Topology, vector: Tensor) -> None:
+    """A stepping group's leader under ``sync``: replace the 1-D CPU ``vector`` (the group's
+    step vector) by its sum over the stepping groups, slice s summed by owner s
+    (:func:`sum_round` and :func:`serve`), every slice sent and received at once."""
+    assert topo.shards is not None
+    bounds = shard_bounds(vector.numel(), len(topo.shards.servers))
+    sent = [vector[a:b].clone() for a, b in bounds]  # the answers land where they came from
+    sharded_round(topo.shards, sent, [vector[a:b] for a, b in bounds])
+
+
+def _same(total: Tensor) -> Tensor:
+    """The summation service's answer: the sum itself."""
+    return total
 
 
 class SliceExchange:
@@ -368,6 +405,10 @@ def serve(topo: Topology, spec: RunSpec) -> None:
             if spec.sync_strategy == "diloco":
                 outer, held = OuterSlice(spec, parts[0], momentum, mask), None
             continue
+        leaders = [ranks[0] for ranks, bit in zip(topo.groups, header[4:], strict=True) if bit]
+        if op == SUM:
+            serve_shard(shards, numel, model_dtype, _same, leaders)
+            continue
         if op == STATE:
             assert outer is not None, "STATE under a strategy without an outer optimizer"
             momentum = outer.momentum()
@@ -378,7 +419,6 @@ def serve(topo: Topology, spec: RunSpec) -> None:
         slice_ = outer.param if outer is not None else held
         if slice_ is None or slice_.numel() != numel:
             raise RuntimeError(f"shard {shards.shard}: a round before its slice was loaded")
-        leaders = [ranks[0] for ranks, bit in zip(topo.groups, header[4:], strict=True) if bit]
         if op == MEAN:
             assert held is not None
             held = answer = serve_shard(shards, numel + 1, rounds, _mean(held), leaders)

@@ -9,9 +9,12 @@ worker holds the same global sum. Each worker divides it by the global sample
 count and checks it is finite in the same pass
 (:func:`worker.engine.numerics.mean_gradient_`), then steps its own replica of
 the user's optimizer: the replicas stay identical, as DDP's do. The parameter
-server is off the step path: it follows the step schedule (batches,
-control points) and takes the model and optimizer from the first worker at
-checkpoints and epoch ends (:func:`worker.engine.run.pull_replica`).
+server follows the step schedule (batches, control points) and takes the model and
+optimizer from the first worker at checkpoints and epoch ends
+(:func:`worker.engine.run.pull_replica`). It is off the step path, unless it is cut into
+shards (``ps_shards`` S > 1): then the shard owners' sum replaces the leaders' allreduce,
+each owner summing its slice of the step vector over the groups after backward
+(:mod:`worker.engine.shard_server`).
 One step is exactly one single-process step on the same global batch
 (synchronous data parallelism, Goyal et al. 2017).
 
@@ -36,7 +39,7 @@ import torch.distributed as dist
 from torch import Tensor
 from typing_extensions import override
 
-from worker.engine import report
+from worker.engine import report, shard_server
 from worker.engine.distributed import Topology
 from worker.engine.exchange import receive_status, send_status, vector_to_grads
 from worker.engine.numerics import NonFiniteError, mean_gradient_
@@ -50,6 +53,7 @@ from worker.engine.run import (
     source_worker,
     step_groups,
     stepping,
+    stepping_leaders,
     sum_in_group,
     sum_over_stepping,
 )
@@ -185,7 +189,12 @@ def _step(run: Run) -> tuple[float, int]:
     if run.reducer is None:
         n_tail = run.state.n_buffers + 2
         n_groups = len(run.spec.groups) - len(run.parked_groups)
-        run.reducer = GradientReducer(run.topo, run.params, n_tail, n_groups, cross=cross)
+        owners = None
+        if run.topo.shards is not None:  # the parameter server in shards sums across groups
+            owners = partial(shard_server.sum_over_owners, run.topo)
+        run.reducer = GradientReducer(
+            run.topo, run.params, n_tail, n_groups, cross=cross, sharded_sum=owners
+        )
     return step_from_sum(run, run.compute(run.reducer))
 
 
@@ -214,7 +223,8 @@ class Synchronous(Strategy[Run]):
         A non-finite sum (any worker's loss, gradient or buffers) is seen by every
         worker alike: none steps, and they fail or skip together
         (:func:`worker.engine.run.nonfinite_step`, over the workers); a skip puts the
-        buffers back. Before each control point and at the epoch's end the source worker
+        buffers back. Before each control point and at the epoch's end (with the server in
+        shards, before each step too: the server takes part in it) the source worker
         (:func:`worker.engine.run.source_worker`) tells the parameter server all is well; on
         failing, it sends the reason instead, so the server fails with it too.
 
@@ -230,11 +240,14 @@ class Synchronous(Strategy[Run]):
         assert run.optimizer is not None
         every = max(1, run.split.steps_per_epoch // PROGRESS_REPORTS_PER_EPOCH)
         curve = run.curve
+        sharded = run.topo.shards is not None
         while not run.split.epoch_done:
             # The guard moves groups at control points only: the step's groups, the source
             # and the reducer stay the same from here to the next one.
             source = run.topo.rank == source_worker(run)
             if stepping(run):
+                if source and sharded:  # rank 0 hears first whether the step comes
+                    send_status(run.topo, None)
                 try:
                     loss_sum, count = _step(run)
                 except NonFiniteError as exc:
@@ -258,12 +271,23 @@ class Synchronous(Strategy[Run]):
     def server_epoch(self, run: Run) -> None:
         """Parameter server: follow the step schedule (recorded batches, control points)
         until the first worker says the epoch's last step is done (the model and loss totals
-        come at the epoch's end, :func:`worker.engine.session.end_epoch`).
+        come at the epoch's end, :func:`worker.engine.session.end_epoch`). With the server in
+        shards (``ps_shards``) it also sums slice 0 of every step's vector over the stepping
+        groups (:func:`worker.engine.shard_server.sum_round`), having first heard from the
+        source worker that the step comes: so a failure on the last step's sum reaches it
+        with its reason, not as a lost peer, although it now waits inside the steps.
 
         Raises NonFiniteError with the workers' reason when they fail on a non-finite sum.
         """
+        topo = run.topo
+        numel = run.state.n_params + run.state.n_buffers + 2  # the step vector's
         while not run.split.epoch_done:
             run.record_batch()
+            if topo.shards is not None:  # slice 0 of the step's sum (shard_server)
+                reason = receive_status(topo, source_worker(run))
+                if reason is not None:  # the workers failed on the last step's sum
+                    raise NonFiniteError(reason)
+                shard_server.sum_round(topo, numel, run.params[0].dtype, stepping_leaders(run))
             run.split.advance()
             run.step += 1
             if control_due(run) or run.split.epoch_done:

@@ -256,7 +256,20 @@ def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> Non
         ({"sync_strategy": "diloco", "sync_period": 0}, "sync_period", "greater than or equal"),
         ({"sync_strategy": "diloco", "sync_period": 1}, "sync_period", "diloco round needs 2"),
         ({"diloco_exchange": "overlapped"}, "diloco_exchange", "sync_strategy 'diloco' only"),
-        ({"ps_shards": 2}, "ps_shards", "runs with sync_strategy 'periodic' or 'diloco' only"),
+        (
+            {"sync_strategy": "quorum", "ps_shards": 2},
+            "ps_shards",
+            "runs with sync_strategy 'sync' or 'periodic' or 'diloco' only",
+        ),
+        (
+            {
+                "sharding": "fsdp",
+                "resource_groups": [{"name": "cpu-a", "workers": 2}],
+                "ps_shards": 2,
+            },
+            "ps_shards",
+            "does not run with sharding 'fsdp' yet (resource_groups.0 has it)",
+        ),
         (
             {"sync_strategy": "quorum", "ps_shards": 3},
             "ps_shards",

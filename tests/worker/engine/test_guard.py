@@ -151,6 +151,9 @@ THREE_GROUPS = FOUR_GROUPS[:3]
         ({4: [1], 10: []}, "b", FOUR_GROUPS),
         # three leaders' ring, then two: a and c sum over their link's own allreduce
         ({4: [1], 10: []}, "b", THREE_GROUPS),
+        # the parameter server in 3 shards sums the steps: each owner adds the stepping
+        # groups' slices only, told which by rank 0
+        ({4: [1], 10: []}, "b", {"groups": THREE_GROUPS, "ps_shards": 3}),
     ],
 )
 def test_a_parked_group_taken_back_keeps_sync_exact(
@@ -158,11 +161,12 @@ def test_a_parked_group_taken_back_keeps_sync_exact(
     tmp_path: Path,
     schedule: dict[int, list[int]],
     parked_name: str,
-    groups: list[dict[str, object]] | None,
+    groups: list[dict[str, object]] | dict[str, object] | None,
 ) -> None:
+    options = groups if isinstance(groups, dict) else {"groups": groups} if groups else {}
     spec = make_spec(
         **GUARDED,
-        **({"groups": groups} if groups else {}),
+        **options,
         debug_guard_schedule=schedule,
         checkpoint_every=6,  # a step checkpoint while the group is parked
         agreement_every=3,  # and agreement checks, which leave the parked replica out

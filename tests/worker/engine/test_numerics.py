@@ -92,6 +92,20 @@ def test_nan_loss_on_one_rank_fails_every_rank_naming_where(
     assert all(torch.isfinite(t).all() for t in state["model"].values())
 
 
+def test_nan_loss_with_a_sharded_server_fails_the_server_and_workers_naming_where(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    """With the parameter server in shards (``ps_shards``) rank 0 takes part in every step's
+    sum: it learns the workers' reason before the next step's, rather than losing a peer."""
+    spec = user_spec(make_spec, tmp_path, NAN_LOSS.format(rank=3, step=3), ps_shards=2)
+    run = launch(spec)
+    assert not run.ok and not run.timed_out
+    reason = "non-finite loss and gradient on rank 3 (group 'b') at epoch 0, step 3"
+    for rank in range(1 + spec.n_workers):  # the other owner fails on rank 0's going
+        assert f"NonFiniteError: {reason}" in run.text(rank), run.text(rank)
+    assert not any(e["type"] in ("done", "checkpoint") for e in run.events)
+
+
 def test_nan_loss_in_a_periodic_group_fails_it_naming_where(
     make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:

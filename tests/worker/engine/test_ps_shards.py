@@ -1,7 +1,10 @@
 """A parameter server in shards (``ps_shards``) under ``periodic`` and ``diloco`` (blocking and
 overlapped): the run is bitwise the unsharded one (every rank's parameters and buffers, the
 checkpoint a user downloads and its outer momentum), the other shard owners build no model,
-and a spec the engine cannot run is refused naming ``ps_shards``.
+and a spec the engine cannot run is refused naming ``ps_shards``. Under ``sync`` the owners
+sum each step's vector in place of the leaders' ring: bitwise alike for any S > 1, and the
+ring's result but for the sum's rounding (its equality with one process on the same global
+batches: tests/worker/engine/test_equivalence.py).
 
 Real gloo processes through the local launcher; a model with BatchNorm buffers
 (tests/worker/engine/test_buffers.py) over three one-worker groups.
@@ -78,6 +81,42 @@ def test_a_sharded_server_trains_bitwise_as_one_server(
             assert torch.equal(got_outer["state"][key]["momentum_buffer"], value["momentum_buffer"])
 
 
+# Sync: a two-worker group (its in-group sum, then its leader's slices) and two of one.
+SYNC_GROUPS = [
+    {"name": "a", "device_type": "cpu", "workers": 2},
+    {"name": "b", "device_type": "cpu", "workers": 1},
+    {"name": "c", "device_type": "cpu", "workers": 1},
+]
+
+
+def test_sync_with_a_sharded_server_sums_each_step_alike_for_any_number_of_shards(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    def spec(shards: int) -> RunSpec:
+        folder = tmp_path / str(shards)
+        return bn_spec(make_spec, folder, epochs=2, ps_shards=shards, groups=SYNC_GROUPS)
+
+    ring, two, three = spec(1), spec(2), spec(3)
+    assert three.shard_servers() == [0, 5, 6]
+    _, by_ring = run_with_dump(ring, tmp_path / "1" / "dump")
+    _, by_two = run_with_dump(two, tmp_path / "2" / "dump")
+    run, by_three = run_with_dump(three, tmp_path / "3" / "dump")
+    for rank in range(1 + ring.n_workers):  # the server and every worker
+        assert by_three[rank].numel() > 0
+        # Each element is the same sum in the same order (leader order) whatever S.
+        assert torch.equal(by_three[rank], by_two[rank]), rank
+        # The ring adds three leaders in another order: the same up to the sums' rounding.
+        torch.testing.assert_close(by_three[rank], by_ring[rank], atol=1e-5, rtol=1e-5)
+        assert torch.equal(by_three[rank], by_three[0]), f"rank {rank} differs from the PS"
+    for rank in (5, 6):
+        assert by_three[rank].numel() == 0
+        assert f"up: shard {rank - 4} of 3 of the parameter server" in run.text(rank)
+    got, want = checkpoint_model(three).state_dict(), checkpoint_model(two).state_dict()
+    assert any("running_mean" in name for name in got)
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name
+
+
 def _outer(spec: RunSpec) -> dict | None:
     """The last epoch's checkpoint's outer optimizer state."""
     last = sorted(Path(spec.checkpoint_dir).glob("epoch-*.pt"))[-1]
@@ -87,8 +126,12 @@ def _outer(spec: RunSpec) -> dict | None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"sync_strategy": "sync"}, "ps_shards 2 runs with sync_strategy 'periodic' or"),
+        ({"sync_strategy": "quorum"}, "ps_shards 2 runs with sync_strategy 'sync' or"),
         ({"sync_strategy": "quorum"}, "not 'quorum' (use ps_shards 1)"),
+        (
+            {"groups": [{"name": "a", "device_type": "cpu", "workers": 2}], "sharding": "fsdp"},
+            "ps_shards does not run with sharding 'fsdp' yet",
+        ),
         (
             {"sync_strategy": "diloco", "sync_period": 4, "diloco_exchange": "async"},
             "not 'async' (use ps_shards 1)",
