@@ -257,10 +257,10 @@ class TaskCreate(StrictModel):
         ge=1,
         le=MAX_PS_SHARDS,
         title="Parameter-server shards",
-        description="sync, periodic and diloco (blocking, overlapped), without fsdp groups: "
-        "the parameter server's processes, each owning a slice of the model (and of diloco's "
-        "outer optimizer; under sync, of each step's gradient sum) that each group leader "
-        "exchanges with it alone (default 1). Choose 2-4 when "
+        description="sync, periodic and diloco (blocking, overlapped): the parameter server's "
+        "processes, each owning a slice of the model (and of diloco's outer optimizer; under "
+        "sync, of each step's gradient sum, which each worker of an fsdp group sends its own "
+        "rows of) that each group leader exchanges with it alone (default 1). Choose 2-4 when "
         "many groups or a large model make the parameter server's link the bottleneck; the "
         "other shards run beside it, on its agent",
     )
@@ -488,15 +488,6 @@ class TaskCreate(StrictModel):
             raise ValueError(
                 f"ps_shards {value} runs with diloco_exchange 'blocking' and 'overlapped' so "
                 "far, not 'async' (use ps_shards 1)"
-            )
-        groups = info.data.get("resource_groups") or []
-        own = [
-            i for i, g in enumerate(groups) if (g.sharding or info.data.get("sharding")) == "fsdp"
-        ]
-        if value > 1 and own:
-            raise ValueError(
-                f"ps_shards {value} does not run with sharding 'fsdp' yet (resource_groups."
-                f"{own[0]} has it): use ps_shards 1, or leave the sharding out"
             )
         return value
 

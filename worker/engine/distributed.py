@@ -253,10 +253,11 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
             links[peer] = link
     shards = None
     if spec.ps_shards > 1:
-        leaders = spec.leader_ranks()
-        # Rank 0's links to the leaders carry shard 0: made above (on their members only).
-        reuse = {(0, leader): links.get(leader) for leader in leaders}
-        shards = shard_links(spec.shard_servers(), leaders, env.rank, timeout, reuse)
+        # Who talks to the owners: the leaders, and every worker of a sharded group (its own
+        # rows under sync). Rank 0's links to them carry shard 0: made above.
+        senders = linked_ranks(spec)
+        reuse = {(0, sender): links.get(sender) for sender in senders}
+        shards = shard_links(spec.shard_servers(), senders, env.rank, timeout, reuse)
     ring_links: dict[frozenset[int], dist.ProcessGroup] = {}
     cross = None
     if spec.sync_strategy == "sync":
@@ -322,9 +323,11 @@ class ShardLinks:
     Shard ``s`` of every exchanged vector is owned by global rank ``servers[s]``, which sums
     the group leaders' slices of it and answers each leader with its slice of the result
     (a sharded parameter server, after BytePS, Jiang et al., OSDI 2020: each server's link
-    carries 1/S of every leader's bytes). ``links`` holds the two-rank gloo group of each
-    (server, leader) pair that includes ``rank``, keyed by that pair; made by
-    :func:`shard_links`.
+    carries 1/S of every leader's bytes). ``leaders``: the ranks that exchange with the
+    owners, the group leaders and every other worker of a sharded group (its own rows under
+    ``sync``, :func:`worker.engine.shard_server.rows_over_owners`). ``links`` holds the
+    two-rank gloo group of each (server, leader) pair that includes ``rank``, keyed by that
+    pair; made by :func:`shard_links`.
     """
 
     servers: tuple[int, ...]

@@ -65,7 +65,7 @@ from worker.engine.numerics import NonFiniteError, blame, describe, local_faults
 from worker.engine.provenance import ShardLedger
 from worker.engine.reducer import GradientReducer
 from worker.engine.ring import LeaderRing
-from worker.engine.shard_server import ServerShards
+from worker.engine.shard_server import RowSum, ServerShards, rows_over_owners
 from worker.engine.sharded import local
 from worker.engine.sharding import Batches
 from worker.engine.spec import RunSpec
@@ -123,6 +123,8 @@ class Run:
     outer_state: dict[str, Any] | None = None  # its checkpointed state, loaded at first use
     # The parameter server in shards (ps_shards > 1): rank 0's side, made at training's start.
     ps_shards: ServerShards | None = None
+    # sync with a sharded group and the server in shards: rank 0's slice-0 sum of the rows.
+    row_sum: RowSum | None = None
     guard: Guard | None = None  # the guard's state where it acts (:func:`guarding`)
     # The throughput profile's step: its last pass's slowest worker's median step seconds,
     # the same on every rank (None: the attempt did not profile); sizes the guard's first check.
@@ -281,14 +283,18 @@ class Run:
 
     def _sharded_sum(self) -> Tensor:
         """A task with a sharded group: the step's gradient summed over every group (in
-        place, :func:`worker.engine.fsdp.group_sum_`, when there are several; one sharded
+        place, :func:`worker.engine.fsdp.group_sum_`, when there are several; with the
+        parameter server in shards each worker's rows through their owners,
+        :func:`worker.engine.shard_server.rows_over_owners`; one sharded
         group's reduce-scatter has summed it already), and the returned tail
         ``[buffer_change_sum (B), loss_sum, count]`` summed over every compute worker."""
         # Whether this worker's gradient (a sharded worker's: its rows of its group's sum) is
         # finite before the groups' sums mix it with the others' (naming where a fault is).
         grads = [p.grad for p in self.params]
         self.grad_fault = any(g is not None and not bool(local(g).isfinite().all()) for g in grads)
-        if len(self.spec.groups) > 1:
+        if self.topo.shards is not None:  # the server's shards sum each worker's rows
+            rows_over_owners(grads, self.params, self.topo, self.spec)
+        elif len(self.spec.groups) > 1:
             group_sum_(grads, self.params, self.topo)
         tail = self._tail
         assert tail is not None

@@ -45,14 +45,15 @@ the sum's rounding only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from worker.engine.distributed import CONTROL_TAG, Topology
+from worker.engine.distributed import CONTROL_TAG, ShardLinks, Topology
 from worker.engine.exchange import (
     STATUS_WAIT,
     load_vector_,
@@ -64,10 +65,12 @@ from worker.engine.exchange import (
     sharded_round,
     wait_all,
 )
+from worker.engine.fsdp import like, row_layout
+from worker.engine.sharded import local
 from worker.engine.spec import RunSpec
 from worker.engine.state import ModelState
 
-STOP, LOAD, MEAN, OUTER, STATE, SUM = 0, 1, 2, 3, 4, 5
+STOP, LOAD, MEAN, OUTER, STATE, SUM, LAYOUT = 0, 1, 2, 3, 4, 5, 6
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # LOAD's flags: the outer momentum's slice follows the parameters', then the trainable mask's.
 WITH_MOMENTUM, WITH_MASK = 1, 2
@@ -121,13 +124,20 @@ def stop(topo: Topology) -> None:
     _command(topo, STOP, [(0, 0)] * len(_owners(topo)), torch.float32, [])
 
 
-def sum_round(topo: Topology, numel: int, dtype: torch.dtype, leaders: list[int]) -> None:
+def sum_round(
+    topo: Topology, numel: int, dtype: torch.dtype, leaders: list[int], rows: RowSum | None = None
+) -> None:
     """Rank 0 under ``sync``, once per step: tell every other owner that the groups of
     ``leaders`` (global ranks) send their [numel] step vectors of ``dtype``, and sum slice 0
-    of them (:func:`worker.engine.exchange.serve_shard`; the sum is the answer)."""
+    of them (:func:`worker.engine.exchange.serve_shard`; the sum is the answer). ``rows``: a
+    task with a sharded group, whose workers send their rows of the [numel] gradient
+    (:class:`RowSum`, every group)."""
     bounds = shard_bounds(numel, len(_owners(topo)))
     _command(topo, SUM, bounds, dtype, leaders)
     assert topo.shards is not None
+    if rows is not None:
+        rows.serve(topo.shards, dtype)
+        return
     serve_shard(topo.shards, bounds[0][1], dtype, _same, leaders)
 
 
@@ -139,6 +149,207 @@ def sum_over_owners(topo: Topology, vector: Tensor) -> None:
     bounds = shard_bounds(vector.numel(), len(topo.shards.servers))
     sent = [vector[a:b].clone() for a, b in bounds]  # the answers land where they came from
     sharded_round(topo.shards, sent, [vector[a:b] for a, b in bounds])
+
+
+Spans = list[tuple[int, int]]
+
+
+def member_spans(shapes: Sequence[Sequence[int]], members: int) -> list[Spans]:
+    """Each of ``members`` members' spans ``[lo, hi)`` of the flat parameter vector of whole
+    parameters of ``shapes`` (flat order), as FSDP2 shards them over the members (``Shard(0)``:
+    :func:`worker.engine.fsdp.row_layout`), ascending, adjacent spans merged. A member's rows
+    laid end to end (:func:`worker.engine.fsdp.own_rows`) are its spans' elements in order."""
+    spans: list[Spans] = [[] for _ in range(members)]
+    offset = 0
+    for shape in shapes:
+        rows, size = row_layout(torch.empty(tuple(shape), device="meta"), members)
+        start = offset
+        for member, count in enumerate(rows):
+            if count:
+                end = start + count * size
+                mine = spans[member]
+                if mine and mine[-1][1] == start:
+                    mine[-1] = (mine[-1][0], end)
+                else:
+                    mine.append((start, end))
+                start = end
+        offset += math.prod(shape)
+    return spans
+
+
+def clipped(spans: Spans, lo: int, hi: int) -> Spans:
+    """``spans`` (ascending) cut to ``[lo, hi)``, relative to ``lo``; empty ones left out."""
+    return [(max(a, lo) - lo, min(b, hi) - lo) for a, b in spans if min(b, hi) > max(a, lo)]
+
+
+def within(spans: Spans, lo: int, hi: int) -> tuple[int, int]:
+    """Where, in a vector holding ``spans``' elements end to end, those inside ``[lo, hi)``
+    lie: ``[start, end)`` (contiguous, the spans being ascending)."""
+    start = end = position = 0
+    for a, b in spans:
+        start += max(0, min(b, lo) - a)
+        end += max(0, min(b, hi) - a)
+        position += b - a
+    return min(start, position), min(end, position)
+
+
+def senders(spec: RunSpec, shapes: Sequence[Sequence[int]]) -> list[list[tuple[int, Spans]]]:
+    """Per group, in group order: who sends its part of the step's gradient sum to the owners,
+    with the spans of the flat parameter vector each holds. Every worker of a sharded
+    (``fsdp``) group, each its own rows; the leader of a whole group, all of it."""
+    numel = sum(math.prod(shape) for shape in shapes)
+    out: list[list[tuple[int, Spans]]] = []
+    for g in range(len(spec.groups)):
+        ranks = spec.group_ranks(g)
+        if spec.sharded(g):
+            out.append(list(zip(ranks, member_spans(shapes, len(ranks)), strict=True)))
+        else:
+            out.append([(ranks[0], [(0, numel)])])
+    return out
+
+
+class RowSum:
+    """A shard owner's side of ``sync``'s step in a task with a sharded (``fsdp``) group and
+    the parameter server in shards: slice ``shard`` of the flat gradient [P] summed over the
+    groups (group order), each group's part of it assembled from its senders' rows
+    (:func:`senders`), every sender answered with its rows of the sum. No process but the
+    senders holds a group's rows; the owner holds one slice per group."""
+
+    def __init__(self, spec: RunSpec, shapes: Sequence[Sequence[int]], n_shards: int, shard: int):
+        numel = sum(math.prod(shape) for shape in shapes)
+        self.lo, self.hi = shard_bounds(numel, n_shards)[shard]
+        self.plan = [
+            [(rank, runs) for rank, spans in group if (runs := clipped(spans, self.lo, self.hi))]
+            for group in senders(spec, shapes)
+        ]
+
+    def serve(self, shards: ShardLinks, dtype: torch.dtype) -> None:
+        """One step: receive every sender's rows of this slice, sum, answer each."""
+        n = self.hi - self.lo
+        me = shards.rank
+        parts: list[list[tuple[int, list[tuple[int, int]], Tensor]]] = []
+        works: list[Any] = []
+        for group in self.plan:
+            buffer = torch.empty(n, dtype=dtype)
+            entries = []
+            for rank, runs in group:
+                one = len(runs) == 1
+                got = (
+                    buffer[runs[0][0] : runs[0][1]]
+                    if one
+                    else torch.empty(sum(b - a for a, b in runs), dtype=dtype)
+                )
+                works += receive_pieces(got, rank, shards.link(me, rank))
+                entries.append((rank, runs, got))
+            parts.append(entries)
+        wait_all(works)
+        total = torch.zeros(n, dtype=dtype)
+        for entries in parts:  # each group's part of the slice, then the sum in group order
+            if len(entries) == 1 and len(entries[0][1]) == 1 and entries[0][1][0] == (0, n):
+                total += entries[0][2]
+                continue
+            group_part = torch.zeros(n, dtype=dtype)
+            for _, runs, got in entries:
+                if len(runs) > 1:
+                    at = 0
+                    for a, b in runs:
+                        group_part[a:b] = got[at : at + b - a]
+                        at += b - a
+                else:
+                    group_part[runs[0][0] : runs[0][1]] = got
+            total += group_part
+        answers = [
+            (rank, torch.cat([total[a:b] for a, b in runs]))
+            for group in self.plan
+            for rank, runs in group
+        ]
+        wait_all(
+            [
+                w
+                for rank, answer in answers
+                for w in post_pieces(answer, rank, shards.link(me, rank))
+            ]
+        )
+
+
+def rows_over_owners(
+    grads: Sequence[Tensor | None], params: Sequence[Tensor], topo: Topology, spec: RunSpec
+) -> None:
+    """A compute worker's side of :class:`RowSum`: its group's part of the step's gradient
+    (a sharded worker: its rows of its group's sum, FSDP2's reduce-scatter having summed
+    them; a whole group: summed in the group first) sent to the owners, each owner its slice,
+    and the sum over the groups taken back, set as each parameter's ``.grad`` (a sharded
+    worker: its rows, no gradient ever gathered whole). ``grads``: after backward (None: not
+    reached, zeros); a frozen parameter keeps none."""
+    assert topo.shards is not None and topo.group_index is not None
+    sharded = spec.sharded(topo.group_index)
+    mine = [local(p) if sharded else p for p in params]
+    parts = [
+        torch.zeros(m.numel(), dtype=m.dtype, device=m.device)
+        if grad is None or not p.requires_grad
+        else local(grad).reshape(-1)
+        for p, m, grad in zip(params, mine, grads, strict=True)
+    ]
+    vector = torch.cat(parts)
+    members = len(topo.group_ranks)
+    if not sharded and members > 1:
+        dist.all_reduce(vector, group=topo.group)
+    if sharded or topo.am_i_leader:
+        shapes = [tuple(p.shape) for p in params]
+        member = topo.group_ranks.index(topo.rank) if sharded else 0
+        spans = (
+            member_spans(shapes, members)[member]
+            if sharded
+            else [(0, sum(p.numel() for p in params))]
+        )
+        numel = sum(math.prod(shape) for shape in shapes)
+        on_cpu = vector.cpu()
+        works: list[Any] = []
+        sent: list[Tensor] = []
+        bounds = shard_bounds(numel, len(topo.shards.servers))
+        for owner, (lo, hi) in zip(topo.shards.servers, bounds, strict=True):
+            a, b = within(spans, lo, hi)
+            if b > a:
+                link = topo.shards.link(owner, topo.rank)
+                sent.append(on_cpu[a:b].clone())
+                works += post_pieces(sent[-1], owner, link) + receive_pieces(
+                    on_cpu[a:b], owner, link
+                )
+        wait_all(works)
+        if on_cpu.data_ptr() != vector.data_ptr():
+            vector.copy_(on_cpu)
+    if not sharded and members > 1:
+        dist.broadcast(vector, src=topo.group_ranks[0], group=topo.group)
+    offset = 0
+    for p, m in zip(params, mine, strict=True):
+        n = m.numel()
+        if not p.requires_grad:
+            p.grad = None
+        else:
+            view = vector[offset : offset + n].view(m.shape)
+            p.grad = like(p, view) if sharded else view  # type: ignore[arg-type]
+        offset += n
+
+
+def send_layout(topo: Topology, shapes: Sequence[Sequence[int]]) -> None:
+    """Rank 0: tell every other owner the parameters' shapes (:data:`LAYOUT`), from which each
+    builds its :class:`RowSum`."""
+    code = torch.tensor([v for shape in shapes for v in (len(shape), *shape)], dtype=torch.int64)
+    for owner in _owners(topo)[1:]:
+        header = [LAYOUT, code.numel(), 0, 0, *([0] * len(topo.groups))]
+        link = topo.link(owner)
+        dist.send(torch.tensor(header, dtype=torch.int64), owner, link, CONTROL_TAG)
+        dist.send(code, owner, link, CONTROL_TAG)
+
+
+def _shapes(code: Tensor) -> list[tuple[int, ...]]:
+    """The shapes :func:`send_layout` encoded (``[ndim, *dims]`` each)."""
+    values, shapes, at = code.tolist(), [], 0
+    while at < len(values):
+        ndim = values[at]
+        shapes.append(tuple(values[at + 1 : at + 1 + ndim]))
+        at += 1 + ndim
+    return shapes
 
 
 def _same(total: Tensor) -> Tensor:
@@ -385,6 +596,7 @@ def serve(topo: Topology, spec: RunSpec) -> None:
     header = torch.empty(4 + len(topo.groups), dtype=torch.int64)
     held: Tensor | None = None
     outer: OuterSlice | None = None
+    rows: RowSum | None = None
     link = topo.link(0)
     while True:
         work = dist.irecv(header, src=0, group=link, tag=CONTROL_TAG)
@@ -406,8 +618,16 @@ def serve(topo: Topology, spec: RunSpec) -> None:
                 outer, held = OuterSlice(spec, parts[0], momentum, mask), None
             continue
         leaders = [ranks[0] for ranks, bit in zip(topo.groups, header[4:], strict=True) if bit]
+        if op == LAYOUT:
+            code = torch.empty(numel, dtype=torch.int64)
+            dist.recv(code, 0, link, CONTROL_TAG)
+            rows = RowSum(spec, _shapes(code), len(shards.servers), shards.shard)
+            continue
         if op == SUM:
-            serve_shard(shards, numel, model_dtype, _same, leaders)
+            if rows is not None:
+                rows.serve(shards, model_dtype)
+            else:
+                serve_shard(shards, numel, model_dtype, _same, leaders)
             continue
         if op == STATE:
             assert outer is not None, "STATE under a strategy without an outer optimizer"

@@ -72,8 +72,8 @@ class RunSpec(BaseModel):
     ``ps_shards`` (S, default 1) cuts the parameter server's model into S slices, each owned
     by its own process (rank 0 and the ranks after the workers, :meth:`shard_servers`): each
     group leader exchanges slice s with its owner only (:mod:`worker.engine.shard_server`);
-    with ``sync`` (the owners sum each step's gradients), ``periodic`` and ``diloco`` (not its
-    ``async`` exchange), and no ``fsdp`` group, so far.
+    with ``sync`` (the owners sum each step's gradients; each worker of an ``fsdp`` group
+    sends its own rows), ``periodic`` and ``diloco`` (not its ``async`` exchange).
     ``exchange_fraction`` of each worker's shard moves to its ring neighbour
     after every epoch. ``checkpoint_every`` adds a checkpoint every N steps.
     ``data`` says how compute workers read their shards (:class:`contracts.data.DataOptions`:
@@ -287,9 +287,10 @@ def check_sharding(spec: RunSpec) -> None:
 def check_ps_shards(spec: RunSpec) -> None:
     """Raises ValueError, naming ``ps_shards``, for a sharded parameter server that cannot be
     run: a strategy other than ``sync``, ``periodic`` and ``diloco``
-    (:data:`contracts.plan.PS_SHARDED_STRATEGIES`), diloco's ``async`` exchange, a group
-    with ``sharding: fsdp``, or a plan's trial. More shards than the model has parameters
-    fails at the start (:func:`worker.engine.exchange.shard_bounds`)."""
+    (:data:`contracts.plan.PS_SHARDED_STRATEGIES`), diloco's ``async`` exchange, or a plan's
+    trial (``fsdp`` groups run with ``sync`` only: :func:`check_sharding`). More shards than
+    the model has parameters fails at the start (:func:`worker.engine.exchange.shard_bounds`).
+    """
     if spec.ps_shards == 1:
         return
     if spec.sync_strategy not in PS_SHARDED_STRATEGIES:
@@ -304,11 +305,6 @@ def check_ps_shards(spec: RunSpec) -> None:
         raise ValueError(
             "ps_shards applies to diloco_exchange 'blocking' and 'overlapped' so far, not "
             "'async' (use ps_shards 1)"
-        )
-    if spec.any_sharded:
-        raise ValueError(
-            "ps_shards does not run with sharding 'fsdp' yet (use ps_shards 1, or leave the "
-            "sharding out)"
         )
 
 

@@ -281,13 +281,21 @@ class Synchronous(Strategy[Run]):
         """
         topo = run.topo
         numel = run.state.n_params + run.state.n_buffers + 2  # the step vector's
+        if topo.shards is not None and run.spec.any_sharded:  # the rows' sum: P, every group
+            numel = run.state.n_params
+            if run.row_sum is None:  # the attempt's first epoch: the owners learn the layout
+                shapes = [tuple(p.shape) for p in run.params]
+                shard_server.send_layout(topo, shapes)
+                run.row_sum = shard_server.RowSum(run.spec, shapes, len(topo.shards.servers), 0)
         while not run.split.epoch_done:
             run.record_batch()
             if topo.shards is not None:  # slice 0 of the step's sum (shard_server)
                 reason = receive_status(topo, source_worker(run))
                 if reason is not None:  # the workers failed on the last step's sum
                     raise NonFiniteError(reason)
-                shard_server.sum_round(topo, numel, run.params[0].dtype, stepping_leaders(run))
+                leaders = stepping_leaders(run)
+                dtype = run.params[0].dtype
+                shard_server.sum_round(topo, numel, dtype, leaders, run.row_sum)
             run.split.advance()
             run.step += 1
             if control_due(run) or run.split.epoch_done:

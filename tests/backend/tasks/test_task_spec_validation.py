@@ -262,15 +262,6 @@ def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> Non
             "runs with sync_strategy 'sync' or 'periodic' or 'diloco' only",
         ),
         (
-            {
-                "sharding": "fsdp",
-                "resource_groups": [{"name": "cpu-a", "workers": 2}],
-                "ps_shards": 2,
-            },
-            "ps_shards",
-            "does not run with sharding 'fsdp' yet (resource_groups.0 has it)",
-        ),
-        (
             {"sync_strategy": "quorum", "ps_shards": 3},
             "ps_shards",
             "not 'quorum' (use ps_shards 1)",

@@ -60,6 +60,16 @@ CASES = {
         "global_batch_size": 7,
     },
 }
+# The parameter server in shards sums the groups' gradients: each sharded worker sends its
+# own rows to the owners of the slices they fall in (worker.engine.shard_server.RowSum).
+CASES["sharded-beside-whole-weighted-3-ps-shards"] = {
+    **CASES["sharded-beside-whole-weighted"],
+    "ps_shards": 3,
+}
+CASES["two-sharded-groups-3-and-2-2-ps-shards"] = {
+    **CASES["two-sharded-groups-3-and-2"],
+    "ps_shards": 2,
+}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -68,7 +78,7 @@ def test_sharded_groups_step_as_one_process(
 ) -> None:
     spec = make_spec(agreement_every=4, checkpoint_every=6, **CASES[case])
     run, finals = run_with_dump(spec, tmp_path / "params")
-    for rank in range(1, spec.world_size):
+    for rank in range(1, 1 + spec.n_workers):  # the server's other shards hold no model
         assert torch.equal(finals[rank], finals[0]), f"rank {rank} differs from the PS"
     batches = dumped_batches(tmp_path / "params")
     assert_every_sample_once(spec, batches)
@@ -336,13 +346,17 @@ def build_optimizer(params):
 """
 
 
-@pytest.mark.parametrize("source", [PARAM_GROUPS, FROZEN], ids=["param-groups", "frozen"])
+@pytest.mark.parametrize(
+    ("source", "ps_shards"),
+    [(PARAM_GROUPS, 1), (FROZEN, 1), (FROZEN, 2)],
+    ids=["param-groups", "frozen", "frozen-2-ps-shards"],
+)
 def test_optimizer_groups_and_frozen_parameters_step_as_one_process(
-    source: str, make_spec: Callable[..., RunSpec], tmp_path: Path
+    source: str, ps_shards: int, make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:
     module = tmp_path / "user_code.py"
     module.write_text(source)
-    spec = make_spec(code=str(module), groups=SHARDED_A, checkpoint_every=6)
+    spec = make_spec(code=str(module), groups=SHARDED_A, checkpoint_every=6, ps_shards=ps_shards)
     _, finals = run_with_dump(spec, tmp_path / "params")
     expected, _ = reference_run(spec, dumped_batches(tmp_path / "params"))
     torch.testing.assert_close(finals[0], expected, atol=1e-5, rtol=0)

@@ -23,7 +23,10 @@ import torch
 from tests.worker.engine.reference import TIMEOUT_S, run_with_dump
 from tests.worker.engine.test_buffers import bn_spec, checkpoint_model
 from tests.worker.engine.test_resume import DROPOUT_MODULE, HOLD_AFTER
+from worker.engine.exchange import shard_bounds
+from worker.engine.fsdp import rows_vector
 from worker.engine.local import launch_local
+from worker.engine.shard_server import clipped, member_spans, within
 from worker.engine.spec import RunSpec
 
 STRATEGIES = {
@@ -129,10 +132,6 @@ def _outer(spec: RunSpec) -> dict | None:
         ({"sync_strategy": "quorum"}, "ps_shards 2 runs with sync_strategy 'sync' or"),
         ({"sync_strategy": "quorum"}, "not 'quorum' (use ps_shards 1)"),
         (
-            {"groups": [{"name": "a", "device_type": "cpu", "workers": 2}], "sharding": "fsdp"},
-            "ps_shards does not run with sharding 'fsdp' yet",
-        ),
-        (
             {"sync_strategy": "diloco", "sync_period": 4, "diloco_exchange": "async"},
             "not 'async' (use ps_shards 1)",
         ),
@@ -181,3 +180,24 @@ def test_a_checkpoint_resumes_on_another_number_of_shards(
     assert any("resumed at epoch" in line for line in run.output[0])
     for rank in range(1 + spec.n_workers):  # the parameter server and every worker
         assert torch.equal(finals[rank], expected[rank]), f"rank {rank} differs after resume"
+
+
+@pytest.mark.parametrize("members", [1, 2, 3, 5])
+def test_a_members_spans_are_its_rows_of_the_flat_parameters(members: int) -> None:
+    """What a sharded worker sends the owners: its rows (FSDP2's ``Shard(0)``, as
+    worker.engine.fsdp lays them end to end) are the flat vector's elements in its spans, and
+    the part inside an owner's slice is one contiguous run of them."""
+    shapes = [(7, 3), (7,), (), (2, 2, 2), (1, 5), (4,)]
+    params = [torch.randn(shape) for shape in shapes]
+    flat = torch.cat([p.reshape(-1) for p in params])
+    spans = member_spans(shapes, members)
+    covered = sorted(span for mine in spans for span in mine)
+    assert covered[0][0] == 0 and covered[-1][1] == flat.numel()
+    assert all(a[1] == b[0] for a, b in zip(covered, covered[1:], strict=False))  # no gap
+    for member, mine in enumerate(spans):
+        rows = rows_vector(params, member, members)
+        assert torch.equal(rows, torch.cat([flat[a:b] for a, b in mine] or [flat[:0]]))
+        for lo, hi in shard_bounds(flat.numel(), 4):
+            a, b = within(mine, lo, hi)
+            inside = [flat[lo + x : lo + y] for x, y in clipped(mine, lo, hi)]
+            assert torch.equal(rows[a:b], torch.cat(inside or [flat[:0]]))
