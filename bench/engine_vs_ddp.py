@@ -9,6 +9,9 @@ its own core of this 2-core host (the parameter server, idle during steps, is no
 - **DDP**: 2 ranks; each takes its half of every global batch of a seeded permutation.
 - **engine 1 x 2**: one group of 2 workers, sync strategy, plus the parameter server.
 - **engine 2 x 1**: two groups of 1 worker each (the cross-group path).
+- with ``--ps-shards S`` (S > 1), **engine 2 x 1 with shards**: the same, the groups' sum
+  by the parameter server's S shards (worker.engine.shard_server.OwnerSum) instead of the
+  leaders' ring; the line adds its ratio to DDP and to the ring arm (``shards_over_ring``).
 
 Step time of a run: its second epoch's seconds over its steps (128 an epoch at 37k
 parameters, 32 at 1M, 8 above: an epoch of at least about 0.2 s; the first epoch warms up);
@@ -177,8 +180,10 @@ def ended(code: int) -> str:
     return f"exited {code}"
 
 
-def engine_step_s(hidden: int, groups: list[dict[str, Any]]) -> list[float]:
-    """Seconds per step of the engine (the parameter server's epoch time over its steps)."""
+def engine_step_s(hidden: int, groups: list[dict[str, Any]], ps_shards: int = 1) -> list[float]:
+    """Seconds per step of the engine (the parameter server's epoch time over its steps);
+    ``ps_shards`` > 1: the groups' sum by the parameter server's shards (unpinned, as the
+    parameter server), not the leaders' ring."""
     with tempfile.TemporaryDirectory(prefix="polytrain-bench-") as tmp:
         spec = RunSpec.model_validate(
             {
@@ -188,6 +193,7 @@ def engine_step_s(hidden: int, groups: list[dict[str, Any]]) -> list[float]:
                 "global_batch_size": GLOBAL_BATCH,
                 "groups": groups,
                 "checkpoint_dir": str(Path(tmp) / "ck"),
+                "ps_shards": ps_shards,
             }
         )
         run = launch_local(
@@ -208,6 +214,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sizes", default="100,880,3030,4870", help="hidden widths H")
+    parser.add_argument(
+        "--ps-shards",
+        type=int,
+        default=1,
+        help="S > 1 adds the arm 2x1_shards: engine 2 x 1 with the groups' sum by S shards",
+    )
     parser.add_argument("--ddp-rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -226,8 +238,21 @@ def main() -> None:
             "1x2": lambda h=hidden: statistics.median(engine_step_s(h, one_group)),
             "2x1": lambda h=hidden: statistics.median(engine_step_s(h, two_groups)),
         }
+        if args.ps_shards > 1:
+            arms["2x1_shards"] = lambda h=hidden: statistics.median(
+                engine_step_s(h, two_groups, args.ps_shards)
+            )
         times = paired_rounds(arms, args.rounds)
-        ratios = {k: summary(paired_ratios(times[k], times["ddp"])) for k in ("1x2", "2x1")}
+        ratios = {k: summary(paired_ratios(times[k], times["ddp"])) for k in arms if k != "ddp"}
+        extra = {}
+        if args.ps_shards > 1:
+            by_ring = summary(paired_ratios(times["2x1_shards"], times["2x1"]))
+            extra = {
+                "ps_shards": args.ps_shards,
+                "ratio_2x1_shards": ratios["2x1_shards"]["median"],
+                "shards_over_ring": by_ring["median"],
+                "ci95_shards_over_ring": by_ring["ci95"],
+            }
         worst = {k: max(worst[k], ratios[k]["median"]) for k in worst}
         emit(
             f"engine_vs_ddp_step_ratio_{params / 1e6:.2g}M",
@@ -239,6 +264,7 @@ def main() -> None:
             ratio_2x1=ratios["2x1"]["median"],
             ci95_2x1=ratios["2x1"]["ci95"],
             target_2x1="<= 1.25",
+            **extra,
             rounds=args.rounds,
             ratios={k: v["values"] for k, v in ratios.items()},
             median_step_ms={k: round(statistics.median(v) * 1000, 2) for k, v in times.items()},

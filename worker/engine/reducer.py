@@ -28,8 +28,10 @@ neighbouring leaders, :class:`worker.engine.ring.LeaderRing`, bandwidth-optimal:
 each leader sends and receives ``2 (G - 1) / G`` of the vector, where a
 parameter server's link carries all G vectors in and out),
 then a broadcast from the leader inside the group; with a parameter server in shards
-(``ps_shards``) the leaders' sum is the owners' instead, after backward (``sharded_sum``,
-:func:`worker.engine.shard_server.sum_over_owners`). With one worker per group
+(``ps_shards``) the leaders' sum is the owners' instead (``owners``,
+:class:`worker.engine.shard_server.OwnerSum`): each piece of the vector goes to its owner
+once its buckets are summed in the group (with one worker per group, once backward has
+written them). With one worker per group
 the leaders' allreduce is the one the hooks launch; with one group, the
 in-group allreduce is the whole sum.
 
@@ -41,8 +43,7 @@ its own replica of the optimizer from it keeps identical parameters.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -79,6 +80,19 @@ def plan_buckets(
     return buckets
 
 
+class CrossSum(Protocol):
+    """The sum over the groups of a leader's step vector, by others than the leaders' ring
+    (the parameter server's shards, :class:`worker.engine.shard_server.OwnerSum`): begun
+    with the vector, told as its elements from an index to the end become final, finished
+    with the sum written into it."""
+
+    def begin(self, vector: Tensor) -> None: ...
+
+    def ready(self, start: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
 class GradientReducer:
     """Sum of ``[count * grad (P), tail (T)]`` over every compute worker, overlapped with backward.
 
@@ -86,9 +100,9 @@ class GradientReducer:
     tail of ``tail_numel`` elements and ``n_groups``, the groups the sum spans:
     the task's groups (sync), or 1 for the sum inside this worker's group only
     (periodic's and quorum's exact in-group step); ``cross`` the leaders' ring when
-    it is not the topology's (:func:`worker.engine.run.step_groups`); ``sharded_sum`` the
-    leaders' sum in place of the ring's (on a leader's 1-D CPU copy of the vector, in place:
-    the shard owners', :func:`worker.engine.shard_server.sum_over_owners`). Per step:
+    it is not the topology's (:func:`worker.engine.run.step_groups`); ``owners`` the
+    leaders' sum in place of the ring's (:class:`CrossSum`, the shard owners':
+    :class:`worker.engine.shard_server.OwnerSum`). Per step:
     :meth:`begin` with the local sample count (arms the hooks), the forward
     pass, :meth:`set_tail`, the backward pass, then :meth:`finish`, which
     returns the global sum, shape [P + T], on ``topo.device``. Outside
@@ -104,7 +118,7 @@ class GradientReducer:
         n_groups: int,
         *,
         cross: LeaderRing | None = None,
-        sharded_sum: Callable[[Tensor], None] | None = None,
+        owners: CrossSum | None = None,
     ) -> None:
         if topo.group is None:
             raise RuntimeError("the gradient reducer is for compute workers")
@@ -124,9 +138,12 @@ class GradientReducer:
         # On the leaders, when the sum spans more than one group: ``cross`` when given (the
         # leaders of the groups the guard has not parked), else the topology's.
         self.cross = (cross or topo.cross) if self.multi_group else None
-        self.sharded_sum = sharded_sum if self.multi_group else None
-        if self.sharded_sum is not None:
-            self.cross = None  # the owners sum instead, once the groups' sums are done
+        self.owners = owners if self.multi_group else None
+        if self.owners is not None:
+            self.cross = None  # the owners sum instead, piece by piece
+        # The owners take the leader's vector itself as its pieces are final (on a CPU
+        # group; elsewhere a CPU copy once the group's sum is done).
+        self.streams = self.owners is not None and topo.am_i_leader and topo.device.type == "cpu"
         # The collective the hooks launch: the in-group sum, or with one worker per group the
         # leaders' sum. (On a non-CPU device the leaders' gloo sum waits for the end.)
         self.first_stage: dist.ProcessGroup | LeaderRing | None = self.in_group
@@ -200,6 +217,9 @@ class GradientReducer:
         self.count.fill_(count)
         self.pending = self._pending_at_begin.copy()
         self.launched, self.next_bucket, self.armed = [], 0, True
+        if self.streams:
+            assert self.owners is not None
+            self.owners.begin(self.flat)
 
     def set_tail(self, tail: Tensor | None = None) -> None:
         """Write the tail (e.g. ``[buffer_change_sum, loss_sum, count]``); call once per step,
@@ -256,6 +276,9 @@ class GradientReducer:
             if not self.written[i]:  # no gradient this step (unused, or no samples): zeros
                 self.param_slices[i].zero_()
         self.launched.append(self._reduce_async(self.bucket_spans[k]))
+        if self.streams and self.first_stage is None:  # no group sum: final once written
+            assert self.owners is not None
+            self.owners.ready(self._span(k)[0])
 
     def finish(self) -> Tensor:
         """Launch what backward left (parameters without a gradient: zeros), wait, and return
@@ -266,18 +289,24 @@ class GradientReducer:
         if not self.buckets:  # no parameters: the tail alone
             self.launched.append(self._reduce_async(self.flat))
         self.armed = False
-        for work in self.launched:
+        for k, work in enumerate(self.launched):
             if work is not None:
                 work.wait()
+                if self.streams and self.buckets:  # bucket k summed in the group: final
+                    assert self.owners is not None
+                    self.owners.ready(self._span(k)[0])
         # No finished work object outlives the step: one holding a tensor at interpreter exit
         # can abort the process when gloo's threads release it (pytorch/pytorch#179291).
         self.launched = []
         if self.cross is not None and self.first_stage is not self.cross:
             self._leaders_sum()
-        if self.sharded_sum is not None and self.topo.am_i_leader:
-            on_cpu = self.flat.cpu()
-            self.sharded_sum(on_cpu)
-            if on_cpu.data_ptr() != self.flat.data_ptr():
+        if self.owners is not None and self.topo.am_i_leader:
+            if self.streams:
+                self.owners.finish()
+            else:
+                on_cpu = self.flat.cpu()
+                self.owners.begin(on_cpu)
+                self.owners.finish()
                 self.flat.copy_(on_cpu)
         if self.in_group is not None and self.multi_group:
             dist.broadcast(self.flat, src=self.topo.group_ranks[0], group=self.in_group)

@@ -35,7 +35,8 @@ Under ``sync`` the owners are a summation service (BytePS's, Jiang et al., OSDI 
 step, after the sums inside the groups, every stepping group's leader sends slice s of its
 step vector ``[count * grad (P), buffer changes (B), loss, count]`` (cut in S over all of it)
 to its owner and takes back the slice summed over the groups, in leader order
-(:func:`sum_over_owners`, in place of the leaders' ring allreduce); rank 0 commands each step
+(:class:`OwnerSum`, in place of the leaders' ring allreduce: each piece goes as soon as
+backward has made it final); rank 0 commands each step
 and sums slice 0 (:func:`sum_round`, :data:`SUM`). The owners keep no state: every worker
 still steps its own replica of the user's optimizer from the global sum, so the optimizer's
 state is the workers' as without shards. Each element is summed in the same order whatever
@@ -57,12 +58,12 @@ from worker.engine.distributed import CONTROL_TAG, ShardLinks, Topology
 from worker.engine.exchange import (
     STATUS_WAIT,
     load_vector_,
+    pieces,
     post_pieces,
     post_round,
     receive_pieces,
     serve_shard,
     shard_bounds,
-    sharded_round,
     wait_all,
 )
 from worker.engine.fsdp import like, row_layout
@@ -141,14 +142,70 @@ def sum_round(
     serve_shard(topo.shards, bounds[0][1], dtype, _same, leaders)
 
 
-def sum_over_owners(topo: Topology, vector: Tensor) -> None:
-    """A stepping group's leader under ``sync``: replace the 1-D CPU ``vector`` (the group's
-    step vector) by its sum over the stepping groups, slice s summed by owner s
-    (:func:`sum_round` and :func:`serve`), every slice sent and received at once."""
-    assert topo.shards is not None
-    bounds = shard_bounds(vector.numel(), len(topo.shards.servers))
-    sent = [vector[a:b].clone() for a, b in bounds]  # the answers land where they came from
-    sharded_round(topo.shards, sent, [vector[a:b] for a, b in bounds])
+class OwnerSum:
+    """A stepping group's leader under ``sync``: its step vector [numel] (1-D, CPU) summed over
+    the stepping groups, slice s by owner s (:func:`sum_round` and :func:`serve`), sent while
+    backward still runs. Per step: :meth:`begin` with the vector (the answers' receives are
+    posted), :meth:`ready` each time the elements from ``start`` to the end are final (the
+    reducer's buckets complete from the end of the vector down: each piece of a slice goes
+    once it is final, highest first, tagged as :func:`worker.engine.exchange.post_pieces`
+    tags it), then :meth:`finish`, which sends what is left, waits, and writes the sum into
+    the vector. The answers land in a buffer of their own (kept from step to step)."""
+
+    def __init__(self, topo: Topology, numel: int) -> None:
+        assert topo.shards is not None
+        self.shards = topo.shards
+        self.bounds = shard_bounds(numel, len(self.shards.servers))
+        self.answer = torch.empty(0)
+        self.vector = torch.empty(0)
+        # Every piece as (start, end, owner index, tag), highest first.
+        self.order: list[tuple[int, int, int, int]] = []
+        self.next = 0
+        self.works: list[Any] = []
+
+    def _links(self) -> list[dist.ProcessGroup]:
+        me = self.shards.rank
+        return [self.shards.link(owner, me) for owner in self.shards.servers]
+
+    def begin(self, vector: Tensor) -> None:
+        """Start a step whose vector is ``vector`` (its elements final only once
+        :meth:`ready` says so): the answers' receives are posted."""
+        if self.answer.numel() != vector.numel() or self.answer.dtype != vector.dtype:
+            self.answer = torch.empty_like(vector)
+            size = vector.element_size()
+            self.order = sorted(
+                (
+                    (lo + a, lo + b, s, tag)
+                    for s, (lo, hi) in enumerate(self.bounds)
+                    for tag, (a, b) in enumerate(pieces(hi - lo, size))
+                ),
+                reverse=True,
+            )
+        self.vector, self.next = vector, 0
+        links = self._links()
+        self.works = [
+            w
+            for (lo, hi), owner, link in zip(self.bounds, self.shards.servers, links, strict=True)
+            for w in receive_pieces(self.answer[lo:hi], owner, link)
+        ]
+
+    def ready(self, start: int) -> None:
+        """Elements ``start`` .. the end are final: send every piece within them not yet sent."""
+        links = self._links()
+        while self.next < len(self.order) and self.order[self.next][0] >= start:
+            a, b, s, tag = self.order[self.next]
+            owner = self.shards.servers[s]
+            self.works.append(dist.isend(self.vector[a:b], dst=owner, group=links[s], tag=tag))
+            self.next += 1
+
+    def finish(self) -> None:
+        """Send what is left, wait for every send and answer, and write the sum into the
+        vector."""
+        self.ready(0)
+        wait_all(self.works)
+        self.works = []
+        self.vector.copy_(self.answer)
+        self.vector = torch.empty(0)
 
 
 Spans = list[tuple[int, int]]

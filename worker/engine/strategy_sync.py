@@ -190,10 +190,10 @@ def _step(run: Run) -> tuple[float, int]:
         n_tail = run.state.n_buffers + 2
         n_groups = len(run.spec.groups) - len(run.parked_groups)
         owners = None
-        if run.topo.shards is not None:  # the parameter server in shards sums across groups
-            owners = partial(shard_server.sum_over_owners, run.topo)
+        if run.topo.shards is not None and run.topo.am_i_leader:  # the server's shards sum
+            owners = shard_server.OwnerSum(run.topo, run.state.n_params + n_tail)
         run.reducer = GradientReducer(
-            run.topo, run.params, n_tail, n_groups, cross=cross, sharded_sum=owners
+            run.topo, run.params, n_tail, n_groups, cross=cross, owners=owners
         )
     return step_from_sum(run, run.compute(run.reducer))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,10 +20,14 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from tests.worker.engine.reference import run_ranks
+from worker.engine import exchange
+from worker.engine import reducer as reducer_module
 from worker.engine.compute import local_gradient, reduced_gradient
 from worker.engine.data import TensorData
-from worker.engine.distributed import Topology, leader_ring
+from worker.engine.distributed import Topology, leader_ring, shard_links
+from worker.engine.exchange import serve_shard, shard_bounds
 from worker.engine.reducer import GradientReducer, plan_buckets
+from worker.engine.shard_server import OwnerSum
 from worker.engine.state import ModelState
 
 
@@ -42,12 +47,32 @@ class Odd(nn.Module):
         return self.late(torch.relu(self.frozen(self.norm(self.early(x)))))
 
 
-def _worker(rank: int, layout: list[int], counts: list[int], init: str, out: str) -> None:
-    world = sum(layout)
+def _worker(
+    rank: int, layout: list[int], counts: list[int], init: str, out: str, shards: int = 0
+) -> None:
+    """A worker of ``layout``'s groups (ranks 0 .. W - 1); with ``shards`` S, ranks W .. W + S -
+    1 own the slices of the leaders' sum (worker.engine.shard_server.OwnerSum), in buckets and
+    pieces of a few elements so that every step sends many pieces as backward goes."""
+    workers = sum(layout)
+    world = workers + shards
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     firsts = [sum(layout[:g]) for g in range(len(layout))]
     groups = [dist.new_group(list(range(f, f + n))) for f, n in zip(firsts, layout, strict=True)]
     cross = leader_ring(firsts, rank, {}, timedelta(seconds=60))
+    links = None
+    if shards:
+        exchange.PIECE_BYTES = 32  # 8 float32 elements
+        reducer_module.plan_buckets = partial(plan_buckets, first=64, rest=128)
+        servers = list(range(workers, world))
+        links = shard_links(servers, firsts, rank, timedelta(seconds=60))
+    if rank >= workers:  # a shard owner: two steps' sums of its slice
+        assert links is not None and links.shard is not None
+        numel = ModelState.of(Odd()).n_params + ModelState.of(Odd()).n_buffers + 2
+        lo, hi = shard_bounds(numel, shards)[links.shard]
+        for _ in range(2):
+            serve_shard(links, hi - lo, torch.float32, lambda total: total, firsts)
+        dist.destroy_process_group()
+        return
     index = max(g for g, f in enumerate(firsts) if f <= rank)
     ranks = tuple(range(firsts[index], firsts[index] + layout[index]))
     topo = Topology(
@@ -59,6 +84,7 @@ def _worker(rank: int, layout: list[int], counts: list[int], init: str, out: str
         group_ranks=ranks,
         device=torch.device("cpu"),
         cross=cross,
+        shards=links,
     )
     torch.manual_seed(0)
     model = Odd()
@@ -71,7 +97,13 @@ def _worker(rank: int, layout: list[int], counts: list[int], init: str, out: str
     base = state.snapshot()
     local = local_gradient(code, model, data, indices, topo.device, state, base)  # type: ignore[arg-type]
     state.restore(base)
-    reducer = GradientReducer(topo, list(model.parameters()), state.n_buffers + 2, len(layout))
+    owners = None
+    if shards and topo.am_i_leader:
+        owners = OwnerSum(topo, state.n_params + state.n_buffers + 2)
+    reducer = GradientReducer(
+        topo, list(model.parameters()), state.n_buffers + 2, len(layout), owners=owners
+    )
+    assert len(reducer.buckets) > (3 if shards else 0)
     results = []
     for _ in range(2):  # the hooks work again in the next step
         state.restore(base)
@@ -82,20 +114,26 @@ def _worker(rank: int, layout: list[int], counts: list[int], init: str, out: str
 
 
 @pytest.mark.parametrize(
-    ("layout", "counts"),
+    ("layout", "counts", "shards"),
     [
-        ([2, 2], [5, 0, 3, 4]),  # in-group sums, the leaders' sum, the in-group broadcast
-        ([1, 1], [3, 6]),  # one worker per group: the hooks launch the leaders' sum
-        ([1, 1, 1], [3, 6, 2]),  # the same over a ring of three links (worker.engine.ring)
-        ([2, 1, 2], [4, 0, 5, 3, 2]),  # in-group sums, then the ring, then the broadcast
-        ([3], [2, 7, 3]),  # one group: the in-group sum is all
+        ([2, 2], [5, 0, 3, 4], 0),  # in-group sums, the leaders' sum, the in-group broadcast
+        ([1, 1], [3, 6], 0),  # one worker per group: the hooks launch the leaders' sum
+        ([1, 1, 1], [3, 6, 2], 0),  # the same over a ring of three links (worker.engine.ring)
+        ([2, 1, 2], [4, 0, 5, 3, 2], 0),  # in-group sums, then the ring, then the broadcast
+        ([3], [2, 7, 3], 0),  # one group: the in-group sum is all
+        # The parameter server's shards sum across the groups: one worker per group (each
+        # piece sent as backward writes it), and groups of two (once summed in the group).
+        ([1, 1, 1], [3, 6, 2], 3),
+        ([2, 1, 2], [4, 0, 5, 3, 2], 2),
     ],
 )
 def test_overlapped_sum_equals_the_sum_of_local_vectors(
-    layout: list[int], counts: list[int], tmp_path: Path
+    layout: list[int], counts: list[int], shards: int, tmp_path: Path
 ) -> None:
     init = f"file://{tmp_path / 'store'}"
-    assert run_ranks(_worker, sum(layout), layout, counts, init, str(tmp_path)) == [0] * sum(layout)
+    world = sum(layout) + shards
+    codes = run_ranks(_worker, world, layout, counts, init, str(tmp_path), shards)
+    assert codes == [0] * world
     outs = [torch.load(tmp_path / f"{r}.pt", weights_only=True) for r in range(sum(layout))]
     expected = torch.stack([o["local"] for o in outs]).sum(0)
     first = outs[0]["reduced"][0]
