@@ -469,7 +469,8 @@ class TaskCreate(StrictModel):
         if own and value != "sync":
             raise ValueError(
                 f"{value!r} does not run sharded groups yet (resource_groups.{own[0]} has "
-                "sharding 'fsdp'; the parameter server is not sharded): use 'sync', or "
+                "sharding 'fsdp'; a round's exchange of its workers' rows is not built): use "
+                "'sync', or "
                 "leave that group's sharding out"
             )
         return value
@@ -499,8 +500,8 @@ class TaskCreate(StrictModel):
         strategy = _strategy(info)
         if strategy not in ("sync", None):
             raise ValueError(
-                f"'fsdp' runs with sync_strategy 'sync' only so far, not {strategy!r} (the "
-                "parameter server is not sharded yet)"
+                f"'fsdp' runs with sync_strategy 'sync' only so far, not {strategy!r} (a "
+                "round's exchange of the workers' own rows is not built yet)"
             )
         for i, group in enumerate(info.data.get("resource_groups") or []):
             if group.sharding is None and group.workers == 1:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from worker.engine.distributed import (
+    CONTROL_TAG,
     Arrivals,
     ShardLinks,
     Topology,
@@ -182,11 +183,15 @@ def gather_at_ps(
 
 
 def sum_received(
-    sources: list[tuple[int, dist.ProcessGroup]], numel: int, dtype: torch.dtype
+    sources: list[tuple[int, dist.ProcessGroup]],
+    numel: int,
+    dtype: torch.dtype,
+    timeout: timedelta | None = None,
 ) -> Tensor:
     """The sum, shape [numel], of the 1-D vectors that each ``(global rank, link)`` of
     ``sources`` sends (with :func:`post_pieces`): every receive posted at once, the pieces
-    added in the order of ``sources`` as each piece has arrived from all of them."""
+    added in the order of ``sources`` as each piece has arrived from all of them (each
+    waited for up to ``timeout``, default the links' own)."""
     total = torch.empty(numel, dtype=dtype)
     spare = [_scratch(i, numel, dtype) for i in range(len(sources) - 1)]
     parts = pieces(numel, total.element_size())
@@ -195,7 +200,7 @@ def sum_received(
         for (rank, link), buffer in zip(sources, [total, *spare], strict=True)
     ]
     for k, (a, b) in enumerate(parts):
-        wait_all([works[k] for works in received])
+        wait_all([works[k] for works in received], timeout)
         for buffer in spare:
             total[a:b] += buffer[a:b]
     return total
@@ -274,18 +279,21 @@ def serve_shard(
     leaders: list[int] | None = None,
 ) -> Tensor:
     """Shard owner's side of :func:`sharded_round`: sum the [numel] slices the group leaders
-    send (``leaders``, global ranks; every leader of ``shards`` by default), in leader order
-    (:func:`sum_received`), and send ``answer(sum)`` (1-D, CPU) back to each of them; returns
-    that answer. Raises ValueError on a rank that owns no shard."""
+    send (``leaders``, global ranks; by default every rank ``shards`` links to an owner: the
+    leaders, and every worker of a sharded group), in
+    leader order (:func:`sum_received`), and send ``answer(sum)`` (1-D, CPU) back to each of
+    them; returns that answer. Waits as long as the leaders take to come, up to
+    :data:`STATUS_WAIT` (their steps or their round, or rank 0's checkpoint before they
+    come); a peer that is gone fails it at once. Raises ValueError on a rank that owns no
+    shard."""
     if shards.shard is None:
         raise ValueError(f"rank {shards.rank} owns no shard")
     to = list(shards.leaders) if leaders is None else leaders
-    total = sum_received(
-        [(leader, shards.link(shards.rank, leader)) for leader in to], numel, dtype
-    )
+    sources = [(leader, shards.link(shards.rank, leader)) for leader in to]
+    total = sum_received(sources, numel, dtype, STATUS_WAIT)
     result = answer(total).contiguous()
     wait_all(
-        [w for leader in to for w in post_pieces(result, leader, shards.link(shards.rank, leader))]
+        [w for leader, link in sources for w in post_pieces(result, leader, link)], STATUS_WAIT
     )
     return result
 
@@ -340,14 +348,22 @@ def receive_at_ps(topo: Topology, numel: int, dtype: torch.dtype, src: int) -> T
 
 def send_status(topo: Topology, reason: str | None) -> None:
     """From a group leader to the parameter server: all is well (``reason`` None) or a
-    failure's reason (point to point over its link, read by :func:`receive_status`)."""
-    dist.send(torch.tensor([0.0 if reason is None else 1.0]), dst=0, group=topo.link(0))
+    failure's reason (point to point over its link, under :data:`STATUS_TAG`, read by
+    :func:`receive_status`). Waits as long as the server takes to read it, up to
+    :data:`STATUS_WAIT` (it may be writing a checkpoint); a server that is gone fails it."""
+    flag = torch.tensor([0.0 if reason is None else 1.0])
+    work = dist.isend(flag, dst=0, group=topo.link(0), tag=STATUS_TAG)
+    assert work is not None
+    work.wait(STATUS_WAIT)
     if reason is not None:
         dist.send_object_list([reason], dst=0, group=topo.link(0))
 
 
 # How long the parameter server waits for the workers between two meeting points.
 STATUS_WAIT = timedelta(days=7)
+# The statuses' tag: apart from the pieces' (0, 1, ...) on the same link, so a status can
+# never be taken for a piece of a vector, nor a piece for a status.
+STATUS_TAG = CONTROL_TAG + 1
 
 
 def receive_status(topo: Topology, src: int) -> str | None:
@@ -359,7 +375,7 @@ def receive_status(topo: Topology, src: int) -> str | None:
     closes). Raises what the receive raises.
     """
     flag = torch.zeros(1)
-    work = dist.irecv(flag, src=src, group=topo.link(src))
+    work = dist.irecv(flag, src=src, group=topo.link(src), tag=STATUS_TAG)
     assert work is not None  # None only for a rank outside the group
     work.wait(STATUS_WAIT)
     if float(flag) == 0.0:
@@ -375,10 +391,14 @@ def pieces(numel: int, element_size: int, piece_bytes: int | None = None) -> lis
     return [(a, min(a + per, numel)) for a in range(0, numel, per)]
 
 
-def wait_all(works: list[Any]) -> None:
-    """Wait for point-to-point works (each bounded by its process group's timeout)."""
+def wait_all(works: list[Any], timeout: timedelta | None = None) -> None:
+    """Wait for point-to-point works, each bounded by ``timeout`` (default: its process
+    group's timeout); a peer that is gone fails the wait at once."""
     for work in works:
-        work.wait()
+        if timeout is None:
+            work.wait()
+        else:
+            work.wait(timeout)
 
 
 _SCRATCH: dict[tuple[int, int, torch.dtype], Tensor] = {}

@@ -32,12 +32,14 @@ sends :data:`STOP` at the end. A command waits as long as an epoch's end takes
 (:data:`exchange.STATUS_WAIT`); a rank that is gone fails it at once.
 
 Under ``sync`` the owners are a summation service (BytePS's, Jiang et al., OSDI 2020): each
-step, after the sums inside the groups, every stepping group's leader sends slice s of its
-step vector ``[count * grad (P), buffer changes (B), loss, count]`` (cut in S over all of it)
-to its owner and takes back the slice summed over the groups, in leader order
-(:class:`OwnerSum`, in place of the leaders' ring allreduce: each piece goes as soon as
-backward has made it final); rank 0 commands each step
-and sums slice 0 (:func:`sum_round`, :data:`SUM`). The owners keep no state: every worker
+step of two or more stepping groups, every stepping group's leader sends slice s of its step
+vector ``[count * grad (P), buffer changes (B), loss, count]`` (cut in S over all of it) to
+its owner and takes back the slice summed over the groups, in leader order
+(:class:`OwnerSum`, in place of the leaders' ring allreduce: on a CPU group each piece goes
+as soon as backward, and the group's sum, have made it final; elsewhere the whole vector
+once the group's sum is done); rank 0 commands each step and sums slice 0 (:func:`sum_round`,
+:data:`SUM`). With a sharded (``fsdp``) group every worker of it sends its own rows instead,
+every step (:class:`RowSum`, :func:`rows_over_owners`). The owners keep no state: every worker
 still steps its own replica of the user's optimizer from the global sum, so the optimizer's
 state is the workers' as without shards. Each element is summed in the same order whatever
 S, so runs with S = 2 and S = 3 are bitwise alike; against the ring (S = 1) they differ in
@@ -46,6 +48,7 @@ the sum's rounding only.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -202,7 +205,7 @@ class OwnerSum:
         """Send what is left, wait for every send and answer, and write the sum into the
         vector."""
         self.ready(0)
-        wait_all(self.works)
+        wait_all(self.works, STATUS_WAIT)  # the owners answer once rank 0 commands the step
         self.works = []
         self.vector.copy_(self.answer)
         self.vector = torch.empty(0)
@@ -232,6 +235,12 @@ def member_spans(shapes: Sequence[Sequence[int]], members: int) -> list[Spans]:
                 start = end
         offset += math.prod(shape)
     return spans
+
+
+@functools.lru_cache(maxsize=4)
+def _member_spans(shapes: tuple[tuple[int, ...], ...], members: int) -> list[Spans]:
+    """:func:`member_spans`, made once per model and group (every step reads them)."""
+    return member_spans(shapes, members)
 
 
 def clipped(spans: Spans, lo: int, hi: int) -> Spans:
@@ -281,52 +290,42 @@ class RowSum:
         ]
 
     def serve(self, shards: ShardLinks, dtype: torch.dtype) -> None:
-        """One step: receive every sender's rows of this slice, sum, answer each."""
+        """One step: receive every sender's rows of this slice, sum, answer each. Waits as
+        long as the senders take to come (:data:`exchange.STATUS_WAIT`)."""
         n = self.hi - self.lo
         me = shards.rank
-        parts: list[list[tuple[int, list[tuple[int, int]], Tensor]]] = []
+        parts: list[tuple[Tensor, list[tuple[Spans, Tensor]]]] = []
         works: list[Any] = []
-        for group in self.plan:
-            buffer = torch.empty(n, dtype=dtype)
-            entries = []
+        for group in self.plan:  # a group's senders cover the slice once: its part of the sum
+            part = torch.empty(n, dtype=dtype)
+            scattered: list[tuple[Spans, Tensor]] = []
             for rank, runs in group:
-                one = len(runs) == 1
-                got = (
-                    buffer[runs[0][0] : runs[0][1]]
-                    if one
-                    else torch.empty(sum(b - a for a, b in runs), dtype=dtype)
-                )
-                works += receive_pieces(got, rank, shards.link(me, rank))
-                entries.append((rank, runs, got))
-            parts.append(entries)
-        wait_all(works)
-        total = torch.zeros(n, dtype=dtype)
-        for entries in parts:  # each group's part of the slice, then the sum in group order
-            if len(entries) == 1 and len(entries[0][1]) == 1 and entries[0][1][0] == (0, n):
-                total += entries[0][2]
-                continue
-            group_part = torch.zeros(n, dtype=dtype)
-            for _, runs, got in entries:
-                if len(runs) > 1:
-                    at = 0
-                    for a, b in runs:
-                        group_part[a:b] = got[at : at + b - a]
-                        at += b - a
+                if len(runs) == 1:  # received in place
+                    got = part[runs[0][0] : runs[0][1]]
                 else:
-                    group_part[runs[0][0] : runs[0][1]] = got
-            total += group_part
+                    got = torch.empty(sum(b - a for a, b in runs), dtype=dtype)
+                    scattered.append((runs, got))
+                works += receive_pieces(got, rank, shards.link(me, rank))
+            parts.append((part, scattered))
+        wait_all(works, STATUS_WAIT)
+        for part, scattered in parts:
+            for runs, got in scattered:
+                at = 0
+                for a, b in runs:
+                    part[a:b] = got[at : at + b - a]
+                    at += b - a
+        total = parts[0][0]
+        for part, _ in parts[1:]:  # the groups' parts added in group order
+            total += part
         answers = [
-            (rank, torch.cat([total[a:b] for a, b in runs]))
+            (rank, torch.cat([total[a:b] for a, b in runs]))  # kept until sent
             for group in self.plan
             for rank, runs in group
         ]
-        wait_all(
-            [
-                w
-                for rank, answer in answers
-                for w in post_pieces(answer, rank, shards.link(me, rank))
-            ]
-        )
+        sends = [
+            w for rank, answer in answers for w in post_pieces(answer, rank, shards.link(me, rank))
+        ]
+        wait_all(sends, STATUS_WAIT)
 
 
 def rows_over_owners(
@@ -352,14 +351,10 @@ def rows_over_owners(
     if not sharded and members > 1:
         dist.all_reduce(vector, group=topo.group)
     if sharded or topo.am_i_leader:
-        shapes = [tuple(p.shape) for p in params]
-        member = topo.group_ranks.index(topo.rank) if sharded else 0
-        spans = (
-            member_spans(shapes, members)[member]
-            if sharded
-            else [(0, sum(p.numel() for p in params))]
-        )
+        shapes = tuple(tuple(p.shape) for p in params)
         numel = sum(math.prod(shape) for shape in shapes)
+        member = topo.group_ranks.index(topo.rank) if sharded else 0
+        spans = _member_spans(shapes, members)[member] if sharded else [(0, numel)]
         on_cpu = vector.cpu()
         works: list[Any] = []
         sent: list[Tensor] = []
@@ -372,7 +367,7 @@ def rows_over_owners(
                 works += post_pieces(sent[-1], owner, link) + receive_pieces(
                     on_cpu[a:b], owner, link
                 )
-        wait_all(works)
+        wait_all(works, STATUS_WAIT)  # the owners answer once rank 0 commands the step
         if on_cpu.data_ptr() != vector.data_ptr():
             vector.copy_(on_cpu)
     if not sharded and members > 1:

@@ -276,7 +276,7 @@ def check_sharding(spec: RunSpec) -> None:
     if sharded and spec.sync_strategy != "sync":
         raise ValueError(
             f"sharding 'fsdp' runs with sync_strategy 'sync' only so far, not "
-            f"{spec.sync_strategy!r} (its parameter server is not sharded yet)"
+            f"{spec.sync_strategy!r} (a round's exchange of the workers' rows is not built yet)"
         )
     if spec.fsdp_units and not sharded:
         raise ValueError("fsdp_units applies only where a group has sharding 'fsdp'")

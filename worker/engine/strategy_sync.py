@@ -13,8 +13,8 @@ server follows the step schedule (batches, control points) and takes the model a
 optimizer from the first worker at checkpoints and epoch ends
 (:func:`worker.engine.run.pull_replica`). It is off the step path, unless it is cut into
 shards (``ps_shards`` S > 1): then the shard owners' sum replaces the leaders' allreduce,
-each owner summing its slice of the step vector over the groups after backward
-(:mod:`worker.engine.shard_server`).
+each owner summing its slice of the step vector over the groups, which the leaders send
+piece by piece as backward makes them final (:mod:`worker.engine.shard_server`).
 One step is exactly one single-process step on the same global batch
 (synchronous data parallelism, Goyal et al. 2017).
 
@@ -213,7 +213,8 @@ class Synchronous(Strategy[Run]):
 
     @override
     def reports_progress(self, topo: Topology) -> bool:
-        """The first worker: the parameter server is off the step path."""
+        """The first worker: every worker holds the step's global sum, and the parameter
+        server is off the step path (or, in shards, holds slice 0 of the sum only)."""
         return topo.rank == FIRST_WORKER
 
     @override
@@ -294,8 +295,11 @@ class Synchronous(Strategy[Run]):
                 if reason is not None:  # the workers failed on the last step's sum
                     raise NonFiniteError(reason)
                 leaders = stepping_leaders(run)
-                dtype = run.params[0].dtype
-                shard_server.sum_round(topo, numel, dtype, leaders, run.row_sum)
+                # One stepping group's sum is its own (the reducer's, without the owners),
+                # unless its workers' rows go through them (a sharded group).
+                if len(leaders) > 1 or run.row_sum is not None:
+                    dtype = run.params[0].dtype
+                    shard_server.sum_round(topo, numel, dtype, leaders, run.row_sum)
             run.split.advance()
             run.step += 1
             if control_due(run) or run.split.epoch_done:

@@ -154,6 +154,8 @@ THREE_GROUPS = FOUR_GROUPS[:3]
         # the parameter server in 3 shards sums the steps: each owner adds the stepping
         # groups' slices only, told which by rank 0
         ({4: [1], 10: []}, "b", {"groups": THREE_GROUPS, "ps_shards": 3}),
+        # two groups and 2 shards: while b is parked a's sum is its own, no owner's
+        ({4: [1], 10: []}, "b", {"ps_shards": 2}),
     ],
 )
 def test_a_parked_group_taken_back_keeps_sync_exact(

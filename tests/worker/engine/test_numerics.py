@@ -101,7 +101,7 @@ def test_nan_loss_with_a_sharded_server_fails_the_server_and_workers_naming_wher
     run = launch(spec)
     assert not run.ok and not run.timed_out
     reason = "non-finite loss and gradient on rank 3 (group 'b') at epoch 0, step 3"
-    for rank in range(1 + spec.n_workers):  # the other owner fails on rank 0's going
+    for rank in range(1 + spec.n_workers):  # (the other owner just loses rank 0)
         assert f"NonFiniteError: {reason}" in run.text(rank), run.text(rank)
     assert not any(e["type"] in ("done", "checkpoint") for e in run.events)
 

@@ -120,6 +120,21 @@ def test_sync_with_a_sharded_server_sums_each_step_alike_for_any_number_of_shard
         assert torch.equal(got[name], value), name
 
 
+def test_sync_in_one_group_with_a_sharded_server_leaves_the_owners_idle(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    """One group's sum is its own: the owners wait, and the run is bitwise the one-server
+    run."""
+    group = [{"name": "a", "device_type": "cpu", "workers": 2}]
+    one = bn_spec(make_spec, tmp_path / "1", epochs=1, groups=group)
+    two = bn_spec(make_spec, tmp_path / "2", epochs=1, groups=group, ps_shards=2)
+    _, whole = run_with_dump(one, tmp_path / "1" / "dump")
+    run, sharded = run_with_dump(two, tmp_path / "2" / "dump")
+    for rank in range(1 + one.n_workers):
+        assert torch.equal(sharded[rank], whole[rank]), rank
+    assert "up: shard 1 of 2 of the parameter server" in run.text(3)
+
+
 def _outer(spec: RunSpec) -> dict | None:
     """The last epoch's checkpoint's outer optimizer state."""
     last = sorted(Path(spec.checkpoint_dir).glob("epoch-*.pt"))[-1]
@@ -184,9 +199,10 @@ def test_a_checkpoint_resumes_on_another_number_of_shards(
 
 @pytest.mark.parametrize("members", [1, 2, 3, 5])
 def test_a_members_spans_are_its_rows_of_the_flat_parameters(members: int) -> None:
-    """What a sharded worker sends the owners: its rows (FSDP2's ``Shard(0)``, as
-    worker.engine.fsdp lays them end to end) are the flat vector's elements in its spans, and
-    the part inside an owner's slice is one contiguous run of them."""
+    """What a sharded worker sends the owners: its rows as worker.engine.fsdp lays them end to
+    end (``rows_vector``, on the same ``row_layout``: FSDP2's own split is checked end to end
+    by tests/worker/engine/test_fsdp.py) are the flat vector's elements in its spans, and the
+    part inside an owner's slice is one contiguous run of them."""
     shapes = [(7, 3), (7,), (), (2, 2, 2), (1, 5), (4,)]
     params = [torch.randn(shape) for shape in shapes]
     flat = torch.cat([p.reshape(-1) for p in params])

@@ -48,11 +48,18 @@ class Odd(nn.Module):
 
 
 def _worker(
-    rank: int, layout: list[int], counts: list[int], init: str, out: str, shards: int = 0
+    rank: int,
+    layout: list[int],
+    counts: list[int],
+    init: str,
+    out: str,
+    shards: int = 0,
+    streams: bool = True,
 ) -> None:
     """A worker of ``layout``'s groups (ranks 0 .. W - 1); with ``shards`` S, ranks W .. W + S -
     1 own the slices of the leaders' sum (worker.engine.shard_server.OwnerSum), in buckets and
-    pieces of a few elements so that every step sends many pieces as backward goes."""
+    pieces of a few elements so that every step sends many pieces as backward goes (or, not
+    ``streams``, as a CUDA group's leader does: its whole vector's CPU copy at the end)."""
     workers = sum(layout)
     world = workers + shards
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -104,6 +111,7 @@ def _worker(
         topo, list(model.parameters()), state.n_buffers + 2, len(layout), owners=owners
     )
     assert len(reducer.buckets) > (3 if shards else 0)
+    reducer.streams = reducer.streams and streams
     results = []
     for _ in range(2):  # the hooks work again in the next step
         state.restore(base)
@@ -125,14 +133,16 @@ def _worker(
         # piece sent as backward writes it), and groups of two (once summed in the group).
         ([1, 1, 1], [3, 6, 2], 3),
         ([2, 1, 2], [4, 0, 5, 3, 2], 2),
+        ([2, 1, 2], [4, 0, 5, 3, 2], -2),  # the same, the whole vector sent at the end
     ],
 )
 def test_overlapped_sum_equals_the_sum_of_local_vectors(
     layout: list[int], counts: list[int], shards: int, tmp_path: Path
 ) -> None:
     init = f"file://{tmp_path / 'store'}"
-    world = sum(layout) + shards
-    codes = run_ranks(_worker, world, layout, counts, init, str(tmp_path), shards)
+    world = sum(layout) + abs(shards)
+    args = (layout, counts, init, str(tmp_path), abs(shards), shards >= 0)
+    codes = run_ranks(_worker, world, *args)
     assert codes == [0] * world
     outs = [torch.load(tmp_path / f"{r}.pt", weights_only=True) for r in range(sum(layout))]
     expected = torch.stack([o["local"] for o in outs]).sum(0)
