@@ -253,10 +253,13 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
             links[peer] = link
     shards = None
     if spec.ps_shards > 1:
-        # Who talks to the owners: the leaders, and every worker of a sharded group (its own
-        # rows under sync). Rank 0's links to them carry shard 0: made above.
+        # Who talks to the owners: the leaders (periodic, diloco), every worker under sync
+        # (its chunk of its group's sum, or its own rows). Rank 0's links to the leaders and
+        # a sharded group's workers carry shard 0 too: made above.
         senders = linked_ranks(spec)
-        reuse = {(0, sender): links.get(sender) for sender in senders}
+        if spec.sync_strategy == "sync":
+            senders = list(range(1, spec.n_workers + 1))
+        reuse = {(0, rank): links.get(rank) for rank in linked_ranks(spec)}
         shards = shard_links(spec.shard_servers(), senders, env.rank, timeout, reuse)
     ring_links: dict[frozenset[int], dist.ProcessGroup] = {}
     cross = None

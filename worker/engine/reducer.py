@@ -141,9 +141,9 @@ class GradientReducer:
         self.owners = owners if self.multi_group else None
         if self.owners is not None:
             self.cross = None  # the owners sum instead, piece by piece
-        # The owners take the leader's vector itself as its pieces are final (on a CPU
-        # group; elsewhere a CPU copy once the group's sum is done).
-        self.streams = self.owners is not None and topo.am_i_leader and topo.device.type == "cpu"
+        # The owners take each member's chunk of the vector itself as its pieces are final (on
+        # a CPU group; elsewhere a CPU copy once the group's sum is done).
+        self.streams = self.owners is not None and topo.device.type == "cpu"
         # The collective the hooks launch: the in-group sum, or with one worker per group the
         # leaders' sum. (On a non-CPU device the leaders' gloo sum waits for the end.)
         self.first_stage: dist.ProcessGroup | LeaderRing | None = self.in_group
@@ -300,7 +300,7 @@ class GradientReducer:
         self.launched = []
         if self.cross is not None and self.first_stage is not self.cross:
             self._leaders_sum()
-        if self.owners is not None and self.topo.am_i_leader:
+        if self.owners is not None:  # every member's chunk, then the chunks gathered
             if self.streams:
                 self.owners.finish()
             else:
@@ -308,7 +308,7 @@ class GradientReducer:
                 self.owners.begin(on_cpu)
                 self.owners.finish()
                 self.flat.copy_(on_cpu)
-        if self.in_group is not None and self.multi_group:
+        elif self.in_group is not None and self.multi_group:
             dist.broadcast(self.flat, src=self.topo.group_ranks[0], group=self.in_group)
         return self.flat
 

@@ -123,7 +123,7 @@ class Run:
     outer_state: dict[str, Any] | None = None  # its checkpointed state, loaded at first use
     # The parameter server in shards (ps_shards > 1): rank 0's side, made at training's start.
     ps_shards: ServerShards | None = None
-    # sync with a sharded group and the server in shards: rank 0's slice-0 sum of the rows.
+    # sync with the server in shards: rank 0's slice-0 sum of the step (made at its start).
     row_sum: RowSum | None = None
     guard: Guard | None = None  # the guard's state where it acts (:func:`guarding`)
     # The throughput profile's step: its last pass's slowest worker's median step seconds,

@@ -32,16 +32,18 @@ sends :data:`STOP` at the end. A command waits as long as an epoch's end takes
 (:data:`exchange.STATUS_WAIT`); a rank that is gone fails it at once.
 
 Under ``sync`` the owners are a summation service (BytePS's, Jiang et al., OSDI 2020): each
-step of two or more stepping groups, every stepping group's leader sends slice s of its step
-vector ``[count * grad (P), buffer changes (B), loss, count]`` (cut in S over all of it) to
-its owner and takes back the slice summed over the groups, in leader order
-(:class:`OwnerSum`, in place of the leaders' ring allreduce: on a CPU group each piece goes
-as soon as backward, and the group's sum, have made it final; elsewhere the whole vector
-once the group's sum is done); rank 0 commands each step and sums slice 0 (:func:`sum_round`,
-:data:`SUM`). With a sharded (``fsdp``) group every worker of it sends its own rows instead,
-every step (:class:`RowSum`, :func:`rows_over_owners`). The owners keep no state: every worker
-still steps its own replica of the user's optimizer from the global sum, so the optimizer's
-state is the workers' as without shards. Each element is summed in the same order whatever
+step of two or more stepping groups, member m of each stepping group of W sends its chunk m
+of the group's step vector ``[count * grad (P), buffer changes (B), loss, count]`` (cut in
+S slices over all of it) to the slices' owners and takes the chunk back summed over the
+groups, in group order; the members then gather their chunks (:class:`OwnerSum`, in place
+of the leaders' ring allreduce and the leader's broadcast: on a CPU group each piece goes as
+soon as backward, and the group's sum, have made it final; elsewhere at the end). Each owner
+assembles the groups' parts from their members (:class:`RowSum`); rank 0 commands each step
+and sums slice 0 (:func:`sum_round`, :data:`SUM`). With a sharded (``fsdp``) group every
+worker of it sends its own rows instead, every step (:func:`rows_over_owners`). The owners
+keep no state: every worker still steps its own replica of the user's optimizer (or its
+shard of it) from the global sum, so the optimizer's state is the workers' as without
+shards. Each element is summed in the same order whatever
 S, so runs with S = 2 and S = 3 are bitwise alike; against the ring (S = 1) they differ in
 the sum's rounding only.
 """
@@ -128,37 +130,45 @@ def stop(topo: Topology) -> None:
     _command(topo, STOP, [(0, 0)] * len(_owners(topo)), torch.float32, [])
 
 
-def sum_round(
-    topo: Topology, numel: int, dtype: torch.dtype, leaders: list[int], rows: RowSum | None = None
-) -> None:
+def sum_round(topo: Topology, rows: RowSum, dtype: torch.dtype, leaders: list[int]) -> None:
     """Rank 0 under ``sync``, once per step: tell every other owner that the groups of
-    ``leaders`` (global ranks) send their [numel] step vectors of ``dtype``, and sum slice 0
-    of them (:func:`worker.engine.exchange.serve_shard`; the sum is the answer). ``rows``: a
-    task with a sharded group, whose workers send their rows of the [numel] gradient
-    (:class:`RowSum`, every group)."""
-    bounds = shard_bounds(numel, len(_owners(topo)))
-    _command(topo, SUM, bounds, dtype, leaders)
+    ``leaders`` (global ranks) send their parts of the step's vector (of ``dtype``), and sum
+    slice 0 of it (``rows``, :class:`RowSum`)."""
     assert topo.shards is not None
-    if rows is not None:
-        rows.serve(topo.shards, dtype)
-        return
-    serve_shard(topo.shards, bounds[0][1], dtype, _same, leaders)
+    _command(topo, SUM, [(0, 0)] * len(_owners(topo)), dtype, leaders)
+    rows.serve(topo.shards, dtype, _group_indices(topo, leaders))
+
+
+def _group_indices(topo: Topology, leaders: Sequence[int]) -> list[int]:
+    """The indices of the groups whose leaders are ``leaders``, in group order."""
+    taking = set(leaders)
+    return [g for g, ranks in enumerate(topo.groups) if ranks[0] in taking]
 
 
 class OwnerSum:
-    """A stepping group's leader under ``sync``: its step vector [numel] (1-D, CPU) summed over
-    the stepping groups, slice s by owner s (:func:`sum_round` and :func:`serve`), sent while
-    backward still runs. Per step: :meth:`begin` with the vector (the answers' receives are
-    posted), :meth:`ready` each time the elements from ``start`` to the end are final (the
-    reducer's buckets complete from the end of the vector down: each piece of a slice goes
-    once it is final, highest first, tagged as :func:`worker.engine.exchange.post_pieces`
-    tags it), then :meth:`finish`, which sends what is left, waits, and writes the sum into
-    the vector. The answers land in a buffer of their own (kept from step to step)."""
+    """A worker of a stepping whole group under ``sync``: its chunk of the group's step vector
+    [numel] (1-D, CPU; chunk m of W, :func:`worker.engine.exchange.shard_bounds`, the group
+    having summed the vector inside it) summed over the stepping groups, each owner its
+    slice of it (:func:`sum_round` and :func:`serve`), sent while backward still runs; then
+    the chunks gathered in the group, so every member holds the whole sum. Per step:
+    :meth:`begin` with the vector (the answers' receives are posted), :meth:`ready` each time
+    the elements from ``start`` to the end are final (the reducer's buckets complete from the
+    end of the vector down: each piece goes once it is final, highest first, tagged as
+    :func:`worker.engine.exchange.post_pieces` tags it), then :meth:`finish`, which sends what
+    is left, waits, writes the sum into the chunk and gathers the others' chunks (over the
+    group's gloo ``control`` group). The answers land in a buffer of their own (kept)."""
 
     def __init__(self, topo: Topology, numel: int) -> None:
         assert topo.shards is not None
-        self.shards = topo.shards
-        self.bounds = shard_bounds(numel, len(self.shards.servers))
+        self.topo, self.shards = topo, topo.shards
+        members = len(topo.group_ranks)
+        self.chunks = shard_bounds(numel, members)
+        self.lo, self.hi = self.chunks[topo.group_ranks.index(topo.rank)]
+        # This member's part of each owner's slice: [a, b) of the vector, maybe empty.
+        self.parts = [
+            (max(a, self.lo), min(b, self.hi))
+            for a, b in shard_bounds(numel, len(self.shards.servers))
+        ]
         self.answer = torch.empty(0)
         self.vector = torch.empty(0)
         # Every piece as (start, end, owner index, tag), highest first.
@@ -179,7 +189,8 @@ class OwnerSum:
             self.order = sorted(
                 (
                     (lo + a, lo + b, s, tag)
-                    for s, (lo, hi) in enumerate(self.bounds)
+                    for s, (lo, hi) in enumerate(self.parts)
+                    if hi > lo
                     for tag, (a, b) in enumerate(pieces(hi - lo, size))
                 ),
                 reverse=True,
@@ -188,7 +199,8 @@ class OwnerSum:
         links = self._links()
         self.works = [
             w
-            for (lo, hi), owner, link in zip(self.bounds, self.shards.servers, links, strict=True)
+            for (lo, hi), owner, link in zip(self.parts, self.shards.servers, links, strict=True)
+            if hi > lo
             for w in receive_pieces(self.answer[lo:hi], owner, link)
         ]
 
@@ -202,13 +214,26 @@ class OwnerSum:
             self.next += 1
 
     def finish(self) -> None:
-        """Send what is left, wait for every send and answer, and write the sum into the
-        vector."""
+        """Send what is left, wait for every send and answer, write the sum into this
+        member's chunk and take the other members' chunks."""
         self.ready(0)
         wait_all(self.works, STATUS_WAIT)  # the owners answer once rank 0 commands the step
         self.works = []
-        self.vector.copy_(self.answer)
-        self.vector = torch.empty(0)
+        vector, self.vector = self.vector, torch.empty(0)
+        vector[self.lo : self.hi] = self.answer[self.lo : self.hi]
+        gather_chunks(self.topo, vector, self.chunks)
+
+
+def gather_chunks(topo: Topology, vector: Tensor, chunks: Spans) -> None:
+    """Every member of this rank's group holds chunk m of ``vector`` (1-D, CPU; ``chunks``, one
+    per member in member order): each broadcasts its own over the group's gloo ``control``
+    group, in place, so every member holds all of it."""
+    if len(chunks) == 1:
+        return
+    control = topo.control if topo.control is not None else topo.group
+    for member, (a, b) in zip(topo.group_ranks, chunks, strict=True):
+        if b > a:
+            dist.broadcast(vector[a:b], src=member, group=control)
 
 
 Spans = list[tuple[int, int]]
@@ -259,44 +284,58 @@ def within(spans: Spans, lo: int, hi: int) -> tuple[int, int]:
     return min(start, position), min(end, position)
 
 
-def senders(spec: RunSpec, shapes: Sequence[Sequence[int]]) -> list[list[tuple[int, Spans]]]:
-    """Per group, in group order: who sends its part of the step's gradient sum to the owners,
-    with the spans of the flat parameter vector each holds. Every worker of a sharded
-    (``fsdp``) group, each its own rows; the leader of a whole group, all of it."""
-    numel = sum(math.prod(shape) for shape in shapes)
+def senders(
+    spec: RunSpec, numel: int, shapes: Sequence[Sequence[int]]
+) -> list[list[tuple[int, Spans]]]:
+    """Per group, in group order: who sends its part of the step's sum, a vector [numel], to
+    the owners, with the spans of it each holds: every worker of a sharded (``fsdp``) group
+    its own rows of the parameters (``shapes``; numel is their count), every worker of a
+    whole group its chunk (:func:`worker.engine.exchange.shard_bounds` over the group)."""
     out: list[list[tuple[int, Spans]]] = []
     for g in range(len(spec.groups)):
         ranks = spec.group_ranks(g)
         if spec.sharded(g):
             out.append(list(zip(ranks, member_spans(shapes, len(ranks)), strict=True)))
         else:
-            out.append([(ranks[0], [(0, numel)])])
+            chunks = shard_bounds(numel, len(ranks))
+            out.append([(rank, [chunk]) for rank, chunk in zip(ranks, chunks, strict=True)])
     return out
 
 
 class RowSum:
-    """A shard owner's side of ``sync``'s step in a task with a sharded (``fsdp``) group and
-    the parameter server in shards: slice ``shard`` of the flat gradient [P] summed over the
-    groups (group order), each group's part of it assembled from its senders' rows
-    (:func:`senders`), every sender answered with its rows of the sum. No process but the
-    senders holds a group's rows; the owner holds one slice per group."""
+    """A shard owner's side of ``sync``'s step with the parameter server in shards: slice
+    ``shard`` of the step's vector [numel] summed over the stepping groups (group order),
+    each group's part of it assembled from its senders' spans (:func:`senders`: a sharded
+    group's workers their rows, a whole group's their chunks), every sender answered with its
+    spans of the sum. No process but a group's own holds more than its slice of its vector;
+    the owner holds one slice per group. With a sharded group the vector is the gradient
+    [P] (the tail is summed over the workers apart); else ``[count * grad (P), buffer changes
+    (B), loss, count]``."""
 
-    def __init__(self, spec: RunSpec, shapes: Sequence[Sequence[int]], n_shards: int, shard: int):
-        numel = sum(math.prod(shape) for shape in shapes)
+    def __init__(
+        self,
+        spec: RunSpec,
+        numel: int,
+        shapes: Sequence[Sequence[int]],
+        n_shards: int,
+        shard: int,
+    ) -> None:
         self.lo, self.hi = shard_bounds(numel, n_shards)[shard]
         self.plan = [
             [(rank, runs) for rank, spans in group if (runs := clipped(spans, self.lo, self.hi))]
-            for group in senders(spec, shapes)
+            for group in senders(spec, numel, shapes)
         ]
 
-    def serve(self, shards: ShardLinks, dtype: torch.dtype) -> None:
-        """One step: receive every sender's rows of this slice, sum, answer each. Waits as
-        long as the senders take to come (:data:`exchange.STATUS_WAIT`)."""
+    def serve(self, shards: ShardLinks, dtype: torch.dtype, groups: Sequence[int]) -> None:
+        """One step of the stepping ``groups`` (indices, the others parked): receive every
+        sender's spans of this slice, sum, answer each. Waits as long as the senders take to
+        come (:data:`exchange.STATUS_WAIT`)."""
         n = self.hi - self.lo
         me = shards.rank
+        plan = [self.plan[g] for g in groups]
         parts: list[tuple[Tensor, list[tuple[Spans, Tensor]]]] = []
         works: list[Any] = []
-        for group in self.plan:  # a group's senders cover the slice once: its part of the sum
+        for group in plan:  # a group's senders cover the slice once: its part of the sum
             part = torch.empty(n, dtype=dtype)
             scattered: list[tuple[Spans, Tensor]] = []
             for rank, runs in group:
@@ -319,7 +358,7 @@ class RowSum:
             total += part
         answers = [
             (rank, torch.cat([total[a:b] for a, b in runs]))  # kept until sent
-            for group in self.plan
+            for group in plan
             for rank, runs in group
         ]
         sends = [
@@ -348,30 +387,32 @@ def rows_over_owners(
     ]
     vector = torch.cat(parts)
     members = len(topo.group_ranks)
-    if not sharded and members > 1:
-        dist.all_reduce(vector, group=topo.group)
-    if sharded or topo.am_i_leader:
-        shapes = tuple(tuple(p.shape) for p in params)
-        numel = sum(math.prod(shape) for shape in shapes)
-        member = topo.group_ranks.index(topo.rank) if sharded else 0
-        spans = _member_spans(shapes, members)[member] if sharded else [(0, numel)]
-        on_cpu = vector.cpu()
-        works: list[Any] = []
-        sent: list[Tensor] = []
-        bounds = shard_bounds(numel, len(topo.shards.servers))
-        for owner, (lo, hi) in zip(topo.shards.servers, bounds, strict=True):
-            a, b = within(spans, lo, hi)
-            if b > a:
-                link = topo.shards.link(owner, topo.rank)
-                sent.append(on_cpu[a:b].clone())
-                works += post_pieces(sent[-1], owner, link) + receive_pieces(
-                    on_cpu[a:b], owner, link
-                )
-        wait_all(works, STATUS_WAIT)  # the owners answer once rank 0 commands the step
-        if on_cpu.data_ptr() != vector.data_ptr():
-            vector.copy_(on_cpu)
-    if not sharded and members > 1:
-        dist.broadcast(vector, src=topo.group_ranks[0], group=topo.group)
+    member = topo.group_ranks.index(topo.rank)
+    shapes = tuple(tuple(p.shape) for p in params)
+    numel = sum(math.prod(shape) for shape in shapes)
+    if sharded:  # its rows, end to end: the flat vector's elements in its spans
+        spans, held = _member_spans(shapes, members)[member], 0
+    else:  # its chunk of the group's sum
+        if members > 1:
+            dist.all_reduce(vector, group=topo.group)
+        chunks = shard_bounds(numel, members)
+        spans, held = [chunks[member]], chunks[member][0]
+    on_cpu = vector.cpu()
+    works: list[Any] = []
+    sent: list[Tensor] = []
+    bounds = shard_bounds(numel, len(topo.shards.servers))
+    for owner, (lo, hi) in zip(topo.shards.servers, bounds, strict=True):
+        a, b = within(spans, lo, hi)
+        a, b = a + held, b + held  # where in the vector
+        if b > a:
+            link = topo.shards.link(owner, topo.rank)
+            sent.append(on_cpu[a:b].clone())
+            works += post_pieces(sent[-1], owner, link) + receive_pieces(on_cpu[a:b], owner, link)
+    wait_all(works, STATUS_WAIT)  # the owners answer once rank 0 commands the step
+    if not sharded:
+        gather_chunks(topo, on_cpu, chunks)
+    if on_cpu.data_ptr() != vector.data_ptr():
+        vector.copy_(on_cpu)
     offset = 0
     for p, m in zip(params, mine, strict=True):
         n = m.numel()
@@ -383,10 +424,11 @@ def rows_over_owners(
         offset += n
 
 
-def send_layout(topo: Topology, shapes: Sequence[Sequence[int]]) -> None:
-    """Rank 0: tell every other owner the parameters' shapes (:data:`LAYOUT`), from which each
-    builds its :class:`RowSum`."""
-    code = torch.tensor([v for shape in shapes for v in (len(shape), *shape)], dtype=torch.int64)
+def send_layout(topo: Topology, numel: int, shapes: Sequence[Sequence[int]]) -> None:
+    """Rank 0: tell every other owner the length of the step's vector and the parameters'
+    shapes (:data:`LAYOUT`), from which each builds its :class:`RowSum`."""
+    shape_code = [v for shape in shapes for v in (len(shape), *shape)]
+    code = torch.tensor([numel, *shape_code], dtype=torch.int64)
     for owner in _owners(topo)[1:]:
         header = [LAYOUT, code.numel(), 0, 0, *([0] * len(topo.groups))]
         link = topo.link(owner)
@@ -394,19 +436,15 @@ def send_layout(topo: Topology, shapes: Sequence[Sequence[int]]) -> None:
         dist.send(code, owner, link, CONTROL_TAG)
 
 
-def _shapes(code: Tensor) -> list[tuple[int, ...]]:
-    """The shapes :func:`send_layout` encoded (``[ndim, *dims]`` each)."""
-    values, shapes, at = code.tolist(), [], 0
+def _layout(code: Tensor) -> tuple[int, list[tuple[int, ...]]]:
+    """The vector's length and the shapes :func:`send_layout` encoded (``[numel, ndim, *dims,
+    ...]``)."""
+    values, shapes, at = code.tolist(), [], 1
     while at < len(values):
         ndim = values[at]
         shapes.append(tuple(values[at + 1 : at + 1 + ndim]))
         at += 1 + ndim
-    return shapes
-
-
-def _same(total: Tensor) -> Tensor:
-    """The summation service's answer: the sum itself."""
-    return total
+    return values[0], shapes
 
 
 class SliceExchange:
@@ -673,13 +711,13 @@ def serve(topo: Topology, spec: RunSpec) -> None:
         if op == LAYOUT:
             code = torch.empty(numel, dtype=torch.int64)
             dist.recv(code, 0, link, CONTROL_TAG)
-            rows = RowSum(spec, _shapes(code), len(shards.servers), shards.shard)
+            total, shapes = _layout(code)
+            rows = RowSum(spec, total, shapes, len(shards.servers), shards.shard)
             continue
         if op == SUM:
-            if rows is not None:
-                rows.serve(shards, model_dtype)
-            else:
-                serve_shard(shards, numel, model_dtype, _same, leaders)
+            if rows is None:
+                raise RuntimeError(f"shard {shards.shard}: a step before the layout came")
+            rows.serve(shards, model_dtype, _group_indices(topo, leaders))
             continue
         if op == STATE:
             assert outer is not None, "STATE under a strategy without an outer optimizer"

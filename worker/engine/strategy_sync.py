@@ -13,8 +13,9 @@ server follows the step schedule (batches, control points) and takes the model a
 optimizer from the first worker at checkpoints and epoch ends
 (:func:`worker.engine.run.pull_replica`). It is off the step path, unless it is cut into
 shards (``ps_shards`` S > 1): then the shard owners' sum replaces the leaders' allreduce,
-each owner summing its slice of the step vector over the groups, which the leaders send
-piece by piece as backward makes them final (:mod:`worker.engine.shard_server`).
+each owner summing its slice of the step vector over the groups, which each group's
+members send, each its own chunk, piece by piece as backward makes them final
+(:mod:`worker.engine.shard_server`).
 One step is exactly one single-process step on the same global batch
 (synchronous data parallelism, Goyal et al. 2017).
 
@@ -190,7 +191,7 @@ def _step(run: Run) -> tuple[float, int]:
         n_tail = run.state.n_buffers + 2
         n_groups = len(run.spec.groups) - len(run.parked_groups)
         owners = None
-        if run.topo.shards is not None and run.topo.am_i_leader:  # the server's shards sum
+        if run.topo.shards is not None:  # the server's shards sum: each member its chunk
             owners = shard_server.OwnerSum(run.topo, run.state.n_params + n_tail)
         run.reducer = GradientReducer(
             run.topo, run.params, n_tail, n_groups, cross=cross, owners=owners
@@ -281,13 +282,16 @@ class Synchronous(Strategy[Run]):
         Raises NonFiniteError with the workers' reason when they fail on a non-finite sum.
         """
         topo = run.topo
-        numel = run.state.n_params + run.state.n_buffers + 2  # the step vector's
-        if topo.shards is not None and run.spec.any_sharded:  # the rows' sum: P, every group
+        if topo.shards is not None and run.row_sum is None:  # the attempt's first epoch
+            # The step's vector: the gradient [P] with a sharded group (its tail is summed over
+            # the workers apart), else [P + B + 2]; the owners learn it and the shapes.
             numel = run.state.n_params
-            if run.row_sum is None:  # the attempt's first epoch: the owners learn the layout
-                shapes = [tuple(p.shape) for p in run.params]
-                shard_server.send_layout(topo, shapes)
-                run.row_sum = shard_server.RowSum(run.spec, shapes, len(topo.shards.servers), 0)
+            if not run.spec.any_sharded:
+                numel += run.state.n_buffers + 2
+            shapes = [tuple(p.shape) for p in run.params]
+            shard_server.send_layout(topo, numel, shapes)
+            n_shards = len(topo.shards.servers)
+            run.row_sum = shard_server.RowSum(run.spec, numel, shapes, n_shards, 0)
         while not run.split.epoch_done:
             run.record_batch()
             if topo.shards is not None:  # slice 0 of the step's sum (shard_server)
@@ -297,9 +301,9 @@ class Synchronous(Strategy[Run]):
                 leaders = stepping_leaders(run)
                 # One stepping group's sum is its own (the reducer's, without the owners),
                 # unless its workers' rows go through them (a sharded group).
-                if len(leaders) > 1 or run.row_sum is not None:
-                    dtype = run.params[0].dtype
-                    shard_server.sum_round(topo, numel, dtype, leaders, run.row_sum)
+                if len(leaders) > 1 or run.spec.any_sharded:
+                    assert run.row_sum is not None
+                    shard_server.sum_round(topo, run.row_sum, run.params[0].dtype, leaders)
             run.split.advance()
             run.step += 1
             if control_due(run) or run.split.epoch_done:

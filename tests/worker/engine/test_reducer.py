@@ -25,9 +25,8 @@ from worker.engine import reducer as reducer_module
 from worker.engine.compute import local_gradient, reduced_gradient
 from worker.engine.data import TensorData
 from worker.engine.distributed import Topology, leader_ring, shard_links
-from worker.engine.exchange import serve_shard, shard_bounds
 from worker.engine.reducer import GradientReducer, plan_buckets
-from worker.engine.shard_server import OwnerSum
+from worker.engine.shard_server import OwnerSum, RowSum
 from worker.engine.state import ModelState
 
 
@@ -57,9 +56,10 @@ def _worker(
     streams: bool = True,
 ) -> None:
     """A worker of ``layout``'s groups (ranks 0 .. W - 1); with ``shards`` S, ranks W .. W + S -
-    1 own the slices of the leaders' sum (worker.engine.shard_server.OwnerSum), in buckets and
-    pieces of a few elements so that every step sends many pieces as backward goes (or, not
-    ``streams``, as a CUDA group's leader does: its whole vector's CPU copy at the end)."""
+    1 own the slices of the groups' sum (worker.engine.shard_server: each member sends its
+    chunk of its group's sum, OwnerSum; each owner sums the groups' parts, RowSum), in
+    buckets and pieces of a few elements so that every step sends many pieces as backward
+    goes (or, not ``streams``, as a CUDA group does: its CPU copy at the end)."""
     workers = sum(layout)
     world = workers + shards
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -71,13 +71,19 @@ def _worker(
         exchange.PIECE_BYTES = 32  # 8 float32 elements
         reducer_module.plan_buckets = partial(plan_buckets, first=64, rest=128)
         servers = list(range(workers, world))
-        links = shard_links(servers, firsts, rank, timedelta(seconds=60))
+        links = shard_links(servers, list(range(workers)), rank, timedelta(seconds=60))
     if rank >= workers:  # a shard owner: two steps' sums of its slice
         assert links is not None and links.shard is not None
-        numel = ModelState.of(Odd()).n_params + ModelState.of(Odd()).n_buffers + 2
-        lo, hi = shard_bounds(numel, shards)[links.shard]
+        state = ModelState.of(Odd())
+        numel = state.n_params + state.n_buffers + 2
+        spec = SimpleNamespace(
+            groups=layout,
+            group_ranks=lambda g: list(range(firsts[g], firsts[g] + layout[g])),
+            sharded=lambda g: False,
+        )
+        rows = RowSum(spec, numel, [], shards, links.shard)  # type: ignore[arg-type]
         for _ in range(2):
-            serve_shard(links, hi - lo, torch.float32, lambda total: total, firsts)
+            rows.serve(links, torch.float32, range(len(layout)))
         dist.destroy_process_group()
         return
     index = max(g for g, f in enumerate(firsts) if f <= rank)
@@ -105,7 +111,7 @@ def _worker(
     local = local_gradient(code, model, data, indices, topo.device, state, base)  # type: ignore[arg-type]
     state.restore(base)
     owners = None
-    if shards and topo.am_i_leader:
+    if shards:
         owners = OwnerSum(topo, state.n_params + state.n_buffers + 2)
     reducer = GradientReducer(
         topo, list(model.parameters()), state.n_buffers + 2, len(layout), owners=owners
