@@ -231,9 +231,16 @@ def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
     for ``shards`` < 1 or more shards than elements."""
     if shards < 1 or shards > max(numel, 1):
         raise ValueError(f"cannot cut {numel} elements into {shards} shards")
-    size, extra = divmod(numel, shards)
+    return chunks(numel, shards)
+
+
+def chunks(numel: int, parts: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of each of ``parts`` contiguous parts of a vector [numel], in order, as
+    equal as they can be (the first ``numel % parts`` one element longer; empty ones when
+    there are more parts than elements: a group's members' chunks)."""
+    size, extra = divmod(numel, parts)
     bounds, start = [], 0
-    for s in range(shards):
+    for s in range(parts):
         end = start + size + (1 if s < extra else 0)
         bounds.append((start, end))
         start = end
@@ -279,8 +286,8 @@ def serve_shard(
     leaders: list[int] | None = None,
 ) -> Tensor:
     """Shard owner's side of :func:`sharded_round`: sum the [numel] slices the group leaders
-    send (``leaders``, global ranks; by default every rank ``shards`` links to an owner: the
-    leaders, and every worker of a sharded group), in
+    send (``leaders``, global ranks; by default every rank ``shards`` links to an owner,
+    :attr:`worker.engine.distributed.ShardLinks.leaders`), in
     leader order (:func:`sum_received`), and send ``answer(sum)`` (1-D, CPU) back to each of
     them; returns that answer. Waits as long as the leaders take to come, up to
     :data:`STATUS_WAIT` (their steps or their round, or rank 0's checkpoint before they

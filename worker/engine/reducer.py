@@ -28,15 +28,17 @@ neighbouring leaders, :class:`worker.engine.ring.LeaderRing`, bandwidth-optimal:
 each leader sends and receives ``2 (G - 1) / G`` of the vector, where a
 parameter server's link carries all G vectors in and out),
 then a broadcast from the leader inside the group; with a parameter server in shards
-(``ps_shards``) the leaders' sum is the owners' instead (``owners``,
-:class:`worker.engine.shard_server.OwnerSum`): each piece of the vector goes to its owner
-once its buckets are summed in the group (with one worker per group, once backward has
-written them). With one worker per group
+(``ps_shards``) the owners sum across the groups instead (``owners``,
+:class:`worker.engine.shard_server.OwnerSum`): each member sends its chunk of the group's
+sum, each piece once its buckets are summed in the group (with one worker per group, once
+backward has written them), and the members gather their summed chunks in place of the
+broadcast. With one worker per group
 the leaders' allreduce is the one the hooks launch; with one group, the
 in-group allreduce is the whole sum.
 
 Every worker ends with bitwise the same vector (a ring allreduce gives every
-member the same bits; the broadcast copies them), so every worker stepping
+member the same bits, as the owners' one sum does; the broadcast or the gathering of the
+chunks copies them), so every worker stepping
 its own replica of the optimizer from it keeps identical parameters.
 """
 
@@ -81,16 +83,22 @@ def plan_buckets(
 
 
 class CrossSum(Protocol):
-    """The sum over the groups of a leader's step vector, by others than the leaders' ring
-    (the parameter server's shards, :class:`worker.engine.shard_server.OwnerSum`): begun
-    with the vector, told as its elements from an index to the end become final, finished
-    with the sum written into it."""
+    """The sum over the groups of a member's chunk of its group's step vector, by others than
+    the leaders' ring (the parameter server's shards,
+    :class:`worker.engine.shard_server.OwnerSum`): begun with the vector (CPU), told as its
+    elements from an index to the end become final, finished with the sum written into the
+    chunk (or all at once on any device, :meth:`sum_whole`); :meth:`gather` then gives
+    every member of the group the others' chunks."""
 
     def begin(self, vector: Tensor) -> None: ...
 
     def ready(self, start: int) -> None: ...
 
     def finish(self) -> None: ...
+
+    def sum_whole(self, vector: Tensor) -> None: ...
+
+    def gather(self, vector: Tensor) -> None: ...
 
 
 class GradientReducer:
@@ -101,7 +109,7 @@ class GradientReducer:
     the task's groups (sync), or 1 for the sum inside this worker's group only
     (periodic's and quorum's exact in-group step); ``cross`` the leaders' ring when
     it is not the topology's (:func:`worker.engine.run.step_groups`); ``owners`` the
-    leaders' sum in place of the ring's (:class:`CrossSum`, the shard owners':
+    groups' sum in place of the leaders' ring and broadcast (:class:`CrossSum`, the shard owners':
     :class:`worker.engine.shard_server.OwnerSum`). Per step:
     :meth:`begin` with the local sample count (arms the hooks), the forward
     pass, :meth:`set_tail`, the backward pass, then :meth:`finish`, which
@@ -304,10 +312,8 @@ class GradientReducer:
             if self.streams:
                 self.owners.finish()
             else:
-                on_cpu = self.flat.cpu()
-                self.owners.begin(on_cpu)
-                self.owners.finish()
-                self.flat.copy_(on_cpu)
+                self.owners.sum_whole(self.flat)
+            self.owners.gather(self.flat)
         elif self.in_group is not None and self.multi_group:
             dist.broadcast(self.flat, src=self.topo.group_ranks[0], group=self.in_group)
         return self.flat

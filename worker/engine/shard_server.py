@@ -1,6 +1,7 @@
 """The parameter server in S shards (``RunSpec.ps_shards`` > 1): what rank 0, the other shard
-owners and the group leaders say to each other, for ``periodic`` model averaging, ``diloco``'s
-outer optimizer (its ``blocking`` and ``overlapped`` exchanges) and ``sync``'s gradient sum.
+owners and the group leaders (under ``sync`` every worker) say to each other, for ``periodic``
+model averaging, ``diloco``'s outer optimizer (its ``blocking`` and ``overlapped`` exchanges)
+and ``sync``'s gradient sum.
 
 The P parameters are cut into S contiguous slices (:func:`worker.engine.exchange.shard_bounds`);
 slice s is owned by ``RunSpec.shard_servers()[s]``: rank 0 for slice 0, then the ranks after
@@ -62,6 +63,7 @@ from torch import Tensor
 from worker.engine.distributed import CONTROL_TAG, ShardLinks, Topology
 from worker.engine.exchange import (
     STATUS_WAIT,
+    chunks,
     load_vector_,
     pieces,
     post_pieces,
@@ -147,22 +149,21 @@ def _group_indices(topo: Topology, leaders: Sequence[int]) -> list[int]:
 
 class OwnerSum:
     """A worker of a stepping whole group under ``sync``: its chunk of the group's step vector
-    [numel] (1-D, CPU; chunk m of W, :func:`worker.engine.exchange.shard_bounds`, the group
-    having summed the vector inside it) summed over the stepping groups, each owner its
-    slice of it (:func:`sum_round` and :func:`serve`), sent while backward still runs; then
-    the chunks gathered in the group, so every member holds the whole sum. Per step:
-    :meth:`begin` with the vector (the answers' receives are posted), :meth:`ready` each time
-    the elements from ``start`` to the end are final (the reducer's buckets complete from the
-    end of the vector down: each piece goes once it is final, highest first, tagged as
-    :func:`worker.engine.exchange.post_pieces` tags it), then :meth:`finish`, which sends what
-    is left, waits, writes the sum into the chunk and gathers the others' chunks (over the
-    group's gloo ``control`` group). The answers land in a buffer of their own (kept)."""
+    [numel] (chunk m of W, :func:`worker.engine.exchange.chunks`, the group having summed the
+    vector inside it) summed over the stepping groups, each owner its slice of it
+    (:func:`sum_round` and :func:`serve`), sent while backward still runs. Per step:
+    :meth:`begin` with the vector
+    (1-D, CPU; the answers' receives are posted), :meth:`ready` each time the elements from
+    ``start`` to the end are final (the reducer's buckets complete from the end of the
+    vector down: each piece goes once it is final, highest first, tagged as
+    :func:`worker.engine.exchange.post_pieces` tags it), then :meth:`finish`, which sends
+    what is left, waits and writes the sum into the chunk; :meth:`gather` then gives every
+    member the others' chunks. The answers land in a buffer of the chunk's size (kept)."""
 
     def __init__(self, topo: Topology, numel: int) -> None:
         assert topo.shards is not None
         self.topo, self.shards = topo, topo.shards
-        members = len(topo.group_ranks)
-        self.chunks = shard_bounds(numel, members)
+        self.chunks = chunks(numel, len(topo.group_ranks))
         self.lo, self.hi = self.chunks[topo.group_ranks.index(topo.rank)]
         # This member's part of each owner's slice: [a, b) of the vector, maybe empty.
         self.parts = [
@@ -183,8 +184,8 @@ class OwnerSum:
     def begin(self, vector: Tensor) -> None:
         """Start a step whose vector is ``vector`` (its elements final only once
         :meth:`ready` says so): the answers' receives are posted."""
-        if self.answer.numel() != vector.numel() or self.answer.dtype != vector.dtype:
-            self.answer = torch.empty_like(vector)
+        if self.answer.numel() != self.hi - self.lo or self.answer.dtype != vector.dtype:
+            self.answer = torch.empty(self.hi - self.lo, dtype=vector.dtype)
             size = vector.element_size()
             self.order = sorted(
                 (
@@ -197,11 +198,12 @@ class OwnerSum:
             )
         self.vector, self.next = vector, 0
         links = self._links()
+        base = self.lo
         self.works = [
             w
             for (lo, hi), owner, link in zip(self.parts, self.shards.servers, links, strict=True)
             if hi > lo
-            for w in receive_pieces(self.answer[lo:hi], owner, link)
+            for w in receive_pieces(self.answer[lo - base : hi - base], owner, link)
         ]
 
     def ready(self, start: int) -> None:
@@ -214,29 +216,43 @@ class OwnerSum:
             self.next += 1
 
     def finish(self) -> None:
-        """Send what is left, wait for every send and answer, write the sum into this
-        member's chunk and take the other members' chunks."""
+        """Send what is left, wait for every send and answer, and write the sum into this
+        member's chunk of the vector."""
         self.ready(0)
         wait_all(self.works, STATUS_WAIT)  # the owners answer once rank 0 commands the step
         self.works = []
-        vector, self.vector = self.vector, torch.empty(0)
-        vector[self.lo : self.hi] = self.answer[self.lo : self.hi]
+        self.vector[self.lo : self.hi] = self.answer
+        self.vector = torch.empty(0)
+
+    def sum_whole(self, vector: Tensor) -> None:
+        """:meth:`begin` to :meth:`finish` at once for a ``vector`` whose group's sum is done,
+        on any device: only this member's chunk goes through the CPU."""
+        on_cpu = torch.empty(vector.numel(), dtype=vector.dtype)
+        on_cpu[self.lo : self.hi] = vector[self.lo : self.hi]
+        self.begin(on_cpu)
+        self.finish()
+        vector[self.lo : self.hi] = on_cpu[self.lo : self.hi]
+
+    def gather(self, vector: Tensor) -> None:
+        """Every member's summed chunk of ``vector`` (on the group's device or the CPU) on every
+        member (:func:`gather_chunks`)."""
         gather_chunks(self.topo, vector, self.chunks)
 
 
-def gather_chunks(topo: Topology, vector: Tensor, chunks: Spans) -> None:
-    """Every member of this rank's group holds chunk m of ``vector`` (1-D, CPU; ``chunks``, one
-    per member in member order): each broadcasts its own over the group's gloo ``control``
-    group, in place, so every member holds all of it."""
-    if len(chunks) == 1:
-        return
-    control = topo.control if topo.control is not None else topo.group
-    for member, (a, b) in zip(topo.group_ranks, chunks, strict=True):
-        if b > a:
-            dist.broadcast(vector[a:b], src=member, group=control)
-
-
 Spans = list[tuple[int, int]]
+
+
+def gather_chunks(topo: Topology, vector: Tensor, spans: Spans) -> None:
+    """Every member of this rank's group holds its chunk of the 1-D ``vector`` (``spans``, one
+    per member in member order): each broadcasts its own, in place, so every member holds all
+    of it; over the group itself when ``vector`` is on the group's device (NCCL on a CUDA
+    group), else over its gloo ``control`` group. Empty chunks are skipped on every member."""
+    if len(spans) == 1:
+        return
+    group = topo.group if vector.device == topo.device else topo.control or topo.group
+    for member, (a, b) in zip(topo.group_ranks, spans, strict=True):
+        if b > a:
+            dist.broadcast(vector[a:b], src=member, group=group)
 
 
 def member_spans(shapes: Sequence[Sequence[int]], members: int) -> list[Spans]:
@@ -297,8 +313,14 @@ def senders(
         if spec.sharded(g):
             out.append(list(zip(ranks, member_spans(shapes, len(ranks)), strict=True)))
         else:
-            chunks = shard_bounds(numel, len(ranks))
-            out.append([(rank, [chunk]) for rank, chunk in zip(ranks, chunks, strict=True)])
+            spans = chunks(numel, len(ranks))
+            out.append(
+                [
+                    (rank, [span])
+                    for rank, span in zip(ranks, spans, strict=True)
+                    if span[1] > span[0]
+                ]
+            )
     return out
 
 
@@ -325,6 +347,8 @@ class RowSum:
             [(rank, runs) for rank, spans in group if (runs := clipped(spans, self.lo, self.hi))]
             for group in senders(spec, numel, shapes)
         ]
+        self.dtype: torch.dtype | None = None
+        self.buffers: list[Tensor] = []
 
     def serve(self, shards: ShardLinks, dtype: torch.dtype, groups: Sequence[int]) -> None:
         """One step of the stepping ``groups`` (indices, the others parked): receive every
@@ -335,8 +359,11 @@ class RowSum:
         plan = [self.plan[g] for g in groups]
         parts: list[tuple[Tensor, list[tuple[Spans, Tensor]]]] = []
         works: list[Any] = []
-        for group in plan:  # a group's senders cover the slice once: its part of the sum
-            part = torch.empty(n, dtype=dtype)
+        if self.dtype != dtype:  # one part buffer per group, kept from step to step
+            self.buffers = [torch.empty(n, dtype=dtype) for _ in self.plan]
+            self.dtype = dtype
+        for g, group in zip(groups, plan, strict=True):  # a group's senders cover the slice
+            part = self.buffers[g]
             scattered: list[tuple[Spans, Tensor]] = []
             for rank, runs in group:
                 if len(runs) == 1:  # received in place
@@ -356,8 +383,13 @@ class RowSum:
         total = parts[0][0]
         for part, _ in parts[1:]:  # the groups' parts added in group order
             total += part
-        answers = [
-            (rank, torch.cat([total[a:b] for a, b in runs]))  # kept until sent
+        answers = [  # a view of the sum for a sender of one run, else a copy kept until sent
+            (
+                rank,
+                total[runs[0][0] : runs[0][1]]
+                if len(runs) == 1
+                else torch.cat([total[a:b] for a, b in runs]),
+            )
             for group in plan
             for rank, runs in group
         ]
@@ -391,28 +423,29 @@ def rows_over_owners(
     shapes = tuple(tuple(p.shape) for p in params)
     numel = sum(math.prod(shape) for shape in shapes)
     if sharded:  # its rows, end to end: the flat vector's elements in its spans
-        spans, held = _member_spans(shapes, members)[member], 0
+        spans = _member_spans(shapes, members)[member]
+        held = vector
     else:  # its chunk of the group's sum
         if members > 1:
             dist.all_reduce(vector, group=topo.group)
-        chunks = shard_bounds(numel, members)
-        spans, held = [chunks[member]], chunks[member][0]
-    on_cpu = vector.cpu()
+        spread = chunks(numel, members)
+        spans = [spread[member]]
+        held = vector[spread[member][0] : spread[member][1]]
+    on_cpu = held.cpu()  # where its spans' elements lie end to end
     works: list[Any] = []
     sent: list[Tensor] = []
     bounds = shard_bounds(numel, len(topo.shards.servers))
     for owner, (lo, hi) in zip(topo.shards.servers, bounds, strict=True):
         a, b = within(spans, lo, hi)
-        a, b = a + held, b + held  # where in the vector
         if b > a:
             link = topo.shards.link(owner, topo.rank)
             sent.append(on_cpu[a:b].clone())
             works += post_pieces(sent[-1], owner, link) + receive_pieces(on_cpu[a:b], owner, link)
     wait_all(works, STATUS_WAIT)  # the owners answer once rank 0 commands the step
+    if on_cpu.data_ptr() != held.data_ptr():
+        held.copy_(on_cpu)
     if not sharded:
-        gather_chunks(topo, on_cpu, chunks)
-    if on_cpu.data_ptr() != vector.data_ptr():
-        vector.copy_(on_cpu)
+        gather_chunks(topo, vector, spread)
     offset = 0
     for p, m in zip(params, mine, strict=True):
         n = m.numel()

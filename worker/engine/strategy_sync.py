@@ -300,7 +300,8 @@ class Synchronous(Strategy[Run]):
                     raise NonFiniteError(reason)
                 leaders = stepping_leaders(run)
                 # One stepping group's sum is its own (the reducer's, without the owners),
-                # unless its workers' rows go through them (a sharded group).
+                # unless the task has a sharded group: then every step's gradient goes
+                # through them, each worker's own part (rows_over_owners).
                 if len(leaders) > 1 or run.spec.any_sharded:
                     assert run.row_sum is not None
                     shard_server.sum_round(topo, run.row_sum, run.params[0].dtype, leaders)

@@ -66,6 +66,14 @@ CASES["sharded-beside-whole-weighted-3-ps-shards"] = {
     **CASES["sharded-beside-whole-weighted"],
     "ps_shards": 3,
 }
+CASES["sharded-beside-whole-of-2-2-ps-shards"] = {  # the whole group's members send chunks
+    "groups": [
+        {"name": "a", "device_type": "cpu", "workers": 2, "sharding": "fsdp"},
+        {"name": "b", "device_type": "cpu", "workers": 2},
+    ],
+    "global_batch_size": 8,
+    "ps_shards": 2,
+}
 CASES["two-sharded-groups-3-and-2-2-ps-shards"] = {
     **CASES["two-sharded-groups-3-and-2"],
     "ps_shards": 2,

@@ -23,7 +23,7 @@ import torch
 from tests.worker.engine.reference import TIMEOUT_S, run_with_dump
 from tests.worker.engine.test_buffers import bn_spec, checkpoint_model
 from tests.worker.engine.test_resume import DROPOUT_MODULE, HOLD_AFTER
-from worker.engine.exchange import shard_bounds
+from worker.engine.exchange import chunks, shard_bounds
 from worker.engine.fsdp import rows_vector
 from worker.engine.local import launch_local
 from worker.engine.shard_server import clipped, member_spans, within
@@ -84,7 +84,7 @@ def test_a_sharded_server_trains_bitwise_as_one_server(
             assert torch.equal(got_outer["state"][key]["momentum_buffer"], value["momentum_buffer"])
 
 
-# Sync: a two-worker group (its in-group sum, then its leader's slices) and two of one.
+# Sync: a two-worker group (its in-group sum, then each member's chunk) and two of one.
 SYNC_GROUPS = [
     {"name": "a", "device_type": "cpu", "workers": 2},
     {"name": "b", "device_type": "cpu", "workers": 1},
@@ -106,7 +106,7 @@ def test_sync_with_a_sharded_server_sums_each_step_alike_for_any_number_of_shard
     run, by_three = run_with_dump(three, tmp_path / "3" / "dump")
     for rank in range(1 + ring.n_workers):  # the server and every worker
         assert by_three[rank].numel() > 0
-        # Each element is the same sum in the same order (leader order) whatever S.
+        # Each element is the same sum in the same order (group order) whatever S.
         assert torch.equal(by_three[rank], by_two[rank]), rank
         # The ring adds three leaders in another order: the same up to the sums' rounding.
         torch.testing.assert_close(by_three[rank], by_ring[rank], atol=1e-5, rtol=1e-5)
@@ -195,6 +195,11 @@ def test_a_checkpoint_resumes_on_another_number_of_shards(
     assert any("resumed at epoch" in line for line in run.output[0])
     for rank in range(1 + spec.n_workers):  # the parameter server and every worker
         assert torch.equal(finals[rank], expected[rank]), f"rank {rank} differs after resume"
+
+
+def test_a_whole_groups_chunks_cover_the_vector_once_and_may_be_empty() -> None:
+    assert chunks(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert chunks(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]  # more members than elements
 
 
 @pytest.mark.parametrize("members", [1, 2, 3, 5])

@@ -139,6 +139,10 @@ def _worker(
         # piece sent as backward writes it), and groups of two (once summed in the group).
         ([1, 1, 1], [3, 6, 2], 3),
         ([2, 1, 2], [4, 0, 5, 3, 2], 2),
+        # chunks across slices: a member sends to two owners, an owner takes a group's part
+        # of its slice from two members
+        ([2, 1, 2], [4, 0, 5, 3, 2], 3),
+        ([3, 2], [2, 4, 0, 3, 5], 2),
         ([2, 1, 2], [4, 0, 5, 3, 2], -2),  # the same, the whole vector sent at the end
     ],
 )
