@@ -108,11 +108,17 @@ def test_checkpoint_downloads_and_loads(api: httpx.Client, stack: LocalStack) ->
     assert [tuple(v.shape) for v in moments] == [tuple(p.shape) for p in model.parameters()]
 
 
-def test_a_periodic_task_with_its_parameter_server_in_shards_succeeds(
-    api: httpx.Client, stack: LocalStack
+@pytest.mark.parametrize(
+    "strategy",
+    # sync: the owners sum every step, each worker of the 2-worker group sending its half
+    [{"sync_strategy": "periodic", "sync_period": 2}, {"sync_strategy": "sync"}],
+    ids=["periodic", "sync"],
+)
+def test_a_task_with_its_parameter_server_in_shards_succeeds(
+    api: httpx.Client, stack: LocalStack, strategy: dict[str, object]
 ) -> None:
     version = new_version(api, example="tiny_regression")
-    task = submit(api, version, epochs=1, sync_strategy="periodic", sync_period=2, ps_shards=2)
+    task = submit(api, version, epochs=1, ps_shards=2, **strategy)
     done = wait_for(api, task["id"], {"SUCCEEDED", "FAILED", "CANCELLED"})
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     # The second shard's owner is rank 4, after the 3 workers, started beside rank 0.
