@@ -205,11 +205,17 @@ class RoundPlan:
 def outer_optimizer(run: Run) -> torch.optim.Optimizer:
     """The parameter server's outer optimizer over the global model, built at first use (from
     ``run.outer_state``, a checkpoint's, when there is one): SGD with ``outer_lr`` and, when
-    ``outer_momentum`` > 0, Nesterov momentum."""
+    ``outer_momentum`` > 0, Nesterov momentum. A resumed run takes the checkpoint's momentum
+    but the spec's ``outer_lr`` and ``outer_momentum``, as the sharded server's owners do
+    (:class:`worker.engine.shard_server.OuterSlice`): a resume that changes them uses the
+    new values."""
     if run.outer is None:
         run.outer = sgd_over(run.spec, run.params)
         if run.outer_state is not None:
+            settings = [dict(group) for group in run.outer.param_groups]
             run.outer.load_state_dict(run.outer_state)
+            for group, wanted in zip(run.outer.param_groups, settings, strict=True):
+                group.update({k: v for k, v in wanted.items() if k != "params"})
             run.outer_state = None
     return run.outer
 

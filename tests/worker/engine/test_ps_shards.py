@@ -222,3 +222,35 @@ def test_a_members_spans_are_its_rows_of_the_flat_parameters(members: int) -> No
             a, b = within(mine, lo, hi)
             inside = [flat[lo + x : lo + y] for x, y in clipped(mine, lo, hi)]
             assert torch.equal(rows[a:b], torch.cat(inside or [flat[:0]]))
+
+
+def test_a_resume_that_changes_the_outer_settings_uses_them_with_or_without_shards(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    """A diloco checkpoint resumed with another ``outer_lr`` and ``outer_momentum``: one
+    server and three shards both take the checkpoint's momentum and the new settings, so
+    they end bitwise alike (the one server used to keep the checkpoint's settings)."""
+    module = tmp_path / "dropout.py"
+    module.write_text(DROPOUT_MODULE)
+    options = {"sync_strategy": "diloco", "sync_period": 5, "checkpoint_every": 10}
+    spec = make_spec(code=str(module), **options)
+    stop_at = Path(spec.checkpoint_dir) / "step-33.pt"
+
+    def reached(event: dict[str, Any]) -> bool:
+        return event["type"] == "checkpoint" and Path(event["path"]) == stop_at
+
+    hold = {HOLD_AFTER: str(stop_at)}
+    assert launch_local(spec, timeout_s=TIMEOUT_S, stop_when=reached, env_extra=hold).stopped
+    finals = []
+    for shards in (1, 3):
+        folder = tmp_path / f"resumed-{shards}"
+        resumed = make_spec(
+            code=str(module),
+            ps_shards=shards,
+            resume_from=str(stop_at),
+            **{**options, "outer_lr": 0.5, "outer_momentum": 0.5},
+            checkpoint_dir=str(folder / "checkpoints"),
+        )
+        finals.append(run_with_dump(resumed, folder / "params")[1])
+    for rank in range(1 + spec.n_workers):
+        assert torch.equal(finals[0][rank], finals[1][rank]), f"rank {rank}"
