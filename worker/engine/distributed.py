@@ -253,12 +253,10 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
             links[peer] = link
     shards = None
     if spec.ps_shards > 1:
-        # Who talks to the owners: the leaders (periodic, diloco), every worker under sync
-        # (its chunk of its group's sum, or its own rows). Rank 0's links to the leaders and
-        # a sharded group's workers carry shard 0 too: made above.
-        senders = linked_ranks(spec)
-        if spec.sync_strategy == "sync":
-            senders = list(range(1, spec.n_workers + 1))
+        # Who talks to the owners: every worker (its chunk of its group's vector, or its own
+        # rows). Rank 0's links to the leaders and a sharded group's workers carry shard 0
+        # too: made above.
+        senders = list(range(1, spec.n_workers + 1))
         reuse = {(0, rank): links.get(rank) for rank in linked_ranks(spec)}
         shards = shard_links(spec.shard_servers(), senders, env.rank, timeout, reuse)
     ring_links: dict[frozenset[int], dist.ProcessGroup] = {}

@@ -5,17 +5,21 @@ and ``sync``'s gradient sum.
 
 The P parameters are cut into S contiguous slices (:func:`worker.engine.exchange.shard_bounds`);
 slice s is owned by ``RunSpec.shard_servers()[s]``: rank 0 for slice 0, then the ranks after
-the last compute worker, which build no model and train nothing (:func:`serve`). A leader's
+the last compute worker, which build no model and train nothing (:func:`serve`). A group's
 round vector is ``[params part (P), rest]`` (the unsharded round's layout: ``periodic``
 ``[n_g theta_g, buffer changes, loss, n_g]``, ``diloco`` ``[n_g Delta_g / tau_g, buffer
-changes, loss, n_g tau_g, n_g]``). At a round's end:
+changes, loss, n_g tau_g, n_g]``), alike on every member of the group. At a round's end:
 
 1. rank 0 tells every other owner which groups take part (the guard's parked groups left out);
-2. each taking group's leader sends slice s of the params part to its owner with the round's
-   counts appended (``n_g``; under ``diloco`` ``n_g tau_g, n_g``), and slice 0 with all of
-   ``rest`` to rank 0, and takes every owner's answer back (:class:`SliceExchange`);
-3. each owner adds its slices in leader order and answers every leader with its slice of the
-   new global model (and sends that slice to rank 0 in a round after which rank 0 reads its
+2. each member m of a taking group of W sends its chunk m of the params part
+   (:func:`worker.engine.exchange.chunks`), slice s of the chunk to slice s's owner with the
+   round's counts appended (``n_g``; under ``diloco`` ``n_g tau_g, n_g``), and its part of
+   slice 0 with all of ``rest`` to rank 0, and takes every owner's answer back; the members
+   then gather their chunks of the new model (:class:`SliceExchange`);
+3. each owner assembles each group's part of its slice from the members, adds the groups in
+   group order (:func:`serve_parts`) and answers every member with its part of the
+   new global model, rank 0 the buffers too (and sends that slice to rank 0 in a round after
+   which rank 0 reads its
    model, :data:`FETCH`: the epoch's end, a control point): ``periodic`` the sample-weighted
    mean (:data:`MEAN`), ``diloco`` one step of the outer SGD with Nesterov momentum on the
    FedNova update ``tau_eff / n * sum_g n_g Delta_g / tau_g`` (:data:`OUTER`), each owner
@@ -67,9 +71,7 @@ from worker.engine.exchange import (
     load_vector_,
     pieces,
     post_pieces,
-    post_round,
     receive_pieces,
-    serve_shard,
     shard_bounds,
     wait_all,
 )
@@ -480,42 +482,138 @@ def _layout(code: Tensor) -> tuple[int, list[tuple[int, ...]]]:
     return values[0], shapes
 
 
+def round_plan(
+    spec: RunSpec, numel: int, lo: int, hi: int, groups: Sequence[int], keep_empty: bool
+) -> list[list[tuple[int, Spans]]]:
+    """Who sends what of ``[lo, hi)`` of a round's parameter part [numel], per group of
+    ``groups`` (indices, group order): every member its chunk
+    (:func:`worker.engine.exchange.chunks`) clipped to the slice, relative to ``lo``;
+    members whose chunk misses the slice left out unless ``keep_empty`` (rank 0's slice,
+    whose answer carries the buffers every member needs)."""
+    out = []
+    for g in groups:
+        ranks = spec.group_ranks(g)
+        entries = []
+        for rank, span in zip(ranks, chunks(numel, len(ranks)), strict=True):
+            runs = clipped([span], lo, hi)
+            if runs or keep_empty:
+                entries.append((rank, runs))
+        out.append(entries)
+    return out
+
+
+def serve_parts(
+    shards: ShardLinks,
+    plan: Sequence[Sequence[tuple[int, Spans]]],
+    numel: int,
+    extra: int,
+    dtype: torch.dtype,
+    answer: Callable[[Tensor], Tensor],
+) -> Tensor:
+    """An owner's side of a round whose groups' members each send their runs of its slice
+    [numel] (``plan``, :func:`round_plan`) followed by ``extra`` elements alike on every
+    member of a group (the round's counts; on rank 0 the buffers' changes too): each group's
+    part ``[slice, extra]`` assembled from its members (the extra from its first), the parts
+    added in group order (the same sum, element by element, as one message per group
+    would give), and every sender answered with its runs of ``answer(sum)`` (``[numel +
+    k]``) followed by that answer's last ``k`` elements. Returns the answer. Waits as long
+    as the members take to come (:data:`exchange.STATUS_WAIT`)."""
+    me = shards.rank
+    works: list[Any] = []
+    received: list[list[tuple[Spans, Tensor]]] = []
+    for group in plan:
+        entries = []
+        for rank, runs in group:
+            message = torch.empty(sum(b - a for a, b in runs) + extra, dtype=dtype)
+            works += receive_pieces(message, rank, shards.link(me, rank))
+            entries.append((runs, message))
+        received.append(entries)
+    wait_all(works, STATUS_WAIT)
+    total: Tensor | None = None
+    for entries in received:
+        part = torch.empty(numel + extra, dtype=dtype)
+        for runs, message in entries:
+            at = 0
+            for a, b in runs:
+                part[a:b] = message[at : at + b - a]
+                at += b - a
+        if extra:
+            part[numel:] = entries[0][1][-extra:]
+        if total is None:
+            total = part
+        else:
+            total += part
+    assert total is not None, "a round without a group"
+    result = answer(total).contiguous()
+    tail = result[numel:]
+    answers = [
+        (rank, torch.cat([*(result[a:b] for a, b in runs), tail]))  # kept until sent
+        for group in plan
+        for rank, runs in group
+    ]
+    wait_all(
+        [w for rank, out in answers for w in post_pieces(out, rank, shards.link(me, rank))],
+        STATUS_WAIT,
+    )
+    return result
+
+
 class SliceExchange:
-    """A group leader's side of the sharded rounds: :meth:`post` starts sending the slices of
-    a round vector ``[params part (P), rest]`` and receiving the answers into ``[P + B]``;
+    """A group member's side of the sharded rounds: :meth:`post` starts sending its chunk
+    (:func:`worker.engine.exchange.chunks` of the parameters over the group) of a round
+    vector ``[params part (P), rest]``, each owner its part of the chunk with the round's
+    counts appended, and rank 0 its part of slice 0 with all of ``rest`` (every member, so
+    that every member gets the buffers back), and receiving the answers into ``[P + B]``;
     once its receives are done, :meth:`assemble` puts slice 0's answer (its parameters and
-    the buffers) in place. ``counts``: how many of ``rest``'s last elements go with every
-    slice (:data:`COUNTS`)."""
+    the buffers) in place and gathers the other members' chunks, so every member holds the
+    whole new model. Every member of the group forms the same round vector. ``counts``: how
+    many of ``rest``'s last elements go with every slice (:data:`COUNTS`)."""
 
     def __init__(self, topo: Topology, n_params: int, counts: int) -> None:
         assert topo.shards is not None
         self.topo, self.n_params, self.counts = topo, n_params, counts
-        self.bounds = shard_bounds(n_params, len(topo.shards.servers))
+        self.chunks = chunks(n_params, len(topo.group_ranks))
+        lo, hi = self.chunks[topo.group_ranks.index(topo.rank)]
+        bounds = shard_bounds(n_params, len(topo.shards.servers))
+        self.parts = [(max(a, lo), max(min(b, hi), max(a, lo))) for a, b in bounds]
         self.messages: list[Tensor] = []
         self.head = torch.empty(0)
         self.answer = torch.empty(0)
 
     def post(self, vector: Tensor, answer: Tensor) -> tuple[list[Any], list[Any]]:
         """Start the round; returns its sends' and its receives' works. ``vector`` (1-D CPU,
-        ``[P + rest]``) may change once posted (the slices are copies); ``answer`` (1-D CPU
+        ``[P + rest]``) may change once posted (the parts are copies); ``answer`` (1-D CPU
         ``[P + B]``) is whole once the receives are done and :meth:`assemble` was called."""
         shards, p = self.topo.shards, self.n_params
         assert shards is not None
-        head_end = self.bounds[0][1]
         counts = vector[vector.numel() - self.counts :]
-        self.messages = [torch.cat([vector[:head_end], vector[p:]])]
-        self.messages += [torch.cat([vector[a:b], counts]) for a, b in self.bounds[1:]]
-        self.head = torch.empty(head_end + answer.numel() - p, dtype=answer.dtype)
+        a0, b0 = self.parts[0]
+        self.messages = [torch.cat([vector[a0:b0], vector[p:]])]
+        self.head = torch.empty(b0 - a0 + answer.numel() - p, dtype=answer.dtype)
+        outs = [self.head]
+        owners = [shards.servers[0]]
+        for owner, (a, b) in zip(shards.servers[1:], self.parts[1:], strict=True):
+            if b > a:
+                self.messages.append(torch.cat([vector[a:b], counts]))
+                outs.append(answer[a:b])
+                owners.append(owner)
         self.answer = answer
-        outs = [self.head, *(answer[a:b] for a, b in self.bounds[1:])]
-        return post_round(shards, self.messages, outs)
+        sends: list[Any] = []
+        receives: list[Any] = []
+        for owner, message, out in zip(owners, self.messages, outs, strict=True):
+            link = shards.link(owner, shards.rank)
+            sends += post_pieces(message, owner, link)
+            receives += receive_pieces(out, owner, link)
+        return sends, receives
 
     def assemble(self) -> None:
-        """After the receives: slice 0's parameters and the buffers into ``answer``."""
-        head_end = self.bounds[0][1]
-        self.answer[:head_end] = self.head[:head_end]
-        self.answer[self.n_params :] = self.head[head_end:]
+        """After the receives: slice 0's parameters and the buffers into ``answer``, then the
+        other members' chunks (every member of the group calls it at the same point)."""
+        a0, b0 = self.parts[0]
+        self.answer[a0:b0] = self.head[: b0 - a0]
+        self.answer[self.n_params :] = self.head[b0 - a0 :]
         self.messages = []
+        gather_chunks(self.topo, self.answer[: self.n_params], self.chunks)
 
 
 class ServerShards:
@@ -528,7 +626,9 @@ class ServerShards:
     def __init__(self, topo: Topology, spec: RunSpec, state: ModelState, outer_state: Any) -> None:
         self.topo, self.spec, self.state = topo, spec, state
         flat = torch.nn.utils.parameters_to_vector(state.params).detach().cpu()
+        self.n_params = flat.numel()
         self.bounds = shard_bounds(flat.numel(), len(_owners(topo)))
+        send_layout(topo, self.n_params, [])  # the owners cut the groups' chunks of P
         self.dtype = flat.dtype
         trainable = torch.cat([torch.full((p.numel(),), p.requires_grad) for p in state.params])
         mask = None if bool(trainable.all()) else trainable.to(flat.dtype)
@@ -565,8 +665,10 @@ class ServerShards:
         rounds = round_dtype(self.spec.sync_strategy, self.dtype)
         _command(self.topo, op, self.bounds, self.dtype, leaders, FETCH if fetch else 0)
         assert self.topo.shards is not None
-        numel = head_end + n_buffers + 1 + COUNTS[self.spec.sync_strategy]
-        serve_shard(self.topo.shards, numel, rounds, answer, leaders)
+        extra = n_buffers + 1 + COUNTS[self.spec.sync_strategy]  # rest: changes, loss, counts
+        groups = _group_indices(self.topo, leaders)
+        plan = round_plan(self.spec, self.n_params, 0, head_end, groups, keep_empty=True)
+        serve_parts(self.topo.shards, plan, head_end, extra, rounds, answer)
         if not fetch:
             return
         received = [torch.empty(b - a, dtype=rounds) for a, b in self.bounds[1:]]
@@ -720,6 +822,7 @@ def serve(topo: Topology, spec: RunSpec) -> None:
     held: Tensor | None = None
     outer: OuterSlice | None = None
     rows: RowSum | None = None
+    total: int | None = None  # the length of the vector whose slices the shards own
     link = topo.link(0)
     while True:
         work = dist.irecv(header, src=0, group=link, tag=CONTROL_TAG)
@@ -745,7 +848,8 @@ def serve(topo: Topology, spec: RunSpec) -> None:
             code = torch.empty(numel, dtype=torch.int64)
             dist.recv(code, 0, link, CONTROL_TAG)
             total, shapes = _layout(code)
-            rows = RowSum(spec, total, shapes, len(shards.servers), shards.shard)
+            if spec.sync_strategy == "sync":
+                rows = RowSum(spec, total, shapes, len(shards.servers), shards.shard)
             continue
         if op == SUM:
             if rows is None:
@@ -760,14 +864,16 @@ def serve(topo: Topology, spec: RunSpec) -> None:
                 wait_all(post_pieces(momentum.contiguous(), 0, link))
             continue
         slice_ = outer.param if outer is not None else held
-        if slice_ is None or slice_.numel() != numel:
+        if slice_ is None or slice_.numel() != numel or total is None:
             raise RuntimeError(f"shard {shards.shard}: a round before its slice was loaded")
+        lo, hi = shard_bounds(total, len(shards.servers))[shards.shard]
+        plan = round_plan(spec, total, lo, hi, _group_indices(topo, leaders), keep_empty=False)
         if op == MEAN:
             assert held is not None
-            held = answer = serve_shard(shards, numel + 1, rounds, _mean(held), leaders)
+            held = answer = serve_parts(shards, plan, numel, 1, rounds, _mean(held))
         else:
             assert outer is not None
-            answer = serve_shard(shards, numel + 2, rounds, _outer(outer), leaders)
+            answer = serve_parts(shards, plan, numel, 2, rounds, _outer(outer))
         if flags & FETCH:
             wait_all(post_pieces(answer, 0, link))
 

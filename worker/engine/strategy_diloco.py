@@ -239,9 +239,12 @@ class RoundExchange:
       takes at that same round's end).
 
     Where every rank must hold the global model (a checkpoint, an agreement check, the
-    epoch's end) the worker drains the exchange (:meth:`drain`). Only the leader talks to
-    the parameter server; the other members take the global model from it by a broadcast in
-    the group, and every member forms the same ``D`` and ``base`` from its identical model.
+    epoch's end) the worker drains the exchange (:meth:`drain`). Every member forms the same
+    ``D`` and ``base`` from its identical model. With one server only the leader talks to it,
+    and the other members take the global model from it by a broadcast in the group; with
+    the server in shards every member sends its chunk of the vector and takes its chunk of
+    the global model, and the members gather the chunks
+    (:class:`worker.engine.shard_server.SliceExchange`).
     Buffers: ``base`` is ``[P + B]`` and every rank's model changes alike, so integer buffers
     (counters) stay exact.
     """
@@ -255,9 +258,10 @@ class RoundExchange:
         self.sends: list[Any] = []
         self.receives: list[Any] = []
         self.pending = False  # a global model is on its way
-        # The parameter server in shards: each slice to its owner (worker.engine.shard_server).
+        # The parameter server in shards: every member sends its chunk, each slice of it to
+        # the slice's owner (worker.engine.shard_server).
         self.slices = None
-        if run.topo.shards is not None and run.topo.am_i_leader:
+        if run.topo.shards is not None:
             self.slices = SliceExchange(run.topo, self.n_params, COUNTS["diloco"])
 
     @torch.no_grad()
@@ -281,7 +285,7 @@ class RoundExchange:
             state.load_(self.base)
         elif not drain:
             torch.sub(self.base, delta, out=self.base)  # the model now (a drain replaces it)
-        if topo.am_i_leader:
+        if topo.am_i_leader or self.slices is not None:  # every member forms the same one
             loss_sum, samples, steps = totals
             delta[: self.n_params].mul_(samples / steps if steps > 0 else 0.0)
             delta[self.n_params :].mul_(-samples)
@@ -332,9 +336,9 @@ class RoundExchange:
         with run.clock.waiting():
             wait_all(self.receives)
             self.receives = []
-            if self.slices is not None:
+            if self.slices is not None:  # each member took its chunk: the others' gathered
                 self.slices.assemble()
-            if len(topo.group_ranks) > 1:  # nccl groups broadcast on the device
+            elif len(topo.group_ranks) > 1:  # nccl groups broadcast on the device
                 on_device = self.receive.to(topo.device)
                 dist.broadcast(on_device, src=topo.leader_rank, group=topo.group)
                 if on_device.data_ptr() != self.receive.data_ptr():

@@ -35,7 +35,6 @@ from worker.engine import shard_server
 from worker.engine.exchange import (
     broadcast_down,
     gather_at_ps,
-    group_broadcast,
     leader_reduce,
     load_vector_,
     wait_all,
@@ -70,17 +69,15 @@ def average_models(
         leader_reduce(topo, torch.cat([weighted, changes, tail]))
         state.load_(broadcast_down(topo, state.vector()))
         return
-    # The parameter server in shards: each slice to its owner (worker.engine.shard_server).
-    received = state.empty()
-    if topo.am_i_leader:
-        vector = torch.cat([weighted, changes, tail]).cpu()
-        answer = torch.empty(state.n_params + state.n_buffers, dtype=vector.dtype)
-        slices = shard_server.SliceExchange(topo, state.n_params, shard_server.COUNTS["periodic"])
-        sends, receives = slices.post(vector, answer)
-        wait_all(sends + receives)
-        slices.assemble()
-        received = answer.to(received.device)
-    state.load_(group_broadcast(topo, received))
+    # The parameter server in shards: each member sends its chunk, each slice of it to the
+    # slice's owner, and the members gather the new model's chunks (shard_server).
+    vector = torch.cat([weighted, changes, tail]).cpu()
+    answer = torch.empty(state.n_params + state.n_buffers, dtype=vector.dtype)
+    slices = shard_server.SliceExchange(topo, state.n_params, shard_server.COUNTS["periodic"])
+    sends, receives = slices.post(vector, answer)
+    wait_all(sends + receives)
+    slices.assemble()
+    state.load_(answer.to(state.empty().device))
 
 
 def group_step(run: Run) -> tuple[float, int]:

@@ -40,8 +40,13 @@ STRATEGIES = {
 }
 
 
-# Three groups: each owner adds three leaders' slices, whose float sums depend on the order.
-GROUPS = [{"name": name, "device_type": "cpu", "workers": 1} for name in "abc"]
+# Three groups: each owner adds three groups' slices, whose float sums depend on the order;
+# group a's two workers each send their own chunk of its round vector.
+GROUPS = [
+    {"name": "a", "device_type": "cpu", "workers": 2},
+    {"name": "b", "device_type": "cpu", "workers": 1},
+    {"name": "c", "device_type": "cpu", "workers": 1},
+]
 
 
 def _spec(make_spec: Callable[..., RunSpec], folder: Path, shards: int, strategy: str) -> RunSpec:
@@ -55,8 +60,8 @@ def test_a_sharded_server_trains_bitwise_as_one_server(
 ) -> None:
     one = _spec(make_spec, tmp_path / "one", 1, strategy)
     three = _spec(make_spec, tmp_path / "three", 3, strategy)
-    assert (one.world_size, three.world_size) == (4, 6)
-    assert three.shard_servers() == [0, 4, 5]
+    assert (one.world_size, three.world_size) == (5, 7)
+    assert three.shard_servers() == [0, 5, 6]
     _, whole = run_with_dump(one, tmp_path / "one" / "dump")
     run, sharded = run_with_dump(three, tmp_path / "three" / "dump")
     # Every rank of the task, server and workers, ends with the same parameters and buffers.
@@ -64,9 +69,9 @@ def test_a_sharded_server_trains_bitwise_as_one_server(
         assert whole[rank].numel() > 0
         assert torch.equal(sharded[rank], whole[rank]), rank
     # The other owners hold no model: they built none and dump nothing.
-    for rank in (4, 5):
+    for rank in (5, 6):
         assert sharded[rank].numel() == 0
-        assert f"up: shard {rank - 3} of 3 of the parameter server" in run.text(rank)
+        assert f"up: shard {rank - 4} of 3 of the parameter server" in run.text(rank)
     # What a user downloads: the checkpoint's parameters and buffers, the same.
     got = checkpoint_model(three).state_dict()
     want = checkpoint_model(one).state_dict()
