@@ -32,9 +32,10 @@ from worker.engine.spec import RunSpec
 STRATEGIES = {
     "periodic": {"sync_strategy": "periodic", "sync_period": 2},
     "diloco": {"sync_strategy": "diloco", "sync_period": 4},
+    # rounds of 2 steps: a global model taken one round late is trained on inside the epoch
     "diloco-overlapped": {
         "sync_strategy": "diloco",
-        "sync_period": 4,
+        "sync_period": 2,
         "diloco_exchange": "overlapped",
     },
 }
