@@ -136,10 +136,16 @@ class Election:
         return self.connection
 
     def release(self) -> None:
-        """Close the lock's connection (its session ends, the lock is free)."""
+        """Free the lock and close its connection. The lock is unlocked first, so another
+        candidate can take it as soon as this returns (closing alone frees it only once the
+        server has ended the session, a moment later)."""
         connection, self.connection = self.connection, None
         if connection is None:
             return
+        try:
+            connection.exec_driver_sql("SELECT pg_advisory_unlock(%s)", (LEADER_LOCK,))
+        except Exception:  # noqa: BLE001 - a dropped session has freed it already
+            log.debug("unlocking the scheduler's lock failed", exc_info=True)
         try:
             connection.close()
         except Exception:  # noqa: BLE001 - already broken: closed all the same

@@ -325,8 +325,8 @@ class ShardLinks:
     the group leaders' slices of it and answers each leader with its slice of the result
     (a sharded parameter server, after BytePS, Jiang et al., OSDI 2020: each server's link
     carries 1/S of every leader's bytes). ``leaders``: the ranks that exchange with the
-    owners: the group leaders (``periodic``, ``diloco``), every worker under ``sync`` (its
-    part of its group's sum, :mod:`worker.engine.shard_server`). ``links`` holds the
+    owners: every compute worker (each its part of its group's vector,
+    :mod:`worker.engine.shard_server`). ``links`` holds the
     two-rank gloo group of each (server, leader) pair that includes ``rank``, keyed by that
     pair; made by :func:`shard_links`.
     """

@@ -1,5 +1,5 @@
 """The parameter server in S shards (``RunSpec.ps_shards`` > 1): what rank 0, the other shard
-owners and the group leaders (under ``sync`` every worker) say to each other, for ``periodic``
+owners and the workers (each its part of its group's vector) say to each other, for ``periodic``
 model averaging, ``diloco``'s outer optimizer (its ``blocking`` and ``overlapped`` exchanges)
 and ``sync``'s gradient sum.
 
@@ -460,8 +460,10 @@ def rows_over_owners(
 
 
 def send_layout(topo: Topology, numel: int, shapes: Sequence[Sequence[int]]) -> None:
-    """Rank 0: tell every other owner the length of the step's vector and the parameters'
-    shapes (:data:`LAYOUT`), from which each builds its :class:`RowSum`."""
+    """Rank 0: tell every other owner the length of the vector whose slices they own (under
+    ``sync`` the step's, from which each builds its :class:`RowSum` with the parameters'
+    ``shapes``; under ``periodic`` and ``diloco`` P, from which each cuts the groups'
+    chunks, :func:`round_plan`) (:data:`LAYOUT`)."""
     shape_code = [v for shape in shapes for v in (len(shape), *shape)]
     code = torch.tensor([numel, *shape_code], dtype=torch.int64)
     for owner in _owners(topo)[1:]:
@@ -565,9 +567,10 @@ class SliceExchange:
     counts appended, and rank 0 its part of slice 0 with all of ``rest`` (every member, so
     that every member gets the buffers back), and receiving the answers into ``[P + B]``;
     once its receives are done, :meth:`assemble` puts slice 0's answer (its parameters and
-    the buffers) in place and gathers the other members' chunks, so every member holds the
-    whole new model. Every member of the group forms the same round vector. ``counts``: how
-    many of ``rest``'s last elements go with every slice (:data:`COUNTS`)."""
+    the buffers) in place and :meth:`gather` takes the other members' chunks, so every
+    member holds the whole new model. Every member of the group forms the same round
+    vector. ``counts``: how many of ``rest``'s last elements go with every slice
+    (:data:`COUNTS`)."""
 
     def __init__(self, topo: Topology, n_params: int, counts: int) -> None:
         assert topo.shards is not None
@@ -607,13 +610,18 @@ class SliceExchange:
         return sends, receives
 
     def assemble(self) -> None:
-        """After the receives: slice 0's parameters and the buffers into ``answer``, then the
-        other members' chunks (every member of the group calls it at the same point)."""
+        """After the receives: slice 0's parameters and the buffers into ``answer`` (this
+        member's chunk of the parameters is whole; :meth:`gather` takes the others')."""
         a0, b0 = self.parts[0]
         self.answer[a0:b0] = self.head[: b0 - a0]
         self.answer[self.n_params :] = self.head[b0 - a0 :]
         self.messages = []
-        gather_chunks(self.topo, self.answer[: self.n_params], self.chunks)
+
+    def gather(self, params: Tensor) -> None:
+        """Every member's chunk of the new parameters ``params`` ([P], the assembled answer's,
+        on the CPU or the group's device: then over the group itself, NCCL on a CUDA group)
+        on every member; every member of the group calls it at the same point."""
+        gather_chunks(self.topo, params, self.chunks)
 
 
 class ServerShards:

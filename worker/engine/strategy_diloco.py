@@ -224,7 +224,8 @@ class RoundExchange:
     """A compute worker's side of the rounds' exchange with the parameter server, one epoch.
 
     ``base`` (``[P + B]``) is the model at the current round's start. At a round's end
-    (:meth:`end_round`) the worker forms ``D = base - now``; the leader sends
+    (:meth:`end_round`) the worker forms ``D = base - now``; the leader (with the server in
+    shards, every member its chunk) sends
     ``[n_g D_P / tau_g (P), -n_g D_B (B), loss_sum, n_g tau_g, n_g]`` (the pseudo-gradient
     and the buffers' change, this module's docstring) and posts the receive of the global
     model that the parameter server makes from every group's vector.
@@ -270,7 +271,7 @@ class RoundExchange:
         the group's, alike on every member), take the global model that is due, and with
         ``drain`` wait for the one just asked for too.
 
-        The pseudo-gradient, the merge and (``blocking``) the leader's upload are this
+        The pseudo-gradient, the merge and (``blocking``) the upload are this
         worker's own work, the rest of the transfers waits
         (:class:`worker.engine.compute.BusyClock`), so a group whose exchange costs it more
         gets a smaller share of the data."""
@@ -330,7 +331,8 @@ class RoundExchange:
             offset += n
 
     def _take_global(self, run: Run) -> None:
-        """Wait for the leader's receive, then the group's broadcast of it."""
+        """Wait for the leader's receive, then the group's broadcast of it (with the server in
+        shards, each member's receive of its chunk, then the chunks gathered)."""
         topo = run.topo
         assert topo.group is not None and topo.leader_rank is not None
         with run.clock.waiting():
@@ -338,6 +340,11 @@ class RoundExchange:
             self.receives = []
             if self.slices is not None:  # each member took its chunk: the others' gathered
                 self.slices.assemble()
+                params = self.receive[: self.n_params]
+                on_device = params.to(topo.device)  # nccl groups gather on the device
+                self.slices.gather(on_device)
+                if on_device.data_ptr() != params.data_ptr():
+                    params.copy_(on_device)
             elif len(topo.group_ranks) > 1:  # nccl groups broadcast on the device
                 on_device = self.receive.to(topo.device)
                 dist.broadcast(on_device, src=topo.leader_rank, group=topo.group)

@@ -77,7 +77,9 @@ def average_models(
     sends, receives = slices.post(vector, answer)
     wait_all(sends + receives)
     slices.assemble()
-    state.load_(answer.to(state.empty().device))
+    model = answer.to(topo.device)
+    slices.gather(model[: state.n_params])  # on the device: NCCL on a CUDA group
+    state.load_(model)
 
 
 def group_step(run: Run) -> tuple[float, int]:

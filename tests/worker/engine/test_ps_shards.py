@@ -7,7 +7,8 @@ ring's result but for the sum's rounding (its equality with one process on the s
 batches: tests/worker/engine/test_equivalence.py).
 
 Real gloo processes through the local launcher; a model with BatchNorm buffers
-(tests/worker/engine/test_buffers.py) over three one-worker groups.
+(tests/worker/engine/test_buffers.py) over three groups, one of two workers (each sends its
+own chunk of the group's vector).
 """
 
 from __future__ import annotations

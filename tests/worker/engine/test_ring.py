@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -104,6 +105,11 @@ def _rank_with_a_peer_gone(rank: int, init: str, out: str) -> None:
     members = [1, 2, 3]
     links: dict[frozenset[int], dist.ProcessGroup] = {}
     add_ring_links(members, rank, links, timeout)
+    # No rank leaves before every rank's links are made (a pair half made when its peer
+    # exits fails to connect, as it did on a loaded host): each says so in a file.
+    Path(out, f"linked-{rank}").touch()
+    while len(list(Path(out).glob("linked-*"))) < 4:
+        time.sleep(0.01)
     if rank in (0, 3):  # the server idles; member 3 leaves before any allreduce
         os._exit(0)
     ring = LeaderRing(members, rank, links, timeout)
