@@ -354,51 +354,16 @@ class RowSum:
 
     def serve(self, shards: ShardLinks, dtype: torch.dtype, groups: Sequence[int]) -> None:
         """One step of the stepping ``groups`` (indices, the others parked): receive every
-        sender's spans of this slice, sum, answer each. Waits as long as the senders take to
-        come (:data:`exchange.STATUS_WAIT`)."""
+        sender's spans of this slice, sum, answer each (:func:`serve_parts`, into one part
+        buffer per group kept from step to step). Waits as long as the senders take to come
+        (:data:`exchange.STATUS_WAIT`)."""
         n = self.hi - self.lo
-        me = shards.rank
-        plan = [self.plan[g] for g in groups]
-        parts: list[tuple[Tensor, list[tuple[Spans, Tensor]]]] = []
-        works: list[Any] = []
-        if self.dtype != dtype:  # one part buffer per group, kept from step to step
+        if self.dtype != dtype:
             self.buffers = [torch.empty(n, dtype=dtype) for _ in self.plan]
             self.dtype = dtype
-        for g, group in zip(groups, plan, strict=True):  # a group's senders cover the slice
-            part = self.buffers[g]
-            scattered: list[tuple[Spans, Tensor]] = []
-            for rank, runs in group:
-                if len(runs) == 1:  # received in place
-                    got = part[runs[0][0] : runs[0][1]]
-                else:
-                    got = torch.empty(sum(b - a for a, b in runs), dtype=dtype)
-                    scattered.append((runs, got))
-                works += receive_pieces(got, rank, shards.link(me, rank))
-            parts.append((part, scattered))
-        wait_all(works, STATUS_WAIT)
-        for part, scattered in parts:
-            for runs, got in scattered:
-                at = 0
-                for a, b in runs:
-                    part[a:b] = got[at : at + b - a]
-                    at += b - a
-        total = parts[0][0]
-        for part, _ in parts[1:]:  # the groups' parts added in group order
-            total += part
-        answers = [  # a view of the sum for a sender of one run, else a copy kept until sent
-            (
-                rank,
-                total[runs[0][0] : runs[0][1]]
-                if len(runs) == 1
-                else torch.cat([total[a:b] for a, b in runs]),
-            )
-            for group in plan
-            for rank, runs in group
-        ]
-        sends = [
-            w for rank, answer in answers for w in post_pieces(answer, rank, shards.link(me, rank))
-        ]
-        wait_all(sends, STATUS_WAIT)
+        plan = [self.plan[g] for g in groups]
+        buffers = [self.buffers[g] for g in groups]
+        serve_parts(shards, plan, n, 0, dtype, lambda total: total, buffers)
 
 
 def rows_over_owners(
@@ -511,36 +476,43 @@ def serve_parts(
     extra: int,
     dtype: torch.dtype,
     answer: Callable[[Tensor], Tensor],
+    buffers: Sequence[Tensor] | None = None,
 ) -> Tensor:
-    """An owner's side of a round whose groups' members each send their runs of its slice
-    [numel] (``plan``, :func:`round_plan`) followed by ``extra`` elements alike on every
-    member of a group (the round's counts; on rank 0 the buffers' changes too): each group's
-    part ``[slice, extra]`` assembled from its members (the extra from its first), the parts
-    added in group order (the same sum, element by element, as one message per group
-    would give), and every sender answered with its runs of ``answer(sum)`` (``[numel +
-    k]``) followed by that answer's last ``k`` elements. Returns the answer. Waits as long
-    as the members take to come (:data:`exchange.STATUS_WAIT`)."""
+    """An owner's side of a round or a step whose groups' members each send their runs of
+    its slice [numel] (``plan``: :func:`round_plan`, or :class:`RowSum`'s) followed by
+    ``extra`` elements alike on every member of a group (the round's counts; on rank 0 the
+    buffers' changes too): each group's part ``[slice, extra]`` assembled from its members
+    (the extra from its first), the parts added in group order (the same sum, element by
+    element, as one message per group would give), and every sender answered with its runs
+    of ``answer(sum)`` (``[numel + k]``) followed by that answer's last ``k`` elements.
+    ``buffers``: a part buffer per group of ``plan`` to assemble in (kept by the caller),
+    else new ones. A single run without extra is received in place, and answered with a
+    view when the answer has no tail. Returns the answer. Waits as long as the members take
+    to come (:data:`exchange.STATUS_WAIT`)."""
     me = shards.rank
     works: list[Any] = []
-    received: list[list[tuple[Spans, Tensor]]] = []
-    for group in plan:
-        entries = []
+    assembled: list[tuple[Tensor, list[tuple[Spans, Tensor]]]] = []
+    for index, group in enumerate(plan):
+        part = buffers[index] if buffers is not None else torch.empty(numel + extra, dtype=dtype)
+        scattered: list[tuple[Spans, Tensor]] = []
         for rank, runs in group:
-            message = torch.empty(sum(b - a for a, b in runs) + extra, dtype=dtype)
-            works += receive_pieces(message, rank, shards.link(me, rank))
-            entries.append((runs, message))
-        received.append(entries)
+            if extra == 0 and len(runs) == 1:  # received in place
+                got = part[runs[0][0] : runs[0][1]]
+            else:
+                got = torch.empty(sum(b - a for a, b in runs) + extra, dtype=dtype)
+                scattered.append((runs, got))
+            works += receive_pieces(got, rank, shards.link(me, rank))
+        assembled.append((part, scattered))
     wait_all(works, STATUS_WAIT)
     total: Tensor | None = None
-    for entries in received:
-        part = torch.empty(numel + extra, dtype=dtype)
-        for runs, message in entries:
+    for part, scattered in assembled:
+        for runs, message in scattered:
             at = 0
             for a, b in runs:
                 part[a:b] = message[at : at + b - a]
                 at += b - a
-        if extra:
-            part[numel:] = entries[0][1][-extra:]
+        if extra:  # every sender's message was scattered: the first's extra
+            part[numel:] = scattered[0][1][-extra:]
         if total is None:
             total = part
         else:
@@ -548,8 +520,13 @@ def serve_parts(
     assert total is not None, "a round without a group"
     result = answer(total).contiguous()
     tail = result[numel:]
-    answers = [
-        (rank, torch.cat([*(result[a:b] for a, b in runs), tail]))  # kept until sent
+    answers = [  # a view for one run and no tail, else a copy kept until sent
+        (
+            rank,
+            result[runs[0][0] : runs[0][1]]
+            if len(runs) == 1 and not tail.numel()
+            else torch.cat([*(result[a:b] for a, b in runs), tail]),
+        )
         for group in plan
         for rank, runs in group
     ]
