@@ -34,6 +34,28 @@ MAX_PS_SHARDS = 16
 """The most processes a task's parameter server may be cut into (``ps_shards``)."""
 PS_SHARDED_STRATEGIES = ("sync", "periodic", "diloco")
 """The strategies whose parameter server may be sharded (``ps_shards`` > 1)."""
+SHARDED_STRATEGIES = ("sync", "periodic", "diloco")
+"""The strategies that run a group sharded (``sharding: fsdp``): not ``quorum``, nor
+``diloco``'s ``async`` exchange (:func:`check_sharded_strategy`)."""
+
+
+def check_sharded_strategy(strategy: str | None, exchange: str | None) -> None:
+    """Raises ValueError, naming the field, where a task with a sharded (``fsdp``) group
+    asks for a strategy or exchange that does not run one: a strategy not in
+    :data:`SHARDED_STRATEGIES`, or ``diloco_exchange: async``. None: not known (yet)."""
+    if strategy is not None and strategy not in SHARDED_STRATEGIES:
+        allowed = ", ".join(map(repr, SHARDED_STRATEGIES))
+        raise ValueError(
+            f"sharding 'fsdp' runs with sync_strategy {allowed}, not {strategy!r} (its "
+            "exchange of the workers' own rows is not built): choose one of those, or "
+            "sharding 'none'"
+        )
+    if strategy == "diloco" and exchange == "async":
+        raise ValueError(
+            "sharding 'fsdp' runs with diloco_exchange 'blocking' or 'overlapped', not 'async' "
+            "(a group's rows applied as they arrive is not built): choose one of those, or "
+            "sharding 'none'"
+        )
 
 
 def ps_ranks(n_workers: int, ps_shards: int) -> list[int]:

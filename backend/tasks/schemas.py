@@ -25,6 +25,7 @@ from contracts.plan import (
     DILOCO_PERIOD,
     MAX_PS_SHARDS,
     PS_SHARDED_STRATEGIES,
+    SHARDED_STRATEGIES,
     AgreementTolerance,
     DeviceType,
     DilocoExchange,
@@ -36,6 +37,7 @@ from contracts.plan import (
     SyncStrategy,
     check_local_batch,
     check_period,
+    check_sharded_strategy,
 )
 from contracts.preprocess import PreprocessStep
 from contracts.strict import StrictModel
@@ -232,10 +234,11 @@ class TaskCreate(StrictModel):
         description="how each group holds the model: `none`, every worker all of it; `fsdp` "
         "(FSDP2 within a group), each of a group's W workers holds 1/W of the parameters, "
         "gradients and optimizer state. Choose `fsdp` when the model, its gradients and "
-        "optimizer state do not fit one worker's memory. Needs sync_strategy `sync` and 2 or "
-        "more workers in every sharded group (a device_type request may be placed as "
-        "several groups: one given 1 worker fails the task at its start); a group's own "
-        "`sharding` in resource_groups wins",
+        "optimizer state do not fit one worker's memory. Needs sync_strategy `sync`, "
+        "`periodic` or `diloco` (not its `async` exchange) and 2 or more workers in every "
+        "sharded group (a device_type request may be placed as several groups: one given 1 "
+        "worker fails the task at its start); a group's own `sharding` in resource_groups "
+        "wins",
     )
     fsdp_units: list[ClassName] = Field(
         default_factory=list,
@@ -461,17 +464,29 @@ class TaskCreate(StrictModel):
             raise ValueError(f"quorum ({value}) is larger than the number of groups ({most})")
         return value
 
-    @field_validator("sync_strategy")
+    @field_validator("sync_strategy", "diloco_exchange")
     @classmethod
-    def _sharded_groups_sync(cls, value: str, info: ValidationInfo) -> str:
+    def _sharded_groups_run(cls, value: str, info: ValidationInfo) -> str:
         groups = info.data.get("resource_groups") or []
         own = [i for i, g in enumerate(groups) if g.sharding == "fsdp"]
-        if own and value != "sync":
+        if not own:
+            return value
+        where = f"resource_groups.{own[0]} has sharding 'fsdp'"
+        if info.field_name == "sync_strategy" and value not in SHARDED_STRATEGIES:
+            allowed = ", ".join(map(repr, SHARDED_STRATEGIES))
             raise ValueError(
-                f"{value!r} does not run sharded groups yet (resource_groups.{own[0]} has "
-                "sharding 'fsdp'; a round's exchange of its workers' rows is not built): use "
-                "'sync', or "
-                "leave that group's sharding out"
+                f"{value!r} does not run sharded groups ({where}; its exchange of the workers' "
+                f"own rows is not built): use {allowed}, or leave that group's sharding out"
+            )
+        if (
+            info.field_name == "diloco_exchange"
+            and value == "async"
+            and _strategy(info) == "diloco"
+        ):
+            raise ValueError(
+                f"'async' does not run sharded groups ({where}; a group's rows applied as they "
+                "arrive is not built): use 'blocking' or 'overlapped', or leave that group's "
+                "sharding out"
             )
         return value
 
@@ -497,12 +512,7 @@ class TaskCreate(StrictModel):
     def _sharding_fits(cls, value: str, info: ValidationInfo) -> str:
         if value != "fsdp":
             return value
-        strategy = _strategy(info)
-        if strategy not in ("sync", None):
-            raise ValueError(
-                f"'fsdp' runs with sync_strategy 'sync' only so far, not {strategy!r} (a "
-                "round's exchange of the workers' own rows is not built yet)"
-            )
+        check_sharded_strategy(_strategy(info), info.data.get("diloco_exchange"))
         for i, group in enumerate(info.data.get("resource_groups") or []):
             if group.sharding is None and group.workers == 1:
                 raise ValueError(

@@ -83,9 +83,11 @@ class Topology:
     the same ranks beside a CUDA or NPU group's; None on the parameter server. ``groups``
     lists every resource group's global ranks, in group order. ``timeout`` bounds every
     collective and receive.
-    ``shards``: with a parameter server in S > 1 shards (``RunSpec.ps_shards``), the links
-    between each shard's owner and each group leader (:class:`ShardLinks`), on those ranks;
-    rank 0 then also holds a link to each other owner (its commands), which holds that one.
+    ``shards``: with a parameter server in S > 1 shards (``RunSpec.ps_shards``), or a
+    sharded group under ``periodic`` or ``diloco`` (``RunSpec.owner_rounds``: then S may be
+    1, rank 0 owning it all), the links between each shard's owner and each compute worker
+    (:class:`ShardLinks`), on those ranks; rank 0 then also holds a link to each other owner
+    (its commands), which holds that one.
     """
 
     rank: int
@@ -252,10 +254,10 @@ def init(env: ClusterEnv, spec: RunSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -
         if env.rank in (0, peer):
             links[peer] = link
     shards = None
-    if spec.ps_shards > 1:
+    if spec.owner_rounds:
         # Who talks to the owners: every worker (its chunk of its group's vector, or its own
         # rows). Rank 0's links to the leaders and a sharded group's workers carry shard 0
-        # too: made above.
+        # too: made above. With one shard (a sharded group's rounds) rank 0 owns it all.
         senders = list(range(1, spec.n_workers + 1))
         reuse = {(0, rank): links.get(rank) for rank in linked_ranks(spec)}
         shards = shard_links(spec.shard_servers(), senders, env.rank, timeout, reuse)

@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
 from contracts import sharded_state
-from contracts.plan import guard_first_check_steps
+from contracts.plan import ROUND_STRATEGIES, guard_first_check_steps
 from worker.engine import report
 from worker.engine.agreement import check_parameters, hooked_precision
 from worker.engine.balance import Balancer, by_group, imbalance, rates_of
@@ -166,6 +166,16 @@ class Run:
         return self.spec.sharded(self.topo.group_index)
 
     @property
+    def sharded_step(self) -> bool:
+        """True where this worker's step is the sharded one (:meth:`_sharded_part`): every
+        worker of a ``sync`` task with a sharded group (the groups' sums meet in every step),
+        a sharded group's workers alone under ``periodic`` and ``diloco`` (each group's
+        step is its own)."""
+        if not self.spec.any_sharded:
+            return False
+        return self.sharded if self.spec.sync_strategy in ROUND_STRATEGIES else True
+
+    @property
     def params(self) -> list[torch.nn.Parameter]:
         """The model's parameters in flat-vector order (``params_of(model)``, listed once, when
         the run was built: the model's parameters stay the same objects)."""
@@ -214,7 +224,7 @@ class Run:
         own_s, waited_s = self.clock.take()
         observe = self.observer() if code.step_metrics else None
         with hooked_precision(self):
-            if self.spec.any_sharded:
+            if self.sharded_step:
                 self.local_loss, seconds = emulator.run(
                     lambda: self._sharded_part(
                         code, model, train, taken, device, state, base, observe
@@ -238,7 +248,7 @@ class Run:
         self.window.add(seconds, len(taken), waited_s, own_s)
         self.epoch_work.add(seconds, len(taken), waited_s, own_s)
         self.clock.section_done()
-        if self.spec.any_sharded:
+        if self.sharded_step:
             with self.clock.waiting():
                 return self._sharded_sum()
         if reducer is None:
@@ -287,17 +297,21 @@ class Run:
         parameter server in shards each worker's rows through their owners,
         :func:`worker.engine.shard_server.rows_over_owners`; one sharded
         group's reduce-scatter has summed it already), and the returned tail
-        ``[buffer_change_sum (B), loss_sum, count]`` summed over every compute worker."""
+        ``[buffer_change_sum (B), loss_sum, count]`` summed over every compute worker. Under
+        ``periodic`` and ``diloco`` (a sharded group's own step) the reduce-scatter's sum is
+        the step's, and the tail is summed over the group."""
         # Whether this worker's gradient (a sharded worker's: its rows of its group's sum) is
         # finite before the groups' sums mix it with the others' (naming where a fault is).
         grads = [p.grad for p in self.params]
         self.grad_fault = any(g is not None and not bool(local(g).isfinite().all()) for g in grads)
+        tail = self._tail
+        assert tail is not None
+        if self.spec.sync_strategy in ROUND_STRATEGIES:  # the group's own step: summed inside
+            return sum_in_group(tail, self)
         if self.topo.shards is not None:  # the server's shards sum each worker's rows
             rows_over_owners(grads, self.params, self.topo, self.spec)
         elif len(self.spec.groups) > 1:
             group_sum_(grads, self.params, self.topo)
-        tail = self._tail
-        assert tail is not None
         return sum_over_stepping(tail, self)
 
     def group_reducer(self) -> GradientReducer:
@@ -873,11 +887,17 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     # The outline naming the files travels in the gather.
     per_group = run.strategy.group_optimizers
     writes = replicated or per_group
-    sharded = run.spec.group_ranks(source_group) if run.spec.sharded(source_group) else []
+    # Whose state is written in rows: the sharded source group's members (a replica), or under
+    # periodic and diloco every member of a sharded stepping group (its group's state).
+    writer = source_group if replicated else run.topo.group_index if stepping(run) else None
+    sharded: list[int] = []
+    if writes and writer is not None and run.spec.sharded(writer):
+        sharded = run.spec.group_ranks(writer)
     failed: BaseException | None = None
     folder = None
     if run.optimizer is not None and run.topo.rank in sharded:
-        folder = Path(run.spec.checkpoint_dir) / sharded_state.folder_of(name)
+        group = None if replicated else run.topo.group_index
+        folder = Path(run.spec.checkpoint_dir) / sharded_state.folder_of(name, group)
     elif run.optimizer is not None and writes and sends and not run.topo.is_ps:
         group = None if replicated else run.topo.group_index
         folder = Path(run.spec.checkpoint_dir) / sharded_state.folder_of(name, group)

@@ -1,7 +1,7 @@
-"""The parameter server in S shards (``RunSpec.ps_shards`` > 1): what rank 0, the other shard
-owners and the workers (each its part of its group's vector) say to each other, for ``periodic``
-model averaging, ``diloco``'s outer optimizer (its ``blocking`` and ``overlapped`` exchanges)
-and ``sync``'s gradient sum.
+"""The parameter server in S shards (``RunSpec.ps_shards`` > 1, or S = 1 for a sharded group's
+rounds: ``RunSpec.owner_rounds``): what rank 0, the other shard owners and the workers (each its
+part of its group's vector) say to each other, for ``periodic`` model averaging, ``diloco``'s
+outer optimizer (its ``blocking`` and ``overlapped`` exchanges) and ``sync``'s gradient sum.
 
 The P parameters are cut into S contiguous slices (:func:`worker.engine.exchange.shard_bounds`);
 slice s is owned by ``RunSpec.shard_servers()[s]``: rank 0 for slice 0, then the ranks after
@@ -12,7 +12,9 @@ changes, loss, n_g tau_g, n_g]``), alike on every member of the group. At a roun
 
 1. rank 0 tells every other owner which groups take part (the guard's parked groups left out);
 2. each member m of a taking group of W sends its chunk m of the params part
-   (:func:`worker.engine.exchange.chunks`), slice s of the chunk to slice s's owner with the
+   (:func:`worker.engine.exchange.chunks`; a sharded group's member its own rows of the
+   params, :func:`member_parts`, and takes back its rows of the new model, gathering
+   nothing), slice s of the chunk to slice s's owner with the
    round's counts appended (``n_g``; under ``diloco`` ``n_g tau_g, n_g``), and its part of
    slice 0 with all of ``rest`` to rank 0, and takes every owner's answer back; the members
    then gather their chunks of the new model (:class:`SliceExchange`);
@@ -302,28 +304,36 @@ def within(spans: Spans, lo: int, hi: int) -> tuple[int, int]:
     return min(start, position), min(end, position)
 
 
+def member_parts(
+    spec: RunSpec, g: int, numel: int, shapes: Sequence[Sequence[int]]
+) -> list[tuple[int, Spans]]:
+    """Every member of group ``g`` (global rank, member order) with the spans it holds of a
+    vector [numel] whose first elements are the parameters (``shapes``): a sharded (``fsdp``)
+    group's worker its own rows of the parameters (:func:`member_spans`; numel is their
+    count), a whole group's worker its chunk (:func:`worker.engine.exchange.chunks` over the
+    group; no span where it is empty)."""
+    ranks = spec.group_ranks(g)
+    if spec.sharded(g):
+        spans = _member_spans(tuple(tuple(shape) for shape in shapes), len(ranks))
+        return list(zip(ranks, spans, strict=True))
+    spread = chunks(numel, len(ranks))
+    return [
+        (rank, [span] if span[1] > span[0] else [])
+        for rank, span in zip(ranks, spread, strict=True)
+    ]
+
+
 def senders(
     spec: RunSpec, numel: int, shapes: Sequence[Sequence[int]]
 ) -> list[list[tuple[int, Spans]]]:
     """Per group, in group order: who sends its part of the step's sum, a vector [numel], to
-    the owners, with the spans of it each holds: every worker of a sharded (``fsdp``) group
-    its own rows of the parameters (``shapes``; numel is their count), every worker of a
-    whole group its chunk (:func:`worker.engine.exchange.shard_bounds` over the group)."""
-    out: list[list[tuple[int, Spans]]] = []
-    for g in range(len(spec.groups)):
-        ranks = spec.group_ranks(g)
-        if spec.sharded(g):
-            out.append(list(zip(ranks, member_spans(shapes, len(ranks)), strict=True)))
-        else:
-            spans = chunks(numel, len(ranks))
-            out.append(
-                [
-                    (rank, [span])
-                    for rank, span in zip(ranks, spans, strict=True)
-                    if span[1] > span[0]
-                ]
-            )
-    return out
+    the owners, with the spans of it each holds (:func:`member_parts`: every worker of a
+    sharded group its own rows of the parameters, every worker of a whole group its chunk);
+    a whole group's members whose chunk is empty left out."""
+    return [
+        [(rank, spans) for rank, spans in member_parts(spec, g, numel, shapes) if spans]
+        for g in range(len(spec.groups))
+    ]
 
 
 class RowSum:
@@ -450,19 +460,24 @@ def _layout(code: Tensor) -> tuple[int, list[tuple[int, ...]]]:
 
 
 def round_plan(
-    spec: RunSpec, numel: int, lo: int, hi: int, groups: Sequence[int], keep_empty: bool
+    spec: RunSpec,
+    numel: int,
+    shapes: Sequence[Sequence[int]],
+    lo: int,
+    hi: int,
+    groups: Sequence[int],
+    keep_empty: bool,
 ) -> list[list[tuple[int, Spans]]]:
-    """Who sends what of ``[lo, hi)`` of a round's parameter part [numel], per group of
-    ``groups`` (indices, group order): every member its chunk
-    (:func:`worker.engine.exchange.chunks`) clipped to the slice, relative to ``lo``;
-    members whose chunk misses the slice left out unless ``keep_empty`` (rank 0's slice,
-    whose answer carries the buffers every member needs)."""
+    """Who sends what of ``[lo, hi)`` of a round's parameter part [numel] (the parameters of
+    ``shapes``), per group of ``groups`` (indices, group order): every member its spans
+    (:func:`member_parts`: a whole group's its chunk, a sharded group's its own rows) clipped
+    to the slice, relative to ``lo``; members whose spans miss the slice left out unless
+    ``keep_empty`` (rank 0's slice, whose answer carries the buffers every member needs)."""
     out = []
     for g in groups:
-        ranks = spec.group_ranks(g)
         entries = []
-        for rank, span in zip(ranks, chunks(numel, len(ranks)), strict=True):
-            runs = clipped([span], lo, hi)
+        for rank, spans in member_parts(spec, g, numel, shapes):
+            runs = clipped(spans, lo, hi)
             if runs or keep_empty:
                 entries.append((rank, runs))
         out.append(entries)
@@ -538,33 +553,64 @@ def serve_parts(
 
 
 class SliceExchange:
-    """A group member's side of the sharded rounds: :meth:`post` starts sending its chunk
-    (:func:`worker.engine.exchange.chunks` of the parameters over the group) of a round
-    vector ``[params part (P), rest]``, each owner its part of the chunk with the round's
-    counts appended, and rank 0 its part of slice 0 with all of ``rest`` (every member, so
-    that every member gets the buffers back), and receiving the answers into ``[P + B]``;
-    once its receives are done, :meth:`assemble` puts slice 0's answer (its parameters and
-    the buffers) in place and :meth:`gather` takes the other members' chunks, so every
-    member holds the whole new model. Every member of the group forms the same round
-    vector. ``counts``: how many of ``rest``'s last elements go with every slice
-    (:data:`COUNTS`)."""
+    """A group member's side of the sharded rounds: :meth:`post` starts sending its part of
+    a round vector ``[params part, rest]``, each owner its part of the member's spans of the
+    flat parameters with the round's counts appended, and rank 0 its part of slice 0 with all
+    of ``rest`` (every member, so that every member gets the buffers back), and receiving
+    the answers; once its receives are done, :meth:`assemble` puts slice 0's answer (its
+    parameters and the buffers) in place and :meth:`gather` takes the other members' chunks.
 
-    def __init__(self, topo: Topology, n_params: int, counts: int) -> None:
+    A whole group's member holds the whole model: its vectors' params part is the whole [P]
+    and it sends its chunk of it (:func:`worker.engine.exchange.chunks` over the group); the
+    answer is whole once the members gather their chunks. A sharded (``fsdp``) group's
+    member holds its own rows (``rows``: :func:`member_spans`): its vectors' params part is
+    those rows end to end (:meth:`worker.engine.state.ModelState.held_params`), all of it
+    sent, and the answer is its rows of the new model; nothing is gathered. Every member of a
+    group forms its round vector from the same model. ``counts``: how many of ``rest``'s
+    last elements go with every slice (:data:`COUNTS`)."""
+
+    def __init__(
+        self, topo: Topology, n_params: int, counts: int, rows: Spans | None = None
+    ) -> None:
         assert topo.shards is not None
-        self.topo, self.n_params, self.counts = topo, n_params, counts
+        self.topo, self.counts = topo, counts
         self.chunks = chunks(n_params, len(topo.group_ranks))
-        lo, hi = self.chunks[topo.group_ranks.index(topo.rank)]
+        if rows is None:  # its chunk, at its own place in the whole model
+            lo, hi = self.chunks[topo.group_ranks.index(topo.rank)]
+            spans, self.start, self.n_held = [(lo, hi)], lo, n_params
+        else:  # its rows, end to end
+            spans, self.start = rows, 0
+            self.n_held = sum(b - a for a, b in rows)
+        self.gathers = rows is None
         bounds = shard_bounds(n_params, len(topo.shards.servers))
-        self.parts = [(max(a, lo), max(min(b, hi), max(a, lo))) for a, b in bounds]
+        # Where each owner's part lies in the params part of the vectors.
+        self.parts = [
+            (self.start + a, self.start + b)
+            for a, b in (within(spans, lo, hi) for lo, hi in bounds)
+        ]
         self.messages: list[Tensor] = []
         self.head = torch.empty(0)
         self.answer = torch.empty(0)
 
+    @classmethod
+    def of_member(
+        cls, topo: Topology, params: Sequence[Tensor], counts: int, *, sharded: bool
+    ) -> SliceExchange:
+        """The exchange of this worker of a whole or (``sharded``) a sharded group, for a
+        model of ``params`` (whole shapes)."""
+        shapes = tuple(tuple(p.shape) for p in params)
+        n_params = sum(math.prod(shape) for shape in shapes)
+        if not sharded:
+            return cls(topo, n_params, counts)
+        member = topo.group_ranks.index(topo.rank)
+        return cls(topo, n_params, counts, _member_spans(shapes, len(topo.group_ranks))[member])
+
     def post(self, vector: Tensor, answer: Tensor) -> tuple[list[Any], list[Any]]:
         """Start the round; returns its sends' and its receives' works. ``vector`` (1-D CPU,
-        ``[P + rest]``) may change once posted (the parts are copies); ``answer`` (1-D CPU
-        ``[P + B]``) is whole once the receives are done and :meth:`assemble` was called."""
-        shards, p = self.topo.shards, self.n_params
+        ``[params part, rest]``) may change once posted (the parts are copies); ``answer``
+        (1-D CPU ``[params part, B]``) holds this member's part of the new model once the
+        receives are done and :meth:`assemble` was called."""
+        shards, p = self.topo.shards, self.n_held
         assert shards is not None
         counts = vector[vector.numel() - self.counts :]
         a0, b0 = self.parts[0]
@@ -588,17 +634,19 @@ class SliceExchange:
 
     def assemble(self) -> None:
         """After the receives: slice 0's parameters and the buffers into ``answer`` (this
-        member's chunk of the parameters is whole; :meth:`gather` takes the others')."""
+        member's part of the parameters is whole; :meth:`gather` takes the others')."""
         a0, b0 = self.parts[0]
         self.answer[a0:b0] = self.head[: b0 - a0]
-        self.answer[self.n_params :] = self.head[b0 - a0 :]
+        self.answer[self.n_held :] = self.head[b0 - a0 :]
         self.messages = []
 
     def gather(self, params: Tensor) -> None:
-        """Every member's chunk of the new parameters ``params`` ([P], the assembled answer's,
-        on the CPU or the group's device: then over the group itself, NCCL on a CUDA group)
-        on every member; every member of the group calls it at the same point."""
-        gather_chunks(self.topo, params, self.chunks)
+        """A whole group: every member's chunk of the new parameters ``params`` ([P], the
+        assembled answer's, on the CPU or the group's device: then over the group itself,
+        NCCL on a CUDA group) on every member; every member of the group calls it at the same
+        point. A sharded group's member holds its rows only: nothing to gather."""
+        if self.gathers:
+            gather_chunks(self.topo, params, self.chunks)
 
 
 class ServerShards:
@@ -613,7 +661,9 @@ class ServerShards:
         flat = torch.nn.utils.parameters_to_vector(state.params).detach().cpu()
         self.n_params = flat.numel()
         self.bounds = shard_bounds(flat.numel(), len(_owners(topo)))
-        send_layout(topo, self.n_params, [])  # the owners cut the groups' chunks of P
+        # The owners cut the groups' parts of P: a whole group's chunks, a sharded one's rows.
+        self.shapes = [tuple(p.shape) for p in state.params]
+        send_layout(topo, self.n_params, self.shapes)
         self.dtype = flat.dtype
         trainable = torch.cat([torch.full((p.numel(),), p.requires_grad) for p in state.params])
         mask = None if bool(trainable.all()) else trainable.to(flat.dtype)
@@ -652,7 +702,9 @@ class ServerShards:
         assert self.topo.shards is not None
         extra = n_buffers + 1 + COUNTS[self.spec.sync_strategy]  # rest: changes, loss, counts
         groups = _group_indices(self.topo, leaders)
-        plan = round_plan(self.spec, self.n_params, 0, head_end, groups, keep_empty=True)
+        plan = round_plan(
+            self.spec, self.n_params, self.shapes, 0, head_end, groups, keep_empty=True
+        )
         serve_parts(self.topo.shards, plan, head_end, extra, rounds, answer)
         if not fetch:
             return
@@ -808,6 +860,7 @@ def serve(topo: Topology, spec: RunSpec) -> None:
     outer: OuterSlice | None = None
     rows: RowSum | None = None
     total: int | None = None  # the length of the vector whose slices the shards own
+    shapes: list[tuple[int, ...]] = []  # the parameters' (a sharded group's rows follow them)
     link = topo.link(0)
     while True:
         work = dist.irecv(header, src=0, group=link, tag=CONTROL_TAG)
@@ -852,7 +905,8 @@ def serve(topo: Topology, spec: RunSpec) -> None:
         if slice_ is None or slice_.numel() != numel or total is None:
             raise RuntimeError(f"shard {shards.shard}: a round before its slice was loaded")
         lo, hi = shard_bounds(total, len(shards.servers))[shards.shard]
-        plan = round_plan(spec, total, lo, hi, _group_indices(topo, leaders), keep_empty=False)
+        groups = _group_indices(topo, leaders)
+        plan = round_plan(spec, total, shapes, lo, hi, groups, keep_empty=False)
         if op == MEAN:
             assert held is not None
             held = answer = serve_parts(shards, plan, numel, 1, rounds, _mean(held))

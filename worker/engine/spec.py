@@ -17,6 +17,7 @@ from contracts.data import DataOptions
 from contracts.plan import (
     MAX_PS_SHARDS,
     PS_SHARDED_STRATEGIES,
+    ROUND_STRATEGIES,
     AgreementTolerance,
     DilocoExchange,
     FsdpParamDtype,
@@ -26,6 +27,7 @@ from contracts.plan import (
     SplitPolicy,
     SyncStrategy,
     check_local_batch,
+    check_sharded_strategy,
     ps_ranks,
 )
 from contracts.preprocess import PreprocessStep
@@ -68,7 +70,8 @@ class RunSpec(BaseModel):
     its gradients and its optimizer state over each ``fsdp`` group's workers, in units of the
     module classes ``fsdp_units`` names or chosen by size (:mod:`worker.engine.fsdp`),
     computing in ``fsdp_param_dtype`` (``bfloat16``: mixed precision, FSDP2's policy); with
-    ``sync`` only so far, and the guard does not act on such a task.
+    ``sync``, ``periodic`` and ``diloco`` (not its ``async`` exchange; :attr:`owner_rounds`),
+    and the guard does not act on such a task.
     ``ps_shards`` (S, default 1) cuts the parameter server's model into S slices, each owned
     by its own process (rank 0 and the ranks after the workers, :meth:`shard_servers`): each
     group leader exchanges slice s with its owner only (:mod:`worker.engine.shard_server`);
@@ -191,6 +194,14 @@ class RunSpec(BaseModel):
         server's other shard owners (``ps_shards - 1``)."""
         return self.n_workers + self.ps_shards
 
+    @property
+    def owner_rounds(self) -> bool:
+        """True when every compute worker exchanges its own part of its group's vectors with
+        the parameter server's owners (:mod:`worker.engine.shard_server`): with ``ps_shards``
+        > 1, and under ``periodic`` and ``diloco`` with a sharded group (whose workers each
+        send their own rows of a round; with one shard, to rank 0)."""
+        return self.ps_shards > 1 or (self.any_sharded and self.sync_strategy in ROUND_STRATEGIES)
+
     def shard_servers(self) -> list[int]:
         """Global ranks owning the parameter server's shards, shard order: rank 0, then the
         ranks after the last compute worker."""
@@ -264,8 +275,9 @@ class RunSpec(BaseModel):
 
 def check_sharding(spec: RunSpec) -> None:
     """Raises ValueError, naming the field, for sharding that cannot be run: ``fsdp`` on a
-    group of one worker (nothing to shard), with a strategy other than ``sync``, or
-    ``fsdp_units`` or ``fsdp_param_dtype`` on a task that shards no group."""
+    group of one worker (nothing to shard), with a strategy other than ``sync``, ``periodic``
+    and ``diloco`` (:data:`contracts.plan.SHARDED_STRATEGIES`) or with diloco's ``async``
+    exchange, or ``fsdp_units`` or ``fsdp_param_dtype`` on a task that shards no group."""
     sharded = [g for g in spec.groups if (g.sharding or spec.sharding) == "fsdp"]
     for group in sharded:
         if group.workers < 2:
@@ -273,11 +285,8 @@ def check_sharding(spec: RunSpec) -> None:
                 f"sharding 'fsdp' needs 2 or more workers in group {group.name!r}, which has "
                 "1: there is nothing to shard (give it more workers, or sharding 'none')"
             )
-    if sharded and spec.sync_strategy != "sync":
-        raise ValueError(
-            f"sharding 'fsdp' runs with sync_strategy 'sync' only so far, not "
-            f"{spec.sync_strategy!r} (a round's exchange of the workers' rows is not built yet)"
-        )
+    if sharded:
+        check_sharded_strategy(spec.sync_strategy, spec.diloco_exchange)
     if spec.fsdp_units and not sharded:
         raise ValueError("fsdp_units applies only where a group has sharding 'fsdp'")
     if spec.fsdp_param_dtype != "float32" and not sharded:
@@ -288,7 +297,7 @@ def check_ps_shards(spec: RunSpec) -> None:
     """Raises ValueError, naming ``ps_shards``, for a sharded parameter server that cannot be
     run: a strategy other than ``sync``, ``periodic`` and ``diloco``
     (:data:`contracts.plan.PS_SHARDED_STRATEGIES`), diloco's ``async`` exchange, or a plan's
-    trial (``fsdp`` groups run with ``sync`` only: :func:`check_sharding`). More shards than
+    trial (a trial runs ``sync``). More shards than
     the model has parameters fails at the start (:func:`worker.engine.exchange.shard_bounds`).
     """
     if spec.ps_shards == 1:

@@ -122,6 +122,32 @@ class ModelState:
             parts.append(torch.tensor(tail, dtype=dtype, device=device))
         return torch.cat(parts)
 
+    @cached_property
+    def n_held(self) -> int:
+        """The parameter elements this worker holds: its rows of a sharded model's
+        (:func:`worker.engine.fsdp.own_rows`), P for a whole model."""
+        return sum(local(p).numel() for p in self.params)
+
+    @torch.no_grad()
+    def held_params(self) -> Tensor:
+        """``[held params (n_held)]``: this worker's rows of every parameter of a sharded
+        model, flat and in order (every parameter of a whole one), in the parameters' dtype,
+        on their device; nothing is gathered."""
+        return torch.cat([local(p).detach().reshape(-1) for p in self.params])
+
+    @torch.no_grad()
+    def held_vector(self) -> Tensor:
+        """``[held params (n_held), buffers (B)]``: :meth:`vector` as this worker holds it
+        (:meth:`held_params`); :meth:`load_held_` takes it back."""
+        return torch.cat([self.held_params(), self.buffers_vector()])
+
+    @torch.no_grad()
+    def load_held_(self, vector: Tensor) -> None:
+        """Copy ``[held params (n_held), buffers (B)]`` (:meth:`held_vector`'s layout, on any
+        device) into this worker's rows of the parameters and into the buffers."""
+        read = load_rows_(self.params, vector)
+        self.load_buffers_(vector[read:])
+
     def empty(self) -> Tensor:
         """An uninitialised ``[P + B]`` vector of the parameters' dtype, on their device (a
         buffer to receive :meth:`vector`'s values into)."""

@@ -95,14 +95,15 @@ from worker.engine.run import (
     stepping_leaders,
 )
 from worker.engine.shard_server import COUNTS, ServerShards, SliceExchange, round_dtype, sgd_over
+from worker.engine.sharded import local
 from worker.engine.sharding import Batches, even_shares
 from worker.engine.split import SplitState
 from worker.engine.state import ModelState
 from worker.engine.strategy import Strategy
 from worker.engine.strategy_sync import (
     PROGRESS_REPORTS_PER_EPOCH,
+    group_step,
     report_progress,
-    step_from_sum,
     step_point,
 )
 
@@ -252,8 +253,9 @@ class RoundExchange:
 
     def __init__(self, run: Run) -> None:
         state = run.state
-        self.size, self.n_params = state.n_params + state.n_buffers, state.n_params
-        self.base = state.vector().cpu().to(exchange_dtype(run))
+        # A sharded (fsdp) worker's vectors hold its own rows of the parameters (n_held).
+        self.size, self.n_params = state.n_held + state.n_buffers, state.n_held
+        self.base = state.held_vector().cpu().to(exchange_dtype(run))
         self.send = torch.empty(self.size + TAIL, dtype=self.base.dtype)
         self.receive = torch.empty(self.size, dtype=self.base.dtype)
         self.sends: list[Any] = []
@@ -263,7 +265,8 @@ class RoundExchange:
         # the slice's owner (worker.engine.shard_server).
         self.slices = None
         if run.topo.shards is not None:
-            self.slices = SliceExchange(run.topo, self.n_params, COUNTS["diloco"])
+            counts = COUNTS["diloco"]
+            self.slices = SliceExchange.of_member(run.topo, run.params, counts, sharded=run.sharded)
 
     @torch.no_grad()
     def end_round(self, run: Run, totals: list[float], *, drain: bool) -> None:
@@ -283,7 +286,7 @@ class RoundExchange:
         if self.pending:
             self._take_global(run)
             torch.sub(self.receive, delta, out=self.base)  # the global model plus own progress
-            state.load_(self.base)
+            state.load_held_(self.base)
         elif not drain:
             torch.sub(self.base, delta, out=self.base)  # the model now (a drain replaces it)
         if topo.am_i_leader or self.slices is not None:  # every member forms the same one
@@ -314,17 +317,17 @@ class RoundExchange:
             return
         self._take_global(run)
         self.base, self.receive = self.receive, self.base
-        run.state.load_(self.base)
+        run.state.load_held_(self.base)
         self.pending = False
 
     def _base_minus_model(self, state: ModelState, out: Tensor) -> None:
-        """``out = base - [params, buffers]``, tensor by tensor (no copy of a CPU model; a GPU
-        model is copied to the CPU once)."""
+        """``out = base - [params, buffers]`` (a sharded worker: its rows of the parameters),
+        tensor by tensor (no copy of a CPU model; a GPU model is copied to the CPU once)."""
         if state.params[0].device.type != "cpu":
-            torch.sub(self.base, state.vector().cpu(), out=out)
+            torch.sub(self.base, state.held_vector().cpu(), out=out)
             return
         offset = 0
-        for tensor in [*state.params, *state.buffers]:
+        for tensor in [*(local(p) for p in state.params), *state.buffers]:
             n = tensor.numel()
             part = tensor.detach().reshape(-1).to(out.dtype)
             torch.sub(self.base[offset : offset + n], part, out=out[offset : offset + n])
@@ -332,14 +335,17 @@ class RoundExchange:
 
     def _take_global(self, run: Run) -> None:
         """Wait for the leader's receive, then the group's broadcast of it (with the server in
-        shards, each member's receive of its chunk, then the chunks gathered)."""
+        shards, each member's receive of its chunk, then the chunks gathered; a sharded
+        worker's receive of its rows)."""
         topo = run.topo
         assert topo.group is not None and topo.leader_rank is not None
         with run.clock.waiting():
             wait_all(self.receives)
             self.receives = []
-            if self.slices is not None:  # each member took its chunk: the others' gathered
+            if self.slices is not None:  # each member took its part: the others' gathered
                 self.slices.assemble()
+                if not self.slices.gathers:  # a sharded worker: its rows are all it holds
+                    return
                 params = self.receive[: self.n_params]
                 on_device = params.to(topo.device)  # nccl groups gather on the device
                 self.slices.gather(on_device)
@@ -580,8 +586,7 @@ class DiLoCo(Strategy[Run]):
             for k, count in enumerate(counts):  # none while the group is parked
                 indices = plan.flat[position : position + count]
                 upcoming = partial(plan.upcoming, r, k, position)
-                computed = run.compute(run.group_reducer(), indices=indices, upcoming=upcoming)
-                step_loss, step_count = step_from_sum(run, computed, in_group=True)
+                step_loss, step_count = group_step(run, indices, upcoming)
                 position += count
                 loss_sum, samples = loss_sum + step_loss, samples + step_count
                 steps += 1 if step_count > 0 else 0

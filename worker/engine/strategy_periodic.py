@@ -43,8 +43,8 @@ from worker.engine.run import Run, control_point, reads_model, stepping, steppin
 from worker.engine.strategy import Strategy
 from worker.engine.strategy_sync import (
     PROGRESS_REPORTS_PER_EPOCH,
+    group_step,
     report_progress,
-    step_from_sum,
     step_point,
 )
 
@@ -58,10 +58,16 @@ def average_models(
     run: Run, group_samples: float, group_loss: float, sync_base: list[Tensor]
 ) -> None:
     """Worker side of a sync: send the weighted group model and the group's buffer change
-    since ``sync_base`` (the buffers of the last sync), load the global model and buffers."""
+    since ``sync_base`` (the buffers of the last sync), load the global model and buffers.
+
+    With the parameter server's owners (:mod:`worker.engine.shard_server`: ``ps_shards`` > 1,
+    or a sharded group in the task) each member sends its part, each slice of it to the
+    slice's owner: a whole group's member its chunk, after which the members gather the new
+    model's chunks; a sharded (``fsdp``) group's member its own rows, taking back its rows of
+    the new model (no process of the group gathers the whole)."""
     state = run.state
     with torch.no_grad():
-        weighted = torch.nn.utils.parameters_to_vector(run.params).detach() * group_samples
+        weighted = state.held_params() * group_samples
     changes = state.buffer_change(sync_base, group_samples, weighted)
     tail = torch.tensor([group_loss, group_samples], dtype=weighted.dtype, device=weighted.device)
     topo = run.topo
@@ -69,27 +75,16 @@ def average_models(
         leader_reduce(topo, torch.cat([weighted, changes, tail]))
         state.load_(broadcast_down(topo, state.vector()))
         return
-    # The parameter server in shards: each member sends its chunk, each slice of it to the
-    # slice's owner, and the members gather the new model's chunks (shard_server).
     vector = torch.cat([weighted, changes, tail]).cpu()
-    answer = torch.empty(state.n_params + state.n_buffers, dtype=vector.dtype)
-    slices = shard_server.SliceExchange(topo, state.n_params, shard_server.COUNTS["periodic"])
+    answer = torch.empty(state.n_held + state.n_buffers, dtype=vector.dtype)
+    counts = shard_server.COUNTS["periodic"]
+    slices = shard_server.SliceExchange.of_member(topo, run.params, counts, sharded=run.sharded)
     sends, receives = slices.post(vector, answer)
     wait_all(sends + receives)
     slices.assemble()
     model = answer.to(topo.device)
-    slices.gather(model[: state.n_params])  # on the device: NCCL on a CUDA group
-    state.load_(model)
-
-
-def group_step(run: Run) -> tuple[float, int]:
-    """One exact step inside the group; returns its ``(loss_sum, count)``, zeros when skipped.
-
-    Every member checks the group's sum (the same on each) in the pass that
-    divides it by the count, so a non-finite one fails or skips the whole
-    group at once; a skip puts the buffers back.
-    """
-    return step_from_sum(run, run.compute(run.group_reducer()), in_group=True)
+    slices.gather(model[: state.n_held])  # on the device: NCCL on a CUDA group
+    state.load_held_(model)
 
 
 class Periodic(Strategy[Run]):

@@ -33,6 +33,7 @@ compute that dominates the sum's transfer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -59,6 +60,7 @@ from worker.engine.run import (
     sum_over_stepping,
 )
 from worker.engine.sharded import local
+from worker.engine.sharding import Batches
 from worker.engine.strategy import Strategy
 
 PROGRESS_REPORTS_PER_EPOCH = 10
@@ -95,15 +97,16 @@ def step_from_sum(run: Run, total: Tensor, *, in_group: bool = False) -> tuple[f
     return 0.0, 0
 
 
-def sharded_update(run: Run, tail: Tensor) -> tuple[float, int]:
+def sharded_update(run: Run, tail: Tensor, *, in_group: bool = False) -> tuple[float, int]:
     """One exact step of a worker in a task with a sharded group, from the summed ``tail``
     ``[buffer_change_sum (B), loss_sum, count]`` and the parameters' gradients (this
-    worker's rows of the global sum, :meth:`worker.engine.run.Run.compute`): its
+    worker's rows of the global sum, :meth:`worker.engine.run.Run.compute`; ``in_group``:
+    of its group's sum, a sharded group's own step under ``periodic`` and ``diloco``): its
     ``(loss_sum, count)``, zeros when skipped.
 
     Whether every gradient row and the tail are finite is agreed over the stepping workers
-    (:func:`worker.engine.run.sum_over_stepping` of a flag: no worker holds the whole
-    gradient to check); a non-finite step
+    (``in_group``: over the group; :func:`worker.engine.run.sum_over_stepping` of a flag: no
+    worker holds the whole gradient to check); a non-finite step
     fails or skips on every worker at once (:func:`worker.engine.run.nonfinite_step`) and
     puts the buffers back. Otherwise each worker divides its rows by the count (the mean
     over every sample of the step), steps its shard of the optimizer and moves the buffers
@@ -115,9 +118,12 @@ def sharded_update(run: Run, tail: Tensor) -> tuple[float, int]:
         not bool(torch.isfinite(g).all()) for g in grads
     )
     flag = torch.tensor([float(bad)])
-    sum_over_stepping(flag, run, dist.ReduceOp.MAX)
+    if in_group:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=run.topo.control)
+    else:
+        sum_over_stepping(flag, run, dist.ReduceOp.MAX)
     if flag.item():
-        nonfinite_step(run, partial(sum_over_stepping, run=run))
+        nonfinite_step(run, partial(sum_in_group if in_group else sum_over_stepping, run=run))
         run.state.restore(run.buffer_base)
         return 0.0, 0
     loss_sum, count_sum = tail[-2:].tolist()
@@ -130,6 +136,24 @@ def sharded_update(run: Run, tail: Tensor) -> tuple[float, int]:
             p.grad = None
         run.state.add_mean_change(run.buffer_base, tail[:-2], count)
     return loss_sum, count
+
+
+def group_step(
+    run: Run, indices: Tensor | None = None, upcoming: Callable[[], Batches] | None = None
+) -> tuple[float, int]:
+    """One exact step inside the group (``periodic``, ``diloco``), on ``indices`` (default
+    the split's for this step; ``upcoming`` as :meth:`worker.engine.run.Run.compute`): its
+    ``(loss_sum, count)``, zeros when skipped.
+
+    Every member checks the group's sum (the same on each) in the pass that divides it by the
+    count, so a non-finite one fails or skips the whole group at once; a skip puts the
+    buffers back. A sharded (``fsdp``) group's member steps from its rows of the group's sum
+    (its reduce-scatter during backward) and the tail summed over the group
+    (:func:`sharded_update`)."""
+    if run.sharded:
+        return sharded_update(run, run.compute(indices=indices, upcoming=upcoming), in_group=True)
+    computed = run.compute(run.group_reducer(), indices=indices, upcoming=upcoming)
+    return step_from_sum(run, computed, in_group=True)
 
 
 def apply_update(total: Tensor, run: Run) -> tuple[float, int]:

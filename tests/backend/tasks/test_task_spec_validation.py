@@ -337,19 +337,41 @@ def test_defaults_are_even_synchronous(client: TestClient, version: dict) -> Non
         (
             {
                 "sharding": "fsdp",
-                "sync_strategy": "periodic",
+                "sync_strategy": "quorum",
                 "resource_groups": [{"name": "cpu-a", "workers": 2}],
             },
             "sharding",
-            "sync_strategy 'sync' only so far, not 'periodic'",
+            "sync_strategy 'sync', 'periodic', 'diloco', not 'quorum'",
+        ),
+        (
+            {
+                "sharding": "fsdp",
+                "sync_strategy": "diloco",
+                "diloco_exchange": "async",
+                "resource_groups": [{"name": "a", "workers": 2}, {"name": "b", "workers": 2}],
+            },
+            "sharding",
+            "runs with diloco_exchange 'blocking' or 'overlapped', not 'async'",
+        ),
+        (
+            {
+                "sync_strategy": "quorum",
+                "resource_groups": [{"name": "cpu-a", "workers": 2, "sharding": "fsdp"}],
+            },
+            "sync_strategy",
+            "'quorum' does not run sharded groups (resource_groups.0 has sharding 'fsdp'",
         ),
         (
             {
                 "sync_strategy": "diloco",
-                "resource_groups": [{"name": "cpu-a", "workers": 2, "sharding": "fsdp"}],
+                "diloco_exchange": "async",
+                "resource_groups": [
+                    {"name": "a", "workers": 2, "sharding": "fsdp"},
+                    {"name": "b", "workers": 1},
+                ],
             },
-            "sync_strategy",
-            "'diloco' does not run sharded groups yet (resource_groups.0 has sharding 'fsdp'",
+            "diloco_exchange",
+            "'async' does not run sharded groups (resource_groups.0 has sharding 'fsdp'",
         ),
         ({"fsdp_units": ["Block"]}, "fsdp_units", "applies only where a group has sharding"),
         (

@@ -54,6 +54,11 @@ SOLO_EACH = [
     {"name": "slow", "device_type": "cpu", "workers": 1, "speed_factor": 0.05},
 ]
 
+# Group "a" sharded (FSDP2) beside a whole group "b".
+SHARDED_A = [
+    {"name": "a", "device_type": "cpu", "workers": 2, "sharding": "fsdp"},
+    {"name": "b", "device_type": "cpu", "workers": 1},
+]
 CASES: dict[str, tuple[dict[str, Any], str]] = {
     # 23 steps per epoch: step 35 is in the middle of epoch 1, after an exchange.
     "sync-even-exchange": ({"exchange_fraction": 0.25, "checkpoint_every": 7}, "step-35.pt"),
@@ -63,10 +68,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     "sync-fsdp": (
         {
             "checkpoint_every": 7,
-            "groups": [
-                {"name": "a", "device_type": "cpu", "workers": 2, "sharding": "fsdp"},
-                {"name": "b", "device_type": "cpu", "workers": 1},
-            ],
+            "groups": SHARDED_A,
         },
         "step-35.pt",
     ),
@@ -97,6 +99,30 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     # shards into the checkpoint, goes back to them on resume.
     "diloco-ps-shards": (
         {"sync_strategy": "diloco", "sync_period": 5, "checkpoint_every": 10, "ps_shards": 3},
+        "step-33.pt",
+    ),
+    # Group "a" sharded under periodic and diloco: its workers write their rows of the group's
+    # optimizer state into the checkpoint's group folder and read them back, and exchange
+    # their own rows of each round (with one shard, with rank 0; the overlapped diloco with
+    # 2 shards and its outer momentum).
+    "periodic-fsdp": (
+        {
+            "sync_strategy": "periodic",
+            "sync_period": 4,
+            "checkpoint_every": 10,
+            "groups": SHARDED_A,
+        },
+        "step-12.pt",
+    ),
+    "diloco-overlapped-fsdp": (
+        {
+            "sync_strategy": "diloco",
+            "sync_period": 5,
+            "checkpoint_every": 10,
+            "diloco_exchange": "overlapped",
+            "ps_shards": 2,
+            "groups": SHARDED_A,
+        },
         "step-33.pt",
     ),
     # Overlapped: a checkpoint's round drains the exchange, so the state saved is whole.
