@@ -58,6 +58,7 @@ from contracts.plan import (
     GUARD_MARGIN,
     GUARDED_STRATEGIES,
     ROUND_STRATEGIES,
+    SHARDED_STRATEGIES,
     guard_first_check_steps,
     local_steps,
     warm_point,
@@ -210,9 +211,10 @@ class GroupModel:
 
     def can_shard(self, workers: int, sync_strategy: str) -> bool:
         """Whether ``workers`` of this group may run the model sharded (``fsdp``: two or more,
-        under ``sync``, measured by the trial)."""
+        under a strategy that runs sharded groups, :data:`contracts.plan.SHARDED_STRATEGIES`,
+        measured by the trial)."""
         measured = self.sharded_step is not None and self.sharded_memory is not None
-        return measured and workers >= 2 and sync_strategy == "sync"
+        return measured and workers >= 2 and sync_strategy in SHARDED_STRATEGIES
 
     def memory_mb(self, local_batch: float, workers: int, sharding: str) -> float | None:
         """MiB one worker holds at its peak with ``local_batch`` samples a step, among
@@ -936,12 +938,15 @@ def guarded_groups(
 ) -> list[str]:
     """The groups of ``workers`` the guard keeps stepping (worker/engine/guard.py): one at a
     time, the group whose leaving shortens the predicted step by ``GUARD_MARGIN`` or more
-    is parked, while one does (``sync`` and ``periodic`` with the weighted split and
-    ``guard`` on; every group otherwise)."""
+    is parked, while one does (``sync``, ``periodic`` and ``diloco`` with the weighted
+    split and ``guard`` on, where the placement shards no group; every group otherwise)."""
     active = list(workers)
     if not (guard and split_policy == "weighted" and model.sync_strategy in GUARDED_STRATEGIES):
         return active
-    now = _step(model, workers, active, global_batch_size, split_policy).seconds
+    first = _step(model, workers, active, global_batch_size, split_policy)
+    if any(p.sharding != "none" for p in first.placed.values()):
+        return active  # the engine's guard does not act on a task with a sharded group
+    now = first.seconds
     while len(active) > 1:
         options = []
         for rest in ([a for a in active if a != g] for g in active):

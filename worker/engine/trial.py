@@ -42,6 +42,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from contracts import sharded_state
+from contracts.plan import SHARDED_STRATEGIES
 from worker.engine import fsdp, memory, report
 from worker.engine.compute import local_gradient, sharded_gradient, validate
 from worker.engine.contract import TrainingCode
@@ -171,14 +172,16 @@ def time_sharded_steps(
     train: Source,
     n_train: int,
 ) -> Timed | None:
-    """The other sharding choice, on every worker of a group of two or more under ``sync``
-    (the strategy that runs sharded groups; None elsewhere):
+    """The other sharding choice, on every worker of a group of two or more under a strategy
+    that runs sharded groups (:data:`contracts.plan.SHARDED_STRATEGIES`; None elsewhere):
     the same steps with ``model`` sharded over the group (FSDP2, as a task with ``sharding:
     fsdp`` runs it, :mod:`worker.engine.fsdp`), timed and their peak memory measured. Every
     member of the group runs it alike (the unit gathers and reduce-scatters are collectives).
     ``model`` is sharded in place and is of no further use whole. A model that cannot be
     sharded (:class:`~worker.engine.fsdp.ShardingError`) gives None, logged."""
-    if topo.group is None or len(topo.group_ranks) < 2 or spec.sync_strategy != "sync":
+    if topo.group is None or len(topo.group_ranks) < 2:
+        return None
+    if spec.sync_strategy not in SHARDED_STRATEGIES or spec.diloco_exchange == "async":
         return None
     emulator = _emulator(spec, topo)
     fsdp.return_freed_memory()  # as a sharded worker runs (worker/engine/trainer.py)

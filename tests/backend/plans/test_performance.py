@@ -13,6 +13,7 @@ from backend.plans.performance import (
     expected_max,
     fit,
     fit_line,
+    guarded_groups,
     predict,
     recommend,
 )
@@ -531,6 +532,38 @@ def test_a_model_too_large_whole_is_planned_sharded() -> None:
     )
     plain = predict(whole, {"fast": 2}, global_batch_size=200, epochs=1, split_policy="even")
     assert plain.sharding == {"fast": "none"}  # no limit known: whole, as before
+
+
+@pytest.mark.parametrize("strategy", ["periodic", "diloco"])
+def test_a_round_strategy_plans_a_model_too_large_whole_sharded(strategy: str) -> None:
+    # as above, under the strategies whose rounds exchange a sharded group's own rows
+    trial = _trial({0: (0.010, 0.002)}, {0: 2}, memory={0: MEMORY}, cross=None)
+    model = fit(
+        trial, GROUPS[:1], sync_strategy=strategy, sync_period=4, group_memory_mb={"fast": 500.0}
+    )
+    assert model.groups[0].can_shard(2, strategy) and not model.groups[0].can_shard(2, "quorum")
+    guess = predict(model, {"fast": 2}, global_batch_size=200, epochs=1, split_policy="even")
+    assert guess.sharding == {"fast": "fsdp"} and guess.max_local_batch == {"fast": None}
+
+
+def test_the_guard_parks_no_group_of_a_placement_that_shards_one() -> None:
+    # slow's fixed 0.5 s outlasts fast's whole step: the guard parks it, unless the placement
+    # shards fast (its memory holds 600 MiB: 128 samples sharded, fewer whole), for the
+    # engine's guard does not act then.
+    trial = _trial(
+        {0: (0.010, 0.002), 1: (0.5, 0.006)},
+        {0: 2, 1: 1},
+        memory={0: MEMORY, 1: {"peak_mb": (400.0, 2.0)}},
+    )
+    workers = {"fast": 2, "slow": 1}
+    kept = {}
+    for fast_mb in (10_000.0, 600.0):
+        limits = {"fast": fast_mb, "slow": 10_000.0}
+        model = fit(trial, GROUPS, sync_strategy="sync", group_memory_mb=limits)
+        kept[fast_mb] = guarded_groups(
+            model, workers, global_batch_size=256, split_policy="weighted"
+        )
+    assert kept == {10_000.0: ["fast"], 600.0: ["fast", "slow"]}
 
 
 def test_a_group_that_holds_no_sample_is_left_out_naming_it_and_the_bytes() -> None:

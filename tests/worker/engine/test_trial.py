@@ -55,7 +55,7 @@ def test_trial_times_every_worker_and_exchange(
         assert worker.startup_s is not None and worker.startup_s > 0
         # memory at each size, for the plan's fit check; the sharded choice where there is one
         assert worker.peak_mb is not None and all(p > 0 for p in worker.peak_mb)
-        can_shard = strategy == "sync" and worker.group_index == 0
+        can_shard = worker.group_index == 0  # every strategy here runs a sharded group
         assert (worker.sharded_peak_mb is not None) == can_shard
         assert (worker.sharded_step_s is not None) == can_shard
     assert result.n_val > 0 and result.checkpoint_s is not None and result.checkpoint_s > 0
