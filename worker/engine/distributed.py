@@ -404,7 +404,9 @@ def linked_ranks(spec: RunSpec) -> list[int]:
 # one for two leaders; ``cross``, worker/engine/ring.py, whose ring allreduce carries the
 # step's sum: a leaders' group would connect every pair of them, G (G - 1) / 2; a parked
 # group's neighbours get a link of their own, kept for the run) and, when the guard takes a
-# parked group back, its workers with the worker they copy (``worker.engine.run.refresh``).
+# parked group back, its workers with the worker they copy (``worker.engine.run.refresh``);
+# with the parameter server's owners (``RunSpec.owner_rounds``: ``ps_shards`` > 1, or a
+# sharded group under periodic or diloco) a link between every owner and every worker.
 # These are connected when
 # made: gloo's lazy connections abort a rank in torch 2.13 when a connected peer exits first
 # ("pair.cc:676 state_ <= CONNECTED. 5 vs 4", an assertion on gloo's event-loop thread), so

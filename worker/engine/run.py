@@ -121,7 +121,8 @@ class Run:
     excluded_groups: set[int] = field(default_factory=set)  # left out on disagreement
     outer: torch.optim.Optimizer | None = None  # diloco: the parameter server's outer optimizer
     outer_state: dict[str, Any] | None = None  # its checkpointed state, loaded at first use
-    # The parameter server in shards (ps_shards > 1): rank 0's side, made at training's start.
+    # The parameter server's owners (spec.owner_rounds: ps_shards > 1, or a sharded group's
+    # rounds on one shard): rank 0's side under periodic and diloco, made at training's start.
     ps_shards: ServerShards | None = None
     # sync with the server in shards: rank 0's slice-0 sum of the step (made at its start).
     row_sum: RowSum | None = None
@@ -432,7 +433,8 @@ def sum_over_stepping(
 
 
 def sum_in_group(tensor: Tensor, run: Run) -> Tensor:
-    """Sum the CPU ``tensor`` over this worker's group, in place (its gloo ``control``)."""
+    """Sum ``tensor`` over this worker's group, in place (its gloo ``control``; CPU, or a
+    sharded CUDA group's tail on its device: gloo takes both)."""
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=run.topo.control)
     return tensor
 

@@ -437,8 +437,9 @@ def rows_over_owners(
 def send_layout(topo: Topology, numel: int, shapes: Sequence[Sequence[int]]) -> None:
     """Rank 0: tell every other owner the length of the vector whose slices they own (under
     ``sync`` the step's, from which each builds its :class:`RowSum` with the parameters'
-    ``shapes``; under ``periodic`` and ``diloco`` P, from which each cuts the groups'
-    chunks, :func:`round_plan`) (:data:`LAYOUT`)."""
+    ``shapes``; under ``periodic`` and ``diloco`` P and the shapes, from which each cuts the
+    groups' parts, a whole group's chunks and a sharded group's rows, :func:`round_plan`)
+    (:data:`LAYOUT`)."""
     shape_code = [v for shape in shapes for v in (len(shape), *shape)]
     code = torch.tensor([numel, *shape_code], dtype=torch.int64)
     for owner in _owners(topo)[1:]:

@@ -297,7 +297,7 @@ def check_ps_shards(spec: RunSpec) -> None:
     """Raises ValueError, naming ``ps_shards``, for a sharded parameter server that cannot be
     run: a strategy other than ``sync``, ``periodic`` and ``diloco``
     (:data:`contracts.plan.PS_SHARDED_STRATEGIES`), diloco's ``async`` exchange, or a plan's
-    trial (a trial runs ``sync``). More shards than
+    trial (which times one server's exchange). More shards than
     the model has parameters fails at the start (:func:`worker.engine.exchange.shard_bounds`).
     """
     if spec.ps_shards == 1:

@@ -224,7 +224,9 @@ def outer_optimizer(run: Run) -> torch.optim.Optimizer:
 class RoundExchange:
     """A compute worker's side of the rounds' exchange with the parameter server, one epoch.
 
-    ``base`` (``[P + B]``) is the model at the current round's start. At a round's end
+    ``base`` (``[P + B]``; a sharded worker's ``[its rows, B]``,
+    :meth:`worker.engine.state.ModelState.held_vector`) is the model at the current round's
+    start. At a round's end
     (:meth:`end_round`) the worker forms ``D = base - now``; the leader (with the server in
     shards, every member its chunk) sends
     ``[n_g D_P / tau_g (P), -n_g D_B (B), loss_sum, n_g tau_g, n_g]`` (the pseudo-gradient
@@ -241,14 +243,16 @@ class RoundExchange:
       takes at that same round's end).
 
     Where every rank must hold the global model (a checkpoint, an agreement check, the
-    epoch's end) the worker drains the exchange (:meth:`drain`). Every member forms the same
-    ``D`` and ``base`` from its identical model. With one server only the leader talks to it,
-    and the other members take the global model from it by a broadcast in the group; with
-    the server in shards every member sends its chunk of the vector and takes its chunk of
-    the global model, and the members gather the chunks
-    (:class:`worker.engine.shard_server.SliceExchange`).
-    Buffers: ``base`` is ``[P + B]`` and every rank's model changes alike, so integer buffers
-    (counters) stay exact.
+    epoch's end) the worker drains the exchange (:meth:`drain`). Every member of a whole group
+    forms the same ``D`` and ``base`` from its identical model. With one server only the
+    leader talks to it, and the other members take the global model from it by a broadcast
+    in the group; with the server in shards every member sends its chunk of the vector and
+    takes its chunk of the global model, and the members gather the chunks
+    (:class:`worker.engine.shard_server.SliceExchange`). A sharded (``fsdp``) group's member
+    forms ``D`` and ``base`` from its own rows, sends them and takes back its rows of the
+    global model (with one shard from rank 0, which owns it all).
+    Buffers: ``base`` holds them whole and every rank's model changes alike, so integer
+    buffers (counters) stay exact.
     """
 
     def __init__(self, run: Run) -> None:

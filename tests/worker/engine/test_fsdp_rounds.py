@@ -7,7 +7,7 @@ the same sums, rounded apart); with the server in 1 or 3 shards it is bitwise th
 Real gloo processes through the local launcher; a model with BatchNorm buffers
 (tests/worker/engine/test_buffers.py), a sharded group of two beside two whole groups, one
 of them of two workers (each sends its chunk); checkpoints, whose optimizer state the sharded
-group's workers write in rows, and the parameters' agreement checked every few steps.
+group's workers write in rows; a non-finite loss in the group fails or skips its step.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ import pytest
 import torch
 
 from contracts import sharded_state
-from tests.worker.engine.reference import run_with_dump
+from tests.worker.engine.reference import finite, run_with_dump
 from tests.worker.engine.test_buffers import bn_spec, checkpoint_model
-from tests.worker.engine.test_ps_shards import STRATEGIES
+from tests.worker.engine.test_fsdp import SHARDED_A
+from tests.worker.engine.test_numerics import NAN_LOSS, launch, user_spec
+from tests.worker.engine.test_ps_shards import STRATEGIES, last_outer_state
 from worker.engine.spec import RunSpec
 
 GROUPS = [
@@ -42,14 +44,14 @@ def _spec(
         epochs=2,
         ps_shards=shards,
         groups=groups,
-        agreement_every=4,
         checkpoint_every=6,
         **STRATEGIES[strategy],
     )
 
 
-# The server in one shard (rank 0 takes every worker's rows), in three, and in two.
-SHARDS = {"periodic": 1, "diloco": 3, "diloco-overlapped": 2}
+# The server in one shard (rank 0 takes every worker's rows and steps the whole outer
+# optimizer), in three, and in two.
+SHARDS = {"periodic": 3, "diloco": 1, "diloco-overlapped": 2}
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
@@ -103,12 +105,50 @@ def _group_state(spec: RunSpec, out: Path) -> dict:
 def test_a_sharded_groups_rounds_are_bitwise_alike_on_one_or_three_shards(
     make_spec: Callable[..., RunSpec], tmp_path: Path
 ) -> None:
-    one = _spec(make_spec, tmp_path / "one", "periodic", sharded=True, shards=1)
-    three = _spec(make_spec, tmp_path / "three", "periodic", sharded=True, shards=3)
+    one = _spec(make_spec, tmp_path / "one", "diloco", sharded=True, shards=1)
+    three = _spec(make_spec, tmp_path / "three", "diloco", sharded=True, shards=3)
     _, got_one = run_with_dump(one, tmp_path / "one" / "dump")
     _, got_three = run_with_dump(three, tmp_path / "three" / "dump")
     for rank in range(1 + one.n_workers):
         assert torch.equal(got_three[rank], got_one[rank]), rank
+    # The outer momentum, one server's SGD state from rank 0 alone or gathered from 3 owners.
+    want, got = last_outer_state(one), last_outer_state(three)
+    assert want is not None and got is not None
+    assert set(got["state"]) == set(want["state"]) != set()
+    for key, value in want["state"].items():
+        assert torch.equal(got["state"][key]["momentum_buffer"], value["momentum_buffer"]), key
+
+
+PERIODIC = {"sync_strategy": "periodic", "sync_period": 4}
+
+
+def test_a_nonfinite_loss_in_a_sharded_periodic_group_fails_the_group_naming_where(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    spec = user_spec(
+        make_spec, tmp_path, NAN_LOSS.format(rank=2, step=3), groups=SHARDED_A, **PERIODIC
+    )
+    run = launch(spec)
+    assert not run.ok and not run.timed_out
+    for rank in (1, 2):  # both workers of the sharded group fail on the fault itself
+        text = run.text(rank).split("NonFiniteError")[-1]
+        # rank 1's rows of the group's summed gradient are non-finite too
+        assert "loss and gradient on rank 2 (group 'a') at epoch 0, step 3" in text, text
+        assert "group 'b'" not in text, text
+    assert not any(e["type"] == "checkpoint" for e in run.events)
+
+
+def test_skip_step_in_a_sharded_periodic_group_skips_it_and_counts(
+    make_spec: Callable[..., RunSpec], tmp_path: Path
+) -> None:
+    source = NAN_LOSS.format(rank=1, step=6)
+    spec = user_spec(
+        make_spec, tmp_path, source, groups=SHARDED_A, on_nonfinite="skip_step", **PERIODIC
+    )
+    run, finals = run_with_dump(spec, tmp_path / "dump")
+    assert all(torch.isfinite(f).all() for f in finals.values())
+    assert all(torch.equal(finals[r], finals[0]) for r in finals)
+    assert finite(run.metrics("skipped_steps")) == [1.0, 0.0]
 
 
 @pytest.mark.parametrize(

@@ -81,8 +81,8 @@ def test_a_sharded_server_trains_bitwise_as_one_server(
     for name, value in want.items():
         assert torch.equal(got[name], value), name
     # diloco: the outer momentum, gathered from the shards, as one server's SGD holds it.
-    got_outer = _outer(three)
-    want_outer = _outer(one)
+    got_outer = last_outer_state(three)
+    want_outer = last_outer_state(one)
     assert (got_outer is None) == (strategy == "periodic") == (want_outer is None)
     if want_outer is not None:
         assert got_outer["param_groups"] == want_outer["param_groups"]
@@ -142,7 +142,7 @@ def test_sync_in_one_group_with_a_sharded_server_leaves_the_owners_idle(
     assert "up: shard 1 of 2 of the parameter server" in run.text(3)
 
 
-def _outer(spec: RunSpec) -> dict | None:
+def last_outer_state(spec: RunSpec) -> dict | None:
     """The last epoch's checkpoint's outer optimizer state."""
     last = sorted(Path(spec.checkpoint_dir).glob("epoch-*.pt"))[-1]
     return torch.load(last, weights_only=False).get("outer_optimizer")
