@@ -131,6 +131,42 @@ def test_a_task_with_its_parameter_server_in_shards_succeeds(
     assert_released(api, stack, task["id"])
 
 
+def test_a_diloco_task_with_a_sharded_group_succeeds_and_its_download_is_whole(
+    api: httpx.Client, stack: LocalStack
+) -> None:
+    """cpu-a's two workers hold their rows of the model (FSDP2) and each sends the parameter
+    server only its own rows of a round; the last checkpoint's download holds cpu-a's
+    optimizer state whole, built from its workers' files."""
+    version = new_version(api, example="tiny_regression")
+    groups = [{"name": "cpu-a", "workers": 2, "sharding": "fsdp"}, {"name": "cpu-b", "workers": 1}]
+    task = submit(
+        api, version, epochs=1, resource_groups=groups, sync_strategy="diloco", sync_period=2
+    )
+    done = wait_for(api, task["id"], {"SUCCEEDED", "FAILED", "CANCELLED"})
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    checkpoints = api.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()
+    # The epoch's checkpoint keeps each group's optimizer state (final.pt keeps none): cpu-a's
+    # .metadata and its 2 workers' files, cpu-b's .metadata and its worker's file.
+    kept = [c for c in checkpoints if c["sharded_files"]]
+    assert [c["sharded_files"] for c in kept] == [5], checkpoints
+    blob = api.get(
+        f"/api/v1/tasks/{task['id']}/checkpoints/{kept[-1]['id']}/download",
+        timeout=DOWNLOAD_TIMEOUT_S,
+    )
+    assert blob.status_code == 200
+    state = torch.load(io.BytesIO(blob.content), weights_only=True)
+    from examples.tiny_regression import build_model, build_optimizer
+
+    model = build_model()
+    model.load_state_dict(state["model"])
+    for group in (0, 1):  # each group's own optimizer, as the user's optimizer loads it
+        optimizer = build_optimizer(model.parameters())
+        optimizer.load_state_dict(state["group_optimizers"][group])
+        moments = [v for s in optimizer.state.values() for v in s.values() if v.dim() > 0]
+        assert [tuple(v.shape) for v in moments] == [tuple(p.shape) for p in model.parameters()]
+    assert_released(api, stack, task["id"])
+
+
 def test_user_error_fails_task_with_traceback(api: httpx.Client, stack: LocalStack) -> None:
     version = new_version(api, source=FAILING_MODEL)
     task = submit(api, version)
