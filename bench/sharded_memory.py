@@ -37,7 +37,13 @@ every run (a sharded rank's own setting still wins), to compare the arms under o
 Sizes: about 25M and 100M parameters. A run that fails (a rank exits non-zero, or the
 run times out) ends the benchmark with exit code 1 and the ranks' last lines.
 
+``--strategy periodic`` or ``diloco`` runs both arms with that strategy (rounds of
+:data:`ROUND_STEPS` steps, 2 an epoch), where each worker of the sharded group sends the
+parameter server only its own rows of a round (docs/heterogeneity.md, "Sharding inside a
+group"); the lines are then named ``sharded_memory_ratio_<strategy>...``.
+
     python -m bench.sharded_memory [--sizes 25M,100M] [--mmap-threshold 1048576]
+        [--strategy sync|periodic|diloco]
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ INTERVAL_S = 0.02
 MIB = 2**20
 STATE_BYTES = 16  # a parameter, its gradient and Adam's two moments, float32
 TARGET = "<= 0.6"
+ROUND_STEPS = 4  # periodic's and diloco's sync_period: 2 rounds an epoch
 
 
 def peak_kib(pid: int) -> int | None:
@@ -112,11 +119,14 @@ class PeakWatch:
         return {rank: self.kib[rank] / 1024 for rank in range(ranks)}
 
 
-def peaks_of(hidden: int, sharding: str, env: dict[str, str]) -> tuple[dict[int, float], float]:
+def peaks_of(
+    hidden: int, sharding: str, env: dict[str, str], strategy: str = "sync"
+) -> tuple[dict[int, float], float]:
     """Every rank's peak MiB in one run of the task at hidden width ``hidden`` with
-    ``sharding`` (``env`` added to the ranks'), and the run's wall seconds; exits 1 if the
-    run fails."""
+    ``sharding`` and ``strategy`` (``env`` added to the ranks'), and the run's wall seconds;
+    exits 1 if the run fails."""
     watch = PeakWatch()
+    rounds = {} if strategy == "sync" else {"sync_period": ROUND_STEPS}
     run = run_task(
         {
             "code": workload("deep_mlp"),
@@ -125,6 +135,8 @@ def peaks_of(hidden: int, sharding: str, env: dict[str, str]) -> tuple[dict[int,
             "groups": [{"name": "a", "device_type": "cpu", "workers": 2}],
             "sharding": sharding,
             "profile_steps": 2,
+            "sync_strategy": strategy,
+            **rounds,
         },
         timeout_s=900,
         env={
@@ -176,24 +188,32 @@ def main() -> None:
         default=None,
         help="MALLOC_MMAP_THRESHOLD_ of every rank, bytes (default: glibc's own, adaptive)",
     )
+    parser.add_argument(
+        "--strategy",
+        choices=["sync", "periodic", "diloco"],
+        default="sync",
+        help="both arms' sync_strategy (default sync)",
+    )
     args = parser.parse_args()
+    strategy = args.strategy
+    prefix = "sharded_memory_ratio" + ("" if strategy == "sync" else f"_{strategy}")
     env = (
         {} if args.mmap_threshold is None else {"MALLOC_MMAP_THRESHOLD_": str(args.mmap_threshold)}
     )
     sizes = args.sizes.split(",")
     baseline = {}
     for arm in ARMS:
-        peaks, _ = peaks_of(BASELINE_HIDDEN, arm, env)
+        peaks, _ = peaks_of(BASELINE_HIDDEN, arm, env, strategy)
         baseline[arm] = max(peaks[1], peaks[2])
     worst: dict[str, float] = {"ratio": 0.0, "ratio_above_baseline": 0.0}
     for size in sizes:
         hidden = width(size)
         params = parameters(hidden)
-        runs = {arm: peaks_of(hidden, arm, env) for arm in ARMS}
+        runs = {arm: peaks_of(hidden, arm, env, strategy) for arm in ARMS}
         figures = size_figures(params, {arm: runs[arm][0] for arm in ARMS}, baseline)
         worst = {k: max(v, figures[k]) for k, v in worst.items()}
         emit(
-            f"sharded_memory_ratio_{label(size)}",
+            f"{prefix}_{label(size)}",
             figures.pop("ratio"),
             TARGET,
             ideal=0.5,
@@ -203,9 +223,10 @@ def main() -> None:
             torch_fsdp_peak_mib=round(torch_peak(hidden, env), 1),
             run_s={arm: round(runs[arm][1], 1) for arm in ARMS},
             mmap_threshold=args.mmap_threshold,
+            strategy=strategy,
         )
     emit(
-        "sharded_memory_ratio",
+        prefix,
         worst["ratio"],
         TARGET,
         ideal=0.5,
@@ -215,6 +236,7 @@ def main() -> None:
         global_batch=GLOBAL_BATCH,
         optimizer="Adam",
         mmap_threshold=args.mmap_threshold,
+        strategy=strategy,
     )
 
 

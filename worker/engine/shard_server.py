@@ -608,14 +608,16 @@ class SliceExchange:
 
     def post(self, vector: Tensor, answer: Tensor) -> tuple[list[Any], list[Any]]:
         """Start the round; returns its sends' and its receives' works. ``vector`` (1-D CPU,
-        ``[params part, rest]``) may change once posted (the parts are copies); ``answer``
-        (1-D CPU ``[params part, B]``) holds this member's part of the new model once the
-        receives are done and :meth:`assemble` was called."""
+        ``[params part, rest]``) must not change until the sends are done (rank 0's part is a
+        view of it where it ends where ``rest`` starts: with one shard, or for the group's
+        last member); ``answer`` (1-D CPU ``[params part, B]``) holds this member's part of
+        the new model once the receives are done and :meth:`assemble` was called."""
         shards, p = self.topo.shards, self.n_held
         assert shards is not None
         counts = vector[vector.numel() - self.counts :]
         a0, b0 = self.parts[0]
-        self.messages = [torch.cat([vector[a0:b0], vector[p:]])]
+        head = vector[a0:] if b0 == p else torch.cat([vector[a0:b0], vector[p:]])
+        self.messages = [head]
         self.head = torch.empty(b0 - a0 + answer.numel() - p, dtype=answer.dtype)
         outs = [self.head]
         owners = [shards.servers[0]]

@@ -129,17 +129,30 @@ class ModelState:
         return sum(local(p).numel() for p in self.params)
 
     @torch.no_grad()
-    def held_params(self) -> Tensor:
-        """``[held params (n_held)]``: this worker's rows of every parameter of a sharded
-        model, flat and in order (every parameter of a whole one), in the parameters' dtype,
-        on their device; nothing is gathered."""
-        return torch.cat([local(p).detach().reshape(-1) for p in self.params])
+    def held_params(self, scale: float = 1.0, out: Tensor | None = None) -> Tensor:
+        """``scale * [held params (n_held)]``: this worker's rows of every parameter of a
+        sharded model, flat and in order (every parameter of a whole one), in the parameters'
+        dtype, on their device (nothing is gathered); written into the first ``n_held``
+        elements of ``out`` where given (of any dtype and device), without a copy between."""
+        if out is None:
+            params = self.params[0]
+            out = torch.empty(self.n_held, dtype=params.dtype, device=params.device)
+        offset = 0
+        for param in self.params:
+            rows = local(param).detach().reshape(-1)
+            torch.mul(rows, scale, out=out[offset : offset + rows.numel()])
+            offset += rows.numel()
+        return out[: self.n_held]
 
     @torch.no_grad()
     def held_vector(self) -> Tensor:
         """``[held params (n_held), buffers (B)]``: :meth:`vector` as this worker holds it
         (:meth:`held_params`); :meth:`load_held_` takes it back."""
-        return torch.cat([self.held_params(), self.buffers_vector()])
+        params = self.params[0]
+        out = torch.empty(self.n_held + self.n_buffers, dtype=params.dtype, device=params.device)
+        self.held_params(out=out)
+        out[self.n_held :] = self.buffers_vector()
+        return out
 
     @torch.no_grad()
     def load_held_(self, vector: Tensor) -> None:

@@ -260,8 +260,8 @@ class RoundExchange:
         # A sharded (fsdp) worker's vectors hold its own rows of the parameters (n_held).
         self.size, self.n_params = state.n_held + state.n_buffers, state.n_held
         self.base = state.held_vector().cpu().to(exchange_dtype(run))
-        self.send = torch.empty(self.size + TAIL, dtype=self.base.dtype)
-        self.receive = torch.empty(self.size, dtype=self.base.dtype)
+        # The round's buffers, made at its end and let go by a drain (:meth:`_round_buffers`).
+        self.send = self.receive = self.base.new_empty(0)
         self.sends: list[Any] = []
         self.receives: list[Any] = []
         self.pending = False  # a global model is on its way
@@ -285,6 +285,7 @@ class RoundExchange:
         state, topo = run.state, run.topo
         with run.clock.waiting():
             wait_all(self.sends)  # the last round's vector is out of the send buffer
+        self._round_buffers()
         delta = self.send[: self.size]
         self._base_minus_model(state, delta)
         if self.pending:
@@ -323,6 +324,21 @@ class RoundExchange:
         self.base, self.receive = self.receive, self.base
         run.state.load_held_(self.base)
         self.pending = False
+        with run.clock.waiting():
+            wait_all(self.sends)
+        self.sends = []
+        # Nothing on its way: the round's buffers go until the next round's end, so the steps
+        # between hold the base alone beside the model (two model-sized buffers less, where
+        # the blocking exchange drains every round).
+        self.send = self.receive = self.base.new_empty(0)
+
+    def _round_buffers(self) -> None:
+        """The round's send ``[size + TAIL]`` and receive ``[size]`` buffers, made again where
+        a drain let them go."""
+        if self.send.numel() != self.size + TAIL:
+            self.send = self.base.new_empty(self.size + TAIL)
+        if self.receive.numel() != self.size:
+            self.receive = self.base.new_empty(self.size)
 
     def _base_minus_model(self, state: ModelState, out: Tensor) -> None:
         """``out = base - [params, buffers]`` (a sharded worker: its rows of the parameters),

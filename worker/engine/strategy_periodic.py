@@ -65,17 +65,18 @@ def average_models(
     slice's owner: a whole group's member its chunk, after which the members gather the new
     model's chunks; a sharded (``fsdp``) group's member its own rows, taking back its rows of
     the new model (no process of the group gathers the whole)."""
-    state = run.state
-    with torch.no_grad():
-        weighted = state.held_params() * group_samples
-    changes = state.buffer_change(sync_base, group_samples, weighted)
-    tail = torch.tensor([group_loss, group_samples], dtype=weighted.dtype, device=weighted.device)
-    topo = run.topo
+    state, topo = run.state, run.topo
+    params, held = run.params[0], state.n_held
+    # [n_g theta_g (its held part), buffer changes, loss, n_g], formed in place.
+    vector = torch.empty(held + state.n_buffers + 2, dtype=params.dtype, device=params.device)
+    weighted = state.held_params(group_samples, out=vector)
+    vector[held:-2] = state.buffer_change(sync_base, group_samples, weighted)
+    vector[-2:] = torch.tensor([group_loss, group_samples], dtype=vector.dtype)
     if topo.shards is None:
-        leader_reduce(topo, torch.cat([weighted, changes, tail]))
+        leader_reduce(topo, vector)
         state.load_(broadcast_down(topo, state.vector()))
         return
-    vector = torch.cat([weighted, changes, tail]).cpu()
+    vector = vector.cpu()
     answer = torch.empty(state.n_held + state.n_buffers, dtype=vector.dtype)
     counts = shard_server.COUNTS["periodic"]
     slices = shard_server.SliceExchange.of_member(topo, run.params, counts, sharded=run.sharded)
