@@ -939,17 +939,20 @@ def guarded_groups(
     """The groups of ``workers`` the guard keeps stepping (worker/engine/guard.py): one at a
     time, the group whose leaving shortens the predicted step by ``GUARD_MARGIN`` or more
     is parked, while one does (``sync``, ``periodic`` and ``diloco`` with the weighted
-    split and ``guard`` on, where the placement shards no group; every group otherwise)."""
+    split and ``guard`` on; a group the placement shards is never parked, and under ``sync``
+    none is where one is sharded; every group otherwise)."""
     active = list(workers)
     if not (guard and split_policy == "weighted" and model.sync_strategy in GUARDED_STRATEGIES):
         return active
     first = _step(model, workers, active, global_batch_size, split_policy)
-    if any(p.sharding != "none" for p in first.placed.values()):
-        return active  # the engine's guard does not act on a task with a sharded group
+    sharded = {name for name, p in first.placed.items() if p.sharding != "none"}
+    if sharded and model.sync_strategy == "sync":
+        return active  # the engine's guard does not act on a sync task with a sharded group
     now = first.seconds
     while len(active) > 1:
         options = []
-        for rest in ([a for a in active if a != g] for g in active):
+        # A sharded group is never parked (worker/engine/guard.py, Guard.stays).
+        for rest in ([a for a in active if a != g] for g in active if g not in sharded):
             try:  # the guard does not park a group the others' memory cannot do without
                 options.append(
                     (_step(model, workers, rest, global_batch_size, split_policy).seconds, rest)

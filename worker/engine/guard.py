@@ -120,12 +120,15 @@ class Guard:
     ``room``: the most samples each group takes in a step (its ``max_local_batch`` times its
     workers; None: no cap; the list None: no group has one): a group is parked only when the
     active groups left can hold the batch (:meth:`holds`).
+    ``stays``: groups never parked (a sharded group, which a return could not refill
+    without its members gathering a whole replica: docs/heterogeneity.md, "The guard").
     """
 
     n_groups: int
     margin: float = GUARD_MARGIN
     rounds: bool = False
     room: list[int | None] | None = None
+    stays: frozenset[int] = frozenset()
     costs: dict[int, GroupCost] = field(default_factory=dict)
     overhead_one_s: float | None = None
     overhead_many_s: float | None = None
@@ -197,7 +200,8 @@ class Guard:
         the predicted step by ``margin`` or more, else the parked groups unchanged.
 
         ``left_out``: groups out of training for good (excluded on disagreement), never
-        taken back by the guard. At least one group stays active, and the active groups
+        taken back by the guard; :attr:`stays` are never parked. At least one group stays
+        active, and the active groups
         always hold the batch within their :attr:`room` (a park that would leave too little
         is not considered).
         """
@@ -226,7 +230,7 @@ class Guard:
             return self.parked
         moves: list[tuple[float, frozenset[int]]] = []
         if len(active) > 1:
-            for g in active:
+            for g in (a for a in active if a not in self.stays):
                 # An undone park is not tried again until the step with the group has become
                 # VETO_CHANGE slower than it was measured then (with three groups or more the
                 # overhead learnt from the undo is overwritten by the next window's).

@@ -49,7 +49,14 @@ from worker.engine.distributed import (  # noqa: F401 (Topology re-exported)
     leader_ring,
 )
 from worker.engine.emulation import SpeedEmulator
-from worker.engine.exchange import gather_work, gather_worker_states, receive_at_ps, send_to_ps
+from worker.engine.exchange import (
+    STATUS_WAIT,
+    gather_work,
+    gather_worker_states,
+    receive_at_ps,
+    send_to_ps,
+    wait_all,
+)
 from worker.engine.fsdp import (
     assemble_rows_,
     group_sum_,
@@ -65,7 +72,14 @@ from worker.engine.numerics import NonFiniteError, blame, describe, local_faults
 from worker.engine.provenance import ShardLedger
 from worker.engine.reducer import GradientReducer
 from worker.engine.ring import LeaderRing
-from worker.engine.shard_server import RowSum, ServerShards, rows_over_owners
+from worker.engine.shard_server import (
+    COUNTS,
+    RowSum,
+    ServerShards,
+    SliceExchange,
+    round_dtype,
+    rows_over_owners,
+)
 from worker.engine.sharded import local
 from worker.engine.sharding import Batches
 from worker.engine.spec import RunSpec
@@ -154,7 +168,8 @@ class Run:
                 None if g.max_local_batch is None else g.max_local_batch * g.workers
                 for g in self.spec.groups
             ]
-            self.guard = Guard(len(self.spec.groups), rounds=rounds, room=room)
+            stays = frozenset(g for g in range(len(self.spec.groups)) if self.spec.sharded(g))
+            self.guard = Guard(len(self.spec.groups), rounds=rounds, room=room, stays=stays)
 
     @property
     def parked_groups(self) -> frozenset[int]:
@@ -368,11 +383,13 @@ def _crossed(now: int, before: int, every: int | None) -> bool:
 def guarding(run: Run) -> bool:
     """True when the guard acts on this run (:mod:`worker.engine.guard`): ``guard`` on, a
     strategy whose every step waits for every group, the ``weighted`` split (the guard
-    decides from the measured rates) and more than one group, none of them sharded (a
-    parked group's return would take a sharded replica whole)."""
+    decides from the measured rates) and more than one group; with a sharded group, under
+    ``periodic`` and ``diloco`` only (a group taken back there takes the global model from
+    the parameter server's owners, :func:`catch_up`; under ``sync`` it would take a sharded
+    replica whole), and the sharded groups are never parked (:attr:`Guard.stays`)."""
     spec = run.spec
     return (
-        not spec.any_sharded
+        (not spec.any_sharded or spec.sync_strategy in ROUND_STRATEGIES)
         and run.strategy.guards(spec)
         and spec.guard
         and spec.split_policy == "weighted"
@@ -490,6 +507,51 @@ def refresh(run: Run, groups: set[int], source: int) -> None:
                 run.optimizer.load_state_dict(received)
 
 
+def catch_up(run: Run, groups: set[int]) -> None:
+    """Under ``periodic`` and ``diloco`` with a sharded group (the parameter server's owners,
+    ``RunSpec.owner_rounds``): the workers of ``groups``, taken back by the guard, take the
+    global model and buffers from the owners in a round of their own that adds nothing (no
+    sample: ``periodic``'s mean and ``diloco``'s outer step leave the global model as it is),
+    each worker its part (:class:`worker.engine.shard_server.SliceExchange`: a whole group's
+    chunks, then gathered). Each keeps its own optimizer state, as kept while parked (under
+    these strategies every group steps its own), where :func:`refresh` would copy a stepping
+    worker's: that worker may be a sharded one, which holds its rows only. Rank 0 commands
+    the round; called on every rank together but the other owners (which answer it)."""
+    spec, topo, state = run.spec, run.topo, run.state
+    leaders = [spec.group_ranks(g)[0] for g in sorted(groups)]
+    if topo.is_ps:
+        assert run.ps_shards is not None, "a group taken back before the owners were loaded"
+        if spec.sync_strategy == "periodic":
+            run.ps_shards.mean_round(leaders, fetch=False)  # its sums are 0: nothing counted
+        else:
+            run.ps_shards.outer_round(leaders, fetch=False)
+        _dump_catch_up(run, run.ps_shards.head_slice())
+        return
+    if topo.group_index not in groups:
+        return
+    counts = COUNTS[spec.sync_strategy]
+    dtype = round_dtype(spec.sync_strategy, run.params[0].dtype)
+    vector = torch.zeros(state.n_held + state.n_buffers + 1 + counts, dtype=dtype)
+    answer = torch.empty(state.n_held + state.n_buffers, dtype=dtype)
+    slices = SliceExchange.of_member(topo, run.params, counts, sharded=run.sharded)
+    sends, receives = slices.post(vector, answer)
+    wait_all(sends + receives, STATUS_WAIT)
+    slices.assemble()
+    model = answer.to(topo.device)
+    slices.gather(model[: state.n_held])  # on the device: NCCL on a CUDA group
+    state.load_held_(model)
+    _dump_catch_up(run, state.held_params().cpu())
+
+
+def _dump_catch_up(run: Run, held: Tensor) -> None:
+    """Tests (``debug_dump_dir``): what a rank holds of the global model after
+    :func:`catch_up` (rank 0 slice 0, a worker its part), as ``catch-up-<rank>-<step>.pt``."""
+    if run.spec.debug_dump_dir:
+        folder = Path(run.spec.debug_dump_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(held.detach().clone(), folder / f"catch-up-{run.topo.rank}-{run.step}.pt")
+
+
 def _group_costs(
     run: Run, columns: tuple[list[float], ...]
 ) -> tuple[dict[int, GroupCost], float, float]:
@@ -547,7 +609,7 @@ def guard_check(run: Run, columns: tuple[list[float], ...]) -> bool:
     if schedule is None:
         after = guard.decide(run.spec.global_batch_size, left_out=run.excluded_groups)
     else:  # a test's schedule moves the groups, alone
-        after = frozenset(schedule.get(run.step, before))
+        after = frozenset(g for g in schedule.get(run.step, before) if g not in guard.stays)
     if after == before:
         return False
     workers = {r - 1 for g in after for r in run.spec.group_ranks(g)}
@@ -576,7 +638,9 @@ def guard_check(run: Run, columns: tuple[list[float], ...]) -> bool:
     )
     shares = run.balancer.park(workers, run.split.shares)
     guard.parked = after
-    if before - after:
+    if before - after and run.spec.any_sharded:  # periodic, diloco: from the owners
+        catch_up(run, set(before - after))
+    elif before - after:
         refresh(run, set(before - after), source)
     _step_comm(run, after)
     if run.reducer is not None:

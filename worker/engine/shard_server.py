@@ -719,10 +719,15 @@ class ServerShards:
                 for w in receive_pieces(buffer, owner, self.topo.link(owner))
             ]
         )
+        parts = [self.head_slice(), *(buffer.to(self.dtype) for buffer in received)]
+        load_vector_(parts[0] if len(parts) == 1 else torch.cat(parts), self.state.params)
+
+    def head_slice(self) -> Tensor:
+        """Slice 0 of the global model as rank 0 holds it now (``periodic``: the last mean;
+        ``diloco``: its outer optimizer's parameter)."""
         head = self.outer.param.detach() if self.outer is not None else self.head
         assert head is not None
-        flat = torch.cat([head, *(buffer.to(self.dtype) for buffer in received)])
-        load_vector_(flat, self.state.params)
+        return head
 
     def mean_round(self, leaders: list[int], *, fetch: bool) -> tuple[float, float]:
         """``periodic``'s sync point with the groups of ``leaders`` (global ranks); with

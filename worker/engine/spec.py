@@ -71,7 +71,7 @@ class RunSpec(BaseModel):
     module classes ``fsdp_units`` names or chosen by size (:mod:`worker.engine.fsdp`),
     computing in ``fsdp_param_dtype`` (``bfloat16``: mixed precision, FSDP2's policy); with
     ``sync``, ``periodic`` and ``diloco`` (not its ``async`` exchange; :attr:`owner_rounds`),
-    and the guard does not act on such a task.
+    and the guard never parks a sharded group (nor acts on a ``sync`` task with one).
     ``ps_shards`` (S, default 1) cuts the parameter server's model into S slices, each owned
     by its own process (rank 0 and the ranks after the workers, :meth:`shard_servers`): each
     group leader exchanges slice s with its owner only (:mod:`worker.engine.shard_server`);

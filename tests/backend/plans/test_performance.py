@@ -546,24 +546,52 @@ def test_a_round_strategy_plans_a_model_too_large_whole_sharded(strategy: str) -
     assert guess.sharding == {"fast": "fsdp"} and guess.max_local_batch == {"fast": None}
 
 
-def test_the_guard_parks_no_group_of_a_placement_that_shards_one() -> None:
+def test_the_guard_never_parks_a_sharded_group_and_under_sync_none_beside_one() -> None:
     # slow's fixed 0.5 s outlasts fast's whole step: the guard parks it, unless the placement
     # shards fast (its memory holds 600 MiB: 128 samples sharded, fewer whole), for the
     # engine's guard does not act then.
     trial = _trial(
         {0: (0.010, 0.002), 1: (0.5, 0.006)},
         {0: 2, 1: 1},
+        trips={0: (0.001, 1e-9), 1: (0.004, 3e-9)},  # periodic's round trips
         memory={0: MEMORY, 1: {"peak_mb": (400.0, 2.0)}},
     )
     workers = {"fast": 2, "slow": 1}
     kept = {}
-    for fast_mb in (10_000.0, 600.0):
-        limits = {"fast": fast_mb, "slow": 10_000.0}
-        model = fit(trial, GROUPS, sync_strategy="sync", group_memory_mb=limits)
-        kept[fast_mb] = guarded_groups(
-            model, workers, global_batch_size=256, split_policy="weighted"
+    for strategy in ("sync", "periodic"):
+        for fast_mb in (10_000.0, 600.0):
+            limits = {"fast": fast_mb, "slow": 10_000.0}
+            model = fit(
+                trial, GROUPS, sync_strategy=strategy, sync_period=4, group_memory_mb=limits
+            )
+            kept[strategy, fast_mb] = guarded_groups(
+                model, workers, global_batch_size=256, split_policy="weighted"
+            )
+    # Under periodic (and diloco) the guard acts beside a sharded group, which it never parks:
+    # the slow group, of 2 workers sharded where its memory holds 600 MiB, stays.
+    slow_sharded = _trial(
+        {0: (0.010, 0.002), 1: (0.5, 0.006)},
+        {0: 2, 1: 2},
+        trips={0: (0.001, 1e-9), 1: (0.004, 3e-9)},
+        memory={0: {"peak_mb": (400.0, 2.0)}, 1: {**MEMORY, "sharded_step_s": (0.6, 0.007)}},
+    )
+    groups = [("fast", "cpu", 2), ("slow", "cpu", 2)]
+    for slow_mb in (10_000.0, 600.0):
+        limits = {"fast": 10_000.0, "slow": slow_mb}
+        model = fit(
+            slow_sharded, groups, sync_strategy="periodic", sync_period=4, group_memory_mb=limits
         )
-    assert kept == {10_000.0: ["fast"], 600.0: ["fast", "slow"]}
+        kept["slow", slow_mb] = guarded_groups(
+            model, {"fast": 2, "slow": 2}, global_batch_size=256, split_policy="weighted"
+        )
+    assert kept == {
+        ("sync", 10_000.0): ["fast"],
+        ("sync", 600.0): ["fast", "slow"],
+        ("periodic", 10_000.0): ["fast"],
+        ("periodic", 600.0): ["fast"],
+        ("slow", 10_000.0): ["fast"],
+        ("slow", 600.0): ["fast", "slow"],
+    }
 
 
 def test_a_group_that_holds_no_sample_is_left_out_naming_it_and_the_bytes() -> None:

@@ -69,6 +69,17 @@ def guard_with(costs: dict[int, GroupCost], overhead_s: float = 0.0) -> Guard:
     return guard
 
 
+def test_a_group_that_stays_is_never_parked() -> None:
+    # the 10M case below: the slow group is parked, unless it stays (Guard.stays: sharded)
+    fast, slow = GroupCost(fixed_s=0.03, rate=690.0), GroupCost(fixed_s=0.12, rate=230.0)
+    decided = {}
+    for stays in (frozenset({0}), frozenset({1})):
+        guard = Guard(n_groups=2, stays=stays)
+        guard.observe({0: fast, 1: slow}, 0.02, active=2)
+        decided[stays] = guard.decide(B)
+    assert decided == {frozenset({0}): frozenset({1}), frozenset({1}): frozenset()}
+
+
 def test_identical_groups_stay_on_the_step_path() -> None:
     guard = guard_with({0: GroupCost(0.005, 500.0), 1: GroupCost(0.005, 500.0)}, 0.01)
     assert guard.decide(B) == frozenset()
@@ -139,6 +150,10 @@ GUARDED = {
 
 
 FOUR_GROUPS = [{"name": n, "device_type": "cpu", "workers": 1} for n in "abcd"]
+SHARDED_A = [
+    {"name": "a", "device_type": "cpu", "workers": 2, "sharding": "fsdp"},
+    {"name": "b", "device_type": "cpu", "workers": 1},
+]
 THREE_GROUPS = FOUR_GROUPS[:3]
 
 
@@ -248,6 +263,19 @@ def test_the_guard_parks_a_group_whose_update_outlasts_the_step(
             "diloco",
             {"sync_period": 4, "checkpoint_every": 8, "ps_shards": 3, "groups": THREE_GROUPS},
         ),
+        # group a sharded: b, taken back, takes the global model from the parameter server's
+        # owners (rank 0 alone with one shard; 2 owners for the overlapped diloco)
+        ("periodic", {"sync_period": 2, "checkpoint_every": 6, "groups": SHARDED_A}),
+        (
+            "diloco",
+            {
+                "sync_period": 4,
+                "checkpoint_every": 8,
+                "diloco_exchange": "overlapped",
+                "ps_shards": 2,
+                "groups": SHARDED_A,
+            },
+        ),
     ],
 )
 def test_a_round_strategy_parks_a_group_and_takes_it_back(
@@ -271,6 +299,10 @@ def test_a_round_strategy_parks_a_group_and_takes_it_back(
     assert "guard: group 'b' taken back at step 12" in server
     val = [v for v in run.metrics("val_loss") if v is not None]
     assert len(val) == spec.epochs and all(math.isfinite(v) for v in val)
+    if spec.any_sharded:  # b took the global model from the owners: rank 0's slice of it
+        head = torch.load(tmp_path / "dump" / "catch-up-0-12.pt", weights_only=True)
+        taken = torch.load(tmp_path / "dump" / "catch-up-3-12.pt", weights_only=True)
+        assert head.numel() > 0 and torch.equal(taken[: head.numel()], head)
 
 
 def test_a_group_parked_across_epoch_ends_loses_no_sample(
