@@ -525,7 +525,7 @@ def catch_up(run: Run, groups: set[int]) -> None:
             run.ps_shards.mean_round(leaders, fetch=False)  # its sums are 0: nothing counted
         else:
             run.ps_shards.outer_round(leaders, fetch=False)
-        _dump_catch_up(run, run.ps_shards.head_slice())
+        _dump_catch_up(run, run.ps_shards.head_slice)
         return
     if topo.group_index not in groups:
         return
@@ -540,16 +540,18 @@ def catch_up(run: Run, groups: set[int]) -> None:
     model = answer.to(topo.device)
     slices.gather(model[: state.n_held])  # on the device: NCCL on a CUDA group
     state.load_held_(model)
-    _dump_catch_up(run, state.held_params().cpu())
+    _dump_catch_up(run, lambda: state.held_params().cpu())
 
 
-def _dump_catch_up(run: Run, held: Tensor) -> None:
+def _dump_catch_up(run: Run, held: Callable[[], Tensor]) -> None:
     """Tests (``debug_dump_dir``): what a rank holds of the global model after
-    :func:`catch_up` (rank 0 slice 0, a worker its part), as ``catch-up-<rank>-<step>.pt``."""
+    :func:`catch_up` (rank 0 slice 0 of the parameters, a worker its part; both the buffers)
+    as ``catch-up-<rank>-<step>.pt``: ``{"params", "buffers"}``."""
     if run.spec.debug_dump_dir:
         folder = Path(run.spec.debug_dump_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        torch.save(held.detach().clone(), folder / f"catch-up-{run.topo.rank}-{run.step}.pt")
+        dump = {"params": held().detach().clone(), "buffers": run.state.buffers_vector().cpu()}
+        torch.save(dump, folder / f"catch-up-{run.topo.rank}-{run.step}.pt")
 
 
 def _group_costs(
@@ -592,9 +594,10 @@ def guard_check(run: Run, columns: tuple[list[float], ...]) -> bool:
 
     A move is a guard event of the task (:func:`worker.engine.report.guard`) and a log line;
     a group taken back first takes the model and optimizer state from the first stepping
-    worker (:func:`refresh`). A window that holds the attempt's first steps (not yet
-    :func:`warm`) is neither judged nor kept as a group's costs (a test's schedule still
-    moves groups there).
+    worker (:func:`refresh`), or beside a sharded group the global model from the parameter
+    server's owners, keeping its own optimizer state (:func:`catch_up`). A window that holds
+    the attempt's first steps (not yet :func:`warm`) is neither judged nor kept as a group's
+    costs (a test's schedule still moves groups there).
     """
     guard = run.guard
     assert guard is not None
@@ -943,8 +946,13 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
     local_optimizer = None
     source = source_worker(run)
     # A parked group's optimizer is not sent: it takes the source's when taken back, and the
-    # checkpoint keeps that for it (its slow link would hold up every checkpoint).
-    sends = run.topo.rank == source if replicated else run.topo.am_i_leader and stepping(run)
+    # checkpoint keeps that for it (its slow link would hold up every checkpoint); but beside a
+    # sharded group (periodic, diloco) it keeps its own when taken back (catch_up), so the
+    # checkpoint keeps its own too, which its leader writes.
+    own = run.strategy.group_optimizers and run.spec.any_sharded
+    sends = (
+        run.topo.rank == source if replicated else run.topo.am_i_leader and (stepping(run) or own)
+    )
     source_group = run.spec.group_of(source)
     # No optimizer state is gathered: where a checkpoint keeps the workers' (sync's replica,
     # each group's under periodic and diloco), those who hold it write it, all at once, into
@@ -1001,7 +1009,7 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
         if per_group or run.optimizer is None
         else run.optimizer.state_dict(),
         "group_optimizers": {
-            g: states[source if g in run.parked_groups else r]["optimizer"]
+            g: states[source if g in run.parked_groups and not own else r]["optimizer"]
             for g, r in enumerate(leaders)
         }
         if per_group

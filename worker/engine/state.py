@@ -133,7 +133,8 @@ class ModelState:
         """``scale * [held params (n_held)]``: this worker's rows of every parameter of a
         sharded model, flat and in order (every parameter of a whole one), in the parameters'
         dtype, on their device (nothing is gathered); written into the first ``n_held``
-        elements of ``out`` where given (of any dtype and device), without a copy between."""
+        elements of ``out`` where given (on the parameters' device, of any dtype), without a
+        copy between."""
         if out is None:
             params = self.params[0]
             out = torch.empty(self.n_held, dtype=params.dtype, device=params.device)

@@ -594,7 +594,8 @@ class DiLoCo(Strategy[Run]):
         The plan is made again after a control point changed the shares (a rebalance moves
         samples between the shards). A group the guard parked takes no local step and no part
         in the exchange; taken back, it starts its rounds from the model it is given then
-        (:func:`worker.engine.run.refresh`)."""
+        (:func:`worker.engine.run.refresh`, or beside a sharded group
+        :func:`worker.engine.run.catch_up`)."""
         assert run.optimizer is not None
         plan, r, position = RoundPlan(run), 0, 0
         exchange = RoundExchange(run)

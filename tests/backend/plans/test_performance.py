@@ -547,9 +547,9 @@ def test_a_round_strategy_plans_a_model_too_large_whole_sharded(strategy: str) -
 
 
 def test_the_guard_never_parks_a_sharded_group_and_under_sync_none_beside_one() -> None:
-    # slow's fixed 0.5 s outlasts fast's whole step: the guard parks it, unless the placement
-    # shards fast (its memory holds 600 MiB: 128 samples sharded, fewer whole), for the
-    # engine's guard does not act then.
+    # slow's fixed 0.5 s outlasts fast's whole step: the guard parks it, but under sync not
+    # where the placement shards fast (its memory holds 600 MiB: 128 samples sharded, fewer
+    # whole), for the engine's guard does not act on a sync task with a sharded group.
     trial = _trial(
         {0: (0.010, 0.002), 1: (0.5, 0.006)},
         {0: 2, 1: 1},

@@ -150,10 +150,32 @@ GUARDED = {
 
 
 FOUR_GROUPS = [{"name": n, "device_type": "cpu", "workers": 1} for n in "abcd"]
-SHARDED_A = [
+SHARDED_A = [  # b's two workers take their chunks of the global model back and gather them
     {"name": "a", "device_type": "cpu", "workers": 2, "sharding": "fsdp"},
-    {"name": "b", "device_type": "cpu", "workers": 1},
+    {"name": "b", "device_type": "cpu", "workers": 2},
 ]
+# The tiny model with a buffer its forward moves in training, as BatchNorm's running mean,
+# from any number of samples (the weighted split may give a worker one).
+RUNNING_MODULE = """
+import torch
+from examples.tiny_regression import build_datasets, build_model as tiny, build_optimizer, loss_fn
+
+
+class Running(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = tiny()
+        self.register_buffer("seen", torch.zeros(self.net[0].in_features))
+
+    def forward(self, x):
+        if self.training:
+            self.seen.mul_(0.9).add_(x.detach().mean(0), alpha=0.1)
+        return self.net(x)
+
+
+def build_model():
+    return Running()
+"""
 THREE_GROUPS = FOUR_GROUPS[:3]
 
 
@@ -284,11 +306,14 @@ def test_a_round_strategy_parks_a_group_and_takes_it_back(
     strategy: str,
     options: dict[str, int | str],
 ) -> None:
+    if options.get("groups") is SHARDED_A:  # with a running buffer, which b takes back too
+        module = tmp_path / "running_model.py"
+        module.write_text(RUNNING_MODULE)
+        options = {**options, "code": str(module)}
     spec = make_spec(
-        **GUARDED,
+        **{**GUARDED, **options},
         sync_strategy=strategy,
         debug_guard_schedule={4: [1], 12: []},
-        **options,
     )
     run, finals = run_with_dump(spec, tmp_path / "dump")
     for rank in range(1, 1 + spec.n_workers):  # the parameter server's other shards hold none
@@ -299,10 +324,22 @@ def test_a_round_strategy_parks_a_group_and_takes_it_back(
     assert "guard: group 'b' taken back at step 12" in server
     val = [v for v in run.metrics("val_loss") if v is not None]
     assert len(val) == spec.epochs and all(math.isfinite(v) for v in val)
-    if spec.any_sharded:  # b took the global model from the owners: rank 0's slice of it
-        head = torch.load(tmp_path / "dump" / "catch-up-0-12.pt", weights_only=True)
-        taken = torch.load(tmp_path / "dump" / "catch-up-3-12.pt", weights_only=True)
-        assert head.numel() > 0 and torch.equal(taken[: head.numel()], head)
+    if spec.any_sharded:
+        # b's workers took the global model from the owners: rank 0's slice of it, the buffers
+        server = torch.load(tmp_path / "dump" / "catch-up-0-12.pt", weights_only=True)
+        head = server["params"]
+        assert head.numel() > 0 and server["buffers"].numel() > 0
+        for rank in spec.group_ranks("b"):
+            taken = torch.load(tmp_path / "dump" / f"catch-up-{rank}-12.pt", weights_only=True)
+            assert torch.equal(taken["params"][: head.numel()], head), rank
+            assert torch.equal(taken["buffers"], server["buffers"]), rank
+        # a checkpoint while b was parked keeps b's own optimizer state, which b kept: its
+        # leader wrote it (not the first stepping worker's, a sharded one's rows)
+        first = min(Path(spec.checkpoint_dir).glob("step-*.pt"), key=lambda p: p.stat().st_mtime)
+        kept = torch.load(first, weights_only=True)
+        assert 4 < kept["step"] < 12, kept["step"]
+        folder = kept["group_optimizers"][1]["sharded_state"]["folder"]
+        assert folder == f"{first.name}.g1.dcp", folder
 
 
 def test_a_group_parked_across_epoch_ends_loses_no_sample(
