@@ -741,19 +741,47 @@ def placements(
             f"the groups' memory holds {room_all} samples a step ({caps}), fewer than the "
             f"global batch of {global_batch_size}"
         )
+    sharded = sum(1 for p in found.values() if p.sharding != "none")
+    server = server_shortfall(model, model.memory_limit_mb, sharded=sharded, groups=len(names))
+    if server is not None:
+        raise DoesNotFit(server)
     return found
 
 
-def server_shortfall(model: PerformanceModel, memory_limit_mb: float | None) -> str | None:
+OWNER_ROUND_VECTORS = 2
+"""Round vectors a group adds to the parameter server's peak where it serves a sharded
+group's rounds (:func:`server_need_mb`): its assembled part and its workers' messages."""
+
+
+def server_need_mb(model: PerformanceModel, sharded: int = 0, groups: int = 0) -> float:
+    """The parameter server's predicted peak, MiB: its peak in the trial (the whole model and
+    a checkpoint of the user's optimizer, groups whole), and where ``sharded`` of the task's
+    ``groups`` are sharded under ``periodic`` or ``diloco``, :data:`OWNER_ROUND_VECTORS` per
+    group and one more round vector (``exchange_bytes``): rank 0 then serves the rounds as a
+    shard owner (docs/architecture.md, "A parameter server in shards"), each group's part
+    assembled from its workers' messages, the answer cut per worker, and a flat copy of the
+    model, where one server's gather sums the groups' vectors in place (measured at 25M and
+    one group: 1.7 (diloco) to 3.0 (periodic) vectors more; docs/benchmarks.md)."""
+    need = model.ps_peak_mb
+    if sharded and model.sync_strategy in ROUND_STRATEGIES:
+        need += (OWNER_ROUND_VECTORS * groups + 1) * model.exchange_bytes / MIB
+    return need
+
+
+def server_shortfall(
+    model: PerformanceModel, memory_limit_mb: float | None, *, sharded: int = 0, groups: int = 0
+) -> str | None:
     """Why the parameter server does not fit the task's ``memory_limit_mb`` (its ranks' data
-    memory), by its peak in the trial (the whole model and a checkpoint of the user's
-    optimizer); None when it fits or either is not known. Sharding the groups does not
-    help it: it holds the whole model."""
-    if not model.ps_peak_mb or memory_limit_mb is None or model.ps_peak_mb <= memory_limit_mb:
+    memory), by its predicted peak (:func:`server_need_mb`); None when it fits or either is
+    not known. Sharding the groups does not help it: it holds the whole model (and under
+    ``periodic`` and ``diloco`` a sharded group adds to its rounds' buffers)."""
+    need = server_need_mb(model, sharded, groups)
+    if not model.ps_peak_mb or memory_limit_mb is None or need <= memory_limit_mb:
         return None
+    rounds = " and the rounds of a sharded group's rows" if need > model.ps_peak_mb else ""
     return (
-        f"the parameter server does not fit its memory: it needs {model.ps_peak_mb:,.0f} MiB "
-        f"(the whole model, and a checkpoint's optimizer state) and may hold "
+        f"the parameter server does not fit its memory: it needs {need:,.0f} MiB "
+        f"(the whole model, a checkpoint's optimizer state{rounds}) and may hold "
         f"{memory_limit_mb:,.0f} MiB; raise memory_limit_mb"
     )
 
@@ -774,7 +802,8 @@ def memory_shortfall(
     ``ceil(G / W_g)`` under the weighted split), with why; None when all fit or nothing
     was measured. A CPU group's limit is the task's ``memory_limit_mb`` or, if less, what
     the plan found its agents to have."""
-    server = server_shortfall(model, memory_limit_mb)
+    sharded = sum(1 for name in workers if sharding.get(name, "none") != "none")
+    server = server_shortfall(model, memory_limit_mb, sharded=sharded, groups=len(workers))
     if server is not None:
         return "parameter server", server
     total = sum(workers.values())

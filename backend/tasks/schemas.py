@@ -262,8 +262,9 @@ class TaskCreate(StrictModel):
         title="Parameter-server shards",
         description="sync, periodic and diloco (blocking, overlapped): the parameter server's "
         "processes, each owning a slice of the model (and of diloco's outer optimizer; under "
-        "sync, of each step's gradient sum, which each worker of an fsdp group sends its own "
-        "rows of) that each group leader exchanges with it alone (default 1). Choose 2-4 when "
+        "sync, of each step's gradient sum), which every worker exchanges its own part of (an "
+        "fsdp group's workers their own rows) with that slice's owner alone (default 1). "
+        "Choose 2-4 when "
         "many groups or a large model make the parameter server's link the bottleneck; the "
         "other shards run beside it, on its agent",
     )

@@ -50,12 +50,10 @@ from worker.engine.distributed import (  # noqa: F401 (Topology re-exported)
 )
 from worker.engine.emulation import SpeedEmulator
 from worker.engine.exchange import (
-    STATUS_WAIT,
     gather_work,
     gather_worker_states,
     receive_at_ps,
     send_to_ps,
-    wait_all,
 )
 from worker.engine.fsdp import (
     assemble_rows_,
@@ -386,10 +384,13 @@ def guarding(run: Run) -> bool:
     decides from the measured rates) and more than one group; with a sharded group, under
     ``periodic`` and ``diloco`` only (a group taken back there takes the global model from
     the parameter server's owners, :func:`catch_up`; under ``sync`` it would take a sharded
-    replica whole), and the sharded groups are never parked (:attr:`Guard.stays`)."""
+    replica whole), and the sharded groups are never parked (:attr:`Guard.stays`), so a task
+    of sharded groups only has no guard."""
     spec = run.spec
+    parkable = [g for g in range(len(spec.groups)) if not spec.sharded(g)]
     return (
         (not spec.any_sharded or spec.sync_strategy in ROUND_STRATEGIES)
+        and bool(parkable)
         and run.strategy.guards(spec)
         and spec.guard
         and spec.split_policy == "weighted"
@@ -534,12 +535,7 @@ def catch_up(run: Run, groups: set[int]) -> None:
     vector = torch.zeros(state.n_held + state.n_buffers + 1 + counts, dtype=dtype)
     answer = torch.empty(state.n_held + state.n_buffers, dtype=dtype)
     slices = SliceExchange.of_member(topo, run.params, counts, sharded=run.sharded)
-    sends, receives = slices.post(vector, answer)
-    wait_all(sends + receives, STATUS_WAIT)
-    slices.assemble()
-    model = answer.to(topo.device)
-    slices.gather(model[: state.n_held])  # on the device: NCCL on a CUDA group
-    state.load_held_(model)
+    state.load_held_(slices.round_trip(vector, answer))
     _dump_catch_up(run, lambda: state.held_params().cpu())
 
 

@@ -643,6 +643,18 @@ class SliceExchange:
         self.answer[self.n_held :] = self.head[b0 - a0 :]
         self.messages = []
 
+    def round_trip(self, vector: Tensor, answer: Tensor) -> Tensor:
+        """A whole round at once: :meth:`post`, wait (as long as a round takes,
+        :data:`exchange.STATUS_WAIT`), :meth:`assemble` and :meth:`gather`; returns this
+        member's part of the new model ``[params part, B]`` on the group's device (a whole
+        group's member: all of it)."""
+        sends, receives = self.post(vector, answer)
+        wait_all(sends + receives, STATUS_WAIT)
+        self.assemble()
+        model = answer.to(self.topo.device)
+        self.gather(model[: self.n_held])  # on the device: NCCL on a CUDA group
+        return model
+
     def gather(self, params: Tensor) -> None:
         """A whole group: every member's chunk of the new parameters ``params`` ([P], the
         assembled answer's, on the CPU or the group's device: then over the group itself,

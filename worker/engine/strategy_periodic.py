@@ -37,7 +37,6 @@ from worker.engine.exchange import (
     gather_at_ps,
     leader_reduce,
     load_vector_,
-    wait_all,
 )
 from worker.engine.run import Run, control_point, reads_model, stepping, stepping_leaders
 from worker.engine.strategy import Strategy
@@ -80,12 +79,7 @@ def average_models(
     answer = torch.empty(state.n_held + state.n_buffers, dtype=vector.dtype)
     counts = shard_server.COUNTS["periodic"]
     slices = shard_server.SliceExchange.of_member(topo, run.params, counts, sharded=run.sharded)
-    sends, receives = slices.post(vector, answer)
-    wait_all(sends + receives)
-    slices.assemble()
-    model = answer.to(topo.device)
-    slices.gather(model[: state.n_held])  # on the device: NCCL on a CUDA group
-    state.load_held_(model)
+    state.load_held_(slices.round_trip(vector, answer))
 
 
 class Periodic(Strategy[Run]):

@@ -16,6 +16,7 @@ from backend.plans.performance import (
     guarded_groups,
     predict,
     recommend,
+    server_need_mb,
 )
 from backend.plans.service import trial_batch_sizes
 from contracts.trial import TrialResult
@@ -628,6 +629,40 @@ def test_a_capped_group_takes_the_choice_that_holds_more_and_the_task_limit_boun
     fast = model.groups[0]
     assert fast.limit_mb(300.0) == 300.0 and fast.limit_mb(8_000.0) == 420.0
     assert fast.limit_mb(None) == 420.0
+
+
+def test_a_sharded_groups_rounds_add_to_the_parameter_servers_need() -> None:
+    # Under periodic a sharded group's rounds go through rank 0 as an owner: 2 round vectors
+    # a group and one more (BYTES each) above the trial's 900 MiB; a whole group adds none.
+    trial = _trial(
+        {0: (0.010, 0.002)},
+        {0: 2},
+        trips={0: (0.001, 1e-9)},
+        memory={0: MEMORY},
+        cross=None,
+    ).model_copy(update={"ps_peak_mb": 900.0})
+    vector = BYTES / 2**20
+    for strategy, sharded in (("periodic", 3 * vector), ("sync", 0.0)):
+        model = fit(trial, GROUPS[:1], sync_strategy=strategy, sync_period=4)
+        assert server_need_mb(model) == 900.0
+        assert server_need_mb(model, sharded=1, groups=1) == pytest.approx(900.0 + sharded)
+    # A plan whose group must shard (500 MiB a worker) and whose server holds 900 MiB whole
+    # and no more fails naming the rounds, under periodic; with room for them it fits.
+    limits = {"fast": 500.0}
+    for limit, fits in ((900.0 + 3 * vector - 1, False), (900.0 + 3 * vector + 1, True)):
+        model = fit(
+            trial,
+            GROUPS[:1],
+            sync_strategy="periodic",
+            sync_period=4,
+            group_memory_mb=limits,
+            memory_limit_mb=limit,
+        )
+        if fits:
+            assert recommend(model, global_batch_size=200, epochs=1).options
+        else:
+            with pytest.raises(ValueError, match="the rounds of a sharded group's rows"):
+                recommend(model, global_batch_size=200, epochs=1)
 
 
 def test_a_parameter_server_that_does_not_fit_fails_every_set_naming_it() -> None:
