@@ -387,14 +387,13 @@ def guarding(run: Run) -> bool:
     replica whole), and the sharded groups are never parked (:attr:`Guard.stays`), so a task
     of sharded groups only has no guard."""
     spec = run.spec
-    parkable = [g for g in range(len(spec.groups)) if not spec.sharded(g)]
     return (
         (not spec.any_sharded or spec.sync_strategy in ROUND_STRATEGIES)
-        and bool(parkable)
         and run.strategy.guards(spec)
         and spec.guard
         and spec.split_policy == "weighted"
         and len(spec.groups) > 1
+        and not all(spec.sharded(g) for g in range(len(spec.groups)))  # one it may park
     )
 
 

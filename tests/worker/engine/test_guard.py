@@ -28,7 +28,8 @@ from tests.worker.engine.reference import (
 )
 from tests.worker.engine.test_equivalence import assert_matches_reference
 from worker.engine.guard import GroupCost, Guard, round_step_seconds, step_seconds
-from worker.engine.run import guard_check, guard_due, window_start
+from worker.engine.run import guard_check, guard_due, guarding, window_start
+from worker.engine.session import strategy_for
 from worker.engine.spec import RunSpec
 
 B = 64
@@ -361,7 +362,6 @@ def test_a_group_parked_across_epoch_ends_loses_no_sample(
 def test_the_guard_acts_on_every_diloco_exchange_and_not_on_quorum(
     make_spec: Callable[..., RunSpec],
 ) -> None:
-    from worker.engine.session import strategy_for
 
     diloco = strategy_for("diloco")
     for exchange in ("blocking", "overlapped", "async"):
@@ -518,3 +518,19 @@ def test_no_guard_check_judges_the_attempts_first_rounds() -> None:
 def test_the_first_check_counts_from_the_warm_point() -> None:
     run = guarded_run(2.2, warm_at=32)  # no rebalancing schedule: the guard's own first check
     assert [s for s in range(1, 48) if guard_due(run, s)] == list(range(36, 48))
+
+
+def test_the_guard_acts_beside_a_sharded_group_under_rounds_only(
+    make_spec: Callable[..., RunSpec],
+) -> None:
+    both = [{**group, "sharding": "fsdp"} for group in SHARDED_A]
+    cases = [
+        ("periodic", SHARDED_A, True),  # b may be parked
+        ("diloco", SHARDED_A, True),
+        ("sync", SHARDED_A, False),  # b's return would take a sharded replica whole
+        ("periodic", both, False),  # every group sharded: none to park
+    ]
+    for strategy, groups, acts in cases:
+        spec = make_spec(**{**GUARDED, "groups": groups, "sync_strategy": strategy})
+        run = SimpleNamespace(spec=spec, strategy=strategy_for(strategy))
+        assert guarding(run) is acts, (strategy, groups)  # type: ignore[arg-type]
