@@ -249,13 +249,6 @@ def rows_vector(params: Sequence[Tensor], member: int, width: int) -> Tensor:
     return torch.cat(parts)
 
 
-def own_rows(params: Sequence[Tensor]) -> Tensor:
-    """This worker's rows of every sharded parameter, flat and concatenated in order, on the
-    CPU (:func:`rows_vector`'s layout for this member; :func:`assemble_rows_` takes every
-    member's)."""
-    return torch.cat([local(p).detach().reshape(-1).cpu() for p in params])
-
-
 @torch.no_grad()
 def assemble_rows_(params: Sequence[Tensor], vectors: Sequence[Tensor]) -> None:
     """Set every whole parameter from each member's rows (``vectors``, in member order, each

@@ -49,17 +49,11 @@ from worker.engine.distributed import (  # noqa: F401 (Topology re-exported)
     leader_ring,
 )
 from worker.engine.emulation import SpeedEmulator
-from worker.engine.exchange import (
-    gather_work,
-    gather_worker_states,
-    receive_at_ps,
-    send_to_ps,
-)
+from worker.engine.exchange import gather_work, gather_worker_states, receive_at_ps, send_to_ps
 from worker.engine.fsdp import (
     assemble_rows_,
     group_sum_,
     outline,
-    own_rows,
     receive_state_rows,
     rows_numel,
     save_state,
@@ -531,11 +525,20 @@ def catch_up(run: Run, groups: set[int]) -> None:
         return
     counts = COUNTS[spec.sync_strategy]
     dtype = round_dtype(spec.sync_strategy, run.params[0].dtype)
-    vector = torch.zeros(state.n_held + state.n_buffers + 1 + counts, dtype=dtype)
-    answer = torch.empty(state.n_held + state.n_buffers, dtype=dtype)
-    slices = SliceExchange.of_member(topo, run.params, counts, sharded=run.sharded)
-    state.load_held_(slices.round_trip(vector, answer))
+    take_round(run, torch.zeros(state.n_held + state.n_buffers + 1 + counts, dtype=dtype))
     _dump_catch_up(run, lambda: state.held_params().cpu())
+
+
+def take_round(run: Run, vector: Tensor) -> None:
+    """A member's whole round with the parameter server's owners, at once: send its part of
+    ``vector`` (1-D CPU, ``[its held params (n_held), buffer changes (B), loss, counts]``,
+    :data:`worker.engine.shard_server.COUNTS` of the strategy), and load the new model's part
+    it holds and the buffers (:meth:`worker.engine.shard_server.SliceExchange.round_trip`: a
+    whole group's members gather their chunks, a sharded group's take their rows)."""
+    state, counts = run.state, COUNTS[run.spec.sync_strategy]
+    answer = torch.empty(state.n_held + state.n_buffers, dtype=vector.dtype)
+    slices = SliceExchange.of_member(run.topo, run.params, counts, sharded=run.sharded)
+    state.load_held_(slices.round_trip(vector, answer))
 
 
 def _dump_catch_up(run: Run, held: Callable[[], Tensor]) -> None:
@@ -887,7 +890,7 @@ def _pull_sharded(run: Run, source: int) -> None:
         run.loss_sum, run.samples = float(totals[0]), int(round(float(totals[1])))
     elif topo.rank in members:
         link = topo.link(0)
-        dist.send(own_rows(run.params), dst=0, group=link)
+        dist.send(state.held_params().cpu(), dst=0, group=link)
         if topo.rank == source:
             if state.buffers:
                 dist.send(state.buffers_vector().cpu(), dst=0, group=link)
@@ -964,10 +967,8 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
         sharded = run.spec.group_ranks(writer)
     failed: BaseException | None = None
     folder = None
-    if run.optimizer is not None and run.topo.rank in sharded:
-        group = None if replicated else run.topo.group_index
-        folder = Path(run.spec.checkpoint_dir) / sharded_state.folder_of(name, group)
-    elif run.optimizer is not None and writes and sends and not run.topo.is_ps:
+    writing = run.topo.rank in sharded or (writes and sends and not run.topo.is_ps)
+    if run.optimizer is not None and writing:
         group = None if replicated else run.topo.group_index
         folder = Path(run.spec.checkpoint_dir) / sharded_state.folder_of(name, group)
     if folder is not None and run.optimizer is not None:

@@ -263,7 +263,8 @@ def member_spans(shapes: Sequence[Sequence[int]], members: int) -> list[Spans]:
     """Each of ``members`` members' spans ``[lo, hi)`` of the flat parameter vector of whole
     parameters of ``shapes`` (flat order), as FSDP2 shards them over the members (``Shard(0)``:
     :func:`worker.engine.fsdp.row_layout`), ascending, adjacent spans merged. A member's rows
-    laid end to end (:func:`worker.engine.fsdp.own_rows`) are its spans' elements in order."""
+    laid end to end (:meth:`worker.engine.state.ModelState.held_params`) are its spans'
+    elements in order."""
     spans: list[Spans] = [[] for _ in range(members)]
     offset = 0
     for shape in shapes:

@@ -125,13 +125,15 @@ class ModelState:
     @cached_property
     def n_held(self) -> int:
         """The parameter elements this worker holds: its rows of a sharded model's
-        (:func:`worker.engine.fsdp.own_rows`), P for a whole model."""
+        (:meth:`held_params`), P for a whole model."""
         return sum(local(p).numel() for p in self.params)
 
     @torch.no_grad()
     def held_params(self, scale: float = 1.0, out: Tensor | None = None) -> Tensor:
         """``scale * [held params (n_held)]``: this worker's rows of every parameter of a
-        sharded model, flat and in order (every parameter of a whole one), in the parameters'
+        sharded model, flat and in order (every parameter of a whole one; the layout
+        :func:`worker.engine.fsdp.rows_vector` gives this member, which
+        :func:`worker.engine.fsdp.assemble_rows_` takes from every member), in the parameters'
         dtype, on their device (nothing is gathered); written into the first ``n_held``
         elements of ``out`` where given (on the parameters' device, of any dtype), without a
         copy between."""

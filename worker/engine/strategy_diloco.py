@@ -258,7 +258,7 @@ class RoundExchange:
     def __init__(self, run: Run) -> None:
         state = run.state
         # A sharded (fsdp) worker's vectors hold its own rows of the parameters (n_held).
-        self.size, self.n_params = state.n_held + state.n_buffers, state.n_held
+        self.size, self.n_held = state.n_held + state.n_buffers, state.n_held
         self.base = state.held_vector().cpu().to(exchange_dtype(run))
         # The round's buffers, made at its end and let go by a drain (:meth:`_round_buffers`).
         self.send = self.receive = self.base.new_empty(0)
@@ -296,8 +296,8 @@ class RoundExchange:
             torch.sub(self.base, delta, out=self.base)  # the model now (a drain replaces it)
         if topo.am_i_leader or self.slices is not None:  # every member forms the same one
             loss_sum, samples, steps = totals
-            delta[: self.n_params].mul_(samples / steps if steps > 0 else 0.0)
-            delta[self.n_params :].mul_(-samples)
+            delta[: self.n_held].mul_(samples / steps if steps > 0 else 0.0)
+            delta[self.n_held :].mul_(-samples)
             self.send[self.size :] = self.send.new_tensor([loss_sum, samples * steps, samples])
             if self.slices is not None:
                 self.sends, self.receives = self.slices.post(self.send, self.receive)
@@ -366,7 +366,7 @@ class RoundExchange:
                 self.slices.assemble()
                 if not self.slices.gathers:  # a sharded worker: its rows are all it holds
                     return
-                params = self.receive[: self.n_params]
+                params = self.receive[: self.n_held]
                 on_device = params.to(topo.device)  # nccl groups gather on the device
                 self.slices.gather(on_device)
                 if on_device.data_ptr() != params.data_ptr():

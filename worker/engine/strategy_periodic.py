@@ -38,7 +38,14 @@ from worker.engine.exchange import (
     leader_reduce,
     load_vector_,
 )
-from worker.engine.run import Run, control_point, reads_model, stepping, stepping_leaders
+from worker.engine.run import (
+    Run,
+    control_point,
+    reads_model,
+    stepping,
+    stepping_leaders,
+    take_round,
+)
 from worker.engine.strategy import Strategy
 from worker.engine.strategy_sync import (
     PROGRESS_REPORTS_PER_EPOCH,
@@ -75,11 +82,7 @@ def average_models(
         leader_reduce(topo, vector)
         state.load_(broadcast_down(topo, state.vector()))
         return
-    vector = vector.cpu()
-    answer = torch.empty(state.n_held + state.n_buffers, dtype=vector.dtype)
-    counts = shard_server.COUNTS["periodic"]
-    slices = shard_server.SliceExchange.of_member(topo, run.params, counts, sharded=run.sharded)
-    state.load_held_(slices.round_trip(vector, answer))
+    take_round(run, vector.cpu())
 
 
 class Periodic(Strategy[Run]):
