@@ -63,6 +63,20 @@ def folder_of(checkpoint_name: str, group: int | None = None) -> str:
     return checkpoint_name + own + FOLDER_SUFFIX
 
 
+def slice_folder(checkpoint_name: str, shard: int) -> str:
+    """The state folder of shard ``shard``'s slice of the model in checkpoint
+    ``checkpoint_name`` (``step-8.pt.s1.dcp``), written by that shard's owner
+    (:data:`MODEL_SLICES`)."""
+    return f"{checkpoint_name}.s{shard}{FOLDER_SUFFIX}"
+
+
+def shard_of_folder(folder: str) -> int | None:
+    """The shard whose slice of the model folder ``folder`` holds (``step-8.pt.s1.dcp``: 1),
+    None for an optimizer state's folder: the inverse of :func:`slice_folder`."""
+    found = re.fullmatch(r".+\.s([0-9]{1,6})" + re.escape(FOLDER_SUFFIX), folder)
+    return int(found.group(1)) if found else None
+
+
 def group_of_folder(folder: str) -> int | None:
     """The group whose own optimizer state folder ``folder`` is (``step-8.pt.g1.dcp``: 1),
     None for a folder of the task's one replica or a sharded group's rows (``step-8.pt.dcp``):
@@ -271,10 +285,12 @@ def single_process() -> Iterator[None]:
 
 
 def references(state: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every ``sharded_state`` a checkpoint dict names: its optimizer's, and each group's
-    (``group_optimizers``, the local optimizers of ``periodic`` and ``diloco``)."""
+    """Every ``sharded_state`` a checkpoint dict names: its optimizer's, each group's
+    (``group_optimizers``, the local optimizers of ``periodic`` and ``diloco``), and each
+    slice of its model (:data:`MODEL_SLICES`)."""
     outlines = [state.get("optimizer"), *(state.get("group_optimizers") or {}).values()]
-    return [ref for ref in map(reference, outlines) if ref is not None]
+    refs = [ref for ref in map(reference, outlines) if ref is not None]
+    return refs + list((state.get(MODEL_SLICES) or {}).get("slices", []))
 
 
 def all_part_paths(state: dict[str, Any]) -> list[str]:
@@ -302,17 +318,112 @@ def _whole(outline: dict[str, Any], base: Path) -> dict[str, Any]:
     return filled(outline, template)
 
 
+# -- the model in slices: written by the parameter server's shard owners ---------------
+
+MODEL_SLICES = "model_slices"
+"""The checkpoint key naming where its model's parameters are, when the parameter server
+in S >= 2 shards (``ps_shards``) wrote them, each owner its slice of the flat parameter
+vector, at once, and none gathered them::
+
+    {"params": [[offset, [shape]], ...],   # each parameter's place in the flat vector, in
+                                           # model.parameters() order
+     "names": {state_dict key: index},     # which parameter each marked model entry is
+     "slices": [{"folder": "step-8.pt.s0.dcp", "files": [...]}, ...]}   # shard order
+
+Each slice's folder holds ``params`` (its slice, 1-D) and, under ``diloco`` once the outer
+optimizer has momentum, ``momentum`` (the same slice of it). The checkpoint's ``model``
+keeps the buffers whole and marks each parameter (:func:`marked`); its
+``outer_optimizer`` marks each ``momentum_buffer`` (one SGD's state over the parameters)."""
+
+
+def model_outline(
+    state_dict: dict[str, Any], names: dict[str, int], params: Sequence[tuple[int, Sequence[int]]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(model, model_slices)`` of a checkpoint whose model's parameters its slices hold:
+    ``state_dict`` with every entry of ``names`` (its parameter's index in ``params``)
+    replaced by its :func:`marked` dtype, and the :data:`MODEL_SLICES` entry without its
+    ``slices`` (the writer adds them)."""
+    model = {k: marked(v.dtype) if k in names else v for k, v in state_dict.items()}
+    layout = {"params": [[int(o), [int(d) for d in shape]] for o, shape in params]}
+    return model, {**layout, "names": dict(names), "slices": []}
+
+
+def _flat(slices: Sequence[dict[str, Any]], base: Path, key: str) -> Any:
+    """The slices' ``key`` tensors, read from their folders in ``base``, as one vector; None
+    where no slice holds ``key`` (Raises ValueError where only some do)."""
+    import torch
+
+    parts: list[Any] = []
+    for ref in slices:
+        files = [p.split("/", 1)[1] for p in part_paths(ref)]
+        folder = base / str(ref["folder"])
+        item = read_metadata(folder, files).state_dict_metadata.get(key)
+        if item is None:
+            parts.append(None)
+            continue
+        if len(item.size) != 1:
+            raise ValueError(f"model slice {ref['folder']!r}: {key!r} is not a vector")
+        template = {key: torch.empty(item.size, dtype=item.properties.dtype)}
+        load_into(template, folder, files)
+        parts.append(template[key])
+    if all(part is None for part in parts):
+        return None
+    if any(part is None for part in parts):
+        raise ValueError(f"the model's slices do not all hold {key!r}")
+    return torch.cat(parts)
+
+
+def fill_model(state: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Checkpoint dict ``state`` with its model's parameters (and its outer optimizer's
+    momentum) read from the slice folders :data:`MODEL_SLICES` names, in ``base``, and that
+    entry dropped: the checkpoint as one server would have written it. A checkpoint whose
+    model is whole is returned as it is. Raises ValueError for slices that do not make the
+    model (a missing entry, too few elements), pickle errors as :func:`read_metadata`."""
+    layout = state.pop(MODEL_SLICES, None)
+    if not layout:
+        return state
+    slices = layout.get("slices") or []
+    params = [(int(o), tuple(int(d) for d in shape)) for o, shape in layout["params"]]
+    flat = _flat(slices, base, "params")
+    need = max((o + math.prod(shape) for o, shape in params), default=0)
+    if flat is None or flat.numel() < need:
+        raise ValueError(
+            f"the model's slices hold {0 if flat is None else flat.numel()} "
+            f"elements; its parameters need {need}"
+        )
+
+    def piece(source: Any, index: int) -> Any:
+        offset, shape = params[index]
+        return source[offset : offset + math.prod(shape)].view(shape).clone()
+
+    model = state["model"]
+    for name, index in layout["names"].items():
+        if name not in model or not 0 <= int(index) < len(params):
+            raise ValueError(f"the model's outline names {str(name)[:200]!r} wrongly")
+        model[name] = piece(flat, int(index))
+    outer = state.get("outer_optimizer")
+    if isinstance(outer, dict) and any(True for _ in marked_entries(outer)):
+        momentum = _flat(slices, base, "momentum")
+        if momentum is None:
+            raise ValueError("the outer optimizer's momentum is in no slice of the model")
+        for key, name, _ in list(marked_entries(outer)):
+            outer["state"][key][name] = piece(momentum, int(key))
+    return state
+
+
 def consolidate(checkpoint: Path, out: Path) -> None:
     """Write to ``out`` checkpoint ``checkpoint`` with every optimizer state whole: each one
     a state folder holds (its optimizer's, each group's) read from that folder, beside the
-    checkpoint, into every marked tensor. A checkpoint that names no state folder is written
-    as it is. Raises ValueError for a checkpoint or folder that does not match, pickle errors
-    for a file that is not one."""
+    checkpoint, into every marked tensor, and its model's parameters (and outer momentum)
+    from the shard owners' slices (:func:`fill_model`). A checkpoint that names no state
+    folder is written as it is. Raises ValueError for a checkpoint or folder that does not
+    match, pickle errors for a file that is not one."""
     import torch
 
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     if not isinstance(state, dict):
         raise ValueError("the checkpoint is not a dict")
+    fill_model(state, checkpoint.parent)
     if reference(state.get("optimizer")) is not None:
         state["optimizer"] = _whole(state["optimizer"], checkpoint.parent)
     groups = state.get("group_optimizers") or {}

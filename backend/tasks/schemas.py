@@ -754,8 +754,9 @@ class CheckpointRead(BaseModel):
     created_at: UtcDateTime
     sharded_files: int = Field(
         0,
-        description="files of the optimizer states its workers wrote beside it (0: the file "
-        "holds them all); its download joins them into one file",
+        description="files of the optimizer states its workers wrote beside it, and of the "
+        "model's slices where the parameter server's shards wrote it (0: the file holds them "
+        "all); its download joins them into one file",
     )
     state_bytes: int = Field(0, description="bytes of those files stored so far")
     complete: bool = Field(

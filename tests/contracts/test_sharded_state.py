@@ -90,3 +90,48 @@ def test_part_names_are_a_state_folder_and_dcps_files_only() -> None:
     for bad in ["step-8.pt.dcp/../x", "../step-8.pt.dcp/.metadata", "step-8.pt/.metadata", "x"]:
         with pytest.raises(ValueError, match="no part of a state folder"):
             sharded_state.check_part(bad)
+
+
+def _sliced_checkpoint(tmp_path: Path, params: torch.Tensor, cut: int) -> dict:
+    """A checkpoint dict of a Linear(2, 3) + bias whose 9 parameter elements ``params`` two
+    owners wrote, slices ``[0, cut)`` and ``[cut, 9)``, beside its file in ``tmp_path``."""
+    slices = []
+    for shard, part in enumerate((params[:cut], params[cut:])):
+        folder = tmp_path / sharded_state.slice_folder("step-8.pt", shard)
+        dcp.save({"params": part.clone()}, checkpoint_id=folder, no_dist=True)
+        files = sorted(p.name for p in folder.iterdir())
+        slices.append({"folder": folder.name, "files": files})
+    model = torch.nn.Linear(2, 3)
+    names = {"weight": 0, "bias": 1}
+    outline, layout = sharded_state.model_outline(
+        model.state_dict(), names, [(0, (3, 2)), (6, (3,))]
+    )
+    return {"model": outline, sharded_state.MODEL_SLICES: {**layout, "slices": slices}}
+
+
+def test_a_model_in_slices_reads_back_whole_and_its_folders_are_its_parts(tmp_path: Path) -> None:
+    params = torch.arange(9.0)
+    state = _sliced_checkpoint(tmp_path, params, 4)
+    assert sharded_state.all_part_paths(state) == [
+        f"step-8.pt.s{s}.dcp/{name}" for s in (0, 1) for name in (".metadata", "__0_0.distcp")
+    ]
+    assert sharded_state.shard_of_folder("step-8.pt.s1.dcp") == 1
+    assert sharded_state.shard_of_folder("step-8.pt.g1.dcp") is None
+    whole = sharded_state.fill_model(state, tmp_path)
+    assert sharded_state.MODEL_SLICES not in whole
+    assert torch.equal(whole["model"]["weight"], params[:6].view(3, 2))
+    assert torch.equal(whole["model"]["bias"], params[6:])
+
+
+def test_slices_too_short_for_the_model_are_refused(tmp_path: Path) -> None:
+    state = _sliced_checkpoint(tmp_path, torch.arange(9.0), 4)
+    state[sharded_state.MODEL_SLICES]["slices"].pop()  # the second owner's slice is missing
+    with pytest.raises(ValueError, match="slices hold 4 elements; its parameters need 9"):
+        sharded_state.fill_model(state, tmp_path)
+
+
+def test_an_outline_naming_a_parameter_it_does_not_have_is_refused(tmp_path: Path) -> None:
+    state = _sliced_checkpoint(tmp_path, torch.arange(9.0), 4)
+    state[sharded_state.MODEL_SLICES]["names"]["weight"] = 7
+    with pytest.raises(ValueError, match="names 'weight' wrongly"):
+        sharded_state.fill_model(state, tmp_path)

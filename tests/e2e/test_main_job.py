@@ -127,7 +127,25 @@ def test_a_task_with_its_parameter_server_in_shards_succeeds(
     agent = api.get(f"/api/v1/tasks/{task['id']}/logs").json()
     started = [line["text"] for line in agent if "started ranks [0, 4, 1, 2] " in line["text"]]
     assert started, "the parameter server's agent did not start the second shard's owner"
-    assert api.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()
+    checkpoints = api.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()
+    assert checkpoints
+    if strategy["sync_strategy"] == "periodic":
+        # Each owner wrote its slice of the model (2 files each, uploaded from its own rank's
+        # folder), none gathered it; final.pt's download is the whole model all the same.
+        final = checkpoints[-1]  # final.pt: no optimizer state under periodic, the slices
+        assert final["sharded_files"] == 4, checkpoints
+        blob = api.get(
+            f"/api/v1/tasks/{task['id']}/checkpoints/{final['id']}/download",
+            timeout=DOWNLOAD_TIMEOUT_S,
+        )
+        assert blob.status_code == 200, blob.text
+        state = torch.load(io.BytesIO(blob.content), weights_only=True)
+        assert "model_slices" not in state
+        from examples.tiny_regression import build_model
+
+        model = build_model()
+        model.load_state_dict(state["model"])
+        assert all(bool(p.abs().sum() > 0) for p in model.parameters())
     assert_released(api, stack, task["id"])
 
 

@@ -428,6 +428,8 @@ class SubTaskRunner:
                     self.api.fetch_checkpoint(payload.task_id, checkpoint_id),
                 )
             )
+            # The model's slices, where the parameter server's owners wrote it so.
+            state_dir = self._state_folder(payload.task_id, checkpoint_id, slot.rank_dir, None)
         elif checkpoint_id is not None and rank in payload.ranks:  # a compute worker's state
             state_dir = self._state_folder(
                 payload.task_id, checkpoint_id, slot.rank_dir, payload.group_index
@@ -447,16 +449,17 @@ class SubTaskRunner:
         )
 
     def _state_folder(
-        self, task_id: int, checkpoint_id: int, rank_dir: Path, group: int
+        self, task_id: int, checkpoint_id: int, rank_dir: Path, group: int | None
     ) -> str | None:
-        """Download the resume checkpoint's optimizer states kept out of its file (its state
-        folders, contracts/sharded_state.py) that a worker of group ``group`` reads into
+        """Download the resume checkpoint's states kept out of its file (its state folders,
+        contracts/sharded_state.py) that a worker of group ``group`` reads into
         ``rank_dir/resume-<id>.state/<folder>/``: the task's replica (``sync``) or its
         group's own (``periodic``, ``diloco``: ``<checkpoint>.g<group>.dcp``), not the other
         groups' (at 25M parameters with Adam, 200 MB each) unless the group has none of its
-        own (parked at the checkpoint: its entry names the source group's); None for a
-        checkpoint whose file holds them all. Raises RuntimeError for a checkpoint whose
-        state is not all stored."""
+        own (parked at the checkpoint: its entry names the source group's); with ``group``
+        None, the parameter server's: the model's slices its owners wrote
+        (``<checkpoint>.s<shard>.dcp``), which no worker takes. None where there is nothing
+        to take. Raises RuntimeError for a checkpoint whose state is not all stored."""
         listed = self.api.checkpoint_parts(task_id, checkpoint_id)
         if listed.get("missing"):
             raise RuntimeError(
@@ -464,16 +467,22 @@ class SubTaskRunner:
                 f"sharded state: {listed['missing'][:3]}"
             )
         parts = listed.get("parts") or []
-        if not parts:
+        checked = [sharded_state.check_part(part) for part in parts]
+        # The server takes the model's slices, a worker everything else.
+        taken = [
+            (part, (folder, name))
+            for part, (folder, name) in zip(parts, checked, strict=True)
+            if (sharded_state.shard_of_folder(folder) is not None) == (group is None)
+        ]
+        if not taken:
             return None
         root = rank_dir / f"resume-{checkpoint_id}.state"
         root.mkdir(mode=0o755)
-        checked = [sharded_state.check_part(part) for part in parts]
-        owners = [sharded_state.group_of_folder(folder) for folder, _ in checked]
+        owners = [sharded_state.group_of_folder(folder) for _, (folder, _) in taken]
         # A group parked at the checkpoint wrote no folder: its entry names the source group's.
         own = group in owners
-        for part, (folder, name), owner in zip(parts, checked, owners, strict=True):
-            if own and owner not in (None, group):
+        for (part, (folder, name)), owner in zip(taken, owners, strict=True):
+            if group is not None and own and owner not in (None, group):
                 continue  # another group's optimizer: its own workers read it
             (root / folder).mkdir(mode=0o755, exist_ok=True)
             body = self.api.fetch_checkpoint_part(task_id, checkpoint_id, part)

@@ -3,7 +3,10 @@
 A checkpoint is a ``torch.save`` dict written by the parameter server::
 
     model             state_dict of the global model: parameters and buffers (BatchNorm
-                      statistics, combined as docs/heterogeneity.md "Buffers" says)
+                      statistics, combined as docs/heterogeneity.md "Buffers" says); with
+                      the parameter server in shards under periodic and diloco, each
+                      parameter marked and ``model_slices`` naming the folders
+                      ``<name>.s<shard>.dcp`` its owners wrote (contracts/sharded_state.py)
     optimizer         sync: the outline of the workers' optimizer replica, its tensors in the
                       state folder ``<name>.dcp`` the source worker (or a sharded source
                       group's members) wrote (contracts/sharded_state.py); quorum: the
@@ -15,6 +18,8 @@ A checkpoint is a ``torch.save`` dict written by the parameter server::
     split             :meth:`worker.engine.split.SplitState.state_dict` (shards, shares, position)
     rng               {rank: torch RNG state (uint8 tensor)} of every compute worker
     excluded_groups   names of the groups left out for disagreeing (worker.engine.agreement)
+    outer_optimizer   diloco: one SGD's state over the model's parameters (its momentum
+                      marked where ``model_slices`` holds it); None elsewhere
 
 Written every ``checkpoint_every`` steps (``step-{step}.pt``; with periodic sync
 at the first sync point after the mark), at every epoch end (``epoch-{e}.pt``)
@@ -52,12 +57,16 @@ def save_checkpoint(
     )
 
 
-def load_checkpoint(path: str) -> dict[str, Any]:
-    """Read a checkpoint; files from before split state existed count as epoch ends.
+def load_checkpoint(path: str, state_dir: str | None = None) -> dict[str, Any]:
+    """Read a checkpoint, its model whole: where the parameter server's owners wrote it in
+    slices (``model_slices``), read from their folders in ``state_dir`` (an agent downloads
+    them there) or beside ``path``. Files from before split state existed count as epoch ends.
 
-    Raises FileNotFoundError, or pickle/KeyError errors for a file that is not a checkpoint.
+    Raises FileNotFoundError, or pickle/KeyError/ValueError errors for a file that is not a
+    checkpoint or slices that do not make its model.
     """
     state = torch.load(path, map_location="cpu", weights_only=True)
+    sharded_state.fill_model(state, Path(state_dir) if state_dir else Path(path).parent)
     state.setdefault("epoch_complete", "split" not in state)
     for key in ("split", "rng", "group_optimizers", "optimizer"):
         state.setdefault(key, None)

@@ -24,7 +24,7 @@ from worker.engine.contract import TrainingCode
 from worker.engine.data import DataSources
 from worker.engine.distributed import Topology
 from worker.engine.fsdp import return_freed_memory
-from worker.engine.run import Run
+from worker.engine.run import Run, saved_model
 from worker.engine.spec import RunSpec
 
 
@@ -92,7 +92,7 @@ def run_parameter_server(
     optimizer = code.build_optimizer(model.parameters())
     package, outer_state = None, None
     if spec.resume_from:
-        state = load_checkpoint(spec.resume_from)
+        state = load_checkpoint(spec.resume_from, spec.resume_state_dir)
         model.load_state_dict(state["model"])
         # The server never steps the workers' optimizer: their state stays in its folder
         # (a checkpoint from before state folders holds it whole).
@@ -109,8 +109,6 @@ def run_parameter_server(
     if spec.debug_dump_dir:
         run.batches = []
     session.train(run, under_way, lambda r: {}, report_server_epoch)
-    if topo.shards is not None:
-        shard_server.stop(topo)
     # Under sync the optimizer replica is in the last checkpoint's state folder (run.py):
     # final.pt names that folder, the state being the same.
     directory = Path(spec.checkpoint_dir)
@@ -122,13 +120,21 @@ def run_parameter_server(
         held = None
         report.log("final.pt holds no optimizer state: none was trained after the resume")
     final = {
-        "model": model.state_dict(),
+        **saved_model(run, "final.pt"),
         "optimizer": held,
         "epoch": spec.epochs - 1,
         "step": run.step,
         "epoch_complete": True,
     }
+    if topo.shards is not None:
+        shard_server.stop(topo)
     save_checkpoint(directory / "final.pt", final)
     _dump_batches(run)
     report.done()
-    return run.state.vector() if spec.debug_dump_dir else torch.empty(0)
+    if not spec.debug_dump_dir:
+        return torch.empty(0)
+    if sharded_state.MODEL_SLICES in final:  # rank 0 holds slice 0: the model as written
+        written = load_checkpoint(str(directory / "final.pt"))["model"]
+        for name, param in model.named_parameters():
+            param.data = written[name]
+    return run.state.vector()

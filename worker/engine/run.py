@@ -916,14 +916,22 @@ FAILED_WRITE = "failed_write"
 """In a sharded source group's gathered outline: the error its members' DCP write raised."""
 
 
-def outer_state_dict(run: Run) -> dict[str, Any] | None:
-    """The outer optimizer's state for a checkpoint (``diloco``), gathered from the parameter
-    server's shards where it is sharded; None where there is none."""
+def saved_model(run: Run, name: str) -> dict[str, Any]:
+    """The parameter server's entries of checkpoint ``name`` for its model: ``model`` and
+    ``outer_optimizer`` (``diloco``; None elsewhere), and where the owners hold the model in
+    slices (``RunSpec.model_in_slices``) ``model_slices``, each owner having written its
+    slice (contracts/sharded_state.py); else the model whole and the outer momentum
+    gathered from the shards where they hold it."""
+    if run.ps_shards is not None and run.ps_shards.in_slices:
+        model, slices, outer = run.ps_shards.write_model(name, run.model)
+        return {"model": model, sharded_state.MODEL_SLICES: slices, "outer_optimizer": outer}
     if run.outer is not None:
-        return run.outer.state_dict()
-    if run.ps_shards is not None:
-        return run.ps_shards.outer_state_dict()
-    return None
+        outer = run.outer.state_dict()
+    elif run.ps_shards is not None:
+        outer = run.ps_shards.outer_state_dict()
+    else:
+        outer = None
+    return {"model": run.model.state_dict(), "outer_optimizer": outer}
 
 
 def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
@@ -998,7 +1006,7 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
         run.optimizer_in = optimizer_state  # not loaded: the server never steps it (final.pt)
     leaders = run.spec.leader_ranks()
     state: dict[str, Any] = {
-        "model": run.model.state_dict(),
+        **saved_model(run, name),
         "optimizer": optimizer_state
         if optimizer_state is not None
         else None
@@ -1016,7 +1024,6 @@ def checkpoint(run: Run, name: str, *, epoch_complete: bool) -> None:
         "split": run.split.state_dict(),
         "rng": {r: s["rng"] for r, s in states.items()},
         "excluded_groups": sorted(run.spec.groups[g].name for g in run.excluded_groups),
-        "outer_optimizer": outer_state_dict(run),
     }
     provenance = run.ledger.drain(run.split.n_items) if run.ledger is not None else None
     save_checkpoint(Path(run.spec.checkpoint_dir) / name, state, provenance)

@@ -344,7 +344,9 @@ def end_epoch(run: Run, val_totals: dict[str, tuple[float, float]]) -> dict[str,
         # different devices (a CUDA group beside CPU groups) round differently: once an epoch
         # every worker takes the first worker's model again, through the parameter server.
         pull_replica(run)
-    if stepping(run):  # a parked group takes the model when taken back (run.refresh, catch_up)
+    # A parked group takes the model when taken back (run.refresh, catch_up). Where the owners
+    # hold the model in slices, every group took it whole from the epoch's last round.
+    if stepping(run) and not run.spec.model_in_slices:
         sync_state(run.topo, run.state, stepping_leaders(run), run.spec)
     counted = {SKIPPED: (float(run.skipped), 1.0)} if counts_skips(run) else {}
     val = sum_over_world({**val_totals, **counted}, run.topo)

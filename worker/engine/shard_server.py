@@ -20,9 +20,7 @@ changes, loss, n_g tau_g, n_g]``), alike on every member of the group. At a roun
    then gather their chunks of the new model (:class:`SliceExchange`);
 3. each owner assembles each group's part of its slice from the members, adds the groups in
    group order (:func:`serve_parts`) and answers every member with its part of the
-   new global model, rank 0 the buffers too (and sends that slice to rank 0 in a round after
-   which rank 0 reads its
-   model, :data:`FETCH`: the epoch's end, a control point): ``periodic`` the sample-weighted
+   new global model, rank 0 the buffers too: ``periodic`` the sample-weighted
    mean (:data:`MEAN`), ``diloco`` one step of the outer SGD with Nesterov momentum on the
    FedNova update ``tau_eff / n * sum_g n_g Delta_g / tau_g`` (:data:`OUTER`), each owner
    keeping the outer optimizer's momentum of its own slice.
@@ -30,13 +28,14 @@ changes, loss, n_g tau_g, n_g]``), alike on every member of the group. At a roun
 Every element is the same sum in the same order, and the same update, as the unsharded
 server's, so a run is bitwise the one-server run. Each owner's link carries G / S of the
 groups' bytes each way where one server's carried all of them (BytePS, Jiang et al., OSDI
-2020); rank 0 takes the other (S - 1) / S of the model only where it reads its model, which
-its checkpoints and ``final.pt`` save whole. Rank 0 sends each owner its slice
-of the global model, and of a resumed outer momentum, when an attempt starts training
-(:data:`LOAD`), asks for the momentum slices when it writes a checkpoint (:data:`STATE`;
-the checkpoint holds the outer optimizer's state as one SGD's, whatever the shards), and
-sends :data:`STOP` at the end. A command waits as long as an epoch's end takes
-(:data:`exchange.STATUS_WAIT`); a rank that is gone fails it at once.
+2020). Rank 0 sends each owner its slice of the global model, and of a resumed outer
+momentum, when an attempt starts training (:data:`LOAD`). With S >= 2 it then keeps slice 0
+only, and for each checkpoint tells every owner to write its slice of the model and of the
+outer momentum into a state folder of its own (:data:`WRITE`, :func:`write_slice`), so no
+process gathers the model; with one shard rank 0 holds it all, takes its model from the
+round and its momentum (:data:`STATE`; the checkpoint holds the outer optimizer's state as
+one SGD's, whatever the shards). It sends :data:`STOP` at the end. A command waits as long
+as an epoch's end takes (:data:`exchange.STATUS_WAIT`); a rank that is gone fails it at once.
 
 Under ``sync`` the owners are a summation service (BytePS's, Jiang et al., OSDI 2020): each
 step of two or more stepping groups, member m of each stepping group of W sends its chunk m
@@ -58,14 +57,19 @@ the sum's rounding only.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import Tensor
 
+from contracts import sharded_state
+from worker.engine import report
 from worker.engine.distributed import CONTROL_TAG, ShardLinks, Topology
 from worker.engine.exchange import (
     STATUS_WAIT,
@@ -82,12 +86,12 @@ from worker.engine.sharded import local
 from worker.engine.spec import RunSpec
 from worker.engine.state import ModelState
 
-STOP, LOAD, MEAN, OUTER, STATE, SUM, LAYOUT = 0, 1, 2, 3, 4, 5, 6
+STOP, LOAD, MEAN, OUTER, STATE, SUM, LAYOUT, WRITE = 0, 1, 2, 3, 4, 5, 6, 7
+TEXT_BYTES = 4096
+"""The longest text a command or answer carries (a checkpoint's name, a write's outcome)."""
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # LOAD's flags: the outer momentum's slice follows the parameters', then the trainable mask's.
 WITH_MOMENTUM, WITH_MASK = 1, 2
-# A round's flag: rank 0 takes the new slice too (it reads its whole model next).
-FETCH = 4
 # The round's counts each slice carries: periodic n_g; diloco n_g tau_g and n_g.
 COUNTS = {"periodic": 1, "diloco": 2}
 
@@ -129,6 +133,49 @@ def dtype_code(dtype: torch.dtype) -> int:
         names = ", ".join(str(d) for d in DTYPES)
         raise ValueError(f"ps_shards needs parameters of {names}, not {dtype}")
     return DTYPES.index(dtype)
+
+
+def _send_text(text: str, dst: int, group: Any) -> None:
+    """Send ``text`` (UTF-8, at most :data:`TEXT_BYTES`) to ``dst`` under the control tag."""
+    data = text.encode()[:TEXT_BYTES]
+    message = torch.zeros(1 + TEXT_BYTES, dtype=torch.uint8)
+    message[1 : 1 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    length = torch.tensor([len(data)], dtype=torch.int64)
+    dist.send(length, dst, group, CONTROL_TAG)
+    dist.send(message, dst, group, CONTROL_TAG)
+
+
+def _recv_text(src: int, group: Any) -> str:
+    """What :func:`_send_text` sent, waiting as long as an epoch's end takes
+    (:data:`exchange.STATUS_WAIT`)."""
+    length = torch.empty(1, dtype=torch.int64)
+    message = torch.empty(1 + TEXT_BYTES, dtype=torch.uint8)
+    for buffer in (length, message):
+        work = dist.irecv(buffer, src=src, group=group, tag=CONTROL_TAG)
+        assert work is not None
+        work.wait(STATUS_WAIT)
+    return bytes(message[1 : 1 + int(length)].tolist()).decode(errors="replace")
+
+
+def write_slice(folder: Path, params: Tensor, momentum: Tensor | None) -> dict[str, Any]:
+    """Write an owner's slice of the global model (``params`` [slice length], and the outer
+    optimizer's ``momentum`` of it where there is some) into state folder ``folder`` with
+    torch.distributed.checkpoint, on this process alone, and report each file for the
+    rank's agent to upload (:func:`report.checkpoint_part`). Returns ``{"files": [...]}``,
+    or ``{"error": "..."}`` where the folder could not be written (the caller names the
+    shard)."""
+    tensors = {"params": params.detach().cpu().contiguous()}
+    if momentum is not None:
+        tensors["momentum"] = momentum.detach().cpu().contiguous()
+    try:
+        with sharded_state.single_process():
+            metadata = dcp.save(tensors, checkpoint_id=folder, no_dist=True)
+    except Exception as exc:  # noqa: BLE001 - told to rank 0, which fails the task with it
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    files = [".metadata", *sorted({str(i.relative_path) for i in metadata.storage_data.values()})]
+    for name in files:
+        report.checkpoint_part(str(folder / name))
+    return {"files": files}
 
 
 def stop(topo: Topology) -> None:
@@ -690,7 +737,7 @@ class ServerShards:
         if spec.sync_strategy == "diloco":
             head = flat[: self.bounds[0][1]]
             head_momentum = None if momentum is None else momentum[: self.bounds[0][1]]
-            head_mask = None if mask is None else mask[: self.bounds[0][1]]
+            head_mask = None if mask is None else mask[: self.bounds[0][1]].clone()
             self.outer = OuterSlice(spec, head, head_momentum, head_mask)
         flags = (WITH_MOMENTUM if momentum is not None else 0) | (
             WITH_MASK if mask is not None else 0
@@ -706,15 +753,78 @@ class ServerShards:
                 parts.append(mask[a:b])
             sends += [w for part in parts for w in post_pieces(part.contiguous(), owner, link)]
         wait_all(sends)
+        if self.in_slices:
+            # Rank 0 keeps slice 0 (its owner's) and the buffers: the owners write the model's
+            # checkpoints (:meth:`write_model`) and every group ends an epoch holding the
+            # global model, so nothing reads rank 0's other (S - 1) / S of it.
+            assert state.n_params == self.n_params  # counted (and kept) before they go
+            for param in state.params:
+                param.data = param.data.new_empty(0)
+            report.log(
+                f"rank 0 keeps slice 0 of the model ({self.bounds[0][1]} of {self.n_params} "
+                f"parameter elements); the {len(self.bounds)} owners write its checkpoints"
+            )
+
+    @property
+    def in_slices(self) -> bool:
+        """True when the owners hold the model between them (S >= 2): rank 0 holds slice 0
+        only, and each checkpoint's model is written by its owners (:meth:`write_model`)."""
+        return len(self.bounds) > 1
+
+    def write_model(
+        self, name: str, model: torch.nn.Module
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+        """Checkpoint ``name``'s model, written by every owner at once, each its slice (and
+        its slice of the outer momentum) into ``<name>.s<shard>.dcp`` in its checkpoint
+        folder (:func:`write_slice`): nothing is gathered. Returns the checkpoint's
+        ``(model, model_slices, outer_optimizer)`` entries
+        (``contracts.sharded_state.MODEL_SLICES``; ``outer_optimizer`` None under
+        ``periodic``). Raises RuntimeError naming the shard whose write failed."""
+        owners = _owners(self.topo)
+        _command(self.topo, WRITE, self.bounds, self.dtype, [])
+        for owner in owners[1:]:
+            _send_text(name, owner, self.topo.link(owner))
+        head_momentum = self.outer.momentum() if self.outer is not None else None
+        folder = Path(self.spec.checkpoint_dir) / sharded_state.slice_folder(name, 0)
+        answers = [write_slice(folder, self.head_slice(), head_momentum)]
+        answers += [json.loads(_recv_text(o, self.topo.link(o))) for o in owners[1:]]
+        for shard, answer in enumerate(answers):
+            if "error" in answer:
+                raise RuntimeError(
+                    f"shard {shard} of the parameter server (rank {owners[shard]}) could not "
+                    f"write its slice of the model for {name}: {answer['error']}"
+                )
+        index = {id(p): i for i, p in enumerate(self.state.params)}
+        names = {n: index[id(p)] for n, p in model.named_parameters(remove_duplicate=False)}
+        offsets = [0]
+        for shape in self.shapes:
+            offsets.append(offsets[-1] + math.prod(shape))
+        outline, slices = sharded_state.model_outline(
+            model.state_dict(), names, list(zip(offsets, self.shapes, strict=False))
+        )
+        slices["slices"] = [
+            {"folder": sharded_state.slice_folder(name, s), "files": answer["files"]}
+            for s, answer in enumerate(answers)
+        ]
+        outer = None
+        if self.outer is not None:
+            sgd = sgd_over(self.spec, self.state.params).state_dict()
+            marker = sharded_state.marked(self.dtype)
+            if head_momentum is not None:
+                trainable = [i for i, p in enumerate(self.state.params) if p.requires_grad]
+                sgd["state"] = {i: {"momentum_buffer": marker} for i in trainable}
+            outer = sgd
+        return outline, slices, outer
 
     def _round(
         self, op: int, leaders: list[int], answer: Callable[[Tensor], Tensor], fetch: bool
     ) -> None:
-        """Command the round, serve slice 0 with ``answer``; with ``fetch``, take every other
-        owner's slice of the new global model and load the whole into rank 0's model."""
+        """Command the round, serve slice 0 with ``answer``; with ``fetch`` and one shard (rank
+        0 holds the whole model then), load the new model into rank 0's. With S >= 2 nothing
+        reads rank 0's model (:attr:`in_slices`)."""
         head_end, n_buffers = self.bounds[0][1], self.state.n_buffers
         rounds = round_dtype(self.spec.sync_strategy, self.dtype)
-        _command(self.topo, op, self.bounds, self.dtype, leaders, FETCH if fetch else 0)
+        _command(self.topo, op, self.bounds, self.dtype, leaders)
         assert self.topo.shards is not None
         extra = n_buffers + 1 + COUNTS[self.spec.sync_strategy]  # rest: changes, loss, counts
         groups = _group_indices(self.topo, leaders)
@@ -722,18 +832,8 @@ class ServerShards:
             self.spec, self.n_params, self.shapes, 0, head_end, groups, keep_empty=True
         )
         serve_parts(self.topo.shards, plan, head_end, extra, rounds, answer)
-        if not fetch:
-            return
-        received = [torch.empty(b - a, dtype=rounds) for a, b in self.bounds[1:]]
-        wait_all(
-            [
-                w
-                for owner, buffer in zip(_owners(self.topo)[1:], received, strict=True)
-                for w in receive_pieces(buffer, owner, self.topo.link(owner))
-            ]
-        )
-        parts = [self.head_slice(), *(buffer.to(self.dtype) for buffer in received)]
-        load_vector_(parts[0] if len(parts) == 1 else torch.cat(parts), self.state.params)
+        if fetch and not self.in_slices:
+            load_vector_(self.head_slice(), self.state.params)
 
     def head_slice(self) -> Tensor:
         """Slice 0 of the global model as rank 0 holds it now (``periodic``: the last mean;
@@ -915,6 +1015,15 @@ def serve(topo: Topology, spec: RunSpec) -> None:
                 raise RuntimeError(f"shard {shards.shard}: a step before the layout came")
             rows.serve(shards, model_dtype, _group_indices(topo, leaders))
             continue
+        if op == WRITE:
+            name = _recv_text(0, link)
+            slice_ = outer.param if outer is not None else held
+            if slice_ is None:
+                raise RuntimeError(f"shard {shards.shard}: a checkpoint before its slice came")
+            folder = Path(spec.checkpoint_dir) / sharded_state.slice_folder(name, shards.shard)
+            momentum = outer.momentum() if outer is not None else None
+            _send_text(json.dumps(write_slice(folder, slice_, momentum)), 0, link)
+            continue
         if op == STATE:
             assert outer is not None, "STATE under a strategy without an outer optimizer"
             momentum = outer.momentum()
@@ -930,12 +1039,10 @@ def serve(topo: Topology, spec: RunSpec) -> None:
         plan = round_plan(spec, total, shapes, lo, hi, groups, keep_empty=False)
         if op == MEAN:
             assert held is not None
-            held = answer = serve_parts(shards, plan, numel, 1, rounds, _mean(held))
+            held = serve_parts(shards, plan, numel, 1, rounds, _mean(held))
         else:
             assert outer is not None
-            answer = serve_parts(shards, plan, numel, 2, rounds, _outer(outer))
-        if flags & FETCH:
-            wait_all(post_pieces(answer, 0, link))
+            serve_parts(shards, plan, numel, 2, rounds, _outer(outer))
 
 
 def _mean(held: Tensor) -> Callable[[Tensor], Tensor]:

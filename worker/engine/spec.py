@@ -202,6 +202,14 @@ class RunSpec(BaseModel):
         send their own rows of a round; with one shard, to rank 0)."""
         return self.ps_shards > 1 or (self.any_sharded and self.sync_strategy in ROUND_STRATEGIES)
 
+    @property
+    def model_in_slices(self) -> bool:
+        """True when the parameter server's owners hold the global model between them, rank 0
+        slice 0 only (``ps_shards`` > 1 under ``periodic`` and ``diloco``): each group leaves
+        an epoch with the global model from its last round, and each checkpoint's model is
+        written by the owners (:meth:`worker.engine.shard_server.ServerShards.write_model`)."""
+        return self.ps_shards > 1 and self.sync_strategy in ROUND_STRATEGIES
+
     def shard_servers(self) -> list[int]:
         """Global ranks owning the parameter server's shards, shard order: rank 0, then the
         ranks after the last compute worker."""

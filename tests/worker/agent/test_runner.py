@@ -139,6 +139,28 @@ def test_a_later_attempts_workers_fetch_their_own_groups_state_only(
     assert fetched and all("/step-8.pt.g0.dcp/" in path for path in fetched), fetched
 
 
+def test_the_parameter_server_fetches_the_models_slices_and_the_workers_do_not(
+    api: FakeApi, run_with: Run
+) -> None:
+    """With the parameter server in shards under periodic and diloco its owners wrote the
+    checkpoint's model, each its slice (``<checkpoint>.s<shard>.dcp``): rank 0 downloads those
+    (it builds the whole model at a start and sends it on), the workers only their group's
+    optimizer state."""
+    api.attempt, api.checkpoints[9] = 2, b"outline"
+    names = (".metadata", "__0_0.distcp")
+    folders = ["step-8.pt.s0.dcp", "step-8.pt.s1.dcp", "step-8.pt.g0.dcp"]
+    api.parts[9] = {f"{f}/{n}": f"{f}{n}".encode() for f in folders for n in names}
+    outcome, pool = run_with({0: RENDEZVOUS}, attempt=2, resume_checkpoint_id=9)  # group 0
+    assert outcome == "succeeded"
+    ranks = pool.by_rank()
+    server = Path(json.loads((ranks[0].rank_dir / "spec.json").read_text())["resume_state_dir"])
+    assert sorted(p.name for p in server.iterdir()) == folders[:2]
+    assert (server / "step-8.pt.s1.dcp" / ".metadata").read_bytes() == b"step-8.pt.s1.dcp.metadata"
+    for rank in (1, 2):
+        spec = json.loads((ranks[rank].rank_dir / "spec.json").read_text())
+        assert [p.name for p in Path(spec["resume_state_dir"]).iterdir()] == [folders[2]]
+
+
 def test_a_group_parked_at_the_checkpoint_fetches_the_other_groups_state(
     api: FakeApi, run_with: Run
 ) -> None:

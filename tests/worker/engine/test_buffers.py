@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import default_collate
 
+from contracts.sharded_state import consolidate
 from tests.worker.engine.reference import dumped_batches, finite, reference_model, run_with_dump
 from worker.engine.contract import TrainingCode, load_training_code, seed_everything
 from worker.engine.sharding import even_shares
@@ -71,8 +72,17 @@ def checkpoint_model(spec: RunSpec, name: str = "final.pt") -> torch.nn.Module:
     code = load_training_code(spec.code)
     model = code.build_model()
     path = Path(spec.checkpoint_dir) / name
-    model.load_state_dict(torch.load(path, weights_only=True)["model"])
+    model.load_state_dict(downloaded(path)["model"])
     return model
+
+
+def downloaded(path: Path) -> dict:
+    """Checkpoint ``path`` as a user downloads it: one file, made whole as the portal makes it
+    (``contracts.sharded_state.consolidate``: the optimizer states and the model's slices
+    read from their folders beside it)."""
+    whole = path.with_name(path.name + ".whole")
+    consolidate(path, whole)
+    return torch.load(whole, weights_only=True)
 
 
 @torch.no_grad()

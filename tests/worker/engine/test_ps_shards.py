@@ -14,6 +14,7 @@ own chunk of the group's vector).
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import pytest
 import torch
 
 from tests.worker.engine.reference import TIMEOUT_S, run_with_dump
-from tests.worker.engine.test_buffers import bn_spec, checkpoint_model
+from tests.worker.engine.test_buffers import bn_spec, checkpoint_model, downloaded
 from tests.worker.engine.test_resume import DROPOUT_MODULE, HOLD_AFTER
 from worker.engine.exchange import chunks, shard_bounds
 from worker.engine.fsdp import rows_vector
@@ -74,7 +75,15 @@ def test_a_sharded_server_trains_bitwise_as_one_server(
     for rank in (5, 6):
         assert sharded[rank].numel() == 0
         assert f"up: shard {rank - 4} of 3 of the parameter server" in run.text(rank)
-    # What a user downloads: the checkpoint's parameters and buffers, the same.
+    # Rank 0 holds slice 0 only: no checkpoint file holds the parameters, the owners' slices
+    # do (each written by its owner, none gathered), and what a user downloads is whole.
+    assert "rank 0 keeps slice 0 of the model (" in run.text(0)
+    for written in sorted(Path(three.checkpoint_dir).glob("*.pt")):
+        saved = torch.load(written, weights_only=True)
+        folders = [ref["folder"] for ref in saved["model_slices"]["slices"]]
+        assert folders == [f"{written.name}.s{s}.dcp" for s in range(3)], written.name
+        assert saved["model"]["1.weight"] == "dcp:float32", written.name
+        assert isinstance(saved["model"]["0.running_mean"], torch.Tensor), written.name
     got = checkpoint_model(three).state_dict()
     want = checkpoint_model(one).state_dict()
     assert set(got) == set(want) and any("running_mean" in name for name in got)
@@ -145,7 +154,7 @@ def test_sync_in_one_group_with_a_sharded_server_leaves_the_owners_idle(
 def last_outer_state(spec: RunSpec) -> dict | None:
     """The last epoch's checkpoint's outer optimizer state."""
     last = sorted(Path(spec.checkpoint_dir).glob("epoch-*.pt"))[-1]
-    return torch.load(last, weights_only=False).get("outer_optimizer")
+    return downloaded(last).get("outer_optimizer")
 
 
 @pytest.mark.parametrize(
@@ -197,7 +206,21 @@ def test_a_checkpoint_resumes_on_another_number_of_shards(
     assert interrupted.stopped
     outer = torch.load(stop_at, weights_only=False)["outer_optimizer"]
     assert outer["state"], "no outer momentum in the checkpoint"
-    resumed = make_spec(code=str(module), ps_shards=read, resume_from=str(stop_at), **options)
+    # As an agent lays out a resume: the file apart, its state folders in a folder of their
+    # own (the model's slices, read by rank 0, where the owners wrote them).
+    downloaded = tmp_path / "agent" / "resume-9.state"
+    for folder in Path(spec.checkpoint_dir).glob("step-33.pt.*.dcp"):
+        shutil.copytree(folder, downloaded / folder.name)
+    slices = sorted(f.name for f in downloaded.glob("*.s*.dcp"))
+    assert slices == ([f"step-33.pt.s{s}.dcp" for s in range(written)] if written > 1 else [])
+    resume_file = shutil.copy(stop_at, tmp_path / "agent" / "resume-9.pt")
+    resumed = make_spec(
+        code=str(module),
+        ps_shards=read,
+        resume_from=str(resume_file),
+        resume_state_dir=str(downloaded),
+        **options,
+    )
     run, finals = run_with_dump(resumed, tmp_path / "resumed-params")
     assert any("resumed at epoch" in line for line in run.output[0])
     for rank in range(1 + spec.n_workers):  # the parameter server and every worker
