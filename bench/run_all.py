@@ -100,6 +100,9 @@ MORE = (
     "bench.submit_to_first_step --only embedded",
     "bench.submit_to_first_step --only redis",
     "bench.api_p99 --only readers",
+    # issue 36 item 2: what rank 0 holds while training with its owners in 1, 2 and 4 shards
+    # (diloco, 25M and 100M parameters): about 12 minutes
+    "bench.server_memory",
     # a thousand agents, simulated (issue 19): about 5 minutes
     "bench.agent_fleet",
     # issue 37 item 5: an API process killed, Redis and PostgreSQL restarted under 1,000

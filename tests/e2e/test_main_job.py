@@ -164,9 +164,10 @@ def test_a_diloco_task_with_a_sharded_group_succeeds_and_its_download_is_whole(
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     checkpoints = api.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()
     # The epoch's checkpoint keeps each group's optimizer state (final.pt keeps none): cpu-a's
-    # .metadata and its 2 workers' files, cpu-b's .metadata and its worker's file.
-    kept = [c for c in checkpoints if c["sharded_files"]]
-    assert [c["sharded_files"] for c in kept] == [5], checkpoints
+    # .metadata and its 2 workers' files, cpu-b's .metadata and its worker's file; each
+    # checkpoint the model, as the parameter server's one owner wrote it (2 files).
+    assert [c["sharded_files"] for c in checkpoints] == [5 + 2, 2], checkpoints
+    kept = checkpoints[:1]
     blob = api.get(
         f"/api/v1/tasks/{task['id']}/checkpoints/{kept[-1]['id']}/download",
         timeout=DOWNLOAD_TIMEOUT_S,

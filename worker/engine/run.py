@@ -516,9 +516,9 @@ def catch_up(run: Run, groups: set[int]) -> None:
     if topo.is_ps:
         assert run.ps_shards is not None, "a group taken back before the owners were loaded"
         if spec.sync_strategy == "periodic":
-            run.ps_shards.mean_round(leaders, fetch=False)  # its sums are 0: nothing counted
+            run.ps_shards.mean_round(leaders)  # its sums are 0: nothing counted
         else:
-            run.ps_shards.outer_round(leaders, fetch=False)
+            run.ps_shards.outer_round(leaders)
         _dump_catch_up(run, run.ps_shards.head_slice)
         return
     if topo.group_index not in groups:
@@ -918,19 +918,13 @@ FAILED_WRITE = "failed_write"
 
 def saved_model(run: Run, name: str) -> dict[str, Any]:
     """The parameter server's entries of checkpoint ``name`` for its model: ``model`` and
-    ``outer_optimizer`` (``diloco``; None elsewhere), and where the owners hold the model in
-    slices (``RunSpec.model_in_slices``) ``model_slices``, each owner having written its
-    slice (contracts/sharded_state.py); else the model whole and the outer momentum
-    gathered from the shards where they hold it."""
-    if run.ps_shards is not None and run.ps_shards.in_slices:
+    ``outer_optimizer`` (``diloco``; None elsewhere), and where the owners hold the model
+    (``RunSpec.model_in_slices``) ``model_slices``, each owner having written its slice
+    (contracts/sharded_state.py); else the model whole."""
+    if run.ps_shards is not None:
         model, slices, outer = run.ps_shards.write_model(name, run.model)
         return {"model": model, sharded_state.MODEL_SLICES: slices, "outer_optimizer": outer}
-    if run.outer is not None:
-        outer = run.outer.state_dict()
-    elif run.ps_shards is not None:
-        outer = run.ps_shards.outer_state_dict()
-    else:
-        outer = None
+    outer = run.outer.state_dict() if run.outer is not None else None
     return {"model": run.model.state_dict(), "outer_optimizer": outer}
 
 

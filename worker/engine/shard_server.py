@@ -29,12 +29,11 @@ Every element is the same sum in the same order, and the same update, as the uns
 server's, so a run is bitwise the one-server run. Each owner's link carries G / S of the
 groups' bytes each way where one server's carried all of them (BytePS, Jiang et al., OSDI
 2020). Rank 0 sends each owner its slice of the global model, and of a resumed outer
-momentum, when an attempt starts training (:data:`LOAD`). With S >= 2 it then keeps slice 0
-only, and for each checkpoint tells every owner to write its slice of the model and of the
-outer momentum into a state folder of its own (:data:`WRITE`, :func:`write_slice`), so no
-process gathers the model; with one shard rank 0 holds it all, takes its model from the
-round and its momentum (:data:`STATE`; the checkpoint holds the outer optimizer's state as
-one SGD's, whatever the shards). It sends :data:`STOP` at the end. A command waits as long
+momentum, when an attempt starts training (:data:`LOAD`), then keeps slice 0 only (with one
+shard all of it, once, not the model's parameters beside), and for each checkpoint tells
+every owner to write its slice of the model and of the outer momentum into a state folder of
+its own (:data:`WRITE`, :func:`write_slice`), so no process gathers the model. It sends
+:data:`STOP` at the end. A command waits as long
 as an epoch's end takes (:data:`exchange.STATUS_WAIT`); a rank that is gone fails it at once.
 
 Under ``sync`` the owners are a summation service (BytePS's, Jiang et al., OSDI 2020): each
@@ -74,7 +73,6 @@ from worker.engine.distributed import CONTROL_TAG, ShardLinks, Topology
 from worker.engine.exchange import (
     STATUS_WAIT,
     chunks,
-    load_vector_,
     pieces,
     post_pieces,
     receive_pieces,
@@ -86,7 +84,7 @@ from worker.engine.sharded import local
 from worker.engine.spec import RunSpec
 from worker.engine.state import ModelState
 
-STOP, LOAD, MEAN, OUTER, STATE, SUM, LAYOUT, WRITE = 0, 1, 2, 3, 4, 5, 6, 7
+STOP, LOAD, MEAN, OUTER, SUM, LAYOUT, WRITE = 0, 1, 2, 3, 5, 6, 7
 TEXT_BYTES = 4096
 """The longest text a command or answer carries (a checkpoint's name, a write's outcome)."""
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -753,23 +751,17 @@ class ServerShards:
                 parts.append(mask[a:b])
             sends += [w for part in parts for w in post_pieces(part.contiguous(), owner, link)]
         wait_all(sends)
-        if self.in_slices:
-            # Rank 0 keeps slice 0 (its owner's) and the buffers: the owners write the model's
-            # checkpoints (:meth:`write_model`) and every group ends an epoch holding the
-            # global model, so nothing reads rank 0's other (S - 1) / S of it.
-            assert state.n_params == self.n_params  # counted (and kept) before they go
-            for param in state.params:
-                param.data = param.data.new_empty(0)
-            report.log(
-                f"rank 0 keeps slice 0 of the model ({self.bounds[0][1]} of {self.n_params} "
-                f"parameter elements); the {len(self.bounds)} owners write its checkpoints"
-            )
-
-    @property
-    def in_slices(self) -> bool:
-        """True when the owners hold the model between them (S >= 2): rank 0 holds slice 0
-        only, and each checkpoint's model is written by its owners (:meth:`write_model`)."""
-        return len(self.bounds) > 1
+        # Rank 0 keeps slice 0 (its owner's: with one shard all of it, once, as its outer
+        # optimizer's parameter or the mean) and the buffers: the owners write the model's
+        # checkpoints (:meth:`write_model`) and every group ends an epoch holding the global
+        # model, so nothing reads the model's parameters on rank 0 again.
+        assert state.n_params == self.n_params  # counted (and kept) before they go
+        for param in state.params:
+            param.data = param.data.new_empty(0)
+        report.log(
+            f"rank 0 keeps slice 0 of the model ({self.bounds[0][1]} of {self.n_params} "
+            f"parameter elements); the {len(self.bounds)} owner(s) write its checkpoints"
+        )
 
     def write_model(
         self, name: str, model: torch.nn.Module
@@ -816,12 +808,8 @@ class ServerShards:
             outer = sgd
         return outline, slices, outer
 
-    def _round(
-        self, op: int, leaders: list[int], answer: Callable[[Tensor], Tensor], fetch: bool
-    ) -> None:
-        """Command the round, serve slice 0 with ``answer``; with ``fetch`` and one shard (rank
-        0 holds the whole model then), load the new model into rank 0's. With S >= 2 nothing
-        reads rank 0's model (:attr:`in_slices`)."""
+    def _round(self, op: int, leaders: list[int], answer: Callable[[Tensor], Tensor]) -> None:
+        """Command the round and serve slice 0 with ``answer``."""
         head_end, n_buffers = self.bounds[0][1], self.state.n_buffers
         rounds = round_dtype(self.spec.sync_strategy, self.dtype)
         _command(self.topo, op, self.bounds, self.dtype, leaders)
@@ -832,8 +820,6 @@ class ServerShards:
             self.spec, self.n_params, self.shapes, 0, head_end, groups, keep_empty=True
         )
         serve_parts(self.topo.shards, plan, head_end, extra, rounds, answer)
-        if fetch and not self.in_slices:
-            load_vector_(self.head_slice(), self.state.params)
 
     def head_slice(self) -> Tensor:
         """Slice 0 of the global model as rank 0 holds it now (``periodic``: the last mean;
@@ -842,10 +828,10 @@ class ServerShards:
         assert head is not None
         return head
 
-    def mean_round(self, leaders: list[int], *, fetch: bool) -> tuple[float, float]:
-        """``periodic``'s sync point with the groups of ``leaders`` (global ranks); with
-        ``fetch`` rank 0's model ends as the unsharded average leaves it (its buffers always
-        do). Returns ``(loss sum, samples)``."""
+    def mean_round(self, leaders: list[int]) -> tuple[float, float]:
+        """``periodic``'s sync point with the groups of ``leaders`` (global ranks): slice 0 and
+        rank 0's buffers end as the unsharded average leaves them. Returns ``(loss sum,
+        samples)``."""
         head_end, state = self.bounds[0][1], self.state
         sums: list[float] = []
 
@@ -858,13 +844,12 @@ class ServerShards:
             assert self.head is not None
             return torch.cat([self.head, state.buffers_vector().cpu()])
 
-        self._round(MEAN, leaders, answer, fetch)
+        self._round(MEAN, leaders, answer)
         return sums[0], sums[1]
 
-    def outer_round(self, leaders: list[int], *, fetch: bool) -> tuple[float, float]:
+    def outer_round(self, leaders: list[int]) -> tuple[float, float]:
         """``diloco``'s round end with the groups of ``leaders``: the outer step on slice 0, the
-        buffers' mean change, the other owners' steps; ``fetch`` as :meth:`mean_round`.
-        Returns ``(loss sum, samples)``."""
+        buffers' mean change, the other owners' steps. Returns ``(loss sum, samples)``."""
         head_end, state, outer = self.bounds[0][1], self.state, self.outer
         assert outer is not None
         sums: list[float] = []
@@ -879,34 +864,8 @@ class ServerShards:
                 [outer.param.detach().to(rounds), state.buffers_vector().cpu().to(rounds)]
             )
 
-        self._round(OUTER, leaders, answer, fetch)
+        self._round(OUTER, leaders, answer)
         return sums[0], sums[1]
-
-    def outer_state_dict(self) -> dict[str, Any] | None:
-        """The outer optimizer's state as one ``torch.optim.SGD`` over the model's parameters
-        would hold it (the checkpoint's ``outer_optimizer``), its momentum gathered from every
-        owner; None under ``periodic``."""
-        if self.outer is None:
-            return None
-        _command(self.topo, STATE, self.bounds, self.dtype, [])
-        head = self.outer.momentum()
-        slices = [torch.empty(b - a, dtype=self.dtype) for a, b in self.bounds[1:]]
-        flags = torch.zeros(len(slices), dtype=torch.int64)
-        for i, owner in enumerate(_owners(self.topo)[1:]):
-            dist.recv(flags[i : i + 1], owner, self.topo.link(owner), CONTROL_TAG)
-            if int(flags[i]):
-                wait_all(receive_pieces(slices[i], owner, self.topo.link(owner)))
-        sgd = sgd_over(self.spec, self.state.params)
-        if head is not None:
-            momentum = torch.cat([head, *slices])
-            offset = 0
-            for param in self.state.params:
-                n = param.numel()
-                if param.requires_grad:
-                    part = momentum[offset : offset + n].view_as(param).clone()
-                    sgd.state[param]["momentum_buffer"] = part
-                offset += n
-        return sgd.state_dict()
 
 
 def sgd_over(spec: RunSpec, params: list[Any]) -> torch.optim.SGD:
@@ -1023,13 +982,6 @@ def serve(topo: Topology, spec: RunSpec) -> None:
             folder = Path(spec.checkpoint_dir) / sharded_state.slice_folder(name, shards.shard)
             momentum = outer.momentum() if outer is not None else None
             _send_text(json.dumps(write_slice(folder, slice_, momentum)), 0, link)
-            continue
-        if op == STATE:
-            assert outer is not None, "STATE under a strategy without an outer optimizer"
-            momentum = outer.momentum()
-            dist.send(torch.tensor([0 if momentum is None else 1]), 0, link, CONTROL_TAG)
-            if momentum is not None:
-                wait_all(post_pieces(momentum.contiguous(), 0, link))
             continue
         slice_ = outer.param if outer is not None else held
         if slice_ is None or slice_.numel() != numel or total is None:

@@ -204,11 +204,13 @@ class RunSpec(BaseModel):
 
     @property
     def model_in_slices(self) -> bool:
-        """True when the parameter server's owners hold the global model between them, rank 0
-        slice 0 only (``ps_shards`` > 1 under ``periodic`` and ``diloco``): each group leaves
-        an epoch with the global model from its last round, and each checkpoint's model is
-        written by the owners (:meth:`worker.engine.shard_server.ServerShards.write_model`)."""
-        return self.ps_shards > 1 and self.sync_strategy in ROUND_STRATEGIES
+        """True when the parameter server's owners hold the global model, rank 0 slice 0 only
+        and no copy of it beside (the owners' rounds, :attr:`owner_rounds`, under ``periodic``
+        and ``diloco``: ``ps_shards`` > 1, or one shard beside a sharded group): each group
+        leaves an epoch with the global model from its last round, and each checkpoint's
+        model is written by the owners
+        (:meth:`worker.engine.shard_server.ServerShards.write_model`)."""
+        return self.owner_rounds and self.sync_strategy in ROUND_STRATEGIES
 
     def shard_servers(self) -> list[int]:
         """Global ranks owning the parameter server's shards, shard order: rank 0, then the

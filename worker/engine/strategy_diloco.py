@@ -658,10 +658,7 @@ class DiLoCo(Strategy[Run]):
             dtype = exchange_dtype(run)
             leaders = stepping_leaders(run)  # every group's, unless the guard parked some
             if run.ps_shards is not None:
-                # Rank 0 takes the whole model where it reads it: the epoch's end, a
-                # checkpoint at the control point.
-                fetch = run.split.epoch_done or reads_model(run)
-                loss_sum, samples = run.ps_shards.outer_round(leaders, fetch=fetch)
+                loss_sum, samples = run.ps_shards.outer_round(leaders)
             else:
                 assert outer is not None
                 total = gather_at_ps(run.topo, n_params + n_buffers + TAIL, dtype, leaders)

@@ -41,7 +41,6 @@ from worker.engine.exchange import (
 from worker.engine.run import (
     Run,
     control_point,
-    reads_model,
     stepping,
     stepping_leaders,
     take_round,
@@ -141,10 +140,7 @@ class Periodic(Strategy[Run]):
                 continue
             leaders = stepping_leaders(run)
             if run.ps_shards is not None:
-                # Rank 0 takes the whole model where it reads it: the epoch's end, a
-                # checkpoint at the control point.
-                fetch = run.split.epoch_done or reads_model(run)
-                loss_sum, samples = run.ps_shards.mean_round(leaders, fetch=fetch)
+                loss_sum, samples = run.ps_shards.mean_round(leaders)
             else:
                 total = gather_at_ps(topo, numel + 2, run.params[0].dtype, leaders)
                 loss_sum, samples = float(total[-2]), float(total[-1])
