@@ -298,35 +298,46 @@ def all_part_paths(state: dict[str, Any]) -> list[str]:
     return sorted({path for ref in references(state) for path in part_paths(ref)})
 
 
-def _whole(outline: dict[str, Any], base: Path) -> dict[str, Any]:
+def _whole(
+    outline: dict[str, Any], base: Path, read: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """The optimizer ``state_dict`` ``outline`` stands for, read whole from its state folder
-    in ``base``."""
+    in ``base``. ``read``: the tensors of the folders read so far, by folder, so that
+    outlines naming one folder (a parked group's names the source group's) read it once and
+    share its tensors."""
     import torch
 
     ref = reference(outline)
     assert ref is not None
     files = [p.split("/", 1)[1] for p in part_paths(ref)]
     folder = base / str(ref["folder"])
-    metadata = read_metadata(folder, files)
-    template = {}
+    if read is not None and folder.name in read:
+        template = read[folder.name]
+    else:
+        metadata = read_metadata(folder, files)
+        template = {
+            key: torch.empty(item.size, dtype=item.properties.dtype)
+            for key, item in metadata.state_dict_metadata.items()
+        }
+        load_into(template, folder, files)
+        if read is not None:
+            read[folder.name] = template
     for key, name, _ in marked_entries(outline):
-        item = metadata.state_dict_metadata.get(dcp_key(key, name))
-        if item is None:
+        if dcp_key(key, name) not in template:
             raise ValueError(f"the state folder has no {dcp_key(key, name)!r}")
-        template[dcp_key(key, name)] = torch.empty(item.size, dtype=item.properties.dtype)
-    load_into(template, folder, files)
     return filled(outline, template)
 
 
 # -- the model in slices: written by the parameter server's shard owners ---------------
 
 MODEL_SLICES = "model_slices"
-"""The checkpoint key naming where its model's parameters are, when the parameter server
-in S >= 2 shards (``ps_shards``) wrote them, each owner its slice of the flat parameter
-vector, at once, and none gathered them::
+"""The checkpoint key naming where its model's parameters are, when the parameter server's
+owners wrote them (their rounds under ``periodic`` and ``diloco``: ``ps_shards`` 2 or more,
+or one shard beside a sharded group), each owner its slice of the flat parameter vector, at
+once, and none gathered them::
 
     {"params": [[offset, [shape]], ...],   # each parameter's place in the flat vector, in
-                                           # model.parameters() order
+                                           # model.parameters() order, end to end
      "names": {state_dict key: index},     # which parameter each marked model entry is
      "slices": [{"folder": "step-8.pt.s0.dcp", "files": [...]}, ...]}   # shard order
 
@@ -340,74 +351,126 @@ def model_outline(
     state_dict: dict[str, Any], names: dict[str, int], params: Sequence[tuple[int, Sequence[int]]]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(model, model_slices)`` of a checkpoint whose model's parameters its slices hold:
-    ``state_dict`` with every entry of ``names`` (its parameter's index in ``params``)
-    replaced by its :func:`marked` dtype, and the :data:`MODEL_SLICES` entry without its
-    ``slices`` (the writer adds them)."""
+    ``state_dict`` with every entry of ``names`` (its parameter's index in ``params``) that
+    it has replaced by its :func:`marked` dtype, and the :data:`MODEL_SLICES` entry without
+    its ``slices`` (the writer adds them)."""
+    names = {k: i for k, i in names.items() if k in state_dict}
     model = {k: marked(v.dtype) if k in names else v for k, v in state_dict.items()}
     layout = {"params": [[int(o), [int(d) for d in shape]] for o, shape in params]}
     return model, {**layout, "names": dict(names), "slices": []}
 
 
-def _flat(slices: Sequence[dict[str, Any]], base: Path, key: str) -> Any:
-    """The slices' ``key`` tensors, read from their folders in ``base``, as one vector; None
-    where no slice holds ``key`` (Raises ValueError where only some do)."""
+def _layout(layout: Any) -> tuple[list[tuple[int, tuple[int, ...]]], int]:
+    """The parameters' ``(offset, shape)`` of a :data:`MODEL_SLICES` entry and the flat
+    vector's length, checked: each parameter starts where the one before it ends, from 0,
+    with dimensions of 0 or more. Raises ValueError for anything else."""
+    if not isinstance(layout, dict) or not isinstance(layout.get("params"), list):
+        raise ValueError("the model's outline has no parameter layout")
+    params, end = [], 0
+    for entry in layout["params"]:
+        try:
+            offset, shape = int(entry[0]), tuple(int(d) for d in entry[1])
+        except (TypeError, ValueError, IndexError, KeyError):
+            raise ValueError("the model's outline lays out a parameter wrongly") from None
+        if offset != end:
+            raise ValueError(f"the model's outline places a parameter at {offset}, not {end}")
+        if any(d < 0 for d in shape):
+            raise ValueError(f"the model's outline gives a parameter the shape {list(shape)}")
+        params.append((offset, shape))
+        end += math.prod(shape)
+    return params, end
+
+
+def _slice_refs(layout: dict[str, Any]) -> list[dict[str, Any]]:
+    """The :data:`MODEL_SLICES` entry's slice references, checked: one folder a shard, in
+    shard order (``<checkpoint>.s<k>.dcp``, the same checkpoint name), none twice. Raises
+    ValueError for anything else."""
+    refs = layout.get("slices")
+    if not isinstance(refs, list) or not refs or not all(isinstance(r, dict) for r in refs):
+        raise ValueError("the model's outline names no slices")
+    names = [str(ref.get("folder", "")) for ref in refs]
+    stems = {name.rsplit(".s", 1)[0] for name in names}
+    shards = [shard_of_folder(name) for name in names]
+    if shards != list(range(len(refs))) or len(stems) != 1:
+        raise ValueError(f"the model's slices {names[:8]} are not one checkpoint's, in order")
+    return refs
+
+
+def _flat(refs: Sequence[dict[str, Any]], base: Path, key: str, numel: int) -> Any:
+    """The slices' ``key`` tensors, read from their folders in ``base``, as one vector of
+    ``numel`` elements; None where no slice holds ``key``. Raises ValueError where only some
+    do, where one is not a vector, or where they do not make ``numel`` elements together."""
     import torch
 
-    parts: list[Any] = []
-    for ref in slices:
+    items = []
+    for ref in refs:
         files = [p.split("/", 1)[1] for p in part_paths(ref)]
         folder = base / str(ref["folder"])
-        item = read_metadata(folder, files).state_dict_metadata.get(key)
-        if item is None:
-            parts.append(None)
-            continue
-        if len(item.size) != 1:
-            raise ValueError(f"model slice {ref['folder']!r}: {key!r} is not a vector")
+        items.append((folder, files, read_metadata(folder, files).state_dict_metadata.get(key)))
+    if all(item is None for _, _, item in items):
+        return None
+    if any(item is None or len(item.size) != 1 for _, _, item in items):
+        raise ValueError(f"the model's slices do not each hold {key!r} as a vector")
+    held = sum(item.size[0] for _, _, item in items)
+    if held != numel:
+        raise ValueError(f"the model's slices hold {held} elements of {key!r}; it has {numel}")
+    parts = []
+    for folder, files, item in items:
         template = {key: torch.empty(item.size, dtype=item.properties.dtype)}
         load_into(template, folder, files)
         parts.append(template[key])
-    if all(part is None for part in parts):
-        return None
-    if any(part is None for part in parts):
-        raise ValueError(f"the model's slices do not all hold {key!r}")
     return torch.cat(parts)
+
+
+def _dtype(marker: Any) -> Any:
+    """The torch dtype a :func:`marked` entry names. Raises ValueError for another value."""
+    import torch
+
+    named = marker.removeprefix(MARK) if isinstance(marker, str) and marker.startswith(MARK) else ""
+    dtype = getattr(torch, named, None) if named else None
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"the model's outline marks an entry {str(marker)[:60]!r}")
+    return dtype
 
 
 def fill_model(state: dict[str, Any], base: Path) -> dict[str, Any]:
     """Checkpoint dict ``state`` with its model's parameters (and its outer optimizer's
     momentum) read from the slice folders :data:`MODEL_SLICES` names, in ``base``, and that
-    entry dropped: the checkpoint as one server would have written it. A checkpoint whose
-    model is whole is returned as it is. Raises ValueError for slices that do not make the
-    model (a missing entry, too few elements), pickle errors as :func:`read_metadata`."""
+    entry dropped: the checkpoint as one server would have written it. Each parameter is a
+    view of the one vector the slices make (tied parameters share it), in its marked dtype.
+    A checkpoint whose model is whole is returned as it is. Raises ValueError for an outline
+    or slices that do not make the model, pickle errors as :func:`read_metadata`."""
     layout = state.pop(MODEL_SLICES, None)
-    if not layout:
+    if layout is None:
         return state
-    slices = layout.get("slices") or []
-    params = [(int(o), tuple(int(d) for d in shape)) for o, shape in layout["params"]]
-    flat = _flat(slices, base, "params")
-    need = max((o + math.prod(shape) for o, shape in params), default=0)
-    if flat is None or flat.numel() < need:
-        raise ValueError(
-            f"the model's slices hold {0 if flat is None else flat.numel()} "
-            f"elements; its parameters need {need}"
-        )
+    params, numel = _layout(layout)
+    refs = _slice_refs(layout)
+    model, names = state.get("model"), layout.get("names")
+    if not isinstance(model, dict) or not isinstance(names, dict):
+        raise ValueError("the model's outline names no parameters")
+    flat = _flat(refs, base, "params", numel)
+    if flat is None:
+        raise ValueError("the model's slices hold no parameters")
 
-    def piece(source: Any, index: int) -> Any:
+    def piece(source: Any, index: Any, marker: Any) -> Any:
+        if not isinstance(index, int) or not 0 <= index < len(params):
+            raise ValueError(f"the model's outline names parameter {str(index)[:20]}")
         offset, shape = params[index]
-        return source[offset : offset + math.prod(shape)].view(shape).clone()
+        return source[offset : offset + math.prod(shape)].view(shape).to(_dtype(marker))
 
-    model = state["model"]
-    for name, index in layout["names"].items():
-        if name not in model or not 0 <= int(index) < len(params):
-            raise ValueError(f"the model's outline names {str(name)[:200]!r} wrongly")
-        model[name] = piece(flat, int(index))
+    for name, index in names.items():
+        if name not in model:
+            raise ValueError(f"the model's outline names {str(name)[:200]!r}, which it lacks")
+        model[name] = piece(flat, index, model[name])
     outer = state.get("outer_optimizer")
-    if isinstance(outer, dict) and any(True for _ in marked_entries(outer)):
-        momentum = _flat(slices, base, "momentum")
+    held = outer.get("state") if isinstance(outer, dict) else None
+    marks = list(marked_entries(outer)) if isinstance(outer, dict) and held else []
+    if marks and isinstance(held, dict):
+        momentum = _flat(refs, base, "momentum", numel)
         if momentum is None:
             raise ValueError("the outer optimizer's momentum is in no slice of the model")
-        for key, name, _ in list(marked_entries(outer)):
-            outer["state"][key][name] = piece(momentum, int(key))
+        for key, name, _ in marks:
+            held[key][name] = piece(momentum, key, held[key][name])
     return state
 
 
@@ -424,13 +487,21 @@ def consolidate(checkpoint: Path, out: Path) -> None:
     if not isinstance(state, dict):
         raise ValueError("the checkpoint is not a dict")
     fill_model(state, checkpoint.parent)
+    read: dict[str, dict[str, Any]] = {}
     if reference(state.get("optimizer")) is not None:
-        state["optimizer"] = _whole(state["optimizer"], checkpoint.parent)
+        state["optimizer"] = _whole(state["optimizer"], checkpoint.parent, read)
     groups = state.get("group_optimizers") or {}
     for g, outline in groups.items():
         if reference(outline) is not None:
-            groups[g] = _whole(outline, checkpoint.parent)
+            groups[g] = _whole(outline, checkpoint.parent, read)
     torch.save(state, out)
+
+
+def _checkpoint_error() -> type[BaseException]:
+    """DCP's CheckpointException (a BaseException: a corrupt ``.distcp`` file raises it)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -441,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         consolidate(Path(args[0]), Path(args[1]))
-    except (ValueError, OSError, pickle.UnpicklingError, RuntimeError) as exc:
+    except (Exception, _checkpoint_error()) as exc:  # noqa: BLE001 - malformed files, in a line
         # Named without the portal's folders: what is wrong with the files.
         said = str(exc).replace(str(Path(args[0]).parent), "<checkpoints>")
         print(f"{type(exc).__name__}: {said}", file=sys.stderr)

@@ -1,8 +1,9 @@
-"""A checkpoint as one file to download: its sharded optimizer state made whole, on demand.
+"""A checkpoint as one file to download: its sharded state made whole, on demand.
 
 A checkpoint keeps the optimizer states its workers hold out of its file, in state folders
 beside it (a sharded group's: one file from each member; each group's own under
-``periodic`` and ``diloco``; contracts/sharded_state.py).
+``periodic`` and ``diloco``), and where the parameter server's owners hold the model, its
+slices (one folder an owner; contracts/sharded_state.py).
 A user downloads one ``torch.save`` dict all the same: the first download builds it
 (``python -m contracts.sharded_state``, in a process of its own, so the API process never
 holds the state and a malformed folder cannot reach it) and keeps it beside the checkpoint,
@@ -38,7 +39,7 @@ def _plain_env() -> dict[str, str]:
 
 
 def whole_file(checkpoint: Checkpoint) -> Path:
-    """The file to download for ``checkpoint``: its own, or, where its optimizer state is
+    """The file to download for ``checkpoint``: its own, or, where its state is
     sharded, the consolidated one (built now if not yet).
 
     Raises:
@@ -52,9 +53,9 @@ def whole_file(checkpoint: Checkpoint) -> Path:
     missing = checkpoint.missing_parts()
     if missing:
         raise Conflict(
-            f"checkpoint {checkpoint.id}'s sharded optimizer state is still arriving: "
-            f"{len(missing)} of its {len(checkpoint.parts)} files are not stored yet; its "
-            "workers upload them beside it, so try again shortly",
+            f"checkpoint {checkpoint.id}'s sharded state is still arriving: "
+            f"{len(missing)} of its {len(checkpoint.parts)} files are not stored yet; the "
+            "ranks that wrote them upload them beside it, so try again shortly",
             field="checkpoint_id",
         )
     target = own.parent / ".whole" / own.name

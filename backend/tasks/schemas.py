@@ -762,7 +762,7 @@ class CheckpointRead(BaseModel):
     complete: bool = Field(
         True,
         description="every file stored: it can be downloaded and resumed from (false while "
-        "its workers' files are still arriving)",
+        "the files of its state are still arriving)",
     )
 
 

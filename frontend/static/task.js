@@ -120,7 +120,7 @@
       if (!c.complete) {  // its workers' optimizer state files not all stored
         cell = document.createElement("span");
         cell.className = "muted";
-        cell.title = ended ? INCOMPLETE : "its workers' optimizer state files are still arriving";
+        cell.title = ended ? INCOMPLETE : "its state files are still arriving";
         cell.textContent = ended ? "Incomplete" : "Arriving…";
       }
       return [String(c.epoch), [String(c.step), "num"],
@@ -128,7 +128,7 @@
     }, "No checkpoints yet.");
   }
 
-  const INCOMPLETE = "a worker's optimizer state file never arrived: download an earlier checkpoint";
+  const INCOMPLETE = "a file of its state never arrived: download an earlier checkpoint";
 
   function formatBytes(size) {
     const units = ["B", "KiB", "MiB", "GiB"];

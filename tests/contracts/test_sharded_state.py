@@ -3,7 +3,9 @@ from ranks that run user code, and the portal reads them to build a download."""
 
 import dataclasses
 import pickle
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -92,13 +94,19 @@ def test_part_names_are_a_state_folder_and_dcps_files_only() -> None:
             sharded_state.check_part(bad)
 
 
-def _sliced_checkpoint(tmp_path: Path, params: torch.Tensor, cut: int) -> dict:
-    """A checkpoint dict of a Linear(2, 3) + bias whose 9 parameter elements ``params`` two
-    owners wrote, slices ``[0, cut)`` and ``[cut, 9)``, beside its file in ``tmp_path``."""
+def _sliced_checkpoint(
+    tmp_path: Path, params: torch.Tensor, cut: int, momentum: torch.Tensor | None = None
+) -> dict:
+    """A checkpoint dict of a Linear(2, 3) + bias whose 9 parameter elements ``params`` (and
+    outer ``momentum``) two owners wrote, slices ``[0, cut)`` and ``[cut, 9)``, beside its
+    file in ``tmp_path``."""
     slices = []
-    for shard, part in enumerate((params[:cut], params[cut:])):
+    for shard, (a, b) in enumerate(((0, cut), (cut, 9))):
         folder = tmp_path / sharded_state.slice_folder("step-8.pt", shard)
-        dcp.save({"params": part.clone()}, checkpoint_id=folder, no_dist=True)
+        tensors = {"params": params[a:b].clone()}
+        if momentum is not None:
+            tensors["momentum"] = momentum[a:b].clone()
+        dcp.save(tensors, checkpoint_id=folder, no_dist=True)
         files = sorted(p.name for p in folder.iterdir())
         slices.append({"folder": folder.name, "files": files})
     model = torch.nn.Linear(2, 3)
@@ -126,12 +134,75 @@ def test_a_model_in_slices_reads_back_whole_and_its_folders_are_its_parts(tmp_pa
 def test_slices_too_short_for_the_model_are_refused(tmp_path: Path) -> None:
     state = _sliced_checkpoint(tmp_path, torch.arange(9.0), 4)
     state[sharded_state.MODEL_SLICES]["slices"].pop()  # the second owner's slice is missing
-    with pytest.raises(ValueError, match="slices hold 4 elements; its parameters need 9"):
+    with pytest.raises(ValueError, match="slices hold 4 elements of 'params'; it has 9"):
         sharded_state.fill_model(state, tmp_path)
 
 
-def test_an_outline_naming_a_parameter_it_does_not_have_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda m: m["names"].update(weight=7), "names parameter 7"),
+        (lambda m: m["names"].update(gone=0), "names 'gone', which it lacks"),
+        (lambda m: m["params"][1].__setitem__(0, 5), "places a parameter at 5, not 6"),
+        (lambda m: m["params"][0].__setitem__(1, [-1]), "gives a parameter the shape [-1]"),
+        (lambda m: m["params"].__setitem__(0, None), "lays out a parameter wrongly"),
+        # one slice named twice (it would be read, and held, as often as it is named)
+        (lambda m: m["slices"].__setitem__(1, m["slices"][0]), "not one checkpoint's"),
+        (lambda m: m["slices"].reverse(), "not one checkpoint's, in order"),
+        (lambda m: m.__setitem__("slices", "x"), "names no slices"),
+    ],
+)
+def test_an_outline_that_does_not_lay_out_its_slices_is_refused(
+    tmp_path: Path, change: Any, said: str
+) -> None:
     state = _sliced_checkpoint(tmp_path, torch.arange(9.0), 4)
-    state[sharded_state.MODEL_SLICES]["names"]["weight"] = 7
-    with pytest.raises(ValueError, match="names 'weight' wrongly"):
+    change(state[sharded_state.MODEL_SLICES])
+    with pytest.raises(ValueError, match=re.escape(said)):
         sharded_state.fill_model(state, tmp_path)
+
+
+def test_tied_parameters_share_one_tensor_in_the_parameters_dtype(tmp_path: Path) -> None:
+    """A parameter named twice (tied weights) is one view, not two copies, so an outline that
+    names one parameter many times cannot make a large download; each parameter comes in the
+    dtype its marker names."""
+    state = _sliced_checkpoint(tmp_path, torch.arange(9.0), 4)
+    state["model"]["tied.weight"] = state["model"]["weight"]
+    state[sharded_state.MODEL_SLICES]["names"]["tied.weight"] = 0
+    state["model"]["bias"] = sharded_state.marked(torch.float64)
+    whole = sharded_state.fill_model(state, tmp_path)["model"]
+    assert whole["tied.weight"].data_ptr() == whole["weight"].data_ptr()
+    assert whole["bias"].dtype == torch.float64 and whole["weight"].dtype == torch.float32
+
+
+def test_the_outer_momentum_reads_back_from_the_slices_by_parameter(tmp_path: Path) -> None:
+    state = _sliced_checkpoint(tmp_path, torch.arange(9.0), 4, momentum=-torch.arange(9.0))
+    marker = sharded_state.marked(torch.float32)
+    state["outer_optimizer"] = {"state": {1: {"momentum_buffer": marker}}, "param_groups": []}
+    whole = sharded_state.fill_model(state, tmp_path)
+    assert torch.equal(
+        whole["outer_optimizer"]["state"][1]["momentum_buffer"], -torch.arange(6.0, 9.0)
+    )
+    state = _sliced_checkpoint(tmp_path / "b", torch.arange(9.0), 4, momentum=torch.zeros(9))
+    state["outer_optimizer"] = {"state": {5: {"momentum_buffer": marker}}, "param_groups": []}
+    with pytest.raises(ValueError, match="names parameter 5"):
+        sharded_state.fill_model(state, tmp_path / "b")
+
+
+def test_a_consolidation_of_malformed_files_says_what_is_wrong_in_a_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The portal's download runs ``python -m contracts.sharded_state``: a checkpoint a rank
+    wrote wrongly ends it with exit code 1 and one line naming the fault (the portal's 422),
+    whatever the fault raised."""
+    state = _sliced_checkpoint(tmp_path, torch.arange(9.0), 4)
+    state[sharded_state.MODEL_SLICES]["names"] = ["weight"]  # not a mapping
+    torch.save(state, tmp_path / "step-8.pt")
+    (tmp_path / "step-8.pt.s1.dcp" / "__0_0.distcp").write_bytes(b"not a tensor file")
+    assert sharded_state.main([str(tmp_path / "step-8.pt"), str(tmp_path / "out.pt")]) == 1
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == ["ValueError: the model's outline names no parameters"]
+    state[sharded_state.MODEL_SLICES]["names"] = {"weight": 0, "bias": 1}
+    torch.save(state, tmp_path / "step-8.pt")  # now the corrupt slice is read
+    assert sharded_state.main([str(tmp_path / "step-8.pt"), str(tmp_path / "out.pt")]) == 1
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not (tmp_path / "out.pt").exists()

@@ -3,9 +3,10 @@
 A checkpoint is a ``torch.save`` dict written by the parameter server::
 
     model             state_dict of the global model: parameters and buffers (BatchNorm
-                      statistics, combined as docs/heterogeneity.md "Buffers" says); with
-                      the parameter server in shards under periodic and diloco, each
-                      parameter marked and ``model_slices`` naming the folders
+                      statistics, combined as docs/heterogeneity.md "Buffers" says); where
+                      the parameter server's owners hold the model (periodic and diloco
+                      with ps_shards > 1 or a sharded group), each parameter marked and
+                      ``model_slices`` naming the folders
                       ``<name>.s<shard>.dcp`` its owners wrote (contracts/sharded_state.py)
     optimizer         sync: the outline of the workers' optimizer replica, its tensors in the
                       state folder ``<name>.dcp`` the source worker (or a sharded source

@@ -11,7 +11,8 @@ Order of collectives, the same on every rank:
    from the checkpoint; then the groups' gradients of one fixed batch are checked against
    the parameter server's (:func:`worker.engine.agreement.check_gradients`);
 3. per epoch: the strategy's steps (:class:`worker.engine.strategy.Strategy`, the method of
-   the rank's role), the final parameters and buffers, validation, the
+   the rank's role), the final parameters and buffers (where rank 0 holds the model; where
+   its owners do, every group holds it from the epoch's last round), validation, the
    epoch's measured work (re-measured throughput, epoch-level rebalance),
    the neighbour exchange, the epoch-end checkpoint (with the epoch's shard provenance,
    :mod:`worker.engine.provenance`, which the parameter server records without a collective),

@@ -713,9 +713,10 @@ class SliceExchange:
 class ServerShards:
     """Rank 0's side of the sharded parameter server for one attempt: made when training
     starts, it sends every other owner its slice of the global model (and of the outer
-    optimizer's momentum, resumed from ``outer_state``, a checkpoint's ``outer_optimizer``);
-    :meth:`mean_round` and :meth:`outer_round` serve slice 0 and take the others' answers;
-    :meth:`outer_state_dict` gathers the momentum for a checkpoint."""
+    optimizer's momentum, resumed from ``outer_state``, a checkpoint's ``outer_optimizer``)
+    and lets the model's parameters go, keeping slice 0; :meth:`mean_round` and
+    :meth:`outer_round` serve slice 0; :meth:`write_model` has every owner write its slice of
+    a checkpoint's model."""
 
     def __init__(self, topo: Topology, spec: RunSpec, state: ModelState, outer_state: Any) -> None:
         self.topo, self.spec, self.state = topo, spec, state
