@@ -548,32 +548,35 @@ def serve_parts(
     element, as one message per group would give), and every sender answered with its runs
     of ``answer(sum)`` (``[numel + k]``) followed by that answer's last ``k`` elements.
     ``buffers``: a part buffer per group of ``plan`` to assemble in (kept by the caller),
-    else new ones. A single run without extra is received in place, and answered with a
-    view when the answer has no tail. Returns the answer. Waits as long as the members take
+    else new ones. A single run is received in place where it has no extra or ends the
+    slice (its extra then lands after it: a one-worker group's whole part), and answered
+    with a view when the answer has no tail. Returns the answer. Waits as long as the members take
     to come (:data:`exchange.STATUS_WAIT`)."""
     me = shards.rank
     works: list[Any] = []
-    assembled: list[tuple[Tensor, list[tuple[Spans, Tensor]]]] = []
+    assembled: list[tuple[Tensor, list[tuple[Spans, Tensor]], bool]] = []
     for index, group in enumerate(plan):
         part = buffers[index] if buffers is not None else torch.empty(numel + extra, dtype=dtype)
         scattered: list[tuple[Spans, Tensor]] = []
         for rank, runs in group:
-            if extra == 0 and len(runs) == 1:  # received in place
-                got = part[runs[0][0] : runs[0][1]]
+            # One run is received in place: without extra, or where it ends the slice, so
+            # that the extra after it in the message lands where the part keeps it.
+            if len(runs) == 1 and (extra == 0 or runs[0][1] == numel):
+                got = part[runs[0][0] : runs[0][1] + extra]
             else:
                 got = torch.empty(sum(b - a for a, b in runs) + extra, dtype=dtype)
                 scattered.append((runs, got))
             works += receive_pieces(got, rank, shards.link(me, rank))
-        assembled.append((part, scattered))
+        assembled.append((part, scattered, len(scattered) == len(group)))
     wait_all(works, STATUS_WAIT)
     total: Tensor | None = None
-    for part, scattered in assembled:
+    for part, scattered, none_in_place in assembled:
         for runs, message in scattered:
             at = 0
             for a, b in runs:
                 part[a:b] = message[at : at + b - a]
                 at += b - a
-        if extra:  # every sender's message was scattered: the first's extra
+        if extra and none_in_place:  # else the one in place brought it: the first one's
             part[numel:] = scattered[0][1][-extra:]
         if total is None:
             total = part
