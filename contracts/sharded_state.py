@@ -52,6 +52,9 @@ MAX_PARTS = 4097
 and one file a member). Their names travel in its upload's form (``parts``, a JSON array:
 backend/agent_api/router.py), not its query string, where a proxy's 8 KiB request line
 held some 180."""
+MAX_GROUP_STATES = 64
+"""The most groups' optimizer states a consolidation builds (a task has 16 groups at most;
+a parked group's entry names the source group's folder, each its own copy)."""
 MAX_STATE_BYTES = 64 << 30
 """The largest state a consolidation builds (its metadata claims the tensors' sizes)."""
 
@@ -303,8 +306,8 @@ def _whole(
 ) -> dict[str, Any]:
     """The optimizer ``state_dict`` ``outline`` stands for, read whole from its state folder
     in ``base``. ``read``: the tensors of the folders read so far, by folder, so that
-    outlines naming one folder (a parked group's names the source group's) read it once and
-    share its tensors."""
+    outlines naming one folder (a parked group's names the source group's) read it once,
+    each taking its own copy (two optimizers loaded from them must not step one tensor)."""
     import torch
 
     ref = reference(outline)
@@ -312,7 +315,7 @@ def _whole(
     files = [p.split("/", 1)[1] for p in part_paths(ref)]
     folder = base / str(ref["folder"])
     if read is not None and folder.name in read:
-        template = read[folder.name]
+        template = {key: tensor.clone() for key, tensor in read[folder.name].items()}
     else:
         metadata = read_metadata(folder, files)
         template = {
@@ -381,17 +384,18 @@ def _layout(layout: Any) -> tuple[list[tuple[int, tuple[int, ...]]], int]:
     return params, end
 
 
-def _slice_refs(layout: dict[str, Any]) -> list[dict[str, Any]]:
+def _slice_refs(layout: dict[str, Any], name: str | None) -> list[dict[str, Any]]:
     """The :data:`MODEL_SLICES` entry's slice references, checked: one folder a shard, in
-    shard order (``<checkpoint>.s<k>.dcp``, the same checkpoint name), none twice. Raises
-    ValueError for anything else."""
+    shard order (``<checkpoint>.s<k>.dcp``, the same checkpoint name: ``name`` where given),
+    none twice. Raises ValueError for anything else."""
     refs = layout.get("slices")
     if not isinstance(refs, list) or not refs or not all(isinstance(r, dict) for r in refs):
         raise ValueError("the model's outline names no slices")
     names = [str(ref.get("folder", "")) for ref in refs]
     stems = {name.rsplit(".s", 1)[0] for name in names}
     shards = [shard_of_folder(name) for name in names]
-    if shards != list(range(len(refs))) or len(stems) != 1:
+    expected = {name} if name is not None else stems
+    if shards != list(range(len(refs))) or len(stems) != 1 or stems != expected:
         raise ValueError(f"the model's slices {names[:8]} are not one checkpoint's, in order")
     return refs
 
@@ -411,6 +415,8 @@ def _flat(refs: Sequence[dict[str, Any]], base: Path, key: str, numel: int) -> A
         return None
     if any(item is None or len(item.size) != 1 for _, _, item in items):
         raise ValueError(f"the model's slices do not each hold {key!r} as a vector")
+    if len({item.properties.dtype for _, _, item in items}) != 1:
+        raise ValueError(f"the model's slices hold {key!r} in more than one dtype")
     held = sum(item.size[0] for _, _, item in items)
     if held != numel:
         raise ValueError(f"the model's slices hold {held} elements of {key!r}; it has {numel}")
@@ -433,18 +439,32 @@ def _dtype(marker: Any) -> Any:
     return dtype
 
 
-def fill_model(state: dict[str, Any], base: Path) -> dict[str, Any]:
+def _unfilled(value: Any) -> bool:
+    """True where ``value`` (a state dict, or a part of one) still holds a :func:`marked`
+    entry."""
+    if isinstance(value, str):
+        return value.startswith(MARK)
+    if isinstance(value, dict):
+        return any(_unfilled(v) for v in value.values())
+    return False
+
+
+def fill_model(state: dict[str, Any], base: Path, name: str | None = None) -> dict[str, Any]:
     """Checkpoint dict ``state`` with its model's parameters (and its outer optimizer's
     momentum) read from the slice folders :data:`MODEL_SLICES` names, in ``base``, and that
-    entry dropped: the checkpoint as one server would have written it. Each parameter is a
-    view of the one vector the slices make (tied parameters share it), in its marked dtype.
-    A checkpoint whose model is whole is returned as it is. Raises ValueError for an outline
-    or slices that do not make the model, pickle errors as :func:`read_metadata`."""
+    entry dropped: the checkpoint as one server would have written it. ``name``: the
+    checkpoint's file name, which the slices must be named after (None where the file was
+    renamed: a resume's copy). Each parameter is read once, in its marked dtype; names of one
+    parameter (tied weights) share its tensor. A checkpoint whose model is whole is returned
+    as it is. Raises ValueError for an outline or slices that do not make the model, or a
+    marked entry left unfilled; pickle errors as :func:`read_metadata`."""
     layout = state.pop(MODEL_SLICES, None)
     if layout is None:
+        if _unfilled(state.get("model")) or _unfilled(state.get("outer_optimizer")):
+            raise ValueError("the checkpoint marks its model's parameters but names no slices")
         return state
     params, numel = _layout(layout)
-    refs = _slice_refs(layout)
+    refs = _slice_refs(layout, name)
     model, names = state.get("model"), layout.get("names")
     if not isinstance(model, dict) or not isinstance(names, dict):
         raise ValueError("the model's outline names no parameters")
@@ -452,25 +472,42 @@ def fill_model(state: dict[str, Any], base: Path) -> dict[str, Any]:
     if flat is None:
         raise ValueError("the model's slices hold no parameters")
 
-    def piece(source: Any, index: Any, marker: Any) -> Any:
-        if not isinstance(index, int) or not 0 <= index < len(params):
-            raise ValueError(f"the model's outline names parameter {str(index)[:20]}")
-        offset, shape = params[index]
-        return source[offset : offset + math.prod(shape)].view(shape).to(_dtype(marker))
+    def filler(source: Any) -> Callable[[Any, Any], Any]:
+        made: dict[int, Any] = {}
 
-    for name, index in names.items():
-        if name not in model:
-            raise ValueError(f"the model's outline names {str(name)[:200]!r}, which it lacks")
-        model[name] = piece(flat, index, model[name])
+        def piece(index: Any, marker: Any) -> Any:
+            if not isinstance(index, int) or not 0 <= index < len(params):
+                raise ValueError(f"the model's outline names parameter {repr(index)[:20]}")
+            dtype = _dtype(marker)
+            if index not in made:
+                offset, shape = params[index]
+                part = source[offset : offset + math.prod(shape)].view(shape)
+                made[index] = part.to(dtype, copy=True)  # its own storage: saved alone, alone
+            if made[index].dtype != dtype:
+                raise ValueError(f"the model's outline marks parameter {index} in two dtypes")
+            return made[index]
+
+        return piece
+
+    piece = filler(flat)
+    for key, index in names.items():
+        if key not in model:
+            raise ValueError(f"the model's outline names {str(key)[:200]!r}, which it lacks")
+        model[key] = piece(index, model[key])
+    del flat  # each parameter is its own copy: a tensor saved alone saves itself only
     outer = state.get("outer_optimizer")
     held = outer.get("state") if isinstance(outer, dict) else None
-    marks = list(marked_entries(outer)) if isinstance(outer, dict) and held else []
-    if marks and isinstance(held, dict):
+    if isinstance(held, dict) and _unfilled(held):
         momentum = _flat(refs, base, "momentum", numel)
         if momentum is None:
             raise ValueError("the outer optimizer's momentum is in no slice of the model")
-        for key, name, _ in marks:
-            held[key][name] = piece(momentum, key, held[key][name])
+        take = filler(momentum)
+        for key, entry in held.items():
+            if not isinstance(entry, dict) or set(entry) != {"momentum_buffer"}:
+                raise ValueError("the outer optimizer's state holds more than its momentum")
+            entry["momentum_buffer"] = take(key, entry["momentum_buffer"])
+    if _unfilled(model) or _unfilled(outer):
+        raise ValueError("the model's outline leaves a marked entry unfilled")
     return state
 
 
@@ -486,15 +523,32 @@ def consolidate(checkpoint: Path, out: Path) -> None:
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     if not isinstance(state, dict):
         raise ValueError("the checkpoint is not a dict")
-    fill_model(state, checkpoint.parent)
+    fill_model(state, checkpoint.parent, checkpoint.name)
     read: dict[str, dict[str, Any]] = {}
     if reference(state.get("optimizer")) is not None:
         state["optimizer"] = _whole(state["optimizer"], checkpoint.parent, read)
     groups = state.get("group_optimizers") or {}
+    if len(groups) > MAX_GROUP_STATES:
+        raise ValueError(f"the checkpoint names {len(groups)} groups' optimizer states")
     for g, outline in groups.items():
         if reference(outline) is not None:
             groups[g] = _whole(outline, checkpoint.parent, read)
     torch.save(state, out)
+
+
+def _one_line(exc: BaseException, folder: Path) -> str:
+    """``exc`` said in one line, without the portal's folders: DCP's CheckpointException (its
+    text a traceback of every rank's failure) by its first failure, any text by its first
+    line."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(exc, _checkpoint_error()) and isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        exc = first[0] if isinstance(first, tuple) and first else exc
+    text = str(exc).replace(str(folder), "<checkpoints>").strip()
+    line = text.splitlines()[0] if text else ""
+    if isinstance(exc, pickle.UnpicklingError):  # torch's goes on to advise unsafe loading
+        line = line.split(". ")[0] + ": a file of the checkpoint's state is not a tensor file"
+    return f"{type(exc).__name__}: {line}"[:500]
 
 
 def _checkpoint_error() -> type[BaseException]:
@@ -513,9 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         consolidate(Path(args[0]), Path(args[1]))
     except (Exception, _checkpoint_error()) as exc:  # noqa: BLE001 - malformed files, in a line
-        # Named without the portal's folders: what is wrong with the files.
-        said = str(exc).replace(str(Path(args[0]).parent), "<checkpoints>")
-        print(f"{type(exc).__name__}: {said}", file=sys.stderr)
+        print(_one_line(exc, Path(args[0]).parent), file=sys.stderr)
         return 1
     return 0
 

@@ -197,12 +197,61 @@ def test_a_consolidation_of_malformed_files_says_what_is_wrong_in_a_line(
     state = _sliced_checkpoint(tmp_path, torch.arange(9.0), 4)
     state[sharded_state.MODEL_SLICES]["names"] = ["weight"]  # not a mapping
     torch.save(state, tmp_path / "step-8.pt")
-    (tmp_path / "step-8.pt.s1.dcp" / "__0_0.distcp").write_bytes(b"not a tensor file")
     assert sharded_state.main([str(tmp_path / "step-8.pt"), str(tmp_path / "out.pt")]) == 1
     said = capsys.readouterr().err.strip().splitlines()
     assert said == ["ValueError: the model's outline names no parameters"]
+    # A slice file of the size its metadata claims but not DCP's: DCP's own error (its text
+    # a traceback of every rank's failure), said by its first failure in one line.
+    distcp = tmp_path / "step-8.pt.s1.dcp" / "__0_0.distcp"
+    distcp.write_bytes(b"x" * distcp.stat().st_size)
     state[sharded_state.MODEL_SLICES]["names"] = {"weight": 0, "bias": 1}
-    torch.save(state, tmp_path / "step-8.pt")  # now the corrupt slice is read
+    torch.save(state, tmp_path / "step-8.pt")
     assert sharded_state.main([str(tmp_path / "step-8.pt"), str(tmp_path / "out.pt")]) == 1
-    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "Traceback" not in said[0], said
+    assert "is not a tensor file" in said[0] and "weights_only" not in said[0], said
     assert not (tmp_path / "out.pt").exists()
+
+
+def test_a_marked_entry_left_unfilled_or_slices_of_another_checkpoint_are_refused(
+    tmp_path: Path,
+) -> None:
+    """A download never holds a marker where a tensor belongs, nor another checkpoint's
+    weights under this one's name."""
+    state = _sliced_checkpoint(tmp_path, torch.arange(9.0), 4)
+    del state[sharded_state.MODEL_SLICES]["names"]["bias"]
+    with pytest.raises(ValueError, match="leaves a marked entry unfilled"):
+        sharded_state.fill_model(state, tmp_path)
+    state = _sliced_checkpoint(tmp_path, torch.arange(9.0), 4)
+    with pytest.raises(ValueError, match="not one checkpoint's"):
+        sharded_state.fill_model(state, tmp_path, "step-12.pt")  # its slices are step-8.pt's
+    state = _sliced_checkpoint(tmp_path, torch.arange(9.0), 4)
+    del state[sharded_state.MODEL_SLICES]
+    with pytest.raises(ValueError, match="names no slices"):
+        sharded_state.fill_model(state, tmp_path)
+    state = _sliced_checkpoint(tmp_path, torch.arange(9.0), 4)
+    state["model"]["again"] = sharded_state.marked(torch.float64)
+    state[sharded_state.MODEL_SLICES]["names"]["again"] = 0  # weight, float32 above
+    with pytest.raises(ValueError, match="marks parameter 0 in two dtypes"):
+        sharded_state.fill_model(state, tmp_path)
+
+
+def test_two_groups_naming_one_folder_get_a_copy_each(tmp_path: Path) -> None:
+    """A parked group's entry names the source group's folder: each group's state in the
+    download is its own, so optimizers loaded from the two do not step one tensor."""
+    tensors = {"state.0.exp_avg": torch.arange(6.0)}
+    folder = tmp_path / "step-8.pt.g0.dcp"
+    dcp.save(tensors, checkpoint_id=folder, no_dist=True)
+    files = sorted(p.name for p in folder.iterdir())
+    outline = sharded_state.outline_state(
+        {"state": {0: tensors and {"exp_avg": tensors["state.0.exp_avg"]}}, "param_groups": []},
+        lambda v: isinstance(v, torch.Tensor),
+        folder.name,
+        files,
+    )
+    torch.save({"model": {}, "group_optimizers": {0: outline, 1: outline}}, tmp_path / "step-8.pt")
+    sharded_state.consolidate(tmp_path / "step-8.pt", tmp_path / "out.pt")
+    groups = torch.load(tmp_path / "out.pt", weights_only=True)["group_optimizers"]
+    a, b = (groups[g]["state"][0]["exp_avg"] for g in (0, 1))
+    assert torch.equal(a, torch.arange(6.0)) and torch.equal(b, a)
+    assert a.data_ptr() != b.data_ptr()

@@ -544,14 +544,15 @@ def serve_parts(
     its slice [numel] (``plan``: :func:`round_plan`, or :class:`RowSum`'s) followed by
     ``extra`` elements alike on every member of a group (the round's counts; on rank 0 the
     buffers' changes too): each group's part ``[slice, extra]`` assembled from its members
-    (the extra from its first), the parts added in group order (the same sum, element by
+    (the extra from the one received in place, else from the first: alike on all), the parts
+    added in group order (the same sum, element by
     element, as one message per group would give), and every sender answered with its runs
     of ``answer(sum)`` (``[numel + k]``) followed by that answer's last ``k`` elements.
     ``buffers``: a part buffer per group of ``plan`` to assemble in (kept by the caller),
     else new ones. A single run is received in place where it has no extra or ends the
     slice (its extra then lands after it: a one-worker group's whole part), and answered
-    with a view when the answer has no tail. Returns the answer. Waits as long as the members take
-    to come (:data:`exchange.STATUS_WAIT`)."""
+    with a view when the answer has no tail. Returns the answer. Waits as long as the
+    members take to come (:data:`exchange.STATUS_WAIT`)."""
     me = shards.rank
     works: list[Any] = []
     assembled: list[tuple[Tensor, list[tuple[Spans, Tensor]], bool]] = []
