@@ -497,13 +497,17 @@ class Arrivals:
         return peer, buffer
 
 
-def _send_object(obj: Any, dst: int, topo: Topology) -> None:
+def send_object(obj: Any, dst: int, topo: Topology) -> None:
+    """Send picklable ``obj`` to global rank ``dst`` over this rank's link to it (its size,
+    then its bytes, under the control tag)."""
     data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
     _send_tensor(torch.tensor([data.numel()], dtype=torch.int64), dst, topo)
     _send_tensor(data, dst, topo)
 
 
-def _recv_object(src: int, topo: Topology) -> Any:
+def recv_object(src: int, topo: Topology) -> Any:
+    """What :func:`send_object` sent from global rank ``src`` (within the process groups'
+    timeout)."""
     size = int(_recv_tensor(torch.empty(1, dtype=torch.int64), src, topo))
     data = _recv_tensor(torch.empty(size, dtype=torch.uint8), src, topo)
     return pickle.loads(data.numpy().tobytes())  # noqa: S301 (from a rank of this task)
@@ -563,15 +567,15 @@ def broadcast_object(obj: Any, topo: Topology, src: int = 0) -> Any:
     root = 0 if home is None else topo.groups[home][0]
     if topo.is_ps:
         if root != 0:
-            box[0] = _recv_object(root, topo)
+            box[0] = recv_object(root, topo)
         for leader in leader_ranks(topo):
             if leader != root:
-                _send_object(box[0], leader, topo)
+                send_object(box[0], leader, topo)
     elif topo.am_i_leader:
         if topo.rank == root:
-            _send_object(box[0], 0, topo)
+            send_object(box[0], 0, topo)
         else:
-            box[0] = _recv_object(0, topo)
+            box[0] = recv_object(0, topo)
     if inner is not None and topo.group_index != home:
         dist.broadcast_object_list(box, src=topo.group_ranks[0], group=inner)
     return box[0]
@@ -590,13 +594,13 @@ def gather_objects(obj: Any, topo: Topology) -> list[Any] | None:
             return None
         mine = [pair for part in got for pair in part]
     if topo.am_i_leader:
-        _send_object(mine, 0, topo)
+        send_object(mine, 0, topo)
     if not topo.is_ps:
         return None
     out: list[Any] = [None] * topo.world_size
     out[0] = obj
     for leader in leader_ranks(topo):
-        for rank, value in _recv_object(leader, topo):
+        for rank, value in recv_object(leader, topo):
             out[rank] = value
     return out
 

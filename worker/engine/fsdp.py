@@ -384,8 +384,20 @@ def save_state(
     file of the folder). Raises OSError (wrapped in DCP's CheckpointException, a
     BaseException, where sharded) when the folder cannot be written."""
     state_dict = optimizer.state_dict()
-    tensors = state_tensors(state_dict)
-    if sharded:
+    files = save_folder(state_tensors(state_dict), folder, topo if sharded else None)
+    return sharded_state.outline_state(
+        outline(state_dict), lambda v: isinstance(v, Rows), folder.name, files
+    )
+
+
+def save_folder(tensors: dict[str, Tensor], folder: Path, topo: Topology | None) -> list[str]:
+    """Write ``tensors`` into state folder ``folder`` with torch.distributed.checkpoint:
+    with ``topo``, every member of its group at once (each its own ``__<member>_0.distcp``,
+    DCP's ``.metadata`` from the first), else on this process alone; and report each file
+    this process wrote (:func:`report.checkpoint_part`, for its agent to upload). Returns
+    every file of the folder, ``.metadata`` first. Raises what DCP raises (wrapped in its
+    CheckpointException, a BaseException, with ``topo``)."""
+    if topo is not None:
         metadata = dcp.save(tensors, checkpoint_id=folder, process_group=topo.group)
         member = topo.group_ranks.index(topo.rank)
     else:
@@ -396,9 +408,7 @@ def save_state(
     for name in [".metadata", *files] if member == 0 else files:
         if name == ".metadata" or name.startswith(f"__{member}_"):
             report.checkpoint_part(str(folder / name))
-    return sharded_state.outline_state(
-        outline(state_dict), lambda v: isinstance(v, Rows), folder.name, [".metadata", *files]
-    )
+    return [".metadata", *files]
 
 
 def load_state_rows(

@@ -56,7 +56,6 @@ the sum's rounding only.
 from __future__ import annotations
 
 import functools
-import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -64,12 +63,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import Tensor
 
 from contracts import sharded_state
 from worker.engine import report
-from worker.engine.distributed import CONTROL_TAG, ShardLinks, Topology
+from worker.engine.distributed import CONTROL_TAG, ShardLinks, Topology, recv_object, send_object
 from worker.engine.exchange import (
     STATUS_WAIT,
     chunks,
@@ -79,14 +77,12 @@ from worker.engine.exchange import (
     shard_bounds,
     wait_all,
 )
-from worker.engine.fsdp import like, row_layout
+from worker.engine.fsdp import like, row_layout, save_folder
 from worker.engine.sharded import local
 from worker.engine.spec import RunSpec
 from worker.engine.state import ModelState
 
 STOP, LOAD, MEAN, OUTER, SUM, LAYOUT, WRITE = 0, 1, 2, 3, 5, 6, 7
-TEXT_BYTES = 4096
-"""The longest text a command or answer carries (a checkpoint's name, a write's outcome)."""
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # LOAD's flags: the outer momentum's slice follows the parameters', then the trainable mask's.
 WITH_MOMENTUM, WITH_MASK = 1, 2
@@ -133,28 +129,6 @@ def dtype_code(dtype: torch.dtype) -> int:
     return DTYPES.index(dtype)
 
 
-def _send_text(text: str, dst: int, group: Any) -> None:
-    """Send ``text`` (UTF-8, at most :data:`TEXT_BYTES`) to ``dst`` under the control tag."""
-    data = text.encode()[:TEXT_BYTES]
-    message = torch.zeros(1 + TEXT_BYTES, dtype=torch.uint8)
-    message[1 : 1 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    length = torch.tensor([len(data)], dtype=torch.int64)
-    dist.send(length, dst, group, CONTROL_TAG)
-    dist.send(message, dst, group, CONTROL_TAG)
-
-
-def _recv_text(src: int, group: Any) -> str:
-    """What :func:`_send_text` sent, waiting as long as an epoch's end takes
-    (:data:`exchange.STATUS_WAIT`)."""
-    length = torch.empty(1, dtype=torch.int64)
-    message = torch.empty(1 + TEXT_BYTES, dtype=torch.uint8)
-    for buffer in (length, message):
-        work = dist.irecv(buffer, src=src, group=group, tag=CONTROL_TAG)
-        assert work is not None
-        work.wait(STATUS_WAIT)
-    return bytes(message[1 : 1 + int(length)].tolist()).decode(errors="replace")
-
-
 def write_slice(folder: Path, params: Tensor, momentum: Tensor | None) -> dict[str, Any]:
     """Write an owner's slice of the global model (``params`` [slice length], and the outer
     optimizer's ``momentum`` of it where there is some) into state folder ``folder`` with
@@ -166,14 +140,9 @@ def write_slice(folder: Path, params: Tensor, momentum: Tensor | None) -> dict[s
     if momentum is not None:
         tensors["momentum"] = momentum.detach().cpu().contiguous()
     try:
-        with sharded_state.single_process():
-            metadata = dcp.save(tensors, checkpoint_id=folder, no_dist=True)
+        return {"files": save_folder(tensors, folder, None)}
     except Exception as exc:  # noqa: BLE001 - told to rank 0, which fails the task with it
         return {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    files = [".metadata", *sorted({str(i.relative_path) for i in metadata.storage_data.values()})]
-    for name in files:
-        report.checkpoint_part(str(folder / name))
-    return {"files": files}
 
 
 def stop(topo: Topology) -> None:
@@ -780,11 +749,11 @@ class ServerShards:
         owners = _owners(self.topo)
         _command(self.topo, WRITE, self.bounds, self.dtype, [])
         for owner in owners[1:]:
-            _send_text(name, owner, self.topo.link(owner))
+            send_object(name, owner, self.topo)
         head_momentum = self.outer.momentum() if self.outer is not None else None
         folder = Path(self.spec.checkpoint_dir) / sharded_state.slice_folder(name, 0)
         answers = [write_slice(folder, self.head_slice(), head_momentum)]
-        answers += [json.loads(_recv_text(o, self.topo.link(o))) for o in owners[1:]]
+        answers += [recv_object(owner, self.topo) for owner in owners[1:]]
         for shard, answer in enumerate(answers):
             if "error" in answer:
                 raise RuntimeError(
@@ -980,13 +949,13 @@ def serve(topo: Topology, spec: RunSpec) -> None:
             rows.serve(shards, model_dtype, _group_indices(topo, leaders))
             continue
         if op == WRITE:
-            name = _recv_text(0, link)
+            name = recv_object(0, topo)
             slice_ = outer.param if outer is not None else held
             if slice_ is None:
                 raise RuntimeError(f"shard {shards.shard}: a checkpoint before its slice came")
             folder = Path(spec.checkpoint_dir) / sharded_state.slice_folder(name, shards.shard)
             momentum = outer.momentum() if outer is not None else None
-            _send_text(json.dumps(write_slice(folder, slice_, momentum)), 0, link)
+            send_object(write_slice(folder, slice_, momentum), 0, topo)
             continue
         slice_ = outer.param if outer is not None else held
         if slice_ is None or slice_.numel() != numel or total is None:
