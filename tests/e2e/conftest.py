@@ -55,7 +55,7 @@ def stack(
     env = {} if request.module.__name__ in WARM_POOL_MODULES else COLD_RANKS
     # No test of these modules loses an agent (test_fault_tolerance has a stack of its own,
     # with a 6 s timeout): a 60 s heartbeat timeout keeps a CI host under a whole `make test`
-    # from declaring a busy agent lost (the 50M-parameter task of test_isolation saw its
+    # from declaring a busy agent lost (the 50M-parameter task test_isolation then ran saw its
     # agent judged lost after 15 s on 2026-11-29, with the host's load average at 13).
     env = {**env, "POLYTRAIN_HEARTBEAT_TIMEOUT_S": "60"}
     with LocalStack(data_dir=data_dir, port=free_port(), groups=groups, extra_env=env) as running:

@@ -45,10 +45,19 @@ def assert_released(api: httpx.Client, stack: LocalStack, task_id: int) -> None:
     assert all(g["allocated_workers"] == 0 for g in groups)
 
 
-def test_task_spans_two_groups_and_succeeds(api: httpx.Client, stack: LocalStack) -> None:
-    version = new_version(api, example="tiny_regression")
-    task = submit(api, version)
-    done = wait_for(api, task["id"], {"SUCCEEDED", "FAILED", "CANCELLED"})
+@pytest.fixture(scope="module")
+def two_group_task(stack: LocalStack) -> dict:
+    """The built-in tiny example across both groups (2 epochs), run to its end once for the
+    tests that read what it left: its timeline, logs, metrics and checkpoints."""
+    with httpx.Client(base_url=stack.url, timeout=30, headers=stack.headers) as api:
+        task = submit(api, new_version(api, example="tiny_regression"))
+        return wait_for(api, task["id"], {"SUCCEEDED", "FAILED", "CANCELLED"})
+
+
+def test_task_spans_two_groups_and_succeeds(
+    api: httpx.Client, stack: LocalStack, two_group_task: dict
+) -> None:
+    task = done = two_group_task
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     events = api.get(f"/api/v1/tasks/{task['id']}/events").json()
     said = [(e["kind"], e["to_status"], e["reason"]) for e in events]
@@ -83,10 +92,9 @@ def test_task_spans_two_groups_and_succeeds(api: httpx.Client, stack: LocalStack
     assert_released(api, stack, task["id"])
 
 
-def test_checkpoint_downloads_and_loads(api: httpx.Client, stack: LocalStack) -> None:
-    version = new_version(api, example="tiny_regression")
-    task = submit(api, version, epochs=1)
-    assert wait_for(api, task["id"], {"SUCCEEDED", "FAILED"})["status"] == "SUCCEEDED"
+def test_checkpoint_downloads_and_loads(api: httpx.Client, two_group_task: dict) -> None:
+    task = two_group_task
+    assert task["status"] == "SUCCEEDED", task["status_reason"]
     checkpoints = api.get(f"/api/v1/tasks/{task['id']}/checkpoints").json()
     assert checkpoints
     blob = api.get(
